@@ -1,0 +1,205 @@
+"""The shared vocabulary between the login node (orchestrator) and the compute side.
+
+Everything both sides must agree on lives here and nowhere else: where a run keeps its files,
+the names of the environment variables Faultdrill sets, and the records written to disk.
+The compute side never imports ``orchestrator``; the orchestrator imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Environment variables Faultdrill sets for the ranks of a job (in the batch script / executor).
+ENV_RUN_DIR = "FAULTDRILL_RUN_DIR"
+ENV_RUN_ID = "FAULTDRILL_RUN_ID"
+ENV_ATTEMPT = "FAULTDRILL_ATTEMPT"
+ENV_DRILL_ID = "FAULTDRILL_DRILL_ID"
+# Optional overrides read by the ranks (experiments.runtime.distenv / the workloads).
+ENV_MASTER_ADDR = "FAULTDRILL_MASTER_ADDR"  # rendezvous host; default: first node of the job
+ENV_MASTER_PORT = "FAULTDRILL_MASTER_PORT"  # rendezvous port; default: derived from the job id
+ENV_COLLECTIVE_TIMEOUT_S = "FAULTDRILL_COLLECTIVE_TIMEOUT_S"  # how long a rank waits on a dead peer
+ENV_RENDEZVOUS_TIMEOUT_S = "FAULTDRILL_RENDEZVOUS_TIMEOUT_S"  # how long rank 0 waits for late ranks
+ENV_CHECKPOINT_TIMEOUT_S = "FAULTDRILL_CHECKPOINT_TIMEOUT_S"  # how long ranks wait for a checkpoint write
+ENV_ASYNC_PERSIST = "FAULTDRILL_ASYNC_PERSIST"  # "0": rank 0 hashes and publishes before training goes on
+
+MANIFEST_NAME = "manifest.json"
+CHECKPOINT_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What a rank trains: identical for every framework so that runs compare."""
+
+    framework: str = "torch"
+    model: str = "mlp"
+    params: int = 100_000
+    steps: int = 200
+    seed: int = 0
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """Everything a rank needs to run one attempt of one run; pickled by submitit."""
+
+    run_id: str
+    run_dir: str
+    attempt: int
+    workload: WorkloadSpec
+    checkpoint_every: int
+    checkpoint_keep: int
+    heartbeat_interval_s: float = 0.05
+    drill_id: str = ""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run (all attempts share them; the run directory is on shared storage)."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def checkpoint_log(self) -> Path:
+        """Append-only: one CheckpointRecord per checkpoint ever written (pruning never touches it)."""
+        return self.root / "checkpoints.jsonl"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / "heartbeats"
+
+    def heartbeat_file(self, rank: int) -> Path:
+        return self.heartbeats / f"rank-{rank}.jsonl"
+
+    @property
+    def loss_log(self) -> Path:
+        return self.root / "loss.jsonl"
+
+    def attempt_dir(self, attempt: int) -> Path:
+        return self.root / "attempts" / str(attempt)
+
+    def events_file(self, attempt: int) -> Path:
+        """Timeline of one attempt, appended by the batch script and rank 0 (one JSON object a line)."""
+        return self.attempt_dir(attempt) / "events.jsonl"
+
+    def rank_file(self, attempt: int, rank: int) -> Path:
+        """Who rank ``rank`` of ``attempt`` is (pid, host, job id): read by the fault injector."""
+        return self.attempt_dir(attempt) / f"rank-{rank}.json"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final.json"
+
+    @property
+    def submitit(self) -> Path:
+        return self.root / "submitit"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    attempt: int
+    step: int
+    time: float
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Written by each rank at start so an injector can verify a target before it acts."""
+
+    rank: int
+    pid: int
+    create_time: float
+    host: str
+    node: str
+    job_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One line of the checkpoint log; the manifest in the checkpoint directory holds the same."""
+
+    step: int
+    attempt: int
+    path: str
+    time: float
+    bytes: int
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    framework: str = ""
+    format: str = ""
+    writers: str = ""  # "rank0" or "all"
+    blocking_s: float = 0.0
+    persist_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    step: int
+    digest: str
+    time: float
+    attempt: int
+
+
+# Event names in an attempt's events.jsonl, in the order they happen.
+EVENT_JOB_START = "job_start"  # batch script, before the ranks are launched
+EVENT_PROCESS_START = "process_start"  # rank 0, first thing in Python
+EVENT_FRAMEWORK_READY = "framework_ready"  # rank 0, process group and model built
+EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"  # rank 0: {"step", "load_s"}; step 0 = cold start
+EVENT_FIRST_STEP = "first_step"  # rank 0: {"step"} first step finished in this attempt
+EVENT_COMPLETED = "completed"  # rank 0, target step reached and final digest written
+EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launch returns
+
+
+def append_json_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as one line; a single write so concurrent appenders do not interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines file, skipping a torn last line (a writer killed mid-write)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write a JSON file durably: temporary name, fsync, rename, fsync of the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        json.dump(record, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def record_dict(record: Any) -> dict[str, Any]:
+    return asdict(record)

@@ -1,0 +1,77 @@
+"""Verify that a process is one of the drill's own ranks before any fault touches it.
+
+A target is accepted only when all of these hold: the rank wrote an identity file for this attempt;
+that pid is alive with the same start time (no pid reuse); it runs under our uid; its environment
+carries the drill's run id and the expected job id and rank. Never match processes by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from experiments.layout import ENV_RUN_ID, RankIdentity, RunPaths
+
+# Which environment variables name the job and the rank, per launcher.
+JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "SUBMITIT_LOCAL_JOB_ID")
+RANK_VARS = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SUBMITIT_LOCAL_GLOBALID")
+CREATE_TIME_TOLERANCE_S = 0.05
+
+
+class TargetRefused(RuntimeError):
+    """The process could not be verified as the drill's own; nothing was signalled."""
+
+
+@dataclass(frozen=True)
+class VerifiedTarget:
+    pid: int
+    rank: int
+    node: str
+    job_id: str
+
+
+def read_identity(run_dir: Path, attempt: int, rank: int) -> RankIdentity:
+    path = RunPaths(run_dir).rank_file(attempt, rank)
+    try:
+        return RankIdentity(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise TargetRefused(f"rank {rank} of attempt {attempt} has not registered ({path} missing)") from None
+    except (json.JSONDecodeError, TypeError) as error:
+        raise TargetRefused(f"identity file {path} is unreadable: {error}") from None
+
+
+def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str) -> VerifiedTarget:
+    identity = read_identity(run_dir, attempt, rank)
+    if identity.job_id != job_id:
+        raise TargetRefused(f"rank {rank} registered job {identity.job_id}, the drill's job is {job_id}")
+    try:
+        process = psutil.Process(identity.pid)
+        with process.oneshot():
+            create_time = process.create_time()
+            uid = process.uids().real
+            environ = process.environ()
+    except psutil.NoSuchProcess:
+        raise TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running") from None
+    except psutil.AccessDenied:
+        raise TargetRefused(f"pid {identity.pid}: cannot read its environment, refusing to act") from None
+    if abs(create_time - identity.create_time) > CREATE_TIME_TOLERANCE_S:
+        raise TargetRefused(f"pid {identity.pid} was reused by another process (start time differs)")
+    if uid != os.getuid():
+        raise TargetRefused(f"pid {identity.pid} belongs to uid {uid}, not to the drill's uid {os.getuid()}")
+    _check_environment(environ, run_id, job_id, rank, identity.pid)
+    return VerifiedTarget(pid=identity.pid, rank=rank, node=identity.node, job_id=job_id)
+
+
+def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: int, pid: int) -> None:
+    if environ.get(ENV_RUN_ID) != run_id:
+        raise TargetRefused(f"pid {pid}: {ENV_RUN_ID}={environ.get(ENV_RUN_ID)!r}, expected {run_id!r}")
+    job_ids = {environ[name] for name in JOB_ID_VARS if name in environ}
+    if job_id not in job_ids:
+        raise TargetRefused(f"pid {pid}: job id in its environment {sorted(job_ids)} is not {job_id}")
+    ranks = {environ[name] for name in RANK_VARS if name in environ}
+    if str(rank) not in ranks:
+        raise TargetRefused(f"pid {pid}: rank in its environment {sorted(ranks)} is not {rank}")

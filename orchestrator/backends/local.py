@@ -1,0 +1,125 @@
+"""The local backend (embedded default): ranks are local processes started by submitit's local executor."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import submitit
+from submitit.core import utils as submitit_utils
+
+from experiments.entry import run_rank
+from experiments.layout import RankJob
+from injectors.kill_rank import FaultOutcome, kill_rank
+from orchestrator.backends.base import Backend, KillRequest, Submission
+from orchestrator.render import rank_environment
+from orchestrator.runs import RunConfig
+from orchestrator.spec import time_limit_minutes
+from orchestrator.states import JobState
+
+LOCAL_CONTROLLER_MODULE = "submitit.local._local"
+
+
+class EnvLocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, plus the environment Faultdrill gives every rank.
+
+    Ranks must carry the drill's variables from exec on (the injector reads /proc/PID/environ),
+    which submitit's ``setup`` can only do through a shell; this starts the controller directly.
+    """
+
+    def __init__(self, folder: Path, extra_env: dict[str, str]) -> None:
+        super().__init__(folder)
+        self.extra_env = extra_env
+
+    def _submit_command(self, command: str) -> submitit.local.local.LocalJob[Any]:
+        ntasks = int(self.parameters.get("tasks_per_node", 1))
+        timeout_min = float(self.parameters.get("timeout_min", 60.0))
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "SUBMITIT_LOCAL_NTASKS": str(ntasks),
+            "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * timeout_min)),
+            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": "30",
+            "SUBMITIT_LOCAL_NODEID": "0",
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_STDERR_TO_STDOUT": "",
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_WITH_SHELL": "",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+        process = subprocess.Popen([sys.executable, "-m", LOCAL_CONTROLLER_MODULE, str(self.folder)], env=env)
+        return submitit.local.local.LocalJob(
+            folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks))
+        )
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, drill_id: str) -> None:
+        self.drill_id = drill_id
+        self._jobs: dict[str, tuple[subprocess.Popen[bytes], Path, int]] = {}
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        executor = EnvLocalExecutor(run.paths.submitit, rank_environment(run, job.attempt, self.drill_id))
+        executor.update_parameters(tasks_per_node=run.campaign.resources.tasks_per_node, timeout_min=_minutes(run))
+        submitted = executor.submit(run_rank, job)
+        process = submitted._process
+        assert process is not None
+        self._jobs[submitted.job_id] = (process, run.paths.submitit, run.ranks)
+        return Submission(job_id=submitted.job_id, accepted_at=time.time())
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        return {job_id: self._state(job_id) for job_id in job_ids}
+
+    def _state(self, job_id: str) -> JobState:
+        known = self._jobs.get(job_id)
+        if known is None:
+            return _adopted_state(job_id)
+        process, folder, ntasks = known
+        code = process.poll()
+        if code is None:
+            return JobState.RUNNING
+        if code < 0:
+            return JobState.CANCELLED
+        return JobState.COMPLETED if _all_tasks_succeeded(folder, job_id, ntasks) else JobState.FAILED
+
+    def cancel(self, job_id: str) -> None:
+        known = self._jobs.get(job_id)
+        if known is not None and known[0].poll() is None:
+            known[0].terminate()  # submitit's controller forwards SIGTERM to every task
+
+    def kill_rank(self, request: KillRequest) -> FaultOutcome:
+        return kill_rank(
+            request.run.paths.root, request.run.run_id, request.attempt, request.rank, request.job_id, request.signal
+        )
+
+
+def _all_tasks_succeeded(folder: Path, job_id: str, ntasks: int) -> bool:
+    for task in range(ntasks):
+        result = submitit_utils.JobPaths(folder, job_id=job_id, task_id=task).result_pickle
+        if not result.exists():
+            return False
+        outcome, _ = submitit_utils.pickle_load(result)
+        if outcome != "success":
+            return False
+    return True
+
+
+def _adopted_state(job_id: str) -> JobState:
+    """A job started by an earlier controller process: alive only if it is still submitit's controller."""
+    try:
+        cmdline = psutil.Process(int(job_id)).cmdline()
+    except (psutil.NoSuchProcess, ValueError):
+        return JobState.UNKNOWN
+    return JobState.RUNNING if LOCAL_CONTROLLER_MODULE in cmdline else JobState.UNKNOWN
+
+
+def _minutes(run: RunConfig) -> float:
+    return time_limit_minutes(run.campaign.resources.time)

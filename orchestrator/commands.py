@@ -1,0 +1,105 @@
+"""The one wrapper through which every scheduler command runs.
+
+Argument lists only (never a shell string), a timeout, bounded retries for transient failures,
+and errors that carry the command, its exit code, stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+# Exit codes that mean "the scheduler is busy or briefly unreachable": worth one more try.
+# Slurm clients exit 1 for nearly everything, so retries are opt-in per call site.
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+class CommandError(RuntimeError):
+    """A scheduler command failed; carries everything needed to understand why."""
+
+    def __init__(self, args: Sequence[str], returncode: int | None, stdout: str, stderr: str, reason: str):
+        self.command = tuple(args)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.reason = reason
+        super().__init__(
+            f"{reason}: {' '.join(self.command)!r} (exit code {returncode})\n"
+            f"stdout: {stdout.strip()[-2000:]}\nstderr: {stderr.strip()[-2000:]}"
+        )
+
+
+def run_command(
+    args: Sequence[str],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    retries: int = 0,
+    retry_delay_s: float = 0.5,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> CommandResult:
+    """Run ``args`` (a list, never a shell string); retry up to ``retries`` times on failure."""
+    if isinstance(args, str):
+        raise TypeError("run_command takes an argument list, not a shell string")
+    attempts_left = retries + 1
+    while True:
+        attempts_left -= 1
+        try:
+            result = _run_once(args, timeout_s=timeout_s, cwd=cwd, env=env)
+        except CommandError:
+            if attempts_left <= 0:
+                raise
+            log.warning("command timed out, retrying: %s", args)
+            time.sleep(retry_delay_s)
+            continue
+        if result.returncode == 0 or not check:
+            return result
+        if attempts_left <= 0:
+            raise CommandError(args, result.returncode, result.stdout, result.stderr, "command failed")
+        log.warning("command failed (exit %s), retrying: %s", result.returncode, args)
+        time.sleep(retry_delay_s)
+
+
+def _run_once(
+    args: Sequence[str], *, timeout_s: float, cwd: Path | None, env: dict[str, str] | None
+) -> CommandResult:
+    start = time.monotonic()
+    try:
+        completed = subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env, check=False
+        )
+    except FileNotFoundError as error:
+        raise CommandError(args, None, "", str(error), "command not found") from error
+    except subprocess.TimeoutExpired as error:
+        raise CommandError(
+            args, None, _text(error.stdout), _text(error.stderr), f"command timed out after {timeout_s:g} s"
+        ) from error
+    return CommandResult(
+        args=tuple(args),
+        returncode=completed.returncode,
+        stdout=completed.stdout,
+        stderr=completed.stderr,
+        duration_s=time.monotonic() - start,
+    )
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -1,0 +1,222 @@
+"""The ledger: every fact the report needs, as rows in SQLite (WAL) in the campaign's workdir.
+
+The controller writes a row before it acts (an attempt before its submission, a fault before it is
+sent) so that a controller killed at any moment can pick up from here without duplicating work.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator, TypeVar
+
+from experiments.layout import CheckpointRecord
+
+LEDGER_NAME = "ledger.sqlite"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, framework TEXT NOT NULL, ranks INTEGER NOT NULL, nodes INTEGER NOT NULL,
+    strategy TEXT NOT NULL, target_steps INTEGER NOT NULL, baseline_of TEXT, config TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending', final_step INTEGER NOT NULL DEFAULT 0,
+    final_digest TEXT NOT NULL DEFAULT '', started REAL, ended REAL);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id TEXT NOT NULL, attempt INTEGER NOT NULL, job_id TEXT, state TEXT NOT NULL,
+    submitted REAL NOT NULL, accepted REAL, started REAL, ended REAL, detected REAL, reason TEXT,
+    PRIMARY KEY (run_id, attempt));
+CREATE TABLE IF NOT EXISTS faults (
+    fault_id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+    plan_index INTEGER NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL, signal TEXT NOT NULL,
+    planned_delay_s REAL NOT NULL, at REAL, pid INTEGER, node TEXT, outcome TEXT NOT NULL,
+    UNIQUE (run_id, plan_index));
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id TEXT NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL, path TEXT NOT NULL,
+    time REAL NOT NULL, bytes INTEGER NOT NULL, framework TEXT NOT NULL, format TEXT NOT NULL,
+    writers TEXT NOT NULL, blocking_s REAL NOT NULL, persist_s REAL NOT NULL, files TEXT NOT NULL,
+    PRIMARY KEY (run_id, step, attempt));
+CREATE TABLE IF NOT EXISTS recoveries (
+    run_id TEXT NOT NULL, attempt INTEGER NOT NULL, fault_kind TEXT NOT NULL, fault_at REAL NOT NULL,
+    detect_s REAL NOT NULL, resubmit_s REAL NOT NULL, queue_s REAL NOT NULL, startup_s REAL NOT NULL,
+    load_s REAL NOT NULL, first_step_s REAL NOT NULL, ttr_s REAL NOT NULL, lost_steps INTEGER NOT NULL,
+    lost_s REAL NOT NULL, lost_rank_s REAL NOT NULL, resumed_from_step INTEGER NOT NULL,
+    PRIMARY KEY (run_id, attempt));
+"""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    framework: str
+    ranks: int
+    nodes: int
+    strategy: str
+    target_steps: int
+    baseline_of: str | None
+    config: str
+    status: str = "pending"
+    final_step: int = 0
+    final_digest: str = ""
+    started: float | None = None
+    ended: float | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    run_id: str
+    attempt: int
+    job_id: str | None
+    state: str
+    submitted: float
+    accepted: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    detected: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class FaultRow:
+    fault_id: int | None
+    run_id: str
+    attempt: int
+    plan_index: int
+    kind: str
+    target: str
+    signal: str
+    planned_delay_s: float
+    at: float | None
+    pid: int | None
+    node: str | None
+    outcome: str
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    run_id: str
+    attempt: int
+    fault_kind: str
+    fault_at: float
+    detect_s: float
+    resubmit_s: float
+    queue_s: float
+    startup_s: float
+    load_s: float
+    first_step_s: float
+    ttr_s: float
+    lost_steps: int
+    lost_s: float
+    lost_rank_s: float
+    resumed_from_step: int
+
+
+Row = TypeVar("Row")
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    @classmethod
+    def in_workdir(cls, workdir: Path) -> "Ledger":
+        return cls(workdir / LEDGER_NAME)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # meta -------------------------------------------------------------------------------------
+    def set_meta(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    # runs -------------------------------------------------------------------------------------
+    def add_run(self, run: RunRow) -> None:
+        self._insert("runs", asdict(run), ignore=True)
+
+    def update_run(self, run_id: str, **values: Any) -> None:
+        self._update("runs", values, "run_id = ?", (run_id,))
+
+    def runs(self) -> list[RunRow]:
+        return self._select(RunRow, "SELECT * FROM runs ORDER BY run_id")
+
+    def run(self, run_id: str) -> RunRow:
+        rows = self._select(RunRow, "SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        if not rows:
+            raise KeyError(f"no run {run_id!r} in {self.path}")
+        return rows[0]
+
+    # attempts ---------------------------------------------------------------------------------
+    def add_attempt(self, run_id: str, attempt: int) -> None:
+        row = AttemptRow(run_id=run_id, attempt=attempt, job_id=None, state="SUBMITTING", submitted=time.time())
+        self._insert("attempts", asdict(row))
+
+    def update_attempt(self, run_id: str, attempt: int, **values: Any) -> None:
+        self._update("attempts", values, "run_id = ? AND attempt = ?", (run_id, attempt))
+
+    def attempts(self, run_id: str) -> list[AttemptRow]:
+        return self._select(AttemptRow, "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt", (run_id,))
+
+    # faults -----------------------------------------------------------------------------------
+    def add_fault(self, fault: FaultRow) -> int:
+        values = {k: v for k, v in asdict(fault).items() if k != "fault_id"}
+        cursor = self._insert("faults", values)
+        return int(cursor.lastrowid or 0)
+
+    def update_fault(self, fault_id: int, **values: Any) -> None:
+        self._update("faults", values, "fault_id = ?", (fault_id,))
+
+    def faults(self, run_id: str) -> list[FaultRow]:
+        return self._select(FaultRow, "SELECT * FROM faults WHERE run_id = ? ORDER BY plan_index", (run_id,))
+
+    # checkpoints ------------------------------------------------------------------------------
+    def add_checkpoints(self, run_id: str, records: list[CheckpointRecord]) -> None:
+        for record in records:
+            values = asdict(record)
+            values["files"] = json.dumps(values["files"], sort_keys=True)
+            self._insert("checkpoints", {"run_id": run_id, **values}, ignore=True)
+
+    def checkpoints(self, run_id: str) -> list[CheckpointRecord]:
+        rows = self._db.execute("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY step, attempt", (run_id,))
+        names = {f.name for f in fields(CheckpointRecord)}
+        return [
+            CheckpointRecord(**{k: (json.loads(row[k]) if k == "files" else row[k]) for k in row.keys() if k in names})
+            for row in rows
+        ]
+
+    # recoveries -------------------------------------------------------------------------------
+    def add_recovery(self, recovery: RecoveryRow) -> None:
+        self._insert("recoveries", asdict(recovery), ignore=True)
+
+    def recoveries(self, run_id: str) -> list[RecoveryRow]:
+        return self._select(RecoveryRow, "SELECT * FROM recoveries WHERE run_id = ? ORDER BY attempt", (run_id,))
+
+    # helpers ----------------------------------------------------------------------------------
+    def _insert(self, table: str, values: dict[str, Any], ignore: bool = False) -> sqlite3.Cursor:
+        verb = "INSERT OR IGNORE" if ignore else "INSERT"
+        columns = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        return self._db.execute(f"{verb} INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
+
+    def _update(self, table: str, values: dict[str, Any], where: str, args: tuple[Any, ...]) -> None:
+        if not values:
+            return
+        assignments = ", ".join(f"{column} = ?" for column in values)
+        self._db.execute(f"UPDATE {table} SET {assignments} WHERE {where}", (*values.values(), *args))
+
+    def _select(self, row_type: type[Row], query: str, args: tuple[Any, ...] = ()) -> list[Row]:
+        return [row_type(**dict(row)) for row in self._db.execute(query, args)]
+
+    def __iter__(self) -> Iterator[RunRow]:
+        return iter(self.runs())

@@ -1,0 +1,116 @@
+"""Time to recover and work lost, from the ledger and the files a run's ranks wrote.
+
+Phases (DESIGN.md): fault -> detected -> new job accepted -> job started -> framework ready ->
+checkpoint loaded -> first step done. Each phase is a difference of two of these wall times, so the
+phases add up to ttr_s exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.layout import (
+    EVENT_CHECKPOINT_LOADED,
+    EVENT_FIRST_STEP,
+    EVENT_FRAMEWORK_READY,
+    EVENT_JOB_START,
+    EVENT_PROCESS_START,
+    RunPaths,
+    read_json_lines,
+)
+from orchestrator.ledger import AttemptRow, RecoveryRow
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What ended an attempt: an injected fault (kind, time it acted) or a natural failure."""
+
+    kind: str
+    at: float
+    detected: float
+
+
+@dataclass(frozen=True)
+class AttemptTimeline:
+    job_start: float
+    framework_ready: float
+    checkpoint_loaded: float
+    resumed_from_step: int
+    first_step: float
+
+
+def first_event(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    return next((event for event in events if event.get("event") == name), None)
+
+
+def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
+    """The start-up timeline of an attempt, or None until its first training step is done."""
+    events = read_json_lines(paths.events_file(attempt))
+    first = first_event(events, EVENT_FIRST_STEP)
+    ready = first_event(events, EVENT_FRAMEWORK_READY)
+    loaded = first_event(events, EVENT_CHECKPOINT_LOADED)
+    start = first_event(events, EVENT_JOB_START) or first_event(events, EVENT_PROCESS_START)
+    if first is None or ready is None or loaded is None or start is None:
+        return None
+    return AttemptTimeline(
+        job_start=float(start["time"]),
+        framework_ready=float(ready["time"]),
+        checkpoint_loaded=float(loaded["time"]),
+        resumed_from_step=int(loaded["step"]),
+        first_step=float(first["time"]),
+    )
+
+
+def compute_recovery(
+    paths: RunPaths, failure: Failure, failed: AttemptRow, resumed: AttemptRow, ranks: int
+) -> RecoveryRow | None:
+    timeline = attempt_timeline(paths, resumed.attempt)
+    if timeline is None or resumed.accepted is None:
+        return None
+    last_step, last_time = last_progress(paths, ranks, failed.attempt, failure.at)
+    resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
+    lost_steps = max(0, last_step - timeline.resumed_from_step)
+    lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
+    return RecoveryRow(
+        run_id=failed.run_id,
+        attempt=resumed.attempt,
+        fault_kind=failure.kind,
+        fault_at=failure.at,
+        detect_s=failure.detected - failure.at,
+        resubmit_s=resumed.accepted - failure.detected,
+        queue_s=timeline.job_start - resumed.accepted,
+        startup_s=timeline.framework_ready - timeline.job_start,
+        load_s=timeline.checkpoint_loaded - timeline.framework_ready,
+        first_step_s=timeline.first_step - timeline.checkpoint_loaded,
+        ttr_s=timeline.first_step - failure.at,
+        lost_steps=lost_steps,
+        lost_s=lost_s,
+        lost_rank_s=lost_s * ranks,
+        resumed_from_step=timeline.resumed_from_step,
+    )
+
+
+def _heartbeats(paths: RunPaths, ranks: int) -> list[dict[str, Any]]:
+    beats: list[dict[str, Any]] = []
+    for rank in range(ranks):
+        beats.extend(read_json_lines(paths.heartbeat_file(rank)))
+    return beats
+
+
+def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> tuple[int, float]:
+    """The highest step any rank of ``attempt`` reported before ``before``, and when."""
+    beats = [b for b in _heartbeats(paths, ranks) if b["attempt"] == attempt and b["time"] <= before]
+    if not beats:
+        return 0, before
+    best = max(beats, key=lambda beat: (beat["step"], -beat["time"]))
+    return int(best["step"]), float(best["time"])
+
+
+def step_reached_at(paths: RunPaths, ranks: int, step: int, before: float) -> float:
+    """When the run first reached ``step`` on its way to the failure (latest attempt that did)."""
+    beats = [b for b in _heartbeats(paths, ranks) if b["step"] <= step and b["time"] <= before]
+    if not beats:
+        return before
+    best = max(beats, key=lambda beat: (beat["attempt"], beat["step"], beat["time"]))
+    return float(best["time"])

@@ -1,0 +1,90 @@
+"""The report: ledger -> one JSON document (the contract) and tables for people."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from orchestrator.ledger import Ledger, RunRow
+
+RECOVERY_FIELDS = (
+    "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+    "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step",
+)
+
+
+class ReportError(RuntimeError):
+    pass
+
+
+def build_report(workdir: Path) -> dict[str, Any]:
+    if not (workdir / "ledger.sqlite").exists():
+        raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
+    ledger = Ledger.in_workdir(workdir)
+    try:
+        runs = ledger.runs()
+        digests = {run.run_id: run.final_digest for run in runs}
+        return {
+            "campaign": ledger.meta("campaign", ""),
+            "backend": ledger.meta("backend", ""),
+            "drill_id": ledger.meta("drill_id", ""),
+            "runs": [_run_report(ledger, run, digests) for run in runs],
+        }
+    finally:
+        ledger.close()
+
+
+def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str, Any]:
+    baseline_digest = _baseline_digest(run, digests)
+    identical = None
+    if baseline_digest and run.final_digest:
+        identical = baseline_digest == run.final_digest
+    return {
+        "run_id": run.run_id,
+        "framework": run.framework,
+        "ranks": run.ranks,
+        "nodes": run.nodes,
+        "strategy": run.strategy,
+        "status": run.status,
+        "is_baseline": run.baseline_of is not None,
+        "target_steps": run.target_steps,
+        "final_step": run.final_step,
+        "attempts": [
+            {"job_id": a.job_id or "", "state": a.state, "started": a.accepted or a.submitted,
+             "ended": a.ended, "reason": a.reason}
+            for a in ledger.attempts(run.run_id)
+        ],
+        "checkpoints": _checkpoint_summary(ledger, run.run_id),
+        "faults": [
+            {"kind": f.kind, "target": f.target, "at": f.at, "signal": f.signal, "outcome": f.outcome,
+             "planned_delay_s": f.planned_delay_s}
+            for f in ledger.faults(run.run_id)
+        ],
+        "recoveries": [{key: asdict(r)[key] for key in RECOVERY_FIELDS} for r in ledger.recoveries(run.run_id)],
+        "final_digest": run.final_digest,
+        "baseline_digest": baseline_digest,
+        "identical_to_baseline": identical,
+    }
+
+
+def _baseline_digest(run: RunRow, digests: dict[str, str]) -> str | None:
+    if run.baseline_of is not None:
+        return None
+    twin = digests.get(f"{run.run_id}-baseline")
+    return twin or None
+
+
+def _checkpoint_summary(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    records = ledger.checkpoints(run_id)
+    if not records:
+        return {"count": 0, "bytes": 0, "format": "", "writers": "", "mean_blocking_s": 0.0, "mean_persist_s": 0.0}
+    return {
+        "count": len(records),
+        "bytes": records[-1].bytes,
+        "format": records[-1].format,
+        "writers": records[-1].writers,
+        "mean_blocking_s": statistics.fmean(r.blocking_s for r in records),
+        "mean_persist_s": statistics.fmean(r.persist_s for r in records),
+    }

@@ -1,0 +1,106 @@
+"""Expand a campaign into runs: one per sweep point, plus a fault-free baseline twin if asked."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from experiments.layout import RunPaths, WorkloadSpec
+from orchestrator.spec import Campaign, SpecError, format_errors
+
+STRATEGY_RESUBMIT = "resubmit"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run of a campaign, fully resolved: what the controller submits and watches."""
+
+    run_id: str
+    campaign: Campaign
+    sweep_point: tuple[tuple[str, Any], ...]
+    baseline_of: str | None = None
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.baseline_of is not None
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.campaign.workdir / "runs" / self.run_id)
+
+    @property
+    def ranks(self) -> int:
+        return self.campaign.resources.nodes * self.campaign.resources.tasks_per_node
+
+    @property
+    def workload(self) -> WorkloadSpec:
+        w = self.campaign.workload
+        return WorkloadSpec(
+            framework=w.framework, model=w.model, params=w.params, steps=w.steps, seed=w.seed,
+            batch_size=w.batch_size,
+        )
+
+    @property
+    def job_name(self) -> str:
+        return f"fd-{self.campaign.name}-{self.run_id}"[:120]
+
+
+def expand_runs(campaign: Campaign) -> list[RunConfig]:
+    """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
+    runs: list[RunConfig] = []
+    for index, point in enumerate(_grid_points(campaign.sweep.grid)):
+        point_campaign = _apply_point(campaign, point)
+        run_id = _run_id(index, point)
+        runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
+        if campaign.baseline:
+            twin = point_campaign.model_copy(update={"faults": []})
+            runs.append(RunConfig(run_id=f"{run_id}-baseline", campaign=twin, sweep_point=point, baseline_of=run_id))
+    return runs
+
+
+def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]]:
+    if not grid:
+        return [()]
+    keys = sorted(grid)
+    for key in keys:
+        if not grid[key]:
+            raise SpecError(f"sweep.grid.{key}: empty list of values")
+    return [tuple(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
+
+
+def _apply_point(campaign: Campaign, point: tuple[tuple[str, Any], ...]) -> Campaign:
+    if not point:
+        return campaign
+    data = campaign.model_dump(mode="python")
+    for dotted, value in point:
+        _set_dotted(data, dotted, value)
+    data["sweep"] = {"grid": {}}
+    try:
+        return Campaign.model_validate(data)
+    except ValidationError as error:
+        where = ", ".join(f"{k}={v!r}" for k, v in point)
+        raise SpecError(f"sweep point {where} gives an invalid spec\n" + format_errors(error)) from None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            known = ", ".join(sorted(node)) if isinstance(node, dict) else "(not a section)"
+            prefix = ".".join(parts[:depth]) or "top level"
+            raise SpecError(f"sweep.grid: {dotted!r}: no key {part!r} at {prefix}; valid: {known}")
+        if depth == len(parts) - 1:
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def _run_id(index: int, point: tuple[tuple[str, Any], ...]) -> str:
+    label = "-".join(f"{key.split('.')[-1]}={value}" for key, value in point)
+    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:60]
+    return f"r{index:03d}" + (f"-{slug}" if slug else "")

@@ -1,0 +1,235 @@
+"""The campaign spec: YAML validated by pydantic, with errors that name the field and what is valid."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
+
+FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGSEGV", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGSTOP")
+_TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+
+
+def time_limit_minutes(text: str) -> float:
+    """Minutes in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+        hours, minutes, seconds = ([int(p) for p in text.split(":")] + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        hours, minutes, seconds = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}[len(parts)]
+    return days * 1440 + hours * 60 + minutes + seconds / 60
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names each bad field and what is valid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkloadConfig(_Strict):
+    framework: str = "torch"
+    model: Literal["mlp"] = "mlp"
+    params: int = Field(100_000, ge=1_000, le=2_000_000_000, description="target parameter count")
+    steps: int = Field(200, ge=1)
+    seed: int = Field(0, ge=0)
+    batch_size: int = Field(32, ge=1)
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        if value not in FRAMEWORKS:
+            raise ValueError(f"unknown framework {value!r}; valid: {', '.join(FRAMEWORKS)}")
+        return value
+
+
+class CheckpointConfig(_Strict):
+    every_steps: int = Field(50, ge=1)
+    keep: int = Field(2, ge=1)
+
+
+class ResourcesConfig(_Strict):
+    nodes: int = Field(1, ge=1)
+    tasks_per_node: int = Field(1, ge=1)
+    time: str = "00:30:00"
+    partition: str | None = None
+    extra_directives: list[str] = Field(default_factory=list)
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not _TIME_RE.match(value):
+            raise ValueError(f"time {value!r} is not [D-]HH:MM:SS, MM:SS or minutes")
+        return value
+
+    @field_validator("extra_directives")
+    @classmethod
+    def _one_line_each(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"directive {value!r} holds a line break; one directive per item")
+            if not value.startswith("-"):
+                raise ValueError(f"directive {value!r} must be an option such as '--exclusive'")
+        return values
+
+
+class FixedDelay(_Strict):
+    fixed: float = Field(ge=0)
+
+
+class ExponentialDelay(_Strict):
+    exponential: float = Field(gt=0, description="mean delay in seconds")
+    min: float = Field(0.0, ge=0)
+    max: float | None = Field(None, gt=0)
+
+
+class FaultConfig(_Strict):
+    kind: Literal["kill-rank"] = "kill-rank"
+    after: FixedDelay | ExponentialDelay = Field(default_factory=lambda: ExponentialDelay(exponential=10.0))
+    anchor: Literal["training_start", "first_checkpoint"] = "training_start"
+    rank: int | Literal["random"] = "random"
+    signal: str = "SIGKILL"
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
+        if name not in SIGNALS:
+            raise ValueError(f"unknown signal {value!r}; valid: {', '.join(SIGNALS)}")
+        return name
+
+
+class RestartConfig(_Strict):
+    max_restarts: int = Field(3, ge=0)
+    poll_interval_s: float = Field(0.25, gt=0, le=60)
+    hang_timeout_s: float = Field(120.0, gt=0)
+    start_timeout_s: float = Field(600.0, gt=0)
+
+
+class SweepConfig(_Strict):
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+
+
+class Campaign(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    backend: Literal["local", "slurm"] = "local"
+    workdir: Path
+    template: Path | None = None
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    faults: list[FaultConfig] = Field(default_factory=list)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    baseline: bool = False
+    parallel_runs: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _fits_backend(self) -> "Campaign":
+        if self.backend == "local" and self.resources.nodes != 1:
+            raise ValueError("the local backend runs on one node: set resources.nodes to 1")
+        return self
+
+
+def load_campaign(path: Path) -> Campaign:
+    """Read and validate a spec file; relative paths in it are relative to the spec's folder."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as error:
+        raise SpecError(f"{path}: no such spec file") from error
+    except yaml.YAMLError as error:
+        raise SpecError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
+    return parse_campaign(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def parse_campaign(raw: dict[str, Any], *, base_dir: Path, source: str = "spec") -> Campaign:
+    try:
+        campaign = Campaign.model_validate(raw)
+    except ValidationError as error:
+        raise SpecError(f"{source}: invalid spec\n" + format_errors(error)) from None
+    campaign = campaign.model_copy(update=_resolved_paths(campaign, base_dir))
+    _check_workdir_parent(campaign.workdir, source)
+    _check_template(campaign.template, source)
+    return campaign
+
+
+def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
+    update: dict[str, Any] = {"workdir": _absolute(campaign.workdir, base_dir)}
+    if campaign.template is not None:
+        update["template"] = _absolute(campaign.template, base_dir)
+    return update
+
+
+def _absolute(path: Path, base_dir: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() else (base_dir / path)
+
+
+def _check_workdir_parent(workdir: Path, source: str) -> None:
+    if not workdir.parent.is_dir():
+        raise SpecError(
+            f"{source}: invalid spec\n  workdir: parent directory {str(workdir.parent)!r} does not exist "
+            "(the workdir itself is created, its parent must exist)"
+        )
+
+
+def _check_template(template: Path | None, source: str) -> None:
+    if template is not None and not template.is_file():
+        raise SpecError(f"{source}: invalid spec\n  template: no such file {str(template)!r}")
+
+
+def format_errors(error: ValidationError) -> str:
+    """One line per problem: the dotted field, what is wrong, and for unknown keys the valid ones."""
+    lines = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"] if not _is_union_tag(part))
+        if item["type"] == "extra_forbidden":
+            valid = _valid_keys(item["loc"][:-1])
+            lines.append(f"  {location}: unknown key; valid keys here: {', '.join(valid)}")
+        else:
+            lines.append(f"  {location}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and part in {"FixedDelay", "ExponentialDelay", "int", "literal['random']"}
+
+
+def _valid_keys(location: tuple[Any, ...]) -> list[str]:
+    model: Any = Campaign
+    for part in location:
+        if isinstance(part, int):
+            continue
+        if part == "FixedDelay":
+            model = FixedDelay
+            continue
+        if part == "ExponentialDelay":
+            model = ExponentialDelay
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        model = _model_of(field.annotation)
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None

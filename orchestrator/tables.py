@@ -1,0 +1,62 @@
+"""The report as tables for a terminal (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def runs_table(report: dict[str, Any]) -> Table:
+    table = Table(title=f"Campaign {report['campaign']} ({report['backend']} backend)")
+    for column in ("run", "framework", "ranks", "nodes", "status", "steps", "attempts", "faults",
+                   "checkpoints", "identical to baseline"):
+        table.add_column(column)
+    for run in report["runs"]:
+        ckpt = run["checkpoints"]
+        table.add_row(
+            run["run_id"], run["framework"], str(run["ranks"]), str(run["nodes"]), run["status"],
+            f"{run['final_step']}/{run['target_steps']}", str(len(run["attempts"])), str(len(run["faults"])),
+            f"{ckpt['count']} x {ckpt['bytes'] / 1e6:.1f} MB",
+            _fmt(run["identical_to_baseline"]) if not run["is_baseline"] else "(baseline)",
+        )
+    return table
+
+
+def recoveries_table(report: dict[str, Any]) -> Table:
+    table = Table(title="Recoveries (seconds; ttr = detect + resubmit + queue + startup + load + first step)")
+    columns = ("run", "fault", "detect", "resubmit", "queue", "startup", "load", "first step", "ttr",
+               "resumed from", "lost steps", "lost s", "lost rank-s")
+    for column in columns:
+        table.add_column(column)
+    for run in report["runs"]:
+        for rec in run["recoveries"]:
+            table.add_row(run["run_id"], rec["fault_kind"], *(_fmt(rec[key]) for key in (
+                "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+                "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")))
+    return table
+
+
+def checkpoints_table(report: dict[str, Any]) -> Table:
+    table = Table(title="Checkpoints")
+    for column in ("run", "count", "bytes each", "format", "writers", "mean blocking s", "mean persist s"):
+        table.add_column(column)
+    for run in report["runs"]:
+        ckpt = run["checkpoints"]
+        table.add_row(run["run_id"], str(ckpt["count"]), str(ckpt["bytes"]), ckpt["format"], ckpt["writers"],
+                      _fmt(ckpt["mean_blocking_s"]), _fmt(ckpt["mean_persist_s"]))
+    return table
+
+
+def print_report(report: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(Group(runs_table(report), recoveries_table(report), checkpoints_table(report)))

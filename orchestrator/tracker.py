@@ -1,0 +1,274 @@
+"""One run's state machine: submit, watch, inject its planned faults, detect failure, resubmit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from experiments.layout import (
+    EVENT_FIRST_STEP,
+    CheckpointRecord,
+    EVENT_STEP_EXIT,
+    FinalRecord,
+    RankJob,
+    read_json_lines,
+)
+from injectors.kill_rank import FaultOutcome
+from injectors.schedule import PlannedFault
+from orchestrator.backends.base import Backend, KillRequest
+from orchestrator.ledger import FaultRow, Ledger
+from orchestrator.recovery import Failure, compute_recovery
+from orchestrator.runs import RunConfig
+from orchestrator.states import JobState
+from orchestrator.tails import JsonlTail
+
+log = logging.getLogger(__name__)
+
+DONE_STATUSES = ("completed", "failed", "gave_up")
+
+
+@dataclass
+class AttemptWatch:
+    """What the controller has seen of the current attempt so far."""
+
+    attempt: int
+    job_id: str
+    events: JsonlTail
+    checkpoint_tail: JsonlTail
+    heartbeat_tails: list[JsonlTail]
+    training_started: float | None = None
+    first_checkpoint: float | None = None
+    last_heartbeat: float | None = None
+    last_step: int = 0
+    step_exit: dict[str, float] | None = None
+    state: JobState = JobState.PENDING
+    accepted: float = field(default_factory=time.time)
+
+
+class RunTracker:
+    def __init__(
+        self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
+        injector_pool: ThreadPoolExecutor, drill_id: str,
+    ) -> None:
+        self.run = run
+        self.plan = plan
+        self.backend = backend
+        self.ledger = ledger
+        self.pool = injector_pool
+        self.drill_id = drill_id
+        self.watch: AttemptWatch | None = None
+        self.status = ledger.run(run.run_id).status
+        self.next_fault = len(ledger.faults(run.run_id))
+        self._fault_in_flight: tuple[int, Future[FaultOutcome]] | None = None
+        self._fault_id = 0
+        self._awaiting_recovery: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in DONE_STATUSES
+
+    @property
+    def job_id(self) -> str | None:
+        return self.watch.job_id if self.watch else None
+
+    # submission -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Submit the first attempt, or adopt the attempt an earlier controller left running."""
+        attempts = self.ledger.attempts(self.run.run_id)
+        if attempts and attempts[-1].job_id and attempts[-1].ended is None:
+            self._adopt(attempts[-1].attempt, attempts[-1].job_id, attempts[-1].accepted or time.time())
+            return
+        if attempts and attempts[-1].job_id is None:
+            self.ledger.update_attempt(self.run.run_id, attempts[-1].attempt, state="LOST", ended=time.time(),
+                                       reason="controller stopped before the scheduler answered")
+        self.ledger.update_run(self.run.run_id, status="running", started=time.time())
+        self.status = "running"
+        self._submit(len(attempts))
+
+    def _submit(self, attempt: int) -> None:
+        run = self.run
+        self.ledger.add_attempt(run.run_id, attempt)
+        job = RankJob(
+            run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
+            checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
+            drill_id=self.drill_id,
+        )
+        submission = self.backend.submit(run, job)
+        self.ledger.update_attempt(run.run_id, attempt, job_id=submission.job_id, state=JobState.PENDING.value,
+                                   accepted=submission.accepted_at)
+        self._adopt(attempt, submission.job_id, submission.accepted_at)
+        log.info("%s: attempt %d is job %s", run.run_id, attempt, submission.job_id)
+
+    def _adopt(self, attempt: int, job_id: str, accepted: float) -> None:
+        paths = self.run.paths
+        self.watch = AttemptWatch(
+            attempt=attempt, job_id=job_id, events=JsonlTail(paths.events_file(attempt)),
+            checkpoint_tail=JsonlTail(paths.checkpoint_log),
+            heartbeat_tails=[JsonlTail(paths.heartbeat_file(rank)) for rank in range(self.run.ranks)],
+            accepted=accepted,
+        )
+        self._awaiting_recovery = attempt if attempt > 0 else None
+        self.status = "running"
+
+    # one step of the loop ---------------------------------------------------------------------
+    def advance(self, state: JobState, now: float) -> None:
+        watch = self.watch
+        if watch is None or self.done:
+            return
+        self._read_files(watch)
+        self._record_state(watch, state)
+        self._collect_fault()
+        self._maybe_record_recovery()
+        failure_reason = self._failure_reason(watch, state, now)
+        if failure_reason is not None:
+            self._on_failure(watch, failure_reason, state, now)
+        elif state is JobState.COMPLETED:
+            self._on_job_completed(watch, now)
+        else:
+            self._maybe_inject(watch, now)
+
+    def _read_files(self, watch: AttemptWatch) -> None:
+        for event in watch.events.read_new():
+            if event.get("event") == EVENT_FIRST_STEP and watch.training_started is None:
+                watch.training_started = float(event["time"])
+            if event.get("event") == EVENT_STEP_EXIT:
+                watch.step_exit = {"time": float(event["time"]), "exit_code": float(event["exit_code"])}
+        for record in watch.checkpoint_tail.read_new():
+            if record.get("attempt") == watch.attempt and watch.first_checkpoint is None:
+                watch.first_checkpoint = float(record["time"])
+        for tail in watch.heartbeat_tails:
+            for beat in tail.read_new():
+                if beat.get("attempt") == watch.attempt:
+                    watch.last_heartbeat = max(watch.last_heartbeat or 0.0, float(beat["time"]))
+                    watch.last_step = max(watch.last_step, int(beat["step"]))
+
+    def _record_state(self, watch: AttemptWatch, state: JobState) -> None:
+        if state is not watch.state:
+            watch.state = state
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, state=state.value)
+
+    # failure ----------------------------------------------------------------------------------
+    def _failure_reason(self, watch: AttemptWatch, state: JobState, now: float) -> str | None:
+        restart = self.run.campaign.restart
+        if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
+            return f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
+        if state.is_terminal and not state.is_success:
+            return f"job {state.value.lower()}"
+        if state is JobState.UNKNOWN:
+            return "job vanished from the scheduler"
+        if watch.last_heartbeat is not None and now - watch.last_heartbeat > restart.hang_timeout_s:
+            return f"hang: no heartbeat for {now - watch.last_heartbeat:.0f} s"
+        if watch.training_started is None and now - watch.accepted > restart.start_timeout_s:
+            return f"no training step within {restart.start_timeout_s:.0f} s of submission"
+        return None
+
+    def _on_failure(self, watch: AttemptWatch, reason: str, state: JobState, now: float) -> None:
+        if not state.is_terminal:
+            self.backend.cancel(watch.job_id)
+        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=reason)
+        self._ingest_checkpoints()
+        log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, reason)
+        if watch.attempt >= self.run.campaign.restart.max_restarts:
+            self._finish("gave_up", now)
+            return
+        self._submit(watch.attempt + 1)
+
+    def failure_of(self, attempt: int) -> Failure | None:
+        """Why ``attempt`` ended: the injected fault that hit it, else a natural failure."""
+        row = next(a for a in self.ledger.attempts(self.run.run_id) if a.attempt == attempt)
+        if row.detected is None:
+            return None
+        fault = next((f for f in self.ledger.faults(self.run.run_id) if f.attempt == attempt and f.at), None)
+        if fault is not None and fault.at is not None:
+            return Failure(kind=fault.kind, at=fault.at, detected=row.detected)
+        exit_time = _step_exit_time(self.run, attempt)
+        kind = (row.reason or "failure").split(":")[0]
+        return Failure(kind=f"natural ({kind})", at=min(exit_time or row.detected, row.detected),
+                       detected=row.detected)
+
+    def _maybe_record_recovery(self) -> None:
+        attempt = self._awaiting_recovery
+        if attempt is None or (self._fault_in_flight and self._fault_in_flight[0] == attempt - 1):
+            return
+        failure = self.failure_of(attempt - 1)
+        if failure is None:
+            return
+        rows = {a.attempt: a for a in self.ledger.attempts(self.run.run_id)}
+        recovery = compute_recovery(self.run.paths, failure, rows[attempt - 1], rows[attempt], self.run.ranks)
+        if recovery is not None:
+            self.ledger.add_recovery(recovery)
+            self._awaiting_recovery = None
+
+    # completion -------------------------------------------------------------------------------
+    def _on_job_completed(self, watch: AttemptWatch, now: float) -> None:
+        final = _read_final(self.run)
+        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now)
+        self._ingest_checkpoints()
+        if final is None or final.step != self.run.workload.steps:
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, reason="completed without a final record")
+            self._finish("failed", now)
+            return
+        self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest)
+        self._finish("completed", now)
+
+    def _finish(self, status: str, now: float) -> None:
+        self._maybe_record_recovery()
+        self.status = status
+        self.ledger.update_run(self.run.run_id, status=status, ended=now)
+        log.info("%s: %s", self.run.run_id, status)
+
+    def _ingest_checkpoints(self) -> None:
+        records = [CheckpointRecord(**r) for r in read_json_lines(self.run.paths.checkpoint_log)]
+        self.ledger.add_checkpoints(self.run.run_id, records)
+
+    # faults -----------------------------------------------------------------------------------
+    def _maybe_inject(self, watch: AttemptWatch, now: float) -> None:
+        if self._fault_in_flight is not None or self.next_fault >= len(self.plan):
+            return
+        if watch.state is not JobState.RUNNING:
+            return
+        fault = self.plan[self.next_fault]
+        anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
+        if anchor is None or now < anchor + fault.delay_s:
+            return
+        fault_id = self.ledger.add_fault(FaultRow(
+            fault_id=None, run_id=self.run.run_id, attempt=watch.attempt, plan_index=fault.index, kind=fault.kind,
+            target=f"rank {fault.rank}", signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
+            node=None, outcome="sending",
+        ))
+        self.next_fault += 1
+        request = KillRequest(run=self.run, attempt=watch.attempt, job_id=watch.job_id, rank=fault.rank,
+                              signal=fault.signal)
+        self._fault_in_flight = (watch.attempt, self.pool.submit(self.backend.kill_rank, request))
+        self._fault_id = fault_id
+
+    def _collect_fault(self) -> None:
+        if self._fault_in_flight is None or not self._fault_in_flight[1].done():
+            return
+        future = self._fault_in_flight[1]
+        self._fault_in_flight = None
+        error = future.exception()
+        if error is not None:
+            self.ledger.update_fault(self._fault_id, outcome=f"refused: {error}".splitlines()[0][:500])
+            log.warning("%s: fault not injected: %s", self.run.run_id, error)
+            return
+        outcome = future.result()
+        self.ledger.update_fault(self._fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
+                                 target=f"rank {outcome.rank}@{outcome.node}", outcome="injected")
+
+
+def _read_final(run: RunConfig) -> FinalRecord | None:
+    try:
+        return FinalRecord(**json.loads(run.paths.final.read_text()))
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+
+
+def _step_exit_time(run: RunConfig, attempt: int) -> float | None:
+    for event in read_json_lines(run.paths.events_file(attempt)):
+        if event.get("event") == EVENT_STEP_EXIT:
+            return float(event["time"])
+    return None

@@ -1,0 +1,100 @@
+"""The injector acts only on processes it verified as the drill's own, and says why it refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from experiments.layout import RankIdentity, RunPaths, write_json_atomic
+from injectors.kill_rank import kill_rank
+from injectors.targets import TargetRefused, verify_rank
+
+RUN_ID = "r000"
+JOB_ID = "4242"
+
+
+@pytest.fixture
+def rank_process(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "FAULTDRILL_RUN_ID": RUN_ID, "SUBMITIT_LOCAL_JOB_ID": JOB_ID, "SUBMITIT_LOCAL_GLOBALID": "1"}
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    yield process
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+
+
+def _register(run_dir: Path, pid: int, create_time: float | None = None, job_id: str = JOB_ID) -> None:
+    identity = RankIdentity(rank=1, pid=pid, create_time=create_time or psutil.Process(pid).create_time(),
+                            host="h", node="n", job_id=job_id, attempt=0)
+    write_json_atomic(RunPaths(run_dir).rank_file(0, 1), asdict(identity))
+
+
+def test_verified_rank_is_killed(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
+    _register(tmp_path, rank_process.pid)
+    outcome = kill_rank(tmp_path, RUN_ID, 0, 1, JOB_ID, "SIGKILL")
+    assert outcome.pid == rank_process.pid and outcome.signal == "SIGKILL"
+    assert rank_process.wait(timeout=10) == -9
+    assert abs(outcome.at - time.time()) < 10
+
+
+def test_refuses_unregistered_rank(tmp_path: Path) -> None:
+    with pytest.raises(TargetRefused, match="has not registered"):
+        verify_rank(tmp_path, RUN_ID, 0, 1, JOB_ID)
+
+
+def test_refuses_other_run(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
+    _register(tmp_path, rank_process.pid)
+    with pytest.raises(TargetRefused, match="FAULTDRILL_RUN_ID"):
+        verify_rank(tmp_path, "someone-else", 0, 1, JOB_ID)
+    assert rank_process.poll() is None
+
+
+def test_refuses_other_job(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
+    _register(tmp_path, rank_process.pid, job_id="999")
+    with pytest.raises(TargetRefused, match="registered job 999"):
+        verify_rank(tmp_path, RUN_ID, 0, 1, "999" + "0")
+    _register(tmp_path, rank_process.pid, job_id="999")
+    with pytest.raises(TargetRefused, match="job id in its environment"):
+        verify_rank(tmp_path, RUN_ID, 0, 1, "999")
+
+
+def test_refuses_reused_pid(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
+    _register(tmp_path, rank_process.pid, create_time=psutil.Process(rank_process.pid).create_time() - 100)
+    with pytest.raises(TargetRefused, match="reused"):
+        verify_rank(tmp_path, RUN_ID, 0, 1, JOB_ID)
+    assert rank_process.poll() is None
+
+
+def test_refuses_process_without_drill_environment(tmp_path: Path) -> None:
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _register(tmp_path, stranger.pid)
+        with pytest.raises(TargetRefused):
+            kill_rank(tmp_path, RUN_ID, 0, 1, JOB_ID, "SIGKILL")
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+
+
+def test_agent_cli_reports_verdicts(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
+    _register(tmp_path, rank_process.pid)
+    base = [sys.executable, "-m", "injectors.agent", "kill-rank", "--run-dir", str(tmp_path), "--run-id", RUN_ID,
+            "--attempt", "0", "--rank", "1", "--signal", "SIGTERM", "--record", str(tmp_path / "verdict.json")]
+    refused = subprocess.run([*base, "--job-id", "1"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 3 and json.loads(refused.stdout)["ok"] is False
+    assert rank_process.poll() is None
+    done = subprocess.run([*base, "--job-id", JOB_ID], capture_output=True, text=True, timeout=60)
+    verdict = json.loads(done.stdout)
+    assert done.returncode == 0 and verdict["ok"] and verdict["pid"] == rank_process.pid
+    assert json.loads((tmp_path / "verdict.json").read_text()) == verdict
+    assert rank_process.wait(timeout=10) == -15

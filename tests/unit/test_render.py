@@ -1,0 +1,92 @@
+"""Rendered batch scripts: golden files, quoting of hostile paths, strict variables, user templates."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.render import TemplateError, directive_value, render_slurm, render_template
+from orchestrator.runs import expand_runs
+from orchestrator.spec import Campaign
+
+GOLDEN = Path(__file__).parent / "golden"
+PYTHON = "/opt/faultdrill/.venv/bin/python"
+HOSTILE = "/data/it's a \"drill\" $HOME `x`\nsecond line"
+
+
+def _campaign(workdir: str, **resources: object) -> Campaign:
+    return Campaign.model_validate({
+        "name": "golden",
+        "backend": "slurm",
+        "workdir": workdir,
+        "workload": {"framework": "torch", "params": 20000, "steps": 40},
+        "resources": {"nodes": 2, "tasks_per_node": 2, "time": "00:10:00", **resources},
+    })
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("FAULTDRILL_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script differs from {path} (FAULTDRILL_UPDATE_GOLDEN=1 rewrites)"
+
+
+def test_slurm_script_matches_golden() -> None:
+    run = expand_runs(_campaign("/scratch/drills/golden", partition="debug",
+                                extra_directives=["--exclusive", "--comment=fault drill"]))[0]
+    script = render_slurm(run, attempt=1, drill_id="golden-0001", python=PYTHON)
+    _check_golden("slurm_basic.sbatch", script.text)
+    assert script.submit_dir == Path("/scratch/drills/golden/runs/r000/submitit")
+
+
+def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
+    run = expand_runs(_campaign(HOSTILE))[0]
+    script = render_slurm(run, attempt=0, drill_id="golden-0002", python=PYTHON)
+    _check_golden("slurm_hostile_path.sbatch", script.text)
+    assert HOSTILE not in "".join(line for line in script.text.splitlines() if line.startswith("#SBATCH"))
+    subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
+    environment_part = script.text.split("\nevents=")[0]  # directives are comments to bash
+    shown = subprocess.run(["bash", "-c", environment_part + '\nprintf %s "$FAULTDRILL_RUN_DIR"'],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == f"{HOSTILE}/runs/r000"
+
+
+def test_directives_are_stable_and_ordered() -> None:
+    run = expand_runs(_campaign("/w", partition="p"))[0]
+    first = render_slurm(run, 0, "d", PYTHON).text
+    assert first == render_slurm(run, 0, "d", PYTHON).text
+    directives = [line.split("=")[0] for line in first.splitlines() if line.startswith("#SBATCH")]
+    assert directives[:5] == ["#SBATCH --job-name", "#SBATCH --nodes", "#SBATCH --ntasks-per-node",
+                              "#SBATCH --time", "#SBATCH --partition"]
+
+
+def test_rank_launch_kills_the_step_when_a_rank_dies() -> None:
+    text = render_slurm(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
+    assert "srun --kill-on-bad-exit=1" in text
+    assert "submitit.core._submit" in text
+
+
+def test_directive_values_reject_line_breaks_and_quote_blanks() -> None:
+    assert directive_value("debug") == "debug"
+    assert directive_value("a b") == '"a b"'
+    with pytest.raises(TemplateError, match="line break"):
+        directive_value("a\nb")
+
+
+def test_strict_undefined_names_the_missing_variable(tmp_path: Path) -> None:
+    template = tmp_path / "mine.j2"
+    template.write_text("#!/bin/bash\necho {{ not_provided | q }}\n")
+    with pytest.raises(TemplateError, match="not_provided"):
+        render_template("ignored", {"job_name": "x"}, template)
+
+
+def test_user_template_override_by_path(tmp_path: Path) -> None:
+    template = tmp_path / "site.sbatch.j2"
+    template.write_text('{% extends "slurm.sbatch.j2" %}\n{% block launch %}\n# site launch\nrc=0\n{% endblock %}\n')
+    campaign = _campaign("/w").model_copy(update={"template": template})
+    text = render_slurm(expand_runs(campaign)[0], 0, "d", PYTHON).text
+    assert "# site launch" in text and "srun --kill-on-bad-exit" not in text
+    assert "#SBATCH --nodes=2" in text

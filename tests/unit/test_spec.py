@@ -1,0 +1,143 @@
+"""The spec: what it accepts, and that bad input names the field and what is valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.runs import expand_runs
+from orchestrator.spec import SpecError, load_campaign, parse_campaign, time_limit_minutes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(tmp_path: Path, **overrides: object) -> dict:
+    spec = {
+        "name": "t",
+        "backend": "local",
+        "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 20000, "steps": 40, "seed": 1},
+        "checkpoint": {"every_steps": 10, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 2},
+        "faults": [{"kind": "kill-rank", "after": {"fixed": 1.5}, "rank": 1}],
+    }
+    spec.update(overrides)
+    return spec
+
+
+def test_valid_spec_gets_defaults_and_absolute_workdir(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, workdir="work")
+    campaign = parse_campaign(raw, base_dir=tmp_path)
+    assert campaign.workdir == tmp_path / "work"
+    assert campaign.restart.max_restarts == 3
+    assert campaign.faults[0].signal == "SIGKILL"
+    assert campaign.faults[0].after.fixed == 1.5
+
+
+def test_unknown_top_level_key_names_it_and_lists_valid_keys(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_campaign(_spec(tmp_path, wrkdir="x"), base_dir=tmp_path)
+    message = str(error.value)
+    assert "wrkdir: unknown key" in message
+    assert "workdir" in message and "checkpoint" in message
+
+
+def test_unknown_nested_key_lists_that_sections_keys(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, checkpoint={"every": 5})
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    assert "checkpoint.every: unknown key; valid keys here: every_steps, keep" in str(error.value)
+
+
+def test_unknown_key_inside_a_fault_names_the_list_item(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, faults=[{"kind": "kill-rank", "sig": "KILL"}])
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    assert "faults.0.sig: unknown key" in str(error.value)
+    assert "signal" in str(error.value)
+
+
+def test_wrong_type_names_the_field(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, workload={"framework": "torch", "steps": "many"})
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    assert "workload.steps" in str(error.value)
+
+
+def test_unknown_framework_lists_the_valid_ones(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, workload={"framework": "jax"})
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    assert "workload.framework" in str(error.value) and "torch" in str(error.value)
+
+
+def test_missing_workdir_parent_is_refused(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, workdir=str(tmp_path / "no" / "such" / "work"))
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    assert "workdir: parent directory" in str(error.value)
+
+
+def test_local_backend_refuses_several_nodes(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, resources={"nodes": 2, "tasks_per_node": 1})
+    with pytest.raises(SpecError, match="resources.nodes"):
+        parse_campaign(raw, base_dir=tmp_path)
+
+
+def test_bad_signal_and_bad_time(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, faults=[{"signal": "SIGBOGUS"}], resources={"time": "soon"})
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    assert "faults.0.signal" in str(error.value) and "SIGKILL" in str(error.value)
+    assert "resources.time" in str(error.value)
+
+
+def test_load_campaign_reports_yaml_errors_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no such spec file"):
+        load_campaign(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_campaign(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just text\n")
+    with pytest.raises(SpecError, match="a spec is a mapping"):
+        load_campaign(scalar)
+
+
+def test_sweep_expands_grid_with_baseline_twins(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, baseline=True,
+                sweep={"grid": {"workload.params": [20000, 40000], "checkpoint.every_steps": [5, 10]}})
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    assert len(runs) == 8
+    faulted = [run for run in runs if not run.is_baseline]
+    assert {(r.campaign.workload.params, r.campaign.checkpoint.every_steps) for r in faulted} == {
+        (20000, 5), (20000, 10), (40000, 5), (40000, 10)}
+    twins = [run for run in runs if run.is_baseline]
+    assert all(twin.campaign.faults == [] for twin in twins)
+    assert {twin.baseline_of for twin in twins} == {run.run_id for run in faulted}
+    assert len({run.run_id for run in runs}) == 8
+
+
+def test_sweep_with_unknown_key_or_invalid_value_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="no key 'paramz'.*valid:.*params"):
+        expand_runs(parse_campaign(_spec(tmp_path, sweep={"grid": {"workload.paramz": [1]}}), base_dir=tmp_path))
+    with pytest.raises(SpecError, match="workload.steps"):
+        expand_runs(parse_campaign(_spec(tmp_path, sweep={"grid": {"workload.steps": [0]}}), base_dir=tmp_path))
+
+
+@pytest.mark.parametrize("text,minutes", [("30", 30), ("10:30", 10.5), ("01:30:00", 90), ("1-02", 1560),
+                                          ("2-00:10:00", 2890)])
+def test_time_limit_minutes(text: str, minutes: float) -> None:
+    assert time_limit_minutes(text) == pytest.approx(minutes)
+
+
+@pytest.mark.parametrize("name", ["quick.yaml", "slurm-quick.yaml"])
+def test_shipped_campaigns_are_valid(name: str) -> None:
+    campaign = load_campaign(REPO / "experiments" / "campaigns" / name)
+    runs = expand_runs(campaign)
+    assert any(run.is_baseline for run in runs)
+    assert any(run.campaign.faults for run in runs)
+    assert yaml.safe_load((REPO / "experiments" / "campaigns" / name).read_text())["name"] == campaign.name

@@ -1,0 +1,74 @@
+"""Scheduler output parsing on recorded outputs, and the one state table."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.backends.slurm import parse_sacct, parse_sbatch_parsable, parse_squeue
+from orchestrator.commands import CommandError, run_command
+from orchestrator.states import JobState, from_slurm
+
+# Recorded from the local cluster (slurm-wlm 22.05.8).
+SQUEUE = "41|RUNNING\n42|PENDING\n43|COMPLETING\n44|FAILED\n45|COMPLETED\n"
+SACCT = "40|CANCELLED by 0\n39|NODE_FAIL\n38|OUT_OF_MEMORY\n37|TIMEOUT\n36|COMPLETED\n"
+
+
+def test_squeue_lines_map_to_states() -> None:
+    assert parse_squeue(SQUEUE) == {
+        "41": JobState.RUNNING, "42": JobState.PENDING, "43": JobState.COMPLETING,
+        "44": JobState.FAILED, "45": JobState.COMPLETED,
+    }
+
+
+def test_sacct_lines_map_to_states_including_cancelled_by() -> None:
+    states = parse_sacct(SACCT)
+    assert states["40"] is JobState.CANCELLED
+    assert states["39"] is JobState.NODE_FAIL
+    assert states["38"] is JobState.OUT_OF_MEMORY
+    assert states["37"] is JobState.TIMEOUT
+    assert states["36"] is JobState.COMPLETED
+
+
+def test_unknown_words_are_unknown_and_never_success() -> None:
+    assert from_slurm("WEIRD_NEW_STATE") is JobState.UNKNOWN
+    assert not JobState.UNKNOWN.is_success
+    assert not JobState.UNKNOWN.is_terminal
+    assert JobState.COMPLETED.is_success and JobState.COMPLETED.is_terminal
+    assert JobState.FAILED.is_terminal and not JobState.FAILED.is_success
+
+
+@pytest.mark.parametrize("stdout,job_id", [("1234\n", "1234"), ("77;cluster\n", "77")])
+def test_sbatch_parsable(stdout: str, job_id: str) -> None:
+    assert parse_sbatch_parsable(stdout) == job_id
+
+
+def test_sbatch_without_id_is_an_error_carrying_output() -> None:
+    with pytest.raises(CommandError, match="no job id") as error:
+        parse_sbatch_parsable("sbatch: error: something\n")
+    assert "something" in error.value.stdout
+
+
+def test_command_wrapper_refuses_shell_strings() -> None:
+    with pytest.raises(TypeError):
+        run_command("echo hi")  # type: ignore[arg-type]
+
+
+def test_command_wrapper_error_carries_command_code_and_streams() -> None:
+    with pytest.raises(CommandError) as error:
+        run_command(["bash", "-c", "echo out; echo err >&2; exit 7"])
+    assert error.value.returncode == 7
+    assert error.value.stdout.strip() == "out" and error.value.stderr.strip() == "err"
+    assert error.value.command[0] == "bash"
+
+
+def test_command_wrapper_times_out_and_retries(tmp_path) -> None:
+    counter = tmp_path / "count"
+    script = f'echo x >> "{counter}"; sleep 5'
+    with pytest.raises(CommandError, match="timed out"):
+        run_command(["bash", "-c", script], timeout_s=0.3, retries=1, retry_delay_s=0.01)
+    assert counter.read_text().count("x") == 2
+
+
+def test_command_not_found_is_a_command_error() -> None:
+    with pytest.raises(CommandError, match="command not found"):
+        run_command(["/nonexistent/sbatch"])
