@@ -82,6 +82,11 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
     }
 
 
+def attempt_job_name(run: RunConfig, attempt: int) -> str:
+    """Unique per campaign, run and attempt: a restarted controller finds an unrecorded job by it."""
+    return f"{run.job_name}-a{attempt}"
+
+
 def submitit_command(folder: Path, python: str = sys.executable) -> list[str]:
     return [python, "-u", "-m", "submitit.core._submit", str(folder)]
 
@@ -90,7 +95,7 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
     resources = run.campaign.resources
     environment = {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}
     context = {
-        "job_name": f"{run.job_name}-a{attempt}",
+        "job_name": attempt_job_name(run, attempt),
         "nodes": resources.nodes,
         "tasks_per_node": resources.tasks_per_node,
         "time": resources.time,

@@ -79,10 +79,18 @@ class RunTracker:
         """Submit the first attempt, or adopt the attempt an earlier controller left running."""
         attempts = self.ledger.attempts(self.run.run_id)
         if attempts and attempts[-1].job_id and attempts[-1].ended is None:
+            self.backend.adopt(attempts[-1].job_id, self.run)
             self._adopt(attempts[-1].attempt, attempts[-1].job_id, attempts[-1].accepted or time.time())
             return
         if attempts and attempts[-1].job_id is None:
-            self.ledger.update_attempt(self.run.run_id, attempts[-1].attempt, state="LOST", ended=time.time(),
+            last = attempts[-1].attempt
+            found = self.backend.find_submitted(self.run, last)
+            if found is not None:
+                self.ledger.update_attempt(self.run.run_id, last, job_id=found, accepted=attempts[-1].submitted)
+                self.backend.adopt(found, self.run)
+                self._adopt(last, found, attempts[-1].submitted)
+                return
+            self.ledger.update_attempt(self.run.run_id, last, state="LOST", ended=time.time(),
                                        reason="controller stopped before the scheduler answered")
         self.ledger.update_run(self.run.run_id, status="running", started=time.time())
         self.status = "running"

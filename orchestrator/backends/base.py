@@ -33,6 +33,13 @@ class Backend(abc.ABC):
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         """Submit one attempt of ``run``; returns once the scheduler has accepted it."""
 
+    def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
+        """The job of ``attempt`` if the scheduler accepted it although its id was never recorded."""
+        return None
+
+    def adopt(self, job_id: str, run: RunConfig) -> None:
+        """Watch a job that an earlier controller process submitted (nothing to do for most backends)."""
+
     @abc.abstractmethod
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """States of all ``job_ids`` in one batched call; ids the scheduler does not know are UNKNOWN."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +61,19 @@ class EnvLocalExecutor(submitit.LocalExecutor):
         )
 
 
+@dataclass
+class LocalJobRecord:
+    folder: Path
+    ntasks: int
+    process: subprocess.Popen[bytes] | None = None  # None: started by an earlier controller process
+
+
 class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, drill_id: str) -> None:
         self.drill_id = drill_id
-        self._jobs: dict[str, tuple[subprocess.Popen[bytes], Path, int]] = {}
+        self._jobs: dict[str, LocalJobRecord] = {}
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         executor = EnvLocalExecutor(run.paths.submitit, rank_environment(run, job.attempt, self.drill_id))
@@ -72,28 +81,34 @@ class LocalBackend(Backend):
         submitted = executor.submit(run_rank, job)
         process = submitted._process
         assert process is not None
-        self._jobs[submitted.job_id] = (process, run.paths.submitit, run.ranks)
+        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, run.ranks, process)
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
+
+    def adopt(self, job_id: str, run: RunConfig) -> None:
+        self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, run.ranks))
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         return {job_id: self._state(job_id) for job_id in job_ids}
 
     def _state(self, job_id: str) -> JobState:
-        known = self._jobs.get(job_id)
-        if known is None:
-            return _adopted_state(job_id)
-        process, folder, ntasks = known
-        code = process.poll()
+        record = self._jobs.get(job_id)
+        if record is None:
+            return JobState.UNKNOWN
+        if record.process is None:
+            return _adopted_state(job_id, record)
+        code = record.process.poll()
         if code is None:
             return JobState.RUNNING
         if code < 0:
             return JobState.CANCELLED
-        return JobState.COMPLETED if _all_tasks_succeeded(folder, job_id, ntasks) else JobState.FAILED
+        return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.FAILED
 
     def cancel(self, job_id: str) -> None:
-        known = self._jobs.get(job_id)
-        if known is not None and known[0].poll() is None:
-            known[0].terminate()  # submitit's controller forwards SIGTERM to every task
+        record = self._jobs.get(job_id)
+        if record is not None and record.process is not None and record.process.poll() is None:
+            record.process.terminate()  # submitit's controller forwards SIGTERM to every task
+        elif record is not None and _adopted_state(job_id, record) is JobState.RUNNING:
+            os.kill(int(job_id), signal.SIGTERM)  # verified above: submitit's controller for this folder
 
     def kill_rank(self, request: KillRequest) -> FaultOutcome:
         return kill_rank(
@@ -101,9 +116,9 @@ class LocalBackend(Backend):
         )
 
 
-def _all_tasks_succeeded(folder: Path, job_id: str, ntasks: int) -> bool:
-    for task in range(ntasks):
-        result = submitit_utils.JobPaths(folder, job_id=job_id, task_id=task).result_pickle
+def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:
+    for task in range(record.ntasks):
+        result = submitit_utils.JobPaths(record.folder, job_id=job_id, task_id=task).result_pickle
         if not result.exists():
             return False
         outcome, _ = submitit_utils.pickle_load(result)
@@ -112,13 +127,16 @@ def _all_tasks_succeeded(folder: Path, job_id: str, ntasks: int) -> bool:
     return True
 
 
-def _adopted_state(job_id: str) -> JobState:
-    """A job started by an earlier controller process: alive only if it is still submitit's controller."""
+def _adopted_state(job_id: str, record: LocalJobRecord) -> JobState:
+    """A job an earlier controller process started: running while its pid is still submitit's
+    controller for this run's folder; once gone, complete only if every task left a success result."""
     try:
         cmdline = psutil.Process(int(job_id)).cmdline()
     except (psutil.NoSuchProcess, ValueError):
-        return JobState.UNKNOWN
-    return JobState.RUNNING if LOCAL_CONTROLLER_MODULE in cmdline else JobState.UNKNOWN
+        cmdline = []
+    if LOCAL_CONTROLLER_MODULE in cmdline and str(record.folder) in cmdline:
+        return JobState.RUNNING
+    return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.UNKNOWN
 
 
 def _minutes(run: RunConfig) -> float:

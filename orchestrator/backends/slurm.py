@@ -19,7 +19,7 @@ from injectors.kill_rank import FaultOutcome
 from injectors.targets import read_identity
 from orchestrator.backends.base import Backend, KillRequest, Submission
 from orchestrator.commands import CommandError, run_command
-from orchestrator.render import SubmissionScript, render_slurm
+from orchestrator.render import SubmissionScript, attempt_job_name, render_slurm
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState, from_slurm
 
@@ -96,6 +96,12 @@ class SlurmBackend(Backend):
         executor.update_parameters(nodes=resources.nodes, ntasks_per_node=resources.tasks_per_node)
         submitted = executor.submit(run_rank, job)
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
+
+    def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
+        result = run_command(["squeue", "-h", "-t", "all", "-u", self.user, "-n", attempt_job_name(run, attempt),
+                              "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2)
+        job_ids = result.stdout.split()
+        return job_ids[-1] if job_ids else None
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """One squeue call for every job it still holds; sacct only for ids squeue has forgotten."""

@@ -1,0 +1,156 @@
+"""The framework-agnostic training loop: everything a drill measures, for any ``Workload``.
+
+The runner owns the attempt's timeline (events), resume from the newest valid checkpoint, the
+checkpoint cadence and its two-phase write, heartbeats, the loss log, the final digest and the
+barriers that keep ranks in step. A workload only trains, saves, loads and digests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from experiments.layout import (
+    EVENT_CHECKPOINT_LOADED,
+    EVENT_COMPLETED,
+    EVENT_FIRST_STEP,
+    EVENT_FRAMEWORK_READY,
+    EVENT_PROCESS_START,
+    FinalRecord,
+    RankJob,
+    RunPaths,
+    append_json_line,
+    record_dict,
+    write_json_atomic,
+)
+from experiments.runtime.checkpoint import CheckpointStore
+from experiments.runtime.distenv import DistEnv, Timeouts
+from experiments.runtime.events import EventLog
+from experiments.runtime.heartbeat import HeartbeatWriter
+from experiments.runtime.persist import PersistWorker
+from experiments.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    # True: rank 0 hashes and publishes a checkpoint on a thread while training goes on.
+    async_persist: bool = True
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    rank: int
+    final_step: int
+    resumed_from: int  # 0: cold start
+    digest: str
+
+
+class Runner:
+    def __init__(
+        self, job: RankJob, env: DistEnv, workload: Workload, options: RunnerOptions, started_at: float
+    ) -> None:
+        self.job, self.env, self.workload, self.options = job, env, workload, options
+        self.started_at = started_at
+        self.paths = RunPaths(Path(job.run_dir))
+        self.store = CheckpointStore(self.paths.root, job.checkpoint_keep)
+        self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
+        self.heartbeat = HeartbeatWriter(self.paths.heartbeat_file(env.rank), job.attempt, job.heartbeat_interval_s)
+        self.persist = PersistWorker()
+
+    def run(self) -> RunOutcome:
+        self._start()
+        start_step = self._resume()
+        self._train(start_step)
+        return self._finish(start_step)
+
+    def _start(self) -> None:
+        env = self.env
+        self.events.emit(
+            EVENT_PROCESS_START, when=self.started_at, pid=os.getpid(),
+            create_time=psutil.Process().create_time(), world_size=env.world_size,
+            num_nodes=env.num_nodes, scheduler=env.scheduler, job_id=env.job_id, node=env.node,
+        )
+        if env.is_main:
+            # Before setup: no other rank can write a checkpoint until rank 0 joins the group.
+            self.store.remove_stale()
+        timings = self.workload.setup(env, self.job.workload, self.options.timeouts)
+        self.events.emit(EVENT_FRAMEWORK_READY, since_start_s=time.time() - self.started_at, **timings)
+
+    def _resume(self) -> int:
+        """Agree on the newest valid checkpoint (rank 0 verifies, all load); 0 means cold start."""
+        started = time.monotonic()
+        step, verify_s = 0, 0.0
+        if self.env.is_main:
+            found = self.store.newest_valid()
+            verify_s = time.monotonic() - started
+            step = found.step if found else 0
+            self.store.discard_newer_than(step)
+        step = self.workload.broadcast_int(step)
+        if step > 0:
+            self.workload.load(self.store.step_dir(step), step)
+        load_s = time.monotonic() - started
+        self.events.emit(EVENT_CHECKPOINT_LOADED, step=step, load_s=load_s, verify_s=verify_s)
+        self.heartbeat.beat(step, force=True)
+        return step
+
+    def _train(self, start_step: int) -> None:
+        total, every = self.job.workload.steps, self.job.checkpoint_every
+        for step in range(start_step + 1, total + 1):
+            loss = self.workload.train_step(step)
+            if self.env.is_main:
+                append_json_line(self.paths.loss_log, {"attempt": self.job.attempt, "step": step, "loss": loss})
+            if step == start_step + 1:
+                self.events.emit(EVENT_FIRST_STEP, step=step)
+            checkpoint_due = every > 0 and step % every == 0
+            self.heartbeat.beat(step, force=checkpoint_due or step == total)
+            if checkpoint_due:
+                self._checkpoint(step)
+
+    def _checkpoint(self, step: int) -> None:
+        """Every rank writes its share, all meet, rank 0 publishes (on a thread if async)."""
+        started = time.monotonic()
+        if self.env.is_main:
+            self.persist.wait()  # publish in step order; never two commits in flight
+        sink = self.store.sink(step)
+        self.workload.save(sink, step)
+        sink.close()
+        self.workload.barrier(self.options.timeouts.checkpoint_s)
+        asynchronous = self.options.async_persist
+        # Synchronous: training waits for the whole commit, so blocking time is persist time.
+        blocking_s = time.monotonic() - started if asynchronous else None
+        if self.env.is_main:
+            commit = functools.partial(
+                self.store.commit, step, self.job.attempt, self.workload.checkpoint_meta, started, blocking_s
+            )
+            if asynchronous:
+                self.persist.submit(commit)
+            else:
+                self.persist.records.append(commit())
+        if not asynchronous:
+            self.workload.barrier(self.options.timeouts.checkpoint_s)
+
+    def _finish(self, start_step: int) -> RunOutcome:
+        self.persist.wait()
+        final_step = max(start_step, self.job.workload.steps)
+        # Every rank reached the end before rank 0 declares the run complete.
+        self.workload.barrier(self.options.timeouts.checkpoint_s)
+        digest = self.workload.digest()
+        if self.env.is_main:
+            record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt)
+            write_json_atomic(self.paths.final, record_dict(record))
+            self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest)
+        self.workload.shutdown()
+        return RunOutcome(rank=self.env.rank, final_step=final_step, resumed_from=start_step, digest=digest)
+
+
+def run_training(
+    job: RankJob, env: DistEnv, workload: Workload, started_at: float, options: RunnerOptions | None = None
+) -> RunOutcome:
+    """Run (or resume) one attempt of one run on this rank; raises if any rank fails."""
+    return Runner(job, env, workload, options or RunnerOptions(), started_at).run()

@@ -1,0 +1,85 @@
+"""The contract between the framework-agnostic runner and one deep-learning framework.
+
+The runner owns everything a drill measures (resume, checkpoint cadence, heartbeats, events, the
+final digest file); a workload owns only what needs its framework. Adding a framework is one
+module implementing ``Workload`` plus one line in ``experiments.workloads.REGISTRY``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from experiments.layout import WorkloadSpec
+from experiments.runtime.checkpoint import CheckpointMeta
+from experiments.runtime.distenv import DistEnv, Timeouts
+from experiments.runtime.sink import FileSink
+
+
+class Workload(ABC):
+    """One rank's training in one framework. Steps are 1-based: step S is the S-th update."""
+
+    framework: str = ""
+
+    @property
+    @abstractmethod
+    def checkpoint_meta(self) -> CheckpointMeta:
+        """Framework, file format and writers, recorded in every manifest."""
+
+    @abstractmethod
+    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
+        """Join the process group, build model and optimizer in their cold-start state.
+
+        Returns named phase durations in seconds (e.g. ``rendezvous_s``) for the
+        ``framework_ready`` event. Must fail (raise) rather than wait forever for a peer.
+        """
+
+    @abstractmethod
+    def train_step(self, step: int) -> float:
+        """One update on the batch of global step ``step`` (a pure function of seed, step and
+        rank, so the data order survives a restart); returns this rank's loss."""
+
+    @abstractmethod
+    def save(self, sink: FileSink, step: int) -> None:
+        """Write this rank's share of the state after ``step`` through ``sink``: weights,
+        optimizer, this rank's RNG states and the data position. Every rank is called."""
+
+    @abstractmethod
+    def load(self, directory: Path, step: int) -> None:
+        """Restore the state ``save`` wrote into the (verified) checkpoint ``directory``."""
+
+    @abstractmethod
+    def digest(self) -> str:
+        """sha256 over the model weights in a canonical order (see ``digest_arrays``)."""
+
+    @abstractmethod
+    def barrier(self, timeout_s: float | None = None) -> None:
+        """Wait for every rank; ``timeout_s`` None means the collective timeout from setup."""
+
+    @abstractmethod
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (the runner agrees on the resume step this way)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Leave the process group after a successful run."""
+
+
+def digest_arrays(named: Iterable[tuple[str, np.ndarray]]) -> str:
+    """sha256 over (name, dtype, shape, little-endian C-order bytes), sorted by name.
+
+    Framework-neutral on purpose: two frameworks holding the same weights give the same digest,
+    and the digest does not depend on the order a framework happens to list its parameters.
+    """
+    digest = hashlib.sha256()
+    for name, array in sorted(named, key=lambda item: item[0]):
+        canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        digest.update(name.encode())
+        digest.update(canonical.dtype.str.encode())
+        digest.update(repr(tuple(canonical.shape)).encode())
+        digest.update(canonical.tobytes())
+    return digest.hexdigest()

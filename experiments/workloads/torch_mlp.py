@@ -1,0 +1,217 @@
+"""PyTorch workload: an MLP trained with DDP over gloo on seeded synthetic data.
+
+Bitwise reproducibility across a restart rests on three things saved or derived here: the batch
+of a step is a pure function of (seed, step, rank); each rank's RNG state (dropout draws from it)
+is checkpointed; the optimizer state is checkpointed with the weights.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from experiments.layout import WorkloadSpec
+from experiments.runtime.checkpoint import CheckpointMeta
+from experiments.runtime.distenv import DistEnv, Timeouts
+from experiments.runtime.sink import FileSink
+from experiments.workloads.base import Workload, digest_arrays
+
+IN_FEATURES = 64
+OUT_FEATURES = 8
+DROPOUT = 0.1  # gives the per-rank RNG state something to do, so its checkpointing is tested
+LEARNING_RATE = 1e-3
+MODEL_FILE = "model.pt"
+
+
+def hidden_width(params: int) -> int:
+    """Width of the two hidden layers that brings the parameter count closest to ``params``.
+
+    in->h->h->out with biases has h^2 + (in + out + 2) h + out parameters.
+    """
+    linear = IN_FEATURES + OUT_FEATURES + 2
+    root = (-linear + math.sqrt(linear * linear + 4 * max(params - OUT_FEATURES, 0))) / 2
+    candidates = {max(1, math.floor(root)), max(1, math.ceil(root))}
+    return min(candidates, key=lambda h: (abs(count_params(h) - params), h))
+
+
+def count_params(width: int) -> int:
+    return width * width + (IN_FEATURES + OUT_FEATURES + 2) * width + OUT_FEATURES
+
+
+def build_mlp(width: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(IN_FEATURES, width), nn.ReLU(), nn.Dropout(DROPOUT),
+        nn.Linear(width, width), nn.ReLU(), nn.Dropout(DROPOUT),
+        nn.Linear(width, OUT_FEATURES),
+    )
+
+
+DATA_STREAM = 0
+DROPOUT_STREAM = 1
+
+
+def mixed_seed(*parts: int) -> int:
+    """A 63-bit generator seed from non-negative ints: SeedSequence mixes them well, so nearby
+    (seed, step, rank) tuples give unrelated streams."""
+    state = np.random.SeedSequence(list(parts)).generate_state(2, dtype=np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-rank{rank:05d}.pt"
+
+
+class TorchMLP(Workload):
+    framework = "torch"
+
+    def __init__(self) -> None:
+        self.env: DistEnv | None = None
+        self.spec = WorkloadSpec()
+        self.model: nn.Module = nn.Identity()
+        self.ddp: nn.Module = nn.Identity()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.teacher = torch.zeros(IN_FEATURES, OUT_FEATURES)
+        self.width = 0
+
+    @property
+    def checkpoint_meta(self) -> CheckpointMeta:
+        return CheckpointMeta("torch", f"torch.save (pickle+zip), torch {torch.__version__}", "all")
+
+    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
+        if spec.model != "mlp":
+            raise ValueError(f"the torch workload trains model 'mlp', not {spec.model!r}")
+        self.env, self.spec = env, spec
+        _make_deterministic()
+        started = time.monotonic()
+        _join_process_group(env, timeouts)
+        joined = time.monotonic()
+        self.width = hidden_width(spec.params)
+        torch.manual_seed(spec.seed)  # identical initial weights on every rank
+        self.model = build_mlp(self.width)
+        self.teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=torch.Generator().manual_seed(spec.seed))
+        self.ddp = DistributedDataParallel(self.model)
+        self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=LEARNING_RATE)
+        # Each rank draws its own dropout masks; a resume restores this state from the checkpoint.
+        torch.manual_seed(mixed_seed(spec.seed, DROPOUT_STREAM, env.rank))
+        return {"rendezvous_s": joined - started, "build_s": time.monotonic() - joined,
+                "params": float(count_params(self.width)), "hidden_width": float(self.width)}
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.env is not None
+        generator = torch.Generator().manual_seed(mixed_seed(self.spec.seed, DATA_STREAM, step, self.env.rank))
+        inputs = torch.randn(self.spec.batch_size, IN_FEATURES, generator=generator)
+        return inputs, torch.tanh(inputs @ self.teacher)
+
+    def train_step(self, step: int) -> float:
+        assert self.optimizer is not None
+        inputs, targets = self.batch(step)
+        self.ddp.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(self.ddp(inputs), targets)
+        loss.backward()  # DDP all-reduces gradients here: a dead peer raises in this call
+        self.optimizer.step()
+        return float(loss.item())
+
+    def save(self, sink: FileSink, step: int) -> None:
+        assert self.env is not None and self.optimizer is not None
+        if self.env.rank == 0:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "step": step, "data_position": step, "hidden_width": self.width}
+            with sink.open(MODEL_FILE) as handle:
+                torch.save(state, handle)
+        with sink.open(rng_file(self.env.rank)) as handle:
+            torch.save(_rng_state(), handle)
+
+    def load(self, directory: Path, step: int) -> None:
+        assert self.env is not None and self.optimizer is not None
+        state = _load(directory / MODEL_FILE)
+        if state["step"] != step or state["hidden_width"] != self.width:
+            raise ValueError(f"{directory / MODEL_FILE} holds step {state['step']}, width "
+                             f"{state['hidden_width']}; expected step {step}, width {self.width}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        path = directory / rng_file(self.env.rank)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no RNG state for rank {self.env.rank} "
+                                    "(was the checkpoint written with another world size?)")
+        _set_rng_state(_load(path))
+
+    def digest(self) -> str:
+        named = ((name, tensor.detach().cpu().numpy()) for name, tensor in self.model.state_dict().items())
+        return digest_arrays(named)
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        if timeout_s is None:
+            dist.barrier()
+        else:
+            # monitored_barrier takes its own timeout: rank 0 may write a large checkpoint for
+            # longer than the short collective timeout that catches dead peers.
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+
+    def broadcast_int(self, value: int) -> int:
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(tensor, src=0)
+        return int(tensor.item())
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _make_deterministic() -> None:
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already set (a second workload in one process, as in tests): it stays 1
+    torch.use_deterministic_algorithms(True)
+
+
+def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
+    """Rendezvous at tcp://master_addr:master_port, with a long wait for late ranks (the store)
+    and a short one for collectives (how quickly a rank gives up on a peer that died)."""
+    if env.scheduler in ("local", "single"):
+        # Every rank is on this host: talk over loopback rather than whatever the host name
+        # resolves to (gloo warns and guesses otherwise).
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore(
+        env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
+        timeout=timedelta(seconds=timeouts.rendezvous_s), wait_for_workers=True,
+    )
+    dist.init_process_group(
+        "gloo", store=store, rank=env.rank, world_size=env.world_size,
+        timeout=timedelta(seconds=timeouts.collective_s),
+    )
+
+
+def _rng_state() -> dict[str, Any]:
+    # numpy's state as plain tensors/ints so the file loads with weights_only=True (no pickle code).
+    _, key, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    saved = state["numpy"]
+    key = saved["key"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", key, saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
+
+
+def _load(path: Path) -> Any:
+    # Read fully first: one sequential read, and weights_only refuses arbitrary pickled code.
+    return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)

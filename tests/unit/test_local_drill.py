@@ -1,0 +1,109 @@
+"""The local backend end to end, through the real CLI: drill, fault, recovery, baseline, report.
+
+No scheduler is involved: ranks are local processes started by submitit's local executor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.ledger import Ledger
+
+FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def _write_spec(tmp_path: Path, **overrides: Any) -> Path:
+    spec: dict[str, Any] = {
+        "name": "local-e2e",
+        "backend": "local",
+        "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_size": 16},
+        "checkpoint": {"every_steps": 20, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00"},
+        "faults": [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}],
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.05},
+        "baseline": True,
+        "parallel_runs": 2,
+    }
+    spec.update(overrides)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _drill(spec: Path, timeout: float = 300) -> dict[str, Any]:
+    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json"], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
+    return next(run for run in report["runs"] if run["run_id"] == run_id)
+
+
+def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path) -> None:
+    spec = _write_spec(tmp_path)
+    report = _drill(spec)
+    faulted, twin = _run(report, "r000"), _run(report, "r000-baseline")
+    assert faulted["status"] == twin["status"] == "completed"
+    assert faulted["final_step"] == faulted["target_steps"] == 160
+    assert len(faulted["faults"]) == 1 and faulted["faults"][0]["at"] is not None
+    assert faulted["faults"][0]["signal"] == "SIGKILL" and faulted["faults"][0]["target"].startswith("rank 1")
+    assert len(faulted["attempts"]) >= 2 and twin["faults"] == [] and len(twin["attempts"]) == 1
+    recovery = faulted["recoveries"][0]
+    assert recovery["fault_kind"] == "kill-rank"
+    assert recovery["resumed_from_step"] > 0 and recovery["resumed_from_step"] % 20 == 0
+    phases = sum(recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s"))
+    assert recovery["ttr_s"] == pytest.approx(phases, abs=1e-6) and recovery["ttr_s"] > 0
+    assert recovery["detect_s"] >= 0 and recovery["lost_steps"] >= 0
+    assert faulted["identical_to_baseline"] is True
+    assert faulted["final_digest"] == twin["final_digest"] != ""
+    assert faulted["checkpoints"]["count"] >= 8 and faulted["checkpoints"]["bytes"] > 0
+    again = subprocess.run([*FAULTDRILL, "report", str(tmp_path / "work"), "--format", "json"], capture_output=True,
+                           text=True, check=True)
+    assert json.loads(again.stdout) == report
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"workloda": {}}, "workloda: unknown key"),
+    ({"workload": {"framework": "torch", "steps": "lots"}}, "workload.steps"),
+    ({"workdir": "/no/such/parent/work"}, "workdir: parent directory"),
+])
+def test_bad_spec_exits_nonzero_names_the_field_and_submits_nothing(tmp_path: Path, bad: dict, field: str) -> None:
+    spec = _write_spec(tmp_path, **bad)
+    done = subprocess.run([*FAULTDRILL, "drill", str(spec)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert field in done.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_controller_killed_mid_drill_resumes_without_duplicate_submission(tmp_path: Path) -> None:
+    spec = _write_spec(tmp_path, faults=[], baseline=False,
+                       workload={"framework": "torch", "params": 20000, "steps": 400, "seed": 3})
+    first = subprocess.Popen([*FAULTDRILL, "drill", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    heartbeat = tmp_path / "work" / "runs" / "r000" / "heartbeats" / "rank-0.jsonl"
+    deadline = time.monotonic() + 120
+    while not heartbeat.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert heartbeat.exists(), "the first controller never got its job training"
+    os.kill(first.pid, signal.SIGKILL)  # the controller only; its job keeps training
+    first.wait(timeout=10)
+    report = _drill(spec)
+    run = _run(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 400
+    assert len(run["attempts"]) == 1, "the restarted controller submitted the run again"
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    assert [a.job_id for a in ledger.attempts("r000")] == [run["attempts"][0]["job_id"]]
+    ledger.close()

@@ -1,0 +1,122 @@
+from pathlib import Path
+
+import pytest
+
+from experiments.runtime.distenv import PORT_BASE, PORT_SPAN, DistEnv, DistEnvError, Timeouts, derive_port
+
+SLURM_RANK3 = {  # recorded from `srun -N2 -n4` on the local cluster, task 3 (second node)
+    "SLURM_JOB_ID": "4182",
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "fd-n[1-2]",
+    "SLURM_STEP_NODELIST": "fd-n[1-2]",
+    "SLURMD_NODENAME": "fd-n2",
+}
+
+LOCAL_RANK1 = {  # what submitit's LocalExecutor(tasks_per_node=2) sets for task 1
+    "SUBMITIT_EXECUTOR": "local",
+    "SUBMITIT_LOCAL_JOB_ID": "52311",
+    "SUBMITIT_LOCAL_GLOBALID": "1",
+    "SUBMITIT_LOCAL_LOCALID": "1",
+    "SUBMITIT_LOCAL_NTASKS": "2",
+    "SUBMITIT_LOCAL_NODEID": "0",
+    "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+}
+
+
+def test_slurm_multi_node() -> None:
+    env = DistEnv.from_environ(SLURM_RANK3, hostname="host-x")
+    assert env == DistEnv(
+        rank=3, local_rank=1, world_size=4, node_rank=1, num_nodes=2, master_addr="fd-n1",
+        master_port=PORT_BASE + 4182, job_id="4182", node="fd-n2", scheduler="slurm",
+    )
+    assert not env.is_main
+
+
+def test_slurm_array_task_named_like_submitit_but_port_from_raw_id() -> None:
+    recorded = {**SLURM_RANK3, "SLURM_ARRAY_JOB_ID": "4180", "SLURM_ARRAY_TASK_ID": "2"}
+    env = DistEnv.from_environ(recorded, hostname="h")
+    assert env.job_id == "4180_2"
+    assert env.master_port == PORT_BASE + 4182
+
+
+def test_slurm_job_nodelist_when_no_step_variables() -> None:
+    recorded = {k: v for k, v in SLURM_RANK3.items() if not k.startswith("SLURM_STEP")}
+    recorded["SLURM_JOB_NODELIST"] = "gpu[07-08]"
+    assert DistEnv.from_environ(recorded, hostname="h").master_addr == "gpu07"
+
+
+def test_submitit_local_shadows_an_enclosing_slurm_allocation() -> None:
+    env = DistEnv.from_environ({**SLURM_RANK3, **LOCAL_RANK1}, hostname="login1")
+    assert (env.scheduler, env.rank, env.world_size, env.master_addr) == ("local", 1, 2, "127.0.0.1")
+    assert env.job_id == "52311" and env.node == "login1"
+
+
+def test_single_process_fallback() -> None:
+    env = DistEnv.from_environ({}, hostname="laptop")
+    assert (env.scheduler, env.rank, env.world_size, env.num_nodes) == ("single", 0, 1, 1)
+    assert env.is_main
+
+
+def test_pbs_with_mpich(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn1.cluster\ncn1.cluster\ncn2.cluster\ncn2.cluster\n")
+    recorded = {"PBS_JOBID": "991.pbs-server", "PBS_NODEFILE": str(nodefile),
+                "PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0"}
+    env = DistEnv.from_environ(recorded, hostname="cn2")
+    assert (env.scheduler, env.rank, env.world_size, env.node_rank, env.num_nodes) == ("pbs", 2, 4, 1, 2)
+    assert env.master_addr == "cn1.cluster" and env.job_id == "991.pbs-server"
+    assert PORT_BASE <= env.master_port < PORT_BASE + PORT_SPAN
+
+
+def test_pbs_host_missing_from_nodefile(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn1\n")
+    with pytest.raises(DistEnvError, match="PBS_NODEFILE"):
+        DistEnv.from_environ({"PBS_JOBID": "1", "PBS_NODEFILE": str(nodefile)}, hostname="cn9")
+
+
+def test_overrides() -> None:
+    recorded = {**LOCAL_RANK1, "FAULTDRILL_MASTER_PORT": "29500", "FAULTDRILL_MASTER_ADDR": "10.0.0.1"}
+    env = DistEnv.from_environ(recorded, hostname="h")
+    assert (env.master_addr, env.master_port) == ("10.0.0.1", 29500)
+
+
+@pytest.mark.parametrize(
+    ("change", "variable"),
+    [
+        ({"SLURM_PROCID": "4"}, "SLURM_PROCID"),
+        ({"SLURM_PROCID": "x"}, "SLURM_PROCID"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID"),
+        ({"SLURM_STEP_NUM_NODES": "3"}, "SLURM_STEP_NODELIST"),
+        ({"SLURM_STEP_NODELIST": "fd-n[1-2"}, "SLURM_STEP_NODELIST"),
+        ({"SLURM_STEP_NUM_TASKS": "0", "SLURM_PROCID": "0"}, "SLURM_STEP_NUM_TASKS"),
+        ({"FAULTDRILL_MASTER_PORT": "70000"}, "FAULTDRILL_MASTER_PORT"),
+    ],
+)
+def test_inconsistent_environment_names_the_variable(change: dict[str, str], variable: str) -> None:
+    with pytest.raises(DistEnvError, match=variable):
+        DistEnv.from_environ({**SLURM_RANK3, **change}, hostname="h")
+
+
+def test_local_rank_beyond_world() -> None:
+    with pytest.raises(DistEnvError, match="SUBMITIT_LOCAL_GLOBALID"):
+        DistEnv.from_environ({**LOCAL_RANK1, "SUBMITIT_LOCAL_GLOBALID": "2"}, hostname="h")
+
+
+def test_derived_ports_differ_for_concurrent_jobs() -> None:
+    assert derive_port("1000") != derive_port("1001")
+    assert derive_port("abc") == derive_port("abc")
+    assert all(PORT_BASE <= derive_port(seed) < PORT_BASE + PORT_SPAN for seed in ["0", "99999999", "a.b"])
+
+
+def test_timeouts_from_environ() -> None:
+    assert Timeouts.from_environ({}) == Timeouts()
+    assert Timeouts.from_environ({"FAULTDRILL_COLLECTIVE_TIMEOUT_S": "2.5"}).collective_s == 2.5
+    with pytest.raises(DistEnvError, match="FAULTDRILL_RENDEZVOUS_TIMEOUT_S"):
+        Timeouts.from_environ({"FAULTDRILL_RENDEZVOUS_TIMEOUT_S": "-1"})
