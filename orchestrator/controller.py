@@ -82,23 +82,25 @@ class Controller:
                         for run in self.runs]
             waiting = [t for t in trackers if not t.done]
             active: list[RunTracker] = []
-            while waiting or active:
+            while waiting or active or any(t.closing for t in trackers):
                 while waiting and len(active) < self.campaign.parallel_runs:
                     tracker = waiting.pop(0)
                     tracker.start()
                     active.append(tracker)
-                self._advance(active)
+                self._advance(active, trackers)
                 active = [t for t in active if not t.done]
                 if observer is not None:
                     observer(trackers)
-                if waiting or active:
+                if waiting or active or any(t.closing for t in trackers):
                     time.sleep(self.campaign.restart.poll_interval_s)
         self.ledger.set_meta("finished", time.time())
 
-    def _advance(self, active: list[RunTracker]) -> None:
-        job_ids = [t.job_id for t in active if t.job_id is not None]
+    def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
+        job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]
         states = self.backend.poll(job_ids)
         now = time.time()
+        for tracker in trackers:
+            tracker.settle_closing(states)
         for tracker in active:
             if tracker.job_id is not None:
                 tracker.advance(states.get(tracker.job_id, JobState.UNKNOWN), now)

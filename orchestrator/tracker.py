@@ -64,6 +64,8 @@ class RunTracker:
         self.next_fault = len(ledger.faults(run.run_id))
         self._fault_in_flight: tuple[int, Future[FaultOutcome]] | None = None
         self._fault_id = 0
+        # Failed attempts whose job the scheduler has not reported final yet: attempt -> job id.
+        self.closing: dict[int, str] = {}
         self._awaiting_recovery: int | None = None
 
     @property
@@ -73,6 +75,19 @@ class RunTracker:
     @property
     def job_id(self) -> str | None:
         return self.watch.job_id if self.watch else None
+
+    def watched_job_ids(self) -> list[str]:
+        """The current job and the failed ones still finishing: all polled in the same batch."""
+        current = [self.job_id] if self.job_id is not None and not self.done else []
+        return current + list(self.closing.values())
+
+    def settle_closing(self, states: dict[str, JobState]) -> None:
+        """Record the final scheduler state of failed attempts once the scheduler has one."""
+        for attempt, job_id in list(self.closing.items()):
+            state = states.get(job_id, JobState.UNKNOWN)
+            if state.is_terminal or state is JobState.UNKNOWN:
+                self.ledger.update_attempt(self.run.run_id, attempt, state=state.value)
+                del self.closing[attempt]
 
     # submission -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -175,7 +190,9 @@ class RunTracker:
 
     def _on_failure(self, watch: AttemptWatch, reason: str, state: JobState, now: float) -> None:
         if not state.is_terminal:
-            self.backend.cancel(watch.job_id)
+            if watch.step_exit is None:  # a hang or a stuck start: the job would hold its nodes
+                self.backend.cancel(watch.job_id)
+            self.closing[watch.attempt] = watch.job_id
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=reason)
         self._ingest_checkpoints()
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, reason)

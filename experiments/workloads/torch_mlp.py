@@ -101,7 +101,12 @@ class TorchMLP(Workload):
         torch.manual_seed(spec.seed)  # identical initial weights on every rank
         self.model = build_mlp(self.width)
         self.teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=torch.Generator().manual_seed(spec.seed))
-        self.ddp = DistributedDataParallel(self.model)
+        # DDP rebuilds its gradient buckets after the first iteration of each process, so a resumed
+        # process all-reduces its first step with another bucket layout than the run it continues;
+        # with more than 2 ranks the ring's summation order changes and the weights drift by an ulp
+        # (measured: 4 ranks on 2 nodes diverged at the first step after the resume). With
+        # find_unused_parameters the reducer never rebuilds, so every step uses the same layout.
+        self.ddp = DistributedDataParallel(self.model, find_unused_parameters=True)
         self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=LEARNING_RATE)
         # Each rank draws its own dropout masks; a resume restores this state from the checkpoint.
         torch.manual_seed(mixed_seed(spec.seed, DROPOUT_STREAM, env.rank))
