@@ -8,8 +8,6 @@ import logging
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from orchestrator.render import TemplateError, render_slurm
 from orchestrator.report import ReportError, build_report
 from orchestrator.runs import expand_runs
@@ -71,7 +69,7 @@ def _report(workdir: Path, output_format: str, exit_on_failure: bool = False) ->
     if output_format == "json":
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
-        print_report(report, Console())
+        print_report(report)
     if exit_on_failure and any(run["status"] != "completed" for run in report["runs"]):
         return 1
     return 0

@@ -57,6 +57,12 @@ def checkpoints_table(report: dict[str, Any]) -> Table:
     return table
 
 
+REPORT_WIDTH = 160  # when printing to a file or pipe, where rich would otherwise assume 80 columns
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=REPORT_WIDTH)
     console.print(Group(runs_table(report), recoveries_table(report), checkpoints_table(report)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -104,11 +103,20 @@ class LocalBackend(Backend):
         return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.FAILED
 
     def cancel(self, job_id: str) -> None:
+        """End the job like scancel after its grace time: SIGKILL the tasks of the controller we
+        started (a stopped or hung task ignores gentler signals); submitit's controller then exits."""
         record = self._jobs.get(job_id)
-        if record is not None and record.process is not None and record.process.poll() is None:
-            record.process.terminate()  # submitit's controller forwards SIGTERM to every task
-        elif record is not None and _adopted_state(job_id, record) is JobState.RUNNING:
-            os.kill(int(job_id), signal.SIGTERM)  # verified above: submitit's controller for this folder
+        if record is None or self._state(job_id) is not JobState.RUNNING:
+            return
+        try:
+            tasks = psutil.Process(int(job_id)).children()
+        except psutil.NoSuchProcess:
+            return
+        for task in tasks:
+            try:
+                task.kill()
+            except psutil.NoSuchProcess:
+                continue
 
     def kill_rank(self, request: KillRequest) -> FaultOutcome:
         return kill_rank(

@@ -107,3 +107,20 @@ def test_controller_killed_mid_drill_resumes_without_duplicate_submission(tmp_pa
     ledger = Ledger.in_workdir(tmp_path / "work")
     assert [a.job_id for a in ledger.attempts("r000")] == [run["attempts"][0]["job_id"]]
     ledger.close()
+
+
+def test_stopped_rank_is_detected_as_a_hang_cancelled_and_recovered(tmp_path: Path) -> None:
+    spec = _write_spec(
+        tmp_path, baseline=False,
+        faults=[{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1,
+                 "signal": "SIGSTOP"}],
+        restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": 2.0},
+    )
+    report = _drill(spec)
+    run = _run(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 160
+    assert run["faults"][0]["signal"] == "SIGSTOP" and run["faults"][0]["at"] is not None
+    assert run["attempts"][0]["reason"].startswith("hang: no heartbeat")
+    assert run["attempts"][0]["state"] in {"CANCELLED", "FAILED"}
+    recovery = run["recoveries"][0]
+    assert recovery["detect_s"] >= 2.0 and recovery["resumed_from_step"] > 0
