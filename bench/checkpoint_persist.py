@@ -61,7 +61,7 @@ def bench(params: int, repeats: int, directory: Path) -> None:
     state = _state(params)
     store_times, floor_times, size = [], [], 0
     for step in range(1, repeats + 1):
-        elapsed, size = store_write_s(directory / "run", step, state)
+        elapsed, size = store_write_s(directory / f"run-{params}", step, state)
         store_times.append(elapsed)
         floor_times.append(floor_write_s(directory, size))
     store_s, floor_s = statistics.median(store_times), statistics.median(floor_times)
