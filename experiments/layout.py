@@ -54,6 +54,7 @@ class RankJob:
     checkpoint_keep: int
     heartbeat_interval_s: float = 0.05
     drill_id: str = ""
+    keep_final_weights: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,11 @@ class RunPaths:
     @property
     def final(self) -> Path:
         return self.root / "final.json"
+
+    @property
+    def final_weights(self) -> Path:
+        """The final weights as named arrays (.npz), kept when the run has a baseline to compare to."""
+        return self.root / "final-weights.npz"
 
     @property
     def submitit(self) -> Path:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from experiments.layout import (
@@ -142,11 +143,23 @@ class Runner:
         self.workload.barrier(self.options.timeouts.checkpoint_s)
         digest = self.workload.digest()
         if self.env.is_main:
+            if self.job.keep_final_weights:
+                save_weights(self.paths.final_weights, self.workload.named_weights())
             record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt)
             write_json_atomic(self.paths.final, record_dict(record))
             self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest)
         self.workload.shutdown()
         return RunOutcome(rank=self.env.rank, final_step=final_step, resumed_from=start_step, digest=digest)
+
+
+def save_weights(path: Path, named: list[tuple[str, np.ndarray]]) -> None:
+    """Named arrays to ``path`` atomically (temporary name, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        np.savez(handle, **dict(named))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def run_training(

@@ -29,6 +29,11 @@ class RunConfig:
         return self.baseline_of is not None
 
     @property
+    def keeps_final_weights(self) -> bool:
+        """Twins keep their final weights, so a digest mismatch can be measured, not just seen."""
+        return self.campaign.baseline or self.is_baseline
+
+    @property
     def paths(self) -> RunPaths:
         return RunPaths(self.campaign.workdir / "runs" / self.run_id)
 

@@ -39,7 +39,7 @@ class _Strict(BaseModel):
 
 class WorkloadConfig(_Strict):
     framework: str = "torch"
-    model: Literal["mlp"] = "mlp"
+    model: Literal["mlp", "cnn"] = "mlp"
     params: int = Field(100_000, ge=1_000, le=2_000_000_000, description="target parameter count")
     steps: int = Field(200, ge=1)
     seed: int = Field(0, ge=0)

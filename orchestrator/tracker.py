@@ -117,7 +117,7 @@ class RunTracker:
         job = RankJob(
             run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
-            drill_id=self.drill_id,
+            drill_id=self.drill_id, keep_final_weights=self.run.keeps_final_weights,
         )
         submission = self.backend.submit(run, job)
         self.ledger.update_attempt(run.run_id, attempt, job_id=submission.job_id, state=JobState.PENDING.value,

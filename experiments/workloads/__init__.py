@@ -7,14 +7,27 @@ import paths, not classes: asking for ``torch`` never imports tensorflow.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from experiments.workloads.base import Workload
 
-# framework -> "module:class"; a new framework is one module and one line here.
-REGISTRY: dict[str, str] = {
-    "torch": "experiments.workloads.torch_mlp:TorchMLP",
+LAUNCHER_DIRECT = "direct"  # one process per rank, started by srun or submitit's local executor
+LAUNCHER_MPI = "mpi"  # ranks must come from an MPI launcher (srun --mpi=pmix, mpiexec)
+
+
+@dataclass(frozen=True)
+class WorkloadEntry:
+    target: str  # "module:Class"
+    launcher: str = LAUNCHER_DIRECT
+
+
+# A new framework is one module and one line here.
+REGISTRY: dict[str, WorkloadEntry] = {
+    "torch": WorkloadEntry("experiments.workloads.torch_workload:TorchWorkload"),
+    "tensorflow": WorkloadEntry("experiments.workloads.tf_workload:TensorFlowWorkload"),
+    "chainer": WorkloadEntry("experiments.workloads.chainer_workload:ChainerWorkload", LAUNCHER_MPI),
 }
 
 
@@ -22,12 +35,16 @@ class UnknownFrameworkError(ValueError):
     pass
 
 
-def get_workload(framework: str) -> "Workload":
-    """A fresh workload instance for ``framework``."""
-    target = REGISTRY.get(framework)
-    if target is None:
+def entry(framework: str) -> WorkloadEntry:
+    found = REGISTRY.get(framework)
+    if found is None:
         valid = ", ".join(sorted(REGISTRY))
         raise UnknownFrameworkError(f"unknown framework {framework!r}; valid frameworks: {valid}")
-    module_name, _, class_name = target.partition(":")
+    return found
+
+
+def get_workload(framework: str) -> "Workload":
+    """A fresh workload instance for ``framework``."""
+    module_name, _, class_name = entry(framework).target.partition(":")
     workload_class = getattr(importlib.import_module(module_name), class_name)
     return workload_class()

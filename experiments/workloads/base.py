@@ -53,8 +53,13 @@ class Workload(ABC):
         """Restore the state ``save`` wrote into the (verified) checkpoint ``directory``."""
 
     @abstractmethod
+    def named_weights(self) -> list[tuple[str, np.ndarray]]:
+        """The model's weights as (name, array) pairs: the digest and the determinism study's
+        weight comparison both read them."""
+
     def digest(self) -> str:
         """sha256 over the model weights in a canonical order (see ``digest_arrays``)."""
+        return digest_arrays(self.named_weights())
 
     @abstractmethod
     def barrier(self, timeout_s: float | None = None) -> None:

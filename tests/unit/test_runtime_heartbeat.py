@@ -57,7 +57,7 @@ def test_event_log_only_on_rank0(tmp_path: Path) -> None:
 
 
 def test_unknown_framework_lists_valid_ones() -> None:
-    with pytest.raises(UnknownFrameworkError, match="valid frameworks: torch"):
+    with pytest.raises(UnknownFrameworkError, match="valid frameworks: chainer, tensorflow, torch"):
         get_workload("caffe")
 
 

@@ -21,7 +21,9 @@ from experiments.layout import (  # noqa: E402
 from experiments.runner import RunnerOptions, run_training  # noqa: E402
 from experiments.runtime.distenv import DistEnv  # noqa: E402
 from experiments.workloads import get_workload  # noqa: E402
-from experiments.workloads.torch_mlp import count_params, hidden_width, mixed_seed  # noqa: E402
+from experiments.workloads.synthetic import mixed_seed  # noqa: E402
+from experiments.workloads.synthetic import mlp_param_count as count_params  # noqa: E402
+from experiments.workloads.synthetic import mlp_width as hidden_width  # noqa: E402
 
 
 def free_port() -> int:

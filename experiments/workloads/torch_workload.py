@@ -1,4 +1,4 @@
-"""PyTorch workload: an MLP trained with DDP over gloo on seeded synthetic data.
+"""PyTorch workload: the MLP or the CNN of ``synthetic``, trained with DDP over gloo.
 
 Bitwise reproducibility across a restart rests on three things saved or derived here: the batch
 of a step is a pure function of (seed, step, rank); each rank's RNG state (dropout draws from it)
@@ -8,7 +8,6 @@ is checkpointed; the optimizer state is checkpointed with the weights.
 from __future__ import annotations
 
 import io
-import math
 import os
 import random
 import time
@@ -26,28 +25,20 @@ from experiments.layout import WorkloadSpec
 from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
-from experiments.workloads.base import Workload, digest_arrays
+from experiments.workloads.base import Workload
+from experiments.workloads.synthetic import (
+    DROPOUT,
+    DROPOUT_STREAM,
+    IN_FEATURES,
+    LEARNING_RATE,
+    OUT_FEATURES,
+    cnn_batch,
+    mixed_seed,
+    mlp_batch,
+    model_size,
+)
 
-IN_FEATURES = 64
-OUT_FEATURES = 8
-DROPOUT = 0.1  # gives the per-rank RNG state something to do, so its checkpointing is tested
-LEARNING_RATE = 1e-3
 MODEL_FILE = "model.pt"
-
-
-def hidden_width(params: int) -> int:
-    """Width of the two hidden layers that brings the parameter count closest to ``params``.
-
-    in->h->h->out with biases has h^2 + (in + out + 2) h + out parameters.
-    """
-    linear = IN_FEATURES + OUT_FEATURES + 2
-    root = (-linear + math.sqrt(linear * linear + 4 * max(params - OUT_FEATURES, 0))) / 2
-    candidates = {max(1, math.floor(root)), max(1, math.ceil(root))}
-    return min(candidates, key=lambda h: (abs(count_params(h) - params), h))
-
-
-def count_params(width: int) -> int:
-    return width * width + (IN_FEATURES + OUT_FEATURES + 2) * width + OUT_FEATURES
 
 
 def build_mlp(width: int) -> nn.Module:
@@ -58,22 +49,23 @@ def build_mlp(width: int) -> nn.Module:
     )
 
 
-DATA_STREAM = 0
-DROPOUT_STREAM = 1
+def build_cnn(channels: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(channels, OUT_FEATURES),
+    )
 
 
-def mixed_seed(*parts: int) -> int:
-    """A 63-bit generator seed from non-negative ints: SeedSequence mixes them well, so nearby
-    (seed, step, rank) tuples give unrelated streams."""
-    state = np.random.SeedSequence(list(parts)).generate_state(2, dtype=np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
+BUILDERS = {"mlp": build_mlp, "cnn": build_cnn}
 
 
 def rng_file(rank: int) -> str:
     return f"rng-rank{rank:05d}.pt"
 
 
-class TorchMLP(Workload):
+class TorchWorkload(Workload):
     framework = "torch"
 
     def __init__(self) -> None:
@@ -82,7 +74,6 @@ class TorchMLP(Workload):
         self.model: nn.Module = nn.Identity()
         self.ddp: nn.Module = nn.Identity()
         self.optimizer: torch.optim.Optimizer | None = None
-        self.teacher = torch.zeros(IN_FEATURES, OUT_FEATURES)
         self.width = 0
 
     @property
@@ -90,17 +81,14 @@ class TorchMLP(Workload):
         return CheckpointMeta("torch", f"torch.save (pickle+zip), torch {torch.__version__}", "all")
 
     def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
-        if spec.model != "mlp":
-            raise ValueError(f"the torch workload trains model 'mlp', not {spec.model!r}")
         self.env, self.spec = env, spec
         _make_deterministic()
         started = time.monotonic()
         _join_process_group(env, timeouts)
         joined = time.monotonic()
-        self.width = hidden_width(spec.params)
+        self.width, param_count = model_size(spec.model, spec.params)
         torch.manual_seed(spec.seed)  # identical initial weights on every rank
-        self.model = build_mlp(self.width)
-        self.teacher = torch.randn(IN_FEATURES, OUT_FEATURES, generator=torch.Generator().manual_seed(spec.seed))
+        self.model = BUILDERS[spec.model](self.width)
         # DDP rebuilds its gradient buckets after the first iteration of each process, so a resumed
         # process all-reduces its first step with another bucket layout than the run it continues;
         # with more than 2 ranks the ring's summation order changes and the weights drift by an ulp
@@ -111,13 +99,15 @@ class TorchMLP(Workload):
         # Each rank draws its own dropout masks; a resume restores this state from the checkpoint.
         torch.manual_seed(mixed_seed(spec.seed, DROPOUT_STREAM, env.rank))
         return {"rendezvous_s": joined - started, "build_s": time.monotonic() - joined,
-                "params": float(count_params(self.width)), "hidden_width": float(self.width)}
+                "params": float(param_count), "hidden_width": float(self.width)}
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.env is not None
-        generator = torch.Generator().manual_seed(mixed_seed(self.spec.seed, DATA_STREAM, step, self.env.rank))
-        inputs = torch.randn(self.spec.batch_size, IN_FEATURES, generator=generator)
-        return inputs, torch.tanh(inputs @ self.teacher)
+        make = mlp_batch if self.spec.model == "mlp" else cnn_batch
+        inputs, targets = make(self.spec.seed, step, self.env.rank, self.spec.batch_size)
+        if self.spec.model == "cnn":
+            inputs = inputs.transpose(0, 3, 1, 2)  # channels-last (shared data) -> channels-first
+        return torch.from_numpy(np.ascontiguousarray(inputs)), torch.from_numpy(targets)
 
     def train_step(self, step: int) -> float:
         assert self.optimizer is not None
@@ -153,9 +143,8 @@ class TorchMLP(Workload):
                                     "(was the checkpoint written with another world size?)")
         _set_rng_state(_load(path))
 
-    def digest(self) -> str:
-        named = ((name, tensor.detach().cpu().numpy()) for name, tensor in self.model.state_dict().items())
-        return digest_arrays(named)
+    def named_weights(self) -> list[tuple[str, np.ndarray]]:
+        return [(name, tensor.detach().cpu().numpy()) for name, tensor in self.model.state_dict().items()]
 
     def barrier(self, timeout_s: float | None = None) -> None:
         if timeout_s is None:
