@@ -11,6 +11,7 @@ from typing import Any
 import jinja2
 
 from experiments.layout import ENV_ATTEMPT, ENV_DRILL_ID, ENV_RUN_DIR, ENV_RUN_ID
+from experiments.workloads import LAUNCHER_MPI
 from orchestrator.runs import RunConfig
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
@@ -73,13 +74,22 @@ class SubmissionScript:
     environment: dict[str, str] = field(default_factory=dict)
 
 
+# OpenMPI refuses to start as root without these; the local cluster runs jobs as root.
+MPI_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
 def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, str]:
-    return {
-        ENV_RUN_DIR: str(run.paths.root),
+    """What every rank process of the attempt is started with (the injector checks the first two)."""
+    environment = {
         ENV_RUN_ID: run.run_id,
+        ENV_RUN_DIR: str(run.paths.root),
         ENV_ATTEMPT: str(attempt),
         ENV_DRILL_ID: drill_id,
+        **dict(run.workload_entry.environment),
     }
+    if run.workload_entry.launcher == LAUNCHER_MPI:
+        environment.update(MPI_ENVIRONMENT)
+    return environment
 
 
 def attempt_job_name(run: RunConfig, attempt: int) -> str:
@@ -108,6 +118,7 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
         "environment": environment,
         "events_file": str(run.paths.events_file(attempt)),
         "command": submitit_command(run.paths.submitit, python),
+        "mpi": run.workload_entry.launcher == LAUNCHER_MPI,
     }
     text = render_template(SLURM_TEMPLATE, context, run.campaign.template)
     return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from experiments.layout import RunPaths, WorkloadSpec
+from experiments.workloads import WorkloadEntry, entry
 from orchestrator.spec import Campaign, SpecError, format_errors
 
 STRATEGY_RESUBMIT = "resubmit"
@@ -48,6 +49,10 @@ class RunConfig:
             framework=w.framework, model=w.model, params=w.params, steps=w.steps, seed=w.seed,
             batch_size=w.batch_size,
         )
+
+    @property
+    def workload_entry(self) -> WorkloadEntry:
+        return entry(self.campaign.workload.framework)
 
     @property
     def job_name(self) -> str:

@@ -21,13 +21,18 @@ LAUNCHER_MPI = "mpi"  # ranks must come from an MPI launcher (srun --mpi=pmix, m
 class WorkloadEntry:
     target: str  # "module:Class"
     launcher: str = LAUNCHER_DIRECT
+    # Variables a rank process must be started with (too late to set once Python runs).
+    environment: tuple[tuple[str, str], ...] = ()
 
 
 # A new framework is one module and one line here.
 REGISTRY: dict[str, WorkloadEntry] = {
     "torch": WorkloadEntry("experiments.workloads.torch_workload:TorchWorkload"),
     "tensorflow": WorkloadEntry("experiments.workloads.tf_workload:TensorFlowWorkload"),
-    "chainer": WorkloadEntry("experiments.workloads.chainer_workload:ChainerWorkload", LAUNCHER_MPI),
+    # Chainer imports numpy.distutils, which needs the standard library's distutils: the
+    # setuptools that torch requires (>= 77) no longer ships the parts it uses.
+    "chainer": WorkloadEntry("experiments.workloads.chainer_workload:ChainerWorkload", LAUNCHER_MPI,
+                             (("SETUPTOOLS_USE_DISTUTILS", "stdlib"),)),
 }
 
 

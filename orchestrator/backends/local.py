@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
+from experiments.workloads import LAUNCHER_MPI
 from injectors.kill_rank import FaultOutcome, kill_rank
 from orchestrator.backends.base import Backend, KillRequest, Submission
 from orchestrator.render import rank_environment
@@ -33,9 +35,16 @@ class EnvLocalExecutor(submitit.LocalExecutor):
     which submitit's ``setup`` can only do through a shell; this starts the controller directly.
     """
 
-    def __init__(self, folder: Path, extra_env: dict[str, str]) -> None:
+    def __init__(self, folder: Path, extra_env: dict[str, str], launcher_prefix: list[str] | None = None) -> None:
         super().__init__(folder)
         self.extra_env = extra_env
+        self.launcher_prefix = launcher_prefix or []
+
+    @property
+    def _submitit_command_str(self) -> str:
+        """With an MPI launcher, the launcher is the one task and starts every rank itself."""
+        base = super()._submitit_command_str
+        return shlex.join(self.launcher_prefix) + " " + base if self.launcher_prefix else base
 
     def _submit_command(self, command: str) -> submitit.local.local.LocalJob[Any]:
         ntasks = int(self.parameters.get("tasks_per_node", 1))
@@ -75,16 +84,19 @@ class LocalBackend(Backend):
         self._jobs: dict[str, LocalJobRecord] = {}
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
-        executor = EnvLocalExecutor(run.paths.submitit, rank_environment(run, job.attempt, self.drill_id))
-        executor.update_parameters(tasks_per_node=run.campaign.resources.tasks_per_node, timeout_min=_minutes(run))
+        prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
+        tasks = 1 if prefix else run.ranks
+        executor = EnvLocalExecutor(run.paths.submitit, rank_environment(run, job.attempt, self.drill_id), prefix)
+        executor.update_parameters(tasks_per_node=tasks, timeout_min=_minutes(run))
         submitted = executor.submit(run_rank, job)
         process = submitted._process
         assert process is not None
-        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, run.ranks, process)
+        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process)
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
 
     def adopt(self, job_id: str, run: RunConfig) -> None:
-        self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, run.ranks))
+        tasks = 1 if run.workload_entry.launcher == LAUNCHER_MPI else run.ranks
+        self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks))
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         return {job_id: self._state(job_id) for job_id in job_ids}
@@ -122,6 +134,12 @@ class LocalBackend(Backend):
         return kill_rank(
             request.run.paths.root, request.run.run_id, request.attempt, request.rank, request.job_id, request.signal
         )
+
+
+def mpi_launcher(ranks: int) -> list[str]:
+    """OpenMPI's launcher for ``ranks`` local ranks: more ranks than cores is fine for a drill, and
+    binding would pin every rank of a small machine to the same core."""
+    return ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
 
 
 def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:
