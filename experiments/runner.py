@@ -63,6 +63,8 @@ class Runner:
         self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
         self.heartbeat = HeartbeatWriter(self.paths.heartbeat_file(env.rank), job.attempt, job.heartbeat_interval_s)
         self.persist = PersistWorker()
+        self.train_time_s = 0.0  # time inside train_step in this attempt: the study's step time
+        self.steps_trained = 0
 
     def run(self) -> RunOutcome:
         self._start()
@@ -81,7 +83,8 @@ class Runner:
             # Before setup: no other rank can write a checkpoint until rank 0 joins the group.
             self.store.remove_stale()
         timings = self.workload.setup(env, self.job.workload, self.options.timeouts)
-        self.events.emit(EVENT_FRAMEWORK_READY, since_start_s=time.time() - self.started_at, **timings)
+        self.events.emit(EVENT_FRAMEWORK_READY, since_start_s=time.time() - self.started_at,
+                         determinism=self.workload.determinism, **timings)
 
     def _resume(self) -> int:
         """Agree on the newest valid checkpoint (rank 0 verifies, all load); 0 means cold start."""
@@ -103,7 +106,10 @@ class Runner:
     def _train(self, start_step: int) -> None:
         total, every = self.job.workload.steps, self.job.checkpoint_every
         for step in range(start_step + 1, total + 1):
+            step_started = time.monotonic()
             loss = self.workload.train_step(step)
+            self.train_time_s += time.monotonic() - step_started
+            self.steps_trained += 1
             if self.env.is_main:
                 append_json_line(self.paths.loss_log, {"attempt": self.job.attempt, "step": step, "loss": loss})
             if step == start_step + 1:
@@ -147,7 +153,8 @@ class Runner:
                 save_weights(self.paths.final_weights, self.workload.named_weights())
             record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt)
             write_json_atomic(self.paths.final, record_dict(record))
-            self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest)
+            step_time_s = self.train_time_s / self.steps_trained if self.steps_trained else 0.0
+            self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest, step_time_s=step_time_s)
         self.workload.shutdown()
         return RunOutcome(rank=self.env.rank, final_step=final_step, resumed_from=start_step, digest=digest)
 

@@ -17,6 +17,7 @@ from injectors.schedule import DelayDistribution, PlannedFault, choose_rank, see
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.ledger import Ledger, RunRow
+from orchestrator.measure import record_determinism
 from orchestrator.runs import STRATEGY_RESUBMIT, RunConfig, expand_runs
 from orchestrator.spec import Campaign, FixedDelay
 from orchestrator.states import JobState
@@ -50,6 +51,7 @@ def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
             run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
             nodes=run.campaign.resources.nodes, strategy=STRATEGY_RESUBMIT, target_steps=run.workload.steps,
             baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
+            model=run.campaign.workload.model, requested_params=run.campaign.workload.params,
         ))
 
 
@@ -93,6 +95,7 @@ class Controller:
                     observer(trackers)
                 if waiting or active or any(t.closing for t in trackers):
                     time.sleep(self.campaign.restart.poll_interval_s)
+        record_determinism(self.ledger, self.runs)
         self.ledger.set_meta("finished", time.time())
 
     def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:

@@ -23,7 +23,9 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, framework TEXT NOT NULL, ranks INTEGER NOT NULL, nodes INTEGER NOT NULL,
     strategy TEXT NOT NULL, target_steps INTEGER NOT NULL, baseline_of TEXT, config TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'pending', final_step INTEGER NOT NULL DEFAULT 0,
-    final_digest TEXT NOT NULL DEFAULT '', started REAL, ended REAL);
+    final_digest TEXT NOT NULL DEFAULT '', started REAL, ended REAL,
+    model TEXT NOT NULL DEFAULT 'mlp', requested_params INTEGER NOT NULL DEFAULT 0, params INTEGER,
+    step_time_s REAL, determinism TEXT, max_abs_weight_diff REAL, first_divergent_step INTEGER);
 CREATE TABLE IF NOT EXISTS attempts (
     run_id TEXT NOT NULL, attempt INTEGER NOT NULL, job_id TEXT, state TEXT NOT NULL,
     submitted REAL NOT NULL, accepted REAL, started REAL, ended REAL, detected REAL, reason TEXT,
@@ -62,6 +64,13 @@ class RunRow:
     final_digest: str = ""
     started: float | None = None
     ended: float | None = None
+    model: str = "mlp"
+    requested_params: int = 0
+    params: int | None = None  # exact count of the model built (framework_ready)
+    step_time_s: float | None = None  # mean time inside a training step, final attempt
+    determinism: str | None = None  # the switches the workload needs for a bitwise resume
+    max_abs_weight_diff: float | None = None  # vs the baseline twin; 0.0 when identical
+    first_divergent_step: int | None = None  # first step whose loss differs from the twin's
 
 
 @dataclass(frozen=True)

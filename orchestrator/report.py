@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.ledger import Ledger, RunRow
+from orchestrator.study import checkpoint_study
 
 RECOVERY_FIELDS = (
     "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
@@ -26,11 +27,13 @@ def build_report(workdir: Path) -> dict[str, Any]:
     try:
         runs = ledger.runs()
         digests = {run.run_id: run.final_digest for run in runs}
+        run_reports = [_run_report(ledger, run, digests) for run in runs]
         return {
             "campaign": ledger.meta("campaign", ""),
             "backend": ledger.meta("backend", ""),
             "drill_id": ledger.meta("drill_id", ""),
-            "runs": [_run_report(ledger, run, digests) for run in runs],
+            "runs": run_reports,
+            "study": checkpoint_study(run_reports),
         }
     finally:
         ledger.close()
@@ -41,9 +44,13 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     identical = None
     if baseline_digest and run.final_digest:
         identical = baseline_digest == run.final_digest
+    checkpoints = _checkpoint_summary(ledger, run.run_id, run)
     return {
         "run_id": run.run_id,
         "framework": run.framework,
+        "model": run.model,
+        "params": run.params or run.requested_params,
+        "step_time_s": run.step_time_s,
         "ranks": run.ranks,
         "nodes": run.nodes,
         "strategy": run.strategy,
@@ -56,7 +63,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
              "ended": a.ended, "reason": a.reason}
             for a in ledger.attempts(run.run_id)
         ],
-        "checkpoints": _checkpoint_summary(ledger, run.run_id),
+        "checkpoints": checkpoints,
         "faults": [
             {"kind": f.kind, "target": f.target, "at": f.at, "signal": f.signal, "outcome": f.outcome,
              "planned_delay_s": f.planned_delay_s}
@@ -66,6 +73,9 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "final_digest": run.final_digest,
         "baseline_digest": baseline_digest,
         "identical_to_baseline": identical,
+        "max_abs_weight_diff": run.max_abs_weight_diff,
+        "first_divergent_step": run.first_divergent_step,
+        "determinism_switches": run.determinism,
     }
 
 
@@ -76,15 +86,25 @@ def _baseline_digest(run: RunRow, digests: dict[str, str]) -> str | None:
     return twin or None
 
 
-def _checkpoint_summary(ledger: Ledger, run_id: str) -> dict[str, Any]:
+def _checkpoint_summary(ledger: Ledger, run_id: str, run: RunRow) -> dict[str, Any]:
+    """Per-checkpoint cost and size; shares are of one training step, overhead is over the raw
+    float32 parameter bytes (weights alone: optimizer state and RNG are what it adds)."""
     records = ledger.checkpoints(run_id)
-    if not records:
-        return {"count": 0, "bytes": 0, "format": "", "writers": "", "mean_blocking_s": 0.0, "mean_persist_s": 0.0}
-    return {
-        "count": len(records),
-        "bytes": records[-1].bytes,
-        "format": records[-1].format,
-        "writers": records[-1].writers,
-        "mean_blocking_s": statistics.fmean(r.blocking_s for r in records),
-        "mean_persist_s": statistics.fmean(r.persist_s for r in records),
+    raw_bytes = 4 * (run.params or run.requested_params)
+    summary: dict[str, Any] = {
+        "count": len(records), "bytes": 0, "format": "", "writers": "", "files_per_checkpoint": 0,
+        "mean_blocking_s": 0.0, "mean_persist_s": 0.0, "raw_param_bytes": raw_bytes,
+        "overhead_vs_raw": None, "blocking_share_of_step": None, "persist_share_of_step": None,
     }
+    if not records:
+        return summary
+    blocking = statistics.fmean(r.blocking_s for r in records)
+    persist = statistics.fmean(r.persist_s for r in records)
+    summary.update(
+        bytes=records[-1].bytes, format=records[-1].format, writers=records[-1].writers,
+        files_per_checkpoint=len(records[-1].files), mean_blocking_s=blocking, mean_persist_s=persist,
+        overhead_vs_raw=records[-1].bytes / raw_bytes if raw_bytes else None,
+    )
+    if run.step_time_s:
+        summary.update(blocking_share_of_step=blocking / run.step_time_s, persist_share_of_step=persist / run.step_time_s)
+    return summary

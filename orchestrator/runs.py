@@ -62,11 +62,12 @@ class RunConfig:
 def expand_runs(campaign: Campaign) -> list[RunConfig]:
     """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
     runs: list[RunConfig] = []
-    for index, point in enumerate(_grid_points(campaign.sweep.grid)):
+    points = [point for grid in campaign.sweep.grids for point in _grid_points(grid)]
+    for index, point in enumerate(points):
         point_campaign = _apply_point(campaign, point)
         run_id = _run_id(index, point)
         runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
-        if campaign.baseline:
+        if point_campaign.baseline:
             twin = point_campaign.model_copy(update={"faults": []})
             runs.append(RunConfig(run_id=f"{run_id}-baseline", campaign=twin, sweep_point=point, baseline_of=run_id))
     return runs
@@ -111,6 +112,8 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _run_id(index: int, point: tuple[tuple[str, Any], ...]) -> str:
-    label = "-".join(f"{key.split('.')[-1]}={value}" for key, value in point)
+    """``r<index>`` plus the point's scalar settings (lists and switches make poor names)."""
+    label = "-".join(f"{key.split('.')[-1]}={value}" for key, value in point
+                     if isinstance(value, (int, float, str)) and not isinstance(value, bool))
     slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:60]
     return f"r{index:03d}" + (f"-{slug}" if slug else "")

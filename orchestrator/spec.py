@@ -117,7 +117,14 @@ class RestartConfig(_Strict):
 
 
 class SweepConfig(_Strict):
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    """``grid``: dotted keys -> values, expanded as a cartesian product; a list of such grids is the
+    union of their products (e.g. one grid per dimension of a study)."""
+
+    grid: dict[str, list[Any]] | list[dict[str, list[Any]]] = Field(default_factory=dict)
+
+    @property
+    def grids(self) -> list[dict[str, list[Any]]]:
+        return self.grid if isinstance(self.grid, list) else [self.grid]
 
 
 class Campaign(_Strict):

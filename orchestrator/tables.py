@@ -12,7 +12,7 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.3f}"
+        return f"{value:.3g}" if value and abs(value) < 1e-3 else f"{value:.3f}"
     return str(value)
 
 
@@ -57,6 +57,30 @@ def checkpoints_table(report: dict[str, Any]) -> Table:
     return table
 
 
+STUDY_TITLES = {
+    "cost": "Checkpoint study - cost per checkpoint (share = time / one training step)",
+    "format_size": "Checkpoint study - format and size (overhead = bytes / raw float32 parameter bytes)",
+    "scale": "Checkpoint study - scale",
+    "determinism": "Checkpoint study - deterministic resume (faulted run vs fault-free twin)",
+    "recovery": "Checkpoint study - time to recover after a fault (mean seconds per phase)",
+}
+
+
+def rows_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=title)
+    columns = list(rows[0]) if rows else ["(no runs)"]
+    for column in columns:
+        table.add_column(column.replace("_", " "), overflow="fold")
+    for row in rows:
+        table.add_row(*(_fmt(row[column]) for column in columns))
+    return table
+
+
+def study_tables(report: dict[str, Any]) -> list[Table]:
+    study = report.get("study", {})
+    return [rows_table(title, study.get(name, [])) for name, title in STUDY_TITLES.items()]
+
+
 REPORT_WIDTH = 160  # when printing to a file or pipe, where rich would otherwise assume 80 columns
 
 
@@ -66,3 +90,4 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         if not console.is_terminal:
             console = Console(width=REPORT_WIDTH)
     console.print(Group(runs_table(report), recoveries_table(report), checkpoints_table(report)))
+    console.print(Group(*study_tables(report)))

@@ -20,6 +20,7 @@ from injectors.kill_rank import FaultOutcome
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import Backend, KillRequest
 from orchestrator.ledger import FaultRow, Ledger
+from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState
@@ -236,7 +237,8 @@ class RunTracker:
             self.ledger.update_attempt(self.run.run_id, watch.attempt, reason="completed without a final record")
             self._finish("failed", now)
             return
-        self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest)
+        self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest,
+                               **completion_facts(self.run.paths, watch.attempt))
         self._finish("completed", now)
 
     def _finish(self, status: str, now: float) -> None:

@@ -24,6 +24,9 @@ class Workload(ABC):
     """One rank's training in one framework. Steps are 1-based: step S is the S-th update."""
 
     framework: str = ""
+    # The switches this workload turns on so that a resumed run is bitwise the uninterrupted one
+    # (reported by the determinism study); empty if it needs none.
+    determinism: str = ""
 
     @property
     @abstractmethod

@@ -67,6 +67,8 @@ def rng_file(rank: int) -> str:
 
 class TorchWorkload(Workload):
     framework = "torch"
+    determinism = ("torch.use_deterministic_algorithms(True); DDP(find_unused_parameters=True) so the "
+                   "gradient buckets are never rebuilt; per-rank RNG state checkpointed")
 
     def __init__(self) -> None:
         self.env: DistEnv | None = None
