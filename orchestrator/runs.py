@@ -62,10 +62,10 @@ class RunConfig:
 def expand_runs(campaign: Campaign) -> list[RunConfig]:
     """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
     runs: list[RunConfig] = []
-    points = [point for grid in campaign.sweep.grids for point in _grid_points(grid)]
-    for index, point in enumerate(points):
+    points = [(point, _varying(grid)) for grid in campaign.sweep.grids for point in _grid_points(grid)]
+    for index, (point, varying) in enumerate(points):
         point_campaign = _apply_point(campaign, point)
-        run_id = _run_id(index, point)
+        run_id = _run_id(index, tuple((key, value) for key, value in point if key in varying))
         runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
         if point_campaign.baseline:
             twin = point_campaign.model_copy(update={"faults": []})
@@ -73,10 +73,15 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
     return runs
 
 
+def _varying(grid: dict[str, list[Any]]) -> set[str]:
+    """The keys that tell a grid's points apart (and so name its runs)."""
+    return {key for key, values in grid.items() if len(values) > 1}
+
+
 def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]]:
     if not grid:
         return [()]
-    keys = sorted(grid)
+    keys = list(grid)  # the spec's order: the run names read as the author wrote the grid
     for key in keys:
         if not grid[key]:
             raise SpecError(f"sweep.grid.{key}: empty list of values")

@@ -3,8 +3,11 @@
 Sources, first match wins: submitit's local executor (``SUBMITIT_LOCAL_*``, it may run inside a
 Slurm allocation, so it must shadow ``SLURM_*``), a Slurm step (``SLURM_PROCID``), a PBS job with
 an MPI launcher (``PBS_JOBID`` with MPICH ``PMI_*`` or Open MPI ``OMPI_COMM_WORLD_*``), else a
-single process. A rank that misreads its place waits forever at the rendezvous, so any
-inconsistency is an error naming the variable at fault instead.
+single process. Whichever it is, an MPI launcher's own variables (``OMPI_COMM_WORLD_*``, ``PMI_*``)
+then set rank, world size and local rank: ``mpiexec`` may run as the one task of submitit's local
+executor or of a batch script, whose variables describe that one task, not the ranks. A rank that
+misreads its place waits forever at the rendezvous, so any inconsistency is an error naming the
+variable at fault instead.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def detect(env: Mapping[str, str], hostname: str) -> DistEnv:
         found, names, seed = _from_pbs(env, hostname)
     else:
         found, names, seed = _single(hostname)
+    found, names, seed = _apply_mpi_launcher(found, names, seed, env)
     found = _apply_overrides(found, seed, env)
     _validate(found, names)
     return found
@@ -156,6 +160,37 @@ def _expand(env: Mapping[str, str], variable: str) -> list[str]:
 _MPI_RANK = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 _MPI_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _MPI_LOCAL = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
+# One name for all ranks of one MPI launch (Open MPI's mpiexec sets both; srun --mpi=pmix the first).
+_MPI_LAUNCH = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
+
+
+def _apply_mpi_launcher(
+    found: DistEnv, names: dict[str, str], seed: str, env: Mapping[str, str]
+) -> tuple[DistEnv, dict[str, str], str]:
+    """An MPI launcher's placement wins over the scheduler's (rank, world size, local rank).
+
+    Job id, node count and master address stay the scheduler's: the fault injector matches the
+    job id in the process environment. Under ``srun --mpi=pmix`` no size variable is set (only
+    PMIX_RANK, equal to SLURM_PROCID), so Slurm's own variables stand.
+    """
+    if not any(env.get(name) for name in _MPI_SIZE):
+        return found, names, seed
+    rank, rank_var = _int(env, _MPI_RANK)
+    world, world_var = _int(env, _MPI_SIZE)
+    if any(env.get(name) for name in _MPI_LOCAL):
+        local_rank, local_var = _int(env, _MPI_LOCAL)
+    elif found.world_size == world:  # the scheduler started these very ranks (srun --mpi=pmi2)
+        local_rank, local_var = found.local_rank, names.get("local_rank", "local_rank")
+    else:
+        raise DistEnvError(f"{world_var}={world} is set but none of {', '.join(_MPI_LOCAL)}")
+    if found.scheduler == "single":
+        # A bare mpiexec: each rank's pid-based job id differs, the launch's name does not.
+        launch = next((env[name] for name in _MPI_LAUNCH if env.get(name)), "")
+        if launch:
+            seed = f"mpi-{launch}"
+            found = replace(found, job_id=seed)
+    found = replace(found, rank=rank, world_size=world, local_rank=local_rank)
+    return found, {**names, "rank": rank_var, "world_size": world_var, "local_rank": local_var}, seed
 
 
 def _from_pbs(env: Mapping[str, str], hostname: str) -> tuple[DistEnv, dict[str, str], str]:
@@ -261,3 +296,121 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise DistEnvError(f"{name}={raw!r} must be positive")
     return value
+
+
+# --- Every rank's address, for frameworks that listen on one port per rank (TensorFlow's gRPC
+# workers): unlike a single rendezvous port, each rank needs the host and port of every other rank.
+
+# Slots on one host get ports this far apart when the port was derived from the job id: job ids
+# that are close (consecutive Slurm ids, local-executor pids) then never share a port, which a
+# contiguous block (master_port + slot) would (job N's slot 1 is job N+1's slot 0).
+TASK_PORT_STRIDE = 1009
+
+
+def task_hosts(env: DistEnv, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The host of every rank, in rank order, from the scheduler's variables.
+
+    Slurm: SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE (the job's when outside a step) with
+    Slurm's default block distribution (ranks fill a node before the next one); the rank's own
+    host and local id are checked against it, so a cyclic distribution fails here instead of
+    binding a rank to another node's address. PBS: PBS_NODEFILE lists one line per slot and the MPI
+    launcher maps rank r to line r (Open MPI and MPICH's default by-slot mapping). Local and single
+    process: every rank on ``env.master_addr`` (loopback).
+    """
+    source = os.environ if environ is None else environ
+    if env.scheduler == "slurm":
+        hosts = _slurm_task_hosts(source, env.world_size)
+        _check_own_slot(env, hosts, source.get("SLURMD_NODENAME"), "SLURM_STEP_TASKS_PER_NODE")
+        return hosts
+    if env.scheduler == "pbs":
+        hosts = _pbs_task_hosts(source, env.world_size)
+        _check_own_slot(env, hosts, env.node, "PBS_NODEFILE")
+        return hosts
+    return [env.master_addr] * env.world_size
+
+
+def task_port(master_port: int, slot: int, explicit: bool) -> int:
+    """The port of the ``slot``-th rank on a host: ``master_port`` for the first.
+
+    ``explicit``: the port came from FAULTDRILL_MASTER_PORT, and whoever set it owns the block
+    above it (master_port + slot); otherwise slots are TASK_PORT_STRIDE apart, wrapped into
+    Faultdrill's port range.
+    """
+    if explicit:
+        port = master_port + slot
+        if port > 65535:
+            raise DistEnvError(f"{ENV_MASTER_PORT}={master_port} leaves no port for slot {slot}")
+        return port
+    return PORT_BASE + (master_port - PORT_BASE + slot * TASK_PORT_STRIDE) % PORT_SPAN
+
+
+def task_addresses(env: DistEnv, environ: Mapping[str, str] | None = None) -> list[str]:
+    """``host:port`` of every rank in rank order; ranks sharing a host get distinct ports."""
+    source = os.environ if environ is None else environ
+    explicit = bool(source.get(ENV_MASTER_PORT))
+    slots: dict[str, int] = {}
+    addresses = []
+    for host in task_hosts(env, source):
+        slot = slots.get(host, 0)
+        slots[host] = slot + 1
+        addresses.append(f"{host}:{task_port(env.master_port, slot, explicit)}")
+    return addresses
+
+
+def expand_tasks_per_node(expression: str) -> list[int]:
+    """Slurm's tasks-per-node list: ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in expression.split(","):
+        count, _, repeat = part.strip().partition("(x")
+        if not count.isdigit() or (repeat and not (repeat.endswith(")") and repeat[:-1].isdigit())):
+            raise DistEnvError(f"bad tasks-per-node list {expression!r}")
+        counts.extend([int(count)] * (int(repeat[:-1]) if repeat else 1))
+    return counts
+
+
+def _slurm_task_hosts(env: Mapping[str, str], world_size: int) -> list[str]:
+    nodelist_var = _first_set(env, ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"))
+    counts_var = _first_set(env, ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
+    if not nodelist_var or not counts_var:
+        raise DistEnvError("per-rank hosts need SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE")
+    nodes = list(dict.fromkeys(_expand(env, nodelist_var)))
+    counts = expand_tasks_per_node(env[counts_var])
+    if len(counts) != len(nodes) or sum(counts) != world_size:
+        raise DistEnvError(
+            f"{counts_var}={env[counts_var]!r} does not place {world_size} ranks on the "
+            f"{len(nodes)} nodes of {nodelist_var}={env[nodelist_var]!r}"
+        )
+    return [node for node, count in zip(nodes, counts) for _ in range(count)]
+
+
+def _pbs_task_hosts(env: Mapping[str, str], world_size: int) -> list[str]:
+    nodefile = env.get("PBS_NODEFILE")
+    if not nodefile:
+        raise DistEnvError("per-rank hosts need PBS_NODEFILE")
+    try:
+        slots = Path(nodefile).read_text().split()
+    except OSError as error:
+        raise DistEnvError(f"PBS_NODEFILE={nodefile!r} cannot be read: {error}") from None
+    if len(slots) < world_size:
+        raise DistEnvError(f"PBS_NODEFILE={nodefile!r} lists {len(slots)} slots for {world_size} ranks")
+    return slots[:world_size]
+
+
+def _check_own_slot(env: DistEnv, hosts: list[str], own_host: str | None, source: str) -> None:
+    """This rank's host and local id must be where the block mapping put it."""
+    mapped = hosts[env.rank]
+    local = hosts[: env.rank].count(mapped)
+    if own_host and own_host.split(".")[0] != mapped.split(".")[0]:
+        raise DistEnvError(
+            f"rank {env.rank} runs on {own_host!r} but {source} with a block distribution puts it "
+            f"on {mapped!r} (launch with the default block distribution)"
+        )
+    if env.scheduler == "slurm" and local != env.local_rank:
+        raise DistEnvError(
+            f"rank {env.rank} has SLURM_LOCALID={env.local_rank} but is slot {local} of {mapped!r} "
+            "under a block distribution (launch with the default block distribution)"
+        )
+
+
+def _first_set(env: Mapping[str, str], names: tuple[str, ...]) -> str:
+    return next((name for name in names if env.get(name)), "")

@@ -6,12 +6,16 @@ final name; the store ignores hidden names when it hashes the checkpoint.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from experiments.layout import MANIFEST_NAME, fsync_dir
+
+_COPY_CHUNK = 4 << 20
 
 
 class FileSink:
@@ -43,6 +47,40 @@ class FileSink:
     def write_bytes(self, name: str, data: bytes) -> None:
         with self.open(name) as handle:
             handle.write(data)
+
+    @contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A hidden directory inside this one (same file system, so ``adopt`` renames), where a
+        framework may write files by path; removed with whatever was not adopted."""
+        path = self.directory / f".scratch-{os.getpid()}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def adopt(self, path: Path, name: str) -> None:
+        """Publish a file a framework wrote itself (at ``path``) under ``name``: fsync, rename.
+
+        Frameworks that write by path (``tf.train.Checkpoint.write``) do not fsync; ``path``
+        should lie on this directory's file system (e.g. a hidden scratch directory inside it) so
+        that the rename is atomic. From another file system it is copied through ``open``.
+        """
+        _check_name(name)
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+        final = self.directory / name
+        try:
+            os.replace(path, final)
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+            with open(path, "rb") as source, self.open(name) as target:
+                shutil.copyfileobj(source, target, _COPY_CHUNK)
+            os.unlink(path)
+            return
+        self.written[name] = final.stat().st_size
 
     def close(self) -> None:
         """Make this rank's renames durable before it reports its share written (the barrier)."""

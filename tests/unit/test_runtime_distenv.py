@@ -120,3 +120,57 @@ def test_timeouts_from_environ() -> None:
     assert Timeouts.from_environ({"FAULTDRILL_COLLECTIVE_TIMEOUT_S": "2.5"}).collective_s == 2.5
     with pytest.raises(DistEnvError, match="FAULTDRILL_RENDEZVOUS_TIMEOUT_S"):
         Timeouts.from_environ({"FAULTDRILL_RENDEZVOUS_TIMEOUT_S": "-1"})
+
+
+# Recorded from `mpiexec -n 2 --oversubscribe --bind-to none` (Open MPI 4.1.4) started as the one
+# task of submitit's local executor: every rank also carries the executor's "task 0 of 1".
+MPIEXEC_UNDER_LOCAL_RANK1 = {
+    "SUBMITIT_LOCAL_JOB_ID": "777",
+    "SUBMITIT_LOCAL_GLOBALID": "0",
+    "SUBMITIT_LOCAL_NTASKS": "1",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "OMPI_MCA_ess_base_jobid": "126287873",
+    "PMIX_NAMESPACE": "126287873",
+    "PMIX_RANK": "1",
+}
+
+
+def test_mpiexec_ranks_win_over_submitit_local_single_task() -> None:
+    env = DistEnv.from_environ(MPIEXEC_UNDER_LOCAL_RANK1, hostname="vm")
+    assert (env.rank, env.local_rank, env.world_size, env.num_nodes) == (1, 1, 2, 1)
+    # The injector matches the scheduler's job id; the rendezvous stays on loopback.
+    assert (env.scheduler, env.job_id, env.master_addr) == ("local", "777", "127.0.0.1")
+    assert env.master_port == PORT_BASE + 777
+    rank0 = {**MPIEXEC_UNDER_LOCAL_RANK1, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    assert DistEnv.from_environ(rank0, hostname="vm").is_main
+
+
+def test_mpiexec_inside_a_slurm_batch_script_wins_over_the_batch_step() -> None:
+    # The batch step's SLURM_PROCID/NTASKS describe the script, not the ranks mpiexec starts.
+    batch = {**SLURM_RANK3, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+             "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    batch = {k: v for k, v in batch.items() if not k.startswith("SLURM_STEP")}
+    env = DistEnv.from_environ(batch, hostname="fd-n1")
+    assert (env.scheduler, env.rank, env.world_size, env.local_rank) == ("slurm", 3, 4, 1)
+    assert (env.job_id, env.master_addr) == ("4182", "fd-n1")
+
+
+def test_srun_pmix_keeps_slurm_placement() -> None:
+    # srun --mpi=pmix exports PMIX_RANK (= SLURM_PROCID) but no size variable.
+    env = DistEnv.from_environ({**SLURM_RANK3, "PMIX_RANK": "3", "PMIX_NAMESPACE": "slurm.pmix.4182.0"}, hostname="h")
+    assert (env.scheduler, env.rank, env.world_size, env.job_id) == ("slurm", 3, 4, "4182")
+
+
+def test_bare_mpiexec_names_the_job_after_the_launch() -> None:
+    recorded = {k: v for k, v in MPIEXEC_UNDER_LOCAL_RANK1.items() if not k.startswith("SUBMITIT")}
+    env = DistEnv.from_environ(recorded, hostname="vm")
+    assert (env.scheduler, env.rank, env.world_size, env.job_id) == ("single", 1, 2, "mpi-126287873")
+
+
+def test_mpi_rank_beyond_world_names_the_mpi_variable() -> None:
+    with pytest.raises(DistEnvError, match="OMPI_COMM_WORLD_RANK"):
+        DistEnv.from_environ({**MPIEXEC_UNDER_LOCAL_RANK1, "OMPI_COMM_WORLD_RANK": "2"}, hostname="vm")
