@@ -16,6 +16,7 @@ from typing import Callable
 from injectors.schedule import DelayDistribution, PlannedFault, choose_rank, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
+from orchestrator.commands import CommandError
 from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
 from orchestrator.runs import STRATEGY_RESUBMIT, RunConfig, expand_runs
@@ -100,7 +101,13 @@ class Controller:
 
     def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
         job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]
-        states = self.backend.poll(job_ids)
+        try:
+            states = self.backend.poll(job_ids)
+        except CommandError as error:
+            # A scheduler that does not answer says nothing about the jobs: try again next round
+            # rather than take them for vanished.
+            log.warning("scheduler poll failed, retrying next interval: %s", error)
+            return
         now = time.time()
         for tracker in trackers:
             tracker.settle_closing(states)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import jinja2
 from experiments.layout import ENV_ATTEMPT, ENV_DRILL_ID, ENV_RUN_DIR, ENV_RUN_ID
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.runs import RunConfig
+from orchestrator.spec import time_limit_minutes
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
 
@@ -122,3 +124,100 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
     }
     text = render_template(SLURM_TEMPLATE, context, run.campaign.template)
     return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)
+
+
+# --- PBS (Torque, PBS Pro) -----------------------------------------------------------------------
+
+PBS_TEMPLATE = "pbs.j2"
+_PBS_OPTION = re.compile(r"^(-[A-Za-z])\s*(.*)$")
+
+
+def pbs_walltime(time_text: str) -> str:
+    """A spec time limit ([D-]HH:MM:SS, MM:SS or minutes) as PBS's walltime HH:MM:SS."""
+    seconds = round(time_limit_minutes(time_text) * 60)
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def pbs_directive(extra: str) -> tuple[str, str]:
+    """``-l mem=4gb`` -> (``-l``, ``mem=4gb``): a PBS option is one letter, then its value."""
+    match = _PBS_OPTION.match(extra.strip())
+    if match is None:
+        raise TemplateError(f"PBS directive {extra!r} is not a one-letter option such as '-l mem=4gb'")
+    return match.group(1), match.group(2).strip()
+
+
+@dataclass(frozen=True)
+class PBSElement:
+    """What one job (or one element of an array) runs: its submitit folder and its variables."""
+
+    folder: Path
+    environment: dict[str, str] = field(default_factory=dict)
+    events_file: Path | None = None
+    index: int | None = None
+
+
+def pbs_context(
+    *, job_name: str, nodes: int, tasks_per_node: int, walltime: str, elements: list[PBSElement], python: str,
+    flavor: str = "torque", queue: str | None = None, mem: str | None = None, array: str | None = None,
+    extra_directives: tuple[str, ...] | list[str] = (), common_environment: dict[str, str] | None = None,
+    rerunnable: bool = True, output_stem: str | None = None, cpus_per_task: int = 1, gpus_per_node: int = 0,
+) -> dict[str, Any]:
+    """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i."""
+    single = len(elements) == 1 and elements[0].index is None
+    if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
+        raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
+    common = {**MPI_ENVIRONMENT, **(common_environment or {}), "SUBMITIT_EXECUTOR": "pbs"}
+    names = set(common) | {"FAULTDRILL_MASTER_ADDR"} | {n for e in elements for n in e.environment}
+    stem = output_stem or job_name
+    return {
+        "job_name": job_name, "flavor": flavor, "nodes": nodes, "tasks_per_node": tasks_per_node,
+        "cpus_per_node": tasks_per_node * cpus_per_task, "gpus_per_node": gpus_per_node,
+        "ranks": nodes * tasks_per_node, "walltime": walltime, "queue": queue, "mem": mem, "array": array,
+        "rerunnable": rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
+        "extra_directives": [pbs_directive(extra) for extra in extra_directives],
+        "common_environment": common, "python": python, "forwarded": sorted(names),
+        "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
+                      "environment": {k: v for k, v in e.environment.items() if k not in common}}
+                     for e in elements],
+    }
+
+
+def _pbs_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> PBSElement:
+    return PBSElement(folder=run.paths.submitit, environment=rank_environment(run, attempt, drill_id),
+                      events_file=run.paths.events_file(attempt), index=index)
+
+
+def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], python: str,
+                     array: str | None) -> dict[str, Any]:
+    resources = run.campaign.resources
+    return pbs_context(
+        job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
+        walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
+        queue=resources.partition, array=array, extra_directives=resources.extra_directives,
+    )
+
+
+def render_pbs(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable) -> SubmissionScript:
+    element = _pbs_element(run, attempt, drill_id, None)
+    context = _pbs_run_context(run, attempt_job_name(run, attempt), [element], python, None)
+    text = render_template(PBS_TEMPLATE, context, run.campaign.template)
+    environment = {**context["common_environment"], **element.environment}
+    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)
+
+
+def render_pbs_array(
+    attempts: list[tuple[RunConfig, int]], drill_id: str, job_name: str, parallelism: int,
+    python: str = sys.executable,
+) -> SubmissionScript:
+    """One PBS array whose element i runs attempt ``attempts[i]`` (same resources for all): each
+    element exports its own run's variables and runs from its own run's submitit folder."""
+    first = attempts[0][0]
+    for run, _ in attempts[1:]:
+        if run.campaign.resources != first.campaign.resources or run.campaign.template != first.campaign.template:
+            raise TemplateError(f"run {run.run_id} needs other resources than {first.run_id}: not one array")
+    elements = [_pbs_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
+    array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
+    context = _pbs_run_context(first, job_name, elements, python, array)
+    text = render_template(PBS_TEMPLATE, context, first.campaign.template)
+    return SubmissionScript(text=text, submit_dir=first.campaign.workdir / "arrays",
+                            environment=context["common_environment"])

@@ -64,6 +64,8 @@ class ResourcesConfig(_Strict):
     time: str = "00:30:00"
     partition: str | None = None
     extra_directives: list[str] = Field(default_factory=list)
+    # PBS only: resource syntax of the directives, Torque (-l nodes=N:ppn=M, -t) or PBS Pro (-l select=, -J).
+    pbs_flavor: Literal["torque", "pro"] = "torque"
 
     @field_validator("time")
     @classmethod
@@ -129,7 +131,7 @@ class SweepConfig(_Strict):
 
 class Campaign(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    backend: Literal["local", "slurm"] = "local"
+    backend: Literal["local", "slurm", "pbs"] = "local"
     workdir: Path
     template: Path | None = None
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)

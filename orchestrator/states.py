@@ -77,3 +77,46 @@ def from_slurm(raw: str) -> JobState:
     """Map a Slurm state word (``CANCELLED by 0``, ``RUNNING``, ...) to a JobState."""
     word = raw.strip().split(" ")[0].rstrip("+").upper()
     return SLURM_STATES.get(word, JobState.UNKNOWN)
+
+
+# PBS: the job_state letter of ``qstat -f`` (Torque and PBS Pro/OpenPBS, and Slurm's Torque wrappers).
+# A finished letter (C, F, X) is a success only with an exit status of 0: Torque's C and PBS Pro's F
+# carry ``exit_status``/``Exit_status``; without one (the Slurm-backed wrappers print none) the job
+# is FAILED unless the caller has other evidence of its exit code.
+PBS_FINISHED_LETTERS = frozenset({"C", "F", "X"})
+PBS_STATES: dict[str, JobState] = {
+    "Q": JobState.PENDING,  # queued
+    "W": JobState.PENDING,  # waiting for its start time or a dependency
+    "H": JobState.PENDING,  # held (qhold, or a requeue hold): starts once released
+    "T": JobState.PENDING,  # being moved to an execution host
+    "R": JobState.RUNNING,
+    "B": JobState.RUNNING,  # PBS Pro: an array that has begun (some subjobs ran)
+    "E": JobState.COMPLETING,  # exiting after having run
+    "S": JobState.SUSPENDED,
+    "C": JobState.COMPLETED,  # Torque (and the wrappers: also Slurm's COMPLETING)
+    "F": JobState.COMPLETED,  # PBS Pro, seen with qstat -x
+    "X": JobState.COMPLETED,  # PBS Pro: a finished (expired) subjob of an array
+    # M (PBS Pro: moved to another server) and U (PBS Pro: suspended for workstation activity; the
+    # wrappers: a Slurm state they cannot name, such as OUT_OF_MEMORY) stay UNKNOWN.
+}
+# PBS Pro's Exit_status for jobs the server killed at a limit (JOB_EXEC_KILL_*).
+PBS_LIMIT_EXITS: dict[int, JobState] = {
+    -29: JobState.TIMEOUT,  # walltime
+    -28: JobState.TIMEOUT,  # cput
+    -27: JobState.OUT_OF_MEMORY,  # mem
+    -26: JobState.OUT_OF_MEMORY,  # vmem
+}
+
+
+def from_pbs(letter: str, exit_status: str | int | None = None) -> JobState:
+    """Map a ``job_state`` letter (and, for finished jobs, the exit status) to a JobState."""
+    state = PBS_STATES.get(letter.strip().upper()[:1], JobState.UNKNOWN)
+    if state is not JobState.COMPLETED:
+        return state
+    try:
+        code = int(str(exit_status).strip())
+    except ValueError:
+        return JobState.FAILED  # finished, but nothing shows it succeeded
+    if code == 0:
+        return JobState.COMPLETED
+    return PBS_LIMIT_EXITS.get(code, JobState.FAILED)

@@ -6,9 +6,10 @@ import json
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from experiments.layout import (
+    EVENT_COMPLETED,
     EVENT_FIRST_STEP,
     CheckpointRecord,
     EVENT_STEP_EXIT,
@@ -45,8 +46,9 @@ class AttemptWatch:
     last_heartbeat: float | None = None
     last_step: int = 0
     step_exit: dict[str, float] | None = None
+    completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
     state: JobState = JobState.PENDING
-    accepted: float = field(default_factory=time.time)
+    running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
 
 
 class RunTracker:
@@ -96,7 +98,7 @@ class RunTracker:
         attempts = self.ledger.attempts(self.run.run_id)
         if attempts and attempts[-1].job_id and attempts[-1].ended is None:
             self.backend.adopt(attempts[-1].job_id, self.run)
-            self._adopt(attempts[-1].attempt, attempts[-1].job_id, attempts[-1].accepted or time.time())
+            self._adopt(attempts[-1].attempt, attempts[-1].job_id)
             return
         if attempts and attempts[-1].job_id is None:
             last = attempts[-1].attempt
@@ -104,7 +106,7 @@ class RunTracker:
             if found is not None:
                 self.ledger.update_attempt(self.run.run_id, last, job_id=found, accepted=attempts[-1].submitted)
                 self.backend.adopt(found, self.run)
-                self._adopt(last, found, attempts[-1].submitted)
+                self._adopt(last, found)
                 return
             self.ledger.update_attempt(self.run.run_id, last, state="LOST", ended=time.time(),
                                        reason="controller stopped before the scheduler answered")
@@ -123,16 +125,15 @@ class RunTracker:
         submission = self.backend.submit(run, job)
         self.ledger.update_attempt(run.run_id, attempt, job_id=submission.job_id, state=JobState.PENDING.value,
                                    accepted=submission.accepted_at)
-        self._adopt(attempt, submission.job_id, submission.accepted_at)
+        self._adopt(attempt, submission.job_id)
         log.info("%s: attempt %d is job %s", run.run_id, attempt, submission.job_id)
 
-    def _adopt(self, attempt: int, job_id: str, accepted: float) -> None:
+    def _adopt(self, attempt: int, job_id: str) -> None:
         paths = self.run.paths
         self.watch = AttemptWatch(
             attempt=attempt, job_id=job_id, events=JsonlTail(paths.events_file(attempt)),
             checkpoint_tail=JsonlTail(paths.checkpoint_log),
             heartbeat_tails=[JsonlTail(paths.heartbeat_file(rank)) for rank in range(self.run.ranks)],
-            accepted=accepted,
         )
         self._awaiting_recovery = attempt if attempt > 0 else None
         self.status = "running"
@@ -143,14 +144,16 @@ class RunTracker:
         if watch is None or self.done:
             return
         self._read_files(watch)
-        self._record_state(watch, state)
+        self._record_state(watch, state, now)
         self._collect_fault()
         self._maybe_record_recovery()
         failure_reason = self._failure_reason(watch, state, now)
-        if failure_reason is not None:
+        if failure_reason is not None and self._final_of(watch) is None:
             self._on_failure(watch, failure_reason, state, now)
-        elif state is JobState.COMPLETED:
-            self._on_job_completed(watch, now)
+        elif state is JobState.COMPLETED or failure_reason is not None:
+            # The final record of this attempt is the proof of the work: a job that failed while
+            # its ranks were exiting still trained to the end.
+            self._on_job_completed(watch, state, now)
         else:
             self._maybe_inject(watch, now)
 
@@ -158,6 +161,8 @@ class RunTracker:
         for event in watch.events.read_new():
             if event.get("event") == EVENT_FIRST_STEP and watch.training_started is None:
                 watch.training_started = float(event["time"])
+            if event.get("event") == EVENT_COMPLETED:
+                watch.completed = True
             if event.get("event") == EVENT_STEP_EXIT:
                 watch.step_exit = {"time": float(event["time"]), "exit_code": float(event["exit_code"])}
         for record in watch.checkpoint_tail.read_new():
@@ -169,7 +174,9 @@ class RunTracker:
                     watch.last_heartbeat = max(watch.last_heartbeat or 0.0, float(beat["time"]))
                     watch.last_step = max(watch.last_step, int(beat["step"]))
 
-    def _record_state(self, watch: AttemptWatch, state: JobState) -> None:
+    def _record_state(self, watch: AttemptWatch, state: JobState, now: float) -> None:
+        if state is JobState.RUNNING and watch.running_since is None:
+            watch.running_since = now
         if state is not watch.state:
             watch.state = state
             self.ledger.update_attempt(self.run.run_id, watch.attempt, state=state.value)
@@ -183,10 +190,13 @@ class RunTracker:
             return f"job {state.value.lower()}"
         if state is JobState.UNKNOWN:
             return "job vanished from the scheduler"
+        if watch.completed:
+            return None  # no more heartbeats to come; the scheduler reports how the job ends
         if watch.last_heartbeat is not None and now - watch.last_heartbeat > restart.hang_timeout_s:
             return f"hang: no heartbeat for {now - watch.last_heartbeat:.0f} s"
-        if watch.training_started is None and now - watch.accepted > restart.start_timeout_s:
-            return f"no training step within {restart.start_timeout_s:.0f} s of submission"
+        started = watch.running_since
+        if watch.training_started is None and started is not None and now - started > restart.start_timeout_s:
+            return f"no training step within {restart.start_timeout_s:.0f} s of the job starting"
         return None
 
     def _on_failure(self, watch: AttemptWatch, reason: str, state: JobState, now: float) -> None:
@@ -229,9 +239,20 @@ class RunTracker:
             self._awaiting_recovery = None
 
     # completion -------------------------------------------------------------------------------
-    def _on_job_completed(self, watch: AttemptWatch, now: float) -> None:
+    def _final_of(self, watch: AttemptWatch) -> FinalRecord | None:
+        """This attempt's final record, if the run reached its target step in it."""
+        if not watch.completed:
+            return None
+        final = _read_final(self.run)
+        if final is None or final.attempt != watch.attempt or final.step != self.run.workload.steps:
+            return None
+        return final
+
+    def _on_job_completed(self, watch: AttemptWatch, state: JobState, now: float) -> None:
         final = _read_final(self.run)
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now)
+        if not state.is_terminal:
+            self.closing[watch.attempt] = watch.job_id  # its final scheduler state comes later
         self._ingest_checkpoints()
         if final is None or final.step != self.run.workload.steps:
             self.ledger.update_attempt(self.run.run_id, watch.attempt, reason="completed without a final record")

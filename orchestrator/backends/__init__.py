@@ -1,10 +1,17 @@
-"""Backends: local (embedded default), slurm. Each is a submitit executor underneath."""
+"""Backends: local (embedded default), slurm, pbs. Each is a submitit executor underneath.
+
+Nothing is imported here at module level: the PBS backend's submitit plugin lives in this package
+and submitit loads it in every rank of every job, so importing the package must stay cheap.
+"""
 
 from __future__ import annotations
 
-from orchestrator.backends.base import Backend
+from typing import TYPE_CHECKING
 
-BACKEND_NAMES = ("local", "slurm")
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
+
+BACKEND_NAMES = ("local", "slurm", "pbs")
 
 
 def make_backend(name: str, drill_id: str) -> Backend:
@@ -16,4 +23,8 @@ def make_backend(name: str, drill_id: str) -> Backend:
         from orchestrator.backends.slurm import SlurmBackend
 
         return SlurmBackend(drill_id)
+    if name == "pbs":
+        from orchestrator.backends.pbs import PBSBackend
+
+        return PBSBackend(drill_id)
     raise ValueError(f"unknown backend {name!r}; valid: {', '.join(BACKEND_NAMES)}")

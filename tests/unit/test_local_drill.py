@@ -123,4 +123,5 @@ def test_stopped_rank_is_detected_as_a_hang_cancelled_and_recovered(tmp_path: Pa
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat")
     assert run["attempts"][0]["state"] in {"CANCELLED", "FAILED"}
     recovery = run["recoveries"][0]
-    assert recovery["detect_s"] >= 2.0 and recovery["resumed_from_step"] > 0
+    # detected once the last heartbeat (just before the fault) is older than hang_timeout_s
+    assert recovery["detect_s"] > 1.5 and recovery["resumed_from_step"] > 0

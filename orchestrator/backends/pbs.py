@@ -1,0 +1,169 @@
+"""The PBS backend: Faultdrill's template submitted by the submitit PBS plugin (qsub), all jobs
+polled with one ``qstat -f``, ``qdel`` to cancel, ``qrerun`` to rerun, and the fault agent started
+on the target rank's node.
+
+Reaching a rank's node. PBS offers no command that starts a process inside a running job from the
+login node (``pbsdsh`` and ``pbs_attach`` work only from within the job), so on a real PBS server the
+agent goes over ``ssh`` to the node, which PBS sites allow for nodes where the user has a running
+job. Under Slurm's Torque wrappers the job is a Slurm job and ssh is no option, so the agent runs
+as a step of it on that node (``srun --jobid --overlap``), as the Slurm backend does.
+FAULTDRILL_PBS_AGENT_LAUNCH=ssh|srun overrides the choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from submitit.core import utils as submitit_utils
+
+from experiments.entry import run_rank
+from experiments.layout import RankJob
+from injectors.kill_rank import FaultOutcome
+from injectors.targets import read_identity
+from orchestrator.backends.base import Backend, KillRequest, Submission
+from orchestrator.backends.pbs_commands import (
+    ServerKind,
+    array_element_id,
+    detect_server,
+    qdel,
+    qrerun,
+    qstat_all,
+    qstat_states,
+    qsub,
+    scheduler_id,
+)
+from orchestrator.backends.pbs_plugin import PBSExecutor
+from orchestrator.backends.slurm import _agent_outcome
+from orchestrator.commands import CommandError, run_command
+from orchestrator.render import SubmissionScript, attempt_job_name, render_pbs, render_pbs_array
+from orchestrator.runs import RunConfig
+from orchestrator.spec import time_limit_minutes
+from orchestrator.states import JobState
+
+log = logging.getLogger(__name__)
+
+ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
+INJECT_TIMEOUT_S = 60.0
+MAX_NUM_TIMEOUT = 3
+
+
+class TemplatePBSExecutor(PBSExecutor):
+    """The plugin's executor, submitting a script Faultdrill rendered."""
+
+    def __init__(self, folder: Path, script: SubmissionScript, python: str = sys.executable) -> None:
+        super().__init__(folder, max_num_timeout=MAX_NUM_TIMEOUT, python=python)
+        self.script = script
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self.script.text
+
+
+class PBSBackend(Backend):
+    name = "pbs"
+
+    def __init__(self, drill_id: str, python: str = sys.executable) -> None:
+        self.drill_id = drill_id
+        self.python = python
+        self._folders: dict[str, Path] = {}  # job id -> its submitit folder (where its records are)
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        script = render_pbs(run, job.attempt, self.drill_id, self.python)
+        executor = TemplatePBSExecutor(run.paths.submitit, script, self.python)
+        resources = run.campaign.resources
+        executor.update_parameters(nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
+                                   timeout_min=_minutes(run))
+        submitted = executor.submit(run_rank, job)
+        self._folders[submitted.job_id] = run.paths.submitit
+        return Submission(job_id=submitted.job_id, accepted_at=time.time())
+
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        """The attempts of several runs (same resources) as ONE array job, throttled to the
+        campaign's parallel_runs: element i unpickles items[i]'s job from its own run's folder."""
+        if len(items) <= 1:
+            return [self.submit(run, job) for run, job in items]
+        first = items[0][0]
+        name = f"fd-{first.campaign.name}-{first.run_id}-x{len(items)}-a{items[0][1].attempt}"[:120]
+        script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
+                                  first.campaign.parallel_runs, self.python)
+        pickles = [_dump_pending(run, job) for run, job in items]
+        script.submit_dir.mkdir(parents=True, exist_ok=True)
+        script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
+        script_path.write_text(script.text)
+        array_id = qsub(script_path.name, script.text, script.submit_dir)
+        accepted = time.time()
+        script_path.rename(script.submit_dir / f"{array_id}_submission.sh")
+        submissions = []
+        for index, ((run, _), pickle) in enumerate(zip(items, pickles)):
+            job_id = array_element_id(array_id, index)
+            submitit_utils.JobPaths(run.paths.submitit, job_id=job_id).move_temporary_file(pickle, "submitted_pickle")
+            self._folders[job_id] = run.paths.submitit
+            submissions.append(Submission(job_id=job_id, accepted_at=accepted))
+        return submissions
+
+    def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
+        name = attempt_job_name(run, attempt)
+        found = [job_id for job_id, record in qstat_all().items() if record.get("Job_Name") == name]
+        return found[-1] if found else None
+
+    def adopt(self, job_id: str, run: RunConfig) -> None:
+        self._folders.setdefault(job_id, run.paths.submitit)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        """One qstat -f for all ids (raises CommandError when qstat itself fails)."""
+        return qstat_states(job_ids, self._folders) if job_ids else {}
+
+    def cancel(self, job_id: str) -> None:
+        try:
+            qdel(job_id, self._folders.get(job_id))
+        except CommandError as error:
+            log.warning("could not cancel %s: %s", job_id, error)
+
+    def rerun(self, job_id: str) -> None:
+        """Send a running job back to the queue with qrerun (raises CommandError if refused)."""
+        qrerun(job_id, self._folders.get(job_id))
+
+    def kill_rank(self, request: KillRequest) -> FaultOutcome:
+        """Start the fault agent on the node where the target rank runs; it verifies and acts."""
+        paths = request.run.paths
+        node = read_identity(paths.root, request.attempt, request.rank).node
+        record = paths.attempt_dir(request.attempt) / f"fault-rank{request.rank}-{uuid.uuid4().hex[:8]}.json"
+        agent = [
+            self.python, "-m", "injectors.agent", "kill-rank", "--run-dir", str(paths.root),
+            "--run-id", request.run.run_id, "--attempt", str(request.attempt), "--rank", str(request.rank),
+            "--job-id", request.job_id, "--signal", request.signal, "--record", str(record),
+        ]
+        args = self._on_node(request.job_id, node, agent)
+        result = run_command(args, timeout_s=INJECT_TIMEOUT_S, check=False)
+        return _agent_outcome(result.stdout, record, args, result.returncode, result.stderr)
+
+    def _on_node(self, job_id: str, node: str, agent: list[str]) -> list[str]:
+        launch = os.environ.get(ENV_AGENT_LAUNCH, "auto")
+        server = detect_server()
+        if launch == "srun" or (launch == "auto" and server is ServerKind.SLURM_WRAPPERS):
+            slurm_id = scheduler_id(job_id, self._folders.get(job_id), server)
+            return ["srun", f"--jobid={slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                    "--quiet", *agent]
+        if launch in ("auto", "ssh"):
+            return ["ssh", "-o", "BatchMode=yes", node, shlex.join(agent)]
+        raise ValueError(f"{ENV_AGENT_LAUNCH}={launch!r}: valid are auto, ssh and srun")
+
+
+def _dump_pending(run: RunConfig, job: RankJob) -> Path:
+    """The pickled call an array element will run, under a temporary name in its run's folder."""
+    run.paths.submitit.mkdir(parents=True, exist_ok=True)
+    delayed: Any = submitit_utils.DelayedSubmission(run_rank, job)
+    delayed.set_timeout(_minutes(run), MAX_NUM_TIMEOUT)
+    path = run.paths.submitit / f".pending-{uuid.uuid4().hex}.pkl"
+    delayed.dump(path)
+    return path
+
+
+def _minutes(run: RunConfig) -> int:
+    return max(1, int(time_limit_minutes(run.campaign.resources.time)))

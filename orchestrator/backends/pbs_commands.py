@@ -1,0 +1,228 @@
+"""The PBS client commands (qsub, qstat -f, qdel, qrerun) through Faultdrill's command wrapper, the
+parsing of what they print, and the id rules shared by the submitit plugin and the backend.
+
+Job ids are PBS's own: ``123.server``, an array ``123[].server`` and its element ``123[4].server``.
+Slurm's Torque wrappers (slurm-wlm-torque) print bare Slurm ids (``69``); an element is then
+``69[4]``, and since their qstat lists each started element under a Slurm id of its own, each
+element's batch script records that id in its submitit folder (``<job>_scheduler_id``). Their qstat
+prints no exit status either: a finished job is judged by the exit code its batch script recorded
+(``<job>_exit_code``), else it failed. Light imports only: submitit loads this in every job.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+from enum import Enum
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from orchestrator.commands import CommandError, run_command
+from orchestrator.states import PBS_FINISHED_LETTERS, JobState, from_pbs
+
+ENV_SERVER = "FAULTDRILL_PBS_SERVER"  # torque | pro | slurm-wrappers: skips detection
+QSTAT_TIMEOUT_S = 20.0
+QSUB_TIMEOUT_S = 60.0
+SCHEDULER_ID_FILE = "{job}_scheduler_id"
+EXIT_CODE_FILE = "{job}_exit_code"
+_QSUB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?$")
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_.%^+=@/-]+$")  # the wrappers pass -o/-e through a shell
+_JOB_LINE = re.compile(r"^Job Id:\s*(\S+)\s*$")
+_ATTRIBUTE_LINE = re.compile(r"^\s+([A-Za-z_][\w.]*) = (.*)$")
+_UNKNOWN_JOB = re.compile(r"unknown job id|has finished|job has been deleted", re.IGNORECASE)
+
+
+class ServerKind(str, Enum):
+    TORQUE = "torque"
+    PRO = "pro"  # PBS Professional / OpenPBS
+    SLURM_WRAPPERS = "slurm-wrappers"  # slurm-wlm-torque over a Slurm cluster
+
+    @property
+    def qstat_options(self) -> list[str]:
+        """-x (PBS Pro): finished jobs too; -t (Torque, PBS Pro): array subjobs. The wrappers take
+        neither (Torque's own -x means XML)."""
+        return {"pro": ["-x", "-t"], "torque": ["-t"], "slurm-wrappers": []}[self.value]
+
+
+def detect_server() -> ServerKind:
+    """Which PBS the client commands talk to: FAULTDRILL_PBS_SERVER, else probed once per process."""
+    override = os.environ.get(ENV_SERVER)
+    return ServerKind(override) if override else _probe_server()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_server() -> ServerKind:
+    qstat = shutil.which("qstat")
+    if qstat is None:
+        raise CommandError(["qstat"], None, "", "qstat is not on PATH", "no PBS client commands")
+    try:
+        head = Path(qstat).read_bytes()[:8192]
+    except OSError:
+        head = b""
+    if b"use Slurm" in head:
+        return ServerKind.SLURM_WRAPPERS
+    result = run_command(["qstat", "--version"], timeout_s=QSTAT_TIMEOUT_S, check=False)
+    return ServerKind.PRO if "pbs_version" in (result.stdout + result.stderr).lower() else ServerKind.TORQUE
+
+
+# --- ids ---------------------------------------------------------------------------------------
+
+
+def parse_qsub(stdout: str) -> str:
+    """qsub prints the new job's id on its last line: ``123.server``, ``123[].server`` or ``69``."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    job_id = lines[-1] if lines else ""
+    if not _QSUB_ID.match(job_id):
+        raise CommandError(["qsub"], 0, stdout, "", "qsub printed no job id")
+    return job_id
+
+
+def array_element_id(array_id: str, index: int) -> str:
+    """``123[].server`` -> ``123[4].server``; a bare wrapper id ``69`` -> ``69[4]``."""
+    return array_id.replace("[]", f"[{index}]", 1) if "[]" in array_id else f"{array_id}[{index}]"
+
+
+def short_id(job_id: str) -> str:
+    """The id without its server: ``123[4].server`` -> ``123[4]``."""
+    return job_id.split(".", 1)[0]
+
+
+def is_element(job_id: str) -> bool:
+    return bool(re.search(r"\[\d+\]", job_id))
+
+
+def read_job_file(folder: Path | None, pattern: str, job_id: str) -> str | None:
+    if folder is None:
+        return None
+    try:
+        return (Path(folder) / pattern.format(job=job_id)).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def scheduler_id(job_id: str, folder: Path | None, server: ServerKind) -> str:
+    """The id to give qstat/qdel: the job's own, except for a wrapper array element, which its
+    recorded Slurm id names (or, before it has started, the array it is pending in)."""
+    if server is not ServerKind.SLURM_WRAPPERS or not is_element(job_id):
+        return job_id
+    return read_job_file(folder, SCHEDULER_ID_FILE, job_id) or job_id.split("[", 1)[0]
+
+
+def _pending_in_array(job_id: str, asked: str) -> bool:
+    """A wrapper element that has not recorded its own id: only its array can be asked about."""
+    return is_element(job_id) and asked == job_id.split("[", 1)[0]
+
+
+def output_options(script_text: str) -> list[str]:
+    """The script's ``#PBS -o``/``-e`` as qsub options: the wrappers hand sbatch their own otherwise."""
+    options: list[str] = []
+    for line in script_text.splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "#PBS" and parts[1] in ("-o", "-e"):
+            if not _SAFE_PATH.match(parts[2]):
+                raise ValueError(f"output path {parts[2]!r} in '{line}' is not safe to pass to qsub")
+            options += parts[1:]
+    return options
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def qsub(script_name: str, script_text: str, cwd: Path) -> str:
+    """Submit ``cwd/script_name`` (a relative name: no user path reaches the wrappers' shell)."""
+    result = run_command(["qsub", *output_options(script_text), script_name], cwd=cwd, timeout_s=QSUB_TIMEOUT_S)
+    return parse_qsub(result.stdout)
+
+
+def parse_qstat_full(text: str) -> dict[str, dict[str, str]]:
+    """``qstat -f``: ``Job Id: X`` then ``name = value`` lines; a line without `` = `` continues the
+    previous value (PBS Pro and Torque wrap long values such as Variable_List)."""
+    records: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    last: str | None = None
+    for line in text.splitlines():
+        job = _JOB_LINE.match(line)
+        if job:
+            current, last = records.setdefault(job.group(1), {}), None
+            continue
+        attribute = _ATTRIBUTE_LINE.match(line)
+        if current is not None and attribute:
+            last = attribute.group(1)
+            current[last] = attribute.group(2).strip()
+        elif current is not None and last is not None and line[:1] in (" ", "\t") and line.strip():
+            current[last] += line.strip()
+    return records
+
+
+def qstat_records(ids: Sequence[str], server: ServerKind) -> dict[str, dict[str, str]]:
+    """One ``qstat -f`` for all ``ids``; ids the server does not know are simply absent."""
+    if not ids:
+        return {}
+    args = ["qstat", "-f", *server.qstat_options, *ids]
+    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2, check=False)
+    complaints = [line for line in result.stderr.splitlines() if line.strip() and not _UNKNOWN_JOB.search(line)]
+    if result.returncode != 0 and (complaints or result.returncode not in (35, 153)):
+        raise CommandError(args, result.returncode, result.stdout, result.stderr, "qstat failed")
+    return parse_qstat_full(result.stdout)
+
+
+def record_state(job_id: str, record: dict[str, str] | None, folder: Path | None) -> JobState:
+    """A job's state from its qstat record; a finished record without an exit status is judged by
+    the exit code the batch script recorded."""
+    if record is None:
+        return JobState.UNKNOWN
+    letter = record.get("job_state", "")
+    exit_status = record.get("exit_status") or record.get("Exit_status")
+    if exit_status is None and letter[:1] in PBS_FINISHED_LETTERS:
+        exit_status = read_job_file(folder, EXIT_CODE_FILE, job_id)
+    return from_pbs(letter, exit_status)
+
+
+def qstat_states(
+    job_ids: Sequence[str], folders: Mapping[str, Path], server: ServerKind | None = None
+) -> dict[str, JobState]:
+    """States of ``job_ids`` from one qstat call; ``folders`` (job id -> submitit folder) lets the
+    wrappers' array elements and exit codes be found. Unknown ids are UNKNOWN, never a success."""
+    server = server or detect_server()
+    queried = {job_id: scheduler_id(job_id, folders.get(job_id), server) for job_id in job_ids}
+    records = qstat_records(sorted(set(queried.values())), server)
+    by_short = {short_id(key): record for key, record in records.items()}
+    states = {}
+    for job_id, asked in queried.items():
+        record = records.get(asked) or by_short.get(short_id(asked))
+        state = record_state(job_id, record, folders.get(job_id))
+        if _pending_in_array(job_id, asked):
+            # A wrapper element that has not recorded its own id yet: the array's record says only
+            # that something of the array is queued or running.
+            state = JobState.PENDING if state in (JobState.PENDING, JobState.RUNNING) else JobState.UNKNOWN
+        states[job_id] = state
+    return states
+
+
+def qdel(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:
+    """Delete a job (no error if it already ended)."""
+    server = server or detect_server()
+    target = scheduler_id(job_id, folder, server)
+    if _pending_in_array(job_id, target):
+        raise CommandError(["qdel", target], None, "", "", f"{job_id} has not started: under Slurm's PBS "
+                           "wrappers qdel can only delete its whole array")
+    run_command(["qdel", target], timeout_s=QSTAT_TIMEOUT_S, retries=1, check=False)
+
+
+def qrerun(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:
+    """Put a running job back in the queue (it must be rerunnable: ``-r y``)."""
+    run_command(["qrerun", scheduler_id(job_id, folder, server or detect_server())], timeout_s=QSTAT_TIMEOUT_S)
+
+
+def qstat_all(server: ServerKind | None = None) -> dict[str, dict[str, str]]:
+    """Every job the server lists (finished ones too where it keeps them)."""
+    server = server or detect_server()
+    args = ["qstat", "-f", *server.qstat_options]
+    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2, check=False)
+    if result.returncode not in (0, 153):
+        raise CommandError(args, result.returncode, result.stdout, result.stderr, "qstat failed")
+    return parse_qstat_full(result.stdout)
