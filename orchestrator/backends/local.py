@@ -138,8 +138,11 @@ class LocalBackend(Backend):
 
 def mpi_launcher(ranks: int) -> list[str]:
     """OpenMPI's launcher for ``ranks`` local ranks: more ranks than cores is fine for a drill, and
-    binding would pin every rank of a small machine to the same core."""
-    return ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    binding would pin every rank of a small machine to the same core. submitit's rank wrapper
+    ignores SIGTERM, so survivors of a dead rank only go at mpiexec's SIGKILL: send it at once
+    (measured: all ranks gone 0.13 s after a SIGKILL instead of 1.1 s)."""
+    return ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
+            "--mca", "odls_base_sigkill_timeout", "0"]
 
 
 def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:

@@ -160,7 +160,8 @@ def test_mpiexec_inside_a_slurm_batch_script_wins_over_the_batch_step() -> None:
 
 
 def test_srun_pmix_keeps_slurm_placement() -> None:
-    # srun --mpi=pmix exports PMIX_RANK (= SLURM_PROCID) but no size variable.
+    # Recorded from `srun -N2 -n2 --mpi=pmix` on the local cluster: PMIX_RANK (= SLURM_PROCID) and
+    # PMIX_NAMESPACE, no size variable (Open MPI sets OMPI_COMM_WORLD_* only inside MPI_Init).
     env = DistEnv.from_environ({**SLURM_RANK3, "PMIX_RANK": "3", "PMIX_NAMESPACE": "slurm.pmix.4182.0"}, hostname="h")
     assert (env.scheduler, env.rank, env.world_size, env.job_id) == ("slurm", 3, 4, "4182")
 
