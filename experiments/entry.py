@@ -12,6 +12,7 @@ import atexit
 import gc
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -38,6 +39,10 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     """
     started_at = time.time()
     limit_threads()
+    # submitit makes a task ignore SIGTERM (it waits for a preemption signal instead). A drill rank
+    # must die on it: when one rank dies, srun and mpiexec end the others with SIGTERM and only
+    # send SIGKILL after a grace time (Slurm's KillWait), which would pad every detection time.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Imported here, not at module top: the framework must see the thread limits above.
     from experiments.runner import RunnerOptions, run_training
     from experiments.runtime.distenv import DistEnv, Timeouts
