@@ -85,6 +85,10 @@ class Controller:
                         for run in self.runs]
             waiting = [t for t in trackers if not t.done]
             active: list[RunTracker] = []
+            if self.campaign.submit_as_array:
+                arrayed = self._submit_arrays([t for t in waiting if t.fresh])
+                active += arrayed
+                waiting = [t for t in waiting if t not in arrayed]
             while waiting or active or any(t.closing for t in trackers):
                 while waiting and len(active) < self.campaign.parallel_runs:
                     tracker = waiting.pop(0)
@@ -98,6 +102,20 @@ class Controller:
                     time.sleep(self.campaign.restart.poll_interval_s)
         record_determinism(self.ledger, self.runs)
         self.ledger.set_meta("finished", time.time())
+
+    def _submit_arrays(self, fresh: list[RunTracker]) -> list[RunTracker]:
+        """The first attempts of fresh runs, one job array per set of runs with equal resources."""
+        groups: dict[str, list[RunTracker]] = {}
+        for tracker in fresh:
+            key = json.dumps([tracker.run.campaign.resources.model_dump(mode="json"),
+                              tracker.run.campaign.workload.framework])
+            groups.setdefault(key, []).append(tracker)
+        for group in groups.values():
+            jobs = [tracker.begin_attempt(0) for tracker in group]
+            submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs)])
+            for tracker, submission in zip(group, submissions):
+                tracker.accept(0, submission)
+        return fresh
 
     def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
         job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]

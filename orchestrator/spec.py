@@ -142,6 +142,9 @@ class Campaign(_Strict):
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     baseline: bool = False
     parallel_runs: int = Field(1, ge=1, le=64)
+    # Submit the runs' first attempts as job arrays (one per set of equal resources), throttled to
+    # parallel_runs by the scheduler; restarts are single jobs.
+    submit_as_array: bool = False
 
     @model_validator(mode="after")
     def _fits_backend(self) -> "Campaign":

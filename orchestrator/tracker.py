@@ -19,7 +19,7 @@ from experiments.layout import (
 )
 from injectors.kill_rank import FaultOutcome
 from injectors.schedule import PlannedFault
-from orchestrator.backends.base import Backend, KillRequest
+from orchestrator.backends.base import Backend, KillRequest, Submission
 from orchestrator.ledger import FaultRow, Ledger
 from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
@@ -110,23 +110,34 @@ class RunTracker:
                 return
             self.ledger.update_attempt(self.run.run_id, last, state="LOST", ended=time.time(),
                                        reason="controller stopped before the scheduler answered")
-        self.ledger.update_run(self.run.run_id, status="running", started=time.time())
-        self.status = "running"
         self._submit(len(attempts))
 
-    def _submit(self, attempt: int) -> None:
+    @property
+    def fresh(self) -> bool:
+        """Never submitted: can go out in a job array with other fresh runs."""
+        return not self.done and not self.ledger.attempts(self.run.run_id)
+
+    def begin_attempt(self, attempt: int) -> RankJob:
+        """Record the attempt before it is submitted (a restarted controller then knows to look)."""
         run = self.run
+        self.ledger.update_run(run.run_id, status="running", started=time.time())
+        self.status = "running"
         self.ledger.add_attempt(run.run_id, attempt)
-        job = RankJob(
+        return RankJob(
             run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
             drill_id=self.drill_id, keep_final_weights=self.run.keeps_final_weights,
         )
-        submission = self.backend.submit(run, job)
-        self.ledger.update_attempt(run.run_id, attempt, job_id=submission.job_id, state=JobState.PENDING.value,
-                                   accepted=submission.accepted_at)
+
+    def accept(self, attempt: int, submission: Submission) -> None:
+        self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
+                                   state=JobState.PENDING.value, accepted=submission.accepted_at)
         self._adopt(attempt, submission.job_id)
-        log.info("%s: attempt %d is job %s", run.run_id, attempt, submission.job_id)
+        log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
+
+    def _submit(self, attempt: int) -> None:
+        job = self.begin_attempt(attempt)
+        self.accept(attempt, self.backend.submit(self.run, job))
 
     def _adopt(self, attempt: int, job_id: str) -> None:
         paths = self.run.paths

@@ -33,6 +33,11 @@ class Backend(abc.ABC):
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         """Submit one attempt of ``run``; returns once the scheduler has accepted it."""
 
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        """Submit several runs' attempts together (a job array where the scheduler has them);
+        runs in one call share their resources. Without arrays: one submission each."""
+        return [self.submit(run, job) for run, job in items]
+
     def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
         """The job of ``attempt`` if the scheduler accepted it although its id was never recorded."""
         return None
