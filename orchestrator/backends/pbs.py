@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -110,7 +111,7 @@ class PBSBackend(Backend):
     def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
         name = attempt_job_name(run, attempt)
         found = [job_id for job_id, record in qstat_all().items() if record.get("Job_Name") == name]
-        return found[-1] if found else None
+        return max(found, key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0)) if found else None
 
     def adopt(self, job_id: str, run: RunConfig) -> None:
         self._folders.setdefault(job_id, run.paths.submitit)

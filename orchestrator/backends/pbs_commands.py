@@ -15,6 +15,7 @@ import functools
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -102,17 +103,25 @@ def read_job_file(folder: Path | None, pattern: str, job_id: str) -> str | None:
         return None
 
 
-def scheduler_id(job_id: str, folder: Path | None, server: ServerKind) -> str:
-    """The id to give qstat/qdel: the job's own, except for a wrapper array element, which its
-    recorded Slurm id names (or, before it has started, the array it is pending in)."""
+@dataclass(frozen=True)
+class Target:
+    """What to name to qstat/qdel for a job; ``array_only``: a wrapper array element that has not
+    recorded its own id yet, so only its array (where it is still pending) can be asked about."""
+
+    scheduler_id: str
+    array_only: bool = False
+
+
+def scheduler_target(job_id: str, folder: Path | None, server: ServerKind) -> Target:
+    """The job's own id, except for a wrapper array element: the Slurm id it recorded."""
     if server is not ServerKind.SLURM_WRAPPERS or not is_element(job_id):
-        return job_id
-    return read_job_file(folder, SCHEDULER_ID_FILE, job_id) or job_id.split("[", 1)[0]
+        return Target(job_id)
+    recorded = read_job_file(folder, SCHEDULER_ID_FILE, job_id)
+    return Target(recorded) if recorded else Target(job_id.split("[", 1)[0], array_only=True)
 
 
-def _pending_in_array(job_id: str, asked: str) -> bool:
-    """A wrapper element that has not recorded its own id: only its array can be asked about."""
-    return is_element(job_id) and asked == job_id.split("[", 1)[0]
+def scheduler_id(job_id: str, folder: Path | None, server: ServerKind) -> str:
+    return scheduler_target(job_id, folder, server).scheduler_id
 
 
 def output_options(script_text: str) -> list[str]:
@@ -188,14 +197,14 @@ def qstat_states(
     """States of ``job_ids`` from one qstat call; ``folders`` (job id -> submitit folder) lets the
     wrappers' array elements and exit codes be found. Unknown ids are UNKNOWN, never a success."""
     server = server or detect_server()
-    queried = {job_id: scheduler_id(job_id, folders.get(job_id), server) for job_id in job_ids}
-    records = qstat_records(sorted(set(queried.values())), server)
+    targets = {job_id: scheduler_target(job_id, folders.get(job_id), server) for job_id in job_ids}
+    records = qstat_records(sorted({target.scheduler_id for target in targets.values()}), server)
     by_short = {short_id(key): record for key, record in records.items()}
     states = {}
-    for job_id, asked in queried.items():
-        record = records.get(asked) or by_short.get(short_id(asked))
+    for job_id, target in targets.items():
+        record = records.get(target.scheduler_id) or by_short.get(short_id(target.scheduler_id))
         state = record_state(job_id, record, folders.get(job_id))
-        if _pending_in_array(job_id, asked):
+        if target.array_only:
             # A wrapper element that has not recorded its own id yet: the array's record says only
             # that something of the array is queued or running.
             state = JobState.PENDING if state in (JobState.PENDING, JobState.RUNNING) else JobState.UNKNOWN
@@ -206,11 +215,11 @@ def qstat_states(
 def qdel(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:
     """Delete a job (no error if it already ended)."""
     server = server or detect_server()
-    target = scheduler_id(job_id, folder, server)
-    if _pending_in_array(job_id, target):
-        raise CommandError(["qdel", target], None, "", "", f"{job_id} has not started: under Slurm's PBS "
-                           "wrappers qdel can only delete its whole array")
-    run_command(["qdel", target], timeout_s=QSTAT_TIMEOUT_S, retries=1, check=False)
+    target = scheduler_target(job_id, folder, server)
+    if target.array_only:
+        raise CommandError(["qdel", target.scheduler_id], None, "", "", f"{job_id} has not started: under "
+                           "Slurm's PBS wrappers qdel can only delete its whole array")
+    run_command(["qdel", target.scheduler_id], timeout_s=QSTAT_TIMEOUT_S, retries=1, check=False)
 
 
 def qrerun(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:

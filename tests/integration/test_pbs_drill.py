@@ -1,0 +1,89 @@
+"""The quick drill with ``backend: pbs`` on the local cluster, whose PBS commands are Slurm's Torque
+wrappers: torch ranks on both nodes started by mpiexec, a rank SIGKILLed by the fault agent on its
+node, resubmission with qsub from the newest valid checkpoint, and a final state identical to the
+fault-free twin. The report carries the same recovery fields as the Slurm drill's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from experiments.layout import RunPaths, read_json_lines
+from orchestrator.backends.pbs_commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DRILL_TIMEOUT_S = 600
+RECOVERY_FIELDS = {"fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s",
+                   "ttr_s", "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step"}
+
+
+def _pbs_quick_spec(workdir: Path, destination: Path) -> Path:
+    """slurm-quick's settings (2 nodes x 2 torch ranks, SIGKILL after the first checkpoint, a
+    baseline twin), submitted through PBS."""
+    spec = yaml.safe_load((REPO / "experiments" / "campaigns" / "slurm-quick.yaml").read_text())
+    spec.update(name="pbs-quick", backend="pbs", workdir=str(workdir))
+    destination.write_text(yaml.safe_dump(spec))
+    return destination
+
+
+def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
+    return next(run for run in report["runs"] if run["run_id"] == run_id)
+
+
+def test_pbs_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster) -> None:
+    spec = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-quick.yaml")
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec), "--format", "json"],
+                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    job_ids = [attempt["job_id"] for run in report["runs"] for attempt in run["attempts"]]
+    try:
+        _check_report(report, shared_tmp, cluster)
+        _check_scheduler_view(report, shared_tmp)
+    finally:
+        for job_id in job_ids:
+            qdel(job_id, None)
+
+
+def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
+    assert report["backend"] == "pbs"
+    faulted = _run(report, "r000")
+    assert faulted["status"] == "completed"
+    assert faulted["final_step"] == faulted["target_steps"]
+    assert faulted["ranks"] == 4 and faulted["nodes"] == 2
+    assert any(fault["at"] and fault["outcome"] == "injected" for fault in faulted["faults"])
+    recoveries = faulted["recoveries"]
+    assert recoveries and all(set(recovery) == RECOVERY_FIELDS for recovery in recoveries)
+    assert all(value is not None for recovery in recoveries for value in recovery.values())
+    assert any(recovery["resumed_from_step"] > 0 for recovery in recoveries)
+    assert faulted["identical_to_baseline"] is True
+    assert _run(report, "r000-baseline")["status"] == "completed"
+
+    paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
+    nodes = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(4)}
+    assert nodes == set(cluster), f"ranks ran on {nodes}, expected both nodes {set(cluster)}"
+    start = read_json_lines(paths.events_file(0))[0]
+    assert start["event"] == "job_start" and start["job_id"] == faulted["attempts"][0]["job_id"]
+
+
+def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path) -> None:
+    """qstat still lists every attempt under its name; the killed attempt's record says it failed."""
+    faulted = _run(report, "r000")
+    listed = qstat_all()
+    for run in report["runs"]:
+        for number, attempt in enumerate(run["attempts"]):
+            assert listed[attempt["job_id"]]["Job_Name"] == f"fd-pbs-quick-{run['run_id']}-a{number}"
+    failed_job = faulted["attempts"][0]["job_id"]
+    folder = shared_tmp / "work" / "runs" / "r000" / "submitit"
+    assert int((folder / EXIT_CODE_FILE.format(job=failed_job)).read_text()) != 0
+    last_job = faulted["attempts"][-1]["job_id"]
+    states = qstat_states([failed_job, last_job], {failed_job: folder, last_job: folder})
+    assert states[failed_job].value == "FAILED" and states[last_job].value == "COMPLETED"

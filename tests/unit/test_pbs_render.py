@@ -1,0 +1,168 @@
+"""The PBS batch script: golden files (Torque, PBS Pro array, hostile path), quoting, and the job id
+the script computes agreeing with the plugin's job environment under every PBS flavour."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.pbs_commands import array_element_id, output_options
+from orchestrator.backends.pbs_plugin import PBSJobEnvironment
+from orchestrator.render import (
+    TemplateError,
+    pbs_directive,
+    pbs_walltime,
+    render_pbs,
+    render_pbs_array,
+    render_template,
+)
+from orchestrator.runs import expand_runs
+from orchestrator.spec import Campaign
+
+GOLDEN = Path(__file__).parent / "golden"
+PYTHON = "/opt/faultdrill/.venv/bin/python"
+HOSTILE = "/data/it's a \"drill\" $HOME `x`\nsecond line"
+
+
+def _campaign(workdir: str, grid: dict[str, list[object]] | None = None, **resources: object) -> Campaign:
+    return Campaign.model_validate({
+        "name": "golden",
+        "backend": "pbs",
+        "workdir": workdir,
+        "workload": {"framework": "torch", "params": 20000, "steps": 40},
+        "resources": {"nodes": 2, "tasks_per_node": 2, "time": "00:10:00", **resources},
+        "sweep": {"grid": grid or {}},
+    })
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("FAULTDRILL_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"rendered script differs from {path} (FAULTDRILL_UPDATE_GOLDEN=1 rewrites)"
+
+
+def _directives(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("#PBS")]
+
+
+def test_torque_script_matches_golden() -> None:
+    run = expand_runs(_campaign("/scratch/drills/golden", partition="debug",
+                                extra_directives=["-l mem=4gb", "-A fault drill", "-V"]))[0]
+    script = render_pbs(run, attempt=1, drill_id="golden-0001", python=PYTHON)
+    _check_golden("pbs_torque_basic.pbs", script.text)
+    assert script.submit_dir == Path("/scratch/drills/golden/runs/r000/submitit")
+    assert script.environment["SUBMITIT_EXECUTOR"] == "pbs"
+    subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
+
+
+def test_pro_array_matches_golden() -> None:
+    runs = expand_runs(_campaign("/scratch/drills/golden", {"workload.seed": [1, 2, 3]}, pbs_flavor="pro"))
+    script = render_pbs_array([(run, 0) for run in runs], "golden-0003", "fd-golden-sweep", 2, PYTHON)
+    _check_golden("pbs_pro_array.pbs", script.text)
+    directives = _directives(script.text)
+    assert "#PBS -l select=2:ncpus=2:mpiprocs=2" in directives
+    assert "#PBS -J 0-2%2" in directives
+    subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
+
+
+def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
+    run = expand_runs(_campaign(HOSTILE))[0]
+    script = render_pbs(run, attempt=0, drill_id="golden-0002", python=PYTHON)
+    _check_golden("pbs_hostile_path.pbs", script.text)
+    assert not any("it's" in line or "$HOME" in line for line in _directives(script.text))
+    subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
+    environment_part = script.text.split("\nfolder=${folder")[0]  # directives are comments to bash
+    shown = subprocess.run(
+        ["bash", "-c", environment_part + '\nprintf "%s|%s" "$FAULTDRILL_RUN_DIR" "$folder"'],
+        capture_output=True, text=True, check=True, env={"PBS_JOBID": "7.server", "PATH": os.environ["PATH"]},
+    ).stdout
+    assert shown == f"{HOSTILE}/runs/r000|{HOSTILE}/runs/r000/submitit"
+
+
+def test_directives_come_in_a_stable_order() -> None:
+    run = expand_runs(_campaign("/w", partition="p"))[0]
+    first = render_pbs(run, 0, "d", PYTHON).text
+    assert first == render_pbs(run, 0, "d", PYTHON).text
+    flags = [" ".join(line.split()[:3]).split("=")[0] for line in _directives(first)]
+    assert flags == ["#PBS -N fd-golden-r000-a0", "#PBS -l nodes", "#PBS -l walltime", "#PBS -q p",
+                     "#PBS -o fd-golden-r000-a0.pbs.out", "#PBS -e fd-golden-r000-a0.pbs.err", "#PBS -r y"]
+
+
+def test_rank_launch_is_one_mpiexec_that_ends_when_a_rank_dies() -> None:
+    text = render_pbs(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
+    launch = text.split("mpiexec ", 1)[1].split("rc=$?")[0]
+    assert "-n 4 --map-by ppr:2:node" in launch and "odls_base_sigkill_timeout 0" in launch
+    for name in ("FAULTDRILL_RUN_ID", "FAULTDRILL_RUN_DIR", "FAULTDRILL_MASTER_ADDR", "SUBMITIT_EXECUTOR"):
+        assert f"-x {name} " in launch
+    assert "submitit.core._submit" in launch
+
+
+def test_user_template_can_replace_the_launch_block(tmp_path: Path) -> None:
+    template = tmp_path / "site.pbs.j2"
+    template.write_text('{% extends "pbs.j2" %}\n{% block launch %}\npbsdsh -v -- true\nrc=$?\n{% endblock %}\n')
+    campaign = _campaign("/w").model_copy(update={"template": template})
+    text = render_pbs(expand_runs(campaign)[0], 0, "d", PYTHON).text
+    assert "pbsdsh -v -- true" in text and "mpiexec -n" not in text
+    assert "#PBS -l nodes=2:ppn=2" in text
+
+
+def test_array_needs_runs_with_the_same_resources() -> None:
+    runs = expand_runs(_campaign("/w", {"resources.nodes": [1, 2]}))
+    with pytest.raises(TemplateError, match="other resources"):
+        render_pbs_array([(run, 0) for run in runs], "d", "fd-x", 4, PYTHON)
+
+
+def test_walltime_and_directive_helpers() -> None:
+    assert pbs_walltime("00:10:00") == "00:10:00"
+    assert pbs_walltime("1-02:03:04") == "26:03:04"
+    assert pbs_walltime("90") == "01:30:00"
+    assert pbs_directive("-l mem=4gb") == ("-l", "mem=4gb")
+    assert pbs_directive("-lsoftware=x") == ("-l", "software=x")
+    assert pbs_directive("-V") == ("-V", "")
+    with pytest.raises(TemplateError, match="one-letter option"):
+        pbs_directive("--exclusive")
+
+
+def test_strict_undefined_names_the_missing_variable() -> None:
+    with pytest.raises(TemplateError, match="job_name"):
+        render_template("pbs.j2", {})
+
+
+def test_output_paths_are_repeated_for_qsub_and_checked() -> None:
+    text = render_pbs(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
+    assert output_options(text) == ["-o", "fd-golden-r000-a0.pbs.out", "-e", "fd-golden-r000-a0.pbs.err"]
+    with pytest.raises(ValueError, match="not safe"):
+        output_options("#!/bin/bash\n#PBS -o $(reboot)\n")
+
+
+# The job id the batch script computes must be the plugin's JobEnvironment.job_id and the login
+# side's id for the same job, or the ranks would look for the wrong pickles.
+JOB_ID_CASES = [
+    ({"PBS_JOBID": "123.server"}, "123.server"),
+    ({"PBS_JOBID": "123[4].server", "PBS_ARRAYID": "4"}, array_element_id("123[].server", 4)),
+    ({"PBS_JOBID": "123[4].server", "PBS_ARRAY_INDEX": "4", "PBS_ARRAY_ID": "123[].server"},
+     array_element_id("123[].server", 4)),
+    ({"PBS_JOBID": "", "SLURM_JOB_ID": "68"}, "68"),
+    ({"PBS_JOBID": "", "SLURM_JOB_ID": "73", "SLURM_ARRAY_JOB_ID": "69", "SLURM_ARRAY_TASK_ID": "4"},
+     array_element_id("69", 4)),
+]
+
+
+@pytest.mark.parametrize(("environ", "expected"), JOB_ID_CASES)
+def test_script_and_job_environment_agree_on_the_job_id(
+    environ: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = render_pbs(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
+    block = text.split("set -u\n", 1)[1].split("\nexport ", 1)[0]
+    shown = subprocess.run(["bash", "-c", block + '\nprintf %s "$job_id"'], capture_output=True, text=True,
+                           check=True, env={"PATH": os.environ["PATH"], **environ}).stdout
+    assert shown == expected
+    for name in ("PBS_JOBID", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert PBSJobEnvironment().job_id == expected
