@@ -1,0 +1,380 @@
+"""TensorFlow workload: the MLP or the CNN of ``synthetic``, trained with MultiWorkerMirroredStrategy.
+
+One worker per rank, one CPU replica per worker, ring all-reduce over gRPC; a custom loop
+(``strategy.run`` inside ``tf.function``), because Keras 3 ``model.fit`` fails under this strategy
+(CLUSTER-NOTES). The model is plain ``tf.Variable``s in a ``tf.Module`` so that variable names,
+initial values and the dropout RNG are all under this module's control.
+
+Bitwise reproducibility across a restart rests on: the batch of a step is a pure function of
+(seed, step, rank); the dropout RNG is one ``tf.random.Generator`` created under the strategy (its
+state is mirrored, and each replica folds in its replica id, so ranks draw different masks from
+one state that every rank holds identically: the chief's copy is the whole RNG state); weights,
+Adam's slots and iteration count are checkpointed. ``enable_op_determinism`` is on as a guard,
+though on CPU it is not what makes the resume exact (measured: identical digests without it).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before TensorFlow's C++ runtime loads: warnings and info lines off (errors still print).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, ContextManager, Iterator, Mapping  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from experiments.layout import WorkloadSpec  # noqa: E402
+from experiments.runtime.checkpoint import CheckpointMeta  # noqa: E402
+from experiments.runtime.distenv import DistEnv, Timeouts, task_addresses  # noqa: E402
+from experiments.runtime.sink import FileSink  # noqa: E402
+from experiments.workloads.base import Workload  # noqa: E402
+from experiments.workloads.synthetic import (  # noqa: E402
+    DROPOUT,
+    DROPOUT_STREAM,
+    IN_FEATURES,
+    LEARNING_RATE,
+    OUT_FEATURES,
+    cnn_batch,
+    mixed_seed,
+    mlp_batch,
+    model_size,
+)
+
+# tf.train.Checkpoint.write(<dir>/ckpt) writes ckpt.index and ckpt.data-00000-of-00001.
+CHECKPOINT_PREFIX = "ckpt"
+
+
+def tf_config(env: DistEnv, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The TF_CONFIG of this rank (every rank a "worker", worker 0 the chief); None for one rank.
+
+    Built from Faultdrill's own view of the job rather than TensorFlow's SlurmClusterResolver, which
+    fails on CPU-only nodes (it calls nvidia-smi; ``gpus_per_node=0`` raises "range() arg 3 must not
+    be zero"), reports a GPU per task when given fake GPU counts (the strategy then places replicas
+    on a GPU that does not exist), sorts hosts by name (``n[9-10]`` makes rank 0 ``n10``, not
+    Slurm's ``n9``) and uses one fixed port base for every job. ``task_addresses`` maps ranks to
+    hosts as Slurm (block), PBS (by slot) and the local executor (loopback) place them, with one
+    port per rank on a host.
+    """
+    if env.world_size == 1:
+        return None  # a single worker needs no cluster (and no gRPC server)
+    return {"cluster": {"worker": task_addresses(env, environ)}, "task": {"type": "worker", "index": env.rank}}
+
+
+def _glorot(shape: tuple[int, ...], fan_in: int, fan_out: int, seed: tuple[int, int]) -> tf.Tensor:
+    limit = float(np.sqrt(6.0 / (fan_in + fan_out)))
+    return tf.random.stateless_uniform(shape, seed=seed, minval=-limit, maxval=limit)
+
+
+class SyntheticModel(tf.Module):
+    """``synthetic``'s MLP or CNN as named variables (Keras' default init: Glorot kernels, zero biases)."""
+
+    def __init__(self, model: str, size: int, seed: int, rng: tf.random.Generator) -> None:
+        super().__init__(name=model)
+        self.model, self.rng = model, rng
+        shapes = mlp_shapes(size) if model == "mlp" else cnn_shapes(size)
+        self.weights: dict[str, tf.Variable] = {}
+        for index, (name, shape) in enumerate(shapes):
+            if name.endswith("/bias"):
+                initial = tf.zeros(shape)
+            else:
+                receptive = int(np.prod(shape[:-2])) if len(shape) == 4 else 1
+                initial = _glorot(shape, shape[-2] * receptive, shape[-1] * receptive, (seed, index))
+            self.weights[name] = tf.Variable(initial, name=name.replace("/", "_"))
+        # Gradients and Adam's slots follow this order (the checkpoint names slots by position).
+        self.variables_in_order = [self.weights[name] for name, _ in shapes]
+
+    def __call__(self, inputs: tf.Tensor, training: bool) -> tf.Tensor:
+        w = self.weights
+        if self.model == "mlp":
+            hidden = self._dropout(tf.nn.relu(inputs @ w["hidden1/kernel"] + w["hidden1/bias"]), training)
+            hidden = self._dropout(tf.nn.relu(hidden @ w["hidden2/kernel"] + w["hidden2/bias"]), training)
+            return hidden @ w["output/kernel"] + w["output/bias"]
+        hidden = tf.nn.relu(tf.nn.conv2d(inputs, w["conv1/kernel"], 1, "SAME") + w["conv1/bias"])
+        hidden = tf.nn.relu(tf.nn.conv2d(hidden, w["conv2/kernel"], 1, "SAME") + w["conv2/bias"])
+        pooled = tf.reduce_mean(hidden, axis=[1, 2])
+        return pooled @ w["output/kernel"] + w["output/bias"]
+
+    def _dropout(self, values: tf.Tensor, training: bool) -> tf.Tensor:
+        if not training:
+            return values
+        keep = tf.cast(self.rng.uniform(tf.shape(values)) >= DROPOUT, values.dtype)
+        return values * keep / (1.0 - DROPOUT)
+
+
+def mlp_shapes(width: int) -> list[tuple[str, tuple[int, ...]]]:
+    return [("hidden1/kernel", (IN_FEATURES, width)), ("hidden1/bias", (width,)),
+            ("hidden2/kernel", (width, width)), ("hidden2/bias", (width,)),
+            ("output/kernel", (width, OUT_FEATURES)), ("output/bias", (OUT_FEATURES,))]
+
+
+def cnn_shapes(channels: int) -> list[tuple[str, tuple[int, ...]]]:
+    return [("conv1/kernel", (3, 3, 1, channels)), ("conv1/bias", (channels,)),
+            ("conv2/kernel", (3, 3, channels, channels)), ("conv2/bias", (channels,)),
+            ("output/kernel", (channels, OUT_FEATURES)), ("output/bias", (OUT_FEATURES,))]
+
+
+class TensorFlowWorkload(Workload):
+    framework = "tensorflow"
+    determinism = ("tf.config.experimental.enable_op_determinism() (a guard: CPU resumes were identical "
+                   "without it); one mirrored tf.random.Generator for dropout, checkpointed with the "
+                   "weights and Adam's slots and iteration count")
+
+    def __init__(self) -> None:
+        self.env: DistEnv | None = None
+        self.spec = WorkloadSpec()
+        self.timeouts = Timeouts()
+        self.strategy: tf.distribute.Strategy | None = None
+        self.model: SyntheticModel | None = None
+        self.optimizer: Any = None
+        self.checkpoint: tf.train.Checkpoint | None = None
+        self.counters: dict[str, tf.Variable] = {}
+        self.width = 0
+        self._step_fn: Callable[..., Any] | None = None
+
+    @property
+    def checkpoint_meta(self) -> CheckpointMeta:
+        # Only the chief's files are published; the other workers write to scratch (see save).
+        return CheckpointMeta(
+            "tensorflow", f"tf.train.Checkpoint (TensorBundle index+data), tensorflow {tf.__version__}", "rank0"
+        )
+
+    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
+        self.env, self.spec, self.timeouts = env, spec, timeouts
+        _configure_runtime(spec.seed)
+        started = time.monotonic()
+        self.strategy = _join_cluster(env, timeouts)
+        joined = time.monotonic()
+        self.width, param_count = model_size(spec.model, spec.params)
+        with self.strategy.scope():
+            rng = tf.random.Generator.from_seed(mixed_seed(spec.seed, DROPOUT_STREAM))
+            self.model = SyntheticModel(spec.model, self.width, spec.seed, rng)
+            self.optimizer = tf.keras.optimizers.Adam(learning_rate=LEARNING_RATE)
+            self.optimizer.build(self.model.variables_in_order)
+            self.counters = {name: tf.Variable(0, dtype=tf.int64, name=name)
+                             for name in ("step", "data_position", "hidden_width")}
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, dropout_rng=rng, **self.counters)
+        built = time.monotonic()
+        self._step_fn = self._make_step_fn()
+        # Trace now: it takes a second or more, which would otherwise land in the first step (and
+        # the study's step time), and ranks finish it at different times, which the first
+        # all-reduce's short timeout would take for a dead peer.
+        self._step_fn.get_concrete_function(*self.batch(1))
+        return {"rendezvous_s": joined - started, "build_s": built - joined,
+                "trace_s": time.monotonic() - built, "params": float(param_count),
+                "hidden_width": float(self.width)}
+
+    def _make_step_fn(self) -> Callable[..., Any]:
+        strategy, model, optimizer = self.strategy, self.model, self.optimizer
+        assert strategy is not None and model is not None
+        variables = model.variables_in_order
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(inputs, training=True) - targets))
+                # Keras' optimizer SUM-all-reduces the gradients under the strategy: scaling by
+                # 1/replicas makes that DDP's mean of the ranks' gradients.
+                scaled = loss / replicas
+            optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
+            return loss
+
+        @tf.function
+        def step_fn(inputs: Any, targets: Any) -> Any:
+            return strategy.run(replica_step, args=(inputs, targets))
+
+        return step_fn
+
+    def batch(self, step: int) -> tuple[Any, Any]:
+        """This rank's batch of ``step`` as per-replica values (rank r's replica gets batch r)."""
+        assert self.env is not None and self.strategy is not None
+        make = mlp_batch if self.spec.model == "mlp" else cnn_batch
+        inputs, targets = make(self.spec.seed, step, self.env.rank, self.spec.batch_size)
+        rank = self.env.rank
+
+        def local(array: np.ndarray) -> Callable[[Any], tf.Tensor]:
+            def value_fn(context: Any) -> tf.Tensor:
+                if context.replica_id_in_sync_group != rank:
+                    raise RuntimeError(f"replica {context.replica_id_in_sync_group} is not rank {rank}")
+                return tf.constant(array)
+            return value_fn
+
+        distribute = self.strategy.experimental_distribute_values_from_function
+        return distribute(local(inputs)), distribute(local(targets))
+
+    def train_step(self, step: int) -> float:
+        assert self.strategy is not None and self._step_fn is not None
+        inputs, targets = self.batch(step)
+        loss = self._step_fn(inputs, targets)  # the all-reduce: a dead peer raises here
+        return float(self.strategy.experimental_local_results(loss)[0])
+
+    def save(self, sink: FileSink, step: int) -> None:
+        assert self.env is not None and self.checkpoint is not None
+        for name in ("step", "data_position"):
+            self.counters[name].assign(step)
+        self.counters["hidden_width"].assign(self.width)
+        if self.env.is_main:
+            with sink.scratch() as scratch:
+                self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
+                for path in sorted(p for p in scratch.iterdir() if p.is_file()):
+                    sink.adopt(path, path.name)
+            return
+        # TensorFlow's multi-worker pattern: every worker runs the same save (should it ever need
+        # a collective, no worker is missing from it); the non-chiefs' copies go to a scratch
+        # directory that is deleted.
+        scratch = Path(tempfile.mkdtemp(prefix=f"faultdrill-tf-rank{self.env.rank}-"))
+        try:
+            self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def load(self, directory: Path, step: int) -> None:
+        assert self.checkpoint is not None
+        prefix = directory / CHECKPOINT_PREFIX
+        if not Path(f"{prefix}.index").exists():
+            raise FileNotFoundError(f"{prefix}.index: no TensorFlow checkpoint in {directory}")
+        self.checkpoint.read(str(prefix)).assert_consumed()
+        found_step, width = int(self.counters["step"].numpy()), int(self.counters["hidden_width"].numpy())
+        if found_step != step or width != self.width:
+            raise ValueError(f"{prefix} holds step {found_step}, width {width}; "
+                             f"expected step {step}, width {self.width}")
+
+    def named_weights(self) -> list[tuple[str, np.ndarray]]:
+        assert self.model is not None
+        return [(name, variable.numpy()) for name, variable in self.model.weights.items()]
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        self._sum_over_ranks(0, timeout_s)
+
+    def broadcast_int(self, value: int) -> int:
+        assert self.env is not None
+        # The runner broadcasts the resume step, which rank 0 finds by hashing checkpoints while
+        # the others wait: allow a checkpoint's time, not a collective's.
+        return self._sum_over_ranks(value if self.env.is_main else 0, self.timeouts.checkpoint_s)
+
+    def _sum_over_ranks(self, value: int, timeout_s: float | None) -> int:
+        """One eager all-reduce (every rank must call it, in the same order) with its own timeout."""
+        assert self.strategy is not None
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=timeout_s if timeout_s is not None else self.timeouts.collective_s)
+
+        def replica_fn() -> tf.Tensor:
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(value, tf.int64), options=options)
+
+        result = self.strategy.run(replica_fn)
+        return int(self.strategy.experimental_local_results(result)[0].numpy())
+
+    def shutdown(self) -> None:
+        # TensorFlow has no way to leave a cluster: the gRPC server lives as long as the process.
+        self._step_fn = None
+
+
+def _configure_runtime(seed: int) -> None:
+    """Threads, determinism and seeds, before the first op initialises TensorFlow's context."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        pass  # the context exists already (a second workload in one process, as in tests): still 1
+    tf.config.experimental.enable_op_determinism()
+    tf.random.set_seed(seed)
+    tf.get_logger().setLevel("ERROR")
+
+
+def _join_cluster(env: DistEnv, timeouts: Timeouts) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The strategy over every rank: waits at most ``rendezvous_s`` for all workers; collectives
+    time out after ``collective_s`` (how long a rank waits on a peer that vanished without a word)."""
+    config = tf_config(env)
+    waiting: ContextManager[None] = nullcontext()
+    if config is None:
+        os.environ.pop("TF_CONFIG", None)
+    else:
+        os.environ["TF_CONFIG"] = json.dumps(config)
+        _configure_coordination(env.world_size, timeouts)
+        waiting = _deadline(timeouts.rendezvous_s, f"rank {env.rank} joins the TensorFlow cluster")
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        timeout_seconds=timeouts.collective_s,
+    )
+    with waiting:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    _restore_sigterm()
+    if strategy.num_replicas_in_sync != env.world_size:
+        raise RuntimeError(f"{strategy.num_replicas_in_sync} replicas for {env.world_size} ranks")
+    return strategy
+
+
+def _configure_coordination(world_size: int, timeouts: Timeouts) -> None:
+    """Configure TensorFlow's coordination service before the strategy does it with its defaults.
+
+    With the strategy's defaults a worker waits very long for a peer that never starts (measured:
+    rank 0 alone was still waiting after 4 minutes, deaf to SIGTERM, see ``_restore_sigterm``).
+    Here registration waits ``rendezvous_s`` and a silent peer is declared dead after
+    ``collective_s``. The strategy configures the service only if nobody has: the same settings
+    it would make (leader task 0, every worker coordinated), through TensorFlow's internal API,
+    which has no public equivalent.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is not None:
+        return  # an earlier strategy in this process configured it; it cannot change now
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader="/job:worker/replica:0/task:0",
+        cluster_register_timeout_in_ms=_millis(timeouts.rendezvous_s),
+        heartbeat_timeout_in_ms=_millis(timeouts.collective_s),
+        shutdown_barrier_timeout_in_ms=_millis(timeouts.collective_s),
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=world_size)],
+    )
+
+
+def _millis(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+@contextmanager
+def _deadline(seconds: float, what: str) -> Iterator[None]:
+    """End the process by SIGALRM if the block has not finished after ``seconds``.
+
+    The coordination service's leader (rank 0) waits for missing workers inside a C++ call that
+    ignores ``cluster_register_timeout`` (measured: still waiting after a minute with it at 8 s)
+    and holds the GIL, so neither an exception nor a timer thread can end the wait: the kernel's
+    alarm, whose default action ends the process, can. Outside the main thread (tests) there is
+    no deadline.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    sys.stderr.write(f"faultdrill: {what}; SIGALRM ends this rank if that takes over {seconds:g} s\n")
+    signal.alarm(max(1, math.ceil(seconds)))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+
+
+def _restore_sigterm() -> None:
+    """Let SIGTERM end the rank again.
+
+    When the multi-worker runtime starts, TensorFlow installs a SIGTERM handler (its preemption
+    notifier, ``tsl::PreemptionNotifier``) that swallows the signal (measured: a rank sent SIGTERM trained on to the end and exited 0), so an
+    injected SIGTERM, or Slurm's at a cancel or time limit, would do nothing until the SIGKILL
+    that follows. Faultdrill does not use TensorFlow's preemption checkpointing.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,103 @@
+"""The TensorFlow workload in this process (world size 1): architectures, TF_CONFIG, checkpoint
+files and a bitwise resume through the runner, for both models."""
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads, as the workload does
+tf = pytest.importorskip("tensorflow")
+
+from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, read_json_lines  # noqa: E402
+from experiments.runner import RunnerOptions, run_training  # noqa: E402
+from experiments.runtime.distenv import DistEnv, Timeouts  # noqa: E402
+from experiments.workloads import get_workload  # noqa: E402
+from experiments.workloads.synthetic import model_size  # noqa: E402
+from experiments.workloads.tf_workload import TensorFlowWorkload, tf_config  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def single_env() -> DistEnv:
+    return DistEnv.from_environ({"FAULTDRILL_MASTER_PORT": str(free_port())}, hostname="test")
+
+
+def run_single(run_dir: Path, model: str, steps: int, attempt: int = 0, asynchronous: bool = True) -> str:
+    job = RankJob(run_id="t", run_dir=str(run_dir), attempt=attempt,
+                  workload=WorkloadSpec(framework="tensorflow", model=model, params=3000, steps=steps, batch_size=8),
+                  checkpoint_every=10, checkpoint_keep=2, heartbeat_interval_s=0.0)
+    outcome = run_training(job, single_env(), get_workload("tensorflow"), started_at=0.0,
+                           options=RunnerOptions(async_persist=asynchronous))
+    return outcome.digest
+
+
+@pytest.mark.parametrize("model,params", [("mlp", 100_000), ("mlp", 1_000_000), ("cnn", 100_000), ("cnn", 3000)])
+def test_parameter_count_matches_synthetic(model: str, params: int) -> None:
+    workload = TensorFlowWorkload()
+    timings = workload.setup(single_env(), WorkloadSpec(framework="tensorflow", model=model, params=params), Timeouts())
+    expected = model_size(model, params)[1]
+    assert sum(array.size for _, array in workload.named_weights()) == expected == timings["params"]
+    assert sum(int(np.prod(v.shape)) for v in workload.model.trainable_variables) == expected
+
+
+def test_architectures() -> None:
+    workload = TensorFlowWorkload()
+    workload.setup(single_env(), WorkloadSpec(framework="tensorflow", model="cnn", params=3000), Timeouts())
+    channels = workload.width
+    assert dict((name, a.shape) for name, a in workload.named_weights()) == {
+        "conv1/kernel": (3, 3, 1, channels), "conv1/bias": (channels,),
+        "conv2/kernel": (3, 3, channels, channels), "conv2/bias": (channels,),
+        "output/kernel": (channels, 8), "output/bias": (8,)}
+    inputs, _ = workload.batch(1)
+    assert workload.strategy.experimental_local_results(inputs)[0].shape == (32, 16, 16, 1)
+
+
+def test_tf_config_from_recorded_environments() -> None:
+    local = {"SUBMITIT_LOCAL_JOB_ID": "7", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "2",
+             "FAULTDRILL_MASTER_PORT": "41000"}
+    assert tf_config(DistEnv.from_environ(local, hostname="h"), local) == {
+        "cluster": {"worker": ["127.0.0.1:41000", "127.0.0.1:41001"]}, "task": {"type": "worker", "index": 1}}
+    assert tf_config(single_env(), {}) is None  # one rank: no cluster, no gRPC server
+
+
+def test_resume_reproduces_uninterrupted_digest(tmp_path: Path) -> None:
+    for model in ("mlp", "cnn"):
+        straight = run_single(tmp_path / f"{model}-straight", model, steps=30)
+        run_single(tmp_path / f"{model}-broken", model, steps=17)  # last checkpoint: step 10
+        resumed = run_single(tmp_path / f"{model}-broken", model, steps=30, attempt=1, asynchronous=False)
+        assert resumed == straight, model
+        paths = RunPaths(tmp_path / f"{model}-broken")
+        loaded = next(e for e in read_json_lines(paths.events_file(1)) if e["event"] == EVENT_CHECKPOINT_LOADED)
+        assert loaded["step"] == 10
+
+
+def test_checkpoint_holds_weights_adam_rng_and_position(tmp_path: Path) -> None:
+    run_single(tmp_path, "mlp", steps=10)
+    directory = RunPaths(tmp_path).checkpoints / "step-00000010"
+    assert sorted(p.name for p in directory.iterdir()) == ["ckpt.data-00000-of-00001", "ckpt.index", "manifest.json"]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["writers"] == "rank0" and manifest["format"].startswith("tf.train.Checkpoint")
+    names = {name for name, _ in tf.train.list_variables(str(directory / "ckpt"))}
+    for expected in ("step/.ATTRIBUTES/VARIABLE_VALUE", "data_position/.ATTRIBUTES/VARIABLE_VALUE",
+                     "dropout_rng/_state_var/.ATTRIBUTES/VARIABLE_VALUE",
+                     "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"):
+        assert expected in names
+    # Weights plus Adam's two slots per weight, float32: the data file is ~3x the raw parameters.
+    params = model_size("mlp", 3000)[1]
+    assert 3 * 4 * params <= manifest["bytes"] < 3 * 4 * params + 8192
+
+
+def test_loading_another_width_fails(tmp_path: Path) -> None:
+    run_single(tmp_path, "mlp", steps=10)
+    workload = TensorFlowWorkload()
+    workload.setup(single_env(), WorkloadSpec(framework="tensorflow", params=5000), Timeouts())
+    with pytest.raises(ValueError, match="[Ss]hape"):
+        workload.load(RunPaths(tmp_path).checkpoints / "step-00000010", 10)
