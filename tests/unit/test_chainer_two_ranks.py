@@ -17,13 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import psutil
 import pytest
 
 from experiments.entry import rank_job_to_dict
 from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, read_json_lines
+from rank_launch import logs as launcher_logs
+from rank_launch import wait_for
 
 if importlib.util.find_spec("chainer") is None or importlib.util.find_spec("mpi4py") is None:
     pytest.skip("chainer or mpi4py is not installed", allow_module_level=True)
@@ -85,17 +86,7 @@ def run_to_end(run_dir: Path, attempt: int, spec: WorkloadSpec, every: int = 10)
 
 
 def logs(run_dir: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(run_dir.glob("mpiexec-*.log")))
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return launcher_logs(run_dir, "mpiexec-*.log")
 
 
 def running(pid: int) -> bool:
