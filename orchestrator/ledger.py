@@ -11,7 +11,7 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from experiments.layout import CheckpointRecord
 
@@ -226,6 +226,3 @@ class Ledger:
 
     def _select(self, row_type: type[Row], query: str, args: tuple[Any, ...] = ()) -> list[Row]:
         return [row_type(**dict(row)) for row in self._db.execute(query, args)]
-
-    def __iter__(self) -> Iterator[RunRow]:
-        return iter(self.runs())
