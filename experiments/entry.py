@@ -46,11 +46,16 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # Imported here, not at module top: the framework must see the thread limits above.
     from experiments.runner import RunnerOptions, run_training
     from experiments.runtime.distenv import DistEnv, Timeouts
+    from experiments.runtime.fence import check_current, own_job_id
     from experiments.runtime.identity import write_identity
     from experiments.workloads import get_workload
 
     env = DistEnv.from_environ()
-    write_identity(RunPaths(Path(job.run_dir)), env, job.attempt)
+    paths = RunPaths(Path(job.run_dir))
+    # Before this rank touches any of the run's files: a stale attempt (a scheduler's requeue, a
+    # duplicate, an orphan) must leave them to the current one.
+    check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}")
+    write_identity(paths, env, job.attempt)
     workload = get_workload(job.workload.framework)
     options = RunnerOptions(
         timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0"

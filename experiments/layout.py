@@ -18,6 +18,7 @@ ENV_RUN_DIR = "FAULTDRILL_RUN_DIR"
 ENV_RUN_ID = "FAULTDRILL_RUN_ID"
 ENV_ATTEMPT = "FAULTDRILL_ATTEMPT"
 ENV_DRILL_ID = "FAULTDRILL_DRILL_ID"
+ENV_JOB_ID = "FAULTDRILL_JOB_ID"  # the job as the controller names it (set by the batch script)
 # Optional overrides read by the ranks (experiments.runtime.distenv / the workloads).
 ENV_MASTER_ADDR = "FAULTDRILL_MASTER_ADDR"  # rendezvous host; default: first node of the job
 ENV_MASTER_PORT = "FAULTDRILL_MASTER_PORT"  # rendezvous port; default: derived from the job id
@@ -73,6 +74,21 @@ class RunPaths:
         return self.root / "checkpoints.jsonl"
 
     @property
+    def current_attempt(self) -> Path:
+        """The fence: which attempt (and job) may run now (experiments.runtime.fence)."""
+        return self.root / "current-attempt"
+
+    @property
+    def quarantine(self) -> Path:
+        """Checkpoints taken out of the choice (unreadable, corrupt, failed to load): never deleted."""
+        return self.root / "quarantine"
+
+    @property
+    def checkpoint_rejections(self) -> Path:
+        """Append-only: checkpoints a rank failed to load ({step, written_by, attempt, rank, error})."""
+        return self.root / "checkpoint-rejections.jsonl"
+
+    @property
     def heartbeats(self) -> Path:
         return self.root / "heartbeats"
 
@@ -113,6 +129,10 @@ class Heartbeat:
     attempt: int
     step: int
     time: float
+    # Set while the rank is in a long phase (resume, checkpoint, finish): the controller then
+    # allows ``timeout_s`` of silence instead of its hang timeout (a phase marker with its own timeout).
+    phase: str | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

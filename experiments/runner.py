@@ -32,6 +32,7 @@ from experiments.layout import (
 from experiments.runtime.checkpoint import CheckpointStore
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.events import EventLog
+from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.persist import PersistWorker
 from experiments.workloads.base import Workload
@@ -63,6 +64,7 @@ class Runner:
         self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
         self.heartbeat = HeartbeatWriter(self.paths.heartbeat_file(env.rank), job.attempt, job.heartbeat_interval_s)
         self.persist = PersistWorker()
+        self.job_id = own_job_id(env.job_id)
         self.train_time_s = 0.0  # time inside train_step in this attempt: the study's step time
         self.steps_trained = 0
 
@@ -90,18 +92,30 @@ class Runner:
         """Agree on the newest valid checkpoint (rank 0 verifies, all load); 0 means cold start."""
         started = time.monotonic()
         step, verify_s = 0, 0.0
-        if self.env.is_main:
-            found = self.store.newest_valid()
-            verify_s = time.monotonic() - started
-            step = found.step if found else 0
-            self.store.discard_newer_than(step)
-        step = self.workload.broadcast_int(step)
-        if step > 0:
-            self.workload.load(self.store.step_dir(step), step)
+        checkpoint_s = self.options.timeouts.checkpoint_s
+        with self.heartbeat.phase("resume", checkpoint_s, step=0):
+            if self.env.is_main:
+                found = self.store.newest_valid()
+                verify_s = time.monotonic() - started
+                step = found.step if found else 0
+                self.store.discard_newer_than(step)
+            # The others wait while rank 0 hashes: a checkpoint's time, not a collective's.
+            step = self.workload.broadcast_int(step, checkpoint_s)
+            if step > 0:
+                self._load(step)
         load_s = time.monotonic() - started
         self.events.emit(EVENT_CHECKPOINT_LOADED, step=step, load_s=load_s, verify_s=verify_s)
         self.heartbeat.beat(step, force=True)
         return step
+
+    def _load(self, step: int) -> None:
+        """Load checkpoint ``step``; one this rank cannot load is kept out of the next choice, so
+        that the next attempt falls back to an older one instead of failing on it again."""
+        try:
+            self.workload.load(self.store.step_dir(step), step)
+        except Exception as error:
+            self.store.reject(step, self.env.rank, self.job.attempt, f"{type(error).__name__}: {error}")
+            raise
 
     def _train(self, start_step: int) -> None:
         total, every = self.job.workload.steps, self.job.checkpoint_every
@@ -121,10 +135,14 @@ class Runner:
 
     def _checkpoint(self, step: int) -> None:
         """Every rank writes its share, all meet, rank 0 publishes (on a thread if async)."""
+        with self.heartbeat.phase("checkpoint", self.options.timeouts.checkpoint_s, step):
+            self._write_checkpoint(step)
+
+    def _write_checkpoint(self, step: int) -> None:
         started = time.monotonic()
         if self.env.is_main:
             self.persist.wait()  # publish in step order; never two commits in flight
-        sink = self.store.sink(step)
+        sink = self.store.sink(step, self.env.rank)
         self.workload.save(sink, step)
         sink.close()
         self.workload.barrier(self.options.timeouts.checkpoint_s)
@@ -133,7 +151,8 @@ class Runner:
         blocking_s = time.monotonic() - started if asynchronous else None
         if self.env.is_main:
             commit = functools.partial(
-                self.store.commit, step, self.job.attempt, self.workload.checkpoint_meta, started, blocking_s
+                self.store.commit, step, self.job.attempt, self.workload.checkpoint_meta, started, blocking_s,
+                ranks=self.env.world_size, before_publish=self._check_fence,
             )
             if asynchronous:
                 self.persist.submit(commit)
@@ -142,21 +161,30 @@ class Runner:
         if not asynchronous:
             self.workload.barrier(self.options.timeouts.checkpoint_s)
 
+    def _check_fence(self, doing: str = "publishing a checkpoint") -> None:
+        check_current(self.paths, self.job.attempt, self.job_id, doing)
+
     def _finish(self, start_step: int) -> RunOutcome:
-        self.persist.wait()
         final_step = max(start_step, self.job.workload.steps)
-        # Every rank reached the end before rank 0 declares the run complete.
-        self.workload.barrier(self.options.timeouts.checkpoint_s)
-        digest = self.workload.digest()
-        if self.env.is_main:
-            if self.job.keep_final_weights:
-                save_weights(self.paths.final_weights, self.workload.named_weights())
-            record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt)
-            write_json_atomic(self.paths.final, record_dict(record))
-            step_time_s = self.train_time_s / self.steps_trained if self.steps_trained else 0.0
-            self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest, step_time_s=step_time_s)
+        with self.heartbeat.phase("finish", self.options.timeouts.checkpoint_s, final_step):
+            self.persist.wait()
+            # Every rank reached the end before rank 0 declares the run complete.
+            self.workload.barrier(self.options.timeouts.checkpoint_s)
+            digest = self.workload.digest()
+            if self.env.is_main:
+                self._write_final(final_step, digest)
         self.workload.shutdown()
         return RunOutcome(rank=self.env.rank, final_step=final_step, resumed_from=start_step, digest=digest)
+
+
+    def _write_final(self, final_step: int, digest: str) -> None:
+        self._check_fence("writing the final record")
+        if self.job.keep_final_weights:
+            save_weights(self.paths.final_weights, self.workload.named_weights())
+        record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt)
+        write_json_atomic(self.paths.final, record_dict(record))
+        step_time_s = self.train_time_s / self.steps_trained if self.steps_trained else 0.0
+        self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest, step_time_s=step_time_s)
 
 
 def save_weights(path: Path, named: list[tuple[str, np.ndarray]]) -> None:

@@ -35,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         outcome = kill_rank(args.run_dir, args.run_id, args.attempt, args.rank, args.job_id, args.signal)
-    except (TargetRefused, ValueError) as error:
-        _report({"ok": False, "error": str(error)}, args.record)
+    except TargetRefused as error:
+        _report({"ok": False, "error": str(error), "gone": error.gone}, args.record)
+        return 3
+    except ValueError as error:
+        _report({"ok": False, "error": str(error), "gone": False}, args.record)
         return 3
     _report({"ok": True, **outcome.to_dict()}, args.record)
     return 0

@@ -23,7 +23,15 @@ CREATE_TIME_TOLERANCE_S = 0.05
 
 
 class TargetRefused(RuntimeError):
-    """The process could not be verified as the drill's own; nothing was signalled."""
+    """The process could not be verified as the drill's own; nothing was signalled.
+
+    ``gone``: the target no longer runs (it died, or its attempt ended): a fault that finds its
+    target gone hit an attempt that was already ending, not a process it refused to touch.
+    """
+
+    def __init__(self, message: str, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str
             uid = process.uids().real
             environ = process.environ()
     except psutil.NoSuchProcess:
-        raise TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running") from None
+        raise TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running", gone=True) from None
     except psutil.AccessDenied:
         raise TargetRefused(f"pid {identity.pid}: cannot read its environment, refusing to act") from None
     if abs(create_time - identity.create_time) > CREATE_TIME_TOLERANCE_S:

@@ -1,64 +1,103 @@
-"""``faultdrill``: render (dry-run), drill, report, validate."""
+"""``faultdrill``: submit sweeps, rehearse failures and measure what a failure costs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
+from importlib import metadata
 from pathlib import Path
 
-from orchestrator.render import TemplateError, render_slurm
+from orchestrator.render import TemplateError, render_pbs, render_slurm
 from orchestrator.report import ReportError, build_report
-from orchestrator.runs import expand_runs
+from orchestrator.runs import RunConfig, expand_runs
 from orchestrator.spec import Campaign, SpecError, load_campaign
 from orchestrator.tables import print_report
-from orchestrator.workdir import prepare_workdir
+
+EXIT_SPEC = 2  # the spec (or the workdir) cannot be used; nothing was submitted
+EXIT_SCHEDULER = 3  # the scheduler stopped answering; the drill stopped, its jobs left as they are
+EXIT_PIPE = 141  # the reader of our output went away (128 + SIGPIPE, as a shell reports it)
+DRY_RUN_DRILL_ID = "(dry-run)"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("faultdrill")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="faultdrill", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"faultdrill {_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every decision of the controller")
-    sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", help="check a spec and list its runs; submits nothing")
-    validate.add_argument("spec", type=Path)
-    render = sub.add_parser("render", help="print the batch script of every run; submits nothing")
-    render.add_argument("spec", type=Path)
-    drill = sub.add_parser("drill", help="run a campaign to the end, then print its report")
-    drill.add_argument("spec", type=Path)
-    drill.add_argument("--format", choices=("table", "json"), default="table")
-    report = sub.add_parser("report", help="print the report of a campaign's workdir")
-    report.add_argument("workdir", type=Path)
-    report.add_argument("--format", choices=("table", "json"), default="table")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    spec_help = "the campaign spec (YAML); relative paths in it are relative to its folder"
+    validate = sub.add_parser("validate", help="check a spec and list its runs; submits nothing",
+                              description="Check a spec (every sweep point and planned fault) and list its runs.")
+    validate.add_argument("spec", type=Path, help=spec_help)
+    render = sub.add_parser("render", help="print what every run would submit (dry run); submits nothing",
+                            description="Print each run's batch script (Slurm, PBS), or what the local backend runs.")
+    render.add_argument("spec", type=Path, help=spec_help)
+    drill = sub.add_parser("drill", help="run a campaign to the end, then print its report",
+                           description="Run a campaign with its faults to the end, then print the report; "
+                                       "exit code 1 if a run did not complete. Resumes an unfinished drill.")
+    drill.add_argument("spec", type=Path, help=spec_help)
+    drill.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
+    report = sub.add_parser("report", help="print the report of a campaign's workdir",
+                            description="Print the report of a campaign's workdir (its ledger).")
+    report.add_argument("workdir", type=Path, help="the campaign's workdir (holds ledger.sqlite)")
+    report.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
     return parser
 
 
 def _validate(campaign: Campaign) -> int:
-    for run in expand_runs(campaign):
+    from orchestrator.controller import plan_drill
+
+    for run, faults in plan_drill(campaign):
         print(f"{run.run_id}: {run.campaign.workload.framework}, {run.ranks} ranks on "
-              f"{run.campaign.resources.nodes} node(s), {len(run.campaign.faults)} fault(s)")
+              f"{run.campaign.resources.nodes} node(s), {len(faults)} fault(s)")
     return 0
 
 
 def _render(campaign: Campaign) -> int:
     for run in expand_runs(campaign):
-        script = render_slurm(run, attempt=0, drill_id="(dry-run)")
-        print(f"# ---- {run.run_id} (submitted from {script.submit_dir})")
-        print(script.text)
+        text, where = _dry_run(run)
+        print(f"# ---- {run.run_id} ({campaign.backend} backend, {where})")
+        print(text)
     return 0
 
 
-def _drill(campaign: Campaign, output_format: str) -> int:
-    from orchestrator.controller import Controller
-    from orchestrator.progress import Progress
+def _dry_run(run: RunConfig) -> tuple[str, str]:
+    if run.campaign.backend == "slurm":
+        script = render_slurm(run, attempt=0, drill_id=DRY_RUN_DRILL_ID)
+        return script.text, f"submitted with sbatch from {script.submit_dir}"
+    if run.campaign.backend == "pbs":
+        script = render_pbs(run, attempt=0, drill_id=DRY_RUN_DRILL_ID)
+        return script.text, f"submitted with qsub from {script.submit_dir}"
+    from orchestrator.backends.local import describe_local
 
+    return describe_local(run, 0, DRY_RUN_DRILL_ID), "run on this machine"
+
+
+def _drill(campaign: Campaign, output_format: str) -> int:
+    from orchestrator.controller import Controller, SchedulerUnavailable, plan_drill
+    from orchestrator.progress import Progress
+    from orchestrator.workdir import prepare_workdir
+
+    plan = plan_drill(campaign)  # every spec error before the workdir is touched
     archived = prepare_workdir(campaign)
     if archived is not None:
         print(f"faultdrill: the finished drill in {campaign.workdir} was moved to {archived}", file=sys.stderr)
-    controller = Controller(campaign)
+    controller = Controller(campaign, plan=plan)
     try:
         with Progress() as progress:
             controller.run(observer=progress)
+    except SchedulerUnavailable as error:
+        print(f"faultdrill: {error}", file=sys.stderr)
+        return EXIT_SCHEDULER
     finally:
         controller.close()
     return _report(campaign.workdir, output_format, exit_on_failure=True)
@@ -75,22 +114,33 @@ def _report(workdir: Path, output_format: str, exit_on_failure: bool = False) ->
     return 0
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        return _report(args.workdir, args.format)
+    campaign = load_campaign(args.spec)
+    if args.command == "validate":
+        return _validate(campaign)
+    if args.command == "render":
+        return _render(campaign)
+    return _drill(campaign, args.format)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        if args.command == "report":
-            return _report(args.workdir, args.format)
-        campaign = load_campaign(args.spec)
-        if args.command == "validate":
-            return _validate(campaign)
-        if args.command == "render":
-            return _render(campaign)
-        return _drill(campaign, args.format)
+        code = _dispatch(args)
+        sys.stdout.flush()
+        return code
     except (SpecError, TemplateError, ReportError) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
-        return 2
+        return EXIT_SPEC
+    except BrokenPipeError:
+        # The reader (`| head`) is gone: say nothing more, and keep Python from complaining while
+        # it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,14 @@ def run_command(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     check: bool = True,
+    answers: Collection[int] = (0,),
 ) -> CommandResult:
-    """Run ``args`` (a list, never a shell string); retry up to ``retries`` times on failure."""
+    """Run ``args`` (a list, never a shell string); retry up to ``retries`` times on failure.
+
+    ``answers``: the exit codes that are an answer (e.g. qstat's "unknown job" for a finished job);
+    any other exit code, or a timeout, is a failure and is retried. ``check`` says only what happens
+    once the retries are spent: raise CommandError (True) or return the last failed result (False).
+    """
     if isinstance(args, str):
         raise TypeError("run_command takes an argument list, not a shell string")
     attempts_left = retries + 1
@@ -68,9 +74,11 @@ def run_command(
             log.warning("command timed out, retrying: %s", args)
             time.sleep(retry_delay_s)
             continue
-        if result.returncode == 0 or not check:
+        if result.returncode in answers:
             return result
         if attempts_left <= 0:
+            if not check:
+                return result
             raise CommandError(args, result.returncode, result.stdout, result.stderr, "command failed")
         log.warning("command failed (exit %s), retrying: %s", result.returncode, args)
         time.sleep(retry_delay_s)

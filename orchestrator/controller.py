@@ -1,7 +1,9 @@
 """The restart controller: runs a campaign to the end, one batched scheduler poll per interval.
 
 Every decision is written to the ledger before it is acted on, so a controller that is killed and
-started again adopts the jobs its predecessor left running instead of submitting them twice.
+started again adopts the jobs its predecessor left running instead of submitting them twice. One
+run's trouble (a submission the scheduler refuses) stays that run's; a scheduler that does not
+answer at all stops the drill after restart.scheduler_timeout_s, its jobs left to a rerun.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from orchestrator.backends.base import Backend
 from orchestrator.commands import CommandError
 from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
+from orchestrator.render import array_job_name
 from orchestrator.runs import STRATEGY_RESUBMIT, RunConfig, expand_runs
 from orchestrator.spec import Campaign, FixedDelay
-from orchestrator.states import JobState
-from orchestrator.tracker import RunTracker
+from orchestrator.tracker import PendingSubmission, RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,15 @@ def plan_faults(run: RunConfig) -> list[PlannedFault]:
             delay_s=delay.draw(rng), anchor=fault.anchor,
         ))
     return plan
+
+
+def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]:
+    """Every run and its planned faults; raises SpecError before anything is created."""
+    return [(run, plan_faults(run)) for run in expand_runs(campaign)]
+
+
+class SchedulerUnavailable(RuntimeError):
+    """The scheduler has not answered for longer than restart.scheduler_timeout_s."""
 
 
 def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
@@ -69,50 +80,72 @@ def _drill_id(ledger: Ledger, campaign: Campaign) -> str:
 
 
 class Controller:
-    def __init__(self, campaign: Campaign, backend: Backend | None = None) -> None:
+    def __init__(self, campaign: Campaign, backend: Backend | None = None,
+                 plan: list[tuple[RunConfig, list[PlannedFault]]] | None = None) -> None:
+        self.plan = plan if plan is not None else plan_drill(campaign)  # spec errors before any file
         campaign.workdir.mkdir(parents=True, exist_ok=True)
         self.campaign = campaign
         self.ledger = Ledger.in_workdir(campaign.workdir)
         self.drill_id = _drill_id(self.ledger, campaign)
         self.backend = backend or make_backend(campaign.backend, self.drill_id)
-        self.runs = expand_runs(campaign)
+        self.runs = [run for run, _ in self.plan]
         _register_runs(self.ledger, self.runs)
+        self._poll_failing_since: float | None = None
 
     def run(self, observer: Observer | None = None) -> None:
         """Drive every run to completed, failed or gave_up."""
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="injector") as pool:
-            trackers = [RunTracker(run, plan_faults(run), self.backend, self.ledger, pool, self.drill_id)
-                        for run in self.runs]
-            waiting = [t for t in trackers if not t.done]
-            active: list[RunTracker] = []
-            if self.campaign.submit_as_array:
-                arrayed = self._submit_arrays([t for t in waiting if t.fresh])
-                active += arrayed
-                waiting = [t for t in waiting if t not in arrayed]
-            while waiting or active or any(t.closing for t in trackers):
-                while waiting and len(active) < self.campaign.parallel_runs:
-                    tracker = waiting.pop(0)
-                    tracker.start()
-                    active.append(tracker)
-                self._advance(active, trackers)
-                active = [t for t in active if not t.done]
-                if observer is not None:
-                    observer(trackers)
-                if waiting or active or any(t.closing for t in trackers):
-                    time.sleep(self.campaign.restart.poll_interval_s)
+            trackers = [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id)
+                        for run, faults in self.plan]
+            try:
+                self._drive(trackers, observer)
+            finally:
+                for tracker in trackers:
+                    if tracker.done:
+                        tracker.finalize()
         record_determinism(self.ledger, self.runs)
         self.ledger.set_meta("finished", time.time())
 
+    def _drive(self, trackers: list[RunTracker], observer: Observer | None) -> None:
+        waiting = [t for t in trackers if not t.done]
+        active: list[RunTracker] = []
+        if self.campaign.submit_as_array and self.backend.supports_arrays:
+            arrayed = self._submit_arrays([t for t in waiting if t.fresh])
+            active += arrayed
+            waiting = [t for t in waiting if t not in arrayed]
+        while waiting or active or any(t.closing for t in trackers):
+            while waiting and len(active) < self.campaign.parallel_runs:
+                tracker = waiting.pop(0)
+                tracker.start(time.time())
+                active.append(tracker)
+            self._advance(active, trackers)
+            active = [t for t in active if not t.done]
+            if observer is not None:
+                observer(trackers)
+            if waiting or active or any(t.closing for t in trackers):
+                time.sleep(self.campaign.restart.poll_interval_s)
+
     def _submit_arrays(self, fresh: list[RunTracker]) -> list[RunTracker]:
-        """The first attempts of fresh runs, one job array per set of runs with equal resources."""
+        """The first attempts of fresh runs, one job array per set of runs with equal resources
+        (the scheduler throttles each to parallel_runs). An array the scheduler did not take is
+        looked up, then its runs are tried again one by one."""
         groups: dict[str, list[RunTracker]] = {}
         for tracker in fresh:
             key = json.dumps([tracker.run.campaign.resources.model_dump(mode="json"),
                               tracker.run.campaign.workload.framework])
             groups.setdefault(key, []).append(tracker)
+        now = time.time()
         for group in groups.values():
-            jobs = [tracker.begin_attempt(0) for tracker in group]
-            submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs)])
+            name = array_job_name([t.run for t in group], 0, self.drill_id) if len(group) > 1 else None
+            jobs = [tracker.begin_attempt(0, name, index if name else None) for index, tracker in enumerate(group)]
+            try:
+                submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs)])
+            except (CommandError, OSError) as error:
+                log.warning("submitting an array of %d runs failed (%s); each is tried on its own",
+                            len(group), str(error).splitlines()[0])
+                for tracker, job in zip(group, jobs):
+                    tracker.pending = PendingSubmission(0, job, failures=1, next_try_at=now, error=str(error))
+                continue
             for tracker, submission in zip(group, submissions):
                 tracker.accept(0, submission)
         return fresh
@@ -122,16 +155,30 @@ class Controller:
         try:
             states = self.backend.poll(job_ids)
         except CommandError as error:
-            # A scheduler that does not answer says nothing about the jobs: try again next round
-            # rather than take them for vanished.
-            log.warning("scheduler poll failed, retrying next interval: %s", error)
+            self._poll_failed(error)
             return
+        self._poll_failing_since = None
         now = time.time()
         for tracker in trackers:
-            tracker.settle_closing(states)
+            tracker.settle_closing(states, now)
         for tracker in active:
-            if tracker.job_id is not None:
-                tracker.advance(states.get(tracker.job_id, JobState.UNKNOWN), now)
+            tracker.advance(states, now)
+
+    def _poll_failed(self, error: CommandError) -> None:
+        """A scheduler that does not answer says nothing about the jobs: try again next round
+        rather than take them for vanished, until restart.scheduler_timeout_s has passed."""
+        now = time.time()
+        if self._poll_failing_since is None:
+            self._poll_failing_since = now
+        silent = now - self._poll_failing_since
+        limit = self.campaign.restart.scheduler_timeout_s
+        if silent > limit:
+            raise SchedulerUnavailable(
+                f"the scheduler has not answered for {silent:.0f} s (restart.scheduler_timeout_s = {limit:g}); "
+                f"the drill stops here and its jobs are left as they are: run the same drill again to pick "
+                f"them up, or cancel them. Last error: {str(error).splitlines()[0]}"
+            ) from error
+        log.warning("scheduler poll failed, retrying next interval: %s", str(error).splitlines()[0])
 
     def close(self) -> None:
         self.ledger.close()

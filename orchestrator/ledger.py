@@ -2,6 +2,9 @@
 
 The controller writes a row before it acts (an attempt before its submission, a fault before it is
 sent) so that a controller killed at any moment can pick up from here without duplicating work.
+Writes that belong together (an attempt ended and its run completed) go in one transaction, and
+every commit is durable (synchronous=FULL: with WAL, NORMAL may lose the last commits on a host crash,
+and the last commit is often the row written just before a submission).
 """
 
 from __future__ import annotations
@@ -9,9 +12,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterator, TypeVar
 
 from experiments.layout import CheckpointRecord
 
@@ -29,11 +33,11 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS attempts (
     run_id TEXT NOT NULL, attempt INTEGER NOT NULL, job_id TEXT, state TEXT NOT NULL,
     submitted REAL NOT NULL, accepted REAL, started REAL, ended REAL, detected REAL, reason TEXT,
-    PRIMARY KEY (run_id, attempt));
+    job_name TEXT, array_index INTEGER, failed_at REAL, failure_evidence TEXT, PRIMARY KEY (run_id, attempt));
 CREATE TABLE IF NOT EXISTS faults (
     fault_id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, attempt INTEGER NOT NULL,
     plan_index INTEGER NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL, signal TEXT NOT NULL,
-    planned_delay_s REAL NOT NULL, at REAL, pid INTEGER, node TEXT, outcome TEXT NOT NULL,
+    planned_delay_s REAL NOT NULL, at REAL, pid INTEGER, node TEXT, outcome TEXT NOT NULL, detail TEXT,
     UNIQUE (run_id, plan_index));
 CREATE TABLE IF NOT EXISTS checkpoints (
     run_id TEXT NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL, path TEXT NOT NULL,
@@ -45,8 +49,16 @@ CREATE TABLE IF NOT EXISTS recoveries (
     detect_s REAL NOT NULL, resubmit_s REAL NOT NULL, queue_s REAL NOT NULL, startup_s REAL NOT NULL,
     load_s REAL NOT NULL, first_step_s REAL NOT NULL, ttr_s REAL NOT NULL, lost_steps INTEGER NOT NULL,
     lost_s REAL NOT NULL, lost_rank_s REAL NOT NULL, resumed_from_step INTEGER NOT NULL,
+    failure_evidence TEXT NOT NULL DEFAULT '', clock_correction_s REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, attempt));
 """
+# Columns added since a table was first created: a ledger of an unfinished drill written by an
+# older version gets them on open (ALTER TABLE ADD COLUMN), so it can still be resumed.
+ADDED_COLUMNS = {
+    "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT"},
+    "faults": {"detail": "TEXT"},
+    "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0"},
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,10 @@ class AttemptRow:
     ended: float | None = None
     detected: float | None = None
     reason: str | None = None
+    job_name: str | None = None  # what the scheduler calls it: a restarted controller looks it up
+    array_index: int | None = None  # its element in that job array, if it went out in one
+    failed_at: float | None = None  # the best evidence of when it failed (see failure_evidence)
+    failure_evidence: str | None = None  # step_exit | scheduler_end | last_heartbeat | poll | ...
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,8 @@ class FaultRow:
     at: float | None
     pid: int | None
     node: str | None
-    outcome: str
+    outcome: str  # FaultOutcome.SENDING/PENDING/INJECTED/REFUSED/ABSORBED/NOT_FIRED (orchestrator.faults)
+    detail: str | None = None  # what it caused, or why it was refused, absorbed or not fired
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,8 @@ class RecoveryRow:
     lost_s: float
     lost_rank_s: float
     resumed_from_step: int
+    failure_evidence: str = ""  # where the failure time comes from: fault, step_exit, last_heartbeat, ...
+    clock_correction_s: float = 0.0  # how far node timestamps were moved to keep every phase >= 0
 
 
 Row = TypeVar("Row")
@@ -132,8 +151,39 @@ class Ledger:
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+        self._depth = 0
+
+    def _add_missing_columns(self) -> None:
+        for table, columns in ADDED_COLUMNS.items():
+            present = {row["name"] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for column, declaration in columns.items():
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every write inside happens, or none does (a controller stopped halfway leaves no half)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        else:
+            self._db.execute("COMMIT")
+        finally:
+            self._depth = 0
 
     @classmethod
     def in_workdir(cls, workdir: Path) -> "Ledger":
@@ -167,8 +217,10 @@ class Ledger:
         return rows[0]
 
     # attempts ---------------------------------------------------------------------------------
-    def add_attempt(self, run_id: str, attempt: int) -> None:
-        row = AttemptRow(run_id=run_id, attempt=attempt, job_id=None, state="SUBMITTING", submitted=time.time())
+    def add_attempt(self, run_id: str, attempt: int, job_name: str | None = None,
+                    array_index: int | None = None) -> None:
+        row = AttemptRow(run_id=run_id, attempt=attempt, job_id=None, state="SUBMITTING", submitted=time.time(),
+                         job_name=job_name, array_index=array_index)
         self._insert("attempts", asdict(row))
 
     def update_attempt(self, run_id: str, attempt: int, **values: Any) -> None:

@@ -23,7 +23,7 @@ def _table(trackers: list[RunTracker]) -> Table:
         table.add_row(
             tracker.run.run_id, tracker.status, str(watch.attempt) if watch else "-", tracker.job_id or "-",
             watch.state.value if watch else "-", f"{watch.last_step if watch else 0}/{tracker.run.workload.steps}",
-            f"{tracker.next_fault}/{len(tracker.plan)}",
+            f"{tracker.faults.sent}/{len(tracker.plan)}",
         )
     return table
 

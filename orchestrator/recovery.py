@@ -3,6 +3,12 @@
 Phases (DESIGN.md): fault -> detected -> new job accepted -> job started -> framework ready ->
 checkpoint loaded -> first step done. Each phase is a difference of two of these wall times, so the
 phases add up to ttr_s exactly.
+
+The times come from two kinds of clock: the controller's (detected, accepted) and the compute
+nodes' (the fault agent's, the batch script's and the ranks'). Each moment happens after the one
+before it, so under clock skew a later moment may read earlier: it is then moved up to the one
+before it (no phase is ever negative), and the largest such move is recorded as
+``clock_correction_s``, a lower bound of the skew between the clocks involved (0 on one clock).
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from orchestrator.ledger import AttemptRow, RecoveryRow
 
 @dataclass(frozen=True)
 class Failure:
-    """What ended an attempt: an injected fault (kind, time it acted) or a natural failure."""
+    """What ended an attempt: an injected fault (kind, time it acted) or a natural failure, with
+    the evidence its time comes from (fault, step_exit, scheduler_end, last_heartbeat, poll, ...)."""
 
     kind: str
     at: float
     detected: float
+    evidence: str = "fault"
 
 
 @dataclass(frozen=True)
@@ -72,23 +80,38 @@ def compute_recovery(
     resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
     lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
+    moments, correction = ordered([failure.at, failure.detected, resumed.accepted, timeline.job_start,
+                                   timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
+    detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:]))
     return RecoveryRow(
         run_id=failed.run_id,
         attempt=resumed.attempt,
         fault_kind=failure.kind,
         fault_at=failure.at,
-        detect_s=failure.detected - failure.at,
-        resubmit_s=resumed.accepted - failure.detected,
-        queue_s=timeline.job_start - resumed.accepted,
-        startup_s=timeline.framework_ready - timeline.job_start,
-        load_s=timeline.checkpoint_loaded - timeline.framework_ready,
-        first_step_s=timeline.first_step - timeline.checkpoint_loaded,
-        ttr_s=timeline.first_step - failure.at,
+        detect_s=detect,
+        resubmit_s=resubmit,
+        queue_s=queue,
+        startup_s=startup,
+        load_s=load,
+        first_step_s=first_step,
+        ttr_s=moments[-1] - moments[0],
         lost_steps=lost_steps,
         lost_s=lost_s,
         lost_rank_s=lost_s * ranks,
         resumed_from_step=timeline.resumed_from_step,
+        failure_evidence=failure.evidence,
+        clock_correction_s=correction,
     )
+
+
+def ordered(moments: list[float]) -> tuple[list[float], float]:
+    """Each moment no earlier than the one before it, and the largest move that took."""
+    fixed = [moments[0]]
+    correction = 0.0
+    for moment in moments[1:]:
+        correction = max(correction, fixed[-1] - moment)
+        fixed.append(max(moment, fixed[-1]))
+    return fixed, correction
 
 
 def _heartbeats(paths: RunPaths, ranks: int) -> list[dict[str, Any]]:

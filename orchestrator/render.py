@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import hashlib
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -11,8 +11,16 @@ from typing import Any
 
 import jinja2
 
-from experiments.layout import ENV_ATTEMPT, ENV_DRILL_ID, ENV_RUN_DIR, ENV_RUN_ID
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_TIMEOUT_S,
+    ENV_DRILL_ID,
+    ENV_JOB_ID,
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
+)
 from experiments.workloads import LAUNCHER_MPI
+from orchestrator.directives import parse_directive, slurm_line
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
 
@@ -87,6 +95,7 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
         ENV_RUN_DIR: str(run.paths.root),
         ENV_ATTEMPT: str(attempt),
         ENV_DRILL_ID: drill_id,
+        ENV_CHECKPOINT_TIMEOUT_S: f"{run.campaign.restart.checkpoint_timeout_s:g}",
         **dict(run.workload_entry.environment),
     }
     if run.workload_entry.launcher == LAUNCHER_MPI:
@@ -94,9 +103,29 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
     return environment
 
 
-def attempt_job_name(run: RunConfig, attempt: int) -> str:
-    """Unique per campaign, run and attempt: a restarted controller finds an unrecorded job by it."""
-    return f"{run.job_name}-a{attempt}"
+JOB_NAME_LIMIT = 120  # characters; PBS Pro allows 236, Slurm more; shorter reads better in squeue
+
+
+def attempt_job_name(run: RunConfig, attempt: int, drill_id: str) -> str:
+    """Unique per drill, run and attempt: a restarted controller finds an unrecorded job by it."""
+    return unique_job_name(f"fd-{drill_id}-{run.run_id}", f"-a{attempt}")
+
+
+def array_job_name(runs: list[RunConfig], attempt: int, drill_id: str) -> str:
+    """The name of one array of ``runs`` (their first attempts): unique per drill and set of runs."""
+    members = hashlib.sha256("/".join(run.run_id for run in runs).encode()).hexdigest()[:8]
+    return unique_job_name(f"fd-{drill_id}-{runs[0].run_id}-x{len(runs)}-{members}", f"-a{attempt}")
+
+
+def unique_job_name(stem: str, suffix: str) -> str:
+    """``stem + suffix``, or, past JOB_NAME_LIMIT, the stem cut short with a digest of all of it (so
+    two long names that share their start, such as a run and its -baseline twin, stay apart)."""
+    name = stem + suffix
+    if len(name) <= JOB_NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:10]
+    tail = f"-{digest}{suffix}"
+    return stem[: JOB_NAME_LIMIT - len(tail)] + tail
 
 
 def submitit_command(folder: Path, python: str = sys.executable) -> list[str]:
@@ -107,12 +136,15 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
     resources = run.campaign.resources
     environment = {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}
     context = {
-        "job_name": attempt_job_name(run, attempt),
+        "job_name": attempt_job_name(run, attempt, drill_id),
+        "attempt": attempt,
+        "fence_file": str(run.paths.current_attempt),
+        "requeue": run.scheduler_requeue,
         "nodes": resources.nodes,
         "tasks_per_node": resources.tasks_per_node,
         "time": resources.time,
         "partition": resources.partition,
-        "extra_directives": resources.extra_directives,
+        "extra_directives": [slurm_line(parse_directive(text)) for text in resources.extra_directives],
         "stdout_name": "%j_batch.out",
         "stderr_name": "%j_batch.err",
         "rank_output": "%j_%t_log.out",
@@ -129,7 +161,6 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
 # --- PBS (Torque, PBS Pro) -----------------------------------------------------------------------
 
 PBS_TEMPLATE = "pbs.j2"
-_PBS_OPTION = re.compile(r"^(-[A-Za-z])\s*(.*)$")
 
 
 def pbs_walltime(time_text: str) -> str:
@@ -140,10 +171,10 @@ def pbs_walltime(time_text: str) -> str:
 
 def pbs_directive(extra: str) -> tuple[str, str]:
     """``-l mem=4gb`` -> (``-l``, ``mem=4gb``): a PBS option is one letter, then its value."""
-    match = _PBS_OPTION.match(extra.strip())
-    if match is None:
+    directive = parse_directive(extra)
+    if directive.is_long:
         raise TemplateError(f"PBS directive {extra!r} is not a one-letter option such as '-l mem=4gb'")
-    return match.group(1), match.group(2).strip()
+    return directive.flag, directive.value or ""
 
 
 @dataclass(frozen=True)
@@ -154,6 +185,8 @@ class PBSElement:
     environment: dict[str, str] = field(default_factory=dict)
     events_file: Path | None = None
     index: int | None = None
+    attempt: int | None = None  # with fence_file: the attempt this element runs (stale ones start nothing)
+    fence_file: Path | None = None
 
 
 def pbs_context(
@@ -167,7 +200,7 @@ def pbs_context(
     if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
         raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
     common = {**MPI_ENVIRONMENT, **(common_environment or {}), "SUBMITIT_EXECUTOR": "pbs"}
-    names = set(common) | {"FAULTDRILL_MASTER_ADDR"} | {n for e in elements for n in e.environment}
+    names = set(common) | {"FAULTDRILL_MASTER_ADDR", ENV_JOB_ID} | {n for e in elements for n in e.environment}
     stem = output_stem or job_name
     return {
         "job_name": job_name, "flavor": flavor, "nodes": nodes, "tasks_per_node": tasks_per_node,
@@ -177,6 +210,7 @@ def pbs_context(
         "extra_directives": [pbs_directive(extra) for extra in extra_directives],
         "common_environment": common, "python": python, "forwarded": sorted(names),
         "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
+                      "attempt": "" if e.attempt is None else e.attempt, "fence_file": str(e.fence_file or ""),
                       "environment": {k: v for k, v in e.environment.items() if k not in common}}
                      for e in elements],
     }
@@ -184,7 +218,8 @@ def pbs_context(
 
 def _pbs_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> PBSElement:
     return PBSElement(folder=run.paths.submitit, environment=rank_environment(run, attempt, drill_id),
-                      events_file=run.paths.events_file(attempt), index=index)
+                      events_file=run.paths.events_file(attempt), index=index, attempt=attempt,
+                      fence_file=run.paths.current_attempt)
 
 
 def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], python: str,
@@ -194,12 +229,13 @@ def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], 
         job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
         walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
         queue=resources.partition, array=array, extra_directives=resources.extra_directives,
+        rerunnable=run.scheduler_requeue,
     )
 
 
 def render_pbs(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable) -> SubmissionScript:
     element = _pbs_element(run, attempt, drill_id, None)
-    context = _pbs_run_context(run, attempt_job_name(run, attempt), [element], python, None)
+    context = _pbs_run_context(run, attempt_job_name(run, attempt, drill_id), [element], python, None)
     text = render_template(PBS_TEMPLATE, context, run.campaign.template)
     environment = {**context["common_environment"], **element.environment}
     return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)

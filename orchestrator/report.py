@@ -12,7 +12,7 @@ from orchestrator.study import checkpoint_study
 
 RECOVERY_FIELDS = (
     "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
-    "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step",
+    "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence", "clock_correction_s",
 )
 
 
@@ -45,6 +45,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     if baseline_digest and run.final_digest:
         identical = baseline_digest == run.final_digest
     checkpoints = _checkpoint_summary(ledger, run.run_id, run)
+    recoveries = [{key: asdict(r)[key] for key in RECOVERY_FIELDS} for r in ledger.recoveries(run.run_id)]
     return {
         "run_id": run.run_id,
         "framework": run.framework,
@@ -59,17 +60,22 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "target_steps": run.target_steps,
         "final_step": run.final_step,
         "attempts": [
-            {"job_id": a.job_id or "", "state": a.state, "started": a.accepted or a.submitted,
-             "ended": a.ended, "reason": a.reason}
+            # started: the job's first line ran (batch script, or rank 0 on the local backend);
+            # None if it never started. accepted: the scheduler took it.
+            {"job_id": a.job_id or "", "state": a.state, "submitted": a.submitted, "accepted": a.accepted,
+             "started": a.started, "ended": a.ended, "reason": a.reason}
             for a in ledger.attempts(run.run_id)
         ],
         "checkpoints": checkpoints,
         "faults": [
             {"kind": f.kind, "target": f.target, "at": f.at, "signal": f.signal, "outcome": f.outcome,
-             "planned_delay_s": f.planned_delay_s}
+             "detail": f.detail, "attempt": f.attempt, "planned_delay_s": f.planned_delay_s}
             for f in ledger.faults(run.run_id)
         ],
-        "recoveries": [{key: asdict(r)[key] for key in RECOVERY_FIELDS} for r in ledger.recoveries(run.run_id)],
+        "recoveries": recoveries,
+        # A resumed run is one that restarted from a checkpoint: only those say anything about
+        # deterministic resume (a run that never failed is trivially identical to its twin).
+        "resumed": any(r["resumed_from_step"] > 0 for r in recoveries),
         "final_digest": run.final_digest,
         "baseline_digest": baseline_digest,
         "identical_to_baseline": identical,

@@ -55,8 +55,11 @@ class RunConfig:
         return entry(self.campaign.workload.framework)
 
     @property
-    def job_name(self) -> str:
-        return f"fd-{self.campaign.name}-{self.run_id}"[:120]
+    def scheduler_requeue(self) -> bool:
+        """Whether the scheduler may requeue this run's jobs itself (Slurm's JobRequeue, PBS -r y).
+        Off: a requeued job would run an attempt the controller already replaced. (Fencing stops
+        such a stale attempt anyway; this keeps it from being queued at all.)"""
+        return False
 
 
 def expand_runs(campaign: Campaign) -> list[RunConfig]:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
+from orchestrator.directives import parse_directive, reserved_problem
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGSEGV", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGSTOP")
@@ -76,12 +77,9 @@ class ResourcesConfig(_Strict):
 
     @field_validator("extra_directives")
     @classmethod
-    def _one_line_each(cls, values: list[str]) -> list[str]:
+    def _options(cls, values: list[str]) -> list[str]:
         for value in values:
-            if "\n" in value or "\r" in value:
-                raise ValueError(f"directive {value!r} holds a line break; one directive per item")
-            if not value.startswith("-"):
-                raise ValueError(f"directive {value!r} must be an option such as '--exclusive'")
+            parse_directive(value)  # DirectiveError names what is wrong and what is valid
         return values
 
 
@@ -114,8 +112,16 @@ class FaultConfig(_Strict):
 class RestartConfig(_Strict):
     max_restarts: int = Field(3, ge=0)
     poll_interval_s: float = Field(0.25, gt=0, le=60)
-    hang_timeout_s: float = Field(120.0, gt=0)
-    start_timeout_s: float = Field(600.0, gt=0)
+    hang_timeout_s: float = Field(120.0, gt=0, description="no heartbeat for this long: a hang")
+    start_timeout_s: float = Field(600.0, gt=0, description="no training step this long after the job started")
+    # A rank announces its long phases (resume, checkpoint, finish); each may last this long before
+    # it counts as a hang. Ranks also wait this long for each other around a checkpoint.
+    checkpoint_timeout_s: float = Field(300.0, gt=0)
+    submit_retries: int = Field(3, ge=0, description="tries after a failed sbatch/qsub, then the attempt failed")
+    submit_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles each time")
+    scheduler_timeout_s: float = Field(300.0, gt=0, description="the scheduler unanswered this long: the drill stops")
+    cancel_timeout_s: float = Field(120.0, gt=0, description="a cancelled job still not ended after this long is "
+                                                            "killed, and after twice as long left behind")
 
 
 class SweepConfig(_Strict):
@@ -146,35 +152,97 @@ class Campaign(_Strict):
     # parallel_runs by the scheduler; restarts are single jobs.
     submit_as_array: bool = False
 
-    @model_validator(mode="after")
-    def _fits_backend(self) -> "Campaign":
-        if self.backend == "local" and self.resources.nodes != 1:
-            raise ValueError("the local backend runs on one node: set resources.nodes to 1")
-        return self
+    # Cross-field checks as field validators (they see the fields before them in info.data), so
+    # that they are reported together with every other bad field, not only once the rest is valid.
+    @field_validator("resources")
+    @classmethod
+    def _resources_fit_backend(cls, resources: ResourcesConfig, info: ValidationInfo) -> ResourcesConfig:
+        backend = info.data.get("backend")
+        problems = []
+        if backend == "local" and resources.nodes != 1:
+            problems.append("the local backend runs on one node: set resources.nodes to 1")
+        problems += [problem for directive in resources.extra_directives
+                     if (problem := reserved_problem(directive, str(backend)))]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return resources
+
+    @field_validator("faults")
+    @classmethod
+    def _faults_hit_existing_ranks(cls, faults: list[FaultConfig], info: ValidationInfo) -> list[FaultConfig]:
+        resources = info.data.get("resources")
+        if resources is None:
+            return faults
+        ranks = resources.nodes * resources.tasks_per_node
+        problems = [f"fault {index} targets rank {fault.rank}, but a run has ranks 0..{ranks - 1} "
+                    f"({resources.nodes} node(s) x {resources.tasks_per_node} tasks)"
+                    for index, fault in enumerate(faults) if isinstance(fault.rank, int) and not 0 <= fault.rank < ranks]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return faults
 
 
 def load_campaign(path: Path) -> Campaign:
     """Read and validate a spec file; relative paths in it are relative to the spec's folder."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError as error:
-        raise SpecError(f"{path}: no such spec file") from error
-    except yaml.YAMLError as error:
-        raise SpecError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(raw, dict):
-        raise SpecError(f"{path}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
+    raw = yaml_mapping(read_spec_text(path), str(path))
     return parse_campaign(raw, base_dir=path.resolve().parent, source=str(path))
 
 
+def read_spec_text(path: Path) -> str:
+    """The spec file as text; a missing, unreadable or non-UTF-8 file is a SpecError."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, not a spec file") from None
+    except OSError as error:
+        raise SpecError(f"{path}: cannot be read: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SpecError(f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+                        "a spec is a YAML file in UTF-8") from None
+
+
+def yaml_mapping(text: str, source: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError(f"{source}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
+    return raw
+
+
 def parse_campaign(raw: dict[str, Any], *, base_dir: Path, source: str = "spec") -> Campaign:
+    """The validated campaign; every problem of the spec at once (fields, workdir, template)."""
+    problems = _path_problems(raw, base_dir)
     try:
         campaign = Campaign.model_validate(raw)
     except ValidationError as error:
-        raise SpecError(f"{source}: invalid spec\n" + format_errors(error)) from None
-    campaign = campaign.model_copy(update=_resolved_paths(campaign, base_dir))
-    _check_workdir_parent(campaign.workdir, source)
-    _check_template(campaign.template, source)
-    return campaign
+        raise SpecError(f"{source}: invalid spec\n" + format_errors(error, problems)) from None
+    if problems:
+        raise SpecError(f"{source}: invalid spec\n" + "\n".join(problems))
+    return campaign.model_copy(update=_resolved_paths(campaign, base_dir))
+
+
+def _path_problems(raw: dict[str, Any], base_dir: Path) -> list[str]:
+    """The workdir's parent and the template, checked from the raw values (so they are reported
+    with every other problem, not only once the rest is valid)."""
+    problems = []
+    workdir = raw.get("workdir")
+    if isinstance(workdir, (str, Path)) and str(workdir):
+        parent = _absolute(Path(workdir), base_dir).parent
+        if not parent.is_dir():
+            problems.append(f"  workdir: parent directory {str(parent)!r} does not exist "
+                            "(the workdir itself is created, its parent must exist)")
+    template = raw.get("template")
+    if isinstance(template, (str, Path)) and str(template):
+        path = _absolute(Path(template), base_dir)
+        if not path.is_file():
+            problems.append(f"  template: no such file {str(path)!r}")
+    return problems
 
 
 def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
@@ -189,20 +257,7 @@ def _absolute(path: Path, base_dir: Path) -> Path:
     return path if path.is_absolute() else (base_dir / path)
 
 
-def _check_workdir_parent(workdir: Path, source: str) -> None:
-    if not workdir.parent.is_dir():
-        raise SpecError(
-            f"{source}: invalid spec\n  workdir: parent directory {str(workdir.parent)!r} does not exist "
-            "(the workdir itself is created, its parent must exist)"
-        )
-
-
-def _check_template(template: Path | None, source: str) -> None:
-    if template is not None and not template.is_file():
-        raise SpecError(f"{source}: invalid spec\n  template: no such file {str(template)!r}")
-
-
-def format_errors(error: ValidationError) -> str:
+def format_errors(error: ValidationError, extra: list[str] | None = None) -> str:
     """One line per problem: the dotted field, what is wrong, and for unknown keys the valid ones."""
     lines = []
     for item in error.errors():
@@ -211,8 +266,21 @@ def format_errors(error: ValidationError) -> str:
             valid = _valid_keys(item["loc"][:-1])
             lines.append(f"  {location}: unknown key; valid keys here: {', '.join(valid)}")
         else:
-            lines.append(f"  {location}: {item['msg']} (got {item.get('input')!r})")
-    return "\n".join(dict.fromkeys(lines))
+            lines += [f"  {location}: {part}{_got(item)}" for part in _message(item).splitlines()]
+    return "\n".join(dict.fromkeys(lines + (extra or [])))
+
+
+def _message(item: Any) -> str:
+    message = str(item["msg"])
+    return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _got(item: Any) -> str:
+    """`` (got X)`` unless the message already shows X or X is a whole section."""
+    value = item.get("input")
+    if isinstance(value, (dict, list)) or repr(value) in _message(item):
+        return ""
+    return f" (got {value!r})"
 
 
 def _is_union_tag(part: Any) -> bool:

@@ -83,14 +83,15 @@ def determinism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
             "framework": run["framework"], "model": run["model"], "ranks": run["ranks"], "run_id": run["run_id"],
-            "resumed_from_step": run["recoveries"][0]["resumed_from_step"] if run["recoveries"] else None,
+            "resumed_from_step": next(rec["resumed_from_step"] for rec in run["recoveries"] if rec["resumed_from_step"]),
+            "recoveries": len(run["recoveries"]),
             "identical_to_baseline": run["identical_to_baseline"],
             "max_abs_weight_diff": run["max_abs_weight_diff"],
             "first_divergent_step": run["first_divergent_step"],
             "switches": run["determinism_switches"],
         }
         for run in runs
-        if run["baseline_digest"] is not None
+        if run["baseline_digest"] is not None and run["resumed"]
     ]
 
 

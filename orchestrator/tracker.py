@@ -1,54 +1,60 @@
-"""One run's state machine: submit, watch, inject its planned faults, detect failure, resubmit."""
+"""One run's state machine: submit (retried, looked up), watch, fault, detect failure, resubmit.
+
+Every decision is in the ledger before it is acted on, writes that belong together go in one
+transaction, and the fence (experiments.runtime.fence) names the current attempt before its job is
+submitted and the job once it was accepted: a controller stopped at any moment is replaced by one
+that picks up from the ledger (``start``) without submitting twice, and any job that is not the
+current attempt's starts nothing.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from experiments.layout import (
-    EVENT_COMPLETED,
-    EVENT_FIRST_STEP,
-    CheckpointRecord,
-    EVENT_STEP_EXIT,
-    FinalRecord,
-    RankJob,
-    read_json_lines,
-)
-from injectors.kill_rank import FaultOutcome
+from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
+from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
-from orchestrator.backends.base import Backend, KillRequest, Submission
-from orchestrator.ledger import FaultRow, Ledger
+from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
+from orchestrator.commands import CommandError
+from orchestrator.faults import FaultBook
+from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
+from orchestrator.render import TemplateError, attempt_job_name
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState
-from orchestrator.tails import JsonlTail
+from orchestrator.watch import AttemptWatch, FailureSign
 
 log = logging.getLogger(__name__)
 
 DONE_STATUSES = ("completed", "failed", "gave_up")
+SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
 
 
 @dataclass
-class AttemptWatch:
-    """What the controller has seen of the current attempt so far."""
+class PendingSubmission:
+    """An attempt recorded but not (known to be) accepted yet: tried again after a failure."""
 
     attempt: int
+    job: RankJob
+    failures: int = 0
+    next_try_at: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class ClosingJob:
+    """A failed attempt's job that the scheduler has not reported ended yet."""
+
     job_id: str
-    events: JsonlTail
-    checkpoint_tail: JsonlTail
-    heartbeat_tails: list[JsonlTail]
-    training_started: float | None = None
-    first_checkpoint: float | None = None
-    last_heartbeat: float | None = None
-    last_step: int = 0
-    step_exit: dict[str, float] | None = None
-    completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
-    state: JobState = JobState.PENDING
-    running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
+    since: float  # the last escalation (the failure, the cancel, the forced cancel)
+    cancelled: bool
+    forced: bool = False
 
 
 class RunTracker:
@@ -60,16 +66,16 @@ class RunTracker:
         self.plan = plan
         self.backend = backend
         self.ledger = ledger
-        self.pool = injector_pool
         self.drill_id = drill_id
+        self.restart = run.campaign.restart
+        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, backend.kill_rank, self._kill_request)
         self.watch: AttemptWatch | None = None
+        self.pending: PendingSubmission | None = None
+        self.closing: dict[int, ClosingJob] = {}
         self.status = ledger.run(run.run_id).status
-        self.next_fault = len(ledger.faults(run.run_id))
-        self._fault_in_flight: tuple[int, Future[FaultOutcome]] | None = None
-        self._fault_id = 0
-        # Failed attempts whose job the scheduler has not reported final yet: attempt -> job id.
-        self.closing: dict[int, str] = {}
         self._awaiting_recovery: int | None = None
+        self._started_recorded = False
+        self._finalized = False
 
     @property
     def done(self) -> bool:
@@ -79,172 +85,254 @@ class RunTracker:
     def job_id(self) -> str | None:
         return self.watch.job_id if self.watch else None
 
-    def watched_job_ids(self) -> list[str]:
-        """The current job and the failed ones still finishing: all polled in the same batch."""
-        current = [self.job_id] if self.job_id is not None and not self.done else []
-        return current + list(self.closing.values())
-
-    def settle_closing(self, states: dict[str, JobState]) -> None:
-        """Record the final scheduler state of failed attempts once the scheduler has one."""
-        for attempt, job_id in list(self.closing.items()):
-            state = states.get(job_id, JobState.UNKNOWN)
-            if state.is_terminal or state is JobState.UNKNOWN:
-                self.ledger.update_attempt(self.run.run_id, attempt, state=state.value)
-                del self.closing[attempt]
-
-    # submission -------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Submit the first attempt, or adopt the attempt an earlier controller left running."""
-        attempts = self.ledger.attempts(self.run.run_id)
-        if attempts and attempts[-1].job_id and attempts[-1].ended is None:
-            self.backend.adopt(attempts[-1].job_id, self.run)
-            self._adopt(attempts[-1].attempt, attempts[-1].job_id)
-            return
-        if attempts and attempts[-1].job_id is None:
-            last = attempts[-1].attempt
-            found = self.backend.find_submitted(self.run, last)
-            if found is not None:
-                self.ledger.update_attempt(self.run.run_id, last, job_id=found, accepted=attempts[-1].submitted)
-                self.backend.adopt(found, self.run)
-                self._adopt(last, found)
-                return
-            self.ledger.update_attempt(self.run.run_id, last, state="LOST", ended=time.time(),
-                                       reason="controller stopped before the scheduler answered")
-        self._submit(len(attempts))
-
     @property
     def fresh(self) -> bool:
         """Never submitted: can go out in a job array with other fresh runs."""
         return not self.done and not self.ledger.attempts(self.run.run_id)
 
-    def begin_attempt(self, attempt: int) -> RankJob:
-        """Record the attempt before it is submitted (a restarted controller then knows to look)."""
+    def watched_job_ids(self) -> list[str]:
+        """The current job and the failed ones still finishing: all polled in the same batch."""
+        current = [self.job_id] if self.job_id is not None and not self.done else []
+        return current + [closing.job_id for closing in self.closing.values()]
+
+    # starting ---------------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """Pick up where the ledger (and the run directory) says the run is: complete it from its
+        final record, adopt or find the attempt in flight, give up, or submit the next attempt."""
+        if self.done:
+            return
+        attempts = self.ledger.attempts(self.run.run_id)
+        last = attempts[-1] if attempts else None
+        final = _read_final(self.run)
+        in_flight = last is not None and last.ended is None and last.job_id is not None
+        if final is not None and final.step == self.run.workload.steps and not (in_flight and final.attempt == last.attempt):
+            self._complete_from_record(final, last, now)
+            return
+        if last is not None and last.ended is None:
+            self._resume_attempt(last, now)
+            return
+        if last is not None and last.attempt >= self.restart.max_restarts:
+            self._finish("gave_up", now)
+            return
+        self._submit(0 if last is None else last.attempt + 1, now)
+
+    def _resume_attempt(self, row: AttemptRow, now: float) -> None:
+        """Adopt the attempt an earlier controller left in flight. One whose job id it never
+        recorded is a submission that may or may not have reached the scheduler: looked up, and
+        adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
+        if row.job_id is not None:
+            self.backend.adopt(row.job_id, self.run)
+            write_fence(self.run.paths, Fence(row.attempt, row.job_id))
+            self._watch(row.attempt, row.job_id)
+            return
+        self.pending = PendingSubmission(row.attempt, self.rank_job(row.attempt), failures=1, next_try_at=now,
+                                         error="a controller stopped while submitting it")
+        self._try_pending(now)
+
+    def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
+        """The run's final record shows it reached its last step: a controller stopped before it
+        recorded that. Complete it instead of submitting anything."""
+        if last is not None and last.ended is None and last.job_id is not None:
+            self._cancel(last.job_id)  # an attempt after the one that finished: not needed
+        self._ingest_checkpoints()
+        with self.ledger.transaction():
+            if last is not None and last.ended is None:
+                self.ledger.update_attempt(self.run.run_id, last.attempt, ended=now)
+            self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest,
+                                   **completion_facts(self.run.paths, final.attempt))
+            self._finish("completed", now)
+
+    # submission -------------------------------------------------------------------------------
+    def rank_job(self, attempt: int) -> RankJob:
         run = self.run
-        self.ledger.update_run(run.run_id, status="running", started=time.time())
-        self.status = "running"
-        self.ledger.add_attempt(run.run_id, attempt)
         return RankJob(
             run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
-            drill_id=self.drill_id, keep_final_weights=self.run.keeps_final_weights,
+            drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights,
         )
+
+    def begin_attempt(self, attempt: int, job_name: str | None = None, array_index: int | None = None) -> RankJob:
+        """Record the attempt and fence the run on it before it is submitted (a restarted
+        controller then knows to look for it, and no older job may start ranks any more)."""
+        run = self.run
+        with self.ledger.transaction():
+            if self.ledger.run(run.run_id).started is None:
+                self.ledger.update_run(run.run_id, started=time.time())
+            self.ledger.update_run(run.run_id, status="running")
+            self.ledger.add_attempt(run.run_id, attempt, job_name or attempt_job_name(run, attempt, self.drill_id),
+                                    array_index)
+        self.status = "running"
+        write_fence(run.paths, Fence(attempt, None))
+        return self.rank_job(attempt)
+
+    def _submit(self, attempt: int, now: float) -> None:
+        job = self.begin_attempt(attempt)
+        self.pending = PendingSubmission(attempt, job, next_try_at=now)
+        self._try_pending(now)
+
+    def _try_pending(self, now: float) -> None:
+        """One try of the pending submission; after a failure, first look for the job: the
+        scheduler may have accepted it although the command failed."""
+        pending = self.pending
+        if pending is None or now < pending.next_try_at:
+            return
+        try:
+            if pending.failures:
+                found = self.backend.find_submitted(self._ref(pending.attempt))
+                if found:
+                    self.pending = None
+                    self._adopt_found(pending.attempt, found)
+                    return
+                self._as_single_job(pending.attempt)
+            submission = self.backend.submit(self.run, pending.job)
+        except (CommandError, TemplateError, OSError) as error:
+            self._submit_failed(pending, error, now)
+            return
+        self.pending = None
+        self.accept(pending.attempt, submission)
+
+    def _submit_failed(self, pending: PendingSubmission, error: BaseException, now: float) -> None:
+        pending.failures += 1
+        pending.error = (str(error).splitlines() or [type(error).__name__])[0][:500]
+        if pending.failures <= self.restart.submit_retries:
+            delay = self.restart.submit_backoff_s * 2 ** (pending.failures - 1)
+            pending.next_try_at = now + delay
+            log.warning("%s: submitting attempt %d failed (%s); trying again in %.1f s", self.run.run_id,
+                        pending.attempt, pending.error, delay)
+            return
+        self.pending = None
+        reason = f"submission failed {pending.failures} times: {pending.error}"
+        log.warning("%s: attempt %d: %s", self.run.run_id, pending.attempt, reason)
+        self.ledger.update_attempt(self.run.run_id, pending.attempt, state=SUBMIT_FAILED, ended=now,
+                                   detected=now, reason=reason)
+        self._next_or_give_up(pending.attempt, now)
+
+    def _ref(self, attempt: int) -> AttemptRef:
+        row = self._attempt_row(attempt)
+        return AttemptRef(self.run, attempt, row.job_name, row.array_index, row.submitted)
+
+    def _as_single_job(self, attempt: int) -> None:
+        """An attempt that was to be an array element goes out on its own next time (a late
+        acceptance of the array is then fenced off by the job id)."""
+        if self._attempt_row(attempt).array_index is not None:
+            self.ledger.update_attempt(self.run.run_id, attempt, array_index=None,
+                                       job_name=attempt_job_name(self.run, attempt, self.drill_id))
+
+    def _adopt_found(self, attempt: int, found: list[str]) -> None:
+        """Adopt the oldest job found for the attempt; any other is a duplicate and is cancelled."""
+        for duplicate in found[1:]:
+            log.warning("%s: attempt %d was submitted twice; cancelling the duplicate job %s",
+                        self.run.run_id, attempt, duplicate)
+            self._cancel(duplicate)
+        self.backend.adopt(found[0], self.run)
+        self.accept(attempt, Submission(found[0], accepted_at=self._attempt_row(attempt).submitted))
 
     def accept(self, attempt: int, submission: Submission) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
                                    state=JobState.PENDING.value, accepted=submission.accepted_at)
-        self._adopt(attempt, submission.job_id)
+        write_fence(self.run.paths, Fence(attempt, submission.job_id))
+        self._watch(attempt, submission.job_id)
         log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
 
-    def _submit(self, attempt: int) -> None:
-        job = self.begin_attempt(attempt)
-        self.accept(attempt, self.backend.submit(self.run, job))
-
-    def _adopt(self, attempt: int, job_id: str) -> None:
-        paths = self.run.paths
-        self.watch = AttemptWatch(
-            attempt=attempt, job_id=job_id, events=JsonlTail(paths.events_file(attempt)),
-            checkpoint_tail=JsonlTail(paths.checkpoint_log),
-            heartbeat_tails=[JsonlTail(paths.heartbeat_file(rank)) for rank in range(self.run.ranks)],
-        )
-        self._awaiting_recovery = attempt if attempt > 0 else None
+    def _watch(self, attempt: int, job_id: str) -> None:
+        self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
+        self._started_recorded = False
+        ran_before = any(row.attempt < attempt and _ran(row) for row in self.ledger.attempts(self.run.run_id))
+        self._awaiting_recovery = attempt if ran_before else None
         self.status = "running"
 
+    def _kill_request(self, attempt: int, job_id: str, fault: PlannedFault) -> KillRequest:
+        return KillRequest(run=self.run, attempt=attempt, job_id=job_id, rank=fault.rank, signal=fault.signal)
+
     # one step of the loop ---------------------------------------------------------------------
-    def advance(self, state: JobState, now: float) -> None:
-        watch = self.watch
-        if watch is None or self.done:
+    def advance(self, states: dict[str, JobState], now: float) -> None:
+        if self.done:
             return
-        self._read_files(watch)
-        self._record_state(watch, state, now)
-        self._collect_fault()
+        watch = self.watch
+        if watch is None:
+            self._try_pending(now)
+            return
+        state = states.get(watch.job_id, JobState.UNKNOWN)
+        watch.read()
+        self._note(watch, state, now)
+        self.faults.collect()
         self._maybe_record_recovery()
-        failure_reason = self._failure_reason(watch, state, now)
-        if failure_reason is not None and self._final_of(watch) is None:
-            self._on_failure(watch, failure_reason, state, now)
-        elif state is JobState.COMPLETED or failure_reason is not None:
+        sign = self._failure_sign(watch, state, now)
+        if sign is not None and self._final_of(watch) is None:
+            self._on_failure(watch, sign, state, now)
+        elif state is JobState.COMPLETED or sign is not None:
             # The final record of this attempt is the proof of the work: a job that failed while
             # its ranks were exiting still trained to the end.
             self._on_job_completed(watch, state, now)
         else:
-            self._maybe_inject(watch, now)
+            self.faults.maybe_fire(watch, now)
 
-    def _read_files(self, watch: AttemptWatch) -> None:
-        for event in watch.events.read_new():
-            if event.get("event") == EVENT_FIRST_STEP and watch.training_started is None:
-                watch.training_started = float(event["time"])
-            if event.get("event") == EVENT_COMPLETED:
-                watch.completed = True
-            if event.get("event") == EVENT_STEP_EXIT:
-                watch.step_exit = {"time": float(event["time"]), "exit_code": float(event["exit_code"])}
-        for record in watch.checkpoint_tail.read_new():
-            if record.get("attempt") == watch.attempt and watch.first_checkpoint is None:
-                watch.first_checkpoint = float(record["time"])
-        for tail in watch.heartbeat_tails:
-            for beat in tail.read_new():
-                if beat.get("attempt") == watch.attempt:
-                    watch.last_heartbeat = max(watch.last_heartbeat or 0.0, float(beat["time"]))
-                    watch.last_step = max(watch.last_step, int(beat["step"]))
-
-    def _record_state(self, watch: AttemptWatch, state: JobState, now: float) -> None:
-        if state is JobState.RUNNING and watch.running_since is None:
-            watch.running_since = now
-        if state is not watch.state:
-            watch.state = state
+    def _note(self, watch: AttemptWatch, state: JobState, now: float) -> None:
+        if watch.observe_state(state, now):
             self.ledger.update_attempt(self.run.run_id, watch.attempt, state=state.value)
+        if watch.job_started is not None and not self._started_recorded:
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, started=watch.job_started)
+            self._started_recorded = True
 
-    # failure ----------------------------------------------------------------------------------
-    def _failure_reason(self, watch: AttemptWatch, state: JobState, now: float) -> str | None:
-        restart = self.run.campaign.restart
+    def _failure_sign(self, watch: AttemptWatch, state: JobState, now: float) -> FailureSign | None:
+        """Why the attempt failed, with the best evidence of when; None while it looks healthy."""
         if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
-            return f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
+            return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}",
+                               watch.step_exit["time"], "step_exit")
         if state.is_terminal and not state.is_success:
-            return f"job {state.value.lower()}"
+            ended = self.backend.end_time(watch.job_id)
+            return FailureSign(f"job {state.value.lower()}", ended or now, "scheduler_end" if ended else "poll")
         if state is JobState.UNKNOWN:
-            return "job vanished from the scheduler"
+            return FailureSign("job vanished from the scheduler", now, "poll")
         if watch.completed:
             return None  # no more heartbeats to come; the scheduler reports how the job ends
-        if watch.last_heartbeat is not None and now - watch.last_heartbeat > restart.hang_timeout_s:
-            return f"hang: no heartbeat for {now - watch.last_heartbeat:.0f} s"
-        started = watch.running_since
-        if watch.training_started is None and started is not None and now - started > restart.start_timeout_s:
-            return f"no training step within {restart.start_timeout_s:.0f} s of the job starting"
-        return None
+        return watch.hang(now, self.restart.hang_timeout_s) or watch.stuck_start(now, self.restart.start_timeout_s)
 
-    def _on_failure(self, watch: AttemptWatch, reason: str, state: JobState, now: float) -> None:
+    # failure ----------------------------------------------------------------------------------
+    def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
         if not state.is_terminal:
-            if watch.step_exit is None:  # a hang or a stuck start: the job would hold its nodes
-                self.backend.cancel(watch.job_id)
-            self.closing[watch.attempt] = watch.job_id
-        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=reason)
+            cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
+            if cancel:
+                self._cancel(watch.job_id)
+            self.closing[watch.attempt] = ClosingJob(watch.job_id, now, cancelled=cancel)
+        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
+                                   failed_at=sign.at, failure_evidence=sign.evidence)
         self._ingest_checkpoints()
-        log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, reason)
-        if watch.attempt >= self.run.campaign.restart.max_restarts:
+        self.faults.attempt_ended(watch.attempt, sign, completed=False)
+        log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
+        self._next_or_give_up(watch.attempt, now)
+
+    def _next_or_give_up(self, attempt: int, now: float) -> None:
+        if attempt >= self.restart.max_restarts:
             self._finish("gave_up", now)
-            return
-        self._submit(watch.attempt + 1)
+        else:
+            self._submit(attempt + 1, now)
 
     def failure_of(self, attempt: int) -> Failure | None:
         """Why ``attempt`` ended: the injected fault that hit it, else a natural failure."""
-        row = next(a for a in self.ledger.attempts(self.run.run_id) if a.attempt == attempt)
+        row = self._attempt_row(attempt)
         if row.detected is None:
             return None
-        fault = next((f for f in self.ledger.faults(self.run.run_id) if f.attempt == attempt and f.at), None)
+        fault = self.faults.credited(attempt)
         if fault is not None and fault.at is not None:
-            return Failure(kind=fault.kind, at=fault.at, detected=row.detected)
-        exit_time = _step_exit_time(self.run, attempt)
+            return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault")
         kind = (row.reason or "failure").split(":")[0]
-        return Failure(kind=f"natural ({kind})", at=min(exit_time or row.detected, row.detected),
-                       detected=row.detected)
+        at = row.failed_at if row.failed_at is not None else row.detected
+        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected,
+                       evidence=row.failure_evidence or "detection")
 
     def _maybe_record_recovery(self) -> None:
         attempt = self._awaiting_recovery
-        if attempt is None or (self._fault_in_flight and self._fault_in_flight[0] == attempt - 1):
+        if attempt is None:
             return
-        failure = self.failure_of(attempt - 1)
+        rows = {row.attempt: row for row in self.ledger.attempts(self.run.run_id)}
+        failed = max((n for n, row in rows.items() if n < attempt and _ran(row)), default=None)
+        if failed is None or not self.faults.settled(failed):
+            return
+        failure = self.failure_of(failed)
         if failure is None:
             return
-        rows = {a.attempt: a for a in self.ledger.attempts(self.run.run_id)}
-        recovery = compute_recovery(self.run.paths, failure, rows[attempt - 1], rows[attempt], self.run.ranks)
+        recovery = compute_recovery(self.run.paths, failure, rows[failed], rows[attempt], self.run.ranks)
         if recovery is not None:
             self.ledger.add_recovery(recovery)
             self._awaiting_recovery = None
@@ -261,17 +349,21 @@ class RunTracker:
 
     def _on_job_completed(self, watch: AttemptWatch, state: JobState, now: float) -> None:
         final = _read_final(self.run)
-        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now)
         if not state.is_terminal:
-            self.closing[watch.attempt] = watch.job_id  # its final scheduler state comes later
+            self.closing[watch.attempt] = ClosingJob(watch.job_id, now, cancelled=False)
         self._ingest_checkpoints()
-        if final is None or final.step != self.run.workload.steps:
-            self.ledger.update_attempt(self.run.run_id, watch.attempt, reason="completed without a final record")
-            self._finish("failed", now)
-            return
-        self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest,
-                               **completion_facts(self.run.paths, watch.attempt))
-        self._finish("completed", now)
+        reached = final is not None and final.step == self.run.workload.steps
+        self.faults.attempt_ended(watch.attempt, None, completed=reached)
+        with self.ledger.transaction():
+            if not reached or final is None:
+                self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now,
+                                           reason="completed without a final record")
+                self._finish("failed", now)
+                return
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now)
+            self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest,
+                                   **completion_facts(self.run.paths, watch.attempt))
+            self._finish("completed", now)
 
     def _finish(self, status: str, now: float) -> None:
         self._maybe_record_recovery()
@@ -279,55 +371,70 @@ class RunTracker:
         self.ledger.update_run(self.run.run_id, status=status, ended=now)
         log.info("%s: %s", self.run.run_id, status)
 
+    def finalize(self) -> None:
+        """At the end of the drill: the fault in flight collected, every planned fault accounted for."""
+        if self._finalized:
+            return
+        self._finalized = True
+        attempts = self.ledger.attempts(self.run.run_id)
+        self.faults.finish(self.status, attempts[-1].attempt if attempts else 0)
+        self._maybe_record_recovery()
+
     def _ingest_checkpoints(self) -> None:
         records = [CheckpointRecord(**r) for r in read_json_lines(self.run.paths.checkpoint_log)]
         self.ledger.add_checkpoints(self.run.run_id, records)
 
-    # faults -----------------------------------------------------------------------------------
-    def _maybe_inject(self, watch: AttemptWatch, now: float) -> None:
-        if self._fault_in_flight is not None or self.next_fault >= len(self.plan):
-            return
-        if watch.state is not JobState.RUNNING:
-            return
-        fault = self.plan[self.next_fault]
-        anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
-        if anchor is None or now < anchor + fault.delay_s:
-            return
-        fault_id = self.ledger.add_fault(FaultRow(
-            fault_id=None, run_id=self.run.run_id, attempt=watch.attempt, plan_index=fault.index, kind=fault.kind,
-            target=f"rank {fault.rank}", signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
-            node=None, outcome="sending",
-        ))
-        self.next_fault += 1
-        request = KillRequest(run=self.run, attempt=watch.attempt, job_id=watch.job_id, rank=fault.rank,
-                              signal=fault.signal)
-        self._fault_in_flight = (watch.attempt, self.pool.submit(self.backend.kill_rank, request))
-        self._fault_id = fault_id
+    # jobs that are ending ---------------------------------------------------------------------
+    def settle_closing(self, states: dict[str, JobState], now: float) -> None:
+        """Record the final scheduler state of failed attempts once the scheduler has one; a job
+        that does not end is cancelled, then killed, then left behind with a warning."""
+        for attempt, closing in list(self.closing.items()):
+            state = states.get(closing.job_id, JobState.UNKNOWN)
+            if state.is_terminal or state is JobState.UNKNOWN:
+                self.ledger.update_attempt(self.run.run_id, attempt, state=state.value)
+                del self.closing[attempt]
+            elif now - closing.since > self.restart.cancel_timeout_s:
+                self._escalate(attempt, closing, state, now)
 
-    def _collect_fault(self) -> None:
-        if self._fault_in_flight is None or not self._fault_in_flight[1].done():
+    def _escalate(self, attempt: int, closing: ClosingJob, state: JobState, now: float) -> None:
+        if not closing.cancelled:
+            closing.cancelled = True
+            self._cancel(closing.job_id)
+        elif not closing.forced:
+            closing.forced = True
+            log.warning("%s: job %s still %s after its cancel; killing it", self.run.run_id, closing.job_id,
+                        state.value)
+            self._cancel(closing.job_id, force=True)
+        else:
+            row = self._attempt_row(attempt)
+            note = f"job still {state.value} after a forced cancel: left behind"
+            self.ledger.update_attempt(self.run.run_id, attempt, state=state.value,
+                                       reason=f"{row.reason}; {note}" if row.reason else note)
+            log.warning("%s: job %s %s", self.run.run_id, closing.job_id, note)
+            del self.closing[attempt]
             return
-        future = self._fault_in_flight[1]
-        self._fault_in_flight = None
-        error = future.exception()
-        if error is not None:
-            self.ledger.update_fault(self._fault_id, outcome=f"refused: {error}".splitlines()[0][:500])
-            log.warning("%s: fault not injected: %s", self.run.run_id, error)
-            return
-        outcome = future.result()
-        self.ledger.update_fault(self._fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
-                                 target=f"rank {outcome.rank}@{outcome.node}", outcome="injected")
+        closing.since = now
+
+    def _cancel(self, job_id: str, force: bool = False) -> None:
+        try:
+            self.backend.cancel(job_id, force=force)
+        except CommandError as error:
+            log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run.run_id,
+                        job_id, str(error).splitlines()[0])
+
+    def _attempt_row(self, attempt: int) -> AttemptRow:
+        return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)
+
+
+def _ran(row: AttemptRow) -> bool:
+    """The attempt reached the scheduler (so a failure of it is one a later attempt recovers from)."""
+    return row.job_id is not None and row.state != SUBMIT_FAILED
 
 
 def _read_final(run: RunConfig) -> FinalRecord | None:
     try:
-        return FinalRecord(**json.loads(run.paths.final.read_text()))
+        data: Any = json.loads(run.paths.final.read_text())
+        return FinalRecord(**data)
     except (FileNotFoundError, json.JSONDecodeError, TypeError):
         return None
 
-
-def _step_exit_time(run: RunConfig, attempt: int) -> float | None:
-    for event in read_json_lines(run.paths.events_file(attempt)):
-        if event.get("event") == EVENT_STEP_EXIT:
-            return float(event["time"])
-    return None

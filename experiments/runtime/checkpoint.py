@@ -1,18 +1,19 @@
 """The checkpoint store: ``<run>/checkpoints/step-%08d/`` directories, each with a manifest.
 
 A checkpoint becomes visible in one atomic step: every file is written under a hidden partial
-directory (temporary name, fsync, rename), rank 0 hashes them, writes ``manifest.json`` and renames
-the partial directory to its final name. A crash at any moment therefore leaves either a complete
+directory (temporary name, fsync, rename), each rank leaves a receipt naming its files, rank 0
+checks that every rank delivered, hashes the files, writes ``manifest.json`` and renames the
+partial directory to its final name. A crash at any moment therefore leaves either a complete
 checkpoint or a hidden partial directory that the next attempt removes. Readers still verify sizes
-and sha256 ("newest valid"), because storage can lose or tear data after the fact.
+and sha256 ("newest valid"), because storage can lose or tear data after the fact, and skip a
+checkpoint a rank failed to load. What cannot be used is moved aside to ``<run>/quarantine``,
+never deleted: a read error may be the storage's, not the checkpoint's.
 
 No framework is imported here, so the login node can ask for the newest valid checkpoint too.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from experiments.layout import (
     CHECKPOINT_PREFIX,
@@ -29,17 +30,26 @@ from experiments.layout import (
     RunPaths,
     append_json_line,
     fsync_dir,
+    read_json_lines,
     record_dict,
     write_json_atomic,
 )
-from experiments.runtime.sink import FileSink
+from experiments.runtime.sink import FileSink, read_receipt, receipt_name
+from experiments.runtime.verify import Problem, check_checkpoint, read_manifest, sha256_file, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the files are those every rank's receipt listed, "ranks" says how many
 _STEP_DIR = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)$")
 _HIDDEN = "." + CHECKPOINT_PREFIX  # partial and trash directories: never candidates for a resume
-_HASH_CHUNK = 4 << 20
+REJECTED = "rejected"  # a ScanEntry's problem_kind: verified, but a rank failed to load it
+
+__all__ = ["CheckpointIncomplete", "CheckpointMeta", "CheckpointStore", "ScanEntry", "ValidCheckpoint",
+           "sha256_file", "step_dir_name", "verify_checkpoint"]
+
+
+class CheckpointIncomplete(RuntimeError):
+    """A rank did not deliver its share of a checkpoint: it is not published."""
 
 
 @dataclass(frozen=True)
@@ -65,18 +75,11 @@ class ScanEntry:
     step: int
     path: Path
     problem: str | None
+    problem_kind: str | None = None  # verify.INVALID, verify.UNREADABLE or "rejected"
 
 
 def step_dir_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:08d}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class CheckpointStore:
@@ -93,11 +96,11 @@ class CheckpointStore:
     def partial_dir(self, step: int) -> Path:
         return self.root / f".{step_dir_name(step)}.partial"
 
-    def sink(self, step: int) -> FileSink:
-        """Where this rank writes its files for checkpoint ``step`` (all ranks share the directory)."""
+    def sink(self, step: int, rank: int = 0) -> FileSink:
+        """Where ``rank`` writes its files for checkpoint ``step`` (all ranks share the directory)."""
         directory = self.partial_dir(step)
         directory.mkdir(parents=True, exist_ok=True)
-        return FileSink(directory)
+        return FileSink(directory, rank)
 
     def remove_stale(self) -> list[Path]:
         """Delete partial and half-pruned directories left by an attempt that died (rank 0, at start)."""
@@ -110,19 +113,22 @@ class CheckpointStore:
         return stale
 
     def commit(
-        self, step: int, attempt: int, meta: CheckpointMeta, started: float, blocking_s: float | None
+        self, step: int, attempt: int, meta: CheckpointMeta, started: float, blocking_s: float | None,
+        ranks: int = 1, before_publish: Callable[[], None] | None = None,
     ) -> CheckpointRecord:
         """Hash, write the manifest, publish, log and prune: rank 0, after every rank wrote its files.
 
-        ``started`` is the ``time.monotonic()`` at which training stopped for this checkpoint.
-        ``persist_s`` runs from there to the manifest being durable; the rename that follows is a
-        single metadata operation and is not included (the manifest cannot contain its own rename).
-        ``blocking_s`` None: training waits for this commit (synchronous), so it equals persist_s.
+        The manifest lists the files the ``ranks`` receipts name (each rank's sink leaves one when
+        it closes): a rank that delivered nothing, or a file that is gone, raises
+        CheckpointIncomplete and nothing is published. ``started`` is the ``time.monotonic()`` at
+        which training stopped for this checkpoint; ``persist_s`` runs from there to the manifest
+        being durable (the rename after it is one metadata operation). ``blocking_s`` None: training
+        waits for this commit (synchronous), so it equals persist_s. ``before_publish`` runs right
+        before the rename that publishes (the attempt fence: it raises to stop a stale attempt).
         """
         partial = self.partial_dir(step)
-        names = sorted(p.name for p in partial.iterdir() if p.is_file() and _is_payload(p.name))
-        hashes = {name: sha256_file(partial / name) for name in names}
-        sizes = {name: (partial / name).stat().st_size for name in names}
+        sizes = self._delivered(partial, step, ranks)
+        hashes = {name: sha256_file(partial / name) for name in sorted(sizes)}
         persist_s = time.monotonic() - started
         final = self.step_dir(step)
         record = CheckpointRecord(
@@ -130,18 +136,42 @@ class CheckpointStore:
             files=hashes, framework=meta.framework, format=meta.format, writers=meta.writers,
             blocking_s=persist_s if blocking_s is None else blocking_s, persist_s=persist_s,
         )
-        manifest = {**record_dict(record), "sizes": sizes, "version": MANIFEST_VERSION}
+        manifest = {**record_dict(record), "sizes": sizes, "ranks": ranks, "version": MANIFEST_VERSION}
         del manifest["path"]  # the directory may be moved as a whole; its name gives the step
         write_json_atomic(partial / MANIFEST_NAME, manifest)
+        for rank in range(ranks):  # the manifest now says what they said
+            (partial / receipt_name(rank)).unlink(missing_ok=True)
+        if before_publish is not None:
+            before_publish()
         if final.exists():
-            # Only an invalid checkpoint can sit here: a resume always starts from the newest valid.
-            log.warning("replacing invalid checkpoint directory %s", final)
-            self._trash(final)
+            # Only a checkpoint that could not be used can sit here: a resume starts from the newest valid.
+            self.quarantine(final, "replaced by a new checkpoint of the same step")
         os.rename(partial, final)
         fsync_dir(self.root)
         append_json_line(self.paths.checkpoint_log, record_dict(record))
         self.prune()
         return record
+
+    def _delivered(self, partial: Path, step: int, ranks: int) -> dict[str, int]:
+        """File name -> size of every file the ranks' receipts list, each checked on disk."""
+        sizes: dict[str, int] = {}
+        for rank in range(ranks):
+            receipt = read_receipt(partial / receipt_name(rank))
+            if receipt is None:
+                raise CheckpointIncomplete(f"checkpoint {step}: rank {rank} of {ranks} delivered no receipt "
+                                           f"({partial / receipt_name(rank)} missing): not published")
+            sizes.update(receipt)
+        for name, size in sorted(sizes.items()):
+            try:
+                actual = (partial / name).stat().st_size
+            except FileNotFoundError:
+                raise CheckpointIncomplete(f"checkpoint {step}: {name} is listed by a receipt but missing") from None
+            if actual != size:
+                raise CheckpointIncomplete(f"checkpoint {step}: {name} is {actual} bytes, its receipt says {size}")
+        strays = sorted(p.name for p in partial.iterdir() if p.is_file() and _is_payload(p.name) and p.name not in sizes)
+        if strays:
+            log.warning("checkpoint %d: files no rank listed are left out of the manifest: %s", step, strays)
+        return sizes
 
     def prune(self) -> list[Path]:
         """Keep the newest ``keep`` final directories; rename first so no reader sees half a deletion."""
@@ -154,27 +184,57 @@ class CheckpointStore:
         return doomed
 
     def discard_newer_than(self, step: int) -> list[Path]:
-        """Remove directories newer than the resume point: they failed verification (rank 0)."""
-        doomed = [path for found, path in self._final_dirs() if found > step]
-        for path in doomed:
-            log.warning("discarding checkpoint %s newer than the resume step %d", path, step)
-            self._trash(path)
-        return doomed
+        """Move aside the directories newer than the resume point (rank 0): they could not be used
+        (invalid, unreadable, rejected). Never deleted: an unreadable one may be fine tomorrow."""
+        moved = []
+        for found, path in self._final_dirs():
+            if found > step:
+                moved.append(self.quarantine(path, f"newer than the resume step {step} but not usable"))
+        return moved
+
+    def quarantine(self, path: Path, reason: str) -> Path:
+        """Take a checkpoint directory out of the choice, keeping its bytes; log where it went."""
+        self.paths.quarantine.mkdir(parents=True, exist_ok=True)
+        target = self.paths.quarantine / f"{path.name}.{time.time_ns()}"
+        os.rename(path, target)
+        log.warning("moved checkpoint %s aside to %s: %s", path, target, reason)
+        append_json_line(self.paths.quarantine / "index.jsonl",
+                         {"from": str(path), "to": str(target), "reason": reason, "time": time.time()})
+        return target
+
+    def reject(self, step: int, rank: int, attempt: int, error: str) -> None:
+        """A rank failed to load checkpoint ``step``: keep it out of the next attempt's choice."""
+        try:
+            written = read_manifest(self.step_dir(step)).get("time")
+        except (OSError, ValueError):
+            written = None
+        append_json_line(self.paths.checkpoint_rejections, {
+            "step": step, "manifest_time": written, "rejected_at": time.time(), "rank": rank,
+            "attempt": attempt, "error": error[:2000],
+        })
 
     def scan(self, verify_hashes: bool = True) -> list[ScanEntry]:
         """Every final directory, newest first, with the reason it is unusable (or None)."""
-        return [
-            ScanEntry(step, path, verify_checkpoint(path, step, verify_hashes))
-            for step, path in self._final_dirs()
-        ]
+        rejections = read_json_lines(self.paths.checkpoint_rejections)
+        entries = []
+        for step, path in self._final_dirs():
+            manifest, problem = check_checkpoint(path, step, verify_hashes)
+            if problem is None and manifest is not None:
+                problem = _rejection(rejections, step, manifest)
+            entries.append(ScanEntry(step, path, problem.text if problem else None, problem.kind if problem else None))
+        return entries
 
     def newest_valid(self, verify_hashes: bool = True) -> ValidCheckpoint | None:
-        """The newest checkpoint whose manifest, sizes and sha256 all check out; logs each skip."""
+        """The newest checkpoint whose manifest, sizes and sha256 check out and that no rank failed
+        to load; logs each one it skips."""
+        rejections = read_json_lines(self.paths.checkpoint_rejections)
         for step, path in self._final_dirs():
-            problem = verify_checkpoint(path, step, verify_hashes)
-            if problem is None:
-                return ValidCheckpoint(step, path, _read_manifest(path))
-            log.warning("skipping checkpoint %s: %s", path, problem)
+            manifest, problem = check_checkpoint(path, step, verify_hashes)
+            if problem is None and manifest is not None:
+                problem = _rejection(rejections, step, manifest)
+            if problem is None and manifest is not None:
+                return ValidCheckpoint(step, path, manifest)
+            log.warning("skipping checkpoint %s (%s): %s", path, problem.kind if problem else "?", problem)
         return None
 
     def _final_dirs(self) -> list[tuple[int, Path]]:
@@ -197,41 +257,14 @@ def _is_payload(name: str) -> bool:
     return not name.startswith(".") and name != MANIFEST_NAME
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    with open(path / MANIFEST_NAME) as handle:
-        manifest = json.load(handle)
-    if not isinstance(manifest, dict):
-        raise ValueError("manifest is not a JSON object")
-    return manifest
-
-
-def verify_checkpoint(path: Path, step: int, verify_hashes: bool = True) -> str | None:
-    """Why the checkpoint at ``path`` cannot be used, or None when it can."""
-    try:
-        manifest = _read_manifest(path)
-    except FileNotFoundError:
-        return "no manifest"
-    except (ValueError, OSError) as error:
-        return f"unreadable manifest ({error})"
-    files, sizes = manifest.get("files"), manifest.get("sizes")
-    if not isinstance(files, dict) or not isinstance(sizes, dict) or set(files) != set(sizes):
-        return "manifest lacks matching 'files' and 'sizes' tables"
-    if manifest.get("step") != step:
-        return f"manifest step {manifest.get('step')!r} does not match the directory name"
-    for name, expected_hash in sorted(files.items()):
-        problem = _verify_file(path / name, sizes[name], expected_hash, verify_hashes)
-        if problem:
-            return f"{name}: {problem}"
-    return None
-
-
-def _verify_file(path: Path, size: Any, expected_hash: Any, verify_hashes: bool) -> str | None:
-    try:
-        actual_size = path.stat().st_size
-    except FileNotFoundError:
-        return "missing"
-    if actual_size != size:
-        return f"size {actual_size} bytes, manifest says {size}"
-    if verify_hashes and sha256_file(path) != expected_hash:
-        return "sha256 mismatch"
+def _rejection(rejections: list[dict[str, Any]], step: int, manifest: dict[str, Any]) -> Problem | None:
+    """Why this very checkpoint (its step and the time its manifest was written) was rejected, if
+    it was; a checkpoint of the same step written later by another attempt is not rejected."""
+    for rejection in rejections:
+        if rejection.get("step") != step:
+            continue
+        written = rejection.get("manifest_time")
+        if written == manifest.get("time") or (written is None and manifest.get("time", 0) < rejection["rejected_at"]):
+            return Problem(REJECTED, f"rank {rejection.get('rank')} of attempt {rejection.get('attempt')} failed to "
+                                     f"load it: {rejection.get('error')}")
     return None

@@ -8,8 +8,9 @@ reached minus resume step) can be computed exactly at those points.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from experiments.layout import Heartbeat, append_json_line, record_dict
 
@@ -25,12 +26,21 @@ class HeartbeatWriter:
         self.last_time: float | None = None
         self.last_step: int | None = None
 
-    def beat(self, step: int, force: bool = False) -> bool:
+    def beat(self, step: int, force: bool = False, phase: str | None = None, timeout_s: float | None = None) -> bool:
         """Append a heartbeat unless one was written less than ``interval_s`` ago; True if written."""
         now = self.clock()
         if not force and self.last_time is not None and now - self.last_time < self.interval_s:
             return False
-        append_json_line(self.path, record_dict(Heartbeat(attempt=self.attempt, step=step, time=now)))
+        beat = Heartbeat(attempt=self.attempt, step=step, time=now, phase=phase, timeout_s=timeout_s)
+        append_json_line(self.path, {k: v for k, v in record_dict(beat).items() if v is not None})
         self.last_time = now
         self.last_step = step
         return True
+
+    @contextmanager
+    def phase(self, name: str, timeout_s: float, step: int) -> Iterator[None]:
+        """A long phase without steps (resume, checkpoint, finish): announced with its own timeout,
+        so the controller does not take a slow save for a hang, yet catches one that never ends."""
+        self.beat(step, force=True, phase=name, timeout_s=timeout_s)
+        yield
+        self.beat(step, force=True)

@@ -1,19 +1,22 @@
 """Durable file writes for one rank's share of a checkpoint: temporary name, fsync, rename.
 
 A rank killed mid-write leaves only a hidden temporary file, never a truncated file under the
-final name; the store ignores hidden names when it hashes the checkpoint.
+final name; the store ignores hidden names when it hashes the checkpoint. When a rank closes its
+sink it leaves a receipt (a hidden JSON file: name -> size of every file it wrote), so that rank 0
+publishes exactly what every rank delivered and notices a rank that delivered nothing.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from experiments.layout import MANIFEST_NAME, fsync_dir
+from experiments.layout import MANIFEST_NAME, fsync_dir, write_json_atomic
 
 _COPY_CHUNK = 4 << 20
 
@@ -21,9 +24,10 @@ _COPY_CHUNK = 4 << 20
 class FileSink:
     """Hands out files inside one (partial) checkpoint directory; the workload writes through it."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, rank: int = 0) -> None:
         self.directory = directory
-        self.written: dict[str, int] = {}  # name -> bytes, for this rank's own accounting
+        self.rank = rank
+        self.written: dict[str, int] = {}  # name -> bytes: this rank's share, listed in its receipt
 
     @contextmanager
     def open(self, name: str) -> Iterator[BinaryIO]:
@@ -83,8 +87,26 @@ class FileSink:
         self.written[name] = final.stat().st_size
 
     def close(self) -> None:
-        """Make this rank's renames durable before it reports its share written (the barrier)."""
+        """Make this rank's renames durable, then leave its receipt (before the barrier)."""
         fsync_dir(self.directory)
+        write_json_atomic(self.directory / receipt_name(self.rank), {"rank": self.rank, "files": self.written})
+
+
+def receipt_name(rank: int) -> str:
+    return f".receipt-rank{rank:05d}.json"
+
+
+def read_receipt(path: Path) -> dict[str, int] | None:
+    """The files (name -> size) a rank's receipt lists; None if it left none."""
+    try:
+        with open(path) as handle:
+            receipt = json.load(handle)
+    except FileNotFoundError:
+        return None
+    files = receipt.get("files") if isinstance(receipt, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: not a checkpoint receipt")
+    return {str(name): int(size) for name, size in files.items()}
 
 
 def _check_name(name: str) -> None:

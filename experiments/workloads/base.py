@@ -69,8 +69,12 @@ class Workload(ABC):
         """Wait for every rank; ``timeout_s`` None means the collective timeout from setup."""
 
     @abstractmethod
-    def broadcast_int(self, value: int) -> int:
-        """Rank 0's ``value`` on every rank (the runner agrees on the resume step this way)."""
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
+        """Rank 0's ``value`` on every rank (the runner agrees on the resume step this way).
+
+        ``timeout_s``: how long the others may wait for rank 0 to get there (it may be hashing a
+        large checkpoint); None means the collective timeout from setup.
+        """
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -228,9 +228,12 @@ class ChainerWorkload(Workload):
                 raise TimeoutError(f"barrier: not every rank arrived within {limit:g} s")
             time.sleep(BARRIER_POLL_S)
 
-    def broadcast_int(self, value: int) -> int:
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
+        # Bcast has no timeout (see barrier): meet at a barrier with one first, so that a rank 0
+        # that never arrives ends the wait after timeout_s instead of never.
+        self.barrier(timeout_s)
         buffer = np.array([value], dtype=np.int64)
-        self.comm.mpi_comm.Bcast(buffer, root=0)  # no timeout: see barrier
+        self.comm.mpi_comm.Bcast(buffer, root=0)
         return int(buffer[0])
 
     def shutdown(self) -> None:

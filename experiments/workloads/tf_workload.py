@@ -22,10 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import json  # noqa: E402
 import math  # noqa: E402
-import shutil  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from contextlib import contextmanager, nullcontext  # noqa: E402
@@ -233,12 +231,10 @@ class TensorFlowWorkload(Workload):
             return
         # TensorFlow's multi-worker pattern: every worker runs the same save (should it ever need
         # a collective, no worker is missing from it); the non-chiefs' copies go to a scratch
-        # directory that is deleted.
-        scratch = Path(tempfile.mkdtemp(prefix=f"faultdrill-tf-rank{self.env.rank}-"))
-        try:
+        # directory inside the checkpoint's partial directory, removed at once, and with the
+        # partial directory by the next attempt should this rank be killed mid-write.
+        with sink.scratch() as scratch:
             self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     def load(self, directory: Path, step: int) -> None:
         assert self.checkpoint is not None
@@ -258,11 +254,9 @@ class TensorFlowWorkload(Workload):
     def barrier(self, timeout_s: float | None = None) -> None:
         self._sum_over_ranks(0, timeout_s)
 
-    def broadcast_int(self, value: int) -> int:
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
         assert self.env is not None
-        # The runner broadcasts the resume step, which rank 0 finds by hashing checkpoints while
-        # the others wait: allow a checkpoint's time, not a collective's.
-        return self._sum_over_ranks(value if self.env.is_main else 0, self.timeouts.checkpoint_s)
+        return self._sum_over_ranks(value if self.env.is_main else 0, timeout_s)
 
     def _sum_over_ranks(self, value: int, timeout_s: float | None) -> int:
         """One eager all-reduce (every rank must call it, in the same order) with its own timeout."""

@@ -156,7 +156,11 @@ class TorchWorkload(Workload):
             # longer than the short collective timeout that catches dead peers.
             dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
 
-    def broadcast_int(self, value: int) -> int:
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
+        # dist.broadcast waits only the collective timeout (seconds, to catch dead peers), and rank 0
+        # may first hash a large checkpoint: meet at a barrier with its own timeout first.
+        if timeout_s is not None:
+            self.barrier(timeout_s)
         tensor = torch.tensor([value], dtype=torch.int64)
         dist.broadcast(tensor, src=0)
         return int(tensor.item())

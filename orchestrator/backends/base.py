@@ -18,6 +18,17 @@ class Submission:
 
 
 @dataclass(frozen=True)
+class AttemptRef:
+    """An attempt as the ledger knows it, for finding its job when its id was never recorded."""
+
+    run: RunConfig
+    attempt: int
+    job_name: str | None  # the scheduler's name for it (an array's name for an element)
+    array_index: int | None  # its element, if it went out in an array
+    submitted: float  # when the controller began submitting it (wall time)
+
+
+@dataclass(frozen=True)
 class KillRequest:
     run: RunConfig
     attempt: int
@@ -28,6 +39,9 @@ class KillRequest:
 
 class Backend(abc.ABC):
     name: str = ""
+    # Whether submit_array makes one scheduler array that the scheduler throttles itself; without
+    # that, the controller submits runs one by one within parallel_runs.
+    supports_arrays: bool = False
 
     @abc.abstractmethod
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
@@ -38,8 +52,14 @@ class Backend(abc.ABC):
         runs in one call share their resources. Without arrays: one submission each."""
         return [self.submit(run, job) for run, job in items]
 
-    def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
-        """The job of ``attempt`` if the scheduler accepted it although its id was never recorded."""
+    @abc.abstractmethod
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """The jobs of attempt ``ref`` the scheduler accepted although their id was never recorded
+        (a controller stopped, or a submission that failed on our side but not the scheduler's),
+        oldest first: more than one means duplicates. Raises CommandError if it cannot tell."""
+
+    def end_time(self, job_id: str) -> float | None:
+        """When the scheduler says the job ended (the evidence of a natural failure), if it knows."""
         return None
 
     def adopt(self, job_id: str, run: RunConfig) -> None:
@@ -50,8 +70,9 @@ class Backend(abc.ABC):
         """States of all ``job_ids`` in one batched call; ids the scheduler does not know are UNKNOWN."""
 
     @abc.abstractmethod
-    def cancel(self, job_id: str) -> None:
-        """Ask the scheduler to end the job (no error if it already ended)."""
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        """Ask the scheduler to end the job (no error if it already ended); ``force``: SIGKILL now,
+        for a job that a plain cancel did not end. Raises CommandError if the scheduler refuses."""
 
     @abc.abstractmethod
     def kill_rank(self, request: KillRequest) -> FaultOutcome:

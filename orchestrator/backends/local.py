@@ -16,10 +16,18 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
-from experiments.layout import RankJob
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_DRILL_ID,
+    ENV_RUN_ID,
+    EVENT_PROCESS_START,
+    RankJob,
+    RunPaths,
+    read_json_lines,
+)
 from experiments.workloads import LAUNCHER_MPI
 from injectors.kill_rank import FaultOutcome, kill_rank
-from orchestrator.backends.base import Backend, KillRequest, Submission
+from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
 from orchestrator.render import rank_environment
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
@@ -74,6 +82,7 @@ class LocalJobRecord:
     folder: Path
     ntasks: int
     process: subprocess.Popen[bytes] | None = None  # None: started by an earlier controller process
+    run_id: str = ""  # an adopted job's environment must name this run before we signal it
 
 
 class LocalBackend(Backend):
@@ -91,12 +100,22 @@ class LocalBackend(Backend):
         submitted = executor.submit(run_rank, job)
         process = submitted._process
         assert process is not None
-        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process)
+        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process, run.run_id)
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
 
     def adopt(self, job_id: str, run: RunConfig) -> None:
         tasks = 1 if run.workload_entry.launcher == LAUNCHER_MPI else run.ranks
-        self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks))
+        self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks, run_id=run.run_id))
+
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """A job of this attempt that an earlier controller started but never recorded: the live
+        submitit controller whose environment names this drill, run and attempt; else the job id
+        the attempt's ranks recorded (the job may have ended since)."""
+        live = [str(process.pid) for process in _local_controllers(ref.run.paths.submitit)
+                if _environment_names(process, ref.run.run_id, ref.attempt, self.drill_id)]
+        if live:
+            return sorted(live, key=int)
+        return _recorded_job_ids(ref.run.paths, ref.attempt)
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         return {job_id: self._state(job_id) for job_id in job_ids}
@@ -114,26 +133,51 @@ class LocalBackend(Backend):
             return JobState.CANCELLED
         return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.FAILED
 
-    def cancel(self, job_id: str) -> None:
-        """End the job like scancel after its grace time: SIGKILL the tasks of the controller we
-        started (a stopped or hung task ignores gentler signals); submitit's controller then exits."""
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        """End the job like scancel after its grace time: SIGKILL every process below the job's
+        submitit controller (tasks, an MPI launcher and the ranks it started; a stopped or hung
+        rank ignores gentler signals); the controller then exits. ``force`` kills it too."""
         record = self._jobs.get(job_id)
-        if record is None or self._state(job_id) is not JobState.RUNNING:
+        controller = self._verified_controller(job_id, record) if record is not None else None
+        if controller is None:
             return
+        kill_tree(controller, include_root=force)
+
+    def _verified_controller(self, job_id: str, record: "LocalJobRecord") -> psutil.Process | None:
+        """The job's submitit controller, if it still runs: the process we started, or for an
+        adopted job a process whose command line and environment prove it is this run's."""
         try:
-            tasks = psutil.Process(int(job_id)).children()
-        except psutil.NoSuchProcess:
-            return
-        for task in tasks:
-            try:
-                task.kill()
-            except psutil.NoSuchProcess:
-                continue
+            process = psutil.Process(int(job_id))
+        except (psutil.NoSuchProcess, ValueError):
+            return None
+        if record.process is not None:
+            return process if record.process.poll() is None else None
+        if LOCAL_CONTROLLER_MODULE in _cmdline(process) and str(record.folder) in _cmdline(process) \
+                and record.run_id and _environment_names(process, record.run_id, None, self.drill_id):
+            return process
+        return None
 
     def kill_rank(self, request: KillRequest) -> FaultOutcome:
         return kill_rank(
             request.run.paths.root, request.run.run_id, request.attempt, request.rank, request.job_id, request.signal
         )
+
+
+def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
+    """What the local backend runs for an attempt (it has no batch script): ``faultdrill render``."""
+    mpi = run.workload_entry.launcher == LAUNCHER_MPI
+    tasks = 1 if mpi else run.ranks
+    command = [*(mpi_launcher(run.ranks) if mpi else []), sys.executable, "-u", "-m", "submitit.core._submit",
+               str(run.paths.submitit)]
+    lines = [
+        f"# local backend: no batch script. submitit's local executor ({LOCAL_CONTROLLER_MODULE}) runs",
+        f"# {tasks} task(s) of this command in {run.paths.submitit}, {_minutes(run):g} min time limit;",
+        f"# {'mpiexec starts the ' + str(run.ranks) + ' ranks' if mpi else 'each task is one rank'}, "
+        "every one with this environment:",
+        *(f"export {name}={shlex.quote(value)}" for name, value in sorted(rank_environment(run, attempt, drill_id).items())),
+        shlex.join(command),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def mpi_launcher(ranks: int) -> list[str]:
@@ -160,7 +204,7 @@ def _adopted_state(job_id: str, record: LocalJobRecord) -> JobState:
     """A job an earlier controller process started: running while its pid is still submitit's
     controller for this run's folder; once gone, complete only if every task left a success result."""
     try:
-        cmdline = psutil.Process(int(job_id)).cmdline()
+        cmdline = _cmdline(psutil.Process(int(job_id)))
     except (psutil.NoSuchProcess, ValueError):
         cmdline = []
     if LOCAL_CONTROLLER_MODULE in cmdline and str(record.folder) in cmdline:
@@ -170,3 +214,62 @@ def _adopted_state(job_id: str, record: LocalJobRecord) -> JobState:
 
 def _minutes(run: RunConfig) -> float:
     return time_limit_minutes(run.campaign.resources.time)
+
+
+KILL_ROUNDS = 5  # a launcher may start children while its tree is killed: list and kill again
+
+
+def kill_tree(root: psutil.Process, include_root: bool) -> None:
+    """SIGKILL every descendant of ``root`` (and ``root`` itself if asked), until none is left."""
+    for _ in range(KILL_ROUNDS):
+        try:
+            victims = root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            victims = []
+        if not victims:
+            break
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.NoSuchProcess:
+                continue
+        psutil.wait_procs(victims, timeout=2.0)
+    if include_root:
+        try:
+            root.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def _local_controllers(folder: Path) -> list[psutil.Process]:
+    """Live submitit local controllers started for ``folder`` (the run's submitit folder)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if LOCAL_CONTROLLER_MODULE in cmdline and str(folder) in cmdline:
+            found.append(process)
+    return found
+
+
+def _environment_names(process: psutil.Process, run_id: str, attempt: int | None, drill_id: str) -> bool:
+    """The process was started by this drill for this run (and attempt): its environment says so."""
+    try:
+        environ = process.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return (environ.get(ENV_RUN_ID) == run_id and environ.get(ENV_DRILL_ID) == drill_id
+            and (attempt is None or environ.get(ENV_ATTEMPT) == str(attempt)))
+
+
+def _recorded_job_ids(paths: RunPaths, attempt: int) -> list[str]:
+    """The job id the attempt's rank 0 recorded when it started (its process_start event)."""
+    ids = {str(event["job_id"]) for event in read_json_lines(paths.events_file(attempt))
+           if event.get("event") == EVENT_PROCESS_START and event.get("job_id")}
+    return sorted(ids, key=lambda job_id: int(job_id) if job_id.isdigit() else 0)

@@ -12,7 +12,6 @@ FAULTDRILL_PBS_AGENT_LAUNCH=ssh|srun overrides the choice.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shlex
@@ -28,11 +27,12 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.kill_rank import FaultOutcome
 from injectors.targets import read_identity
-from orchestrator.backends.base import Backend, KillRequest, Submission
+from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
 from orchestrator.backends.pbs_commands import (
     ServerKind,
     array_element_id,
     detect_server,
+    is_element,
     qdel,
     qrerun,
     qstat_all,
@@ -42,13 +42,12 @@ from orchestrator.backends.pbs_commands import (
 )
 from orchestrator.backends.pbs_plugin import PBSExecutor
 from orchestrator.backends.slurm import _agent_outcome
-from orchestrator.commands import CommandError, run_command
-from orchestrator.render import SubmissionScript, attempt_job_name, render_pbs, render_pbs_array
+from orchestrator.commands import run_command
+from orchestrator.render import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
 from orchestrator.states import JobState
 
-log = logging.getLogger(__name__)
 
 ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
 INJECT_TIMEOUT_S = 60.0
@@ -68,6 +67,7 @@ class TemplatePBSExecutor(PBSExecutor):
 
 class PBSBackend(Backend):
     name = "pbs"
+    supports_arrays = True
 
     def __init__(self, drill_id: str, python: str = sys.executable) -> None:
         self.drill_id = drill_id
@@ -90,7 +90,7 @@ class PBSBackend(Backend):
         if len(items) <= 1:
             return [self.submit(run, job) for run, job in items]
         first = items[0][0]
-        name = f"fd-{first.campaign.name}-{first.run_id}-x{len(items)}-a{items[0][1].attempt}"[:120]
+        name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
                                   first.campaign.parallel_runs, self.python)
         pickles = [_dump_pending(run, job) for run, job in items]
@@ -108,10 +108,18 @@ class PBSBackend(Backend):
             submissions.append(Submission(job_id=job_id, accepted_at=accepted))
         return submissions
 
-    def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
-        name = attempt_job_name(run, attempt)
-        found = [job_id for job_id, record in qstat_all().items() if record.get("Job_Name") == name]
-        return max(found, key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0)) if found else None
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """Jobs named as the attempt, or the element of the array it went out in (one qstat -f)."""
+        if ref.job_name is None:
+            return []
+        found = [job_id for job_id, record in qstat_all().items()
+                 if record.get("Job_Name") == ref.job_name and not is_element(job_id)]
+        ordered = sorted(found, key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0))
+        if ref.array_index is not None:
+            ordered = [array_element_id(job_id, ref.array_index) for job_id in ordered]
+        for job_id in ordered:
+            self._folders.setdefault(job_id, ref.run.paths.submitit)
+        return ordered
 
     def adopt(self, job_id: str, run: RunConfig) -> None:
         self._folders.setdefault(job_id, run.paths.submitit)
@@ -120,11 +128,8 @@ class PBSBackend(Backend):
         """One qstat -f for all ids (raises CommandError when qstat itself fails)."""
         return qstat_states(job_ids, self._folders) if job_ids else {}
 
-    def cancel(self, job_id: str) -> None:
-        try:
-            qdel(job_id, self._folders.get(job_id))
-        except CommandError as error:
-            log.warning("could not cancel %s: %s", job_id, error)
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        qdel(job_id, self._folders.get(job_id), force=force)
 
     def rerun(self, job_id: str) -> None:
         """Send a running job back to the queue with qrerun (raises CommandError if refused)."""

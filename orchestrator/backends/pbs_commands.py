@@ -32,6 +32,8 @@ _QSUB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?$")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.%^+=@/-]+$")  # the wrappers pass -o/-e through a shell
 _JOB_LINE = re.compile(r"^Job Id:\s*(\S+)\s*$")
 _ATTRIBUTE_LINE = re.compile(r"^\s+([A-Za-z_][\w.]*) = (.*)$")
+# Exit codes of qstat/qdel that answer "no such job" (Torque 153, PBS Pro 35): a job that ended.
+QSTAT_ANSWERS = (0, 35, 153)
 _UNKNOWN_JOB = re.compile(r"unknown job id|has finished|job has been deleted", re.IGNORECASE)
 
 
@@ -172,9 +174,9 @@ def qstat_records(ids: Sequence[str], server: ServerKind) -> dict[str, dict[str,
     if not ids:
         return {}
     args = ["qstat", "-f", *server.qstat_options, *ids]
-    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2, check=False)
+    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2, answers=QSTAT_ANSWERS)
     complaints = [line for line in result.stderr.splitlines() if line.strip() and not _UNKNOWN_JOB.search(line)]
-    if result.returncode != 0 and (complaints or result.returncode not in (35, 153)):
+    if result.returncode != 0 and complaints:
         raise CommandError(args, result.returncode, result.stdout, result.stderr, "qstat failed")
     return parse_qstat_full(result.stdout)
 
@@ -212,14 +214,17 @@ def qstat_states(
     return states
 
 
-def qdel(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:
-    """Delete a job (no error if it already ended)."""
+def qdel(job_id: str, folder: Path | None, server: ServerKind | None = None, force: bool = False) -> None:
+    """Delete a job (no error if it already ended); ``force``: purge it even if its node does not
+    answer (Torque ``-p``, PBS Pro ``-W force``; the wrappers' qdel has no such option)."""
     server = server or detect_server()
     target = scheduler_target(job_id, folder, server)
     if target.array_only:
         raise CommandError(["qdel", target.scheduler_id], None, "", "", f"{job_id} has not started: under "
                            "Slurm's PBS wrappers qdel can only delete its whole array")
-    run_command(["qdel", target.scheduler_id], timeout_s=QSTAT_TIMEOUT_S, retries=1, check=False)
+    options = {"torque": ["-p"], "pro": ["-W", "force"]}.get(server.value, []) if force else []
+    run_command(["qdel", *options, target.scheduler_id], timeout_s=QSTAT_TIMEOUT_S, retries=1,
+                answers=QSTAT_ANSWERS)
 
 
 def qrerun(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:
@@ -231,7 +236,5 @@ def qstat_all(server: ServerKind | None = None) -> dict[str, dict[str, str]]:
     """Every job the server lists (finished ones too where it keeps them)."""
     server = server or detect_server()
     args = ["qstat", "-f", *server.qstat_options]
-    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2, check=False)
-    if result.returncode not in (0, 153):
-        raise CommandError(args, result.returncode, result.stdout, result.stderr, "qstat failed")
+    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2, answers=(0, 153))
     return parse_qstat_full(result.stdout)

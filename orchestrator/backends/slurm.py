@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import sys
 import time
 import uuid
@@ -16,16 +17,19 @@ from submitit.core import utils as submitit_utils
 from experiments.entry import run_rank
 from experiments.layout import RankJob, read_json_lines
 from injectors.kill_rank import FaultOutcome
-from injectors.targets import read_identity
-from orchestrator.backends.base import Backend, KillRequest, Submission
+from injectors.targets import TargetRefused, read_identity
+from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
 from orchestrator.commands import CommandError, run_command
-from orchestrator.render import SubmissionScript, attempt_job_name, render_slurm
+from orchestrator.directives import cluster_of
+from orchestrator.render import SubmissionScript, render_slurm
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState, from_slurm
 
 SUBMIT_TIMEOUT_S = 60.0
 POLL_TIMEOUT_S = 20.0
 INJECT_TIMEOUT_S = 60.0
+_CLUSTER = re.compile(r"^[A-Za-z0-9_.-]+$")
+_JOB_ENDED = re.compile(r"already completing or completed|Invalid job id|Job has expired", re.IGNORECASE)
 
 
 class TemplateSlurmExecutor(submitit.SlurmExecutor):
@@ -34,6 +38,7 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
     def __init__(self, folder: Path, script: SubmissionScript, python: str = sys.executable) -> None:
         super().__init__(folder, python=python)
         self.script = script
+        self.cluster: str | None = None  # the cluster sbatch sent the job to (--clusters), if any
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return self.script.text
@@ -46,23 +51,35 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         result = run_command(
             ["sbatch", "--parsable", str(script_path)], cwd=self.script.submit_dir, timeout_s=SUBMIT_TIMEOUT_S
         )
-        job_id = parse_sbatch_parsable(result.stdout)
+        # submitit names the job's files by the number alone (the job finds them by SLURM_JOB_ID).
+        job_id, self.cluster = split_job_id(parse_sbatch_parsable(result.stdout))
         job: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
         job.paths.move_temporary_file(script_path, "submission_file", keep_as_symlink=False)
         return job
 
 
 def parse_sbatch_parsable(stdout: str) -> str:
-    """``sbatch --parsable`` prints ``<id>`` or ``<id>;<cluster>``."""
-    text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
-    job_id = text.split(";")[0]
-    if not job_id.isdigit():
+    """``sbatch --parsable`` prints ``<id>`` or ``<id>;<cluster>``: Faultdrill's job id is that
+    text (the cluster stays with the id, so every later command can name it with ``-M``)."""
+    text = stdout.strip().splitlines()[-1].strip() if stdout.strip() else ""
+    job_id, _, cluster = text.partition(";")
+    if not job_id.isdigit() or (cluster and not _CLUSTER.match(cluster)):
         raise CommandError(["sbatch", "--parsable"], 0, stdout, "", "sbatch printed no job id")
-    return job_id
+    return text
+
+
+def split_job_id(job_id: str) -> tuple[str, str | None]:
+    """``123;cluster`` -> (``123``, ``cluster``); ``123`` -> (``123``, None)."""
+    number, _, cluster = job_id.partition(";")
+    return number, cluster or None
+
+
+def cluster_args(cluster: str | None) -> list[str]:
+    return ["-M", cluster] if cluster else []
 
 
 def parse_squeue(stdout: str) -> dict[str, JobState]:
-    """Lines of ``squeue -h -o %i|%T``."""
+    """Lines of ``squeue -h -o %i|%T`` (with -M, ``CLUSTER: name`` lines are skipped)."""
     states: dict[str, JobState] = {}
     for line in stdout.splitlines():
         if "|" in line:
@@ -81,6 +98,14 @@ def parse_sacct(stdout: str) -> dict[str, JobState]:
     return states
 
 
+def parse_slurm_time(text: str) -> float | None:
+    """sacct's ``2026-12-01T07:50:01`` (local time) as epoch seconds; None for Unknown/None."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
 class SlurmBackend(Backend):
     name = "slurm"
 
@@ -95,54 +120,84 @@ class SlurmBackend(Backend):
         resources = run.campaign.resources
         executor.update_parameters(nodes=resources.nodes, ntasks_per_node=resources.tasks_per_node)
         submitted = executor.submit(run_rank, job)
-        return Submission(job_id=submitted.job_id, accepted_at=time.time())
+        return Submission(job_id=_with_cluster(submitted.job_id, executor.cluster), accepted_at=time.time())
 
-    def find_submitted(self, run: RunConfig, attempt: int) -> str | None:
-        result = run_command(["squeue", "-h", "-t", "all", "-u", self.user, "-n", attempt_job_name(run, attempt),
-                              "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2)
-        job_ids = result.stdout.split()
-        return job_ids[-1] if job_ids else None
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """Jobs named as the attempt (names carry the drill id): squeue for the ones it still holds,
+        sacct for those it forgot since (MinJobAge), oldest first."""
+        if ref.job_name is None:
+            return []
+        cluster = cluster_of(ref.run.campaign.resources.extra_directives)
+        found = set(run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user,
+                                 "-n", ref.job_name, "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2).stdout.split())
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ref.submitted - 60))
+        accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID", "-u", self.user,
+                                 "--name", ref.job_name, "-S", since], timeout_s=POLL_TIMEOUT_S, retries=2)
+        found |= {line.strip() for line in accounted.stdout.splitlines() if line.strip().isdigit()}
+        # squeue -M/sacct -M print the bare number; the id carries the cluster sbatch chose.
+        return [_with_cluster(job_id, cluster) for job_id in sorted(found, key=int)]
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
-        """One squeue call for every job it still holds; sacct only for ids squeue has forgotten."""
-        if not job_ids:
-            return {}
-        result = run_command(
-            ["squeue", "-h", "-t", "all", "-u", self.user, "-o", "%i|%T"], timeout_s=POLL_TIMEOUT_S, retries=2
-        )
-        states = {job_id: state for job_id, state in parse_squeue(result.stdout).items() if job_id in job_ids}
-        missing = [job_id for job_id in job_ids if job_id not in states]
-        if missing:
-            states.update(self._sacct(missing))
+        """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
+        forgotten. A failing squeue or sacct raises: it says nothing about the jobs."""
+        states: dict[str, JobState] = {}
+        for cluster, numbers in _by_cluster(job_ids).items():
+            states.update(self._poll_cluster(cluster, numbers))
         return {job_id: states.get(job_id, JobState.UNKNOWN) for job_id in job_ids}
 
-    def _sacct(self, job_ids: list[str]) -> dict[str, JobState]:
-        try:
-            result = run_command(
-                ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
-                timeout_s=POLL_TIMEOUT_S, retries=1,
-            )
-        except CommandError:
-            return {}
-        return parse_sacct(result.stdout)
+    def _poll_cluster(self, cluster: str | None, numbers: list[str]) -> dict[str, JobState]:
+        result = run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user, "-o", "%i|%T"],
+                             timeout_s=POLL_TIMEOUT_S, retries=2)
+        states = {number: state for number, state in parse_squeue(result.stdout).items() if number in numbers}
+        missing = [number for number in numbers if number not in states]
+        if missing:
+            accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
+                                     "-j", ",".join(missing)], timeout_s=POLL_TIMEOUT_S, retries=1)
+            states.update({n: s for n, s in parse_sacct(accounted.stdout).items() if n in missing})
+        return {_with_cluster(number, cluster): state for number, state in states.items()}
 
-    def cancel(self, job_id: str) -> None:
-        run_command(["scancel", job_id], timeout_s=POLL_TIMEOUT_S, retries=1, check=False)
+    def end_time(self, job_id: str) -> float | None:
+        number, cluster = split_job_id(job_id)
+        try:
+            result = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "End", "-j", number],
+                                 timeout_s=POLL_TIMEOUT_S, retries=1)
+        except CommandError:
+            return None
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        return parse_slurm_time(lines[0]) if lines else None
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        number, cluster = split_job_id(job_id)
+        signal = ["-s", "KILL"] if force else []
+        run_command(["scancel", *cluster_args(cluster), *signal, number], timeout_s=POLL_TIMEOUT_S, retries=2)
 
     def kill_rank(self, request: KillRequest) -> FaultOutcome:
         """Launch the fault agent as a step inside the job's allocation, on the target rank's node."""
         paths = request.run.paths
+        number, cluster = split_job_id(request.job_id)
         node = read_identity(paths.root, request.attempt, request.rank).node
         record = paths.attempt_dir(request.attempt) / f"fault-rank{request.rank}-{uuid.uuid4().hex[:8]}.json"
         args = [
-            "srun", f"--jobid={request.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            "--quiet", self.python, "-m", "injectors.agent", "kill-rank",
+            "srun", *cluster_args(cluster), f"--jobid={number}", "--overlap", "--nodes=1", "--ntasks=1",
+            f"--nodelist={node}", "--quiet", self.python, "-m", "injectors.agent", "kill-rank",
             "--run-dir", str(paths.root), "--run-id", request.run.run_id, "--attempt", str(request.attempt),
-            "--rank", str(request.rank), "--job-id", request.job_id, "--signal", request.signal,
+            "--rank", str(request.rank), "--job-id", number, "--signal", request.signal,
             "--record", str(record),
         ]
         result = run_command(args, timeout_s=INJECT_TIMEOUT_S, check=False)
         return _agent_outcome(result.stdout, record, args, result.returncode, result.stderr)
+
+
+def _with_cluster(number: str, cluster: str | None) -> str:
+    return f"{number};{cluster}" if cluster else number
+
+
+def _by_cluster(job_ids: list[str]) -> dict[str | None, list[str]]:
+    groups: dict[str | None, list[str]] = {}
+    for job_id in job_ids:
+        number, cluster = split_job_id(job_id)
+        groups.setdefault(cluster, []).append(number)
+    return groups
 
 
 def _agent_outcome(stdout: str, record: Path, args: list[str], code: int, stderr: str) -> FaultOutcome:
@@ -153,5 +208,7 @@ def _agent_outcome(stdout: str, record: Path, args: list[str], code: int, stderr
         if answer.get("ok"):
             fields = {key: answer[key] for key in ("kind", "rank", "pid", "node", "signal", "at")}
             return FaultOutcome(**fields)
-        raise CommandError(args, code, stdout, answer.get("error", stderr), "fault agent refused")
+        raise TargetRefused(f"fault agent refused: {answer.get('error', stderr)}", gone=bool(answer.get("gone")))
+    if _JOB_ENDED.search(stderr):  # srun could not start the agent: the job is ending already
+        raise TargetRefused(f"the target's job is ending: {stderr.strip()[-500:]}", gone=True)
     raise CommandError(args, code, stdout, stderr, "fault agent gave no answer")

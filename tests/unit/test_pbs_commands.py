@@ -11,7 +11,7 @@ import pytest
 
 from experiments.layout import RankJob
 from orchestrator.backends import pbs_commands
-from orchestrator.backends.base import KillRequest
+from orchestrator.backends.base import AttemptRef, KillRequest
 from orchestrator.backends.pbs import PBSBackend
 from orchestrator.backends.pbs_commands import (
     SCHEDULER_ID_FILE,
@@ -23,6 +23,7 @@ from orchestrator.backends.pbs_commands import (
 )
 from orchestrator.backends.pbs_plugin import PBSExecutor, PBSInfoWatcher
 from orchestrator.commands import CommandError
+from orchestrator.render import attempt_job_name
 from orchestrator.runs import expand_runs
 from orchestrator.spec import Campaign
 from orchestrator.states import JobState
@@ -93,7 +94,7 @@ def test_unknown_ids_are_not_an_error_but_a_failing_qstat_is(fake_pbs: FakePBS) 
     fake_pbs.answer("qstat", "", rc=153, stderr="qstat: Unknown Job Id 424242.pbs-srv\n")  # PBS Pro
     assert qstat_states(["424242.pbs-srv"], {}) == {"424242.pbs-srv": JobState.UNKNOWN}
     fake_pbs.answer("qstat", "", rc=2, stderr="Unknown option: x\nUsage: qstat [-f] ...\n")
-    with pytest.raises(CommandError, match="qstat failed"):
+    with pytest.raises(CommandError, match="qstat -f 1"):
         qstat_states(["1"], {})
 
 
@@ -201,16 +202,19 @@ def test_backend_array_of_first_attempts(fake_pbs: FakePBS, tmp_path: Path) -> N
                     .replace("108", "88").replace("109", "89"))
     (runs[0].paths.submitit / SCHEDULER_ID_FILE.format(job="88[0]")).write_text("89\n")
     assert backend.poll(["88[0]", "88[1]"]) == {"88[0]": JobState.RUNNING, "88[1]": JobState.PENDING}
-    backend.cancel("88[1]")  # pending under the wrappers: refused, logged, nothing deleted
+    with pytest.raises(CommandError, match="whole array"):  # pending under the wrappers: refused
+        backend.cancel("88[1]")
     assert not any(call.startswith("qdel") for call in fake_pbs.calls)
 
 
 def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_path: Path) -> None:
     run = expand_runs(_campaign(tmp_path / "work"))[0]
-    fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_running.txt").read_text()
-                    .replace("fd-rec-one", f"{run.job_name}-a0"))
-    assert PBSBackend("unit-1").find_submitted(run, 0) == "105"
-    assert PBSBackend("unit-1").find_submitted(run, 1) is None
+    name = attempt_job_name(run, 0, "unit-1")
+    fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_running.txt").read_text().replace("fd-rec-one", name))
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["105"]
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 1, attempt_job_name(run, 1, "unit-1"), None, 0.0)) == []
+    # An attempt that went out as element 2 of an array: the array is found by its name.
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 2, 0.0)) == ["105[2]"]
 
 
 def test_fault_agent_reaches_the_node_by_srun_under_the_wrappers_else_ssh(

@@ -88,8 +88,8 @@ def test_directives_come_in_a_stable_order() -> None:
     first = render_pbs(run, 0, "d", PYTHON).text
     assert first == render_pbs(run, 0, "d", PYTHON).text
     flags = [" ".join(line.split()[:3]).split("=")[0] for line in _directives(first)]
-    assert flags == ["#PBS -N fd-golden-r000-a0", "#PBS -l nodes", "#PBS -l walltime", "#PBS -q p",
-                     "#PBS -o fd-golden-r000-a0.pbs.out", "#PBS -e fd-golden-r000-a0.pbs.err", "#PBS -r y"]
+    assert flags == ["#PBS -N fd-d-r000-a0", "#PBS -l nodes", "#PBS -l walltime", "#PBS -q p",
+                     "#PBS -o fd-d-r000-a0.pbs.out", "#PBS -e fd-d-r000-a0.pbs.err", "#PBS -r n"]
 
 
 def test_rank_launch_is_one_mpiexec_that_ends_when_a_rank_dies() -> None:
@@ -134,7 +134,7 @@ def test_strict_undefined_names_the_missing_variable() -> None:
 
 def test_output_paths_are_repeated_for_qsub_and_checked() -> None:
     text = render_pbs(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
-    assert output_options(text) == ["-o", "fd-golden-r000-a0.pbs.out", "-e", "fd-golden-r000-a0.pbs.err"]
+    assert output_options(text) == ["-o", "fd-d-r000-a0.pbs.out", "-e", "fd-d-r000-a0.pbs.err"]
     with pytest.raises(ValueError, match="not safe"):
         output_options("#!/bin/bash\n#PBS -o $(reboot)\n")
 

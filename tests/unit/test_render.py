@@ -50,7 +50,7 @@ def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
     subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
     environment_part = script.text.split("\nevents=")[0]  # directives are comments to bash
     shown = subprocess.run(["bash", "-c", environment_part + '\nprintf %s "$FAULTDRILL_RUN_DIR"'],
-                           capture_output=True, text=True, check=True).stdout
+                           capture_output=True, text=True, check=True, env={**os.environ, "SLURM_JOB_ID": "7"}).stdout
     assert shown == f"{HOSTILE}/runs/r000"
 
 

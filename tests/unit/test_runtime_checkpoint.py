@@ -16,10 +16,10 @@ def write_checkpoint(store: CheckpointStore, step: int, ranks: int = 2, attempt:
     """What the runner does: every rank writes through a sink, then rank 0 commits."""
     started = time.monotonic()
     for rank in range(ranks):
-        sink = store.sink(step)
+        sink = store.sink(step, rank)
         sink.write_bytes(f"rank{rank}.bin", f"state of rank {rank} at step {step}".encode() * 10)
         sink.close()
-    store.commit(step, attempt, META, started, blocking_s=0.001)
+    store.commit(step, attempt, META, started, blocking_s=0.001, ranks=ranks)
     return store.step_dir(step)
 
 
@@ -39,7 +39,9 @@ def test_commit_publishes_manifest_and_record(tmp_path: Path) -> None:
 
 def test_sync_commit_counts_blocking_as_persist(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
-    store.sink(5).write_bytes("a", b"x")
+    sink = store.sink(5)
+    sink.write_bytes("a", b"x")
+    sink.close()
     record = store.commit(5, 0, META, time.monotonic(), blocking_s=None)
     assert record.blocking_s == record.persist_s
 
@@ -135,8 +137,9 @@ def test_discard_newer_than_and_rewrite_same_step(tmp_path: Path) -> None:
     write_checkpoint(store, 10)
     (write_checkpoint(store, 20) / "rank0.bin").unlink()
     assert store.newest_valid().step == 10  # type: ignore[union-attr]
-    store.discard_newer_than(10)
+    [moved] = store.discard_newer_than(10)
     assert not store.step_dir(20).exists()
+    assert moved.parent == store.paths.quarantine and (moved / "rank1.bin").exists()  # moved aside, not deleted
     write_checkpoint(store, 20, attempt=1)  # the resumed attempt writes step 20 again
     assert store.newest_valid().manifest["attempt"] == 1  # type: ignore[union-attr]
 
@@ -152,7 +155,9 @@ def test_persist_worker_publishes_in_order_and_surfaces_errors(tmp_path: Path) -
     store = CheckpointStore(tmp_path)
     worker = PersistWorker()
     for step in (1, 2):
-        store.sink(step).write_bytes("a", b"x")
+        sink = store.sink(step)
+        sink.write_bytes("a", b"x")
+        sink.close()
         worker.submit(lambda step=step: store.commit(step, 0, META, time.monotonic(), 0.0))
     worker.wait()
     assert [r.step for r in worker.records] == [1, 2]

@@ -37,7 +37,7 @@ def test_unknown_words_are_unknown_and_never_success() -> None:
     assert JobState.FAILED.is_terminal and not JobState.FAILED.is_success
 
 
-@pytest.mark.parametrize("stdout,job_id", [("1234\n", "1234"), ("77;cluster\n", "77")])
+@pytest.mark.parametrize("stdout,job_id", [("1234\n", "1234"), ("77;cluster\n", "77;cluster")])
 def test_sbatch_parsable(stdout: str, job_id: str) -> None:
     assert parse_sbatch_parsable(stdout) == job_id
 

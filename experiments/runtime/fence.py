@@ -1,0 +1,90 @@
+"""Attempt fencing: only the current attempt of a run may start ranks or write its files.
+
+The controller writes ``<run>/current-attempt`` before it submits an attempt (``"<attempt> -"``) and
+again once the scheduler accepted it (``"<attempt> <job id>"``). A job that is not that attempt, or
+not that job, is stale: a scheduler's own requeue of a job the controller already replaced, a
+duplicate of a submission that timed out, an orphan of a controller that was stopped. A stale
+attempt starts no rank, touches no checkpoint and no final record, and says so in its log.
+
+Checked three times: by the batch script before it launches ranks (same file format, read with
+``read`` in bash), by every rank before it touches the run's files, and by rank 0 right before it
+publishes a checkpoint or the final record (the fence may move while an attempt runs, e.g. when
+the controller took it for hung and started the next one).
+
+Plain text, one line, so that a batch script can read it without Python. No file: no controller
+claims the run (ranks started by hand, tests), and nothing is fenced.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from experiments.layout import ENV_JOB_ID, RunPaths, fsync_dir
+
+NO_JOB = "-"
+
+
+class StaleAttemptError(RuntimeError):
+    """This attempt (or this job) is no longer the run's current one: it must not go on."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    attempt: int
+    job_id: str | None  # None until the scheduler accepted the attempt
+
+    def admits(self, attempt: int, job_id: str | None) -> bool:
+        if attempt != self.attempt:
+            return False
+        return self.job_id is None or job_id is None or same_job(self.job_id, job_id)
+
+    def render(self) -> str:
+        return f"{self.attempt} {self.job_id or NO_JOB}\n"
+
+
+def same_job(recorded: str, own: str) -> bool:
+    """Slurm ids may carry their cluster (``123;cluster``, as ``sbatch --parsable`` prints them)."""
+    return recorded.split(";")[0] == own.split(";")[0]
+
+
+def read_fence(paths: RunPaths) -> Fence | None:
+    try:
+        text = paths.current_attempt.read_text()
+    except FileNotFoundError:
+        return None
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        raise StaleAttemptError(f"{paths.current_attempt} holds {text!r}, not '<attempt> <job id>': refusing to run")
+    return Fence(int(parts[0]), None if parts[1] == NO_JOB else parts[1])
+
+
+def write_fence(paths: RunPaths, fence: Fence) -> None:
+    """Atomically (temporary name, fsync, rename): a reader sees the old line or the new one."""
+    target = paths.current_attempt
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        handle.write(fence.render())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+
+
+def own_job_id(scheduler_job_id: str) -> str:
+    """This process's job as the controller names it (the batch script exports it), else the
+    scheduler's id as the rank runtime reads it."""
+    return os.environ.get(ENV_JOB_ID) or scheduler_job_id
+
+
+def check_current(paths: RunPaths, attempt: int, job_id: str | None, doing: str) -> None:
+    """Raise StaleAttemptError unless ``attempt`` (of ``job_id``) is the run's current attempt."""
+    fence = read_fence(paths)
+    if fence is None or fence.admits(attempt, job_id):
+        return
+    current = f"attempt {fence.attempt}" + (f" (job {fence.job_id})" if fence.job_id else "")
+    raise StaleAttemptError(
+        f"faultdrill: stale attempt: attempt {attempt} (job {job_id or '?'}) of {paths.root} is not the run's "
+        f"current one, {current}: {doing} refused"
+    )

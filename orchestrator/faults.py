@@ -1,0 +1,188 @@
+"""One run's planned faults: when each may fire, and how each one ended.
+
+Rules (so that every fault is measured against one failure, and every planned fault is accounted
+for):
+- a fault fires only into a healthy attempt (running, not completed, not failing), at its anchor
+  in that attempt plus its delay;
+- the next fault waits until the effect of the previous one is known: one fault in flight at a
+  time, and after a fault reached its attempt (injected or absorbed), the next one fires only in a
+  later attempt;
+- every fault row ends as INJECTED (with what it caused), REFUSED (its target could not be verified;
+  why), ABSORBED (it hit an attempt that was already failing) or NOT_FIRED (why).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from injectors.kill_rank import FaultOutcome
+from injectors.schedule import PlannedFault
+from injectors.targets import TargetRefused
+from orchestrator.backends.base import KillRequest
+from orchestrator.ledger import FaultRow, Ledger
+from orchestrator.states import JobState
+from orchestrator.watch import AttemptWatch, FailureSign
+
+log = logging.getLogger(__name__)
+
+SENDING = "sending"  # the agent is acting; a controller stopped meanwhile leaves this behind
+INJECTED = "injected"
+REFUSED = "refused"
+ABSORBED = "absorbed"
+NOT_FIRED = "not fired"
+UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
+# Evidence that dates the failure itself (not just the last sign of life): a fault that acted
+# after it hit an attempt that was already failing.
+FAILURE_MOMENT_EVIDENCE = ("step_exit", "scheduler_end")
+COLLECT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class InFlight:
+    fault_id: int
+    attempt: int
+    future: Future[FaultOutcome]
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    sign: FailureSign | None  # None: the attempt completed
+    completed: bool
+
+
+class FaultBook:
+    def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor,
+                 kill: Callable[[KillRequest], FaultOutcome], request: Callable[[int, str, PlannedFault], KillRequest]):
+        self.run_id, self.plan, self.ledger, self.pool = run_id, plan, ledger, pool
+        self.kill, self.request = kill, request
+        self.in_flight: InFlight | None = None
+        self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
+        rows = ledger.faults(run_id)
+        for row in rows:
+            if row.outcome == SENDING and row.fault_id is not None:
+                ledger.update_fault(row.fault_id, outcome=UNKNOWN,
+                                    detail="the controller stopped while the fault agent was acting")
+        self.next_index = max((row.plan_index for row in rows), default=-1) + 1
+        # After a fault reached attempt A, the next one waits for a later attempt.
+        reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, UNKNOWN)]
+        self.blocked_through: int | None = max(reached, default=None)
+
+    @property
+    def sent(self) -> int:
+        return self.next_index
+
+    # firing -----------------------------------------------------------------------------------
+    def maybe_fire(self, watch: AttemptWatch, now: float) -> None:
+        if self.in_flight is not None or self.next_index >= len(self.plan):
+            return
+        if self.blocked_through is not None and watch.attempt <= self.blocked_through:
+            return
+        if watch.state is not JobState.RUNNING or watch.completed or watch.failing:
+            return
+        fault = self.plan[self.next_index]
+        anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
+        if anchor is None or now < anchor + fault.delay_s:
+            return
+        fault_id = self.ledger.add_fault(FaultRow(
+            fault_id=None, run_id=self.run_id, attempt=watch.attempt, plan_index=fault.index, kind=fault.kind,
+            target=f"rank {fault.rank}", signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
+            node=None, outcome=SENDING,
+        ))
+        self.next_index += 1
+        request = self.request(watch.attempt, watch.job_id, fault)
+        self.in_flight = InFlight(fault_id, watch.attempt, self.pool.submit(self.kill, request))
+
+    def collect(self, wait: bool = False) -> None:
+        """Record the agent's answer once it is in (``wait``: block for it, at the end of a run)."""
+        flight = self.in_flight
+        if flight is None or not (wait or flight.future.done()):
+            return
+        self.in_flight = None
+        try:
+            outcome = flight.future.result(timeout=COLLECT_TIMEOUT_S if wait else 0)
+        except TargetRefused as error:
+            self._refused(flight, error)
+        except Exception as error:  # the agent could not be started or gave no answer
+            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=_first_line(error))
+            log.warning("%s: fault not injected: %s", self.run_id, error)
+        else:
+            self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
+                                     target=f"rank {outcome.rank}@{outcome.node}", outcome=INJECTED)
+            self.blocked_through = flight.attempt
+        self._settle_ready()
+
+    def _refused(self, flight: InFlight, error: TargetRefused) -> None:
+        if error.gone:  # the target died first: the attempt was ending; settled once it has ended
+            self.ledger.update_fault(flight.fault_id, outcome=ABSORBED, detail=_first_line(error))
+            self.blocked_through = flight.attempt
+        else:
+            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=_first_line(error))
+            log.warning("%s: fault refused: %s", self.run_id, error)
+
+    # settling ---------------------------------------------------------------------------------
+    def attempt_ended(self, attempt: int, sign: FailureSign | None, completed: bool) -> None:
+        self.ended[attempt] = AttemptEnd(sign, completed)
+        self._settle_ready()
+
+    def settled(self, attempt: int) -> bool:
+        """Every fault sent into ``attempt`` has its final outcome (the recovery may be credited)."""
+        in_flight = self.in_flight is not None and self.in_flight.attempt == attempt
+        return not in_flight and attempt not in self.ended
+
+    def _settle_ready(self) -> None:
+        for attempt in sorted(self.ended):
+            if self.in_flight is not None and self.in_flight.attempt == attempt:
+                continue
+            end = self.ended.pop(attempt)
+            for row in self.ledger.faults(self.run_id):
+                if row.attempt == attempt and row.fault_id is not None:
+                    self._settle(row, attempt, end)
+
+    def _settle(self, row: FaultRow, attempt: int, end: AttemptEnd) -> None:
+        assert row.fault_id is not None
+        if row.outcome == INJECTED and row.detail is None:
+            sign = end.sign
+            if end.completed or sign is None:
+                self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed")
+            elif sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None and sign.at < row.at:
+                self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
+                    f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before)"))
+            else:
+                self.ledger.update_fault(row.fault_id, detail=f"caused: attempt {attempt} failed: {sign.reason}")
+        elif row.outcome == ABSORBED and end.completed:
+            self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
+                                     detail=f"its target had exited: attempt {attempt} completed first")
+
+    def credited(self, attempt: int) -> FaultRow | None:
+        """The fault that caused ``attempt`` to fail, if one did."""
+        hits = [row for row in self.ledger.faults(self.run_id)
+                if row.attempt == attempt and row.outcome == INJECTED and row.at is not None]
+        return max(hits, key=lambda row: row.at or 0.0) if hits else None
+
+    # the end of the run -----------------------------------------------------------------------
+    def finish(self, status: str, last_attempt: int) -> None:
+        """Collect the fault in flight, settle, and record every planned fault that never fired."""
+        self.collect(wait=True)
+        self._settle_ready()
+        for fault in self.plan[self.next_index:]:
+            self.ledger.add_fault(FaultRow(
+                fault_id=None, run_id=self.run_id, attempt=last_attempt, plan_index=fault.index, kind=fault.kind,
+                target=f"rank {fault.rank}", signal=fault.signal, planned_delay_s=fault.delay_s, at=None,
+                pid=None, node=None, outcome=NOT_FIRED, detail=_not_fired_because(status),
+            ))
+        self.next_index = len(self.plan)
+
+
+def _not_fired_because(status: str) -> str:
+    return {
+        "completed": "the run completed before the fault was due (or before an attempt it could hit)",
+        "gave_up": "the run gave up (its restart budget was spent) first",
+        "failed": "the run failed first",
+    }.get(status, f"the run ended ({status}) first")
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0][:500]
