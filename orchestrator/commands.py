@@ -43,6 +43,21 @@ class CommandError(RuntimeError):
             f"stdout: {stdout.strip()[-2000:]}\nstderr: {stderr.strip()[-2000:]}"
         )
 
+    @property
+    def summary(self) -> str:
+        """One line for a ledger reason or a log: the command, how it failed and what it said last."""
+        said = next((line.strip() for text in (self.stderr, self.stdout)
+                     for line in reversed(text.splitlines()) if line.strip()), "")
+        line = f"{self.command[0] if self.command else '?'}: {self.reason} (exit code {self.returncode})"
+        return f"{line}: {said}"[:500] if said else line
+
+
+def one_line(error: BaseException) -> str:
+    """A short description of any error: a CommandError's summary, else its first line."""
+    if isinstance(error, CommandError):
+        return error.summary
+    return (str(error).splitlines() or [type(error).__name__])[0][:500]
+
 
 def run_command(
     args: Sequence[str],

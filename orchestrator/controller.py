@@ -18,7 +18,7 @@ from typing import Callable
 from injectors.schedule import DelayDistribution, PlannedFault, choose_rank, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
-from orchestrator.commands import CommandError
+from orchestrator.commands import CommandError, one_line
 from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
 from orchestrator.render import array_job_name
@@ -142,9 +142,9 @@ class Controller:
                 submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs)])
             except (CommandError, OSError) as error:
                 log.warning("submitting an array of %d runs failed (%s); each is tried on its own",
-                            len(group), str(error).splitlines()[0])
+                            len(group), one_line(error))
                 for tracker, job in zip(group, jobs):
-                    tracker.pending = PendingSubmission(0, job, failures=1, next_try_at=now, error=str(error))
+                    tracker.pending = PendingSubmission(0, job, failures=1, next_try_at=now, error=one_line(error))
                 continue
             for tracker, submission in zip(group, submissions):
                 tracker.accept(0, submission)
@@ -176,9 +176,9 @@ class Controller:
             raise SchedulerUnavailable(
                 f"the scheduler has not answered for {silent:.0f} s (restart.scheduler_timeout_s = {limit:g}); "
                 f"the drill stops here and its jobs are left as they are: run the same drill again to pick "
-                f"them up, or cancel them. Last error: {str(error).splitlines()[0]}"
+                f"them up, or cancel them. Last error: {error.summary}"
             ) from error
-        log.warning("scheduler poll failed, retrying next interval: %s", str(error).splitlines()[0])
+        log.warning("scheduler poll failed, retrying next interval: %s", error.summary)
 
     def close(self) -> None:
         self.ledger.close()

@@ -22,6 +22,7 @@ from injectors.kill_rank import FaultOutcome
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import KillRequest
+from orchestrator.commands import one_line
 from orchestrator.ledger import FaultRow, Ledger
 from orchestrator.states import JobState
 from orchestrator.watch import AttemptWatch, FailureSign
@@ -106,7 +107,7 @@ class FaultBook:
         except TargetRefused as error:
             self._refused(flight, error)
         except Exception as error:  # the agent could not be started or gave no answer
-            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=_first_line(error))
+            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=one_line(error))
             log.warning("%s: fault not injected: %s", self.run_id, error)
         else:
             self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
@@ -116,10 +117,10 @@ class FaultBook:
 
     def _refused(self, flight: InFlight, error: TargetRefused) -> None:
         if error.gone:  # the target died first: the attempt was ending; settled once it has ended
-            self.ledger.update_fault(flight.fault_id, outcome=ABSORBED, detail=_first_line(error))
+            self.ledger.update_fault(flight.fault_id, outcome=ABSORBED, detail=one_line(error))
             self.blocked_through = flight.attempt
         else:
-            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=_first_line(error))
+            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=one_line(error))
             log.warning("%s: fault refused: %s", self.run_id, error)
 
     # settling ---------------------------------------------------------------------------------
@@ -184,5 +185,3 @@ def _not_fired_because(status: str) -> str:
     }.get(status, f"the run ended ({status}) first")
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0][:500]

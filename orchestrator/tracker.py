@@ -20,7 +20,7 @@ from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json
 from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
-from orchestrator.commands import CommandError
+from orchestrator.commands import CommandError, one_line
 from orchestrator.faults import FaultBook
 from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
@@ -193,7 +193,7 @@ class RunTracker:
 
     def _submit_failed(self, pending: PendingSubmission, error: BaseException, now: float) -> None:
         pending.failures += 1
-        pending.error = (str(error).splitlines() or [type(error).__name__])[0][:500]
+        pending.error = one_line(error)
         if pending.failures <= self.restart.submit_retries:
             delay = self.restart.submit_backoff_s * 2 ** (pending.failures - 1)
             pending.next_try_at = now + delay
@@ -420,7 +420,7 @@ class RunTracker:
             self.backend.cancel(job_id, force=force)
         except CommandError as error:
             log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run.run_id,
-                        job_id, str(error).splitlines()[0])
+                        job_id, error.summary)
 
     def _attempt_row(self, attempt: int) -> AttemptRow:
         return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)

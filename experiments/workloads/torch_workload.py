@@ -77,6 +77,8 @@ class TorchWorkload(Workload):
         self.ddp: nn.Module = nn.Identity()
         self.optimizer: torch.optim.Optimizer | None = None
         self.width = 0
+        self.store: Any = None  # the rendezvous TCPStore: waits longer than a collective may take
+        self._waits = 0  # store barriers and broadcasts so far: every rank counts them alike
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
@@ -86,7 +88,7 @@ class TorchWorkload(Workload):
         self.env, self.spec = env, spec
         _make_deterministic()
         started = time.monotonic()
-        _join_process_group(env, timeouts)
+        self.store = _join_process_group(env, timeouts)
         joined = time.monotonic()
         self.width, param_count = model_size(spec.model, spec.params)
         torch.manual_seed(spec.seed)  # identical initial weights on every rank
@@ -151,19 +153,32 @@ class TorchWorkload(Workload):
     def barrier(self, timeout_s: float | None = None) -> None:
         if timeout_s is None:
             dist.barrier()
-        else:
-            # monitored_barrier takes its own timeout: rank 0 may write a large checkpoint for
-            # longer than the short collective timeout that catches dead peers.
-            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+            return
+        # A wait longer than a collective's (rank 0 writing or hashing a large checkpoint) goes
+        # through the rendezvous store: gloo's collectives, monitored_barrier's sends included,
+        # give up after the short collective timeout that catches dead peers (measured: a rank
+        # waiting in monitored_barrier(timeout=300 s) failed after the 1 s collective timeout).
+        assert self.env is not None
+        key = self._next_key("barrier")
+        if self.store.add(key, 1) == self.env.world_size:
+            self.store.set(f"{key}/done", b"1")
+        self.store.wait([f"{key}/done"], timedelta(seconds=timeout_s))
 
     def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
-        # dist.broadcast waits only the collective timeout (seconds, to catch dead peers), and rank 0
-        # may first hash a large checkpoint: meet at a barrier with its own timeout first.
-        if timeout_s is not None:
-            self.barrier(timeout_s)
-        tensor = torch.tensor([value], dtype=torch.int64)
-        dist.broadcast(tensor, src=0)
-        return int(tensor.item())
+        if timeout_s is None:
+            tensor = torch.tensor([value], dtype=torch.int64)
+            dist.broadcast(tensor, src=0)
+            return int(tensor.item())
+        assert self.env is not None
+        key = self._next_key("broadcast")  # through the store: see barrier
+        if self.env.is_main:
+            self.store.set(key, str(value).encode())
+        self.store.wait([key], timedelta(seconds=timeout_s))
+        return int(self.store.get(key).decode())
+
+    def _next_key(self, kind: str) -> str:
+        self._waits += 1
+        return f"faultdrill/{kind}/{self._waits}"
 
     def shutdown(self) -> None:
         if dist.is_initialized():
@@ -179,7 +194,7 @@ def _make_deterministic() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
+def _join_process_group(env: DistEnv, timeouts: Timeouts) -> Any:
     """Rendezvous at tcp://master_addr:master_port, with a long wait for late ranks (the store)
     and a short one for collectives (how quickly a rank gives up on a peer that died)."""
     if env.scheduler in ("local", "single"):
@@ -194,6 +209,7 @@ def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
         "gloo", store=store, rank=env.rank, world_size=env.world_size,
         timeout=timedelta(seconds=timeouts.collective_s),
     )
+    return store
 
 
 def _rng_state() -> dict[str, Any]:

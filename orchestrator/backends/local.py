@@ -216,16 +216,15 @@ def _minutes(run: RunConfig) -> float:
     return time_limit_minutes(run.campaign.resources.time)
 
 
-KILL_ROUNDS = 5  # a launcher may start children while its tree is killed: list and kill again
+KILL_DEADLINE_S = 2.0  # a launcher may start children while its tree is killed: look again until then
 
 
 def kill_tree(root: psutil.Process, include_root: bool) -> None:
-    """SIGKILL every descendant of ``root`` (and ``root`` itself if asked), until none is left."""
-    for _ in range(KILL_ROUNDS):
-        try:
-            victims = root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            victims = []
+    """SIGKILL every descendant of ``root`` (and ``root`` itself if asked) until none is left
+    alive: zombies count as gone (their parent reaps them), so no time is spent waiting on them."""
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    while time.monotonic() < deadline:
+        victims = [p for p in _descendants(root) if _alive(p)]
         if not victims:
             break
         for victim in victims:
@@ -233,12 +232,26 @@ def kill_tree(root: psutil.Process, include_root: bool) -> None:
                 victim.kill()
             except psutil.NoSuchProcess:
                 continue
-        psutil.wait_procs(victims, timeout=2.0)
+        time.sleep(0.01)
     if include_root:
         try:
             root.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _descendants(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

@@ -223,8 +223,12 @@ def qdel(job_id: str, folder: Path | None, server: ServerKind | None = None, for
         raise CommandError(["qdel", target.scheduler_id], None, "", "", f"{job_id} has not started: under "
                            "Slurm's PBS wrappers qdel can only delete its whole array")
     options = {"torque": ["-p"], "pro": ["-W", "force"]}.get(server.value, []) if force else []
-    run_command(["qdel", *options, target.scheduler_id], timeout_s=QSTAT_TIMEOUT_S, retries=1,
-                answers=QSTAT_ANSWERS)
+    args = ["qdel", *options, target.scheduler_id]
+    # The wrappers' qdel exits 1 in silence for a job that already ended, and prints why otherwise.
+    answers = (*QSTAT_ANSWERS, 1) if server is ServerKind.SLURM_WRAPPERS else QSTAT_ANSWERS
+    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=1, answers=answers)
+    if result.returncode == 1 and server is ServerKind.SLURM_WRAPPERS and result.stdout.strip():
+        raise CommandError(args, 1, result.stdout, result.stderr, "qdel failed")
 
 
 def qrerun(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 DRILL_TIMEOUT_S = 600
 RECOVERY_FIELDS = {"fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s",
-                   "ttr_s", "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step"}
+                   "ttr_s", "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence",
+                   "clock_correction_s"}
 
 
 def _pbs_quick_spec(workdir: Path, destination: Path) -> Path:
@@ -80,7 +81,7 @@ def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path) -> None:
     listed = qstat_all()
     for run in report["runs"]:
         for number, attempt in enumerate(run["attempts"]):
-            assert listed[attempt["job_id"]]["Job_Name"] == f"fd-pbs-quick-{run['run_id']}-a{number}"
+            assert listed[attempt["job_id"]]["Job_Name"] == f"fd-{report['drill_id']}-{run['run_id']}-a{number}"
     failed_job = faulted["attempts"][0]["job_id"]
     folder = shared_tmp / "work" / "runs" / "r000" / "submitit"
     assert int((folder / EXIT_CODE_FILE.format(job=failed_job)).read_text()) != 0

@@ -1,0 +1,83 @@
+"""Helpers for tests that run whole drills on the local backend (real processes, no scheduler)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def write_spec(tmp_path: Path, **overrides: Any) -> Path:
+    """A small torch drill on 2 local ranks; ``overrides`` replace top-level sections."""
+    spec: dict[str, Any] = {
+        "name": "local-hardening",
+        "backend": "local",
+        "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_size": 16},
+        "checkpoint": {"every_steps": 20, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00"},
+        "faults": [],
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.05},
+    }
+    spec.update(overrides)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def drill(spec: Path, timeout: float = 300, expect: int = 0) -> dict[str, Any]:
+    """``faultdrill drill SPEC --format json`` (exit code ``expect``), its report."""
+    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json"], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == expect, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+def run_of(report: dict[str, Any], run_id: str) -> dict[str, Any]:
+    return next(run for run in report["runs"] if run["run_id"] == run_id)
+
+
+def ledger_sql(workdir: Path, statement: str, *args: Any) -> None:
+    """Change the ledger as a controller stopped at the wrong moment would have left it."""
+    with sqlite3.connect(workdir / "ledger.sqlite") as db:
+        db.execute(statement, args)
+
+
+def phases_ok(recovery: dict[str, Any]) -> bool:
+    phases = [recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")]
+    return all(phase >= 0 for phase in phases) and abs(sum(phases) - recovery["ttr_s"]) < 1e-6
+
+
+def drill_processes(run_dir: Path, attempt: int | None = None) -> list[psutil.Process]:
+    """This machine's processes started for the run in ``run_dir`` (and ``attempt``): their
+    environment says so (FAULTDRILL_RUN_DIR is unique to a test's run)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            environ = process.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if environ.get("FAULTDRILL_RUN_DIR") == str(run_dir) and (
+                attempt is None or environ.get("FAULTDRILL_ATTEMPT") == str(attempt)):
+            if os.getpid() != process.pid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def kill_verified(processes: list[psutil.Process]) -> None:
+    """Clean up processes a test found by their verified drill environment (never by name)."""
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            continue

@@ -1,0 +1,119 @@
+"""Attempt fencing (issue 7, item 1): a stale attempt starts no rank, touches no checkpoint and no
+final record, and says so. The batch script is run for real with bash; the rank runtime in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.entry import run_rank
+from experiments.layout import RankJob, RunPaths, WorkloadSpec
+from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+from experiments.runtime.fence import Fence, StaleAttemptError, check_current, read_fence, write_fence
+from orchestrator.render import render_pbs, render_slurm
+from orchestrator.runs import expand_runs
+from orchestrator.spec import Campaign
+
+META = CheckpointMeta("test", "raw", "all")
+
+
+def _run(tmp_path: Path, backend: str):  # noqa: ANN202 - a RunConfig
+    campaign = Campaign.model_validate({
+        "name": "fence", "backend": backend, "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 10},
+        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:05:00"},
+    })
+    return expand_runs(campaign)[0]
+
+
+def _fake_launchers(tmp_path: Path) -> dict[str, str]:
+    """srun and mpiexec that only leave a mark: the batch script must not reach them when stale."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("srun", "mpiexec"):
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\necho {name} >> {tmp_path / 'launched'}\n")
+        tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("backend", ["slurm", "pbs"])
+def test_a_stale_attempts_batch_script_starts_no_rank_and_writes_nothing(tmp_path: Path, backend: str) -> None:
+    run = _run(tmp_path, backend)
+    render = render_slurm if backend == "slurm" else render_pbs
+    script = render(run, attempt=0, drill_id="fence-1")
+    write_fence(run.paths, Fence(1, "4242"))  # the controller moved on to attempt 1
+    run.paths.submitit.mkdir(parents=True)
+    env = {**_fake_launchers(tmp_path), "SLURM_JOB_ID": "4141"}
+    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env=env, capture_output=True,
+                          text=True, timeout=30)
+    logged = done.stderr + "".join(p.read_text() for p in run.paths.submitit.glob("*_log.err"))
+    assert done.returncode == 0, logged
+    assert "stale attempt: attempt 0 (job 4141)" in logged and "no rank started" in logged
+    assert not (tmp_path / "launched").exists(), "the stale attempt launched its ranks"
+    assert not run.paths.events_file(0).exists(), "the stale attempt wrote into the run's files"
+
+
+def test_the_current_attempt_runs_and_a_duplicate_job_of_it_does_not(tmp_path: Path) -> None:
+    run = _run(tmp_path, "slurm")
+    script = render_slurm(run, attempt=1, drill_id="fence-1")
+    run.paths.submitit.mkdir(parents=True)
+    env = _fake_launchers(tmp_path)
+    write_fence(run.paths, Fence(1, None))  # submitted, not yet accepted: any job of attempt 1 may start
+    subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env={**env, "SLURM_JOB_ID": "77"},
+                   check=True, timeout=30)
+    assert (tmp_path / "launched").read_text() == "srun\n"
+    write_fence(run.paths, Fence(1, "77;faultdrill"))  # accepted as job 77 (on a named cluster)
+    duplicate = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit,
+                               env={**env, "SLURM_JOB_ID": "78"}, capture_output=True, text=True, timeout=30)
+    assert "stale attempt: attempt 1 (job 78)" in duplicate.stderr
+    assert (tmp_path / "launched").read_text() == "srun\n"
+    subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env={**env, "SLURM_JOB_ID": "77"},
+                   check=True, timeout=30)
+    assert (tmp_path / "launched").read_text() == "srun\nsrun\n"
+
+
+def test_a_stale_rank_refuses_to_start_before_touching_any_file(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    write_fence(paths, Fence(2, None))
+    job = RankJob(run_id="r", run_dir=str(tmp_path), attempt=1, workload=WorkloadSpec(params=2000, steps=5),
+                  checkpoint_every=2, checkpoint_keep=1)
+    store = CheckpointStore(tmp_path)
+    store.sink(2).close()  # a partial checkpoint the current attempt is writing
+    with pytest.raises(StaleAttemptError, match="attempt 1 .* is not the run's current one, attempt 2"):
+        run_rank(job)
+    assert store.partial_dir(2).exists(), "the stale rank cleaned up the current attempt's checkpoint"
+    assert not paths.attempt_dir(1).exists() and not paths.heartbeats.exists()
+
+
+def test_a_fence_that_moves_during_an_attempt_stops_its_commit(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    write_fence(paths, Fence(0, "10"))
+    store = CheckpointStore(tmp_path)
+    sink = store.sink(5)
+    sink.write_bytes("state.bin", b"x" * 100)
+    sink.close()
+    write_fence(paths, Fence(1, None))  # the controller took attempt 0 for hung and went on
+
+    def guard() -> None:
+        check_current(paths, 0, "10", "publishing a checkpoint")
+
+    with pytest.raises(StaleAttemptError, match="publishing a checkpoint refused"):
+        store.commit(5, 0, META, time.monotonic(), None, ranks=1, before_publish=guard)
+    assert not store.step_dir(5).exists() and store.newest_valid() is None
+
+
+def test_fence_file_round_trip_and_garbage(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    assert read_fence(paths) is None
+    write_fence(paths, Fence(3, "12;c1"))
+    assert read_fence(paths) == Fence(3, "12;c1") and paths.current_attempt.read_text() == "3 12;c1\n"
+    assert read_fence(paths).admits(3, "12") and not read_fence(paths).admits(3, "13")  # type: ignore[union-attr]
+    paths.current_attempt.write_text(json.dumps({"attempt": 3}))
+    with pytest.raises(StaleAttemptError, match="refusing to run"):
+        read_fence(paths)

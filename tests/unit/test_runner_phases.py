@@ -1,0 +1,116 @@
+"""Long checkpoint phases are not hangs (issue 7, item 8): a rank announces its resume, checkpoint
+and finish phases in its heartbeat with their own timeout, and the controller's hang rule honours it.
+
+The runner is the real one; the workload is a small NumPy one whose save takes longer than the hang
+timeout, as a large model's does on slow storage."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments.layout import RankJob, RunPaths, WorkloadSpec, read_json_lines
+from experiments.runner import RunnerOptions, run_training
+from experiments.runtime.checkpoint import CheckpointMeta
+from experiments.runtime.distenv import DistEnv, Timeouts
+from experiments.runtime.sink import FileSink
+from experiments.workloads.base import Workload
+from orchestrator.states import JobState
+from orchestrator.watch import AttemptWatch, RankBeat
+
+HANG_TIMEOUT_S = 0.5
+SAVE_S = 1.5  # three hang timeouts
+CHECKPOINT_TIMEOUT_S = 5.0
+
+
+class SlowSaveWorkload(Workload):
+    framework = "numpy"
+
+    def __init__(self) -> None:
+        self.weights = np.zeros(4)
+
+    @property
+    def checkpoint_meta(self) -> CheckpointMeta:
+        return CheckpointMeta("numpy", "raw float64", "all")
+
+    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
+        return {}
+
+    def train_step(self, step: int) -> float:
+        self.weights += step
+        time.sleep(0.01)
+        return float(self.weights.sum())
+
+    def save(self, sink: FileSink, step: int) -> None:
+        time.sleep(SAVE_S)
+        sink.write_bytes("weights.bin", self.weights.tobytes())
+
+    def load(self, directory: Path, step: int) -> None:
+        self.weights = np.frombuffer((directory / "weights.bin").read_bytes()).copy()
+
+    def named_weights(self) -> list[tuple[str, np.ndarray]]:
+        return [("w", self.weights)]
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        pass
+
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
+        return value
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_checkpoint_longer_than_the_hang_timeout_is_no_hang_but_its_own_timeout_holds(tmp_path: Path) -> None:
+    job = RankJob(run_id="r", run_dir=str(tmp_path), attempt=0, workload=WorkloadSpec(steps=30),
+                  checkpoint_every=10, checkpoint_keep=1, heartbeat_interval_s=0.02)
+    env = DistEnv.from_environ({}, hostname="test")
+    options = RunnerOptions(timeouts=Timeouts(checkpoint_s=CHECKPOINT_TIMEOUT_S), async_persist=False)
+    errors: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            run_training(job, env, SlowSaveWorkload(), started_at=time.time(), options=options)
+        except BaseException as error:  # handed to the test thread
+            errors.append(error)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    watch = AttemptWatch(attempt=0, job_id="j", paths=RunPaths(tmp_path), ranks=1)
+    watch.observe_state(JobState.RUNNING, time.time())
+    verdicts = []
+    while trainer.is_alive():
+        watch.read()
+        verdicts.append(watch.hang(time.time(), HANG_TIMEOUT_S))
+        time.sleep(0.05)
+    trainer.join()
+    assert not errors, errors
+    assert not [v for v in verdicts if v is not None], f"taken for a hang: {[v for v in verdicts if v]}"
+    phases = {beat.get("phase") for beat in _beats(tmp_path)}
+    assert {"resume", "checkpoint", "finish"} <= phases
+
+    # A rank that never comes back from its checkpoint phase: a hang once the phase's own timeout is
+    # spent (not before), and the verdict names the phase.
+    watch.beats = {0: RankBeat(time=100.0, allowed_s=CHECKPOINT_TIMEOUT_S, phase="checkpoint")}
+    assert watch.hang(100.0 + CHECKPOINT_TIMEOUT_S - 0.1, HANG_TIMEOUT_S) is None
+    verdict = watch.hang(100.0 + CHECKPOINT_TIMEOUT_S + 0.1, HANG_TIMEOUT_S)
+    assert verdict is not None and "checkpoint phase" in verdict.reason and verdict.at == 100.0
+
+
+def test_time_suspended_by_the_scheduler_is_not_silence(tmp_path: Path) -> None:
+    watch = AttemptWatch(attempt=0, job_id="j", paths=RunPaths(tmp_path), ranks=1)
+    watch.observe_state(JobState.RUNNING, 0.0)
+    watch.beats = {0: RankBeat(time=10.0, allowed_s=None)}
+    assert watch.hang(10.0 + HANG_TIMEOUT_S + 1, HANG_TIMEOUT_S) is not None
+    watch.observe_state(JobState.SUSPENDED, 10.2)
+    assert watch.hang(200.0, HANG_TIMEOUT_S) is None
+    watch.observe_state(JobState.RUNNING, 200.0)  # resumed: the clock starts again
+    assert watch.hang(200.0 + HANG_TIMEOUT_S - 0.1, HANG_TIMEOUT_S) is None
+    assert watch.hang(200.0 + HANG_TIMEOUT_S + 0.1, HANG_TIMEOUT_S) is not None
+
+
+def _beats(run_dir: Path) -> list[dict]:
+    return read_json_lines(RunPaths(run_dir).heartbeat_file(0))
