@@ -22,6 +22,9 @@ ENV_JOB_ID = "FAULTDRILL_JOB_ID"  # the job as the controller names it (set by t
 # Optional overrides read by the ranks (experiments.runtime.distenv / the workloads).
 ENV_MASTER_ADDR = "FAULTDRILL_MASTER_ADDR"  # rendezvous host; default: first node of the job
 ENV_MASTER_PORT = "FAULTDRILL_MASTER_PORT"  # rendezvous port; default: derived from the job id
+# Comma-separated host of every rank, in rank order, from the launch that placed them (the PBS
+# batch script's mpiexec --map-by ppr:M:node): wins over the scheduler's variables.
+ENV_RANK_HOSTS = "FAULTDRILL_RANK_HOSTS"
 ENV_COLLECTIVE_TIMEOUT_S = "FAULTDRILL_COLLECTIVE_TIMEOUT_S"  # how long a rank waits on a dead peer
 ENV_RENDEZVOUS_TIMEOUT_S = "FAULTDRILL_RENDEZVOUS_TIMEOUT_S"  # how long rank 0 waits for late ranks
 ENV_CHECKPOINT_TIMEOUT_S = "FAULTDRILL_CHECKPOINT_TIMEOUT_S"  # how long ranks wait for a checkpoint write

@@ -16,6 +16,8 @@ from experiments.layout import (
     ENV_CHECKPOINT_TIMEOUT_S,
     ENV_DRILL_ID,
     ENV_JOB_ID,
+    ENV_MASTER_ADDR,
+    ENV_RANK_HOSTS,
     ENV_RUN_DIR,
     ENV_RUN_ID,
 )
@@ -200,7 +202,7 @@ def pbs_context(
     if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
         raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
     common = {**MPI_ENVIRONMENT, **(common_environment or {}), "SUBMITIT_EXECUTOR": "pbs"}
-    names = set(common) | {"FAULTDRILL_MASTER_ADDR", ENV_JOB_ID} | {n for e in elements for n in e.environment}
+    names = set(common) | {ENV_MASTER_ADDR, ENV_RANK_HOSTS, ENV_JOB_ID} | {n for e in elements for n in e.environment}
     stem = output_stem or job_name
     return {
         "job_name": job_name, "flavor": flavor, "nodes": nodes, "tasks_per_node": tasks_per_node,

@@ -24,6 +24,7 @@ from experiments.layout import (
     ENV_COLLECTIVE_TIMEOUT_S,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_RANK_HOSTS,
     ENV_RENDEZVOUS_TIMEOUT_S,
 )
 from experiments.runtime.hostlist import HostlistError, expand_hostlist
@@ -308,7 +309,8 @@ TASK_PORT_STRIDE = 1009
 
 
 def task_hosts(env: DistEnv, environ: Mapping[str, str] | None = None) -> list[str]:
-    """The host of every rank, in rank order, from the scheduler's variables.
+    """The host of every rank, in rank order: from the launch that placed them when it says
+    (FAULTDRILL_RANK_HOSTS, set by the PBS batch script for its mpiexec), else the scheduler's variables.
 
     Slurm: SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE (the job's when outside a step) with
     Slurm's default block distribution (ranks fill a node before the next one); the rank's own
@@ -318,6 +320,10 @@ def task_hosts(env: DistEnv, environ: Mapping[str, str] | None = None) -> list[s
     process: every rank on ``env.master_addr`` (loopback).
     """
     source = os.environ if environ is None else environ
+    if source.get(ENV_RANK_HOSTS):
+        hosts = _launcher_task_hosts(source[ENV_RANK_HOSTS], env.world_size)
+        _check_own_slot(env, hosts, env.node, ENV_RANK_HOSTS)
+        return hosts
     if env.scheduler == "slurm":
         hosts = _slurm_task_hosts(source, env.world_size)
         _check_own_slot(env, hosts, source.get("SLURMD_NODENAME"), "SLURM_STEP_TASKS_PER_NODE")
@@ -381,6 +387,13 @@ def _slurm_task_hosts(env: Mapping[str, str], world_size: int) -> list[str]:
             f"{len(nodes)} nodes of {nodelist_var}={env[nodelist_var]!r}"
         )
     return [node for node, count in zip(nodes, counts) for _ in range(count)]
+
+
+def _launcher_task_hosts(text: str, world_size: int) -> list[str]:
+    hosts = [host.strip() for host in text.split(",") if host.strip()]
+    if len(hosts) != world_size:
+        raise DistEnvError(f"{ENV_RANK_HOSTS} names {len(hosts)} hosts for {world_size} ranks: {text!r}")
+    return hosts
 
 
 def _pbs_task_hosts(env: Mapping[str, str], world_size: int) -> list[str]:

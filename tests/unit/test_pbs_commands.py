@@ -3,13 +3,12 @@ qsub/qstat/qdel/qrerun on PATH that log their arguments and print recorded outpu
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from experiments.layout import RankJob
+from fake_commands import FAKE, FakeCommands, install
 from orchestrator.backends import pbs_commands
 from orchestrator.backends.base import AttemptRef, KillRequest
 from orchestrator.backends.pbs import PBSBackend
@@ -29,42 +28,13 @@ from orchestrator.spec import Campaign
 from orchestrator.states import JobState
 
 RECORDED = Path(__file__).parent / "recorded"
-FAKE = """#!/bin/bash
-{marker}
-name=$(basename "$0")
-printf '%s\\n' "$name $*" >> "$FAKE_PBS_DIR/calls"
-[ -f "$FAKE_PBS_DIR/$name.out" ] && cat "$FAKE_PBS_DIR/$name.out"
-[ -f "$FAKE_PBS_DIR/$name.err" ] && cat "$FAKE_PBS_DIR/$name.err" >&2
-exit "$(cat "$FAKE_PBS_DIR/$name.rc" 2>/dev/null || echo 0)"
-"""
-
-
-@dataclass
-class FakePBS:
-    folder: Path
-
-    def answer(self, command: str, stdout: str = "", rc: int = 0, stderr: str = "") -> None:
-        (self.folder / f"{command}.out").write_text(stdout)
-        (self.folder / f"{command}.err").write_text(stderr)
-        (self.folder / f"{command}.rc").write_text(str(rc))
-
-    @property
-    def calls(self) -> list[str]:
-        path = self.folder / "calls"
-        return path.read_text().splitlines() if path.exists() else []
+FakePBS = FakeCommands
 
 
 @pytest.fixture
-def fake_pbs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePBS:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("qsub", "qstat", "qdel", "qrerun", "srun"):
-        (bin_dir / name).write_text(FAKE.format(marker=""))
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_PBS_DIR", str(tmp_path))
+def fake_pbs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")
-    return FakePBS(tmp_path)
+    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qdel", "qrerun", "srun"))
 
 
 def test_one_qstat_call_for_all_jobs_and_wrapper_elements(fake_pbs: FakePBS, tmp_path: Path) -> None:

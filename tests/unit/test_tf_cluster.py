@@ -109,3 +109,40 @@ def test_adopt_renames_a_framework_file_into_the_checkpoint(tmp_path: Path) -> N
     assert sink.written == {"ckpt.index": 5}
     with pytest.raises(ValueError):
         sink.adopt(tmp_path / "ckpt.index", "../escape")
+
+
+# A rank that mpiexec started on the second node under Slurm's PBS wrappers (recorded on the local
+# cluster): it sees only the Slurm step of the orted that started it, one task on fd-n2.
+PBS_WRAPPERS_RANK2 = {
+    "SLURM_JOB_ID": "301", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_NUM_NODES": "1",
+    "SLURM_STEP_NODELIST": "fd-n2", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURMD_NODENAME": "fd-n2",
+    "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "FAULTDRILL_MASTER_ADDR": "fd-n1", "FAULTDRILL_MASTER_PORT": "30000",
+}
+
+
+def _rank_hosts_from_the_pbs_script(tmp_path: Path, nodefile_lines: list[str], nodes: int, per_node: int) -> str:
+    """Run the rendered PBS script's own lines that compute FAULTDRILL_RANK_HOSTS, for real."""
+    import subprocess
+
+    from orchestrator.render import pbs_context, PBSElement, render_template
+
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"{line}\n" for line in nodefile_lines))
+    text = render_template("pbs.j2", pbs_context(job_name="t", nodes=nodes, tasks_per_node=per_node, walltime="00:01:00",
+                                                 elements=[PBSElement(folder=tmp_path)], python="python", cpus_per_task=2))
+    snippet = text[text.index("rank_hosts=$("):text.index("export FAULTDRILL_RANK_HOSTS")]
+    shown = subprocess.run(["bash", "-c", snippet + 'printf %s "$rank_hosts"'], capture_output=True, text=True,
+                           check=True, env={"PBS_NODEFILE": str(nodefile), "PATH": "/usr/bin:/bin"})
+    return shown.stdout
+
+
+def test_pbs_ranks_on_other_nodes_get_every_ranks_host_from_the_launch(tmp_path: Path) -> None:
+    # Torque with ppn = tasks x cpus_per_task: one node file line per CPU, not per rank.
+    lines = ["fd-n1"] * 4 + ["fd-n2"] * 4
+    rank_hosts = _rank_hosts_from_the_pbs_script(tmp_path, lines, nodes=2, per_node=2)
+    assert rank_hosts == "fd-n1,fd-n1,fd-n2,fd-n2"
+    environ = {**PBS_WRAPPERS_RANK2, "FAULTDRILL_RANK_HOSTS": rank_hosts}
+    assert addresses(environ, hostname="fd-n2") == ["fd-n1:30000", "fd-n1:30001", "fd-n2:30000", "fd-n2:30001"]
+    with pytest.raises(DistEnvError, match="does not place 4 ranks"):
+        addresses(PBS_WRAPPERS_RANK2, hostname="fd-n2")  # what the step variables alone say

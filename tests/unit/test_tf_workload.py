@@ -101,3 +101,29 @@ def test_loading_another_width_fails(tmp_path: Path) -> None:
     workload.setup(single_env(), WorkloadSpec(framework="tensorflow", params=5000), Timeouts())
     with pytest.raises(ValueError, match="[Ss]hape"):
         workload.load(RunPaths(tmp_path).checkpoints / "step-00000010", 10)
+
+
+def test_a_non_chief_writes_its_scratch_copy_inside_the_checkpoints_partial_directory(tmp_path: Path) -> None:
+    """Issue 7, item 13: killed mid-save, a non-chief left /tmp/faultdrill-tf-rank* behind; its copy now
+    lives in the partial directory, which the next attempt removes with everything in it."""
+    from experiments.runtime.checkpoint import CheckpointStore
+
+    workload = TensorFlowWorkload()
+    workload.env = DistEnv.from_environ({"SUBMITIT_LOCAL_JOB_ID": "1", "SUBMITIT_LOCAL_GLOBALID": "1",
+                                         "SUBMITIT_LOCAL_NTASKS": "2", "FAULTDRILL_MASTER_PORT": "30000"})
+    workload.counters = {name: tf.Variable(0, dtype=tf.int64) for name in ("step", "data_position", "hidden_width")}
+    written: list[Path] = []
+
+    class RecordingCheckpoint:
+        def write(self, prefix: str) -> None:
+            written.append(Path(prefix))
+            Path(f"{prefix}.index").write_bytes(b"i")  # what TensorFlow leaves if killed right here
+
+    workload.checkpoint = RecordingCheckpoint()  # type: ignore[assignment]
+    store = CheckpointStore(tmp_path)
+    sink = store.sink(10, rank=1)
+    workload.save(sink, 10)
+    [prefix] = written
+    assert prefix.parent.parent == store.partial_dir(10)  # inside the partial directory, not in /tmp
+    assert not prefix.parent.exists(), "the scratch copy outlived the save"
+    assert store.remove_stale() == [store.partial_dir(10)]

@@ -1,0 +1,110 @@
+"""The Slurm backend's commands and how it reads their output (issue 7, items 2 and 10), with
+recorded scheduler output: multi-cluster ids keep their cluster (-M on every command), a failing
+sacct is a failed poll (never "vanished"), cancel errors surface, retries apply with check=False,
+and duplicates of a submission are listed oldest first. The real commands: tests/integration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fake_commands import FakeCommands, install
+from orchestrator.backends.base import AttemptRef
+from orchestrator.backends.slurm import SlurmBackend, parse_slurm_time
+from orchestrator.commands import CommandError, run_command
+from orchestrator.render import attempt_job_name
+from orchestrator.runs import expand_runs
+from orchestrator.spec import Campaign
+from orchestrator.states import JobState
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
+    return install(tmp_path, monkeypatch, ("sbatch", "squeue", "sacct", "scancel", "srun"))
+
+
+def _run(tmp_path: Path, directives: list[str]):  # noqa: ANN202 - a RunConfig
+    campaign = Campaign.model_validate({
+        "name": "unit", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 10},
+        "resources": {"nodes": 1, "tasks_per_node": 2, "extra_directives": directives},
+    })
+    return expand_runs(campaign)[0]
+
+
+def test_a_job_on_a_named_cluster_is_polled_cancelled_and_reached_there(fake: FakeCommands, tmp_path: Path) -> None:
+    backend = SlurmBackend("d-1", python="/opt/py")
+    fake.answer("squeue", "41|RUNNING\n")
+    fake.answer("sacct", "42|COMPLETED\n")
+    states = backend.poll(["41;gpu", "42;gpu", "7"])
+    assert states == {"41;gpu": JobState.RUNNING, "42;gpu": JobState.COMPLETED, "7": JobState.UNKNOWN}
+    assert fake.calls[:2] == ["squeue -M gpu -h -t all -u root -o %i|%T",
+                              "sacct -M gpu -X -n -P -o JobID,State -j 42"]
+    assert "squeue -h -t all -u root -o %i|%T" in fake.calls  # the job without a cluster: no -M
+    backend.cancel("41;gpu")
+    backend.cancel("41;gpu", force=True)
+    assert fake.calls[-2:] == ["scancel -M gpu 41", "scancel -M gpu -s KILL 41"]
+
+
+def test_the_fault_agent_reaches_a_job_on_a_named_cluster(fake: FakeCommands, tmp_path: Path) -> None:
+    from orchestrator.backends.base import KillRequest
+
+    run = _run(tmp_path, ["--clusters=gpu"])
+    identity = run.paths.rank_file(0, 1)
+    identity.parent.mkdir(parents=True)
+    identity.write_text('{"rank": 1, "pid": 9, "create_time": 0, "host": "n2", "node": "n2", "job_id": "41", '
+                        '"attempt": 0}')
+    fake.answer("srun", '{"ok": true, "kind": "kill-rank", "rank": 1, "pid": 9, "node": "n2", "signal": "SIGKILL", '
+                        '"at": 5.0}\n')
+    SlurmBackend("d-1", python="/opt/py").kill_rank(KillRequest(run, 0, "41;gpu", 1, "SIGKILL"))
+    [call] = fake.calls
+    assert call.startswith("srun -M gpu --jobid=41 --overlap") and "--job-id 41 " in call
+
+
+def test_a_failing_sacct_is_a_failed_poll_not_a_vanished_job(fake: FakeCommands) -> None:
+    fake.answer("squeue", "")
+    fake.answer("sacct", "", rc=1, stderr="sacct: error: slurmdbd: Connection refused")
+    with pytest.raises(CommandError, match="sacct"):
+        SlurmBackend("d-1").poll(["43"])
+
+
+def test_a_failing_scancel_is_retried_then_raised(fake: FakeCommands) -> None:
+    fake.answer("scancel", "", rc=1, stderr="scancel: error: Unable to contact slurm controller")
+    with pytest.raises(CommandError, match="Unable to contact"):
+        SlurmBackend("d-1").cancel("44")
+    assert fake.calls.count("scancel 44") == 3
+
+
+def test_retries_apply_when_check_is_off(fake: FakeCommands) -> None:
+    fake.answer("srun", "", rc=1)
+    result = run_command(["srun", "true"], retries=2, retry_delay_s=0.0, check=False)
+    assert result.returncode == 1 and fake.calls == ["srun true"] * 3
+
+
+def test_every_job_of_an_unrecorded_attempt_is_found_oldest_first(fake: FakeCommands, tmp_path: Path) -> None:
+    run = _run(tmp_path, [])
+    name = attempt_job_name(run, 0, "d-1")
+    fake.answer("squeue", "112\n98\n")  # squeue sorts by priority: not the submission order
+    fake.answer("sacct", "97\n98\n")  # one that squeue has forgotten already
+    assert SlurmBackend("d-1").find_submitted(AttemptRef(run, 0, name, None, 1.0e9)) == ["97", "98", "112"]
+    assert f"squeue -h -t all -u root -n {name} -o %i" in fake.calls
+
+
+def test_job_names_are_unique_per_drill_run_and_attempt_even_when_long(tmp_path: Path) -> None:
+    campaign = Campaign.model_validate({
+        "name": "a" * 60, "workdir": str(tmp_path / "w"), "baseline": True,
+        "workload": {"framework": "torch", "params": 2000, "steps": 10},
+        "sweep": {"grid": {"workload.batch_size": [8, 16]}},
+    })
+    runs = expand_runs(campaign)
+    drill_id = f"{campaign.name}-0123abcd"
+    names = [attempt_job_name(run, attempt, drill_id) for run in runs for attempt in (0, 1)]
+    assert len(set(names)) == len(names) == 8, names  # a run and its -baseline twin no longer collide
+    assert all(len(name) <= 120 and name.endswith(("-a0", "-a1")) for name in names)
+    assert attempt_job_name(runs[0], 0, "other-drill") not in names  # another drill's jobs are not ours
+
+
+def test_sacct_times_are_read_as_local_time() -> None:
+    assert parse_slurm_time("Unknown") is None
+    assert parse_slurm_time("2026-12-01T07:50:01") is not None
