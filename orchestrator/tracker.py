@@ -121,7 +121,7 @@ class RunTracker:
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
         if row.job_id is not None:
-            self.backend.adopt(row.job_id, self.run)
+            self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
             write_fence(self.run.paths, Fence(row.attempt, row.job_id))
             self._watch(row.attempt, row.job_id)
             return
@@ -224,7 +224,7 @@ class RunTracker:
             log.warning("%s: attempt %d was submitted twice; cancelling the duplicate job %s",
                         self.run.run_id, attempt, duplicate)
             self._cancel(duplicate)
-        self.backend.adopt(found[0], self.run)
+        self.backend.adopt(found[0], self.run, self.rank_job(attempt))
         self.accept(attempt, Submission(found[0], accepted_at=self._attempt_row(attempt).submitted))
 
     def accept(self, attempt: int, submission: Submission) -> None:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import abc
+import os
+import uuid
 from dataclasses import dataclass
 
+from submitit.core import utils as submitit_utils
+
+from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.kill_rank import FaultOutcome
 from orchestrator.runs import RunConfig
+from orchestrator.spec import time_limit_minutes
 from orchestrator.states import JobState
+
+MAX_NUM_TIMEOUT = 3  # submitit's default: how often a job that timed out may requeue itself
 
 
 @dataclass(frozen=True)
@@ -62,8 +70,15 @@ class Backend(abc.ABC):
         """When the scheduler says the job ended (the evidence of a natural failure), if it knows."""
         return None
 
-    def adopt(self, job_id: str, run: RunConfig) -> None:
-        """Watch a job that an earlier controller process submitted (nothing to do for most backends)."""
+    def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
+        """Watch a job this controller did not see accepted (an earlier controller's, or one whose
+        submission command failed after the scheduler took it). Its submitit pickle is put in
+        place if the submission never got that far: the job waits for it, then fails without it."""
+        ensure_submitted_pickle(run, self.pickle_id(job_id), job)
+
+    def pickle_id(self, job_id: str) -> str:
+        """The id submitit names the job's files by (inside the job, from the scheduler's variables)."""
+        return job_id
 
     @abc.abstractmethod
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
@@ -77,3 +92,16 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def kill_rank(self, request: KillRequest) -> FaultOutcome:
         """Signal one verified rank of the job, acting on the node where it runs."""
+
+
+def ensure_submitted_pickle(run: RunConfig, pickle_id: str, job: RankJob) -> None:
+    """``<folder>/<id>_submitted.pkl`` (what submitit's job runs), written if it is missing."""
+    paths = submitit_utils.JobPaths(run.paths.submitit, job_id=pickle_id)
+    if paths.submitted_pickle.exists():
+        return
+    paths.folder.mkdir(parents=True, exist_ok=True)
+    delayed = submitit_utils.DelayedSubmission(run_rank, job)
+    delayed.set_timeout(max(1, int(time_limit_minutes(run.campaign.resources.time))), MAX_NUM_TIMEOUT)
+    tmp = paths.folder / f".adopt-{uuid.uuid4().hex}.pkl"
+    delayed.dump(tmp)
+    os.replace(tmp, paths.submitted_pickle)

@@ -103,7 +103,8 @@ class LocalBackend(Backend):
         self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process, run.run_id)
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
 
-    def adopt(self, job_id: str, run: RunConfig) -> None:
+    def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
+        super().adopt(job_id, run, job)
         tasks = 1 if run.workload_entry.launcher == LAUNCHER_MPI else run.ranks
         self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks, run_id=run.run_id))
 

@@ -27,7 +27,7 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.kill_rank import FaultOutcome
 from injectors.targets import read_identity
-from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
+from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, KillRequest, Submission
 from orchestrator.backends.pbs_commands import (
     ServerKind,
     array_element_id,
@@ -51,7 +51,6 @@ from orchestrator.states import JobState
 
 ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
 INJECT_TIMEOUT_S = 60.0
-MAX_NUM_TIMEOUT = 3
 
 
 class TemplatePBSExecutor(PBSExecutor):
@@ -109,19 +108,29 @@ class PBSBackend(Backend):
         return submissions
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:
-        """Jobs named as the attempt, or the element of the array it went out in (one qstat -f)."""
+        """Jobs named as the attempt, or the element of the array it went out in, oldest first."""
         if ref.job_name is None:
             return []
-        found = [job_id for job_id, record in qstat_all().items()
-                 if record.get("Job_Name") == ref.job_name and not is_element(job_id)]
-        ordered = sorted(found, key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0))
+        ordered = sorted(self._named(ref.job_name), key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0))
         if ref.array_index is not None:
             ordered = [array_element_id(job_id, ref.array_index) for job_id in ordered]
         for job_id in ordered:
             self._folders.setdefault(job_id, ref.run.paths.submitit)
         return ordered
 
-    def adopt(self, job_id: str, run: RunConfig) -> None:
+    def _named(self, name: str) -> set[str]:
+        """The ids qsub gave the jobs (arrays) of this name. Under Slurm's wrappers qstat lists each
+        started array element under a Slurm id of its own, with the same name and nothing to tell
+        it from the array: Slurm itself names the array (%F: the array's id, a job's own otherwise)."""
+        if detect_server() is ServerKind.SLURM_WRAPPERS:
+            result = run_command(["squeue", "-h", "-t", "all", "-n", name, "-o", "%F"], timeout_s=INJECT_TIMEOUT_S,
+                                 retries=2)
+            return set(result.stdout.split())
+        return {job_id for job_id, record in qstat_all().items()
+                if record.get("Job_Name") == name and not is_element(job_id)}
+
+    def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
+        super().adopt(job_id, run, job)
         self._folders.setdefault(job_id, run.paths.submitit)
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:

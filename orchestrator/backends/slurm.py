@@ -122,6 +122,9 @@ class SlurmBackend(Backend):
         submitted = executor.submit(run_rank, job)
         return Submission(job_id=_with_cluster(submitted.job_id, executor.cluster), accepted_at=time.time())
 
+    def pickle_id(self, job_id: str) -> str:
+        return split_job_id(job_id)[0]
+
     def find_submitted(self, ref: AttemptRef) -> list[str]:
         """Jobs named as the attempt (names carry the drill id): squeue for the ones it still holds,
         sacct for those it forgot since (MinJobAge), oldest first."""

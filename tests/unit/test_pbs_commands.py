@@ -34,7 +34,7 @@ FakePBS = FakeCommands
 @pytest.fixture
 def fake_pbs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")
-    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qdel", "qrerun", "srun"))
+    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qdel", "qrerun", "srun", "squeue"))
 
 
 def test_one_qstat_call_for_all_jobs_and_wrapper_elements(fake_pbs: FakePBS, tmp_path: Path) -> None:
@@ -177,14 +177,24 @@ def test_backend_array_of_first_attempts(fake_pbs: FakePBS, tmp_path: Path) -> N
     assert not any(call.startswith("qdel") for call in fake_pbs.calls)
 
 
-def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_path: Path) -> None:
+def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     run = expand_runs(_campaign(tmp_path / "work"))[0]
     name = attempt_job_name(run, 0, "unit-1")
-    fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_running.txt").read_text().replace("fd-rec-one", name))
-    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["105"]
+    monkeypatch.setenv(pbs_commands.ENV_SERVER, "torque")
+    fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name))
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["1347.torque-srv.example.com"]
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 1, attempt_job_name(run, 1, "unit-1"), None, 0.0)) == []
     # An attempt that went out as element 2 of an array: the array is found by its name.
-    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 2, 0.0)) == ["105[2]"]
+    fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name)
+                    .replace("Job Id: 1347.", "Job Id: 1347[]."))
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 2, 0.0)) == ["1347[2].torque-srv.example.com"]
+    # Under Slurm's wrappers the started elements of an array are listed under Slurm ids of their
+    # own (with the array's name): the array is what Slurm calls the array.
+    monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")
+    fake_pbs.answer("squeue", "108\n108\n108\n")
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 1, 0.0)) == ["108[1]"]
+    assert fake_pbs.calls[-1] == f"squeue -h -t all -n {name} -o %F"
 
 
 def test_fault_agent_reaches_the_node_by_srun_under_the_wrappers_else_ssh(
