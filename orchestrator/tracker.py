@@ -20,6 +20,7 @@ from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json
 from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
+from orchestrator.closing import ClosingJobs
 from orchestrator.commands import CommandError, one_line
 from orchestrator.faults import FaultBook
 from orchestrator.ledger import AttemptRow, Ledger
@@ -47,16 +48,6 @@ class PendingSubmission:
     error: str = ""
 
 
-@dataclass
-class ClosingJob:
-    """A failed attempt's job that the scheduler has not reported ended yet."""
-
-    job_id: str
-    since: float  # the last escalation (the failure, the cancel, the forced cancel)
-    cancelled: bool
-    forced: bool = False
-
-
 class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
@@ -71,7 +62,7 @@ class RunTracker:
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, backend.kill_rank, self._kill_request)
         self.watch: AttemptWatch | None = None
         self.pending: PendingSubmission | None = None
-        self.closing: dict[int, ClosingJob] = {}
+        self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s)
         self.status = ledger.run(run.run_id).status
         self._awaiting_recovery: int | None = None
         self._started_recorded = False
@@ -93,7 +84,7 @@ class RunTracker:
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
         current = [self.job_id] if self.job_id is not None and not self.done else []
-        return current + [closing.job_id for closing in self.closing.values()]
+        return current + self.closing.job_ids
 
     # starting ---------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -294,7 +285,7 @@ class RunTracker:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
             if cancel:
                 self._cancel(watch.job_id)
-            self.closing[watch.attempt] = ClosingJob(watch.job_id, now, cancelled=cancel)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel)
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence)
         self._ingest_checkpoints()
@@ -350,7 +341,7 @@ class RunTracker:
     def _on_job_completed(self, watch: AttemptWatch, state: JobState, now: float) -> None:
         final = _read_final(self.run)
         if not state.is_terminal:
-            self.closing[watch.attempt] = ClosingJob(watch.job_id, now, cancelled=False)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=False)
         self._ingest_checkpoints()
         reached = final is not None and final.step == self.run.workload.steps
         self.faults.attempt_ended(watch.attempt, None, completed=reached)
@@ -386,34 +377,8 @@ class RunTracker:
 
     # jobs that are ending ---------------------------------------------------------------------
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
-        """Record the final scheduler state of failed attempts once the scheduler has one; a job
-        that does not end is cancelled, then killed, then left behind with a warning."""
-        for attempt, closing in list(self.closing.items()):
-            state = states.get(closing.job_id, JobState.UNKNOWN)
-            if state.is_terminal or state is JobState.UNKNOWN:
-                self.ledger.update_attempt(self.run.run_id, attempt, state=state.value)
-                del self.closing[attempt]
-            elif now - closing.since > self.restart.cancel_timeout_s:
-                self._escalate(attempt, closing, state, now)
-
-    def _escalate(self, attempt: int, closing: ClosingJob, state: JobState, now: float) -> None:
-        if not closing.cancelled:
-            closing.cancelled = True
-            self._cancel(closing.job_id)
-        elif not closing.forced:
-            closing.forced = True
-            log.warning("%s: job %s still %s after its cancel; killing it", self.run.run_id, closing.job_id,
-                        state.value)
-            self._cancel(closing.job_id, force=True)
-        else:
-            row = self._attempt_row(attempt)
-            note = f"job still {state.value} after a forced cancel: left behind"
-            self.ledger.update_attempt(self.run.run_id, attempt, state=state.value,
-                                       reason=f"{row.reason}; {note}" if row.reason else note)
-            log.warning("%s: job %s %s", self.run.run_id, closing.job_id, note)
-            del self.closing[attempt]
-            return
-        closing.since = now
+        """Record the final scheduler state of failed attempts' jobs (orchestrator.closing)."""
+        self.closing.settle(states, now)
 
     def _cancel(self, job_id: str, force: bool = False) -> None:
         try:

@@ -65,6 +65,8 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
     assert recoveries and all(set(recovery) == RECOVERY_FIELDS for recovery in recoveries)
     assert all(value is not None for recovery in recoveries for value in recovery.values())
     assert any(recovery["resumed_from_step"] > 0 for recovery in recoveries)
+    phases = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
+    assert all(recovery[phase] >= 0 for recovery in recoveries for phase in phases)
     assert faulted["identical_to_baseline"] is True
     assert _run(report, "r000-baseline")["status"] == "completed"
 

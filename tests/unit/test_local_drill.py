@@ -66,7 +66,8 @@ def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path)
     assert recovery["resumed_from_step"] > 0 and recovery["resumed_from_step"] % 20 == 0
     phases = sum(recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s"))
     assert recovery["ttr_s"] == pytest.approx(phases, abs=1e-6) and recovery["ttr_s"] > 0
-    assert recovery["detect_s"] >= 0 and recovery["lost_steps"] >= 0
+    assert all(recovery[k] >= 0 for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s"))
+    assert recovery["lost_steps"] >= 0
     assert faulted["identical_to_baseline"] is True
     assert faulted["final_digest"] == twin["final_digest"] != ""
     assert faulted["checkpoints"]["count"] >= 8 and faulted["checkpoints"]["bytes"] > 0

@@ -48,6 +48,8 @@ def test_phases_add_up_to_ttr(paths: RunPaths) -> None:
     assert rec.first_step_s == pytest.approx(0.25)
     phases = rec.detect_s + rec.resubmit_s + rec.queue_s + rec.startup_s + rec.load_s + rec.first_step_s
     assert rec.ttr_s == pytest.approx(phases) == pytest.approx(112.75 - 106.05)
+    assert all(p >= 0 for p in (rec.detect_s, rec.resubmit_s, rec.queue_s, rec.startup_s, rec.load_s,
+                                rec.first_step_s)) and rec.clock_correction_s == 0
     assert rec.resumed_from_step == 40
     assert rec.lost_steps == 60 - 40
     assert rec.lost_s == pytest.approx(106.0 - 104.0)
@@ -64,3 +66,18 @@ def test_recovery_waits_for_the_first_step(paths: RunPaths, tmp_path: Path) -> N
 def test_last_progress_ignores_beats_after_the_fault(paths: RunPaths) -> None:
     assert last_progress(paths, 2, 0, before=106.05) == (60, 106.0)
     assert last_progress(paths, 2, 0, before=300.0)[0] == 70
+
+
+def test_a_node_clock_behind_the_controllers_never_gives_a_negative_phase(paths: RunPaths) -> None:
+    """The new job's node reads 4 s behind the login node: its job start (110.0) comes before the
+    acceptance the controller saw (112.0). The phase is 0, not -2, and the move is reported."""
+    failure = Failure(kind="kill-rank", at=106.05, detected=106.25, evidence="fault")
+    failed = AttemptRow(run_id="r", attempt=0, job_id="1", state="FAILED", submitted=99.0, accepted=99.5)
+    resumed = AttemptRow(run_id="r", attempt=1, job_id="2", state="RUNNING", submitted=111.8, accepted=112.0)
+    rec = compute_recovery(paths, failure, failed, resumed, ranks=2)
+    assert rec is not None
+    phases = (rec.detect_s, rec.resubmit_s, rec.queue_s, rec.startup_s, rec.load_s, rec.first_step_s)
+    assert all(phase >= 0 for phase in phases)
+    assert rec.queue_s == 0 and rec.startup_s == pytest.approx(0.0)  # framework_ready 112.0 <= accepted
+    assert rec.ttr_s == pytest.approx(sum(phases))
+    assert rec.clock_correction_s == pytest.approx(2.0) and rec.failure_evidence == "fault"
