@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -326,5 +327,13 @@ def test_only_processes_verified_as_the_jobs_are_signalled(tmp_path: Path) -> No
     backend = LocalBackend("d")
     spec = write_spec(tmp_path)
     run = Controller(load_campaign(spec)).runs[0]
-    backend.adopt(str(os.getpid()), run)  # this test process: not the run's job
-    backend.cancel(str(os.getpid()), force=True)  # must not kill us, nor our children
+    job = RankJob(run_id=run.run_id, run_dir=str(run.paths.root), attempt=0, workload=run.workload,
+                  checkpoint_every=20, checkpoint_keep=2)
+    backend.adopt(str(os.getpid()), run, job)  # this test process: not the run's job
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        backend.cancel(str(os.getpid()), force=True)  # must not kill us, nor our children
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()

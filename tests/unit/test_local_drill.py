@@ -9,53 +9,28 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from drills import FAULTDRILL, drill, run_of, write_spec
 from orchestrator.ledger import Ledger
 
-FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
+KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}]
 
 
 def _write_spec(tmp_path: Path, **overrides: Any) -> Path:
-    spec: dict[str, Any] = {
-        "name": "local-e2e",
-        "backend": "local",
-        "workdir": str(tmp_path / "work"),
-        "workload": {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_size": 16},
-        "checkpoint": {"every_steps": 20, "keep": 2},
-        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00"},
-        "faults": [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}],
-        "restart": {"max_restarts": 2, "poll_interval_s": 0.05},
-        "baseline": True,
-        "parallel_runs": 2,
-    }
-    spec.update(overrides)
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def _drill(spec: Path, timeout: float = 300) -> dict[str, Any]:
-    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json"], capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
-
-
-def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
-    return next(run for run in report["runs"] if run["run_id"] == run_id)
+    """The e2e drill: a rank killed after the first checkpoint, with a fault-free twin."""
+    return write_spec(tmp_path, **{"name": "local-e2e", "faults": KILL_RANK_1, "baseline": True,
+                                   "parallel_runs": 2, **overrides})
 
 
 def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path) -> None:
     spec = _write_spec(tmp_path)
-    report = _drill(spec)
-    faulted, twin = _run(report, "r000"), _run(report, "r000-baseline")
+    report = drill(spec)
+    faulted, twin = run_of(report, "r000"), run_of(report, "r000-baseline")
     assert faulted["status"] == twin["status"] == "completed"
     assert faulted["final_step"] == faulted["target_steps"] == 160
     assert len(faulted["faults"]) == 1 and faulted["faults"][0]["at"] is not None
@@ -101,8 +76,8 @@ def test_controller_killed_mid_drill_resumes_without_duplicate_submission(tmp_pa
     assert heartbeat.exists(), "the first controller never got its job training"
     os.kill(first.pid, signal.SIGKILL)  # the controller only; its job keeps training
     first.wait(timeout=10)
-    report = _drill(spec)
-    run = _run(report, "r000")
+    report = drill(spec)
+    run = run_of(report, "r000")
     assert run["status"] == "completed" and run["final_step"] == 400
     assert len(run["attempts"]) == 1, "the restarted controller submitted the run again"
     ledger = Ledger.in_workdir(tmp_path / "work")
@@ -117,8 +92,8 @@ def test_stopped_rank_is_detected_as_a_hang_cancelled_and_recovered(tmp_path: Pa
                  "signal": "SIGSTOP"}],
         restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": 2.0},
     )
-    report = _drill(spec)
-    run = _run(report, "r000")
+    report = drill(spec)
+    run = run_of(report, "r000")
     assert run["status"] == "completed" and run["final_step"] == 160
     assert run["faults"][0]["signal"] == "SIGSTOP" and run["faults"][0]["at"] is not None
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat")
