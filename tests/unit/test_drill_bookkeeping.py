@@ -8,17 +8,20 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+import psutil
 import pytest
 
 from drills import drill, drill_processes, kill_verified, ledger_sql, phases_ok, run_of, write_spec
 from experiments.layout import RankJob, RunPaths, read_json_lines
-from orchestrator.backends.local import LocalBackend
+from orchestrator.backends.local import EnvLocalExecutor, LocalBackend, LocalJobRecord
 from orchestrator.commands import CommandError
 from orchestrator.controller import Controller, SchedulerUnavailable
 from orchestrator.ledger import Ledger
@@ -320,6 +323,43 @@ def test_cancelling_a_hung_local_chainer_job_kills_every_rank(tmp_path: Path) ->
         leftovers = drill_processes(run_dir)
         kill_verified(leftovers)
     assert not leftovers, f"processes of the cancelled job outlived it: {[p.pid for p in leftovers]}"
+
+
+def _start_a_grandchild_and_wait(marker: str) -> None:
+    """A task (rank) that starts a process of its own, as a data loader or a user's script does."""
+    import subprocess as sp
+    import time as clock
+
+    child = sp.Popen(["sleep", "300"])
+    Path(marker).write_text(str(child.pid))
+    clock.sleep(300)
+
+
+def test_a_local_cancel_kills_the_jobs_whole_process_tree(tmp_path: Path) -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the task cannot import this module
+    marker = tmp_path / "grandchild"
+    executor = EnvLocalExecutor(tmp_path / "submitit", {"FAULTDRILL_RUN_ID": "r"})
+    executor.update_parameters(tasks_per_node=1, timeout_min=5)
+    job = executor.submit(_start_a_grandchild_and_wait, str(marker))
+    backend = LocalBackend("d")
+    backend._jobs[job.job_id] = LocalJobRecord(folder=tmp_path / "submitit", ntasks=1, process=job._process)
+    grandchild = wait_for(lambda: marker.exists() and marker.read_text() and int(marker.read_text()), 60,
+                          "the task's own process")
+    try:
+        backend.cancel(job.job_id)
+        gone = wait_for(lambda: None if _running(grandchild) else "gone", 10, "the task's own process to end")
+        assert gone == "gone"
+    finally:
+        if _running(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+        job._process.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_only_processes_verified_as_the_jobs_are_signalled(tmp_path: Path) -> None:
