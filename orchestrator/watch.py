@@ -3,7 +3,7 @@ are appended, the scheduler's state, and from these whether the attempt is alive
 
 Liveness is the ranks' heartbeats: a rank is alive while its last beat is younger than the silence
 it allows, which is the hang timeout, or the timeout of the long phase (resume, checkpoint, finish)
-the rank announced in that beat. The attempt is hung when no rank is alive. Time spent SUSPENDED by
+the rank announced in that beat (if longer). The attempt is hung when no rank is alive. Time spent SUSPENDED by
 the scheduler is not silence: the clock starts again when the job resumes.
 """
 
@@ -121,7 +121,7 @@ class AttemptWatch:
         if not self.beats or self.state is JobState.SUSPENDED:
             return None
         origin = self.resumed_at or 0.0
-        deadlines = [max(beat.time, origin) + (beat.allowed_s or hang_timeout_s) for beat in self.beats.values()]
+        deadlines = [max(beat.time, origin) + max(hang_timeout_s, beat.allowed_s or 0.0) for beat in self.beats.values()]
         if now <= max(deadlines):
             return None
         freshest = max(self.beats.values(), key=lambda beat: beat.time)
