@@ -3,8 +3,10 @@ are appended, the scheduler's state, and from these whether the attempt is alive
 
 Liveness is the ranks' heartbeats: a rank is alive while its last beat is younger than the silence
 it allows, which is the hang timeout, or the timeout of the long phase (resume, checkpoint, finish)
-the rank announced in that beat (if longer). The attempt is hung when no rank is alive. Time spent SUSPENDED by
-the scheduler is not silence: the clock starts again when the job resumes.
+the rank announced in that beat (if longer). The attempt is hung as soon as one rank is not alive:
+ranks of a data-parallel job move in step, so a rank silent past its allowance is stuck even while
+the others wait for it inside a long phase. Time spent SUSPENDED by the scheduler is not silence:
+the clock starts again when the job resumes.
 """
 
 from __future__ import annotations
@@ -117,17 +119,22 @@ class AttemptWatch:
         return changed
 
     def hang(self, now: float, hang_timeout_s: float) -> FailureSign | None:
-        """No rank alive: every rank's last beat is older than the silence it allows."""
+        """A rank silent for longer than it allows (see the module doc); the most overdue one."""
         if not self.beats or self.state is JobState.SUSPENDED:
             return None
         origin = self.resumed_at or 0.0
-        deadlines = [max(beat.time, origin) + max(hang_timeout_s, beat.allowed_s or 0.0) for beat in self.beats.values()]
-        if now <= max(deadlines):
+
+        def overdue(item: tuple[int, RankBeat]) -> float:
+            beat = item[1]
+            return now - (max(beat.time, origin) + max(hang_timeout_s, beat.allowed_s or 0.0))
+
+        rank, beat = max(self.beats.items(), key=overdue)
+        if overdue((rank, beat)) <= 0:
             return None
-        freshest = max(self.beats.values(), key=lambda beat: beat.time)
-        silent = now - max(freshest.time, origin)
-        where = f" in its {freshest.phase} phase" if freshest.phase else ""
-        return FailureSign(f"hang: no heartbeat for {silent:.0f} s{where}", freshest.time, "last_heartbeat")
+        silent = now - max(beat.time, origin)
+        where = f" in its {beat.phase} phase" if beat.phase else ""
+        return FailureSign(f"hang: no heartbeat from rank {rank} for {silent:.0f} s{where}", beat.time,
+                           "last_heartbeat")
 
     def stuck_start(self, now: float, start_timeout_s: float) -> FailureSign | None:
         started = self.running_since

@@ -77,8 +77,9 @@ class TorchWorkload(Workload):
         self.ddp: nn.Module = nn.Identity()
         self.optimizer: torch.optim.Optimizer | None = None
         self.width = 0
-        self.store: Any = None  # the rendezvous TCPStore: waits longer than a collective may take
-        self._waits = 0  # store barriers and broadcasts so far: every rank counts them alike
+        # A second gloo group whose collectives may wait as long as a checkpoint takes (rank 0
+        # writing or hashing one) where the default group gives up after the collective timeout.
+        self.patient: Any = None
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
@@ -88,7 +89,8 @@ class TorchWorkload(Workload):
         self.env, self.spec = env, spec
         _make_deterministic()
         started = time.monotonic()
-        self.store = _join_process_group(env, timeouts)
+        _join_process_group(env, timeouts)
+        self.patient = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeouts.checkpoint_s))
         joined = time.monotonic()
         self.width, param_count = model_size(spec.model, spec.params)
         torch.manual_seed(spec.seed)  # identical initial weights on every rank
@@ -151,34 +153,17 @@ class TorchWorkload(Workload):
         return [(name, tensor.detach().cpu().numpy()) for name, tensor in self.model.state_dict().items()]
 
     def barrier(self, timeout_s: float | None = None) -> None:
-        if timeout_s is None:
-            dist.barrier()
-            return
-        # A wait longer than a collective's (rank 0 writing or hashing a large checkpoint) goes
-        # through the rendezvous store: gloo's collectives, monitored_barrier's sends included,
-        # give up after the short collective timeout that catches dead peers (measured: a rank
-        # waiting in monitored_barrier(timeout=300 s) failed after the 1 s collective timeout).
-        assert self.env is not None
-        key = self._next_key("barrier")
-        if self.store.add(key, 1) == self.env.world_size:
-            self.store.set(f"{key}/done", b"1")
-        self.store.wait([f"{key}/done"], timedelta(seconds=timeout_s))
+        """``timeout_s`` given: a wait as long as a checkpoint may take (the patient group, whose
+        timeout is the checkpoint timeout). gloo's own timeouts count even for monitored_barrier's
+        sends (measured: a rank in monitored_barrier(timeout=300 s) failed after the 1 s collective
+        timeout while rank 0 hashed a checkpoint), and a dead peer still fails it at once (its
+        sockets close), which a wait on the rendezvous store would not notice."""
+        dist.barrier(group=self.patient if timeout_s is not None else None)
 
     def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
-        if timeout_s is None:
-            tensor = torch.tensor([value], dtype=torch.int64)
-            dist.broadcast(tensor, src=0)
-            return int(tensor.item())
-        assert self.env is not None
-        key = self._next_key("broadcast")  # through the store: see barrier
-        if self.env.is_main:
-            self.store.set(key, str(value).encode())
-        self.store.wait([key], timedelta(seconds=timeout_s))
-        return int(self.store.get(key).decode())
-
-    def _next_key(self, kind: str) -> str:
-        self._waits += 1
-        return f"faultdrill/{kind}/{self._waits}"
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(tensor, src=0, group=self.patient if timeout_s is not None else None)
+        return int(tensor.item())
 
     def shutdown(self) -> None:
         if dist.is_initialized():
@@ -194,7 +179,7 @@ def _make_deterministic() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def _join_process_group(env: DistEnv, timeouts: Timeouts) -> Any:
+def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
     """Rendezvous at tcp://master_addr:master_port, with a long wait for late ranks (the store)
     and a short one for collectives (how quickly a rank gives up on a peer that died)."""
     if env.scheduler in ("local", "single"):
@@ -209,7 +194,6 @@ def _join_process_group(env: DistEnv, timeouts: Timeouts) -> Any:
         "gloo", store=store, rank=env.rank, world_size=env.world_size,
         timeout=timedelta(seconds=timeouts.collective_s),
     )
-    return store
 
 
 def _rng_state() -> dict[str, Any]:
