@@ -1,8 +1,9 @@
-"""On-node fault agent: ``python -m injectors.agent kill-rank ...``.
+"""On-node fault agent: ``python -m injectors.agent KIND --task JSON [--record PATH]``.
 
-On a cluster the login node cannot see compute-node processes, so the controller launches this
-agent as a step inside the job's own allocation on the target's node (``srun --overlap``). It
-verifies the target, acts, and prints one JSON line: {"ok": true, ...outcome} or {"ok": false, "error"}.
+On a cluster the login node cannot see compute-node processes, so the controller starts this agent
+on the target's node inside the job's own allocation (``srun --overlap``, the PBS route, or a local
+process on the local backend). It hands the task to the kind, which verifies its targets and acts,
+and prints one JSON line: {"ok": true, ...outcome} or {"ok": false, "error", "gone"}.
 """
 
 from __future__ import annotations
@@ -13,32 +14,30 @@ import sys
 from pathlib import Path
 
 from experiments.layout import write_json_atomic
-from injectors.kill_rank import kill_rank
+from injectors.kinds import REGISTRY, get_kind
+from injectors.kinds.base import FaultTask
 from injectors.targets import TargetRefused
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m injectors.agent")
-    sub = parser.add_subparsers(dest="action", required=True)
-    kill = sub.add_parser("kill-rank", help="signal one verified rank of the drill's job")
-    kill.add_argument("--run-dir", type=Path, required=True)
-    kill.add_argument("--run-id", required=True)
-    kill.add_argument("--attempt", type=int, required=True)
-    kill.add_argument("--rank", type=int, required=True)
-    kill.add_argument("--job-id", required=True)
-    kill.add_argument("--signal", default="SIGKILL")
-    kill.add_argument("--record", type=Path, help="also write the verdict here (the job may end first)")
+    parser = argparse.ArgumentParser(prog="python -m injectors.agent", description=__doc__)
+    parser.add_argument("kind", choices=sorted(REGISTRY), help="the fault kind to act as")
+    parser.add_argument("--task", required=True, help="the FaultTask as JSON (run, attempt, job, ranks, options)")
+    parser.add_argument("--record", type=Path, help="also write the verdict here (the job may end first)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    task = FaultTask.from_json_dict(json.loads(args.task))
     try:
-        outcome = kill_rank(args.run_dir, args.run_id, args.attempt, args.rank, args.job_id, args.signal)
+        if task.kind != args.kind:
+            raise ValueError(f"the task is for {task.kind}, the agent was started as {args.kind}")
+        outcome = get_kind(args.kind).act_on_node(task)
     except TargetRefused as error:
         _report({"ok": False, "error": str(error), "gone": error.gone}, args.record)
         return 3
-    except ValueError as error:
+    except (ValueError, KeyError) as error:
         _report({"ok": False, "error": str(error), "gone": False}, args.record)
         return 3
     _report({"ok": True, **outcome.to_dict()}, args.record)

@@ -4,7 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FixedDelay(_Strict):
+    fixed: float = Field(ge=0)
+
+
+class ExponentialDelay(_Strict):
+    exponential: float = Field(gt=0, description="mean delay in seconds")
+    min: float = Field(0.0, ge=0)
+    max: float | None = Field(None, gt=0)
+
+
+Delay = FixedDelay | ExponentialDelay
 
 
 @dataclass(frozen=True)
@@ -15,6 +35,12 @@ class DelayDistribution:
     mean_s: float | None = None
     min_s: float = 0.0
     max_s: float | None = None
+
+    @classmethod
+    def of(cls, delay: Delay) -> "DelayDistribution":
+        if isinstance(delay, FixedDelay):
+            return cls(fixed_s=delay.fixed)
+        return cls(mean_s=delay.exponential, min_s=delay.min, max_s=delay.max)
 
     def draw(self, rng: random.Random) -> float:
         if self.fixed_s is not None:
@@ -27,14 +53,19 @@ class DelayDistribution:
 
 @dataclass(frozen=True)
 class PlannedFault:
-    """One fault of a run: what to do, to which rank, how long after its anchor."""
+    """One fault of a run: what to do, to whom, how long after its anchor."""
 
     index: int
     kind: str
-    rank: int
-    signal: str
     delay_s: float
     anchor: str  # "training_start" | "first_checkpoint" of the attempt it fires in
+    ranks: tuple[int, ...] = ()  # rank kinds: the ranks it hits, drawn when the drill is planned
+    options: dict[str, Any] = field(default_factory=dict)  # the kind's own options (signal, duration_s, ...)
+    target: str = ""  # the planned target in words
+
+    @property
+    def signal(self) -> str:
+        return str(self.options.get("signal", ""))
 
 
 def seeded_rng(*parts: object) -> random.Random:
@@ -43,10 +74,3 @@ def seeded_rng(*parts: object) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def choose_rank(requested: int | str, world_size: int, rng: random.Random) -> int:
-    if requested == "random":
-        return rng.randrange(world_size)
-    rank = int(requested)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"fault targets rank {rank} but the run has ranks 0..{world_size - 1}")
-    return rank

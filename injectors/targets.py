@@ -14,10 +14,12 @@ from pathlib import Path
 
 import psutil
 
-from experiments.layout import ENV_RUN_ID, RankIdentity, RunPaths
+from experiments.layout import ENV_JOB_ID, ENV_RUN_ID, RankIdentity, RunPaths
 
 # Which environment variables name the job and the rank, per launcher.
-JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "SUBMITIT_LOCAL_JOB_ID")
+# FAULTDRILL_JOB_ID is the job as the controller names it (set by the batch script): an element
+# of a PBS array under Slurm's wrappers (69[4]) has another Slurm id of its own.
+JOB_ID_VARS = (ENV_JOB_ID, "SLURM_JOB_ID", "PBS_JOBID", "SUBMITIT_LOCAL_JOB_ID")
 RANK_VARS = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SUBMITIT_LOCAL_GLOBALID")
 CREATE_TIME_TOLERANCE_S = 0.05
 

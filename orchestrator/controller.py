@@ -15,7 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from injectors.schedule import DelayDistribution, PlannedFault, choose_rank, seeded_rng
+from injectors.kinds import get_kind
+from injectors.schedule import DelayDistribution, PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.commands import CommandError, one_line
@@ -23,7 +24,7 @@ from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
 from orchestrator.render import array_job_name
 from orchestrator.runs import STRATEGY_RESUBMIT, RunConfig, expand_runs
-from orchestrator.spec import Campaign, FixedDelay
+from orchestrator.spec import Campaign
 from orchestrator.tracker import PendingSubmission, RunTracker
 
 log = logging.getLogger(__name__)
@@ -36,15 +37,13 @@ def plan_faults(run: RunConfig) -> list[PlannedFault]:
     rng = seeded_rng(run.campaign.name, run.run_id, run.campaign.workload.seed)
     plan = []
     for index, fault in enumerate(run.campaign.faults):
-        after = fault.after
-        if isinstance(after, FixedDelay):
-            delay = DelayDistribution(fixed_s=after.fixed)
-        else:
-            delay = DelayDistribution(mean_s=after.exponential, min_s=after.min, max_s=after.max)
-        plan.append(PlannedFault(
-            index=index, kind=fault.kind, rank=choose_rank(fault.rank, run.ranks, rng), signal=fault.signal,
-            delay_s=delay.draw(rng), anchor=fault.anchor,
-        ))
+        kind = get_kind(fault.kind)
+        ranks = kind.plan_ranks(fault, run.ranks, rng)
+        delay = DelayDistribution.of(fault.after).draw(rng)
+        options = fault.kind_options()
+        options.pop("rank", None)  # drawn: the plan names the ranks
+        plan.append(PlannedFault(index=index, kind=fault.kind, delay_s=delay, anchor=fault.anchor, ranks=ranks,
+                                 options=options, target=kind.describe(ranks, options)))
     return plan
 
 

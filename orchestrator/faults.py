@@ -5,8 +5,9 @@ for):
 - a fault fires only into a healthy attempt (running, not completed, not failing), at its anchor
   in that attempt plus its delay;
 - the next fault waits until the effect of the previous one is known: one fault in flight at a
-  time, and after a fault reached its attempt (injected or absorbed), the next one fires only in a
-  later attempt;
+  time, and after a fault that ends its attempt (a kill, a hang) reached it, the next one fires only
+  in a later attempt; after one the attempt is meant to survive (a stall, a damaged checkpoint), once
+  the agent is done and the attempt still healthy;
 - every fault row ends as INJECTED (with what it caused), REFUSED (its target could not be verified;
   why), ABSORBED (it hit an attempt that was already failing) or NOT_FIRED (why).
 """
@@ -18,10 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from injectors.kill_rank import FaultOutcome
+from injectors.kinds import get_kind
+from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused
-from orchestrator.backends.base import KillRequest
 from orchestrator.commands import one_line
 from orchestrator.ledger import FaultRow, Ledger
 from orchestrator.states import JobState
@@ -35,6 +36,7 @@ REFUSED = "refused"
 ABSORBED = "absorbed"
 NOT_FIRED = "not fired"
 UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
+WENT_ON = "went on: "  # the detail of a fault its attempt survived (it caused no failure)
 # Evidence that dates the failure itself (not just the last sign of life): a fault that acted
 # after it hit an attempt that was already failing.
 FAILURE_MOMENT_EVIDENCE = ("step_exit", "scheduler_end")
@@ -46,6 +48,7 @@ class InFlight:
     fault_id: int
     attempt: int
     future: Future[FaultOutcome]
+    fault: PlannedFault
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,12 @@ class AttemptEnd:
     completed: bool
 
 
+Act = Callable[[int, str, PlannedFault], FaultOutcome]  # (attempt, job id, fault): carry it out
+
+
 class FaultBook:
-    def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor,
-                 kill: Callable[[KillRequest], FaultOutcome], request: Callable[[int, str, PlannedFault], KillRequest]):
-        self.run_id, self.plan, self.ledger, self.pool = run_id, plan, ledger, pool
-        self.kill, self.request = kill, request
+    def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act):
+        self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
         self.in_flight: InFlight | None = None
         self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
         rows = ledger.faults(run_id)
@@ -67,8 +71,9 @@ class FaultBook:
                 ledger.update_fault(row.fault_id, outcome=UNKNOWN,
                                     detail="the controller stopped while the fault agent was acting")
         self.next_index = max((row.plan_index for row in rows), default=-1) + 1
-        # After a fault reached attempt A, the next one waits for a later attempt.
-        reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, UNKNOWN)]
+        # After a fault that ends its attempt reached attempt A, the next one waits for a later attempt.
+        reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, UNKNOWN)
+                   and get_kind(row.kind).ends_attempt]
         self.blocked_through: int | None = max(reached, default=None)
 
     @property
@@ -87,17 +92,14 @@ class FaultBook:
         anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
         if anchor is None or now < anchor + fault.delay_s:
             return
-        fault_id = self.ledger.add_fault(FaultRow(
-            fault_id=None, run_id=self.run_id, attempt=watch.attempt, plan_index=fault.index, kind=fault.kind,
-            target=f"rank {fault.rank}", signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
-            node=None, outcome=SENDING,
-        ))
+        fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
         self.next_index += 1
-        request = self.request(watch.attempt, watch.job_id, fault)
-        self.in_flight = InFlight(fault_id, watch.attempt, self.pool.submit(self.kill, request))
+        future = self.pool.submit(self.act, watch.attempt, watch.job_id, fault)
+        self.in_flight = InFlight(fault_id, watch.attempt, future, fault)
 
-    def collect(self, wait: bool = False) -> None:
-        """Record the agent's answer once it is in (``wait``: block for it, at the end of a run)."""
+    def collect(self, watch: AttemptWatch | None = None, wait: bool = False) -> None:
+        """Record the agent's answer once it is in (``wait``: block for it, at the end of a run).
+        ``watch``: the attempt now watched, to tell whether one the fault was not to end went on."""
         flight = self.in_flight
         if flight is None or not (wait or flight.future.done()):
             return
@@ -110,10 +112,18 @@ class FaultBook:
             self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=one_line(error))
             log.warning("%s: fault not injected: %s", self.run_id, error)
         else:
-            self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
-                                     target=f"rank {outcome.rank}@{outcome.node}", outcome=INJECTED)
-            self.blocked_through = flight.attempt
+            self._injected(flight, outcome, watch)
         self._settle_ready()
+
+    def _injected(self, flight: InFlight, outcome: FaultOutcome, watch: AttemptWatch | None) -> None:
+        self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
+                                 target=outcome.target, signal=outcome.signal, outcome=INJECTED)
+        if get_kind(flight.fault.kind).ends_attempt:
+            self.blocked_through = flight.attempt
+            return
+        healthy = watch is not None and watch.attempt == flight.attempt and not watch.failing
+        if healthy:  # done, and the attempt is still going: it caused no failure (yet, at least)
+            self.ledger.update_fault(flight.fault_id, detail=WENT_ON + (outcome.detail or "acted"))
 
     def _refused(self, flight: InFlight, error: TargetRefused) -> None:
         if error.gone:  # the target died first: the attempt was ending; settled once it has ended
@@ -159,8 +169,8 @@ class FaultBook:
 
     def credited(self, attempt: int) -> FaultRow | None:
         """The fault that caused ``attempt`` to fail, if one did."""
-        hits = [row for row in self.ledger.faults(self.run_id)
-                if row.attempt == attempt and row.outcome == INJECTED and row.at is not None]
+        hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome == INJECTED
+                and row.at is not None and not (row.detail or "").startswith(WENT_ON)]
         return max(hits, key=lambda row: row.at or 0.0) if hits else None
 
     # the end of the run -----------------------------------------------------------------------
@@ -169,12 +179,14 @@ class FaultBook:
         self.collect(wait=True)
         self._settle_ready()
         for fault in self.plan[self.next_index:]:
-            self.ledger.add_fault(FaultRow(
-                fault_id=None, run_id=self.run_id, attempt=last_attempt, plan_index=fault.index, kind=fault.kind,
-                target=f"rank {fault.rank}", signal=fault.signal, planned_delay_s=fault.delay_s, at=None,
-                pid=None, node=None, outcome=NOT_FIRED, detail=_not_fired_because(status),
-            ))
+            self.ledger.add_fault(_row(self.run_id, last_attempt, fault, NOT_FIRED, _not_fired_because(status)))
         self.next_index = len(self.plan)
+
+
+def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: str | None = None) -> FaultRow:
+    return FaultRow(fault_id=None, run_id=run_id, attempt=attempt, plan_index=fault.index, kind=fault.kind,
+                    target=fault.target, signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
+                    node=None, outcome=outcome, detail=detail)
 
 
 def _not_fired_because(status: str) -> str:

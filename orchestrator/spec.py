@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
 
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
+from injectors.kinds import option_models
+from injectors.ranks import RankFraction, rank_problem
+from injectors.schedule import ExponentialDelay, FixedDelay
 from orchestrator.directives import parse_directive, reserved_problem
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
-SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGSEGV", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGSTOP")
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 
 
@@ -83,30 +85,20 @@ class ResourcesConfig(_Strict):
         return values
 
 
-class FixedDelay(_Strict):
-    fixed: float = Field(ge=0)
+def _fault_kind(value: Any) -> str:
+    """The kind of a ``faults`` entry (kill-rank when the entry does not say)."""
+    kind = value.get("kind", DEFAULT_FAULT_KIND) if isinstance(value, dict) else getattr(value, "kind", None)
+    return str(kind)
 
 
-class ExponentialDelay(_Strict):
-    exponential: float = Field(gt=0, description="mean delay in seconds")
-    min: float = Field(0.0, ge=0)
-    max: float | None = Field(None, gt=0)
-
-
-class FaultConfig(_Strict):
-    kind: Literal["kill-rank"] = "kill-rank"
-    after: FixedDelay | ExponentialDelay = Field(default_factory=lambda: ExponentialDelay(exponential=10.0))
-    anchor: Literal["training_start", "first_checkpoint"] = "training_start"
-    rank: int | Literal["random"] = "random"
-    signal: str = "SIGKILL"
-
-    @field_validator("signal")
-    @classmethod
-    def _known_signal(cls, value: str) -> str:
-        name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
-        if name not in SIGNALS:
-            raise ValueError(f"unknown signal {value!r}; valid: {', '.join(SIGNALS)}")
-        return name
+DEFAULT_FAULT_KIND = "kill-rank"
+FAULT_MODELS = option_models()
+# One entry of ``faults``: the options model of its kind (each kind's module defines it).
+FaultConfig = Annotated[
+    Union[tuple(Annotated[model, Tag(name)] for name, model in FAULT_MODELS.items())],  # type: ignore[valid-type]
+    Discriminator(_fault_kind, custom_error_type="unknown_fault_kind",
+                  custom_error_message=f"unknown fault kind; valid: {', '.join(FAULT_MODELS)}"),
+]
 
 
 class RestartConfig(_Strict):
@@ -174,9 +166,9 @@ class Campaign(_Strict):
         if resources is None:
             return faults
         ranks = resources.nodes * resources.tasks_per_node
-        problems = [f"fault {index} targets rank {fault.rank}, but a run has ranks 0..{ranks - 1} "
-                    f"({resources.nodes} node(s) x {resources.tasks_per_node} tasks)"
-                    for index, fault in enumerate(faults) if isinstance(fault.rank, int) and not 0 <= fault.rank < ranks]
+        problems = [f"fault {index} {problem} ({resources.nodes} node(s) x {resources.tasks_per_node} tasks)"
+                    for index, fault in enumerate(faults)
+                    if hasattr(fault, "rank") and (problem := rank_problem(fault.rank, ranks))]
         if problems:
             raise ValueError("\n".join(problems))
         return faults
@@ -283,8 +275,15 @@ def _got(item: Any) -> str:
     return f" (got {value!r})"
 
 
+# The names pydantic puts into an error's location for the member of a union it tried.
+_UNION_MEMBERS: dict[str, Any] = {
+    "FixedDelay": FixedDelay, "ExponentialDelay": ExponentialDelay, "RankFraction": RankFraction, **FAULT_MODELS,
+}
+_UNION_SCALARS = {"int", "literal['random']", "list[int]", "str", "literal['newest']"}
+
+
 def _is_union_tag(part: Any) -> bool:
-    return isinstance(part, str) and part in {"FixedDelay", "ExponentialDelay", "int", "literal['random']"}
+    return isinstance(part, str) and (part in _UNION_MEMBERS or part in _UNION_SCALARS)
 
 
 def _valid_keys(location: tuple[Any, ...]) -> list[str]:
@@ -292,11 +291,8 @@ def _valid_keys(location: tuple[Any, ...]) -> list[str]:
     for part in location:
         if isinstance(part, int):
             continue
-        if part == "FixedDelay":
-            model = FixedDelay
-            continue
-        if part == "ExponentialDelay":
-            model = ExponentialDelay
+        if part in _UNION_MEMBERS:
+            model = _UNION_MEMBERS[part]
             continue
         field = model.model_fields.get(str(part))
         if field is None:

@@ -19,10 +19,12 @@ from typing import Any
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
-from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
+from injectors.kinds.base import FaultOutcome
+from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.closing import ClosingJobs
 from orchestrator.commands import CommandError, one_line
 from orchestrator.faults import FaultBook
+from orchestrator.inject import FaultRequest, inject
 from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
@@ -59,7 +61,7 @@ class RunTracker:
         self.ledger = ledger
         self.drill_id = drill_id
         self.restart = run.campaign.restart
-        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, backend.kill_rank, self._kill_request)
+        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
         self.pending: PendingSubmission | None = None
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s)
@@ -232,8 +234,8 @@ class RunTracker:
         self._awaiting_recovery = attempt if ran_before else None
         self.status = "running"
 
-    def _kill_request(self, attempt: int, job_id: str, fault: PlannedFault) -> KillRequest:
-        return KillRequest(run=self.run, attempt=attempt, job_id=job_id, rank=fault.rank, signal=fault.signal)
+    def _act(self, attempt: int, job_id: str, fault: PlannedFault) -> FaultOutcome:
+        return inject(self.backend, FaultRequest(run=self.run, attempt=attempt, job_id=job_id, fault=fault))
 
     # one step of the loop ---------------------------------------------------------------------
     def advance(self, states: dict[str, JobState], now: float) -> None:
@@ -246,7 +248,7 @@ class RunTracker:
         state = states.get(watch.job_id, JobState.UNKNOWN)
         watch.read()
         self._note(watch, state, now)
-        self.faults.collect()
+        self.faults.collect(watch)
         self._maybe_record_recovery()
         sign = self._failure_sign(watch, state, now)
         if sign is not None and self._final_of(watch) is None:

@@ -237,6 +237,10 @@ class CheckpointStore:
             log.warning("skipping checkpoint %s (%s): %s", path, problem.kind if problem else "?", problem)
         return None
 
+    def published(self) -> list[tuple[int, Path]]:
+        """Every published (final) checkpoint directory, newest first, valid or not."""
+        return self._final_dirs()
+
     def _final_dirs(self) -> list[tuple[int, Path]]:
         if not self.root.is_dir():
             return []

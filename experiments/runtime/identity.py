@@ -12,6 +12,7 @@ import psutil
 
 from experiments.layout import RankIdentity, RunPaths, record_dict, write_json_atomic
 from experiments.runtime.distenv import DistEnv
+from experiments.runtime.fence import own_job_id
 
 
 def current_identity(env: DistEnv, attempt: int) -> RankIdentity:
@@ -22,7 +23,7 @@ def current_identity(env: DistEnv, attempt: int) -> RankIdentity:
         create_time=psutil.Process(pid).create_time(),
         host=socket.gethostname(),
         node=env.node,  # SLURMD_NODENAME under Slurm, else the host name
-        job_id=env.job_id,
+        job_id=own_job_id(env.job_id),  # as the controller names the job (an array element, a cluster)
         attempt=attempt,
     )
 

@@ -11,7 +11,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
-from injectors.kill_rank import FaultOutcome
+from orchestrator.commands import CommandResult
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
 from orchestrator.states import JobState
@@ -34,15 +34,6 @@ class AttemptRef:
     job_name: str | None  # the scheduler's name for it (an array's name for an element)
     array_index: int | None  # its element, if it went out in an array
     submitted: float  # when the controller began submitting it (wall time)
-
-
-@dataclass(frozen=True)
-class KillRequest:
-    run: RunConfig
-    attempt: int
-    job_id: str
-    rank: int
-    signal: str
 
 
 class Backend(abc.ABC):
@@ -90,8 +81,13 @@ class Backend(abc.ABC):
         for a job that a plain cancel did not end. Raises CommandError if the scheduler refuses."""
 
     @abc.abstractmethod
-    def kill_rank(self, request: KillRequest) -> FaultOutcome:
-        """Signal one verified rank of the job, acting on the node where it runs."""
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """Run ``python <argv>`` (the fault agent) on ``node`` inside job ``job_id``'s allocation and
+        return what it printed; a failure to start it is in the result, not raised."""
+
+    def agent_job_id(self, job_id: str) -> str:
+        """The job's id as its ranks carry it in their environment (what the agent verifies)."""
+        return job_id
 
 
 def ensure_submitted_pickle(run: RunConfig, pickle_id: str, job: RankJob) -> None:

@@ -26,8 +26,8 @@ from experiments.layout import (
     read_json_lines,
 )
 from experiments.workloads import LAUNCHER_MPI
-from injectors.kill_rank import FaultOutcome, kill_rank
-from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
+from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.commands import CommandResult, run_command
 from orchestrator.render import rank_environment
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
@@ -158,10 +158,9 @@ class LocalBackend(Backend):
             return process
         return None
 
-    def kill_rank(self, request: KillRequest) -> FaultOutcome:
-        return kill_rank(
-            request.run.paths.root, request.run.run_id, request.attempt, request.rank, request.job_id, request.signal
-        )
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """Every rank is on this machine: the agent is a local process."""
+        return run_command([sys.executable, *argv], timeout_s=timeout_s, check=False)
 
 
 def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:

@@ -25,10 +25,9 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
-from injectors.kill_rank import FaultOutcome
-from injectors.targets import read_identity
-from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, KillRequest, Submission
+from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, Submission
 from orchestrator.backends.pbs_commands import (
+    QSTAT_TIMEOUT_S,
     ServerKind,
     array_element_id,
     detect_server,
@@ -41,8 +40,7 @@ from orchestrator.backends.pbs_commands import (
     scheduler_id,
 )
 from orchestrator.backends.pbs_plugin import PBSExecutor
-from orchestrator.backends.slurm import _agent_outcome
-from orchestrator.commands import run_command
+from orchestrator.commands import CommandResult, run_command
 from orchestrator.render import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
@@ -50,7 +48,6 @@ from orchestrator.states import JobState
 
 
 ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
-INJECT_TIMEOUT_S = 60.0
 
 
 class TemplatePBSExecutor(PBSExecutor):
@@ -123,7 +120,7 @@ class PBSBackend(Backend):
         started array element under a Slurm id of its own, with the same name and nothing to tell
         it from the array: Slurm itself names the array (%F: the array's id, a job's own otherwise)."""
         if detect_server() is ServerKind.SLURM_WRAPPERS:
-            result = run_command(["squeue", "-h", "-t", "all", "-n", name, "-o", "%F"], timeout_s=INJECT_TIMEOUT_S,
+            result = run_command(["squeue", "-h", "-t", "all", "-n", name, "-o", "%F"], timeout_s=QSTAT_TIMEOUT_S,
                                  retries=2)
             return set(result.stdout.split())
         return {job_id for job_id, record in qstat_all().items()
@@ -144,19 +141,9 @@ class PBSBackend(Backend):
         """Send a running job back to the queue with qrerun (raises CommandError if refused)."""
         qrerun(job_id, self._folders.get(job_id))
 
-    def kill_rank(self, request: KillRequest) -> FaultOutcome:
-        """Start the fault agent on the node where the target rank runs; it verifies and acts."""
-        paths = request.run.paths
-        node = read_identity(paths.root, request.attempt, request.rank).node
-        record = paths.attempt_dir(request.attempt) / f"fault-rank{request.rank}-{uuid.uuid4().hex[:8]}.json"
-        agent = [
-            self.python, "-m", "injectors.agent", "kill-rank", "--run-dir", str(paths.root),
-            "--run-id", request.run.run_id, "--attempt", str(request.attempt), "--rank", str(request.rank),
-            "--job-id", request.job_id, "--signal", request.signal, "--record", str(record),
-        ]
-        args = self._on_node(request.job_id, node, agent)
-        result = run_command(args, timeout_s=INJECT_TIMEOUT_S, check=False)
-        return _agent_outcome(result.stdout, record, args, result.returncode, result.stderr)
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """The agent on ``node``: a step of the job under the wrappers, else over ssh (see the module doc)."""
+        return run_command(self._on_node(job_id, node, [self.python, *argv]), timeout_s=timeout_s, check=False)
 
     def _on_node(self, job_id: str, node: str, agent: list[str]) -> list[str]:
         launch = os.environ.get(ENV_AGENT_LAUNCH, "auto")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import re
 import sys
 import time
@@ -15,11 +14,9 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
-from experiments.layout import RankJob, read_json_lines
-from injectors.kill_rank import FaultOutcome
-from injectors.targets import TargetRefused, read_identity
-from orchestrator.backends.base import AttemptRef, Backend, KillRequest, Submission
-from orchestrator.commands import CommandError, run_command
+from experiments.layout import RankJob
+from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.directives import cluster_of
 from orchestrator.render import SubmissionScript, render_slurm
 from orchestrator.runs import RunConfig
@@ -27,9 +24,7 @@ from orchestrator.states import JobState, from_slurm
 
 SUBMIT_TIMEOUT_S = 60.0
 POLL_TIMEOUT_S = 20.0
-INJECT_TIMEOUT_S = 60.0
 _CLUSTER = re.compile(r"^[A-Za-z0-9_.-]+$")
-_JOB_ENDED = re.compile(r"already completing or completed|Invalid job id|Job has expired", re.IGNORECASE)
 
 
 class TemplateSlurmExecutor(submitit.SlurmExecutor):
@@ -174,21 +169,15 @@ class SlurmBackend(Backend):
         signal = ["-s", "KILL"] if force else []
         run_command(["scancel", *cluster_args(cluster), *signal, number], timeout_s=POLL_TIMEOUT_S, retries=2)
 
-    def kill_rank(self, request: KillRequest) -> FaultOutcome:
-        """Launch the fault agent as a step inside the job's allocation, on the target rank's node."""
-        paths = request.run.paths
-        number, cluster = split_job_id(request.job_id)
-        node = read_identity(paths.root, request.attempt, request.rank).node
-        record = paths.attempt_dir(request.attempt) / f"fault-rank{request.rank}-{uuid.uuid4().hex[:8]}.json"
-        args = [
-            "srun", *cluster_args(cluster), f"--jobid={number}", "--overlap", "--nodes=1", "--ntasks=1",
-            f"--nodelist={node}", "--quiet", self.python, "-m", "injectors.agent", "kill-rank",
-            "--run-dir", str(paths.root), "--run-id", request.run.run_id, "--attempt", str(request.attempt),
-            "--rank", str(request.rank), "--job-id", number, "--signal", request.signal,
-            "--record", str(record),
-        ]
-        result = run_command(args, timeout_s=INJECT_TIMEOUT_S, check=False)
-        return _agent_outcome(result.stdout, record, args, result.returncode, result.stderr)
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """The agent as a step inside the job's allocation, on ``node`` (``srun --overlap``)."""
+        number, cluster = split_job_id(job_id)
+        args = ["srun", *cluster_args(cluster), f"--jobid={number}", "--overlap", "--nodes=1", "--ntasks=1",
+                f"--nodelist={node}", "--quiet", self.python, *argv]
+        return run_command(args, timeout_s=timeout_s, check=False)
+
+    def agent_job_id(self, job_id: str) -> str:
+        return split_job_id(job_id)[0]
 
 
 def _with_cluster(number: str, cluster: str | None) -> str:
@@ -201,17 +190,3 @@ def _by_cluster(job_ids: list[str]) -> dict[str | None, list[str]]:
         number, cluster = split_job_id(job_id)
         groups.setdefault(cluster, []).append(number)
     return groups
-
-
-def _agent_outcome(stdout: str, record: Path, args: list[str], code: int, stderr: str) -> FaultOutcome:
-    """The agent's verdict: its record file (written right after it acts) or its stdout line."""
-    candidates = read_json_lines(record) if record.exists() else []
-    candidates += [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    for answer in candidates:
-        if answer.get("ok"):
-            fields = {key: answer[key] for key in ("kind", "rank", "pid", "node", "signal", "at")}
-            return FaultOutcome(**fields)
-        raise TargetRefused(f"fault agent refused: {answer.get('error', stderr)}", gone=bool(answer.get("gone")))
-    if _JOB_ENDED.search(stderr):  # srun could not start the agent: the job is ending already
-        raise TargetRefused(f"the target's job is ending: {stderr.strip()[-500:]}", gone=True)
-    raise CommandError(args, code, stdout, stderr, "fault agent gave no answer")

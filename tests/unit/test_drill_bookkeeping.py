@@ -181,7 +181,8 @@ def test_determinism_is_reported_only_for_runs_that_resumed(tmp_path: Path) -> N
 
 def test_a_natural_hang_is_timed_from_the_last_heartbeat(tmp_path: Path) -> None:
     hang_timeout = 2.0
-    spec = write_spec(tmp_path, restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": hang_timeout},
+    spec = write_spec(tmp_path, restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": hang_timeout,
+                                         "checkpoint_timeout_s": 5.0},
                       workload={"framework": "torch", "params": 20000, "steps": 600, "seed": 3, "batch_size": 16})
     paths = RunPaths(tmp_path / "work" / "runs" / "r000")
     stopped: list[int] = []
@@ -260,7 +261,9 @@ class NeverEndingCancelBackend(LocalBackend):
 def test_a_cancelled_job_that_never_ends_is_killed_then_left_behind_and_the_drill_ends(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, faults=[{"kind": "kill-rank", "after": {"fixed": 0.1}, "anchor": "first_checkpoint",
                                          "rank": 1, "signal": "SIGSTOP"}],
-                      restart={"poll_interval_s": 0.05, "hang_timeout_s": 1.5, "cancel_timeout_s": 0.5})
+                      restart={"poll_interval_s": 0.05, "hang_timeout_s": 1.5, "cancel_timeout_s": 0.5,
+                               "checkpoint_timeout_s": 5.0},
+                      workload={"framework": "torch", "params": 20000, "steps": 600, "seed": 3, "batch_size": 16})
     campaign = load_campaign(spec)
     backends: list[NeverEndingCancelBackend] = []
     finished = threading.Event()
@@ -307,10 +310,9 @@ def test_cancelling_a_hung_local_chainer_job_kills_every_rank(tmp_path: Path) ->
     if importlib.util.find_spec("chainer") is None:
         pytest.skip("chainer is not installed")
     spec = write_spec(
-        tmp_path, workload={"framework": "chainer", "params": 20000, "steps": 300, "seed": 3, "batch_size": 16},
-        faults=[{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1,
-                 "signal": "SIGSTOP"}],
-        restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": 2.0},
+        tmp_path, workload={"framework": "chainer", "params": 20000, "steps": 1500, "seed": 3, "batch_size": 16},
+        faults=[{"kind": "hang-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}],
+        restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": 2.0, "checkpoint_timeout_s": 5.0},
     )
     run_dir = tmp_path / "work" / "runs" / "r000"
     try:

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from experiments.layout import RankIdentity, RunPaths, write_json_atomic
-from injectors.kill_rank import kill_rank
+from injectors.kinds import get_kind
+from injectors.kinds.base import FaultOutcome, FaultTask
 from injectors.targets import TargetRefused, verify_rank
 
 RUN_ID = "r000"
@@ -30,6 +31,12 @@ def rank_process(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     if process.poll() is None:
         process.kill()
     process.wait(timeout=10)
+
+
+def kill_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str, signal: str) -> FaultOutcome:
+    task = FaultTask(kind="kill-rank", run_dir=run_dir, run_id=run_id, attempt=attempt, job_id=job_id,
+                     ranks=(rank,), options={"signal": signal})
+    return get_kind("kill-rank").act_on_node(task)
 
 
 def _register(run_dir: Path, pid: int, create_time: float | None = None, job_id: str = JOB_ID) -> None:
@@ -86,14 +93,19 @@ def test_refuses_process_without_drill_environment(tmp_path: Path) -> None:
         stranger.wait(timeout=10)
 
 
+def _agent(tmp_path: Path, job_id: str) -> list[str]:
+    task = FaultTask(kind="kill-rank", run_dir=tmp_path, run_id=RUN_ID, attempt=0, job_id=job_id, ranks=(1,),
+                     options={"signal": "SIGTERM"})
+    return [sys.executable, "-m", "injectors.agent", "kill-rank", "--task", json.dumps(task.to_json_dict()),
+            "--record", str(tmp_path / "verdict.json")]
+
+
 def test_agent_cli_reports_verdicts(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
     _register(tmp_path, rank_process.pid)
-    base = [sys.executable, "-m", "injectors.agent", "kill-rank", "--run-dir", str(tmp_path), "--run-id", RUN_ID,
-            "--attempt", "0", "--rank", "1", "--signal", "SIGTERM", "--record", str(tmp_path / "verdict.json")]
-    refused = subprocess.run([*base, "--job-id", "1"], capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(_agent(tmp_path, "1"), capture_output=True, text=True, timeout=60)
     assert refused.returncode == 3 and json.loads(refused.stdout)["ok"] is False
     assert rank_process.poll() is None
-    done = subprocess.run([*base, "--job-id", JOB_ID], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(_agent(tmp_path, JOB_ID), capture_output=True, text=True, timeout=60)
     verdict = json.loads(done.stdout)
     assert done.returncode == 0 and verdict["ok"] and verdict["pid"] == rank_process.pid
     assert json.loads((tmp_path / "verdict.json").read_text()) == verdict

@@ -10,7 +10,9 @@ import pytest
 from experiments.layout import RankJob
 from fake_commands import FAKE, FakeCommands, install
 from orchestrator.backends import pbs_commands
-from orchestrator.backends.base import AttemptRef, KillRequest
+from injectors.schedule import PlannedFault
+from orchestrator.backends.base import AttemptRef
+from orchestrator.inject import FaultRequest, inject
 from orchestrator.backends.pbs import PBSBackend
 from orchestrator.backends.pbs_commands import (
     SCHEDULER_ID_FILE,
@@ -218,8 +220,10 @@ def test_kill_rank_reports_the_agents_verdict(fake_pbs: FakePBS, tmp_path: Path)
     identity.parent.mkdir(parents=True)
     identity.write_text('{"rank": 0, "pid": 1, "create_time": 0, "host": "fd-n1", "node": "fd-n1", '
                         '"job_id": "105", "attempt": 0}')
-    fake_pbs.answer("srun", '{"ok": true, "kind": "kill-rank", "rank": 0, "pid": 4242, "node": "fd-n1", '
-                            '"signal": "SIGKILL", "at": 12.5}\n')
-    outcome = PBSBackend("unit-1").kill_rank(KillRequest(run=run, attempt=0, job_id="105", rank=0, signal="SIGKILL"))
+    fake_pbs.answer("srun", '{"ok": true, "kind": "kill-rank", "target": "rank 0@fd-n1", "pid": 4242, "node": "fd-n1", '
+                            '"signal": "SIGKILL", "at": 12.5, "detail": ""}\n')
+    fault = PlannedFault(index=0, kind="kill-rank", delay_s=0.0, anchor="training_start", ranks=(0,),
+                         options={"signal": "SIGKILL"})
+    outcome = inject(PBSBackend("unit-1"), FaultRequest(run=run, attempt=0, job_id="105", fault=fault))
     assert (outcome.pid, outcome.node, outcome.at) == (4242, "fd-n1", 12.5)
     assert fake_pbs.calls[0].startswith("srun --jobid=105 --overlap --nodes=1 --ntasks=1 --nodelist=fd-n1 --quiet ")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from injectors.schedule import DelayDistribution, choose_rank, seeded_rng
+from injectors.ranks import RankFraction, choose_ranks
+from injectors.schedule import DelayDistribution, seeded_rng
 from orchestrator.controller import plan_faults
 from orchestrator.runs import expand_runs
 from orchestrator.spec import parse_campaign
@@ -35,9 +36,15 @@ def test_fixed_delay() -> None:
 
 def test_rank_choice_is_checked_against_the_world() -> None:
     rng = seeded_rng("r")
-    assert {choose_rank("random", 4, rng) for _ in range(200)} == {0, 1, 2, 3}
+    assert {choose_ranks("random", 4, rng) for _ in range(200)} == {(0,), (1,), (2,), (3,)}
+    assert choose_ranks([3, 1, 3], 4, rng) == (1, 3)
+    halves = {choose_ranks(RankFraction(fraction=0.5), 4, rng) for _ in range(200)}
+    assert all(len(ranks) == 2 and len(set(ranks)) == 2 for ranks in halves) and len(halves) > 1
+    assert choose_ranks(RankFraction(fraction=0.01), 4, rng).__len__() == 1  # at least one rank
     with pytest.raises(ValueError, match="ranks 0..1"):
-        choose_rank(5, 2, rng)
+        choose_ranks(5, 2, rng)
+    with pytest.raises(ValueError, match="ranks 0..1"):
+        choose_ranks([0, 2], 2, rng)
 
 
 def test_plan_is_reproducible_per_run(tmp_path: Path) -> None:
@@ -47,5 +54,6 @@ def test_plan_is_reproducible_per_run(tmp_path: Path) -> None:
     plan = plan_faults(run)
     assert plan == plan_faults(run)
     assert [p.index for p in plan] == [0, 1]
-    assert plan[1].delay_s == 2 and plan[1].rank == 3 and plan[1].signal == "SIGTERM"
-    assert 0 <= plan[0].rank < 4
+    assert plan[1].delay_s == 2 and plan[1].ranks == (3,) and plan[1].signal == "SIGTERM"
+    assert plan[1].target == "rank 3 (SIGTERM)" and "rank" not in plan[1].options
+    assert len(plan[0].ranks) == 1 and 0 <= plan[0].ranks[0] < 4

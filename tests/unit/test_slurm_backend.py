@@ -48,18 +48,21 @@ def test_a_job_on_a_named_cluster_is_polled_cancelled_and_reached_there(fake: Fa
 
 
 def test_the_fault_agent_reaches_a_job_on_a_named_cluster(fake: FakeCommands, tmp_path: Path) -> None:
-    from orchestrator.backends.base import KillRequest
+    from injectors.schedule import PlannedFault
+    from orchestrator.inject import FaultRequest, inject
 
     run = _run(tmp_path, ["--clusters=gpu"])
     identity = run.paths.rank_file(0, 1)
     identity.parent.mkdir(parents=True)
     identity.write_text('{"rank": 1, "pid": 9, "create_time": 0, "host": "n2", "node": "n2", "job_id": "41", '
                         '"attempt": 0}')
-    fake.answer("srun", '{"ok": true, "kind": "kill-rank", "rank": 1, "pid": 9, "node": "n2", "signal": "SIGKILL", '
-                        '"at": 5.0}\n')
-    SlurmBackend("d-1", python="/opt/py").kill_rank(KillRequest(run, 0, "41;gpu", 1, "SIGKILL"))
+    fake.answer("srun", '{"ok": true, "kind": "kill-rank", "target": "rank 1@n2", "pid": 9, "node": "n2", '
+                        '"signal": "SIGKILL", "at": 5.0, "detail": ""}\n')
+    fault = PlannedFault(index=0, kind="kill-rank", delay_s=0.0, anchor="training_start", ranks=(1,),
+                         options={"signal": "SIGKILL"})
+    inject(SlurmBackend("d-1", python="/opt/py"), FaultRequest(run, 0, "41;gpu", fault))
     [call] = fake.calls
-    assert call.startswith("srun -M gpu --jobid=41 --overlap") and "--job-id 41 " in call
+    assert call.startswith("srun -M gpu --jobid=41 --overlap") and '"job_id": "41"' in call
 
 
 def test_a_failing_sacct_is_a_failed_poll_not_a_vanished_job(fake: FakeCommands) -> None:

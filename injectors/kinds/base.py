@@ -1,0 +1,125 @@
+"""What every fault kind is: its options (one entry of the spec's ``faults``), what it targets,
+where it acts, how its target is verified and what it records.
+
+A kind that acts on ranks runs on their node, inside the job's allocation (the agent, started by
+the backend: ``srun --overlap``, the PBS route, a local process). A kind that acts on files on
+shared storage or through the scheduler or the cluster script acts from the controller.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from injectors.schedule import Delay, ExponentialDelay
+
+
+class Target(str, Enum):
+    RANK = "rank"
+    NODE = "node"
+    JOB = "job"
+    CHECKPOINT = "checkpoint"
+
+
+class Site(str, Enum):
+    NODE = "node"  # the agent, on the target's node inside the job's allocation
+    CONTROLLER = "controller"  # the login node: shared files, scheduler actions, the cluster script
+
+
+class FaultOptions(BaseModel):
+    """What every fault entry of a spec has; each kind adds its own options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    after: Delay = Field(default_factory=lambda: ExponentialDelay(exponential=10.0))
+    anchor: Literal["training_start", "first_checkpoint"] = "training_start"
+
+    def kind_options(self) -> dict[str, Any]:
+        """The options the kind acts with (not when it fires): what the plan and the agent carry."""
+        return self.model_dump(mode="json", exclude={"kind", "after", "anchor"})
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    """What a fault did; ``at`` (when it acted) is the fault time of the recovery."""
+
+    kind: str
+    target: str  # e.g. "rank 1@fd-n2", "checkpoint step-00000040"
+    at: float
+    node: str = ""
+    pid: int | None = None
+    signal: str = ""
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FaultTask:
+    """One fault to act on: the run, the attempt and job it hits, the planned targets and options."""
+
+    kind: str
+    run_dir: Path
+    run_id: str
+    attempt: int
+    job_id: str
+    ranks: tuple[int, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    not_before: float = 0.0  # agents on several nodes act together at this wall time
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "run_dir": str(self.run_dir), "ranks": list(self.ranks)}
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> "FaultTask":
+        return cls(**{**data, "run_dir": Path(data["run_dir"]), "ranks": tuple(data["ranks"])})
+
+
+class FaultKind(ABC):
+    name: ClassVar[str]
+    target: ClassVar[Target]
+    site: ClassVar[Site]
+    options: ClassVar[type[FaultOptions]]
+    # True: the fault ends the attempt it hits (its effect is known once that attempt ended);
+    # False: the attempt is meant to go on (a stall, a damaged file), the effect is known at once.
+    ends_attempt: ClassVar[bool] = True
+    works_on: ClassVar[tuple[str, ...]] = ("local", "slurm", "pbs")
+
+    def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
+        """The ranks this fault will hit, drawn once when the drill is planned (none: not a rank kind)."""
+        return ()
+
+    def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
+        """The planned target in words, for the plan and the report."""
+        return ", ".join(f"rank {rank}" for rank in ranks) or self.target.value
+
+    def act_on_node(self, task: FaultTask) -> FaultOutcome:
+        """Verify and act, on the target's node (site NODE); raises TargetRefused if unverified."""
+        raise NotImplementedError(f"{self.name} does not act on a node")
+
+    def act_on_controller(self, task: FaultTask) -> FaultOutcome:
+        """Verify and act, from the controller (site CONTROLLER); raises TargetRefused if unverified."""
+        raise NotImplementedError(f"{self.name} does not act from the controller")
+
+
+class RankKind(FaultKind, ABC):
+    """A kind that acts on rank processes: verified by identity file, pid, start time, uid and environment."""
+
+    target = Target.RANK
+    site = Site.NODE
+
+    def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
+        from injectors.ranks import choose_ranks
+
+        return choose_ranks(getattr(options, "rank"), world_size, rng)
+
+    @abstractmethod
+    def act_on_node(self, task: FaultTask) -> FaultOutcome: ...

@@ -1,0 +1,23 @@
+"""hang-rank: SIGSTOP one or more ranks. To the scheduler the job runs on; it makes no progress, so
+only the ranks' heartbeats show it (the controller's hang timeout)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
+from injectors.kinds.signals import RankFaultOptions, outcome, send, verify_all, wait_until
+
+
+class HangRankOptions(RankFaultOptions):
+    kind: Literal["hang-rank"] = "hang-rank"
+
+
+class HangRank(RankKind):
+    name = "hang-rank"
+    options = HangRankOptions
+
+    def act_on_node(self, task: FaultTask) -> FaultOutcome:
+        targets = verify_all(task)
+        wait_until(task.not_before)
+        return outcome(self.name, targets, "SIGSTOP", send(targets, "SIGSTOP"))

@@ -1,0 +1,53 @@
+"""Signalling verified rank processes: the part kill-rank, hang-rank and stall-rank share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask
+from injectors.ranks import RankSelector
+from injectors.targets import VerifiedTarget, verify_rank
+
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGSEGV", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT")
+
+
+def signal_name(value: str) -> str:
+    """``TERM``, ``sigterm``, ``SIGTERM`` -> ``SIGTERM``; ValueError naming the valid ones otherwise."""
+    name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
+    if name not in SIGNALS:
+        raise ValueError(f"unknown signal {value!r}; valid: {', '.join(SIGNALS)}")
+    return name
+
+
+class RankFaultOptions(FaultOptions):
+    rank: RankSelector = "random"
+
+
+def verify_all(task: FaultTask) -> list[VerifiedTarget]:
+    """Every target rank of the task on this node, verified before any is touched."""
+    return [verify_rank(task.run_dir, task.run_id, task.attempt, rank, task.job_id) for rank in task.ranks]
+
+
+def wait_until(moment: float) -> None:
+    """Agents on several nodes act together: each sleeps until the agreed moment."""
+    delay = moment - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def send(targets: list[VerifiedTarget], name: str) -> float:
+    """Signal every target at once (one instant, as near as the kernel allows); when it happened."""
+    number = signal.Signals[name]
+    at = time.time()
+    for target in targets:
+        os.kill(target.pid, number)
+    return at
+
+
+def outcome(kind: str, targets: list[VerifiedTarget], name: str, at: float, detail: str = "") -> FaultOutcome:
+    ranks = ",".join(str(t.rank) for t in targets)
+    node = targets[0].node if targets else ""
+    label = f"rank {ranks}" if len(targets) == 1 else f"ranks {ranks}"
+    return FaultOutcome(kind=kind, target=f"{label}@{node}", at=at, node=node,
+                        pid=targets[0].pid if targets else None, signal=name, detail=detail)

@@ -1,0 +1,139 @@
+"""The fault kinds acting on real processes and files on this machine (issue 8): what each does to
+its verified targets, several ranks at one instant, and what each refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+
+from experiments.layout import RankIdentity, RunPaths, write_json_atomic
+from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+from injectors.kinds import REGISTRY, get_kind
+from injectors.kinds.base import FaultTask, Site
+from injectors.targets import TargetRefused
+from rank_launch import wait_for
+
+RUN_ID, JOB_ID = "r000", "5151"
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Two registered 'rank' processes of attempt 0 that tick a file while they run."""
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "FAULTDRILL_RUN_ID": RUN_ID, "SUBMITIT_LOCAL_JOB_ID": JOB_ID,
+               "SUBMITIT_LOCAL_GLOBALID": str(rank)}
+        tick = tmp_path / f"tick-{rank}"
+        code = f"import time\nwhile True:\n    open({str(tick)!r}, 'a').write('.')\n    time.sleep(0.02)\n"
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+        identity = RankIdentity(rank=rank, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(),
+                                host="h", node="n", job_id=JOB_ID, attempt=0)
+        write_json_atomic(RunPaths(tmp_path).rank_file(0, rank), asdict(identity))
+        procs.append(proc)
+    wait_for(lambda: all((tmp_path / f"tick-{rank}").exists() for rank in range(2)), 30, "the ranks to tick")
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _task(tmp_path: Path, kind: str, ranks: tuple[int, ...] = (), **options: object) -> FaultTask:
+    return FaultTask(kind=kind, run_dir=tmp_path, run_id=RUN_ID, attempt=0, job_id=JOB_ID, ranks=ranks,
+                     options=dict(options))
+
+
+def _status(proc: subprocess.Popen[bytes]) -> str:
+    return psutil.Process(proc.pid).status()
+
+
+def test_kill_rank_hits_several_ranks_at_one_instant(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
+    moment = time.time() + 0.3
+    task = FaultTask(**{**_task(tmp_path, "kill-rank", (0, 1), signal="SIGKILL").__dict__, "not_before": moment})
+    outcome = get_kind("kill-rank").act_on_node(task)
+    assert outcome.target == "ranks 0,1@n" and outcome.at >= moment
+    assert [proc.wait(timeout=10) for proc in ranks] == [-9, -9]
+
+
+def test_hang_rank_stops_the_rank_and_leaves_it_stopped(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
+    outcome = get_kind("hang-rank").act_on_node(_task(tmp_path, "hang-rank", (1,)))
+    assert outcome.signal == "SIGSTOP" and outcome.pid == ranks[1].pid
+    wait_for(lambda: _status(ranks[1]) == psutil.STATUS_STOPPED, 10, "the rank to stop")
+    assert _status(ranks[0]) != psutil.STATUS_STOPPED
+
+
+def test_stall_rank_stops_the_rank_for_its_duration_then_lets_it_go_on(tmp_path: Path,
+                                                                        ranks: list[subprocess.Popen[bytes]]) -> None:
+    tick = tmp_path / "tick-0"
+    started = time.monotonic()
+    outcome = get_kind("stall-rank").act_on_node(_task(tmp_path, "stall-rank", (0,), duration_s=0.6))
+    assert time.monotonic() - started >= 0.6 and "stopped for 0.6" in outcome.detail
+    assert _status(ranks[0]) != psutil.STATUS_STOPPED
+    before = tick.stat().st_size
+    deadline = time.monotonic() + 10
+    while tick.stat().st_size == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tick.stat().st_size > before, "the rank did not go on after its stall"
+
+
+def test_rank_kinds_refuse_what_is_not_the_drills(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
+    for kind in ("kill-rank", "hang-rank", "stall-rank"):
+        task = FaultTask(**{**_task(tmp_path, kind, (1,), signal="SIGKILL", duration_s=1).__dict__, "job_id": "1"})
+        with pytest.raises(TargetRefused):
+            get_kind(kind).act_on_node(task)
+    assert all(proc.poll() is None and _status(proc) != psutil.STATUS_STOPPED for proc in ranks)
+
+
+def _checkpoints(tmp_path: Path, steps: tuple[int, ...]) -> CheckpointStore:
+    store = CheckpointStore(tmp_path)
+    for step in steps:
+        sink = store.sink(step)
+        sink.write_bytes("model.bin", bytes(range(256)) * 40)
+        sink.write_bytes("rng.bin", b"r" * 10)
+        sink.close()
+        store.commit(step, 0, CheckpointMeta("t", "raw", "all"), time.monotonic(), 0.0)
+    return store
+
+
+@pytest.mark.parametrize("mode", ["flip", "truncate", "delete"])
+def test_corrupt_checkpoint_damages_the_newest_and_the_resume_falls_back(tmp_path: Path, mode: str) -> None:
+    store = _checkpoints(tmp_path, (10, 20))
+    before = (store.step_dir(20) / "model.bin").read_bytes()
+    outcome = get_kind("corrupt-checkpoint").act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode=mode,
+                                                                     step="newest"))
+    assert outcome.target == "checkpoint step-00000020/model.bin" and outcome.detail == mode
+    damaged = store.step_dir(20) / "model.bin"
+    if mode == "delete":
+        assert not damaged.exists()
+    else:
+        assert damaged.read_bytes() != before
+        assert (len(damaged.read_bytes()) == len(before)) == (mode == "flip")  # flip: only the hash tells
+    found = store.newest_valid()
+    assert found is not None and found.step == 10
+
+
+def test_corrupt_checkpoint_refuses_without_a_published_checkpoint_or_outside_the_run(tmp_path: Path) -> None:
+    kind = get_kind("corrupt-checkpoint")
+    with pytest.raises(TargetRefused, match="no published checkpoint"):
+        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="flip", step="newest"))
+    _checkpoints(tmp_path, (10,))
+    with pytest.raises(TargetRefused, match="not a published checkpoint"):
+        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="flip", step=30))
+    with pytest.raises(TargetRefused, match="no file 'passwd'"):
+        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="delete", step=10, file="passwd"))
+
+
+def test_every_kind_in_the_registry_says_what_it_targets_and_where_it_acts() -> None:
+    for name in REGISTRY:
+        kind = get_kind(name)
+        assert kind.name == name and kind.options.model_fields["kind"].default == name
+        assert kind.site in (Site.NODE, Site.CONTROLLER) and kind.describe((1,), {})
+    assert json.dumps(_task(Path("/w"), "kill-rank", (1,), signal="SIGKILL").to_json_dict())
