@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,40 +15,67 @@ class _Strict(BaseModel):
 
 
 class FixedDelay(_Strict):
+    """``{fixed: 3.0}``: this many seconds after the anchor."""
+
     fixed: float = Field(ge=0)
 
+    def draw(self, rng: random.Random, ranks: int = 1, nodes: int = 1) -> float:
+        return self.fixed
 
-class ExponentialDelay(_Strict):
-    exponential: float = Field(gt=0, description="mean delay in seconds")
+
+class _FailureRate(_Strict):
+    """A delay drawn from a failure model: its parameters are per job, or per rank or per node, so
+    that a larger job fails sooner (the time to the first of N independent failures); clipped to
+    [min, max] after the anchor."""
+
+    per: Literal["job", "rank", "node"] = "job"
     min: float = Field(0.0, ge=0)
     max: float | None = Field(None, gt=0)
 
+    def units(self, ranks: int, nodes: int) -> int:
+        return {"job": 1, "rank": ranks, "node": nodes}[self.per]
 
-Delay = FixedDelay | ExponentialDelay
+    def clip(self, delay: float) -> float:
+        delay = self.min + delay
+        return min(delay, self.max) if self.max is not None else delay
 
 
-@dataclass(frozen=True)
-class DelayDistribution:
-    """``fixed`` seconds, or an exponential with mean ``mean_s`` clipped to [min_s, max_s]."""
+class ExponentialDelay(_FailureRate):
+    """``{exponential: MTBF}``: exponential with that mean (seconds); N units fail N times as often."""
 
-    fixed_s: float | None = None
-    mean_s: float | None = None
-    min_s: float = 0.0
-    max_s: float | None = None
+    exponential: float = Field(gt=0, description="mean time between failures, seconds")
 
-    @classmethod
-    def of(cls, delay: Delay) -> "DelayDistribution":
-        if isinstance(delay, FixedDelay):
-            return cls(fixed_s=delay.fixed)
-        return cls(mean_s=delay.exponential, min_s=delay.min, max_s=delay.max)
+    def draw(self, rng: random.Random, ranks: int = 1, nodes: int = 1) -> float:
+        return self.clip(rng.expovariate(self.units(ranks, nodes) / self.exponential))
 
-    def draw(self, rng: random.Random) -> float:
-        if self.fixed_s is not None:
-            return self.fixed_s
-        if self.mean_s is None:
-            raise ValueError("a delay is either fixed or exponential with a mean")
-        delay = self.min_s + rng.expovariate(1.0 / self.mean_s)
-        return min(delay, self.max_s) if self.max_s is not None else delay
+    def mean(self, ranks: int = 1, nodes: int = 1) -> float:
+        return self.exponential / self.units(ranks, nodes)
+
+
+class WeibullDelay(_FailureRate):
+    """``{weibull: scale, shape: k}``: Weibull with that scale (seconds) and shape (k < 1: infant
+    mortality, k > 1: wear-out). The first of N units: scale x N^(-1/k), the same shape."""
+
+    weibull: float = Field(gt=0, description="scale, seconds")
+    shape: float = Field(1.0, gt=0)
+
+    def draw(self, rng: random.Random, ranks: int = 1, nodes: int = 1) -> float:
+        return self.clip(rng.weibullvariate(self.scale(ranks, nodes), self.shape))
+
+    def scale(self, ranks: int = 1, nodes: int = 1) -> float:
+        return self.weibull * self.units(ranks, nodes) ** (-1.0 / self.shape)
+
+
+class AtStep(_Strict):
+    """``{at_step: 120}``: when the attempt's training reaches this step (not a time)."""
+
+    at_step: int = Field(ge=1)
+
+    def draw(self, rng: random.Random, ranks: int = 1, nodes: int = 1) -> float:
+        return 0.0
+
+
+Delay = FixedDelay | ExponentialDelay | WeibullDelay | AtStep
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,7 @@ class PlannedFault:
     kind: str
     delay_s: float
     anchor: str  # "training_start" | "first_checkpoint" of the attempt it fires in
+    at_step: int | None = None  # instead of a delay: when the attempt reaches this step
     ranks: tuple[int, ...] = ()  # rank kinds: the ranks it hits, drawn when the drill is planned
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own options (signal, duration_s, ...)
     target: str = ""  # the planned target in words

@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a spec and list its runs; submits nothing",
                               description="Check a spec (every sweep point and planned fault) and list its runs.")
     validate.add_argument("spec", type=Path, help=spec_help)
+    plan = sub.add_parser("plan", help="print every run's planned faults (kind, target, when); submits nothing",
+                          description="Print, for every run, each planned fault: kind, target, anchor and delay (or "
+                                      "step). The plan is seeded: the same spec gives the same plan. Contacts no "
+                                      "scheduler and touches nothing.")
+    plan.add_argument("spec", type=Path, help=spec_help)
     render = sub.add_parser("render", help="print what every run would submit (dry run); submits nothing",
                             description="Print each run's batch script (Slurm, PBS), or what the local backend runs.")
     render.add_argument("spec", type=Path, help=spec_help)
@@ -46,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                                        "exit code 1 if a run did not complete. Resumes an unfinished drill.")
     drill.add_argument("spec", type=Path, help=spec_help)
     drill.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
+    drill.add_argument("--dry-run", action="store_true", help="print the fault plan (as `faultdrill plan`) and stop")
     report = sub.add_parser("report", help="print the report of a campaign's workdir",
                             description="Print the report of a campaign's workdir (its ledger).")
     report.add_argument("workdir", type=Path, help="the campaign's workdir (holds ledger.sqlite)")
@@ -59,6 +65,19 @@ def _validate(campaign: Campaign) -> int:
     for run, faults in plan_drill(campaign):
         print(f"{run.run_id}: {run.campaign.workload.framework}, {run.ranks} ranks on "
               f"{run.campaign.resources.nodes} node(s), {len(faults)} fault(s)")
+    return 0
+
+
+def _plan(campaign: Campaign) -> int:
+    from orchestrator.controller import plan_drill
+
+    for run, faults in plan_drill(campaign):
+        print(f"{run.run_id}: {len(faults)} planned fault(s)")
+        for fault in faults:
+            when = (f"at step {fault.at_step}" if fault.at_step is not None
+                    else f"{fault.delay_s:.3f} s after {fault.anchor}")
+            extra = {k: v for k, v in fault.options.items() if k not in ("signal",) and v is not None}
+            print(f"  {fault.index}: {fault.kind} -> {fault.target}, {when}" + (f" {extra}" if extra else ""))
     return 0
 
 
@@ -122,6 +141,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _validate(campaign)
     if args.command == "render":
         return _render(campaign)
+    if args.command == "plan" or args.dry_run:
+        return _plan(campaign)
     return _drill(campaign, args.format)
 
 

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from injectors.kinds import get_kind
-from injectors.schedule import DelayDistribution, PlannedFault, seeded_rng
+from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.commands import CommandError, one_line
@@ -33,17 +33,21 @@ Observer = Callable[[list[RunTracker]], None]
 
 
 def plan_faults(run: RunConfig) -> list[PlannedFault]:
-    """The run's faults with their delays and targets drawn from a generator seeded by the run."""
+    """The run's faults with their delays and targets drawn from a generator seeded by the run:
+    the same spec gives the same plan. An entry with ``repeat`` makes that many faults."""
     rng = seeded_rng(run.campaign.name, run.run_id, run.campaign.workload.seed)
-    plan = []
-    for index, fault in enumerate(run.campaign.faults):
+    plan: list[PlannedFault] = []
+    for fault in run.campaign.faults:
         kind = get_kind(fault.kind)
-        ranks = kind.plan_ranks(fault, run.ranks, rng)
-        delay = DelayDistribution.of(fault.after).draw(rng)
-        options = fault.kind_options()
-        options.pop("rank", None)  # drawn: the plan names the ranks
-        plan.append(PlannedFault(index=index, kind=fault.kind, delay_s=delay, anchor=fault.anchor, ranks=ranks,
-                                 options=options, target=kind.describe(ranks, options)))
+        for _ in range(fault.repeat):
+            ranks = kind.plan_ranks(fault, run.ranks, rng)
+            delay = fault.after.draw(rng, ranks=run.ranks, nodes=run.campaign.resources.nodes)
+            options = fault.kind_options()
+            options.pop("rank", None)  # drawn: the plan names the ranks
+            plan.append(PlannedFault(
+                index=len(plan), kind=fault.kind, delay_s=delay, anchor=fault.anchor, ranks=ranks, options=options,
+                target=kind.describe(ranks, options), at_step=getattr(fault.after, "at_step", None),
+            ))
     return plan
 
 

@@ -37,6 +37,7 @@ ABSORBED = "absorbed"
 NOT_FIRED = "not fired"
 UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
 WENT_ON = "went on: "  # the detail of a fault its attempt survived (it caused no failure)
+ACTED = "acted: "  # what the agent said of a fault whose effect is not known yet
 # Evidence that dates the failure itself (not just the last sign of life): a fault that acted
 # after it hit an attempt that was already failing.
 FAILURE_MOMENT_EVIDENCE = ("step_exit", "scheduler_end")
@@ -89,8 +90,7 @@ class FaultBook:
         if watch.state is not JobState.RUNNING or watch.completed or watch.failing:
             return
         fault = self.plan[self.next_index]
-        anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
-        if anchor is None or now < anchor + fault.delay_s:
+        if not _due(fault, watch, now):
             return
         fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
         self.next_index += 1
@@ -120,6 +120,8 @@ class FaultBook:
                                  target=outcome.target, signal=outcome.signal, outcome=INJECTED)
         if get_kind(flight.fault.kind).ends_attempt:
             self.blocked_through = flight.attempt
+            if outcome.detail:
+                self.ledger.update_fault(flight.fault_id, detail=ACTED + outcome.detail)
             return
         healthy = watch is not None and watch.attempt == flight.attempt and not watch.failing
         if healthy:  # done, and the attempt is still going: it caused no failure (yet, at least)
@@ -154,15 +156,16 @@ class FaultBook:
 
     def _settle(self, row: FaultRow, attempt: int, end: AttemptEnd) -> None:
         assert row.fault_id is not None
-        if row.outcome == INJECTED and row.detail is None:
+        if row.outcome == INJECTED and (row.detail is None or row.detail.startswith(ACTED)):
+            acted = f"; {row.detail.removeprefix(ACTED)}" if row.detail else ""
             sign = end.sign
             if end.completed or sign is None:
-                self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed")
+                self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed{acted}")
             elif sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None and sign.at < row.at:
                 self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
-                    f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before)"))
+                    f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
             else:
-                self.ledger.update_fault(row.fault_id, detail=f"caused: attempt {attempt} failed: {sign.reason}")
+                self.ledger.update_fault(row.fault_id, detail=f"caused: attempt {attempt} failed: {sign.reason}{acted}")
         elif row.outcome == ABSORBED and end.completed:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
                                      detail=f"its target had exited: attempt {attempt} completed first")
@@ -187,6 +190,14 @@ def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: s
     return FaultRow(fault_id=None, run_id=run_id, attempt=attempt, plan_index=fault.index, kind=fault.kind,
                     target=fault.target, signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
                     node=None, outcome=outcome, detail=detail)
+
+
+def _due(fault: PlannedFault, watch: AttemptWatch, now: float) -> bool:
+    """At its step in this attempt, or at its anchor in this attempt plus its delay."""
+    if fault.at_step is not None:
+        return watch.last_step >= fault.at_step
+    anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
+    return anchor is not None and now >= anchor + fault.delay_s
 
 
 def _not_fired_because(status: str) -> str:

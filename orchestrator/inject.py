@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
 
 AGENT_TIMEOUT_S = 60.0  # beyond what the kind itself takes (a stall's duration)
-TOGETHER_S = 1.0  # agents on several nodes are told to act this long after they are launched
+TOGETHER_S = 2.0  # agents on several nodes are told to act this long after they are launched (srun takes ~1 s)
 # The launcher could not start the agent because the job is ending: the fault came too late.
 _JOB_ENDED = re.compile(r"already completing or completed|Invalid job id|Job has expired", re.IGNORECASE)
 
@@ -55,8 +55,19 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
     with ThreadPoolExecutor(max_workers=len(node_tasks) or 1) as pool:
         futures = [pool.submit(_on_node, backend, request, node, node_task, timeout_s)
                    for node, node_task in node_tasks.items()]
-        outcomes = [future.result() for future in futures]
-    return _merged(outcomes)
+        outcomes, gone = [], []
+        for future in futures:
+            try:
+                outcomes.append(future.result())
+            except TargetRefused as error:
+                if not error.gone or len(futures) == 1:
+                    raise
+                gone.append(error)
+    if not outcomes:
+        raise gone[0]
+    # A node whose ranks were gone by the agreed moment: the job was already ending, from this
+    # very fault's other half (srun ends the step when one rank dies).
+    return _merged(outcomes, [str(error) for error in gone])
 
 
 def _on_node(backend: "Backend", request: FaultRequest, node: str, task: FaultTask, timeout_s: float) -> FaultOutcome:
@@ -83,10 +94,13 @@ def agent_verdict(result: CommandResult, record: Path) -> FaultOutcome:
     raise CommandError(result.args, result.returncode, result.stdout, result.stderr, "fault agent gave no answer")
 
 
-def _merged(outcomes: list[FaultOutcome]) -> FaultOutcome:
-    if len(outcomes) == 1:
+def _merged(outcomes: list[FaultOutcome], gone: list[str]) -> FaultOutcome:
+    if len(outcomes) == 1 and not gone:
         return outcomes[0]
     first = min(outcomes, key=lambda outcome: outcome.at)
+    spread = max(outcome.at for outcome in outcomes) - first.at
+    details = [o.detail for o in outcomes if o.detail] + [f"{len(outcomes)} nodes acted within {spread:.3f} s"]
+    details += [f"gone before its agent acted: {text}" for text in gone]
     return FaultOutcome(kind=first.kind, target="; ".join(o.target for o in outcomes), at=first.at,
                         node=",".join(o.node for o in outcomes), pid=first.pid, signal=first.signal,
-                        detail="; ".join(o.detail for o in outcomes if o.detail))
+                        detail="; ".join(details))

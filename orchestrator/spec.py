@@ -10,9 +10,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
 
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
-from injectors.kinds import option_models
+from injectors.kinds import get_kind, option_models
 from injectors.ranks import RankFraction, rank_problem
-from injectors.schedule import ExponentialDelay, FixedDelay
+from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
 from orchestrator.directives import parse_directive, reserved_problem
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
@@ -161,14 +161,23 @@ class Campaign(_Strict):
 
     @field_validator("faults")
     @classmethod
-    def _faults_hit_existing_ranks(cls, faults: list[FaultConfig], info: ValidationInfo) -> list[FaultConfig]:
-        resources = info.data.get("resources")
-        if resources is None:
-            return faults
-        ranks = resources.nodes * resources.tasks_per_node
-        problems = [f"fault {index} {problem} ({resources.nodes} node(s) x {resources.tasks_per_node} tasks)"
-                    for index, fault in enumerate(faults)
-                    if hasattr(fault, "rank") and (problem := rank_problem(fault.rank, ranks))]
+    def _faults_fit_the_run(cls, faults: list[Any], info: ValidationInfo) -> list[Any]:
+        """Ranks the run has, a step it reaches, a backend the kind works on."""
+        resources, workload, backend = (info.data.get(key) for key in ("resources", "workload", "backend"))
+        problems = []
+        for index, fault in enumerate(faults):
+            if resources is not None and hasattr(fault, "rank"):
+                ranks = resources.nodes * resources.tasks_per_node
+                if problem := rank_problem(fault.rank, ranks):
+                    problems.append(f"fault {index} {problem} ({resources.nodes} node(s) x "
+                                    f"{resources.tasks_per_node} tasks)")
+            step = getattr(fault.after, "at_step", None)
+            if workload is not None and step is not None and step > workload.steps:
+                problems.append(f"fault {index} fires at step {step}, but the run trains {workload.steps} steps")
+            works_on = get_kind(fault.kind).works_on
+            if backend is not None and backend not in works_on:
+                problems.append(f"fault {index}: {fault.kind} works on the {', '.join(works_on)} backend(s), "
+                                f"not on {backend}")
         if problems:
             raise ValueError("\n".join(problems))
         return faults
@@ -277,7 +286,8 @@ def _got(item: Any) -> str:
 
 # The names pydantic puts into an error's location for the member of a union it tried.
 _UNION_MEMBERS: dict[str, Any] = {
-    "FixedDelay": FixedDelay, "ExponentialDelay": ExponentialDelay, "RankFraction": RankFraction, **FAULT_MODELS,
+    "FixedDelay": FixedDelay, "ExponentialDelay": ExponentialDelay, "WeibullDelay": WeibullDelay, "AtStep": AtStep,
+    "RankFraction": RankFraction, **FAULT_MODELS,
 }
 _UNION_SCALARS = {"int", "literal['random']", "list[int]", "str", "literal['newest']"}
 

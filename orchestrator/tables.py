@@ -46,6 +46,18 @@ def recoveries_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def faults_table(report: dict[str, Any]) -> Table:
+    """Every planned fault and how it ended: injected (what it caused), refused, absorbed, not fired."""
+    table = Table(title="Faults")
+    for column in ("run", "#", "kind", "target", "attempt", "planned delay s", "outcome", "detail"):
+        table.add_column(column, overflow="fold")
+    for run in report["runs"]:
+        for number, fault in enumerate(run["faults"]):
+            table.add_row(run["run_id"], str(number), fault["kind"], fault["target"], str(fault["attempt"]),
+                          _fmt(fault["planned_delay_s"]), fault["outcome"], fault["detail"] or "")
+    return table
+
+
 def checkpoints_table(report: dict[str, Any]) -> Table:
     table = Table(title="Checkpoints")
     for column in ("run", "count", "bytes each", "format", "writers", "mean blocking s", "mean persist s"):
@@ -89,5 +101,5 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         console = Console()
         if not console.is_terminal:
             console = Console(width=REPORT_WIDTH)
-    console.print(Group(runs_table(report), recoveries_table(report), checkpoints_table(report)))
+    console.print(Group(runs_table(report), faults_table(report), recoveries_table(report), checkpoints_table(report)))
     console.print(Group(*study_tables(report)))

@@ -15,9 +15,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from injectors.schedule import Delay, ExponentialDelay
+from injectors.schedule import AtStep, Delay, ExponentialDelay
 
 
 class Target(str, Enum):
@@ -40,10 +40,19 @@ class FaultOptions(BaseModel):
     kind: str
     after: Delay = Field(default_factory=lambda: ExponentialDelay(exponential=10.0))
     anchor: Literal["training_start", "first_checkpoint"] = "training_start"
+    # A failure model, not one fault: up to this many faults per run, one after the other, each
+    # with a delay drawn afresh (the cap per run).
+    repeat: int = Field(1, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _one_fault_per_step(self) -> "FaultOptions":
+        if isinstance(self.after, AtStep) and self.repeat != 1:
+            raise ValueError("after.at_step names one step: it cannot repeat (use a delay for a failure model)")
+        return self
 
     def kind_options(self) -> dict[str, Any]:
         """The options the kind acts with (not when it fires): what the plan and the agent carry."""
-        return self.model_dump(mode="json", exclude={"kind", "after", "anchor"})
+        return self.model_dump(mode="json", exclude={"kind", "after", "anchor", "repeat"})
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,9 @@ class FaultKind(ABC):
 
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
         """The planned target in words, for the plan and the report."""
-        return ", ".join(f"rank {rank}" for rank in ranks) or self.target.value
+        if not ranks:
+            return self.target.value
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(str(rank) for rank in ranks)}"
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         """Verify and act, on the target's node (site NODE); raises TargetRefused if unverified."""

@@ -1,0 +1,105 @@
+"""The rank-level fault kinds end to end on the local backend (issue 8): each drill's fault acted on
+its target, the run recovered (or, for a stall, went on without a restart) and ended bit for bit as
+its fault-free twin; the plan is printed without touching anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from drills import FAULTDRILL, drill, phases_ok, run_of, write_spec
+from experiments.layout import RunPaths, read_json_lines
+
+# Steps slow enough (a few ms) that a fault sent at a step lands well before the next checkpoint
+# (an agent takes a few tenths of a second to act).
+WORKLOAD = {"framework": "torch", "params": 200000, "steps": 2000, "seed": 5, "batch_size": 16}
+HEARTBEAT_S = 0.05
+RESTART = {"max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0, "checkpoint_timeout_s": 10.0}
+
+
+def _catalogue_drill(tmp_path: Path, faults: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = write_spec(tmp_path, workload=WORKLOAD, faults=faults, baseline=True, parallel_runs=2, restart=RESTART,
+                      checkpoint={"every_steps": 500, "keep": 3})
+    report = drill(spec, timeout=600)
+    run = run_of(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 2000
+    assert run["identical_to_baseline"] is True, "the drill's run did not end as its fault-free twin"
+    assert all(fault["outcome"] != "sending" for fault in run["faults"])
+    assert all(phases_ok(rec) for rec in run["recoveries"])
+    return run
+
+
+def test_hang_rank_is_detected_by_its_silence_and_recovered(tmp_path: Path) -> None:
+    run = _catalogue_drill(tmp_path, [{"kind": "hang-rank", "after": {"at_step": 700}, "rank": 1}])
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP" and fault["target"].startswith("rank 1@")
+    assert run["attempts"][0]["reason"].startswith("hang: no heartbeat from rank")
+    [recovery] = run["recoveries"]
+    # Silence counts from the last heartbeat, just before the SIGSTOP.
+    assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= RESTART["hang_timeout_s"] - HEARTBEAT_S
+    assert recovery["resumed_from_step"] == 500
+
+
+def test_a_stall_shorter_than_the_hang_timeout_costs_no_restart(tmp_path: Path) -> None:
+    run = _catalogue_drill(tmp_path, [{"kind": "stall-rank", "after": {"at_step": 700}, "rank": 0,
+                                       "duration_s": 1.5}])
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 1.5")
+    assert len(run["attempts"]) == 1 and run["recoveries"] == []
+
+
+def test_kill_rank_can_hit_every_rank_at_one_instant(tmp_path: Path) -> None:
+    run = _catalogue_drill(tmp_path, [{"kind": "kill-rank", "after": {"at_step": 700}, "rank": [0, 1]}])
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["target"].startswith("ranks 0,1@")
+    assert [rec["fault_kind"] for rec in run["recoveries"]] == ["kill-rank"]
+
+
+def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(tmp_path: Path) -> None:
+    # Checkpoints at 500 and 1000; at 1100 the newest (1000) is damaged, right after a rank is killed.
+    run = _catalogue_drill(tmp_path, [
+        {"kind": "corrupt-checkpoint", "after": {"at_step": 1100}, "mode": "flip"},
+        {"kind": "kill-rank", "after": {"at_step": 1110}, "rank": 1},
+    ])
+    corrupt, kill = run["faults"]
+    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00001000/")
+    assert kill["outcome"] == "injected" and kill["attempt"] == corrupt["attempt"] == 0
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 500
+    paths = RunPaths(tmp_path / "work" / "runs" / "r000")
+    [aside] = read_json_lines(paths.quarantine / "index.jsonl")
+    assert aside["from"].endswith("step-00001000"), "the damaged checkpoint was not kept aside"
+
+
+def test_plan_prints_every_fault_and_touches_nothing(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, workload=WORKLOAD, faults=[
+        {"kind": "kill-rank", "after": {"exponential": 30, "per": "rank"}, "repeat": 2, "rank": {"fraction": 0.5}},
+        {"kind": "stall-rank", "after": {"at_step": 50}, "duration_s": 2},
+    ])
+    outputs = []
+    for command in (["plan", str(spec)], ["drill", "--dry-run", str(spec)]):
+        done = subprocess.run([*FAULTDRILL, *command], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert outputs[0] == outputs[1]
+    lines = outputs[0].splitlines()
+    assert lines[0] == "r000: 3 planned fault(s)"
+    assert lines[1].startswith("  0: kill-rank -> rank ") and "s after training_start" in lines[1]
+    assert lines[3].startswith("  2: stall-rank -> rank ") and "at step 50" in lines[3]
+    assert not (tmp_path / "work").exists()
+    assert json.dumps(outputs)  # plain text, nothing else
+
+
+@pytest.mark.parametrize("fault,message", [
+    ({"kind": "stall-rank", "duration_s": 0}, "faults.0.duration_s"),
+    ({"kind": "corrupt-checkpoint", "mode": "shred"}, "faults.0.mode"),
+    ({"kind": "node-explode"}, "unknown fault kind; valid: kill-rank"),
+])
+def test_bad_fault_options_are_spec_errors(tmp_path: Path, fault: dict, message: str) -> None:
+    done = subprocess.run([*FAULTDRILL, "plan", str(write_spec(tmp_path, faults=[fault]))], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr
