@@ -134,7 +134,8 @@ def test_time_limit_minutes(text: str, minutes: float) -> None:
     assert time_limit_minutes(text) == pytest.approx(minutes)
 
 
-@pytest.mark.parametrize("name", ["quick.yaml", "slurm-quick.yaml", "paper-study.yaml", "paper-study-quick.yaml"])
+@pytest.mark.parametrize("name", ["quick.yaml", "slurm-quick.yaml", "paper-study.yaml", "paper-study-quick.yaml",
+                                  "fault-catalogue.yaml", "fault-catalogue-local.yaml"])
 def test_shipped_campaigns_are_valid(name: str) -> None:
     campaign = load_campaign(REPO / "experiments" / "campaigns" / name)
     runs = expand_runs(campaign)
