@@ -49,7 +49,7 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
 
 def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
     run = next(run for run in report["runs"] if run["run_id"] == run_id)
-    assert run["status"] == "completed" and run["final_step"] == 2000
+    assert run["status"] == "completed" and run["final_step"] == 3000
     assert run["identical_to_baseline"] is True
     assert all(rec[phase] >= 0 for rec in run["recoveries"] for phase in PHASES)
     return run
@@ -85,10 +85,10 @@ def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
 def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]) -> None:
     run = _run(report, "r003")
     corrupt, kill = run["faults"]
-    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00001000/")
+    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00002000/")
     assert kill["outcome"] == "injected"
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 500
+    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 1000
     paths = RunPaths(Path(report["workdir"]) / "runs" / "r003")
     assert [entry["from"].rsplit("/", 1)[-1] for entry in read_json_lines(paths.quarantine / "index.jsonl")] == [
-        "step-00001000"]
+        "step-00002000"]
