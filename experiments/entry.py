@@ -19,7 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import ENV_ASYNC_PERSIST, RankJob, RunPaths, WorkloadSpec
+from experiments.layout import ENV_ASYNC_PERSIST, RankJob, RunPaths, WorkloadSpec, write_json_atomic
+from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -43,6 +44,9 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # must die on it: when one rank dies, srun and mpiexec end the others with SIGTERM and only
     # send SIGKILL after a grace time (Slurm's KillWait), which would pad every detection time.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The scheduler's warning (walltime near, preemption) is the runner's, not submitit's (whose
+    # handler ends rank 0 with an error): noted here, acted on at an agreed step.
+    warning = WarningNote(warning_signal()).install()
     # Imported here, not at module top: the framework must see the thread limits above.
     from experiments.runner import RunnerOptions, run_training
     from experiments.runtime.distenv import DistEnv, Timeouts
@@ -58,10 +62,15 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     write_identity(paths, env, job.attempt)
     workload = get_workload(job.workload.framework)
     options = RunnerOptions(
-        timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0"
+        timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0",
+        warning=warning, warning_hold_s=hold_seconds(),
     )
     try:
         outcome = run_training(job, env, workload, started_at, options)
+    except Exception as error:
+        record_rank_error(paths, job.attempt, env.rank, error)
+        atexit.register(gc.freeze)
+        raise
     except BaseException:
         # A survivor's exit is what ends a local job and what the controller detects. Tearing
         # down torch's module graph at exit costs ~1 s; frozen objects are skipped by the final
@@ -69,6 +78,18 @@ def run_rank(job: RankJob) -> dict[str, Any]:
         atexit.register(gc.freeze)
         raise
     return asdict(outcome)
+
+
+def record_rank_error(paths: RunPaths, attempt: int, rank: int, error: BaseException) -> None:
+    """What this rank died of, for the ledger's reason (best effort: the disk may be what failed)."""
+    text = f"{type(error).__name__}: {error}"
+    cause = error.__cause__
+    if cause is not None and str(cause) not in text:
+        text += f"; caused by {type(cause).__name__}: {cause}"
+    try:
+        write_json_atomic(paths.rank_error_file(attempt, rank), {"rank": rank, "time": time.time(), "error": text[:2000]})
+    except OSError:
+        pass
 
 
 def rank_job_to_dict(job: RankJob) -> dict[str, Any]:

@@ -109,6 +109,10 @@ class RunPaths:
         """Timeline of one attempt, appended by the batch script and rank 0 (one JSON object a line)."""
         return self.attempt_dir(attempt) / "events.jsonl"
 
+    def rank_error_file(self, attempt: int, rank: int) -> Path:
+        """Why rank ``rank`` of ``attempt`` failed (the exception it died of), if it could say."""
+        return self.attempt_dir(attempt) / f"rank-{rank}-error.json"
+
     def rank_file(self, attempt: int, rank: int) -> Path:
         """Who rank ``rank`` of ``attempt`` is (pid, host, job id): read by the fault injector."""
         return self.attempt_dir(attempt) / f"rank-{rank}.json"
@@ -183,6 +187,7 @@ EVENT_FRAMEWORK_READY = "framework_ready"  # rank 0, process group and model bui
 EVENT_CHECKPOINT_LOADED = "checkpoint_loaded"  # rank 0: {"step", "load_s"}; step 0 = cold start
 EVENT_FIRST_STEP = "first_step"  # rank 0: {"step"} first step finished in this attempt
 EVENT_COMPLETED = "completed"  # rank 0, target step reached and final digest written
+EVENT_WARNED = "warned"  # rank 0: {"step", "signal", "received_at", "checkpoint_s"}: saved on the warning
 EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launch returns
 
 

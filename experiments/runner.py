@@ -22,6 +22,7 @@ from experiments.layout import (
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
     EVENT_PROCESS_START,
+    EVENT_WARNED,
     FinalRecord,
     RankJob,
     RunPaths,
@@ -29,12 +30,13 @@ from experiments.layout import (
     record_dict,
     write_json_atomic,
 )
-from experiments.runtime.checkpoint import CheckpointStore
+from experiments.runtime.checkpoint import CheckpointStore, explain_write_failure
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.events import EventLog
 from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.persist import PersistWorker
+from experiments.runtime.warning import EXIT_WARNED, WARNING_POLL_STEPS, WarningNote, wait_for_the_end
 from experiments.workloads.base import Workload
 
 
@@ -43,6 +45,9 @@ class RunnerOptions:
     timeouts: Timeouts = field(default_factory=Timeouts)
     # True: rank 0 hashes and publishes a checkpoint on a thread while training goes on.
     async_persist: bool = True
+    # The scheduler's warning (installed by the entry point); None: a warning is not watched.
+    warning: WarningNote | None = None
+    warning_hold_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,9 @@ class Runner:
     def run(self) -> RunOutcome:
         self._start()
         start_step = self._resume()
-        self._train(start_step)
+        warned_at = self._train(start_step)
+        if warned_at is not None:
+            self._hold(warned_at)
         return self._finish(start_step)
 
     def _start(self) -> None:
@@ -117,7 +124,8 @@ class Runner:
             self.store.reject(step, self.env.rank, self.job.attempt, f"{type(error).__name__}: {error}")
             raise
 
-    def _train(self, start_step: int) -> None:
+    def _train(self, start_step: int) -> int | None:
+        """Train to the last step; the step at which the scheduler's warning stopped it, if it did."""
         total, every = self.job.workload.steps, self.job.checkpoint_every
         for step in range(start_step + 1, total + 1):
             step_started = time.monotonic()
@@ -132,6 +140,39 @@ class Runner:
             self.heartbeat.beat(step, force=checkpoint_due or step == total)
             if checkpoint_due:
                 self._checkpoint(step)
+            if step < total and self._warning_agreed(step):
+                self._checkpoint_on_warning(step, already=checkpoint_due)
+                return step
+        return None
+
+    def _warning_agreed(self, step: int) -> bool:
+        """Rank 0's warning, seen by every rank at the same step (so that all save that step)."""
+        note = self.options.warning
+        if note is None:
+            return False
+        if self.env.world_size == 1:
+            return note.received
+        if step % WARNING_POLL_STEPS:
+            return False
+        return self.workload.broadcast_int(int(note.received)) == 1
+
+    def _checkpoint_on_warning(self, step: int, already: bool) -> None:
+        note = self.options.warning
+        assert note is not None
+        started = time.monotonic()
+        if not already:
+            self._checkpoint(step)
+        with self.heartbeat.phase("checkpoint", self.options.timeouts.checkpoint_s, step):
+            self.persist.wait()  # durable before the scheduler may end the job
+        self.events.emit(EVENT_WARNED, step=step, signal=note.signal.name, received_at=note.received_at,
+                         checkpoint_s=time.monotonic() - started)
+
+    def _hold(self, step: int) -> None:
+        """Train no more: wait for the scheduler to end the job; if it never does, exit EXIT_WARNED."""
+        hold_s = self.options.warning_hold_s
+        with self.heartbeat.phase("warned", hold_s + 60.0, step):
+            wait_for_the_end(hold_s)
+        raise SystemExit(EXIT_WARNED)
 
     def _checkpoint(self, step: int) -> None:
         """Every rank writes its share, all meet, rank 0 publishes (on a thread if async)."""
@@ -143,8 +184,11 @@ class Runner:
         if self.env.is_main:
             self.persist.wait()  # publish in step order; never two commits in flight
         sink = self.store.sink(step, self.env.rank)
-        self.workload.save(sink, step)
-        sink.close()
+        try:
+            self.workload.save(sink, step)
+            sink.close()
+        except Exception as error:
+            raise explain_write_failure(error, self.store.root, step) from error
         self.workload.barrier(self.options.timeouts.checkpoint_s)
         asynchronous = self.options.async_persist
         # Synchronous: training waits for the whole commit, so blocking time is persist time.

@@ -38,9 +38,10 @@ NOT_FIRED = "not fired"
 UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
 WENT_ON = "went on: "  # the detail of a fault its attempt survived (it caused no failure)
 ACTED = "acted: "  # what the agent said of a fault whose effect is not known yet
-# Evidence that dates the failure itself (not just the last sign of life): a fault that acted
-# after it hit an attempt that was already failing.
-FAILURE_MOMENT_EVIDENCE = ("step_exit", "scheduler_end")
+# Evidence that dates the failure itself (not just the last sign of life), with its resolution in
+# seconds (the scheduler's end time is whole seconds): a fault that acted after it hit an attempt
+# that was already failing.
+FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "scheduler_end": 1.0}
 COLLECT_TIMEOUT_S = 120.0
 
 
@@ -161,7 +162,8 @@ class FaultBook:
             sign = end.sign
             if end.completed or sign is None:
                 self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed{acted}")
-            elif sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None and sign.at < row.at:
+            elif (sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None
+                  and sign.at + FAILURE_MOMENT_EVIDENCE[sign.evidence] < row.at):
                 self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
                     f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
             else:

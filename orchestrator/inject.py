@@ -18,6 +18,7 @@ from injectors.kinds.base import FaultOutcome, FaultTask, Site
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused, read_identity
 from orchestrator.commands import CommandError, CommandResult
+from orchestrator.job_control import BackendJobControl
 from orchestrator.runs import RunConfig
 
 if TYPE_CHECKING:
@@ -44,7 +45,22 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
                      attempt=request.attempt, job_id=backend.agent_job_id(request.job_id),
                      ranks=request.fault.ranks, options=dict(request.fault.options))
     if kind.site is Site.CONTROLLER:
-        return kind.act_on_controller(task)
+        control = BackendJobControl(backend, request.job_id,
+                                    signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name))
+        return kind.act_on_controller(task, control)
+    return _on_rank_nodes(backend, request, task)
+
+
+def _signal_every_rank(backend: "Backend", request: FaultRequest, task: FaultTask, signal_name: str) -> None:
+    """The scheduler's warning, where the scheduler cannot send it: the agent signals every rank."""
+    world_size = request.run.campaign.resources.nodes * request.run.campaign.resources.tasks_per_node
+    _on_rank_nodes(backend, request, FaultTask(**{**task.__dict__, "kind": "kill-rank",
+                                                  "ranks": tuple(range(world_size)),
+                                                  "options": {"signal": signal_name}}))
+
+
+def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -> FaultOutcome:
+    """The agent on each target rank's node at once; one merged outcome."""
     by_node: dict[str, list[int]] = {}
     for rank in task.ranks:
         by_node.setdefault(read_identity(task.run_dir, task.attempt, rank).node, []).append(rank)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
 from injectors.kinds import get_kind, option_models
+from injectors.kinds.node_faults import node_index_problem
 from injectors.ranks import RankFraction, rank_problem
 from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
 from orchestrator.directives import parse_directive, reserved_problem
@@ -171,6 +172,9 @@ class Campaign(_Strict):
                 if problem := rank_problem(fault.rank, ranks):
                     problems.append(f"fault {index} {problem} ({resources.nodes} node(s) x "
                                     f"{resources.tasks_per_node} tasks)")
+            if resources is not None and hasattr(fault, "node"):
+                if problem := node_index_problem(fault.node, resources.nodes):
+                    problems.append(f"fault {index} {problem}")
             step = getattr(fault.after, "at_step", None)
             if workload is not None and step is not None and step > workload.steps:
                 problems.append(f"fault {index} fires at step {step}, but the run trains {workload.steps} steps")

@@ -31,7 +31,7 @@ from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.render import TemplateError, attempt_job_name
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState
-from orchestrator.watch import AttemptWatch, FailureSign
+from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +270,12 @@ class RunTracker:
     def _failure_sign(self, watch: AttemptWatch, state: JobState, now: float) -> FailureSign | None:
         """Why the attempt failed, with the best evidence of when; None while it looks healthy."""
         if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
-            return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}",
-                               watch.step_exit["time"], "step_exit")
+            return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
+                               f"{rank_error_suffix(watch)}", watch.step_exit["time"], "step_exit")
         if state.is_terminal and not state.is_success:
             ended = self.backend.end_time(watch.job_id)
-            return FailureSign(f"job {state.value.lower()}", ended or now, "scheduler_end" if ended else "poll")
+            return FailureSign(f"job {state.value.lower()}{rank_error_suffix(watch)}", ended or now,
+                               "scheduler_end" if ended else "poll")
         if state is JobState.UNKNOWN:
             return FailureSign("job vanished from the scheduler", now, "poll")
         if watch.completed:

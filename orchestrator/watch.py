@@ -11,6 +11,7 @@ the clock starts again when the job resumes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from experiments.layout import (
@@ -144,3 +145,19 @@ class AttemptWatch:
             return None
         return FailureSign(f"no training step within {start_timeout_s:.0f} s of the job starting", started,
                            "job_running")
+
+
+def rank_error_suffix(watch: AttemptWatch) -> str:
+    """``; rank R: <what it died of>`` for the first rank that recorded its error, or nothing."""
+    errors = []
+    for rank in range(watch.ranks):
+        path = watch.paths.rank_error_file(watch.attempt, rank)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        errors.append((float(record.get("time", 0.0)), rank, str(record.get("error", ""))))
+    if not errors:
+        return ""
+    _, rank, error = min(errors)
+    return f"; rank {rank}: {error}"

@@ -14,6 +14,7 @@ No framework is imported here, so the login node can ask for the newest valid ch
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -272,3 +273,26 @@ def _rejection(rejections: list[dict[str, Any]], step: int, manifest: dict[str, 
             return Problem(REJECTED, f"rank {rejection.get('rank')} of attempt {rejection.get('attempt')} failed to "
                                      f"load it: {rejection.get('error')}")
     return None
+
+
+FULL_BELOW_BYTES = 8 << 20  # less free than this after a failed write: the filesystem is why
+
+
+def explain_write_failure(error: Exception, directory: Path, step: int) -> Exception:
+    """A failed checkpoint write, named by its cause. Frameworks hide ENOSPC inside their own
+    errors (torch: "unexpected pos ..."), so a filesystem left without room is said outright."""
+    free = _free_bytes(directory)
+    out_of_space = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if not out_of_space and (free is None or free >= FULL_BELOW_BYTES):
+        return error
+    where = f"{free / (1 << 20):.1f} MB free on {directory}" if free is not None else str(directory)
+    return OSError(errno.ENOSPC, f"checkpoint step {step} could not be written: no space left on device "
+                                 f"({where}); {type(error).__name__}: {error}")
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize

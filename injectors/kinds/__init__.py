@@ -13,6 +13,11 @@ REGISTRY: dict[str, str] = {
     "hang-rank": "injectors.kinds.hang_rank:HangRank",
     "stall-rank": "injectors.kinds.stall_rank:StallRank",
     "corrupt-checkpoint": "injectors.kinds.corrupt_checkpoint:CorruptCheckpoint",
+    "node-crash": "injectors.kinds.node_crash:NodeCrash",
+    "network-partition": "injectors.kinds.network_partition:NetworkPartition",
+    "preempt": "injectors.kinds.preempt:Preempt",
+    "disk-full": "injectors.kinds.disk_full:DiskFull",
+    "timeout": "injectors.kinds.timeout:Timeout",
 }
 
 

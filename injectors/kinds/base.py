@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -92,6 +92,35 @@ class FaultTask:
         return cls(**{**data, "run_dir": Path(data["run_dir"]), "ranks": tuple(data["ranks"])})
 
 
+class JobControl(Protocol):
+    """What a kind acting from the controller may do to the attempt's job (through the backend) and
+    to the cluster (through the cluster script or a site's command). Bound to the one job the fault
+    hits: a kind cannot name another."""
+
+    job_id: str
+    backend: str  # "local" | "slurm" | "pbs"
+
+    def verify_running(self) -> None:
+        """The job is the drill's attempt and the scheduler runs it; TargetRefused(gone) if it ended."""
+
+    def signal_ranks(self, signal_name: str) -> None:
+        """Send ``signal_name`` to every rank of the job, as a scheduler's warning does."""
+
+    def cancel(self) -> None:
+        """End the job through the scheduler."""
+
+    def set_time_left(self, seconds: float) -> str:
+        """Make the job reach its walltime about ``seconds`` from now; what was set, in words."""
+
+    def nodes(self) -> list[str]:
+        """The job's nodes according to the scheduler, in allocation order."""
+
+    def cluster(self, action: str, node: str, command: list[str] | None) -> str:
+        """Run a cluster action (node-crash, node-restore, partition, heal) on ``node`` of the job's
+        allocation: the spec's site ``command`` if given, else the project's own cluster script
+        (refused on any other cluster). Returns what it printed."""
+
+
 class FaultKind(ABC):
     name: ClassVar[str]
     target: ClassVar[Target]
@@ -116,7 +145,7 @@ class FaultKind(ABC):
         """Verify and act, on the target's node (site NODE); raises TargetRefused if unverified."""
         raise NotImplementedError(f"{self.name} does not act on a node")
 
-    def act_on_controller(self, task: FaultTask) -> FaultOutcome:
+    def act_on_controller(self, task: FaultTask, control: JobControl) -> FaultOutcome:
         """Verify and act, from the controller (site CONTROLLER); raises TargetRefused if unverified."""
         raise NotImplementedError(f"{self.name} does not act from the controller")
 

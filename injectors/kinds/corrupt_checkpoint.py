@@ -14,7 +14,7 @@ from pydantic import Field
 
 from experiments.layout import MANIFEST_NAME, RunPaths
 from experiments.runtime.checkpoint import CheckpointStore, step_dir_name
-from injectors.kinds.base import FaultKind, FaultOptions, FaultOutcome, FaultTask, Site, Target
+from injectors.kinds.base import FaultKind, FaultOptions, FaultOutcome, FaultTask, JobControl, Site, Target
 from injectors.targets import TargetRefused
 
 
@@ -36,7 +36,7 @@ class CorruptCheckpoint(FaultKind):
         step = options.get("step", "newest")
         return f"checkpoint {step if step == 'newest' else step_dir_name(int(step))} ({options.get('mode', 'flip')})"
 
-    def act_on_controller(self, task: FaultTask) -> FaultOutcome:
+    def act_on_controller(self, task: FaultTask, control: JobControl) -> FaultOutcome:
         directory = _checkpoint_dir(task.run_dir, task.options.get("step", "newest"))
         path = _victim(directory, task.options.get("file"))
         mode = str(task.options.get("mode", "flip"))

@@ -89,6 +89,25 @@ class Backend(abc.ABC):
         """The job's id as its ranks carry it in their environment (what the agent verifies)."""
         return job_id
 
+    # Scheduler-side actions a fault kind may need (preempt, timeout, node faults). -------------
+    def signal_ranks(self, job_id: str, signal_name: str) -> bool:
+        """Have the scheduler send ``signal_name`` to every task of the job's steps (not the batch
+        script), as its warning does; False: this scheduler has no such command here (the
+        caller signals the verified ranks through the agent instead)."""
+        return False
+
+    def set_time_left(self, job_id: str, seconds: float) -> str:
+        """Move the job's walltime to about ``seconds`` from now; what was set, in words."""
+        raise NotSupported(f"the {self.name} backend cannot change a running job's walltime")
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        """The job's nodes, according to the scheduler, in allocation order."""
+        raise NotSupported(f"the {self.name} backend cannot list a job's nodes")
+
+
+class NotSupported(RuntimeError):
+    """A scheduler-side action this backend does not offer (the fault is refused, with this)."""
+
 
 def ensure_submitted_pickle(run: RunConfig, pickle_id: str, job: RankJob) -> None:
     """``<folder>/<id>_submitted.pkl`` (what submitit's job runs), written if it is missing."""

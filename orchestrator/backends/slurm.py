@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import math
 import re
 import sys
 import time
@@ -15,6 +16,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
+from experiments.runtime.hostlist import expand_hostlist
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.directives import cluster_of
@@ -178,6 +180,62 @@ class SlurmBackend(Backend):
 
     def agent_job_id(self, job_id: str) -> str:
         return split_job_id(job_id)[0]
+
+    def signal_ranks(self, job_id: str, signal_name: str) -> bool:
+        number, cluster = split_job_id(job_id)
+        # Without --full/--batch, scancel signals the job's steps only: the ranks, not the script.
+        run_command(["scancel", *cluster_args(cluster), f"--signal={signal_name.removeprefix('SIG')}", number],
+                    timeout_s=POLL_TIMEOUT_S, retries=1)
+        return True
+
+    def set_time_left(self, job_id: str, seconds: float) -> str:
+        """Slurm keeps time limits in whole minutes: the new limit is the run time so far plus
+        ``seconds``, rounded up to a minute; slurmctld enforces it (and sends the --signal
+        warning) at its next periodic check."""
+        number, cluster = split_job_id(job_id)
+        run_time_s = parse_duration(self._show_job(number, cluster).get("RunTime", ""))
+        if run_time_s is None:
+            raise CommandError(["scontrol", "show", "job", number], 0, "", "", "no RunTime for the job")
+        minutes = max(1, math.ceil((run_time_s + seconds) / 60))
+        run_command(["scontrol", *cluster_args(cluster), "update", f"JobId={number}", f"TimeLimit={minutes}"],
+                    timeout_s=POLL_TIMEOUT_S, retries=1)
+        return f"time limit set to {minutes} min (it had run {run_time_s:.0f} s)"
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        number, cluster = split_job_id(job_id)
+        node_list = self._show_job(number, cluster).get("NodeList", "")
+        return expand_hostlist(node_list) if node_list and node_list != "(null)" else []
+
+    def _show_job(self, number: str, cluster: str | None) -> dict[str, str]:
+        result = run_command(["scontrol", *cluster_args(cluster), "show", "job", "-o", number],
+                             timeout_s=POLL_TIMEOUT_S, retries=1)
+        return parse_scontrol_record(result.stdout)
+
+
+def parse_scontrol_record(stdout: str) -> dict[str, str]:
+    """``scontrol show ... -o``: one line of ``Key=Value`` words (values without spaces)."""
+    fields: dict[str, str] = {}
+    for word in stdout.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; None if it is not one."""
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [int(part) for part in clock.split(":")]
+        total_days = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 1 <= len(parts) <= 3:
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return float(seconds + 86400 * total_days)
 
 
 def _with_cluster(number: str, cluster: str | None) -> str:

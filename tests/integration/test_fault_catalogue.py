@@ -1,7 +1,8 @@
 """experiments/campaigns/fault-catalogue.yaml on the real 2-node Slurm cluster (issue 8): each kind
-acted on its intended target through the agent in the job's allocation (or from the controller for a
-checkpoint), each run recovered (the stall: went on without a restart) and ended bit for bit as its
-fault-free twin, and the recoveries carry the fault's kind."""
+acted on its intended target (through the agent in the job's allocation, the scheduler, the cluster
+script, or the run's files), each run recovered (the stall: went on without a restart) and ended bit
+for bit as its fault-free twin, and the recoveries carry the fault's kind. disk-full gets a small
+filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import RankJob, RunPaths, read_json_lines
+from orchestrator.runs import expand_runs
+from orchestrator.spec import Campaign, load_campaign
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
-DRILL_TIMEOUT_S = 900
+DRILL_TIMEOUT_S = 1500
+SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
+HEARTBEAT_S = RankJob.heartbeat_interval_s
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
 
 
@@ -38,18 +43,34 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     spec["workdir"] = str(shared / "work")
     path = shared / "fault-catalogue.yaml"
     path.write_text(yaml.safe_dump(spec))
+    small_fs = f"catalogue-{shared.name}"
+    disk_full_run = _run_with(load_campaign(path), "disk-full")
+    checkpoints = RunPaths(shared / "work" / "runs" / disk_full_run).checkpoints
+    checkpoints.parent.mkdir(parents=True)
+    checkpoints.symlink_to(_cluster("small-fs", small_fs, str(SMALL_FS_MB)))
     try:
         done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(path), "--format", "json"],
                               capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
         assert done.returncode == 0, done.stderr[-4000:]
-        yield {**json.loads(done.stdout), "workdir": str(shared / "work")}
+        yield {**json.loads(done.stdout), "workdir": str(shared / "work"), "small_fs": checkpoints.resolve()}
     finally:
+        _cluster("small-fs-remove", small_fs)
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
+def _cluster(*args: str) -> str:
+    return subprocess.run([str(REPO / "scripts" / "cluster"), *args], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip()
+
+
+def _run_with(campaign: Campaign, kind: str) -> str:
+    [run_id] = [run.run_id for run in expand_runs(campaign) if any(f.kind == kind for f in run.campaign.faults)]
+    return run_id
+
+
+def _run(report: dict[str, Any], run_id: str, steps: int = 3000) -> dict[str, Any]:
     run = next(run for run in report["runs"] if run["run_id"] == run_id)
-    assert run["status"] == "completed" and run["final_step"] == 3000
+    assert run["status"] == "completed" and run["final_step"] == steps
     assert run["identical_to_baseline"] is True
     assert all(rec[phase] >= 0 for rec in run["recoveries"] for phase in PHASES)
     return run
@@ -72,7 +93,8 @@ def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat from rank")
     assert run["attempts"][0]["state"] in ("CANCELLED", "FAILED")
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= 5
+    # Silence counts from the rank's last heartbeat, which came up to one interval before the SIGSTOP.
+    assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= 5 - HEARTBEAT_S
 
 
 def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
@@ -92,3 +114,57 @@ def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]
     paths = RunPaths(Path(report["workdir"]) / "runs" / "r003")
     assert [entry["from"].rsplit("/", 1)[-1] for entry in read_json_lines(paths.quarantine / "index.jsonl")] == [
         "step-00002000"]
+
+
+def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[str, Any]) -> None:
+    run = _run(report, "r004")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2", fault
+    saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+    assert 1200 <= saved < 2000 and saved % 10 == 0
+    assert run["attempts"][0]["state"] == "CANCELLED"
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
+    assert recovery["lost_steps"] == 0
+
+
+def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) -> None:
+    run = _run(report, "r005")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and "filled" in fault["detail"], fault
+    reason = run["attempts"][0]["reason"]
+    assert "no space left on device" in reason and "checkpoint step 2000" in reason, reason
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 1000
+    # The failed write left nothing in sight, and the ballast is gone.
+    assert sorted(path.name for path in report["small_fs"].iterdir()) == [
+        "step-00001000", "step-00002000", "step-00003000"]
+
+
+def test_timeout_ends_the_job_at_its_walltime_after_a_warning_checkpoint(report: dict[str, Any]) -> None:
+    run = _run(report, "r006", steps=12000)
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and "time limit set to" in fault["detail"], fault
+    saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+    assert run["attempts"][0]["state"] == "TIMEOUT"
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "timeout" and recovery["resumed_from_step"] == saved
+    assert recovery["lost_steps"] == 0
+
+
+def test_node_crash_kills_the_node_and_the_run_waits_for_it(report: dict[str, Any], cluster) -> None:
+    run = _run(report, "r007")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["target"] == f"node {sorted(cluster)[-1]}", fault
+    assert "crashed: link down, slurmd" in fault["detail"] and "restored: slurmd" in fault["detail"]
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "node-crash" and recovery["resumed_from_step"] == 1000
+
+
+def test_network_partition_cuts_a_node_off_and_the_run_recovers(report: dict[str, Any], cluster) -> None:
+    run = _run(report, "r008")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["target"] == f"node {sorted(cluster)[-1]}", fault
+    assert "partitioned: eth0 down" in fault["detail"] and "healed: eth0 up" in fault["detail"]
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "network-partition" and recovery["resumed_from_step"] == 1000

@@ -5,9 +5,11 @@ its fault-free twin; the plan is printed without touching anything."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -21,12 +23,12 @@ HEARTBEAT_S = 0.05
 RESTART = {"max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0, "checkpoint_timeout_s": 10.0}
 
 
-def _catalogue_drill(tmp_path: Path, faults: list[dict[str, Any]]) -> dict[str, Any]:
-    spec = write_spec(tmp_path, workload=WORKLOAD, faults=faults, baseline=True, parallel_runs=2, restart=RESTART,
-                      checkpoint={"every_steps": 500, "keep": 3})
+def _catalogue_drill(tmp_path: Path, faults: list[dict[str, Any]], steps: int = 2000) -> dict[str, Any]:
+    spec = write_spec(tmp_path, workload={**WORKLOAD, "steps": steps}, faults=faults, baseline=True,
+                      parallel_runs=2, restart=RESTART, checkpoint={"every_steps": 500, "keep": 3})
     report = drill(spec, timeout=600)
     run = run_of(report, "r000")
-    assert run["status"] == "completed" and run["final_step"] == 2000
+    assert run["status"] == "completed" and run["final_step"] == steps
     assert run["identical_to_baseline"] is True, "the drill's run did not end as its fault-free twin"
     assert all(fault["outcome"] != "sending" for fault in run["faults"])
     assert all(phases_ok(rec) for rec in run["recoveries"])
@@ -75,6 +77,58 @@ def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_o
     assert aside["from"].endswith("step-00001000"), "the damaged checkpoint was not kept aside"
 
 
+def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(tmp_path: Path) -> None:
+    run = _catalogue_drill(tmp_path, [{"kind": "preempt", "after": {"at_step": 700}, "grace_s": 20}])
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2"
+    saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+    assert 700 <= saved < 1000 and saved % 10 == 0  # between checkpoints, at an agreed step
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
+    assert recovery["lost_steps"] == 0
+    events = read_json_lines(RunPaths(tmp_path / "work" / "runs" / "r000").events_file(0))
+    [warned] = [event for event in events if event["event"] == "warned"]
+    assert warned["step"] == saved and warned["signal"] == "SIGUSR2"
+
+
+@pytest.fixture
+def small_checkpoint_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MB tmpfs as r000's checkpoint directory (the harness's small filesystem)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "work" / "runs" / "r000" / "checkpoints"
+    mount_point.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "faultdrill-test", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_the_one_before(
+        tmp_path: Path, small_checkpoint_fs: Path) -> None:
+    run = _catalogue_drill(tmp_path, [{"kind": "disk-full", "after": {"at_step": 700}}], steps=1500)
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("caused: attempt 0 failed")
+    reason = run["attempts"][0]["reason"]
+    assert "no space left on device" in reason and "checkpoint step 1000" in reason, reason
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 500
+    # No ballast left, no partial checkpoint in sight; the three published ones are all valid.
+    names = sorted(path.name for path in small_checkpoint_fs.iterdir())
+    assert names == ["step-00000500", "step-00001000", "step-00001500"], names
+
+
+def test_disk_full_refuses_a_big_filesystem_and_writes_nothing(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, faults=[{"kind": "disk-full", "after": {"at_step": 60}, "max_fill_mb": 1}])
+    run = run_of(drill(spec), "r000")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "refused" and "more than max_fill_mb" in fault["detail"], fault
+    assert run["status"] == "completed" and len(run["attempts"]) == 1
+    checkpoints = RunPaths(tmp_path / "work" / "runs" / "r000").checkpoints
+    assert not any(path.name.startswith("faultdrill-ballast") for path in checkpoints.iterdir())
+
+
 def test_plan_prints_every_fault_and_touches_nothing(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, workload=WORKLOAD, faults=[
         {"kind": "kill-rank", "after": {"exponential": 30, "per": "rank"}, "repeat": 2, "rank": {"fraction": 0.5}},
@@ -98,6 +152,9 @@ def test_plan_prints_every_fault_and_touches_nothing(tmp_path: Path) -> None:
     ({"kind": "stall-rank", "duration_s": 0}, "faults.0.duration_s"),
     ({"kind": "corrupt-checkpoint", "mode": "shred"}, "faults.0.mode"),
     ({"kind": "node-explode"}, "unknown fault kind; valid: kill-rank"),
+    ({"kind": "timeout"}, "fault 0: timeout works on the slurm backend(s), not on local"),
+    ({"kind": "node-crash"}, "fault 0: node-crash works on the slurm backend(s), not on local"),
+    ({"kind": "preempt", "grace_s": -1}, "faults.0.grace_s"),
 ])
 def test_bad_fault_options_are_spec_errors(tmp_path: Path, fault: dict, message: str) -> None:
     done = subprocess.run([*FAULTDRILL, "plan", str(write_spec(tmp_path, faults=[fault]))], capture_output=True,

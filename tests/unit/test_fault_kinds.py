@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -103,12 +103,15 @@ def _checkpoints(tmp_path: Path, steps: tuple[int, ...]) -> CheckpointStore:
     return store
 
 
+NO_JOB: Any = None  # corrupt-checkpoint acts on files only: it never touches the job
+
+
 @pytest.mark.parametrize("mode", ["flip", "truncate", "delete"])
 def test_corrupt_checkpoint_damages_the_newest_and_the_resume_falls_back(tmp_path: Path, mode: str) -> None:
     store = _checkpoints(tmp_path, (10, 20))
     before = (store.step_dir(20) / "model.bin").read_bytes()
     outcome = get_kind("corrupt-checkpoint").act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode=mode,
-                                                                     step="newest"))
+                                                                     step="newest"), NO_JOB)
     assert outcome.target == "checkpoint step-00000020/model.bin" and outcome.detail == mode
     damaged = store.step_dir(20) / "model.bin"
     if mode == "delete":
@@ -123,12 +126,12 @@ def test_corrupt_checkpoint_damages_the_newest_and_the_resume_falls_back(tmp_pat
 def test_corrupt_checkpoint_refuses_without_a_published_checkpoint_or_outside_the_run(tmp_path: Path) -> None:
     kind = get_kind("corrupt-checkpoint")
     with pytest.raises(TargetRefused, match="no published checkpoint"):
-        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="flip", step="newest"))
+        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="flip", step="newest"), NO_JOB)
     _checkpoints(tmp_path, (10,))
     with pytest.raises(TargetRefused, match="not a published checkpoint"):
-        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="flip", step=30))
+        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="flip", step=30), NO_JOB)
     with pytest.raises(TargetRefused, match="no file 'passwd'"):
-        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="delete", step=10, file="passwd"))
+        kind.act_on_controller(_task(tmp_path, "corrupt-checkpoint", mode="delete", step=10, file="passwd"), NO_JOB)
 
 
 def test_every_kind_in_the_registry_says_what_it_targets_and_where_it_acts() -> None:

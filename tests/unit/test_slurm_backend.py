@@ -11,7 +11,7 @@ import pytest
 
 from fake_commands import FakeCommands, install
 from orchestrator.backends.base import AttemptRef
-from orchestrator.backends.slurm import SlurmBackend, parse_slurm_time
+from orchestrator.backends.slurm import SlurmBackend, parse_duration, parse_scontrol_record, parse_slurm_time
 from orchestrator.commands import CommandError, run_command
 from orchestrator.render import attempt_job_name
 from orchestrator.runs import expand_runs
@@ -21,7 +21,7 @@ from orchestrator.states import JobState
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
-    return install(tmp_path, monkeypatch, ("sbatch", "squeue", "sacct", "scancel", "srun"))
+    return install(tmp_path, monkeypatch, ("sbatch", "squeue", "sacct", "scancel", "srun", "scontrol"))
 
 
 def _run(tmp_path: Path, directives: list[str]):  # noqa: ANN202 - a RunConfig
@@ -111,3 +111,36 @@ def test_job_names_are_unique_per_drill_run_and_attempt_even_when_long(tmp_path:
 def test_sacct_times_are_read_as_local_time() -> None:
     assert parse_slurm_time("Unknown") is None
     assert parse_slurm_time("2026-12-01T07:50:01") is not None
+
+
+# Recorded from this machine's Slurm 22.05 (scontrol show job -o), trimmed.
+SHOW_JOB = ("JobId=857 JobName=fd-fault-catalogue-1c4892cb-r004-a0 UserId=root(0) JobState=RUNNING Reason=None "
+            "RunTime=00:01:07 TimeLimit=00:20:00 StartTime=2026-12-01T11:24:01 NodeList=fd-n[1-2] "
+            "BatchHost=fd-n1 NumNodes=2 NumCPUs=2 Command=/var/tmp/x/submission.sh\n")
+
+
+@pytest.mark.parametrize("text,seconds", [("00:01:07", 67.0), ("1-02:00:00", 93600.0), ("05:09", 309.0),
+                                          ("", None), ("INVALID", None), ("1:2:3:4", None)])
+def test_slurm_durations_are_read_in_seconds(text: str, seconds: float | None) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_job_nodes_come_from_the_scheduler_in_allocation_order(tmp_path: Path, fake: FakeCommands) -> None:
+    fake.answer("scontrol", SHOW_JOB)
+    assert parse_scontrol_record(SHOW_JOB)["BatchHost"] == "fd-n1"
+    assert SlurmBackend("d1").job_nodes("857") == ["fd-n1", "fd-n2"]
+    assert fake.calls[-1] == "scontrol show job -o 857"
+
+
+def test_the_walltime_moves_to_the_run_time_plus_the_wanted_seconds_in_whole_minutes(
+        tmp_path: Path, fake: FakeCommands) -> None:
+    fake.answer("scontrol", SHOW_JOB)
+    said = SlurmBackend("d1").set_time_left("857;other", 30)
+    # 67 s run + 30 s = 97 s: Slurm keeps minutes, so 2 (never less than what was asked).
+    assert fake.calls[-1] == "scontrol -M other update JobId=857 TimeLimit=2"
+    assert said == "time limit set to 2 min (it had run 67 s)"
+
+
+def test_the_warning_goes_to_the_job_steps_not_the_batch_script(tmp_path: Path, fake: FakeCommands) -> None:
+    assert SlurmBackend("d1").signal_ranks("857", "SIGUSR2") is True
+    assert fake.calls[-1] == "scancel --signal=USR2 857"

@@ -1,0 +1,49 @@
+"""timeout: the job reaches its walltime, the everyday end of a long training split into chained
+jobs. The fault moves the running job's time limit to about ``in_s`` from now (Slurm keeps limits
+in whole minutes and enforces them at a periodic check, so the end comes up to a minute or so
+later); Slurm sends the batch script's ``--signal`` warning, the ranks checkpoint and wait, the
+job ends TIMEOUT and the run goes on in a new job. The fault's time is when the ranks got the
+warning (or, without one, when the job ended)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import Field
+
+from injectors.kinds.base import FaultKind, FaultOptions, FaultOutcome, FaultTask, JobControl, Site, Target
+from injectors.kinds.scheduler_end import saved, wait_for_job_end, warned_event
+from injectors.targets import TargetRefused
+
+END_DEADLINE_S = 240.0  # beyond in_s: a minute's rounding, slurmctld's periodic check, KillWait
+
+
+class TimeoutOptions(FaultOptions):
+    kind: Literal["timeout"] = "timeout"
+    in_s: float = Field(30.0, ge=1, le=3600, description="the walltime is reached about this long after the fault")
+
+
+class Timeout(FaultKind):
+    name = "timeout"
+    target = Target.JOB
+    site = Site.CONTROLLER
+    options = TimeoutOptions
+    works_on = ("slurm",)
+
+    def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
+        return f"job (walltime in ~{float(options.get('in_s', 30.0)):g} s)"
+
+    def act_on_controller(self, task: FaultTask, control: JobControl) -> FaultOutcome:
+        control.verify_running()
+        moved_at = time.time()
+        what = control.set_time_left(float(task.options.get("in_s", 30.0)))
+        ended_at = wait_for_job_end(control, float(task.options.get("in_s", 30.0)) + END_DEADLINE_S)
+        if ended_at is None:
+            raise TargetRefused(f"job {control.job_id} still runs {END_DEADLINE_S:.0f} s past its new walltime ({what})")
+        warned = warned_event(task.run_dir, task.attempt, moved_at - 1.0)
+        at = warned.received_at if warned is not None else ended_at
+        warning = (f"warned {ended_at - warned.received_at:.1f} s before the end; {saved(warned, warned.received_at)}"
+                   if warned is not None else "no warning reached the ranks")
+        return FaultOutcome(kind=self.name, target=f"job {control.job_id}", at=at,
+                            detail=f"{what}; ended {ended_at - moved_at:.1f} s later; {warning}")

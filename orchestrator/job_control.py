@@ -1,0 +1,106 @@
+"""What a fault kind acting from the controller may do to the one job it hits (``JobControl``):
+scheduler actions through the backend, cluster actions through the project's cluster script (on
+its own cluster only) or a command the spec names for a site's cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from injectors.targets import TargetRefused
+from orchestrator.backends.base import NotSupported
+from orchestrator.commands import CommandError, run_command
+from orchestrator.states import JobState
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER_SCRIPT = REPO / "scripts" / "cluster"
+CLUSTER_ENV = Path("/var/lib/faultdrill-cluster/cluster.env")
+CLUSTER_ACTIONS = ("node-crash", "node-restore", "partition", "heal")
+CLUSTER_TIMEOUT_S = 90.0
+
+
+@dataclass
+class BackendJobControl:
+    backend_impl: "Backend"
+    job_id: str
+    # Signals every verified rank of the attempt through the fault agent: for a scheduler that
+    # cannot signal a job's steps (the local backend).
+    signal_by_agent: Callable[[str], None]
+
+    @property
+    def backend(self) -> str:
+        return self.backend_impl.name
+
+    def verify_running(self) -> None:
+        state = self.backend_impl.poll([self.job_id])[self.job_id]
+        if state is not JobState.RUNNING:
+            raise TargetRefused(f"job {self.job_id} is {state.value}, not running", gone=state.is_terminal)
+
+    def signal_ranks(self, signal_name: str) -> None:
+        if not self.backend_impl.signal_ranks(self.job_id, signal_name):
+            self.signal_by_agent(signal_name)
+
+    def cancel(self) -> None:
+        self.backend_impl.cancel(self.job_id)
+
+    def set_time_left(self, seconds: float) -> str:
+        try:
+            return self.backend_impl.set_time_left(self.job_id, seconds)
+        except NotSupported as error:
+            raise TargetRefused(str(error)) from None
+
+    def nodes(self) -> list[str]:
+        try:
+            return self.backend_impl.job_nodes(self.job_id)
+        except NotSupported as error:
+            raise TargetRefused(str(error)) from None
+
+    def cluster(self, action: str, node: str, command: list[str] | None) -> str:
+        if action not in CLUSTER_ACTIONS:
+            raise ValueError(f"unknown cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}")
+        allocation = self.nodes()
+        if node not in allocation:
+            raise TargetRefused(f"node {node!r} is not in job {self.job_id}'s allocation ({', '.join(allocation)})")
+        argv = [part.replace("{node}", node) for part in command] if command else self._own_cluster(action, node)
+        try:
+            return run_command(argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
+        except CommandError as error:
+            raise TargetRefused(f"{action} {node} failed: {error}") from None
+
+    def _own_cluster(self, action: str, node: str) -> list[str]:
+        """The project's cluster script, only on the cluster it made (its nodes, its name)."""
+        facts = _cluster_facts()
+        nodes = facts.get("FAULTDRILL_CLUSTER_NODES", "").split()
+        if self.backend_impl.name != "slurm" or node not in nodes or not _is_own_slurm(facts):
+            raise TargetRefused(
+                f"{action} on {node}: this is not the project's own cluster (scripts/cluster up), and the "
+                "fault names no site command for it; give one, e.g. "
+                "`command: {crash: [ipmitool, ..., '{node}'], restore: [...]}`")
+        return [str(CLUSTER_SCRIPT), action, node]
+
+
+def _cluster_facts() -> dict[str, str]:
+    try:
+        text = CLUSTER_ENV.read_text()
+    except OSError:
+        return {}
+    facts = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            facts[key.strip()] = value.strip().strip('"')
+    return facts
+
+
+def _is_own_slurm(facts: dict[str, str]) -> bool:
+    try:
+        config = run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
+    except CommandError:
+        return False
+    names = [line.split("=", 1)[1].strip() for line in config.splitlines()
+             if line.split("=", 1)[0].strip() == "ClusterName" and "=" in line]
+    return bool(names) and names[0] == facts.get("FAULTDRILL_CLUSTER_NAME")
