@@ -20,6 +20,7 @@ from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.commands import CommandError, one_line
+from orchestrator.job_control import Menders
 from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
 from orchestrator.render import array_job_name
@@ -66,7 +67,7 @@ def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
             run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
             nodes=run.campaign.resources.nodes, strategy=STRATEGY_RESUBMIT, target_steps=run.workload.steps,
             baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
-            model=run.campaign.workload.model, requested_params=run.campaign.workload.params,
+            model=run.campaign.workload.model, requested_params=run.campaign.workload.params, twin=run.twin,
         ))
 
 
@@ -97,17 +98,26 @@ class Controller:
 
     def run(self, observer: Observer | None = None) -> None:
         """Drive every run to completed, failed or gave_up."""
+        menders = Menders(self.campaign.workdir)
+        self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="injector") as pool:
             trackers = [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id)
                         for run, faults in self.plan]
             try:
                 self._drive(trackers, observer)
             finally:
+                pool.shutdown(wait=True)  # a fault still acting may owe a mend
+                self._mend(menders, "at the end of the drill")
                 for tracker in trackers:
                     if tracker.done:
                         tracker.finalize()
         record_determinism(self.ledger, self.runs)
         self.ledger.set_meta("finished", time.time())
+
+    def _mend(self, menders: Menders, when: str) -> None:
+        for said in menders.run_all():
+            log.info("cluster action %s: %s", when, said)
+            self.ledger.set_meta(f"mended-{time.time():.3f}", f"{when}: {said}")
 
     def _drive(self, trackers: list[RunTracker], observer: Observer | None) -> None:
         waiting = [t for t in trackers if not t.done]

@@ -18,7 +18,7 @@ from injectors.kinds.base import FaultOutcome, FaultTask, Site
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused, read_identity
 from orchestrator.commands import CommandError, CommandResult
-from orchestrator.job_control import BackendJobControl
+from orchestrator.job_control import BackendJobControl, Menders
 from orchestrator.runs import RunConfig
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
                      ranks=request.fault.ranks, options=dict(request.fault.options))
     if kind.site is Site.CONTROLLER:
         control = BackendJobControl(backend, request.job_id,
-                                    signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name))
+                                    signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name),
+                                    menders=Menders(request.run.campaign.workdir))
         return kind.act_on_controller(task, control)
     return _on_rank_nodes(backend, request, task)
 

@@ -4,9 +4,14 @@ its own cluster only) or a command the spec names for a site's cluster."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from experiments.layout import write_json_atomic
 
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
@@ -21,6 +26,9 @@ CLUSTER_SCRIPT = REPO / "scripts" / "cluster"
 CLUSTER_ENV = Path("/var/lib/faultdrill-cluster/cluster.env")
 CLUSTER_ACTIONS = ("node-crash", "node-restore", "partition", "heal")
 CLUSTER_TIMEOUT_S = 90.0
+MENDS_NAME = "owed-cluster-actions.json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +38,7 @@ class BackendJobControl:
     # Signals every verified rank of the attempt through the fault agent: for a scheduler that
     # cannot signal a job's steps (the local backend).
     signal_by_agent: Callable[[str], None]
+    menders: "Menders"
 
     @property
     def backend(self) -> str:
@@ -60,16 +69,22 @@ class BackendJobControl:
             raise TargetRefused(str(error)) from None
 
     def cluster(self, action: str, node: str, command: list[str] | None) -> str:
+        argv = self._cluster_argv(action, node, command)
+        try:
+            return run_command(argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
+        except CommandError as error:
+            raise TargetRefused(f"{action} {node} failed: {error}") from None
+
+    def mend_at_drill_end(self, action: str, node: str, command: list[str] | None) -> None:
+        self.menders.add(Mend(argv=self._cluster_argv(action, node, command), what=f"{action} {node}"))
+
+    def _cluster_argv(self, action: str, node: str, command: list[str] | None) -> list[str]:
         if action not in CLUSTER_ACTIONS:
             raise ValueError(f"unknown cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}")
         allocation = self.nodes()
         if node not in allocation:
             raise TargetRefused(f"node {node!r} is not in job {self.job_id}'s allocation ({', '.join(allocation)})")
-        argv = [part.replace("{node}", node) for part in command] if command else self._own_cluster(action, node)
-        try:
-            return run_command(argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
-        except CommandError as error:
-            raise TargetRefused(f"{action} {node} failed: {error}") from None
+        return [part.replace("{node}", node) for part in command] if command else self._own_cluster(action, node)
 
     def _own_cluster(self, action: str, node: str) -> list[str]:
         """The project's cluster script, only on the cluster it made (its nodes, its name)."""
@@ -81,6 +96,47 @@ class BackendJobControl:
                 "fault names no site command for it; give one, e.g. "
                 "`command: {crash: [ipmitool, ..., '{node}'], restore: [...]}`")
         return [str(CLUSTER_SCRIPT), action, node]
+
+
+@dataclass(frozen=True)
+class Mend:
+    argv: list[str]
+    what: str
+
+
+class Menders:
+    """Cluster actions owed at the end of the drill (a node down "for the rest of the drill"), kept
+    in a file of the workdir so that a controller that died leaves them to the next one, which
+    runs them first. A drill never leaves a node broken behind it."""
+
+    _lock = threading.Lock()  # one file per workdir; injector threads add, the controller runs
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / MENDS_NAME
+
+    def add(self, mend: Mend) -> None:
+        with self._lock:
+            write_json_atomic(self.path, [*self._read(), asdict(mend)])
+
+    def run_all(self) -> list[str]:
+        """Every owed action, each once; what each said (or why it failed)."""
+        with self._lock:
+            said = []
+            for entry in self._read():
+                mend = Mend(**entry)
+                try:
+                    said.append(f"{mend.what}: {run_command(mend.argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()}")
+                except CommandError as error:
+                    said.append(f"{mend.what}: FAILED: {error}")
+                    log.error("could not %s at the end of the drill: %s", mend.what, error)
+            self.path.unlink(missing_ok=True)
+            return said
+
+    def _read(self) -> list[dict[str, Any]]:
+        try:
+            return list(json.loads(self.path.read_text()))
+        except FileNotFoundError:
+            return []
 
 
 def _cluster_facts() -> dict[str, str]:

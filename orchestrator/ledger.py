@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS recoveries (
 # Columns added since a table was first created: a ledger of an unfinished drill written by an
 # older version gets them on open (ALTER TABLE ADD COLUMN), so it can still be resumed.
 ADDED_COLUMNS = {
+    "runs": {"twin": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT"},
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0"},
@@ -83,6 +84,7 @@ class RunRow:
     determinism: str | None = None  # the switches the workload needs for a bitwise resume
     max_abs_weight_diff: float | None = None  # vs the baseline twin; 0.0 when identical
     first_divergent_step: int | None = None  # first step whose loss differs from the twin's
+    twin: str | None = None  # the run id of this run's fault-free twin (shared by runs that differ in faults only)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ def record_determinism(ledger: Ledger, runs: list[RunConfig]) -> None:
     """For every completed run with a completed twin: how far apart they ended."""
     by_id = {run.run_id: run for run in runs}
     status = {row.run_id: row.status for row in ledger.runs()}
-    for twin in (run for run in runs if run.baseline_of in by_id):
-        run = by_id[twin.baseline_of or ""]
+    for run in (run for run in runs if run.twin in by_id):
+        twin = by_id[run.twin or ""]
         if status.get(run.run_id) != "completed" or status.get(twin.run_id) != "completed":
             continue
         ledger.update_run(

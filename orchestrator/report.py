@@ -88,7 +88,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
 def _baseline_digest(run: RunRow, digests: dict[str, str]) -> str | None:
     if run.baseline_of is not None:
         return None
-    twin = digests.get(f"{run.run_id}-baseline")
+    twin = digests.get(run.twin or f"{run.run_id}-baseline")  # ledgers older than shared twins
     return twin or None
 
 

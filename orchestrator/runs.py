@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,8 @@ class RunConfig:
     run_id: str
     campaign: Campaign
     sweep_point: tuple[tuple[str, Any], ...]
-    baseline_of: str | None = None
+    baseline_of: str | None = None  # this run is the fault-free twin of that run (the first to need it)
+    twin: str | None = None  # this run's fault-free twin (shared by runs that differ only in faults)
 
     @property
     def is_baseline(self) -> bool:
@@ -65,14 +67,22 @@ class RunConfig:
 def expand_runs(campaign: Campaign) -> list[RunConfig]:
     """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
     runs: list[RunConfig] = []
+    twins: dict[str, str] = {}  # a fault-free campaign (as JSON) -> the twin run that trains it
     points = [(point, _varying(grid)) for grid in campaign.sweep.grids for point in _grid_points(grid)]
     for index, (point, varying) in enumerate(points):
         point_campaign = _apply_point(campaign, point)
         run_id = _run_id(index, tuple((key, value) for key, value in point if key in varying))
-        runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
-        if point_campaign.baseline:
-            twin = point_campaign.model_copy(update={"faults": []})
-            runs.append(RunConfig(run_id=f"{run_id}-baseline", campaign=twin, sweep_point=point, baseline_of=run_id))
+        if not point_campaign.baseline:
+            runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
+            continue
+        # Runs that differ only in their faults train the same thing without them: one twin.
+        twin = point_campaign.model_copy(update={"faults": []})
+        key = json.dumps(twin.model_dump(mode="json"), sort_keys=True)
+        known = key in twins
+        twin_id = twins.setdefault(key, f"{run_id}-baseline")
+        runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point, twin=twin_id))
+        if not known:
+            runs.append(RunConfig(run_id=twin_id, campaign=twin, sweep_point=point, baseline_of=run_id))
     return runs
 
 

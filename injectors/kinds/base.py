@@ -120,6 +120,10 @@ class JobControl(Protocol):
         allocation: the spec's site ``command`` if given, else the project's own cluster script
         (refused on any other cluster). Returns what it printed."""
 
+    def mend_at_drill_end(self, action: str, node: str, command: list[str] | None) -> None:
+        """Owe ``cluster(action, node, command)`` to the end of the drill (a node down for the rest
+        of it): the controller runs it then, or the next controller if this one dies."""
+
 
 class FaultKind(ABC):
     name: ClassVar[str]

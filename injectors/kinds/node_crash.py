@@ -15,7 +15,9 @@ from injectors.kinds.node_faults import NodeFaultOptions, break_wait_mend, descr
 
 class NodeCrashOptions(NodeFaultOptions):
     kind: Literal["node-crash"] = "node-crash"
-    down_s: float = Field(15.0, ge=0, le=3600, description="how long the node stays down before it returns")
+    down_s: float | None = Field(15.0, ge=0, le=86400, description=(
+        "how long the node stays down before it returns; null: for the rest of the drill (it returns "
+        "when the drill ends)"))
 
 
 class NodeCrash(FaultKind):
@@ -26,8 +28,10 @@ class NodeCrash(FaultKind):
     works_on = ("slurm",)
 
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
-        return f"{describe_node(options)} (down {float(options.get('down_s', 15.0)):g} s)"
+        down = options.get("down_s", 15.0)
+        return f"{describe_node(options)} (down {'for the rest of the drill' if down is None else f'{down:g} s'})"
 
     def act_on_controller(self, task: FaultTask, control: JobControl) -> FaultOutcome:
+        down = task.options.get("down_s", 15.0)
         return break_wait_mend(self.name, task, control, ("node-crash", "node-restore"),
-                               float(task.options.get("down_s", 15.0)))
+                               None if down is None else float(down))

@@ -48,12 +48,18 @@ def pick_node(control: JobControl, index: int) -> str:
 
 
 def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tuple[str, str],
-                    hold_s: float) -> FaultOutcome:
-    """``actions``: the cluster script's (break, mend) names; the site's commands replace both."""
+                    hold_s: float | None) -> FaultOutcome:
+    """``actions``: the cluster script's (break, mend) names; the site's commands replace both.
+    ``hold_s`` None: broken for the rest of the drill (mended when it ends)."""
     control.verify_running()
     node = pick_node(control, int(task.options.get("node", -1)))
     site = task.options.get("command") or {}
     at = time.time()
+    if hold_s is None:
+        control.mend_at_drill_end(actions[1], node, site.get("mend"))  # owed before it is broken
+        broke = control.cluster(actions[0], node, site.get("act"))
+        return FaultOutcome(kind=kind, target=f"node {node}", at=at, node=node,
+                            detail=f"{broke}; for the rest of the drill ({actions[1]} when it ends)")
     broke = control.cluster(actions[0], node, site.get("act"))
     time.sleep(hold_s)
     try:

@@ -121,6 +121,19 @@ def test_sweep_expands_grid_with_baseline_twins(tmp_path: Path) -> None:
     assert len({run.run_id for run in runs}) == 8
 
 
+def test_runs_that_differ_only_in_their_faults_share_one_twin(tmp_path: Path) -> None:
+    kill = [{"kind": "kill-rank", "after": {"at_step": 5}, "rank": 0}]
+    hang = [{"kind": "hang-rank", "after": {"at_step": 5}, "rank": 0}]
+    raw = _spec(tmp_path, baseline=True, sweep={"grid": [{"faults": [kill, hang]},
+                                                         {"faults": [kill], "workload.steps": [30]}]})
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    assert [run.run_id for run in runs] == ["r000", "r000-baseline", "r001", "r002", "r002-baseline"]
+    by_id = {run.run_id: run for run in runs}
+    assert by_id["r000"].twin == by_id["r001"].twin == "r000-baseline"  # kill and hang: the same training
+    assert by_id["r002"].twin == "r002-baseline" and by_id["r002-baseline"].campaign.workload.steps == 30
+    assert by_id["r000-baseline"].baseline_of == "r000" and by_id["r000-baseline"].campaign.faults == []
+
+
 def test_sweep_with_unknown_key_or_invalid_value_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no key 'paramz'.*valid:.*params"):
         expand_runs(parse_campaign(_spec(tmp_path, sweep={"grid": {"workload.paramz": [1]}}), base_dir=tmp_path))

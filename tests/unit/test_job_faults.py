@@ -1,0 +1,141 @@
+"""The controller-side fault kinds' safety and bookkeeping without a cluster (issue 8): a node is
+acted on only if the scheduler lists it in the job's allocation; the project's cluster script only
+on its own cluster (a site needs its own command); the mending always runs; disk-full refuses a big
+filesystem; a failed checkpoint write on a full disk is named as such; the warning signal parses.
+The real thing: tests/unit/test_fault_catalogue_local.py and tests/integration/test_fault_catalogue.py."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from experiments.runtime.checkpoint import explain_write_failure
+from experiments.runtime.warning import WarningNote, warning_signal
+from injectors.kinds import get_kind
+from injectors.kinds.base import FaultTask
+from injectors.targets import TargetRefused
+from orchestrator.backends.base import Backend, NotSupported
+from orchestrator.job_control import BackendJobControl, Menders
+
+
+@dataclass
+class RecordingBackend(Backend):
+    """Answers like a scheduler with a two-node job 7 (recorded), and notes what it was asked."""
+
+    name: str = "slurm"
+    asked: list[str] = field(default_factory=list)
+
+    def submit(self, run, job):  # noqa: ANN001, ANN201 - never called here
+        raise AssertionError
+
+    def find_submitted(self, ref):  # noqa: ANN001, ANN201
+        return []
+
+    def poll(self, job_ids):  # noqa: ANN001, ANN201
+        from orchestrator.states import JobState
+        return {job_id: JobState.RUNNING for job_id in job_ids}
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        self.asked.append(f"cancel {job_id}")
+
+    def run_agent(self, job_id, node, argv, timeout_s):  # noqa: ANN001, ANN201
+        raise AssertionError
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        return ["fd-n1", "fd-n2"]
+
+
+def _control(backend: Backend) -> BackendJobControl:
+    return BackendJobControl(backend, "7", signal_by_agent=lambda name: None, menders=Menders(Path("/nonexistent")))
+
+
+def _task(tmp_path: Path, kind: str, **options: object) -> FaultTask:
+    return FaultTask(kind=kind, run_dir=tmp_path / "run", run_id="r000", attempt=0, job_id="7", options=options)
+
+
+def test_a_node_outside_the_allocation_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TargetRefused, match=r"node 'fd-n9' is not in job 7's allocation \(fd-n1, fd-n2\)"):
+        _control(RecordingBackend()).cluster("node-crash", "fd-n9", [sys.executable, "-c", "pass"])
+
+
+def test_the_cluster_script_acts_only_on_its_own_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("orchestrator.job_control.CLUSTER_ENV", tmp_path / "no-cluster.env")
+    with pytest.raises(TargetRefused, match="not the project's own cluster.*names no site command"):
+        _control(RecordingBackend()).cluster("node-crash", "fd-n2", None)
+
+
+def test_a_site_command_is_run_with_the_node_filled_in_and_the_mending_always_runs(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
+    task = _task(tmp_path, "node-crash", node=-1, down_s=0,
+                 command={"act": [*write, "off", "{node}"], "mend": [*write, "on", "{node}"]})
+    outcome = get_kind("node-crash").act_on_controller(task, _control(RecordingBackend()))
+    assert log.read_text().splitlines() == ["off fd-n2", "on fd-n2"]
+    assert outcome.target == "node fd-n2" and outcome.node == "fd-n2"
+
+
+def test_a_failed_mend_is_told_but_the_fault_stands(tmp_path: Path) -> None:
+    task = _task(tmp_path, "network-partition", node=0, duration_s=0.01,
+                 command={"act": [sys.executable, "-c", "print('cut')"], "mend": [sys.executable, "-c", "exit(3)"]})
+    outcome = get_kind("network-partition").act_on_controller(task, _control(RecordingBackend()))
+    assert outcome.target == "node fd-n1" and "NOT MENDED" in outcome.detail and outcome.detail.startswith("cut;")
+
+
+def test_a_backend_without_a_walltime_action_refuses_timeout(tmp_path: Path) -> None:
+    class Local(RecordingBackend):
+        def set_time_left(self, job_id: str, seconds: float) -> str:
+            raise NotSupported("the local backend cannot change a running job's walltime")
+
+    with pytest.raises(TargetRefused, match="cannot change a running job's walltime"):
+        get_kind("timeout").act_on_controller(_task(tmp_path, "timeout", in_s=1), _control(Local(name="local")))
+
+
+def test_disk_full_refuses_a_filesystem_with_more_room_than_it_may_fill(tmp_path: Path) -> None:
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(TargetRefused, match="more than max_fill_mb"):
+        get_kind("disk-full").act_on_controller(_task(tmp_path, "disk-full", max_fill_mb=0.001),
+                                                _control(RecordingBackend()))
+    assert list((tmp_path / "run" / "checkpoints").iterdir()) == []
+
+
+def test_a_write_that_failed_on_a_full_disk_is_named_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hidden = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 109888 vs 109824")
+    assert explain_write_failure(hidden, tmp_path, 40) is hidden  # room enough: not the disk's fault
+    monkeypatch.setattr("experiments.runtime.checkpoint._free_bytes", lambda directory: 300_000)
+    named = explain_write_failure(hidden, tmp_path, 40)
+    assert isinstance(named, OSError) and named.errno == errno.ENOSPC
+    assert str(named).startswith("[Errno 28] checkpoint step 40 could not be written: no space left on device (0.3 MB")
+
+
+def test_the_warning_signal_is_named_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert warning_signal({}) is signal.SIGUSR2
+    assert warning_signal({"FAULTDRILL_WARNING_SIGNAL": "TERM"}) is signal.SIGTERM
+    with pytest.raises(ValueError, match="is not a signal name"):
+        warning_signal({"FAULTDRILL_WARNING_SIGNAL": "SIGNOPE"})
+    note = WarningNote(signal.SIGUSR1).install()
+    try:
+        assert not note.received
+        signal.raise_signal(signal.SIGUSR1)
+        assert note.received and note.received_at is not None
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_a_node_down_for_the_rest_of_the_drill_is_owed_a_mend_that_survives_the_controller(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
+    task = _task(tmp_path, "node-crash", node=0, down_s=None,
+                 command={"act": [*write, "off", "{node}"], "mend": [*write, "on", "{node}"]})
+    control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path))
+    outcome = get_kind("node-crash").act_on_controller(task, control)
+    assert "for the rest of the drill" in outcome.detail
+    assert log.read_text().splitlines() == ["off fd-n1"]  # not mended yet
+    # The controller died: the next one finds the owed action in the workdir and runs it once.
+    said = Menders(tmp_path).run_all()
+    assert said == ["node-restore fd-n1: "] and log.read_text().splitlines() == ["off fd-n1", "on fd-n1"]
+    assert Menders(tmp_path).run_all() == []
