@@ -23,8 +23,10 @@ class ClosingJob:
 
 
 class ClosingJobs:
-    def __init__(self, run_id: str, ledger: Ledger, cancel: Callable[[str, bool], None], timeout_s: float) -> None:
+    def __init__(self, run_id: str, ledger: Ledger, cancel: Callable[[str, bool], None], timeout_s: float,
+                 on_final_state: Callable[[int, JobState], None] | None = None) -> None:
         self.run_id, self.ledger, self.cancel, self.timeout_s = run_id, ledger, cancel, timeout_s
+        self.on_final_state = on_final_state
         self.jobs: dict[int, ClosingJob] = {}  # attempt -> its job
 
     def __bool__(self) -> bool:
@@ -43,6 +45,8 @@ class ClosingJobs:
             if state.is_terminal or state is JobState.UNKNOWN:
                 self.ledger.update_attempt(self.run_id, attempt, state=state.value)
                 del self.jobs[attempt]
+                if self.on_final_state is not None:
+                    self.on_final_state(attempt, state)
             elif now - closing.since > self.timeout_s:
                 self._escalate(attempt, closing, state, now)
 

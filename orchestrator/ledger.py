@@ -56,9 +56,11 @@ CREATE TABLE IF NOT EXISTS recoveries (
 # older version gets them on open (ALTER TABLE ADD COLUMN), so it can still be resumed.
 ADDED_COLUMNS = {
     "runs": {"twin": "TEXT"},
-    "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT"},
+    "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
+                 "failure_class": "TEXT", "class_evidence": "TEXT"},
     "faults": {"detail": "TEXT"},
-    "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0"},
+    "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
+                   "failure_class": "TEXT NOT NULL DEFAULT ''"},
 }
 
 
@@ -103,6 +105,8 @@ class AttemptRow:
     array_index: int | None = None  # its element in that job array, if it went out in one
     failed_at: float | None = None  # the best evidence of when it failed (see failure_evidence)
     failure_evidence: str | None = None  # step_exit | scheduler_end | last_heartbeat | poll | ...
+    failure_class: str | None = None  # orchestrator.failure_classes: what kind of failure it was
+    class_evidence: str | None = None  # the fact that decided the class
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,7 @@ class RecoveryRow:
     resumed_from_step: int
     failure_evidence: str = ""  # where the failure time comes from: fault, step_exit, last_heartbeat, ...
     clock_correction_s: float = 0.0  # how far node timestamps were moved to keep every phase >= 0
+    failure_class: str = ""  # the failed attempt's class (orchestrator.failure_classes)
 
 
 Row = TypeVar("Row")

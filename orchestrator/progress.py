@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 
+from orchestrator.tables import Table
 from orchestrator.tracker import RunTracker
 
 REDRAW_INTERVAL_S = 0.25
@@ -61,4 +61,4 @@ class Progress:
                 line += f", attempt {watch.attempt} (job {watch.job_id}, {watch.state.value})"
             if self._last_lines.get(tracker.run.run_id) != line:
                 self._last_lines[tracker.run.run_id] = line
-                self.console.print(line, highlight=False)
+                self.console.print(line, highlight=False, markup=False)

@@ -101,6 +101,7 @@ def compute_recovery(
         resumed_from_step=timeline.resumed_from_step,
         failure_evidence=failure.evidence,
         clock_correction_s=correction,
+        failure_class=failed.failure_class or "",
     )
 
 

@@ -13,6 +13,7 @@ from orchestrator.study import checkpoint_study
 RECOVERY_FIELDS = (
     "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
     "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence", "clock_correction_s",
+    "failure_class",
 )
 
 
@@ -63,7 +64,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
             # started: the job's first line ran (batch script, or rank 0 on the local backend);
             # None if it never started. accepted: the scheduler took it.
             {"job_id": a.job_id or "", "state": a.state, "submitted": a.submitted, "accepted": a.accepted,
-             "started": a.started, "ended": a.ended, "reason": a.reason}
+             "started": a.started, "ended": a.ended, "reason": a.reason,
+             "failure_class": a.failure_class, "class_evidence": a.class_evidence}
             for a in ledger.attempts(run.run_id)
         ],
         "checkpoints": checkpoints,

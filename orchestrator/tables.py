@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console, Group
-from rich.table import Table
+from rich.table import Table as RichTable
+from rich.text import Text
+
+
+class Table(RichTable):
+    """A table whose cells are plain text: reasons and details quote errors such as gloo's
+    "[/__w/pytorch/.../pair.cc:537]", which rich would read as markup and fail on."""
+
+    def add_row(self, *cells: Any, **options: Any) -> None:
+        super().add_row(*(Text(cell) if isinstance(cell, str) else cell for cell in cells), **options)
 
 
 def _fmt(value: Any) -> str:
@@ -34,15 +43,16 @@ def runs_table(report: dict[str, Any]) -> Table:
 
 def recoveries_table(report: dict[str, Any]) -> Table:
     table = Table(title="Recoveries (seconds; ttr = detect + resubmit + queue + startup + load + first step)")
-    columns = ("run", "fault", "detect", "resubmit", "queue", "startup", "load", "first step", "ttr",
+    columns = ("run", "fault", "class", "detect", "resubmit", "queue", "startup", "load", "first step", "ttr",
                "resumed from", "lost steps", "lost s", "lost rank-s")
     for column in columns:
         table.add_column(column)
-    for run in report["runs"]:
-        for rec in run["recoveries"]:
-            table.add_row(run["run_id"], rec["fault_kind"], *(_fmt(rec[key]) for key in (
-                "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
-                "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")))
+    recoveries = [(run, rec) for run in report["runs"] for rec in run["recoveries"]]
+    # Grouped by failure class: recoveries from one kind of failure side by side.
+    for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
+        table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(_fmt(rec[key]) for key in (
+            "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+            "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")))
     return table
 
 

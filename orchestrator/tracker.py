@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
@@ -31,7 +31,8 @@ from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.render import TemplateError, attempt_job_name
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState
-from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix
+from orchestrator.failure_classes import FailureEvidence, classify
+from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix, rank_errors
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ class RunTracker:
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
         self.pending: PendingSubmission | None = None
-        self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s)
+        self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s,
+                                   on_final_state=self._final_state)
+        self._evidence: dict[int, FailureEvidence] = {}  # failed attempts classified before their job ended
         self.status = ledger.run(run.run_id).status
         self._awaiting_recovery: int | None = None
         self._started_recorded = False
@@ -289,8 +292,13 @@ class RunTracker:
             if cancel:
                 self._cancel(watch.job_id)
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel)
+        evidence = failure_evidence(watch, sign, state, self.backend)
+        classified = classify(evidence)
+        if not state.is_terminal:  # the scheduler's final word may tell more (TIMEOUT, NODE_FAIL)
+            self._evidence[watch.attempt] = evidence
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
-                                   failed_at=sign.at, failure_evidence=sign.evidence)
+                                   failed_at=sign.at, failure_evidence=sign.evidence,
+                                   failure_class=classified.failure_class.value, class_evidence=classified.evidence)
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
@@ -379,6 +387,15 @@ class RunTracker:
         self.ledger.add_checkpoints(self.run.run_id, records)
 
     # jobs that are ending ---------------------------------------------------------------------
+    def _final_state(self, attempt: int, state: JobState) -> None:
+        """A failed attempt's job ended: classify it again with the scheduler's final word."""
+        evidence = self._evidence.pop(attempt, None)
+        if evidence is None or not state.is_terminal:
+            return
+        classified = classify(replace(evidence, state=state))
+        self.ledger.update_attempt(self.run.run_id, attempt, failure_class=classified.failure_class.value,
+                                   class_evidence=classified.evidence)
+
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.closing)."""
         self.closing.settle(states, now)
@@ -392,6 +409,13 @@ class RunTracker:
 
     def _attempt_row(self, attempt: int) -> AttemptRow:
         return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)
+
+
+def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: Backend) -> FailureEvidence:
+    exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
+                 else backend.exit_code(watch.job_id) if state.is_terminal else None)
+    return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
+                           rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned)
 
 
 def _ran(row: AttemptRow) -> bool:

@@ -20,6 +20,7 @@ from experiments.layout import (
     EVENT_JOB_START,
     EVENT_PROCESS_START,
     EVENT_STEP_EXIT,
+    EVENT_WARNED,
     RunPaths,
 )
 from orchestrator.states import JobState
@@ -57,6 +58,7 @@ class AttemptWatch:
     last_step: int = 0
     step_exit: dict[str, float] | None = None
     completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
+    warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
     state: JobState = JobState.PENDING
     running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
     resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED
@@ -97,6 +99,8 @@ class AttemptWatch:
             self.training_started = when
         elif name == EVENT_COMPLETED:
             self.completed = True
+        elif name == EVENT_WARNED:
+            self.warned = True
         elif name == EVENT_STEP_EXIT:
             self.step_exit = {"time": when, "exit_code": float(event["exit_code"])}  # type: ignore[arg-type]
 
@@ -147,8 +151,8 @@ class AttemptWatch:
                            "job_running")
 
 
-def rank_error_suffix(watch: AttemptWatch) -> str:
-    """``; rank R: <what it died of>`` for the first rank that recorded its error, or nothing."""
+def rank_errors(watch: AttemptWatch) -> list[tuple[float, int, str]]:
+    """(time, rank, what it died of) for every rank that recorded its error, earliest first."""
     errors = []
     for rank in range(watch.ranks):
         path = watch.paths.rank_error_file(watch.attempt, rank)
@@ -157,7 +161,13 @@ def rank_error_suffix(watch: AttemptWatch) -> str:
         except (OSError, json.JSONDecodeError):
             continue
         errors.append((float(record.get("time", 0.0)), rank, str(record.get("error", ""))))
+    return sorted(errors)
+
+
+def rank_error_suffix(watch: AttemptWatch) -> str:
+    """``; rank R: <what it died of>`` for the first rank that recorded its error, or nothing."""
+    errors = rank_errors(watch)
     if not errors:
         return ""
-    _, rank, error = min(errors)
+    _, rank, error = errors[0]
     return f"; rank {rank}: {error}"

@@ -57,6 +57,11 @@ class Backend(abc.ABC):
         (a controller stopped, or a submission that failed on our side but not the scheduler's),
         oldest first: more than one means duplicates. Raises CommandError if it cannot tell."""
 
+    def exit_code(self, job_id: str) -> int | None:
+        """How an ended job's rank launch exited, where the batch script could not say (the local
+        backend has none): 128 + N for a signal N; None if unknown."""
+        return None
+
     def end_time(self, job_id: str) -> float | None:
         """When the scheduler says the job ended (the evidence of a natural failure), if it knows."""
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -27,13 +28,15 @@ from experiments.layout import (
 )
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.local_controller import exit_codes_file
 from orchestrator.commands import CommandResult, run_command
+from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 from orchestrator.render import rank_environment
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
 from orchestrator.states import JobState
 
-LOCAL_CONTROLLER_MODULE = "submitit.local._local"
+LOCAL_CONTROLLER_MODULE = "orchestrator.backends.local_controller"  # submitit's, recording exit codes
 
 
 class EnvLocalExecutor(submitit.LocalExecutor):
@@ -83,6 +86,7 @@ class LocalJobRecord:
     ntasks: int
     process: subprocess.Popen[bytes] | None = None  # None: started by an earlier controller process
     run_id: str = ""  # an adopted job's environment must name this run before we signal it
+    cancelled: bool = False  # ended by cancel (as a scheduler says CANCELLED, not FAILED)
 
 
 class LocalBackend(Backend):
@@ -132,7 +136,9 @@ class LocalBackend(Backend):
             return JobState.RUNNING
         if code < 0:
             return JobState.CANCELLED
-        return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.FAILED
+        if _all_tasks_succeeded(record, job_id):
+            return JobState.COMPLETED
+        return JobState.CANCELLED if record.cancelled else JobState.FAILED
 
     def cancel(self, job_id: str, force: bool = False) -> None:
         """End the job like scancel after its grace time: SIGKILL every process below the job's
@@ -142,6 +148,7 @@ class LocalBackend(Backend):
         controller = self._verified_controller(job_id, record) if record is not None else None
         if controller is None:
             return
+        record.cancelled = True
         kill_tree(controller, include_root=force)
 
     def _verified_controller(self, job_id: str, record: "LocalJobRecord") -> psutil.Process | None:
@@ -157,6 +164,22 @@ class LocalBackend(Backend):
                 and record.run_id and _environment_names(process, record.run_id, None, self.drill_id):
             return process
         return None
+
+    def exit_code(self, job_id: str) -> int | None:
+        """How the job's tasks ended, as a step exit code: a signal N as 128 + N, else the first failure."""
+        record = self._jobs.get(job_id)
+        if record is None:
+            return None
+        try:
+            codes = json.loads(exit_codes_file(record.folder, job_id).read_text())["exit_codes"]
+        except (OSError, ValueError, KeyError):
+            return None
+        # A task killed by a signal is the cause; the others' exits are their reaction to it.
+        signals = [int(code) for code in codes if code is not None and code < 0]
+        if signals:
+            return SIGNAL_EXIT_BASE - signals[0]
+        failed = [int(code) for code in codes if code]
+        return failed[0] if failed else (0 if codes else None)
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         """Every rank is on this machine: the agent is a local process."""

@@ -86,7 +86,7 @@ def test_kill_rank_hits_every_rank_on_both_nodes_at_one_instant(report: dict[str
     assert {node for node in re.findall(r"@([\w-]+)", fault["target"])} == set(cluster)
     spread = float(re.search(r"acted within ([\d.]+) s", fault["detail"]).group(1))
     assert spread < 0.5, f"the two nodes' kills were {spread} s apart"
-    assert [rec["fault_kind"] for rec in run["recoveries"]] == ["kill-rank"]
+    assert [(rec["fault_kind"], rec["failure_class"]) for rec in run["recoveries"]] == [("kill-rank", "RANK_SIGNAL")]
 
 
 def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
@@ -98,6 +98,7 @@ def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
     [recovery] = run["recoveries"]
     # Silence counts from the rank's last heartbeat, which came up to one interval before the SIGSTOP.
     assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= 5 - HEARTBEAT_S
+    assert recovery["failure_class"] == "HANG"
 
 
 def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
@@ -128,7 +129,7 @@ def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[
     assert run["attempts"][0]["state"] == "CANCELLED"
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
-    assert recovery["lost_steps"] == 0
+    assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "PREEMPTED"
 
 
 def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) -> None:
@@ -139,6 +140,7 @@ def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) ->
     assert "no space left on device" in reason and "checkpoint step 2000" in reason, reason
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 1000
+    assert recovery["failure_class"] == "CHECKPOINT_WRITE_FAILED"
     # The failed write left nothing in sight, and the ballast is gone.
     assert sorted(path.name for path in report["small_fs"].iterdir()) == [
         "step-00001000", "step-00002000", "step-00003000"]
@@ -152,7 +154,7 @@ def test_timeout_ends_the_job_at_its_walltime_after_a_warning_checkpoint(report:
     assert run["attempts"][0]["state"] == "TIMEOUT"
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "timeout" and recovery["resumed_from_step"] == saved
-    assert recovery["lost_steps"] == 0
+    assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "TIMEOUT"
 
 
 @pytest.mark.parametrize("run_id,kind,acted,mended", [
@@ -167,3 +169,5 @@ def test_a_node_fault_hits_the_last_node_and_the_run_recovers_once_it_is_back(
     assert acted in fault["detail"] and mended in fault["detail"], fault["detail"]
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == kind and recovery["resumed_from_step"] == 1000
+    # The other node's rank waits on its lost peer in silence: found by heartbeats.
+    assert recovery["failure_class"] == "HANG"

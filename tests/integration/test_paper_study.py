@@ -49,6 +49,8 @@ def test_quick_study_covers_every_dimension_for_every_framework(shared_tmp: Path
     for framework in FRAMEWORKS:
         ranks = {row["ranks"] for row in study["scale"] if row["framework"] == framework}
         assert {2, 4} <= ranks, (framework, ranks)
-    table = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
-                           capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr[-4000:]
+    table = shown.stdout
     assert "Checkpoint study - deterministic resume" in table and "chainer" in table and "tensorflow" in table

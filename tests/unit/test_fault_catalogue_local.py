@@ -4,6 +4,7 @@ its fault-free twin; the plan is printed without touching anything."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -43,6 +44,7 @@ def test_hang_rank_is_detected_by_its_silence_and_recovered(tmp_path: Path) -> N
     [recovery] = run["recoveries"]
     # Silence counts from the last heartbeat, just before the SIGSTOP.
     assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= RESTART["hang_timeout_s"] - HEARTBEAT_S
+    assert recovery["failure_class"] == "HANG"
     assert recovery["resumed_from_step"] == 500
 
 
@@ -58,7 +60,8 @@ def test_kill_rank_can_hit_every_rank_at_one_instant(tmp_path: Path) -> None:
     run = _catalogue_drill(tmp_path, [{"kind": "kill-rank", "after": {"at_step": 700}, "rank": [0, 1]}])
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["target"].startswith("ranks 0,1@")
-    assert [rec["fault_kind"] for rec in run["recoveries"]] == ["kill-rank"]
+    assert [(rec["fault_kind"], rec["failure_class"]) for rec in run["recoveries"]] == [("kill-rank", "RANK_SIGNAL")]
+    assert "SIGKILL" in run["attempts"][0]["class_evidence"], run["attempts"][0]
 
 
 def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(tmp_path: Path) -> None:
@@ -72,6 +75,7 @@ def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_o
     assert kill["outcome"] == "injected" and kill["attempt"] == corrupt["attempt"] == 0
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 500
+    assert recovery["failure_class"] == "RANK_SIGNAL"
     paths = RunPaths(tmp_path / "work" / "runs" / "r000")
     [aside] = read_json_lines(paths.quarantine / "index.jsonl")
     assert aside["from"].endswith("step-00001000"), "the damaged checkpoint was not kept aside"
@@ -85,10 +89,28 @@ def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(tmp_p
     assert 700 <= saved < 1000 and saved % 10 == 0  # between checkpoints, at an agreed step
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
-    assert recovery["lost_steps"] == 0
+    assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "PREEMPTED"
     events = read_json_lines(RunPaths(tmp_path / "work" / "runs" / "r000").events_file(0))
     [warned] = [event for event in events if event["event"] == "warned"]
     assert warned["step"] == saved and warned["signal"] == "SIGUSR2"
+
+
+@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 800, 400), ("chainer", 6000, 3000)])
+def test_the_warning_checkpoint_works_for_every_framework(tmp_path: Path, framework: str, steps: int,
+                                                          every: int) -> None:
+    if importlib.util.find_spec(framework) is None:
+        pytest.skip(f"{framework} is not installed")
+    spec = write_spec(tmp_path, workload={"framework": framework, "params": 20000, "steps": steps, "seed": 5,
+                                          "batch_size": 16},
+                      faults=[{"kind": "preempt", "after": {"at_step": every // 4}, "grace_s": 30}],
+                      baseline=True, parallel_runs=2, restart=RESTART, checkpoint={"every_steps": every, "keep": 2})
+    run = run_of(drill(spec, timeout=600), "r000")
+    assert run["status"] == "completed" and run["identical_to_baseline"] is True
+    [fault] = run["faults"]
+    saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
+    assert recovery["lost_steps"] == 0 and saved % 10 == 0
 
 
 @pytest.fixture
@@ -114,6 +136,7 @@ def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_t
     assert "no space left on device" in reason and "checkpoint step 1000" in reason, reason
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 500
+    assert recovery["failure_class"] == "CHECKPOINT_WRITE_FAILED"
     # No ballast left, no partial checkpoint in sight; the three published ones are all valid.
     names = sorted(path.name for path in small_checkpoint_fs.iterdir())
     assert names == ["step-00000500", "step-00001000", "step-00001500"], names

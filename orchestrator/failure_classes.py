@@ -1,0 +1,138 @@
+"""One table from what is known of a failed attempt to its failure class.
+
+What is known: the scheduler's state, the batch script's step exit code, the ranks' own error
+records, how the controller noticed (a step exit, the scheduler, heartbeats' silence, a start that
+never came) and whether the ranks got the scheduler's warning first. The rules are tried in order;
+the first that holds names the class, with the evidence that made it. The restart policy
+(``restart.policy``) maps each class to an action.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from enum import Enum
+
+from orchestrator.states import JobState
+
+SIGNAL_EXIT_BASE = 128  # srun and shells: a task killed by signal N exits 128 + N
+# What a rank's error says when the checkpoint filesystem was full (experiments/runtime/checkpoint).
+CHECKPOINT_WRITE_MARKERS = ("could not be written: no space left on device", "[Errno 28]", "[Errno 122]")
+OUT_OF_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory")
+# What a survivor says when a peer vanished: a consequence, not the cause.
+PEER_LOSS_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
+                     "Socket Timeout", "Timed out waiting", "UnavailableError", "peer", "MPI_ABORT")
+
+
+class FailureClass(str, Enum):
+    NODE_FAIL = "NODE_FAIL"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    CANCELLED = "CANCELLED"  # by a person (or a tool) outside the drill
+    RANK_EXIT = "RANK_EXIT"
+    RANK_SIGNAL = "RANK_SIGNAL"
+    HANG = "HANG"
+    START_TIMEOUT = "START_TIMEOUT"
+    CHECKPOINT_WRITE_FAILED = "CHECKPOINT_WRITE_FAILED"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class FailureEvidence:
+    state: JobState  # the scheduler's, when the failure was taken (may still be RUNNING)
+    noticed_by: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running
+    exit_code: int | None = None  # the rank launch's, from the batch script's step_exit
+    rank_errors: tuple[str, ...] = ()  # what ranks died of, earliest first
+    warned: bool = False  # the ranks got the scheduler's warning (and checkpointed) first
+
+
+@dataclass(frozen=True)
+class Classified:
+    failure_class: FailureClass
+    evidence: str  # the fact that decided it, in words
+
+    def __str__(self) -> str:
+        return f"{self.failure_class.value} ({self.evidence})"
+
+
+def classify(known: FailureEvidence) -> Classified:
+    for rule in _RULES:
+        if (found := rule(known)) is not None:
+            return found
+    return Classified(FailureClass.UNKNOWN, f"scheduler state {known.state.value}, noticed by {known.noticed_by}")
+
+
+def _silence(known: FailureEvidence) -> Classified | None:
+    if known.noticed_by == "last_heartbeat":
+        return Classified(FailureClass.HANG, "a rank fell silent past its allowance")
+    if known.noticed_by == "job_running":
+        return Classified(FailureClass.START_TIMEOUT, "the job ran but no training step came")
+    return None
+
+
+def _scheduler(known: FailureEvidence) -> Classified | None:
+    state = known.state
+    if state is JobState.NODE_FAIL:
+        return Classified(FailureClass.NODE_FAIL, "the scheduler: NODE_FAIL")
+    if state is JobState.TIMEOUT:
+        return Classified(FailureClass.TIMEOUT, "the scheduler: TIMEOUT (walltime)")
+    if state is JobState.PREEMPTED:
+        return Classified(FailureClass.PREEMPTED, "the scheduler: PREEMPTED")
+    if state is JobState.OUT_OF_MEMORY:
+        return Classified(FailureClass.OUT_OF_MEMORY, "the scheduler: OUT_OF_MEMORY")
+    return None
+
+
+def _warned(known: FailureEvidence) -> Classified | None:
+    """The warning came first, then the job ended: a preemption (or a walltime the scheduler has
+    not reported yet, which the policy treats alike)."""
+    if known.warned:
+        return Classified(FailureClass.PREEMPTED, f"the scheduler's warning, then {known.state.value.lower()}")
+    return None
+
+
+def own_errors(known: FailureEvidence) -> tuple[str, ...]:
+    """The ranks' errors that are causes: not a survivor's word that a peer vanished."""
+    return tuple(error for error in known.rank_errors if not any(marker in error for marker in PEER_LOSS_MARKERS))
+
+
+def _rank_errors(known: FailureEvidence) -> Classified | None:
+    for error in own_errors(known):
+        if any(marker in error for marker in CHECKPOINT_WRITE_MARKERS):
+            return Classified(FailureClass.CHECKPOINT_WRITE_FAILED, error)
+        if any(marker in error for marker in OUT_OF_MEMORY_MARKERS):
+            return Classified(FailureClass.OUT_OF_MEMORY, error)
+    return None
+
+
+def _cancelled(known: FailureEvidence) -> Classified | None:
+    if known.state is JobState.CANCELLED:
+        return Classified(FailureClass.CANCELLED, "cancelled outside the drill")
+    return None
+
+
+def _exit(known: FailureEvidence) -> Classified | None:
+    if causes := own_errors(known):
+        return Classified(FailureClass.RANK_EXIT, f"a rank raised: {causes[0]}")
+    code = known.exit_code
+    if (code is None or code == 0) and known.rank_errors:
+        return Classified(FailureClass.RANK_SIGNAL, "a rank died without a word (its peers lost it: "
+                                                    f"{known.rank_errors[0][:200]})")
+    if code is None or code == 0:
+        return None
+    if code > SIGNAL_EXIT_BASE:
+        return Classified(FailureClass.RANK_SIGNAL, f"{_signal_name(code - SIGNAL_EXIT_BASE)} (exit code {code})")
+    if code < 0:  # a process killed by a signal, as Python's subprocess reports it
+        return Classified(FailureClass.RANK_SIGNAL, f"{_signal_name(-code)} (exit code {code})")
+    return Classified(FailureClass.RANK_EXIT, f"exit code {code}")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+_RULES = (_silence, _scheduler, _rank_errors, _warned, _cancelled, _exit)

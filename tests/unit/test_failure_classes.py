@@ -1,0 +1,53 @@
+"""The failure-class table (issue 9) on recorded evidence: every class, and the order that makes a
+cause win over its consequences (a survivor's "peer closed" is not why a run failed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
+from orchestrator.states import JobState
+
+C = FailureClass
+GLOO_PEER = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+             "[10.213.77.12]:23851")
+ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no space left on device (0.5 MB free on "
+          "/w/runs/r005/checkpoints); RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos")
+
+
+@pytest.mark.parametrize("evidence,expected,says", [
+    (FailureEvidence(JobState.RUNNING, "last_heartbeat"), C.HANG, "silent"),
+    (FailureEvidence(JobState.RUNNING, "job_running"), C.START_TIMEOUT, "no training step"),
+    (FailureEvidence(JobState.NODE_FAIL, "scheduler_end", exit_code=1), C.NODE_FAIL, "NODE_FAIL"),
+    (FailureEvidence(JobState.TIMEOUT, "scheduler_end", warned=True), C.TIMEOUT, "walltime"),
+    (FailureEvidence(JobState.PREEMPTED, "scheduler_end"), C.PREEMPTED, "PREEMPTED"),
+    (FailureEvidence(JobState.CANCELLED, "scheduler_end", warned=True), C.PREEMPTED, "warning, then cancelled"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=143, warned=True), C.PREEMPTED, "warning"),
+    (FailureEvidence(JobState.FAILED, "poll", exit_code=137, warned=True), C.PREEMPTED, "warning, then failed"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=1, rank_errors=(ENOSPC,), warned=True),
+     C.CHECKPOINT_WRITE_FAILED, "no space"),
+    (FailureEvidence(JobState.OUT_OF_MEMORY, "scheduler_end"), C.OUT_OF_MEMORY, "OUT_OF_MEMORY"),
+    (FailureEvidence(JobState.FAILED, "step_exit", exit_code=1, rank_errors=("MemoryError: ",)), C.OUT_OF_MEMORY,
+     "MemoryError"),
+    (FailureEvidence(JobState.CANCELLED, "scheduler_end"), C.CANCELLED, "outside the drill"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=143, rank_errors=(ENOSPC, GLOO_PEER)),
+     C.CHECKPOINT_WRITE_FAILED, "no space left on device"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=3, rank_errors=("ValueError: bad batch",)),
+     C.RANK_EXIT, "a rank raised: ValueError: bad batch"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=2), C.RANK_EXIT, "exit code 2"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=137, rank_errors=(GLOO_PEER,)), C.RANK_SIGNAL,
+     "SIGKILL (exit code 137)"),
+    (FailureEvidence(JobState.FAILED, "poll", rank_errors=(GLOO_PEER,)), C.RANK_SIGNAL, "died without a word"),
+    (FailureEvidence(JobState.FAILED, "poll", exit_code=-15), C.RANK_SIGNAL, "SIGTERM"),
+    (FailureEvidence(JobState.FAILED, "poll"), C.UNKNOWN, "scheduler state FAILED"),
+    (FailureEvidence(JobState.UNKNOWN, "poll"), C.UNKNOWN, "noticed by poll"),
+])
+def test_every_class_from_recorded_evidence(evidence: FailureEvidence, expected: FailureClass, says: str) -> None:
+    found = classify(evidence)
+    assert found.failure_class is expected
+    assert says in found.evidence, found.evidence
+
+
+def test_a_hang_the_controller_cancelled_stays_a_hang() -> None:
+    # The controller cancels a hung job, so the scheduler later says CANCELLED: silence came first.
+    assert classify(FailureEvidence(JobState.CANCELLED, "last_heartbeat")).failure_class is C.HANG
