@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS recoveries (
 # Columns added since a table was first created: a ledger of an unfinished drill written by an
 # older version gets them on open (ALTER TABLE ADD COLUMN), so it can still be resumed.
 ADDED_COLUMNS = {
-    "runs": {"twin": "TEXT"},
+    "runs": {"twin": "TEXT", "ended_because": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
                  "failure_class": "TEXT", "class_evidence": "TEXT"},
     "faults": {"detail": "TEXT"},
@@ -87,6 +87,7 @@ class RunRow:
     max_abs_weight_diff: float | None = None  # vs the baseline twin; 0.0 when identical
     first_divergent_step: int | None = None  # first step whose loss differs from the twin's
     twin: str | None = None  # the run id of this run's fault-free twin (shared by runs that differ in faults only)
+    ended_because: str | None = None  # why a run gave up (the policy's words: the class and the budget)
 
 
 @dataclass(frozen=True)

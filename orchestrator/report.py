@@ -57,6 +57,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "nodes": run.nodes,
         "strategy": run.strategy,
         "status": run.status,
+        "ended_because": run.ended_because,
         "is_baseline": run.baseline_of is not None,
         "target_steps": run.target_steps,
         "final_step": run.final_step,

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
 from injectors.kinds import get_kind, option_models
 from injectors.kinds.node_faults import node_index_problem
+from orchestrator.failure_classes import FailureClass
+from orchestrator.policy import PolicyEntry
 from injectors.ranks import RankFraction, rank_problem
 from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
 from orchestrator.directives import parse_directive, reserved_problem
@@ -115,6 +117,8 @@ class RestartConfig(_Strict):
     scheduler_timeout_s: float = Field(300.0, gt=0, description="the scheduler unanswered this long: the drill stops")
     cancel_timeout_s: float = Field(120.0, gt=0, description="a cancelled job still not ended after this long is "
                                                             "killed, and after twice as long left behind")
+    # Failure class -> what to do (orchestrator/policy.py); classes not named keep their default.
+    policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
 
 
 class SweepConfig(_Strict):

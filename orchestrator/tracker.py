@@ -31,7 +31,8 @@ from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.render import TemplateError, attempt_job_name
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState
-from orchestrator.failure_classes import FailureEvidence, classify
+from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
+from orchestrator.policy import Decision, decide
 from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix, rank_errors
 
 log = logging.getLogger(__name__)
@@ -107,10 +108,14 @@ class RunTracker:
         if last is not None and last.ended is None:
             self._resume_attempt(last, now)
             return
-        if last is not None and last.attempt >= self.restart.max_restarts:
-            self._finish("gave_up", now)
+        if last is None:
+            self._submit(0, now)
             return
-        self._submit(0 if last is None else last.attempt + 1, now)
+        decision = self._decide(last.attempt)
+        if not decision.restart:
+            self._give_up(decision.reason, now)
+            return
+        self._submit(last.attempt + 1, now)
 
     def _resume_attempt(self, row: AttemptRow, now: float) -> None:
         """Adopt the attempt an earlier controller left in flight. One whose job id it never
@@ -161,9 +166,10 @@ class RunTracker:
         write_fence(run.paths, Fence(attempt, None))
         return self.rank_job(attempt)
 
-    def _submit(self, attempt: int, now: float) -> None:
+    def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
+        self.watch = None  # the attempt before is over (its job, if still there, is closing)
         job = self.begin_attempt(attempt)
-        self.pending = PendingSubmission(attempt, job, next_try_at=now)
+        self.pending = PendingSubmission(attempt, job, next_try_at=now if not_before is None else not_before)
         self._try_pending(now)
 
     def _try_pending(self, now: float) -> None:
@@ -246,6 +252,7 @@ class RunTracker:
             return
         watch = self.watch
         if watch is None:
+            self.faults.collect()
             self._try_pending(now)
             return
         state = states.get(watch.job_id, JobState.UNKNOWN)
@@ -305,10 +312,24 @@ class RunTracker:
         self._next_or_give_up(watch.attempt, now)
 
     def _next_or_give_up(self, attempt: int, now: float) -> None:
-        if attempt >= self.restart.max_restarts:
-            self._finish("gave_up", now)
-        else:
-            self._submit(attempt + 1, now)
+        decision = self._decide(attempt)
+        if not decision.restart:
+            self._give_up(decision.reason, now)
+            return
+        log.info("%s: %s%s", self.run.run_id, decision.reason,
+                 f", in {decision.backoff_s:.1f} s" if decision.backoff_s else "")
+        self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+
+    def _decide(self, attempt: int) -> Decision:
+        """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""
+        history = [FailureClass(row.failure_class or FailureClass.UNKNOWN.value)
+                   for row in self.ledger.attempts(self.run.run_id) if row.attempt <= attempt and row.reason]
+        return decide(self.restart.policy, history or [FailureClass.UNKNOWN], self.restart.max_restarts)
+
+    def _give_up(self, reason: str, now: float) -> None:
+        log.warning("%s: gave up: %s", self.run.run_id, reason)
+        self.ledger.update_run(self.run.run_id, ended_because=reason)
+        self._finish("gave_up", now)
 
     def failure_of(self, attempt: int) -> Failure | None:
         """Why ``attempt`` ended: the injected fault that hit it, else a natural failure."""
