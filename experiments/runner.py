@@ -98,20 +98,21 @@ class Runner:
     def _resume(self) -> int:
         """Agree on the newest valid checkpoint (rank 0 verifies, all load); 0 means cold start."""
         started = time.monotonic()
-        step, verify_s = 0, 0.0
+        step, verify_s, skipped = 0, 0.0, []
         checkpoint_s = self.options.timeouts.checkpoint_s
         with self.heartbeat.phase("resume", checkpoint_s, step=0):
             if self.env.is_main:
                 found = self.store.newest_valid()
                 verify_s = time.monotonic() - started
                 step = found.step if found else 0
-                self.store.discard_newer_than(step)
+                # Newer checkpoints that could not be used: the fallback's extra lost work.
+                skipped = [found for found, _ in self.store.set_aside_newer_than(step)]
             # The others wait while rank 0 hashes: a checkpoint's time, not a collective's.
             step = self.workload.broadcast_int(step, checkpoint_s)
             if step > 0:
                 self._load(step)
         load_s = time.monotonic() - started
-        self.events.emit(EVENT_CHECKPOINT_LOADED, step=step, load_s=load_s, verify_s=verify_s)
+        self.events.emit(EVENT_CHECKPOINT_LOADED, step=step, load_s=load_s, verify_s=verify_s, skipped=skipped)
         self.heartbeat.beat(step, force=True)
         return step
 

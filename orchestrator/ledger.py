@@ -60,7 +60,8 @@ ADDED_COLUMNS = {
                  "failure_class": "TEXT", "class_evidence": "TEXT"},
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
-                   "failure_class": "TEXT NOT NULL DEFAULT ''"},
+                   "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
+                   "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0"},
 }
 
 
@@ -147,6 +148,8 @@ class RecoveryRow:
     failure_evidence: str = ""  # where the failure time comes from: fault, step_exit, last_heartbeat, ...
     clock_correction_s: float = 0.0  # how far node timestamps were moved to keep every phase >= 0
     failure_class: str = ""  # the failed attempt's class (orchestrator.failure_classes)
+    fallback_from_step: int | None = None  # the newest checkpoint, unusable, that the resume skipped
+    fallback_lost_steps: int = 0  # the steps that fallback cost beyond the newest checkpoint
 
 
 Row = TypeVar("Row")

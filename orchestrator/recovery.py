@@ -46,6 +46,7 @@ class AttemptTimeline:
     checkpoint_loaded: float
     resumed_from_step: int
     first_step: float
+    skipped_steps: tuple[int, ...] = ()  # newer checkpoints rank 0 could not use (a fallback)
 
 
 def first_event(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
@@ -67,6 +68,7 @@ def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
         checkpoint_loaded=float(loaded["time"]),
         resumed_from_step=int(loaded["step"]),
         first_step=float(first["time"]),
+        skipped_steps=tuple(int(step) for step in loaded.get("skipped") or ()),
     )
 
 
@@ -102,6 +104,9 @@ def compute_recovery(
         failure_evidence=failure.evidence,
         clock_correction_s=correction,
         failure_class=failed.failure_class or "",
+        fallback_from_step=max(timeline.skipped_steps, default=None),
+        fallback_lost_steps=max(timeline.skipped_steps, default=timeline.resumed_from_step)
+        - timeline.resumed_from_step,
     )
 
 

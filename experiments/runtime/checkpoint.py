@@ -187,11 +187,12 @@ class CheckpointStore:
     def discard_newer_than(self, step: int) -> list[Path]:
         """Move aside the directories newer than the resume point (rank 0): they could not be used
         (invalid, unreadable, rejected). Never deleted: an unreadable one may be fine tomorrow."""
-        moved = []
-        for found, path in self._final_dirs():
-            if found > step:
-                moved.append(self.quarantine(path, f"newer than the resume step {step} but not usable"))
-        return moved
+        return [moved for _, moved in self.set_aside_newer_than(step)]
+
+    def set_aside_newer_than(self, step: int) -> list[tuple[int, Path]]:
+        """``discard_newer_than``, with the step of each directory moved aside."""
+        return [(found, self.quarantine(path, f"newer than the resume step {step} but not usable"))
+                for found, path in self._final_dirs() if found > step]
 
     def quarantine(self, path: Path, reason: str) -> Path:
         """Take a checkpoint directory out of the choice, keeping its bytes; log where it went."""

@@ -115,6 +115,7 @@ def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]
     assert kill["outcome"] == "injected"
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 1000
+    assert recovery["fallback_from_step"] == 2000 and recovery["fallback_lost_steps"] == 1000
     paths = RunPaths(Path(report["workdir"]) / "runs" / "r003")
     assert [entry["from"].rsplit("/", 1)[-1] for entry in read_json_lines(paths.quarantine / "index.jsonl")] == [
         "step-00002000"]

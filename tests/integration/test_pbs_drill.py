@@ -16,14 +16,13 @@ import yaml
 
 from experiments.layout import RunPaths, read_json_lines
 from orchestrator.backends.pbs_commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
+from orchestrator.report import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_TIMEOUT_S = 600
-RECOVERY_FIELDS = {"fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s",
-                   "ttr_s", "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence",
-                   "clock_correction_s"}
+RECOVERY_FIELDS = set(REPORTED_RECOVERY_FIELDS)  # the contract, as the Slurm and local drills report it
 
 
 def _pbs_quick_spec(workdir: Path, destination: Path) -> Path:
@@ -63,7 +62,9 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
     assert any(fault["at"] and fault["outcome"] == "injected" for fault in faulted["faults"])
     recoveries = faulted["recoveries"]
     assert recoveries and all(set(recovery) == RECOVERY_FIELDS for recovery in recoveries)
-    assert all(value is not None for recovery in recoveries for value in recovery.values())
+    # Every field is measured (fallback_from_step is null when the resume skipped nothing).
+    assert all(value is not None for recovery in recoveries for key, value in recovery.items()
+               if key != "fallback_from_step")
     assert any(recovery["resumed_from_step"] > 0 for recovery in recoveries)
     phases = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
     assert all(recovery[phase] >= 0 for recovery in recoveries for phase in phases)

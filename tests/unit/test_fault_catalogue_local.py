@@ -76,6 +76,8 @@ def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_o
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 500
     assert recovery["failure_class"] == "RANK_SIGNAL"
+    # The fallback past the damaged 1000 is recorded with what it cost on top.
+    assert recovery["fallback_from_step"] == 1000 and recovery["fallback_lost_steps"] == 500
     paths = RunPaths(tmp_path / "work" / "runs" / "r000")
     [aside] = read_json_lines(paths.quarantine / "index.jsonl")
     assert aside["from"].endswith("step-00001000"), "the damaged checkpoint was not kept aside"
