@@ -102,7 +102,8 @@ def _dry_run(run: RunConfig) -> tuple[str, str]:
 
 
 def _drill(campaign: Campaign, output_format: str) -> int:
-    from orchestrator.controller import Controller, SchedulerUnavailable, plan_drill
+    from orchestrator.controller import Controller, plan_drill
+    from orchestrator.scheduler_poll import SchedulerUnavailable
     from orchestrator.progress import Progress
     from orchestrator.workdir import prepare_workdir
 

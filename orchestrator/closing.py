@@ -20,6 +20,7 @@ class ClosingJob:
     since: float  # the last escalation (the failure, the cancel, the forced cancel)
     cancelled: bool
     forced: bool = False
+    state: JobState = JobState.RUNNING  # the scheduler's last word on it
 
 
 class ClosingJobs:
@@ -36,12 +37,13 @@ class ClosingJobs:
     def job_ids(self) -> list[str]:
         return [closing.job_id for closing in self.jobs.values()]
 
-    def add(self, attempt: int, job_id: str, now: float, cancelled: bool) -> None:
-        self.jobs[attempt] = ClosingJob(job_id, now, cancelled)
+    def add(self, attempt: int, job_id: str, now: float, cancelled: bool, state: JobState = JobState.RUNNING) -> None:
+        self.jobs[attempt] = ClosingJob(job_id, now, cancelled, state=state)
 
     def settle(self, states: dict[str, JobState], now: float) -> None:
         for attempt, closing in list(self.jobs.items()):
-            state = states.get(closing.job_id, JobState.UNKNOWN)
+            state = states.get(closing.job_id, closing.state)  # no poll this round: the last word stands
+            closing.state = state
             if state.is_terminal or state is JobState.UNKNOWN:
                 self.ledger.update_attempt(self.run_id, attempt, state=state.value)
                 del self.jobs[attempt]

@@ -3,7 +3,8 @@
 Every decision is written to the ledger before it is acted on, so a controller that is killed and
 started again adopts the jobs its predecessor left running instead of submitting them twice. One
 run's trouble (a submission the scheduler refuses) stays that run's; a scheduler that does not
-answer at all stops the drill after restart.scheduler_timeout_s, its jobs left to a rerun.
+answer at all stops the drill after restart.scheduler_timeout_s, its jobs left to a rerun. The
+scheduler is polled at its own, slower pace (orchestrator.scheduler_poll).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
 from orchestrator.render import array_job_name
 from orchestrator.runs import STRATEGY_RESUBMIT, RunConfig, expand_runs
+from orchestrator.scheduler_poll import SchedulerPoller
 from orchestrator.spec import Campaign
 from orchestrator.tracker import PendingSubmission, RunTracker
 
@@ -55,10 +57,6 @@ def plan_faults(run: RunConfig) -> list[PlannedFault]:
 def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]:
     """Every run and its planned faults; raises SpecError before anything is created."""
     return [(run, plan_faults(run)) for run in expand_runs(campaign)]
-
-
-class SchedulerUnavailable(RuntimeError):
-    """The scheduler has not answered for longer than restart.scheduler_timeout_s."""
 
 
 def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
@@ -94,7 +92,10 @@ class Controller:
         self.backend = backend or make_backend(campaign.backend, self.drill_id)
         self.runs = [run for run, _ in self.plan]
         _register_runs(self.ledger, self.runs)
-        self._poll_failing_since: float | None = None
+        restart = campaign.restart
+        interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
+        self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s)
+        self._cpu_at_start = time.process_time()
 
     def run(self, observer: Observer | None = None) -> None:
         """Drive every run to completed, failed or gave_up."""
@@ -164,34 +165,28 @@ class Controller:
         return fresh
 
     def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
+        """Every run's files at the fast interval; the scheduler's states when a poll was due (a
+        job absent from ``states`` has no news this round)."""
         job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]
-        try:
-            states = self.backend.poll(job_ids)
-        except CommandError as error:
-            self._poll_failed(error)
-            return
-        self._poll_failing_since = None
+        states = self.poller.poll(self.backend, job_ids, urgent=any(tracker.awaits_scheduler for tracker in active))
         now = time.time()
         for tracker in trackers:
             tracker.settle_closing(states, now)
         for tracker in active:
             tracker.advance(states, now)
 
-    def _poll_failed(self, error: CommandError) -> None:
-        """A scheduler that does not answer says nothing about the jobs: try again next round
-        rather than take them for vanished, until restart.scheduler_timeout_s has passed."""
-        now = time.time()
-        if self._poll_failing_since is None:
-            self._poll_failing_since = now
-        silent = now - self._poll_failing_since
-        limit = self.campaign.restart.scheduler_timeout_s
-        if silent > limit:
-            raise SchedulerUnavailable(
-                f"the scheduler has not answered for {silent:.0f} s (restart.scheduler_timeout_s = {limit:g}); "
-                f"the drill stops here and its jobs are left as they are: run the same drill again to pick "
-                f"them up, or cancel them. Last error: {error.summary}"
-            ) from error
-        log.warning("scheduler poll failed, retrying next interval: %s", error.summary)
-
     def close(self) -> None:
+        self._record_cost()
         self.ledger.close()
+
+    def _record_cost(self) -> None:
+        """What the drill cost the scheduler and the login node, summed over the controllers a
+        drill had (one that was stopped and started again)."""
+        stats, before = self.poller.stats, self.ledger.meta("controller_cost") or {}
+        self.ledger.set_meta("controller_cost", {
+            "scheduler_polls": before.get("scheduler_polls", 0) + stats.calls,
+            "scheduler_poll_failures": before.get("scheduler_poll_failures", 0) + stats.failures,
+            "scheduler_wait_s": round(before.get("scheduler_wait_s", 0.0) + stats.seconds, 3),
+            "controller_cpu_s": round(before.get("controller_cpu_s", 0.0) + time.process_time() - self._cpu_at_start, 3),
+            "scheduler_poll_interval_s": self.poller.interval_s,
+        })

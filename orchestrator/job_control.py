@@ -39,6 +39,7 @@ class BackendJobControl:
     # cannot signal a job's steps (the local backend).
     signal_by_agent: Callable[[str], None]
     menders: "Menders"
+    _nodes: list[str] | None = None  # the allocation does not change: asked once
 
     @property
     def backend(self) -> str:
@@ -63,10 +64,12 @@ class BackendJobControl:
             raise TargetRefused(str(error)) from None
 
     def nodes(self) -> list[str]:
-        try:
-            return self.backend_impl.job_nodes(self.job_id)
-        except NotSupported as error:
-            raise TargetRefused(str(error)) from None
+        if self._nodes is None:
+            try:
+                self._nodes = self.backend_impl.job_nodes(self.job_id)
+            except NotSupported as error:
+                raise TargetRefused(str(error)) from None
+        return list(self._nodes)
 
     def cluster(self, action: str, node: str, command: list[str] | None) -> str:
         argv = self._cluster_argv(action, node, command)
@@ -90,7 +93,8 @@ class BackendJobControl:
         """The project's cluster script, only on the cluster it made (its nodes, its name)."""
         facts = _cluster_facts()
         nodes = facts.get("FAULTDRILL_CLUSTER_NODES", "").split()
-        if self.backend_impl.name != "slurm" or node not in nodes or not _is_own_slurm(facts):
+        own_name = facts.get("FAULTDRILL_CLUSTER_NAME", "")
+        if self.backend_impl.name != "slurm" or node not in nodes or not _is_own_slurm(own_name):
             raise TargetRefused(
                 f"{action} on {node}: this is not the project's own cluster (scripts/cluster up), and the "
                 "fault names no site command for it; give one, e.g. "
@@ -152,11 +156,18 @@ def _cluster_facts() -> dict[str, str]:
     return facts
 
 
-def _is_own_slurm(facts: dict[str, str]) -> bool:
-    try:
-        config = run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
-    except CommandError:
+_SLURM_CLUSTER_NAME: list[str] = []  # Slurm's ClusterName, once it answered
+
+
+def _is_own_slurm(own_name: str) -> bool:
+    """Slurm's ClusterName is the one the cluster script wrote (asked once per controller)."""
+    if not own_name:
         return False
-    names = [line.split("=", 1)[1].strip() for line in config.splitlines()
-             if line.split("=", 1)[0].strip() == "ClusterName" and "=" in line]
-    return bool(names) and names[0] == facts.get("FAULTDRILL_CLUSTER_NAME")
+    if not _SLURM_CLUSTER_NAME:
+        try:
+            config = run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
+        except CommandError:
+            return False
+        _SLURM_CLUSTER_NAME.extend(line.split("=", 1)[1].strip() for line in config.splitlines()
+                                   if line.split("=", 1)[0].strip() == "ClusterName" and "=" in line)
+    return bool(_SLURM_CLUSTER_NAME) and _SLURM_CLUSTER_NAME[0] == own_name

@@ -33,6 +33,7 @@ def build_report(workdir: Path) -> dict[str, Any]:
             "campaign": ledger.meta("campaign", ""),
             "backend": ledger.meta("backend", ""),
             "drill_id": ledger.meta("drill_id", ""),
+            "controller_cost": ledger.meta("controller_cost", {}),
             "runs": run_reports,
             "study": checkpoint_study(run_reports),
         }

@@ -106,7 +106,12 @@ FaultConfig = Annotated[
 
 class RestartConfig(_Strict):
     max_restarts: int = Field(3, ge=0)
+    # The fast path: the runs' events, heartbeats and checkpoint logs are read this often.
     poll_interval_s: float = Field(0.25, gt=0, le=60)
+    # The slow path: one batched scheduler poll for all jobs this often (None: the backend's
+    # default, 5 s for Slurm and PBS, every round for the local backend); earlier only when a
+    # run's files say the scheduler has news, and later when the scheduler is slow.
+    scheduler_poll_s: float | None = Field(None, ge=0, le=600)
     hang_timeout_s: float = Field(120.0, gt=0, description="no heartbeat for this long: a hang")
     start_timeout_s: float = Field(600.0, gt=0, description="no training step this long after the job started")
     # A rank announces its long phases (resume, checkpoint, finish); each may last this long before

@@ -26,7 +26,8 @@ def _fmt(value: Any) -> str:
 
 
 def runs_table(report: dict[str, Any]) -> Table:
-    table = Table(title=f"Campaign {report['campaign']} ({report['backend']} backend)")
+    table = Table(title=f"Campaign {report['campaign']} ({report['backend']} backend)",
+                  caption=_cost_caption(report.get("controller_cost") or {}))
     for column in ("run", "framework", "ranks", "nodes", "status", "steps", "attempts", "faults",
                    "checkpoints", "identical to baseline"):
         table.add_column(column)
@@ -39,6 +40,13 @@ def runs_table(report: dict[str, Any]) -> Table:
             _fmt(run["identical_to_baseline"]) if not run["is_baseline"] else "(baseline)",
         )
     return table
+
+
+def _cost_caption(cost: dict[str, Any]) -> str | None:
+    if not cost:
+        return None
+    return (f"controller: {cost['scheduler_polls']} scheduler polls ({cost['scheduler_wait_s']:.1f} s waiting on the "
+            f"scheduler, {cost['scheduler_poll_failures']} failed), {cost['controller_cpu_s']:.1f} s CPU")
 
 
 def recoveries_table(report: dict[str, Any]) -> Table:

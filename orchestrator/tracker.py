@@ -87,6 +87,15 @@ class RunTracker:
         """Never submitted: can go out in a job array with other fresh runs."""
         return not self.done and not self.ledger.attempts(self.run.run_id)
 
+    @property
+    def awaits_scheduler(self) -> bool:
+        """The run's files say its job is ending (the rank step exited, or the final record is
+        written): the scheduler's word is wanted before the next regular poll."""
+        watch = self.watch
+        if watch is None or self.done or watch.state.is_terminal:
+            return False
+        return watch.step_exit is not None or watch.completed
+
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
         current = [self.job_id] if self.job_id is not None and not self.done else []
@@ -255,7 +264,7 @@ class RunTracker:
             self.faults.collect()
             self._try_pending(now)
             return
-        state = states.get(watch.job_id, JobState.UNKNOWN)
+        state = states.get(watch.job_id, watch.state)  # no poll this round: the last word stands
         watch.read()
         self._note(watch, state, now)
         self.faults.collect(watch)
@@ -298,7 +307,7 @@ class RunTracker:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
             if cancel:
                 self._cancel(watch.job_id)
-            self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
         evidence = failure_evidence(watch, sign, state, self.backend)
         classified = classify(evidence)
         if not state.is_terminal:  # the scheduler's final word may tell more (TIMEOUT, NODE_FAIL)
@@ -373,7 +382,7 @@ class RunTracker:
     def _on_job_completed(self, watch: AttemptWatch, state: JobState, now: float) -> None:
         final = _read_final(self.run)
         if not state.is_terminal:
-            self.closing.add(watch.attempt, watch.job_id, now, cancelled=False)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=False, state=state)
         self._ingest_checkpoints()
         reached = final is not None and final.step == self.run.workload.steps
         self.faults.attempt_ended(watch.attempt, None, completed=reached)

@@ -57,7 +57,8 @@ class DiskFull(FaultKind):
         at = time.time()
         filled = _fill(ballast, free - int(float(task.options.get("leave_mb", 0.5)) * MB))
         try:
-            wait_for_job_end(control, float(task.options.get("duration_s", 60.0)))
+            # Checked often: the ballast must be gone before the next attempt writes a checkpoint.
+            wait_for_job_end(control, float(task.options.get("duration_s", 60.0)), every_s=1.0)
             held = time.time() - at
         finally:
             ballast.unlink(missing_ok=True)

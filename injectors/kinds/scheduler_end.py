@@ -44,15 +44,16 @@ def wait_for_warned(run_dir: Path, attempt: int, since: float, deadline_s: float
         time.sleep(POLL_S)
 
 
-def wait_for_job_end(control: JobControl, deadline_s: float) -> float | None:
-    """When the job was seen no longer running; None if it still runs at the deadline."""
+def wait_for_job_end(control: JobControl, deadline_s: float, every_s: float = 5.0) -> float | None:
+    """When the job was seen no longer running (one scheduler call per ``every_s``, the
+    controller's own respectful pace); None if it still runs at the deadline."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         try:
             control.verify_running()
         except TargetRefused:
             return time.time()
-        time.sleep(POLL_S * 2)
+        time.sleep(max(0.0, min(every_s, end - time.monotonic())))
     return None
 
 

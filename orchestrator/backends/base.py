@@ -41,6 +41,9 @@ class Backend(abc.ABC):
     # Whether submit_array makes one scheduler array that the scheduler throttles itself; without
     # that, the controller submits runs one by one within parallel_runs.
     supports_arrays: bool = False
+    # The default scheduler poll interval (restart.scheduler_poll_s): a real scheduler is polled
+    # at a respectful pace; the local backend's poll costs nothing.
+    poll_interval_s: float = 5.0
 
     @abc.abstractmethod
     def submit(self, run: RunConfig, job: RankJob) -> Submission:

@@ -91,6 +91,7 @@ class LocalJobRecord:
 
 class LocalBackend(Backend):
     name = "local"
+    poll_interval_s = 0.0  # asking the local processes costs nothing
 
     def __init__(self, drill_id: str) -> None:
         self.drill_id = drill_id

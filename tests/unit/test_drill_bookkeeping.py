@@ -23,7 +23,8 @@ from drills import drill, drill_processes, kill_verified, ledger_sql, phases_ok,
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.backends.local import EnvLocalExecutor, LocalBackend, LocalJobRecord
 from orchestrator.commands import CommandError
-from orchestrator.controller import Controller, SchedulerUnavailable
+from orchestrator.controller import Controller
+from orchestrator.scheduler_poll import SchedulerUnavailable
 from orchestrator.ledger import Ledger
 from orchestrator.runs import RunConfig
 from orchestrator.spec import load_campaign

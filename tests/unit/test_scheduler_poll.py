@@ -1,0 +1,99 @@
+"""The scheduler's slow path: a respectful interval, early polls only for news, a slow scheduler
+stretching the interval, a failing one retried with a growing wait until its deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.commands import CommandError
+from orchestrator.scheduler_poll import URGENT_MIN_S, SchedulerPoller, SchedulerUnavailable
+from orchestrator.states import JobState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingScheduler:
+    """Answers RUNNING for every job, taking ``took_s`` of the clock; fails while ``down``."""
+
+    name = "slurm"
+
+    def __init__(self, clock: Clock, took_s: float = 0.0) -> None:
+        self.clock, self.took_s, self.calls, self.down = clock, took_s, 0, False
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        self.calls += 1
+        self.clock.now += self.took_s
+        if self.down:
+            raise CommandError(["squeue"], 1, "", "Unable to contact slurm controller", "command failed")
+        return {job_id: JobState.RUNNING for job_id in job_ids}
+
+
+def poller(clock: Clock, interval_s: float = 5.0, timeout_s: float = 60.0) -> SchedulerPoller:
+    return SchedulerPoller(interval_s, timeout_s, clock=clock)
+
+
+def test_polls_once_per_interval_whatever_the_fast_loop_does() -> None:
+    clock = Clock()
+    scheduler, slow_path = CountingScheduler(clock), poller(clock)
+    answered = []
+    for _ in range(100):  # 20 s of a 0.2 s fast loop
+        answered.append(bool(slow_path.poll(scheduler, ["1", "2"])))
+        clock.now += 0.2
+    assert scheduler.calls == 4 == sum(answered)
+    assert slow_path.stats.calls == 4
+
+
+def test_news_brings_the_poll_forward_but_not_more_than_once_a_second() -> None:
+    clock = Clock()
+    scheduler, slow_path = CountingScheduler(clock), poller(clock)
+    assert slow_path.poll(scheduler, ["1"]) == {"1": JobState.RUNNING}
+    clock.now += 0.5
+    assert slow_path.poll(scheduler, ["1"], urgent=True) == {}, "an early poll waits URGENT_MIN_S"
+    clock.now += URGENT_MIN_S
+    assert slow_path.poll(scheduler, ["1"], urgent=True) == {"1": JobState.RUNNING}
+    assert scheduler.calls == 2
+
+
+def test_a_slow_scheduler_is_asked_less_often() -> None:
+    clock = Clock()
+    scheduler, slow_path = CountingScheduler(clock, took_s=2.0), poller(clock)
+    slow_path.poll(scheduler, ["1"])
+    clock.now += 10.0
+    assert slow_path.poll(scheduler, ["1"]) == {}, "a 2 s poll waits 10 x 2 s for the next"
+    clock.now += 8.1
+    assert slow_path.poll(scheduler, ["1"]) != {}
+
+
+def test_a_failing_scheduler_is_retried_with_a_growing_wait_then_named_at_its_deadline() -> None:
+    clock = Clock()
+    scheduler, slow_path = CountingScheduler(clock), poller(clock, interval_s=1.0, timeout_s=20.0)
+    scheduler.down = True
+    tries = []
+    while True:
+        try:
+            assert slow_path.poll(scheduler, ["1"]) == {}, "no news while it fails: never failure or success"
+        except SchedulerUnavailable as error:
+            assert "slurm" in str(error) and "scheduler_timeout_s = 20" in str(error)
+            break
+        tries.append(clock.now) if scheduler.calls > len(tries) else None
+        clock.now += 0.1
+    gaps = [later - earlier for earlier, later in zip(tries, tries[1:])]
+    assert gaps[:3] == pytest.approx([1.0, 2.0, 4.0], abs=0.11), gaps
+    assert clock.now - 1000.0 == pytest.approx(20.0, abs=0.2), "the deadline is kept, not overshot by a wait"
+
+
+def test_it_answers_again_and_the_interval_comes_back() -> None:
+    clock = Clock()
+    scheduler, slow_path = CountingScheduler(clock), poller(clock, interval_s=5.0, timeout_s=60.0)
+    scheduler.down = True
+    slow_path.poll(scheduler, ["1"])
+    scheduler.down = False
+    clock.now += 5.0
+    assert slow_path.poll(scheduler, ["1"]) == {"1": JobState.RUNNING}
+    assert slow_path.stats.failures == 1
