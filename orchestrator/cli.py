@@ -6,18 +6,27 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import time
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+from rich.console import Console
+
+from injectors.schedule import PlannedFault
+from orchestrator.detach import ControllerBusy, live_controller
 from orchestrator.render import TemplateError, render_pbs, render_slurm
 from orchestrator.report import ReportError, build_report
 from orchestrator.runs import RunConfig, expand_runs
-from orchestrator.spec import Campaign, SpecError, load_campaign
-from orchestrator.tables import print_report
+from orchestrator.spec import Campaign, SpecError, load_campaign, parse_campaign
+from orchestrator.tables import REPORT_WIDTH, print_report
 
 EXIT_SPEC = 2  # the spec (or the workdir) cannot be used; nothing was submitted
 EXIT_SCHEDULER = 3  # the scheduler stopped answering; the drill stopped, its jobs left as they are
+EXIT_STOPPED = 4  # the controller was stopped (faultdrill stop); its jobs left for the next drill
+EXIT_NO_CONTROLLER = 1  # stop: no controller drives the workdir
 EXIT_PIPE = 141  # the reader of our output went away (128 + SIGPIPE, as a shell reports it)
 DRY_RUN_DRILL_ID = "(dry-run)"
 
@@ -52,6 +61,22 @@ def _parser() -> argparse.ArgumentParser:
     drill.add_argument("spec", type=Path, help=spec_help)
     drill.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
     drill.add_argument("--dry-run", action="store_true", help="print the fault plan (as `faultdrill plan`) and stop")
+    drill.add_argument("--detach", action="store_true",
+                       help="run the controller in the background (log and pid in the workdir) and return; "
+                            "see it with `faultdrill status WORKDIR`")
+    workdir_help = "the campaign's workdir (holds ledger.sqlite)"
+    status = sub.add_parser("status", help="show a drill's live progress (a detached one too)",
+                            description="Show whether a controller drives the workdir and each run's progress.")
+    status.add_argument("workdir", type=Path, help=workdir_help)
+    status.add_argument("--format", choices=("table", "json"), default="table")
+    stop = sub.add_parser("stop", help="stop a drill's controller and leave its jobs running",
+                          description="Stop the controller driving the workdir; its jobs keep running and the next "
+                                      "`faultdrill drill SPEC` adopts them.")
+    stop.add_argument("workdir", type=Path, help=workdir_help)
+    cancel = sub.add_parser("cancel", help="cancel a drill: its controller stopped, its jobs cancelled",
+                            description="Stop the controller (if one runs), cancel every job of the drill's "
+                                        "unfinished runs and record them as cancelled; the drill is then finished.")
+    cancel.add_argument("workdir", type=Path, help=workdir_help)
     report = sub.add_parser("report", help="print the report of a campaign's workdir",
                             description="Print the report of a campaign's workdir (its ledger).")
     report.add_argument("workdir", type=Path, help="the campaign's workdir (holds ledger.sqlite)")
@@ -102,25 +127,143 @@ def _dry_run(run: RunConfig) -> tuple[str, str]:
 
 
 def _drill(campaign: Campaign, output_format: str) -> int:
-    from orchestrator.controller import Controller, plan_drill
-    from orchestrator.scheduler_poll import SchedulerUnavailable
-    from orchestrator.progress import Progress
+    from orchestrator.controller import plan_drill
+    from orchestrator.detach import ControllerLock, record_exit
     from orchestrator.workdir import prepare_workdir
 
     plan = plan_drill(campaign)  # every spec error before the workdir is touched
     archived = prepare_workdir(campaign)
     if archived is not None:
         print(f"faultdrill: the finished drill in {campaign.workdir} was moved to {archived}", file=sys.stderr)
+    with ControllerLock(campaign.workdir):
+        code, how = _drive(campaign, plan)
+        record_exit(campaign.workdir, code, how)
+    if code != 0:
+        return code
+    return _report(campaign.workdir, output_format, exit_on_failure=True)
+
+
+def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]]) -> tuple[int, str]:
+    """The controller to the end (or until SIGTERM: ``faultdrill stop``); (exit code, how it ended)."""
+    from orchestrator.controller import Controller
+    from orchestrator.progress import Progress, ProgressFile
+    from orchestrator.scheduler_poll import SchedulerUnavailable
+
     controller = Controller(campaign, plan=plan)
+    progress_file = ProgressFile(campaign.workdir)
+    previous = signal.signal(signal.SIGTERM, lambda *_: controller.stop_requested.set())
     try:
         with Progress() as progress:
-            controller.run(observer=progress)
+            finished = controller.run(observer=lambda trackers: (progress(trackers), progress_file(trackers)))
     except SchedulerUnavailable as error:
         print(f"faultdrill: {error}", file=sys.stderr)
-        return EXIT_SCHEDULER
+        return EXIT_SCHEDULER, "the scheduler stopped answering"
     finally:
+        signal.signal(signal.SIGTERM, previous)
         controller.close()
-    return _report(campaign.workdir, output_format, exit_on_failure=True)
+    if not finished:
+        print(f"faultdrill: stopped; the drill's jobs keep running. `faultdrill drill SPEC` picks them up, "
+              f"`faultdrill cancel {campaign.workdir}` cancels them", file=sys.stderr)
+        return EXIT_STOPPED, "stopped (faultdrill stop)"
+    return 0, "finished"
+
+
+def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool) -> int:
+    from orchestrator.controller import plan_drill
+    from orchestrator.detach import LOG_NAME, start_detached
+
+    plan_drill(campaign)  # every spec error here, before anything starts
+    controller = live_controller(campaign.workdir)
+    if controller is not None:
+        raise ControllerBusy(f"a controller (pid {controller.pid}) already drives {campaign.workdir}; "
+                             f"`faultdrill status {campaign.workdir}` shows it")
+    argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format]
+    identity = start_detached(argv, campaign.workdir)
+    workdir = campaign.workdir
+    print(f"faultdrill: drill {campaign.name} runs in the background (pid {identity.pid}); its log: "
+          f"{workdir / LOG_NAME}\n  faultdrill status {workdir}   # progress\n  faultdrill stop {workdir}     "
+          f"# stop the controller, leave the jobs\n  faultdrill cancel {workdir}   # cancel the drill")
+    return 0
+
+
+def _status(workdir: Path, output_format: str) -> int:
+    from orchestrator.detach import read_exit
+    from orchestrator.progress import progress_table, read_progress
+
+    if not (workdir / "ledger.sqlite").exists():
+        raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
+    identity = live_controller(workdir)
+    ended = read_exit(workdir) if identity is None else None
+    progress = read_progress(workdir)
+    controller = ({"running": True, "pid": identity.pid, "started": identity.started} if identity else
+                  {"running": False, "last_exit": ended})
+    if output_format == "json":
+        print(json.dumps({"workdir": str(workdir), "controller": controller,
+                          "updated": progress[0] if progress else None,
+                          "runs": [asdict(row) for row in progress[1]] if progress else []}, indent=2))
+        return 0
+    if identity is not None:
+        print(f"controller: running, pid {identity.pid}, since {time.ctime(identity.started)}")
+    elif ended is not None:
+        print(f"controller: not running; the last one ended {time.ctime(float(ended['ended']))}: {ended['how']} "  # type: ignore[arg-type]
+              f"(exit code {ended['code']})")
+    else:
+        print("controller: not running (the last one was killed or never started here); "
+              "`faultdrill drill SPEC` resumes the drill")
+    if progress is None:
+        print("no progress recorded yet")
+        return 0
+    updated, rows = progress
+    Console(width=REPORT_WIDTH).print(progress_table(rows, title=f"as of {time.ctime(updated)} "
+                                                               f"({time.time() - updated:.0f} s ago)"))
+    return 0
+
+
+def _stop(workdir: Path) -> int:
+    from orchestrator.detach import NoController, stop_controller
+
+    try:
+        identity = stop_controller(workdir)
+    except NoController as error:
+        print(f"faultdrill: {error}", file=sys.stderr)
+        return EXIT_NO_CONTROLLER
+    print(f"faultdrill: the controller (pid {identity.pid}) stopped; the drill's jobs keep running")
+    return 0
+
+
+def _cancel(workdir: Path) -> int:
+    from orchestrator.controller import Controller
+    from orchestrator.detach import ControllerLock, NoController, stop_controller
+    from orchestrator.ledger import LEDGER_NAME, Ledger
+
+    if not (workdir / LEDGER_NAME).exists():
+        raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
+    try:
+        identity = stop_controller(workdir)
+        print(f"faultdrill: the controller (pid {identity.pid}) stopped")
+    except NoController:
+        pass
+    ledger = Ledger.in_workdir(workdir)
+    try:
+        spec, finished = ledger.meta("spec"), ledger.meta("finished")
+    finally:
+        ledger.close()
+    if finished is not None:
+        print(f"faultdrill: the drill in {workdir} has finished; nothing to cancel")
+        return 0
+    campaign = parse_campaign(spec, base_dir=workdir, source=str(workdir / LEDGER_NAME))
+    campaign = campaign.model_copy(update={"workdir": workdir.resolve()})
+    with ControllerLock(workdir):
+        controller = Controller(campaign)
+        try:
+            cancelled = controller.cancel()
+        finally:
+            controller.close()
+    for run_id, job_ids in cancelled.items():
+        if job_ids:
+            print(f"{run_id}: cancelled job(s) {', '.join(job_ids)}")
+    print(f"faultdrill: drill cancelled; `faultdrill report {workdir}` shows it")
+    return 0
 
 
 def _report(workdir: Path, output_format: str, exit_on_failure: bool = False) -> int:
@@ -137,6 +280,12 @@ def _report(workdir: Path, output_format: str, exit_on_failure: bool = False) ->
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "report":
         return _report(args.workdir, args.format)
+    if args.command == "status":
+        return _status(args.workdir, args.format)
+    if args.command == "stop":
+        return _stop(args.workdir)
+    if args.command == "cancel":
+        return _cancel(args.workdir)
     campaign = load_campaign(args.spec)
     if args.command == "validate":
         return _validate(campaign)
@@ -144,6 +293,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _render(campaign)
     if args.command == "plan" or args.dry_run:
         return _plan(campaign)
+    if args.detach:
+        return _detach(campaign, args.spec, args.format, args.verbose)
     return _drill(campaign, args.format)
 
 
@@ -155,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args)
         sys.stdout.flush()
         return code
-    except (SpecError, TemplateError, ReportError) as error:
+    except (SpecError, TemplateError, ReportError, ControllerBusy) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SPEC
     except BrokenPipeError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -96,24 +97,44 @@ class Controller:
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s)
         self._cpu_at_start = time.process_time()
+        self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
 
-    def run(self, observer: Observer | None = None) -> None:
-        """Drive every run to completed, failed or gave_up."""
+    def run(self, observer: Observer | None = None) -> bool:
+        """Drive every run to completed, failed or gave_up; False if asked to stop first (``stop``:
+        the jobs are left running for the next controller to adopt)."""
         menders = Menders(self.campaign.workdir)
         self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="injector") as pool:
-            trackers = [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id)
-                        for run, faults in self.plan]
+            trackers = self._trackers(pool)
             try:
                 self._drive(trackers, observer)
             finally:
                 pool.shutdown(wait=True)  # a fault still acting may owe a mend
-                self._mend(menders, "at the end of the drill")
+                self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
                 for tracker in trackers:
                     if tracker.done:
                         tracker.finalize()
+        if self.stop_requested.is_set() and not all(tracker.done for tracker in trackers):
+            self.ledger.set_meta(f"stopped-{time.time():.3f}", "the controller was asked to stop; jobs left running")
+            return False
         record_determinism(self.ledger, self.runs)
         self.ledger.set_meta("finished", time.time())
+        return True
+
+    def cancel(self) -> dict[str, list[str]]:
+        """``faultdrill cancel``: every unfinished run's jobs cancelled and the runs recorded as
+        cancelled, owed cluster actions run, the drill finished. Run id -> the jobs cancelled."""
+        menders = Menders(self.campaign.workdir)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="injector") as pool:
+            now = time.time()
+            cancelled = {tracker.run.run_id: tracker.cancel_by_user(now) for tracker in self._trackers(pool)}
+        self._mend(menders, "on cancel")
+        self.ledger.set_meta("cancelled", now)
+        self.ledger.set_meta("finished", now)
+        return cancelled
+
+    def _trackers(self, pool: ThreadPoolExecutor) -> list[RunTracker]:
+        return [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id) for run, faults in self.plan]
 
     def _mend(self, menders: Menders, when: str) -> None:
         for said in menders.run_all():
@@ -127,7 +148,7 @@ class Controller:
             arrayed = self._submit_arrays([t for t in waiting if t.fresh])
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]
-        while waiting or active or any(t.closing for t in trackers):
+        while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
             while waiting and len(active) < self.campaign.parallel_runs:
                 tracker = waiting.pop(0)
                 tracker.start(time.time())
@@ -137,7 +158,7 @@ class Controller:
             if observer is not None:
                 observer(trackers)
             if waiting or active or any(t.closing for t in trackers):
-                time.sleep(self.campaign.restart.poll_interval_s)
+                self.stop_requested.wait(self.campaign.restart.poll_interval_s)
 
     def _submit_arrays(self, fresh: list[RunTracker]) -> list[RunTracker]:
         """The first attempts of fresh runs, one job array per set of runs with equal resources

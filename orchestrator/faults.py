@@ -207,6 +207,7 @@ def _not_fired_because(status: str) -> str:
         "completed": "the run completed before the fault was due (or before an attempt it could hit)",
         "gave_up": "the run gave up (its restart budget was spent) first",
         "failed": "the run failed first",
+        "cancelled": "the drill was cancelled first (faultdrill cancel)",
     }.get(status, f"the run ended ({status}) first")
 
 

@@ -30,14 +30,16 @@ from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.render import TemplateError, attempt_job_name
 from orchestrator.runs import RunConfig
-from orchestrator.states import JobState
+from orchestrator.states import TERMINAL_STATES, JobState
 from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
 from orchestrator.policy import Decision, decide
 from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix, rank_errors
 
 log = logging.getLogger(__name__)
 
-DONE_STATUSES = ("completed", "failed", "gave_up")
+DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
+CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
+TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
 
 
@@ -415,6 +417,27 @@ class RunTracker:
     def _ingest_checkpoints(self) -> None:
         records = [CheckpointRecord(**r) for r in read_json_lines(self.run.paths.checkpoint_log)]
         self.ledger.add_checkpoints(self.run.run_id, records)
+
+    def cancel_by_user(self, now: float) -> list[str]:
+        """``faultdrill cancel``: every job of the run that may still run is cancelled (adopted
+        first: the jobs of an earlier controller), the run ends ``cancelled``; the job ids."""
+        if self.done:
+            return []
+        cancelled = []
+        for row in self.ledger.attempts(self.run.run_id):
+            if row.job_id is None or row.state in TERMINAL_STATE_NAMES:
+                continue
+            self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
+            self._cancel(row.job_id)
+            cancelled.append(row.job_id)
+            if row.ended is None:
+                self.ledger.update_attempt(self.run.run_id, row.attempt, ended=now, detected=now,
+                                           reason=CANCELLED_BY_USER, failure_class=FailureClass.CANCELLED.value,
+                                           class_evidence="faultdrill cancel")
+        self.ledger.update_run(self.run.run_id, ended_because=CANCELLED_BY_USER)
+        self._finish("cancelled", now)
+        self.finalize()
+        return cancelled
 
     # jobs that are ending ---------------------------------------------------------------------
     def _final_state(self, attempt: int, state: JobState) -> None:

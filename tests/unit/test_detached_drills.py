@@ -1,0 +1,104 @@
+"""Detached drills on the local backend (real processes): ``drill --detach`` returns while its
+controller runs on, ``status`` shows it, a second controller on the same workdir is refused,
+``stop`` leaves the jobs running for the next ``drill`` to adopt, ``cancel`` ends them and says so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from drills import FAULTDRILL, drill, drill_processes, kill_verified, run_of, write_spec
+from orchestrator.detach import live_controller
+
+SLOW = {"framework": "torch", "params": 20000, "steps": 4000, "seed": 3, "batch_size": 16}
+
+
+def faultdrill(*args: str, expect: int = 0, timeout: float = 180) -> str:
+    done = subprocess.run([*FAULTDRILL, *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == expect, f"{args}: rc {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def status(workdir: Path) -> dict[str, Any]:
+    return json.loads(faultdrill("status", str(workdir), "--format", "json"))
+
+
+def wait_for(condition: Any, what: str, deadline_s: float = 120.0) -> Any:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {deadline_s:.0f} s: {what}")
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie has ended: its new parent, init, reaps it when it will)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def training(workdir: Path) -> dict[str, Any] | None:
+    """The status once every run's job is RUNNING and has taken steps."""
+    now = status(workdir)
+    runs = now["runs"]
+    return now if runs and all(run["state"] == "RUNNING" and run["step"] > 0 for run in runs) else None
+
+
+def test_a_detached_drill_is_watched_stopped_and_adopted_by_the_next_drill(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, workload=SLOW)
+    workdir = tmp_path / "work"
+    said = faultdrill("drill", str(spec), "--detach")
+    assert "runs in the background" in said and f"faultdrill status {workdir}" in said
+    try:
+        running = wait_for(lambda: training(workdir), "the detached drill trains")
+        assert running["controller"]["running"] is True
+        controller = live_controller(workdir)
+        assert controller is not None and alive(controller.pid)
+        busy = faultdrill("drill", str(spec), expect=2)
+        assert f"pid {controller.pid}" in busy and "already drives" in busy
+
+        said = faultdrill("stop", str(workdir))
+        assert f"pid {controller.pid}" in said and "keep running" in said
+        assert live_controller(workdir) is None and not alive(controller.pid)
+        [run] = status(workdir)["runs"]
+        assert drill_processes(tmp_path / "work" / "runs" / "r000"), "stop must leave the job running"
+        ended = status(workdir)["controller"]
+        assert ended["running"] is False and ended["last_exit"]["code"] == 4
+
+        report = drill(spec, timeout=600)  # adopts the job the stopped controller left
+        r000 = run_of(report, "r000")
+        assert r000["status"] == "completed" and r000["final_step"] == SLOW["steps"]
+        assert [attempt["job_id"] for attempt in r000["attempts"]] == [run["job"]], "adopted, never resubmitted"
+    finally:
+        kill_verified(drill_processes(workdir / "runs" / "r000"))
+
+
+def test_cancel_stops_the_controller_ends_the_jobs_and_records_it(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, workload=SLOW, baseline=True, parallel_runs=2)
+    workdir = tmp_path / "work"
+    faultdrill("drill", str(spec), "--detach")
+    try:
+        wait_for(lambda: training(workdir), "the detached drill trains")
+        jobs = {run["run"]: run["job"] for run in status(workdir)["runs"]}
+        said = faultdrill("cancel", str(workdir))
+        assert all(f"cancelled job(s) {job}" in said for job in jobs.values()), said
+        assert live_controller(workdir) is None
+        wait_for(lambda: not any(drill_processes(workdir / "runs" / run) for run in jobs), "the jobs end", 30)
+        report = json.loads(faultdrill("report", str(workdir), "--format", "json"))
+        for run in report["runs"]:
+            assert run["status"] == "cancelled"
+            assert run["attempts"][-1]["failure_class"] == "CANCELLED"
+        assert "nothing to cancel" in faultdrill("cancel", str(workdir))
+        assert "no controller drives" in faultdrill("stop", str(workdir), expect=1)
+    finally:
+        for run in ("r000", "r000-baseline"):
+            kill_verified(drill_processes(workdir / "runs" / run))
