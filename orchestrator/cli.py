@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a drill's live progress (a detached one too)",
                             description="Show whether a controller drives the workdir and each run's progress.")
     status.add_argument("workdir", type=Path, help=workdir_help)
-    status.add_argument("--format", choices=("table", "json"), default="table")
+    status.add_argument("--format", choices=("table", "json"), default="table", help="progress as a table or JSON")
     stop = sub.add_parser("stop", help="stop a drill's controller and leave its jobs running",
                           description="Stop the controller driving the workdir; its jobs keep running and the next "
                                       "`faultdrill drill SPEC` adopts them.")

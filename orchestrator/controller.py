@@ -95,7 +95,7 @@ class Controller:
         _register_runs(self.ledger, self.runs)
         restart = campaign.restart
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
-        self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s)
+        self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
         self._cpu_at_start = time.process_time()
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
 
@@ -197,6 +197,7 @@ class Controller:
             tracker.advance(states, now)
 
     def close(self) -> None:
+        self.poller.close()
         self._record_cost()
         self.ledger.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -49,10 +50,16 @@ class SchedulerPoller:
     timeout_s: float  # unanswered this long: SchedulerUnavailable
     stats: PollStats = field(default_factory=PollStats)
     clock: Callable[[], float] = time.time
+    # A real scheduler is asked from a thread of its own: a squeue that hangs (slurmctld gone: 9 s
+    # per try) never holds up the fast path. A free one (the local backend) is asked inline.
+    background: bool = False
     _next_at: float = 0.0
     _last_at: float = float("-inf")
     _failing_since: float | None = None
     _failures_in_row: int = 0
+    _in_flight: Future[dict[str, JobState]] | None = None
+    _in_flight_since: float = 0.0
+    _executor: ThreadPoolExecutor | None = None
 
     def due(self, now: float, urgent: bool) -> bool:
         if now >= self._next_at:
@@ -60,40 +67,76 @@ class SchedulerPoller:
         return urgent and self._failing_since is None and now - self._last_at >= URGENT_MIN_S
 
     def poll(self, backend: Scheduler, job_ids: list[str], urgent: bool = False) -> dict[str, JobState]:
-        """The states of ``job_ids`` if a poll is due (or news is waiting), else {}: a job missing
-        from the answer has no news this round. Raises SchedulerUnavailable past the deadline."""
+        """The states of ``job_ids`` when an answer is in (a poll was due, or news is waiting), else
+        {}: a job missing from the answer has no news this round. Raises SchedulerUnavailable once
+        the scheduler has been silent past restart.scheduler_timeout_s."""
         now = self.clock()
+        if self._in_flight is not None:
+            return self._collect(backend.name, now)
         if not job_ids or not self.due(now, urgent):
             return {}
-        try:
-            states = backend.poll(job_ids)
-        except CommandError as error:
-            self._failed(backend.name, error, now)
+        if not self.background:
+            self._in_flight, self._in_flight_since = _run_now(backend, job_ids), now
+            return self._collect(backend.name, now)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-poll")
+        self._in_flight, self._in_flight_since = self._executor.submit(backend.poll, job_ids), now
+        return {}
+
+    def _collect(self, scheduler: str, now: float) -> dict[str, JobState]:
+        future, started = self._in_flight, self._in_flight_since
+        assert future is not None
+        if not future.done():
+            silent_since = self._failing_since if self._failing_since is not None else started
+            if now - silent_since > self.timeout_s:
+                raise SchedulerUnavailable(self._silent_message(scheduler, now - silent_since, "a poll still waits"))
             return {}
-        finally:
-            took = max(0.0, self.clock() - now)
-            self.stats.calls += 1
-            self.stats.seconds += took
+        self._in_flight = None
+        took = max(0.0, self.clock() - started)
+        self.stats.calls += 1
+        self.stats.seconds += took
+        try:
+            states = future.result()
+        except CommandError as error:
+            self._failed(scheduler, error, started)
+            return {}
         self._failing_since, self._failures_in_row = None, 0
-        self._last_at = now
-        self._next_at = now + min(MAX_INTERVAL_S, max(self.interval_s, SLOW_FACTOR * took))
+        self._last_at = started
+        self._next_at = started + min(MAX_INTERVAL_S, max(self.interval_s, SLOW_FACTOR * took))
         return states
 
-    def _failed(self, scheduler: str, error: CommandError, now: float) -> None:
+    def close(self) -> None:
+        """A poll still in flight is abandoned (its command ends at its own timeout)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _silent_message(self, scheduler: str, silent: float, last: str) -> str:
+        return (f"the scheduler ({scheduler}) has not answered for {silent:.0f} s "
+                f"(restart.scheduler_timeout_s = {self.timeout_s:g}); the drill stops here and its jobs are "
+                f"left as they are: run the same drill again to pick them up, or cancel them. Last error: {last}")
+
+    def _failed(self, scheduler: str, error: CommandError, started: float) -> None:
         self.stats.failures += 1
         self._failures_in_row += 1
         if self._failing_since is None:
-            self._failing_since = now
-        silent = now - self._failing_since
+            self._failing_since = started
+        silent = self.clock() - self._failing_since
         if silent > self.timeout_s:
-            raise SchedulerUnavailable(
-                f"the scheduler ({scheduler}) has not answered for {silent:.0f} s "
-                f"(restart.scheduler_timeout_s = {self.timeout_s:g}); the drill stops here and its jobs are "
-                f"left as they are: run the same drill again to pick them up, or cancel them. "
-                f"Last error: {error.summary}"
-            ) from error
+            raise SchedulerUnavailable(self._silent_message(scheduler, silent, error.summary)) from error
+        now = self.clock()
         wait = min(FAILED_RETRY_MAX_S, max(self.interval_s, 0.5) * 2 ** (self._failures_in_row - 1),
                    max(0.0, self._failing_since + self.timeout_s - now) + 0.01)
         self._next_at = now + wait
         log.warning("scheduler poll failed (%d in a row); states unknown, next try in %.1f s: %s",
                     self._failures_in_row, wait, error.summary)
+
+
+def _run_now(backend: Scheduler, job_ids: list[str]) -> Future[dict[str, JobState]]:
+    """The poll made here and now, as a finished future (the inline path shares the collection)."""
+    future: Future[dict[str, JobState]] = Future()
+    try:
+        future.set_result(backend.poll(job_ids))
+    except CommandError as error:
+        future.set_exception(error)
+    return future

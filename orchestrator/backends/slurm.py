@@ -146,13 +146,14 @@ class SlurmBackend(Backend):
         return {job_id: states.get(job_id, JobState.UNKNOWN) for job_id in job_ids}
 
     def _poll_cluster(self, cluster: str | None, numbers: list[str]) -> dict[str, JobState]:
+        # No retries here: the controller's poller retries with backoff, the states unknown meanwhile.
         result = run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user, "-o", "%i|%T"],
-                             timeout_s=POLL_TIMEOUT_S, retries=2)
+                             timeout_s=POLL_TIMEOUT_S)
         states = {number: state for number, state in parse_squeue(result.stdout).items() if number in numbers}
         missing = [number for number in numbers if number not in states]
         if missing:
             accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
-                                     "-j", ",".join(missing)], timeout_s=POLL_TIMEOUT_S, retries=1)
+                                     "-j", ",".join(missing)], timeout_s=POLL_TIMEOUT_S)
             states.update({n: s for n, s in parse_sacct(accounted.stdout).items() if n in missing})
         return {_with_cluster(number, cluster): state for number, state in states.items()}
 

@@ -3,6 +3,9 @@ stretching the interval, a failing one retried with a growing wait until its dea
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from orchestrator.commands import CommandError
@@ -97,3 +100,57 @@ def test_it_answers_again_and_the_interval_comes_back() -> None:
     clock.now += 5.0
     assert slow_path.poll(scheduler, ["1"]) == {"1": JobState.RUNNING}
     assert slow_path.stats.failures == 1
+
+
+class HangingScheduler:
+    """A squeue that does not return until released (slurmctld gone: each try waits out its timeout)."""
+
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self.release, self.entered = threading.Event(), threading.Event()
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        self.entered.set()
+        assert self.release.wait(30), "never released"
+        return {job_id: JobState.RUNNING for job_id in job_ids}
+
+
+def test_a_hanging_poll_never_holds_up_the_fast_path_and_its_answer_is_taken_when_it_comes() -> None:
+    clock, scheduler = Clock(), HangingScheduler()
+    slow_path = SchedulerPoller(5.0, 60.0, clock=clock, background=True)
+    try:
+        assert slow_path.poll(scheduler, ["1"]) == {}, "the poll went to its thread; no answer yet"
+        assert scheduler.entered.wait(10)
+        clock.now += 30
+        assert slow_path.poll(scheduler, ["1"]) == {}, "still waiting: no news, and no second poll"
+        scheduler.release.set()
+        answer = wait_for_answer(slow_path, scheduler)
+        assert answer == {"1": JobState.RUNNING} and slow_path.stats.calls == 1
+    finally:
+        scheduler.release.set()
+        slow_path.close()
+
+
+def test_a_poll_that_hangs_past_the_deadline_names_the_scheduler() -> None:
+    clock, scheduler = Clock(), HangingScheduler()
+    slow_path = SchedulerPoller(5.0, 20.0, clock=clock, background=True)
+    try:
+        slow_path.poll(scheduler, ["1"])
+        assert scheduler.entered.wait(10)
+        clock.now += 21
+        with pytest.raises(SchedulerUnavailable, match=r"\(slurm\) has not answered for 21 s.*a poll still waits"):
+            slow_path.poll(scheduler, ["1"])
+    finally:
+        scheduler.release.set()
+        slow_path.close()
+
+
+def wait_for_answer(slow_path: SchedulerPoller, scheduler: HangingScheduler) -> dict[str, JobState]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        answer = slow_path.poll(scheduler, ["1"])
+        if answer:
+            return answer
+        time.sleep(0.01)
+    raise AssertionError("the released poll's answer never came")
