@@ -59,6 +59,7 @@ class RankJob:
     heartbeat_interval_s: float = 0.05
     drill_id: str = ""
     keep_final_weights: bool = False
+    exclude_nodes: tuple[str, ...] = ()  # nodes this attempt is kept off (restart.policy exclude_node)
 
 
 @dataclass(frozen=True)

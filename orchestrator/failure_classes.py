@@ -45,6 +45,7 @@ class FailureEvidence:
     exit_code: int | None = None  # the rank launch's, from the batch script's step_exit
     rank_errors: tuple[str, ...] = ()  # what ranks died of, earliest first
     warned: bool = False  # the ranks got the scheduler's warning (and checkpointed) first
+    lost_nodes: tuple[str, ...] = ()  # nodes the injector's record says were broken (node-crash, partition)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,13 @@ def _scheduler(known: FailureEvidence) -> Classified | None:
         return Classified(FailureClass.PREEMPTED, "the scheduler: PREEMPTED")
     if state is JobState.OUT_OF_MEMORY:
         return Classified(FailureClass.OUT_OF_MEMORY, "the scheduler: OUT_OF_MEMORY")
+    return None
+
+
+def _node_lost(known: FailureEvidence) -> Classified | None:
+    """The injector broke a node of the job: known at once, long before Slurm notices (SlurmdTimeout)."""
+    if known.lost_nodes:
+        return Classified(FailureClass.NODE_FAIL, f"node {', '.join(known.lost_nodes)} lost (the injector's record)")
     return None
 
 
@@ -135,4 +143,4 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-_RULES = (_silence, _scheduler, _rank_errors, _warned, _cancelled, _exit)
+_RULES = (_node_lost, _silence, _scheduler, _rank_errors, _warned, _cancelled, _exit)

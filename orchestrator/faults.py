@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from injectors.kinds import get_kind
-from injectors.kinds.base import FaultOutcome
+from injectors.kinds.base import FaultOutcome, Target
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused
 from orchestrator.commands import one_line
@@ -51,6 +51,10 @@ class InFlight:
     attempt: int
     future: Future[FaultOutcome]
     fault: PlannedFault
+    # Set by the injector thread as soon as a node fault broke its node (one assignment: safe to
+    # read from the controller's thread); written to the ledger at the next round.
+    acted: tuple[float, str] | None = None
+    acted_recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,8 @@ class AttemptEnd:
     completed: bool
 
 
-Act = Callable[[int, str, PlannedFault], FaultOutcome]  # (attempt, job id, fault): carry it out
+OnActed = Callable[[float, str], None]
+Act = Callable[[int, str, PlannedFault, OnActed], FaultOutcome]  # (attempt, job id, fault, on_acted): carry it out
 
 
 class FaultBook:
@@ -95,13 +100,22 @@ class FaultBook:
             return
         fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
         self.next_index += 1
-        future = self.pool.submit(self.act, watch.attempt, watch.job_id, fault)
-        self.in_flight = InFlight(fault_id, watch.attempt, future, fault)
+        pending: Future[FaultOutcome] = Future()
+        flight = InFlight(fault_id, watch.attempt, pending, fault)
+
+        def on_acted(at: float, node: str) -> None:
+            flight.acted = (at, node)
+
+        flight.future = self.pool.submit(self.act, watch.attempt, watch.job_id, fault, on_acted)
+        self.in_flight = flight
 
     def collect(self, watch: AttemptWatch | None = None, wait: bool = False) -> None:
         """Record the agent's answer once it is in (``wait``: block for it, at the end of a run).
         ``watch``: the attempt now watched, to tell whether one the fault was not to end went on."""
         flight = self.in_flight
+        if flight is not None and flight.acted is not None and not flight.acted_recorded:
+            flight.acted_recorded = True  # in the ledger before the fault ends: a controller that dies knows it
+            self.ledger.update_fault(flight.fault_id, at=flight.acted[0], node=flight.acted[1])
         if flight is None or not (wait or flight.future.done()):
             return
         self.in_flight = None
@@ -171,6 +185,16 @@ class FaultBook:
         elif row.outcome == ABSORBED and end.completed:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
                                      detail=f"its target had exited: attempt {attempt} completed first")
+
+    def lost_nodes(self, attempt: int) -> tuple[str, ...]:
+        """The nodes a node fault (node-crash, network-partition) broke in ``attempt``, as soon as
+        it acted (the fault itself may still be holding the node down)."""
+        flight = self.in_flight
+        if flight is not None and flight.attempt == attempt and flight.acted is not None:
+            return (flight.acted[1],)
+        return tuple(row.node for row in self.ledger.faults(self.run_id)
+                     if row.attempt == attempt and row.node and row.outcome in (INJECTED, UNKNOWN, SENDING)
+                     and get_kind(row.kind).target is Target.NODE)
 
     def credited(self, attempt: int) -> FaultRow | None:
         """The fault that caused ``attempt`` to fail, if one did."""

@@ -11,7 +11,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from injectors.kinds import get_kind
 from injectors.kinds.base import FaultOutcome, FaultTask, Site
@@ -36,6 +36,7 @@ class FaultRequest:
     attempt: int
     job_id: str
     fault: PlannedFault
+    on_acted: Callable[[float, str], None] = lambda at, node: None  # a node fault broke its node
 
 
 def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
@@ -47,7 +48,7 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
     if kind.site is Site.CONTROLLER:
         control = BackendJobControl(backend, request.job_id,
                                     signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name),
-                                    menders=Menders(request.run.campaign.workdir))
+                                    menders=Menders(request.run.campaign.workdir), on_acted=request.on_acted)
         return kind.act_on_controller(task, control)
     return _on_rank_nodes(backend, request, task)
 

@@ -39,6 +39,7 @@ class BackendJobControl:
     # cannot signal a job's steps (the local backend).
     signal_by_agent: Callable[[str], None]
     menders: "Menders"
+    on_acted: Callable[[float, str], None] = lambda at, node: None
     _nodes: list[str] | None = None  # the allocation does not change: asked once
 
     @property
@@ -77,6 +78,9 @@ class BackendJobControl:
             return run_command(argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
         except CommandError as error:
             raise TargetRefused(f"{action} {node} failed: {error}") from None
+
+    def acted(self, at: float, node: str) -> None:
+        self.on_acted(at, node)
 
     def mend_at_drill_end(self, action: str, node: str, command: list[str] | None) -> None:
         self.menders.add(Mend(argv=self._cluster_argv(action, node, command), what=f"{action} {node}"))

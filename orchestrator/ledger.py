@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS recoveries (
 ADDED_COLUMNS = {
     "runs": {"twin": "TEXT", "ended_because": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
-                 "failure_class": "TEXT", "class_evidence": "TEXT"},
+                 "failure_class": "TEXT", "class_evidence": "TEXT", "failed_nodes": "TEXT",
+                 "excluded_nodes": "TEXT"},
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
@@ -109,6 +110,8 @@ class AttemptRow:
     failure_evidence: str | None = None  # step_exit | scheduler_end | last_heartbeat | poll | ...
     failure_class: str | None = None  # orchestrator.failure_classes: what kind of failure it was
     class_evidence: str | None = None  # the fact that decided the class
+    failed_nodes: str | None = None  # comma-separated: the nodes it lost (a node fault, a hung rank's node)
+    excluded_nodes: str | None = None  # comma-separated: the nodes it was submitted to stay off
 
 
 @dataclass(frozen=True)
@@ -229,9 +232,9 @@ class Ledger:
 
     # attempts ---------------------------------------------------------------------------------
     def add_attempt(self, run_id: str, attempt: int, job_name: str | None = None,
-                    array_index: int | None = None) -> None:
+                    array_index: int | None = None, excluded_nodes: tuple[str, ...] = ()) -> None:
         row = AttemptRow(run_id=run_id, attempt=attempt, job_id=None, state="SUBMITTING", submitted=time.time(),
-                         job_name=job_name, array_index=array_index)
+                         job_name=job_name, array_index=array_index, excluded_nodes=",".join(excluded_nodes) or None)
         self._insert("attempts", asdict(row))
 
     def update_attempt(self, run_id: str, attempt: int, **values: Any) -> None:

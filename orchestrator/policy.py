@@ -29,18 +29,25 @@ class PolicyEntry(BaseModel):
     spends_budget: bool = Field(True, description="these restarts count against restart.max_restarts")
     backoff_s: float = Field(0.0, ge=0, le=3600, description="wait before the next attempt")
     backoff_factor: float = Field(1.0, ge=1, le=10, description="the wait grows by this for each earlier one")
+    exclude_node: bool = Field(False, description="the next attempt stays off the node that failed (--exclude)")
 
 
 DEFAULT_POLICY: dict[FailureClass, PolicyEntry] = {
     FailureClass.CANCELLED: PolicyEntry(action="give_up"),
+    FailureClass.NODE_FAIL: PolicyEntry(exclude_node=True),
+    FailureClass.HANG: PolicyEntry(exclude_node=True),
     FailureClass.TIMEOUT: PolicyEntry(spends_budget=False, budget=CHAINED_JOBS_BUDGET),
     FailureClass.PREEMPTED: PolicyEntry(spends_budget=False, budget=CHAINED_JOBS_BUDGET),
 }
 
 
 def policy_entry(policy: dict[FailureClass, PolicyEntry], failure_class: FailureClass) -> PolicyEntry:
-    """The spec's entry for the class, else the default one, else a plain restart."""
-    return policy.get(failure_class) or DEFAULT_POLICY.get(failure_class) or PolicyEntry()
+    """The class's default entry (else a plain restart) with the fields the spec's entry sets."""
+    default = DEFAULT_POLICY.get(failure_class) or PolicyEntry()
+    given = policy.get(failure_class)
+    if given is None:
+        return default
+    return default.model_copy(update={name: getattr(given, name) for name in given.model_fields_set})
 
 
 @dataclass(frozen=True)

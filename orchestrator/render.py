@@ -134,7 +134,8 @@ def submitit_command(folder: Path, python: str = sys.executable) -> list[str]:
     return [python, "-u", "-m", "submitit.core._submit", str(folder)]
 
 
-def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable) -> SubmissionScript:
+def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
+                 exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
     resources = run.campaign.resources
     environment = {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}
     context = {
@@ -146,6 +147,7 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
         "tasks_per_node": resources.tasks_per_node,
         "time": resources.time,
         "partition": resources.partition,
+        "exclude": ",".join(exclude_nodes),
         "extra_directives": [slurm_line(parse_directive(text)) for text in resources.extra_directives],
         "stdout_name": "%j_batch.out",
         "stderr_name": "%j_batch.err",

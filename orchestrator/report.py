@@ -67,7 +67,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
             # None if it never started. accepted: the scheduler took it.
             {"job_id": a.job_id or "", "state": a.state, "submitted": a.submitted, "accepted": a.accepted,
              "started": a.started, "ended": a.ended, "reason": a.reason,
-             "failure_class": a.failure_class, "class_evidence": a.class_evidence}
+             "failure_class": a.failure_class, "class_evidence": a.class_evidence,
+             "failed_nodes": _nodes(a.failed_nodes), "excluded_nodes": _nodes(a.excluded_nodes)}
             for a in ledger.attempts(run.run_id)
         ],
         "checkpoints": checkpoints,
@@ -87,6 +88,10 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
     }
+
+
+def _nodes(joined: str | None) -> list[str]:
+    return joined.split(",") if joined else []
 
 
 def _baseline_digest(run: RunRow, digests: dict[str, str]) -> str | None:

@@ -20,10 +20,11 @@ from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json
 from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
 from injectors.kinds.base import FaultOutcome
+from injectors.targets import TargetRefused, read_identity
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.closing import ClosingJobs
 from orchestrator.commands import CommandError, one_line
-from orchestrator.faults import FaultBook
+from orchestrator.faults import FaultBook, OnActed
 from orchestrator.inject import FaultRequest, inject
 from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
@@ -32,7 +33,7 @@ from orchestrator.render import TemplateError, attempt_job_name
 from orchestrator.runs import RunConfig
 from orchestrator.states import TERMINAL_STATES, JobState
 from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
-from orchestrator.policy import Decision, decide
+from orchestrator.policy import Decision, decide, policy_entry
 from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix, rank_errors
 
 log = logging.getLogger(__name__)
@@ -157,11 +158,26 @@ class RunTracker:
     # submission -------------------------------------------------------------------------------
     def rank_job(self, attempt: int) -> RankJob:
         run = self.run
+        row = next((row for row in self.ledger.attempts(run.run_id) if row.attempt == attempt), None)
+        excluded = tuple(row.excluded_nodes.split(",")) if row is not None and row.excluded_nodes else ()
         return RankJob(
             run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
-            drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights,
+            drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights, exclude_nodes=excluded,
         )
+
+    def _exclusions(self, attempt: int) -> tuple[str, ...]:
+        """The nodes ``attempt`` stays off: those earlier attempts lost in a failure whose policy
+        says exclude_node, the most recent first, at most restart.max_excluded_nodes."""
+        if not self.backend.can_exclude_nodes:
+            return ()
+        nodes: list[str] = []
+        for row in sorted(self.ledger.attempts(self.run.run_id), key=lambda row: -row.attempt):
+            if row.attempt >= attempt or not row.failed_nodes or not row.failure_class:
+                continue
+            if policy_entry(self.restart.policy, FailureClass(row.failure_class)).exclude_node:
+                nodes += [node for node in row.failed_nodes.split(",") if node not in nodes]
+        return tuple(nodes[:self.restart.max_excluded_nodes])
 
     def begin_attempt(self, attempt: int, job_name: str | None = None, array_index: int | None = None) -> RankJob:
         """Record the attempt and fence the run on it before it is submitted (a restarted
@@ -172,7 +188,7 @@ class RunTracker:
                 self.ledger.update_run(run.run_id, started=time.time())
             self.ledger.update_run(run.run_id, status="running")
             self.ledger.add_attempt(run.run_id, attempt, job_name or attempt_job_name(run, attempt, self.drill_id),
-                                    array_index)
+                                    array_index, excluded_nodes=self._exclusions(attempt))
         self.status = "running"
         write_fence(run.paths, Fence(attempt, None))
         return self.rank_job(attempt)
@@ -254,8 +270,9 @@ class RunTracker:
         self._awaiting_recovery = attempt if ran_before else None
         self.status = "running"
 
-    def _act(self, attempt: int, job_id: str, fault: PlannedFault) -> FaultOutcome:
-        return inject(self.backend, FaultRequest(run=self.run, attempt=attempt, job_id=job_id, fault=fault))
+    def _act(self, attempt: int, job_id: str, fault: PlannedFault, on_acted: OnActed) -> FaultOutcome:
+        return inject(self.backend, FaultRequest(run=self.run, attempt=attempt, job_id=job_id, fault=fault,
+                                                 on_acted=on_acted))
 
     # one step of the loop ---------------------------------------------------------------------
     def advance(self, states: dict[str, JobState], now: float) -> None:
@@ -310,17 +327,31 @@ class RunTracker:
             if cancel:
                 self._cancel(watch.job_id)
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
-        evidence = failure_evidence(watch, sign, state, self.backend)
+        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt))
         classified = classify(evidence)
         if not state.is_terminal:  # the scheduler's final word may tell more (TIMEOUT, NODE_FAIL)
             self._evidence[watch.attempt] = evidence
+        failed_nodes = self._failed_nodes(watch, sign, evidence, classified.failure_class)
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence,
-                                   failure_class=classified.failure_class.value, class_evidence=classified.evidence)
+                                   failure_class=classified.failure_class.value, class_evidence=classified.evidence,
+                                   failed_nodes=",".join(failed_nodes) or None)
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
         self._next_or_give_up(watch.attempt, now)
+
+    def _failed_nodes(self, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
+                      failure_class: FailureClass) -> tuple[str, ...]:
+        """The nodes to blame: those a node fault broke; for a hang, the silent rank's node."""
+        if evidence.lost_nodes:
+            return evidence.lost_nodes
+        if failure_class is FailureClass.HANG and sign.rank is not None:
+            try:
+                return (read_identity(self.run.paths.root, watch.attempt, sign.rank).node,)
+            except TargetRefused:
+                return ()
+        return ()
 
     def _next_or_give_up(self, attempt: int, now: float) -> None:
         decision = self._decide(attempt)
@@ -464,11 +495,13 @@ class RunTracker:
         return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)
 
 
-def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: Backend) -> FailureEvidence:
+def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: Backend,
+                     lost_nodes: tuple[str, ...] = ()) -> FailureEvidence:
     exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
-                           rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned)
+                           rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
+                           lost_nodes=lost_nodes)
 
 
 def _ran(row: AttemptRow) -> bool:

@@ -41,6 +41,7 @@ class FailureSign:
     reason: str
     at: float
     evidence: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running
+    rank: int | None = None  # the rank it names (the silent one of a hang)
 
 
 @dataclass
@@ -139,7 +140,7 @@ class AttemptWatch:
         silent = now - max(beat.time, origin)
         where = f" in its {beat.phase} phase" if beat.phase else ""
         return FailureSign(f"hang: no heartbeat from rank {rank} for {silent:.0f} s{where}", beat.time,
-                           "last_heartbeat")
+                           "last_heartbeat", rank=rank)
 
     def stuck_start(self, now: float, start_timeout_s: float) -> FailureSign | None:
         started = self.running_since

@@ -124,6 +124,10 @@ class JobControl(Protocol):
         """Owe ``cluster(action, node, command)`` to the end of the drill (a node down for the rest
         of it): the controller runs it then, or the next controller if this one dies."""
 
+    def acted(self, at: float, node: str) -> None:
+        """The fault has broken ``node`` at ``at`` (before it waits to mend it): the controller
+        knows at once which node its attempt lost, and records it."""
+
 
 class FaultKind(ABC):
     name: ClassVar[str]

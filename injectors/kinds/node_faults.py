@@ -58,9 +58,11 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
     if hold_s is None:
         control.mend_at_drill_end(actions[1], node, site.get("mend"))  # owed before it is broken
         broke = control.cluster(actions[0], node, site.get("act"))
+        control.acted(at, node)
         return FaultOutcome(kind=kind, target=f"node {node}", at=at, node=node,
                             detail=f"{broke}; for the rest of the drill ({actions[1]} when it ends)")
     broke = control.cluster(actions[0], node, site.get("act"))
+    control.acted(at, node)
     time.sleep(hold_s)
     try:
         mended = control.cluster(actions[1], node, site.get("mend"))

@@ -44,6 +44,8 @@ class Backend(abc.ABC):
     # The default scheduler poll interval (restart.scheduler_poll_s): a real scheduler is polled
     # at a respectful pace; the local backend's poll costs nothing.
     poll_interval_s: float = 5.0
+    # Can keep an attempt off named nodes (restart.policy exclude_node: sbatch --exclude).
+    can_exclude_nodes: bool = False
 
     @abc.abstractmethod
     def submit(self, run: RunConfig, job: RankJob) -> Submission:

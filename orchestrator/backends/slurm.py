@@ -105,6 +105,7 @@ def parse_slurm_time(text: str) -> float | None:
 
 class SlurmBackend(Backend):
     name = "slurm"
+    can_exclude_nodes = True
 
     def __init__(self, drill_id: str, python: str = sys.executable) -> None:
         self.drill_id = drill_id
@@ -112,7 +113,7 @@ class SlurmBackend(Backend):
         self.user = getpass.getuser()
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
-        script = render_slurm(run, job.attempt, self.drill_id, self.python)
+        script = render_slurm(run, job.attempt, self.drill_id, self.python, exclude_nodes=tuple(job.exclude_nodes))
         executor = TemplateSlurmExecutor(run.paths.submitit, script, python=self.python)
         resources = run.campaign.resources
         executor.update_parameters(nodes=resources.nodes, ntasks_per_node=resources.tasks_per_node)

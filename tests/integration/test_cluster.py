@@ -1,5 +1,5 @@
 """The local test cluster itself (scripts/cluster): real Slurm, real accounting, real PBS
-wrappers, two nodes in separate network namespaces. No mocks.
+wrappers, three nodes in separate network namespaces. No mocks.
 
 Run: scripts/cluster up && .venv/bin/python -m pytest tests/integration/test_cluster.py -m integration
 """
@@ -59,8 +59,8 @@ def test_status_reports_up():
 
 
 @pytest.mark.integration
-def test_both_nodes_idle_or_allocatable(cluster):
-    assert len(cluster) == 2 and len(set(cluster)) == 2
+def test_every_node_idle_or_allocatable(cluster):
+    assert len(cluster) == 3 and len(set(cluster)) == 3, "scripts/cluster up makes 3 nodes by default"
     proc = run(["sinfo", "-h", "-N", "-p", cluster.partition, "-o", "%N %t %c"], timeout=15)
     seen = {}
     for line in proc.stdout.splitlines():

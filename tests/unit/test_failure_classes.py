@@ -16,6 +16,10 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
 
 
 @pytest.mark.parametrize("evidence,expected,says", [
+    (FailureEvidence(JobState.RUNNING, "last_heartbeat", lost_nodes=("fd-n2",)), C.NODE_FAIL,
+     "node fd-n2 lost (the injector's record)"),
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=1, rank_errors=(GLOO_PEER,), lost_nodes=("fd-n3",)),
+     C.NODE_FAIL, "node fd-n3 lost"),
     (FailureEvidence(JobState.RUNNING, "last_heartbeat"), C.HANG, "silent"),
     (FailureEvidence(JobState.RUNNING, "job_running"), C.START_TIMEOUT, "no training step"),
     (FailureEvidence(JobState.NODE_FAIL, "scheduler_end", exit_code=1), C.NODE_FAIL, "NODE_FAIL"),

@@ -10,7 +10,7 @@ import pytest
 
 from drills import drill, run_of, write_spec
 from orchestrator.failure_classes import FailureClass as C
-from orchestrator.policy import PolicyEntry, decide
+from orchestrator.policy import PolicyEntry, decide, policy_entry
 
 
 def test_a_persons_cancel_gives_up_by_default() -> None:
@@ -24,6 +24,15 @@ def test_walltimes_and_preemptions_do_not_spend_the_failure_budget() -> None:
     assert not decide({}, [*history, C.HANG], max_restarts=1).restart
     assert decide({}, [C.TIMEOUT] * 100, max_restarts=0).restart
     assert not decide({}, [C.TIMEOUT] * 101, max_restarts=0).restart  # chained, but never forever
+
+
+def test_node_failures_and_hangs_exclude_the_node_and_a_partial_entry_keeps_the_other_defaults() -> None:
+    assert policy_entry({}, C.NODE_FAIL).exclude_node and policy_entry({}, C.HANG).exclude_node
+    assert not policy_entry({}, C.RANK_SIGNAL).exclude_node
+    given = policy_entry({C.NODE_FAIL: PolicyEntry(backoff_s=5.0)}, C.NODE_FAIL)
+    assert given.exclude_node and given.backoff_s == 5.0, "only the fields the spec sets replace the default"
+    assert not policy_entry({C.HANG: PolicyEntry(exclude_node=False)}, C.HANG).exclude_node
+    assert policy_entry({C.CANCELLED: PolicyEntry(budget=1)}, C.CANCELLED).action == "give_up"
 
 
 def test_a_class_budget_and_a_growing_backoff() -> None:

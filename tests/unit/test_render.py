@@ -42,6 +42,13 @@ def test_slurm_script_matches_golden() -> None:
     assert script.submit_dir == Path("/scratch/drills/golden/runs/r000/submitit")
 
 
+def test_nodes_an_earlier_attempt_lost_are_excluded() -> None:
+    run = expand_runs(_campaign("/scratch/drills/golden", partition="debug"))[0]
+    script = render_slurm(run, attempt=2, drill_id="golden-0001", python=PYTHON, exclude_nodes=("fd-n2", "fd-n3"))
+    assert "#SBATCH --exclude=fd-n2,fd-n3\n" in script.text
+    assert "--exclude" not in render_slurm(run, attempt=2, drill_id="golden-0001", python=PYTHON).text
+
+
 def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
     run = expand_runs(_campaign(HOSTILE))[0]
     script = render_slurm(run, attempt=0, drill_id="golden-0002", python=PYTHON)
