@@ -15,11 +15,11 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import ENV_ASYNC_PERSIST, RankJob, RunPaths, WorkloadSpec, write_json_atomic
+from experiments.layout import ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, WorkloadSpec, write_json_atomic
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
@@ -55,6 +55,7 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     from experiments.workloads import get_workload
 
     env = DistEnv.from_environ()
+    job = attempt_from_environment(job)
     paths = RunPaths(Path(job.run_dir))
     # Before this rank touches any of the run's files: a stale attempt (a scheduler's requeue, a
     # duplicate, an orphan) must leave them to the current one.
@@ -78,6 +79,15 @@ def run_rank(job: RankJob) -> dict[str, Any]:
         atexit.register(gc.freeze)
         raise
     return asdict(outcome)
+
+
+def attempt_from_environment(job: RankJob) -> RankJob:
+    """The attempt the batch script launched these ranks as: a job that relaunches its ranks in its
+    own allocation (restart.strategy in-allocation) runs one pickled job for several attempts."""
+    named = os.environ.get(ENV_ATTEMPT)
+    if named is None or not named.isdigit() or int(named) == job.attempt:
+        return job
+    return replace(job, attempt=int(named))
 
 
 def record_rank_error(paths: RunPaths, attempt: int, rank: int, error: BaseException) -> None:

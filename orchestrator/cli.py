@@ -88,8 +88,10 @@ def _validate(campaign: Campaign) -> int:
     from orchestrator.controller import plan_drill
 
     for run, faults in plan_drill(campaign):
+        spare = run.campaign.resources.spare_nodes
         print(f"{run.run_id}: {run.campaign.workload.framework}, {run.ranks} ranks on "
-              f"{run.campaign.resources.nodes} node(s), {len(faults)} fault(s)")
+              f"{run.campaign.resources.nodes} node(s){f' + {spare} spare' if spare else ''}, {len(faults)} fault(s), "
+              f"restart {run.campaign.restart.strategy}")
     return 0
 
 

@@ -26,7 +26,7 @@ from orchestrator.job_control import Menders
 from orchestrator.ledger import Ledger, RunRow
 from orchestrator.measure import record_determinism
 from orchestrator.render import array_job_name
-from orchestrator.runs import STRATEGY_RESUBMIT, RunConfig, expand_runs
+from orchestrator.runs import RunConfig, expand_runs
 from orchestrator.scheduler_poll import SchedulerPoller
 from orchestrator.spec import Campaign
 from orchestrator.tracker import PendingSubmission, RunTracker
@@ -64,7 +64,7 @@ def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
     for run in runs:
         ledger.add_run(RunRow(
             run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
-            nodes=run.campaign.resources.nodes, strategy=STRATEGY_RESUBMIT, target_steps=run.workload.steps,
+            nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
             baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
             model=run.campaign.workload.model, requested_params=run.campaign.workload.params, twin=run.twin,
         ))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from experiments.layout import (
 )
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.directives import parse_directive, slurm_line
-from orchestrator.runs import RunConfig
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
 from orchestrator.spec import time_limit_minutes
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
@@ -134,6 +135,9 @@ def submitit_command(folder: Path, python: str = sys.executable) -> list[str]:
     return [python, "-u", "-m", "submitit.core._submit", str(folder)]
 
 
+RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name)
+
+
 def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
                  exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
     resources = run.campaign.resources
@@ -143,8 +147,14 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
         "attempt": attempt,
         "fence_file": str(run.paths.current_attempt),
         "requeue": run.scheduler_requeue,
-        "nodes": resources.nodes,
+        "nodes": resources.nodes + resources.spare_nodes,
         "tasks_per_node": resources.tasks_per_node,
+        "step_nodes": resources.nodes,
+        "step_tasks": resources.nodes * resources.tasks_per_node,
+        "in_allocation": run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION,
+        "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s)),
+        "rank_step_name": RANK_STEP_NAME,
+        "attempts_root": str(run.paths.root / "attempts"),
         "time": resources.time,
         "partition": resources.partition,
         "exclude": ",".join(exclude_nodes),

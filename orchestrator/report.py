@@ -35,6 +35,7 @@ def build_report(workdir: Path) -> dict[str, Any]:
             "drill_id": ledger.meta("drill_id", ""),
             "controller_cost": ledger.meta("controller_cost", {}),
             "runs": run_reports,
+            "strategies": strategy_summary(run_reports),
             "study": checkpoint_study(run_reports),
         }
     finally:
@@ -47,7 +48,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     if baseline_digest and run.final_digest:
         identical = baseline_digest == run.final_digest
     checkpoints = _checkpoint_summary(ledger, run.run_id, run)
-    recoveries = [{key: asdict(r)[key] for key in RECOVERY_FIELDS} for r in ledger.recoveries(run.run_id)]
+    recoveries = [{**{key: asdict(r)[key] for key in RECOVERY_FIELDS}, "strategy": run.strategy}
+                  for r in ledger.recoveries(run.run_id)]
     return {
         "run_id": run.run_id,
         "framework": run.framework,
@@ -88,6 +90,22 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
     }
+
+
+STRATEGY_PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+                   "lost_steps", "lost_s")
+
+
+def strategy_summary(run_reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per restart strategy x failure class: how many recoveries, the mean of each phase
+    and of the work lost (the strategies compared on the same faults)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in run_reports:
+        for recovery in run["recoveries"]:
+            groups.setdefault((recovery["strategy"], recovery["failure_class"] or "-"), []).append(recovery)
+    return [{"strategy": strategy, "failure_class": failure_class, "recoveries": len(recoveries),
+             **{key: sum(r[key] for r in recoveries) / len(recoveries) for key in STRATEGY_PHASES}}
+            for (strategy, failure_class), recoveries in sorted(groups.items())]
 
 
 def _nodes(joined: str | None) -> list[str]:

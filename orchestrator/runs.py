@@ -15,6 +15,7 @@ from experiments.workloads import WorkloadEntry, entry
 from orchestrator.spec import Campaign, SpecError, format_errors
 
 STRATEGY_RESUBMIT = "resubmit"
+STRATEGY_IN_ALLOCATION = "in-allocation"
 
 
 @dataclass(frozen=True)

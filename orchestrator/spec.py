@@ -69,6 +69,9 @@ class ResourcesConfig(_Strict):
     tasks_per_node: int = Field(1, ge=1)
     time: str = "00:30:00"
     partition: str | None = None
+    # restart.strategy in-allocation: the allocation holds this many nodes more than the ranks use;
+    # a dead node's ranks move to a spare without leaving the allocation.
+    spare_nodes: int = Field(0, ge=0, le=64)
     extra_directives: list[str] = Field(default_factory=list)
     # PBS only: resource syntax of the directives, Torque (-l nodes=N:ppn=M, -t) or PBS Pro (-l select=, -J).
     pbs_flavor: Literal["torque", "pro"] = "torque"
@@ -104,7 +107,16 @@ FaultConfig = Annotated[
 ]
 
 
+STRATEGIES_BY_BACKEND = {"local": ("resubmit",), "slurm": ("resubmit", "in-allocation"), "pbs": ("resubmit",)}
+
+
 class RestartConfig(_Strict):
+    # resubmit: a new job from the controller; in-allocation: the batch script keeps its allocation
+    # and launches the ranks again after a failure, on the controller's word (Slurm).
+    strategy: Literal["resubmit", "in-allocation"] = "resubmit"
+    # in-allocation: after a failed rank step the batch script waits this long for the controller's
+    # go (the fence naming the next attempt and this job), then ends the job.
+    relaunch_wait_s: float = Field(60.0, gt=0, le=3600)
     max_restarts: int = Field(3, ge=0)
     # The fast path: the runs' events, heartbeats and checkpoint logs are read this often.
     poll_interval_s: float = Field(0.25, gt=0, le=60)
@@ -149,7 +161,7 @@ class Campaign(_Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     faults: list[FaultConfig] = Field(default_factory=list)
-    restart: RestartConfig = Field(default_factory=RestartConfig)
+    restart: RestartConfig = Field(default_factory=RestartConfig, validate_default=True)  # checked against backend
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     baseline: bool = False
     parallel_runs: int = Field(1, ge=1, le=64)
@@ -171,6 +183,22 @@ class Campaign(_Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return resources
+
+    @field_validator("restart")
+    @classmethod
+    def _strategy_fits_backend(cls, restart: RestartConfig, info: ValidationInfo) -> RestartConfig:
+        backend, resources = info.data.get("backend"), info.data.get("resources")
+        problems = []
+        valid = STRATEGIES_BY_BACKEND.get(str(backend), ())
+        if backend is not None and restart.strategy not in valid:
+            problems.append(f"restart.strategy {restart.strategy!r} does not run on the {backend} backend yet; "
+                            f"valid there: {', '.join(valid)}")
+        if resources is not None and resources.spare_nodes and restart.strategy != "in-allocation":
+            problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
+                            f"(a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return restart
 
     @field_validator("faults")
     @classmethod

@@ -106,6 +106,11 @@ def rows_table(title: str, rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def strategies_table(report: dict[str, Any]) -> Table:
+    return rows_table("Restart strategies x failure classes (mean seconds per phase, mean work lost)",
+                      report.get("strategies", []))
+
+
 def study_tables(report: dict[str, Any]) -> list[Table]:
     study = report.get("study", {})
     return [rows_table(title, study.get(name, [])) for name, title in STUDY_TITLES.items()]
@@ -119,5 +124,6 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         console = Console()
         if not console.is_terminal:
             console = Console(width=REPORT_WIDTH)
-    console.print(Group(runs_table(report), faults_table(report), recoveries_table(report), checkpoints_table(report)))
+    console.print(Group(runs_table(report), faults_table(report), recoveries_table(report), strategies_table(report),
+                        checkpoints_table(report)))
     console.print(Group(*study_tables(report)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -30,7 +31,7 @@ from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.render import TemplateError, attempt_job_name
-from orchestrator.runs import RunConfig
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
 from orchestrator.states import TERMINAL_STATES, JobState
 from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
 from orchestrator.policy import Decision, decide, policy_entry
@@ -42,6 +43,8 @@ DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
+STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
+RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
 
 
 @dataclass
@@ -322,7 +325,15 @@ class RunTracker:
 
     # failure ----------------------------------------------------------------------------------
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
-        if not state.is_terminal:
+        # in-allocation: the job outlives its failed rank step and is the next attempt's, unless the
+        # allocation itself has ended (then a new job, as resubmit does).
+        keep_allocation = self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
+        if keep_allocation and watch.step_exit is None:
+            # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
+            # dead node takes scancel a MessageTimeout, which would hold up every run.
+            threading.Thread(target=self._kill_ranks, args=(watch.job_id,), daemon=True,
+                             name=f"kill-step-{watch.job_id}").start()
+        elif not state.is_terminal and not keep_allocation:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
             if cancel:
                 self._cancel(watch.job_id)
@@ -332,6 +343,8 @@ class RunTracker:
         if not state.is_terminal:  # the scheduler's final word may tell more (TIMEOUT, NODE_FAIL)
             self._evidence[watch.attempt] = evidence
         failed_nodes = self._failed_nodes(watch, sign, evidence, classified.failure_class)
+        if keep_allocation:  # the job goes on: this attempt's state is its rank step's
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, state=STEP_FAILED)
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence,
                                    failure_class=classified.failure_class.value, class_evidence=classified.evidence,
@@ -339,7 +352,7 @@ class RunTracker:
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
-        self._next_or_give_up(watch.attempt, now)
+        self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation else None)
 
     def _failed_nodes(self, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
                       failure_class: FailureClass) -> tuple[str, ...]:
@@ -353,14 +366,46 @@ class RunTracker:
                 return ()
         return ()
 
-    def _next_or_give_up(self, attempt: int, now: float) -> None:
+    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None) -> None:
+        """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the
+        same allocation (``in_job``, restart.strategy in-allocation) or as a new job."""
         decision = self._decide(attempt)
         if not decision.restart:
+            if in_job is not None:  # its batch script waits for a go that will not come
+                self._cancel(in_job)
+                self.closing.add(attempt, in_job, now, cancelled=True)
             self._give_up(decision.reason, now)
             return
         log.info("%s: %s%s", self.run.run_id, decision.reason,
-                 f", in {decision.backoff_s:.1f} s" if decision.backoff_s else "")
+                 f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
+        if in_job is not None:
+            self._relaunch(attempt + 1, in_job)
+            return
         self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+
+    def _relaunch(self, attempt: int, job_id: str) -> None:
+        """The next attempt in the job that is already running (in-allocation): recorded and
+        fenced like a submission, then the go — the fence naming this attempt and the job, which
+        the batch script waits for — with the nodes to keep off beside it."""
+        self.watch = None
+        first = self.ledger.attempts(self.run.run_id)[0]
+        job = self.begin_attempt(attempt, job_name=first.job_name)
+        if job.exclude_nodes:
+            exclude_file = self.run.paths.attempt_dir(attempt) / RELAUNCH_EXCLUDE_NAME
+            exclude_file.parent.mkdir(parents=True, exist_ok=True)
+            exclude_file.write_text(",".join(job.exclude_nodes) + "\n")
+        log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
+                 f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
+        self.accept(attempt, Submission(job_id, accepted_at=time.time()))
+
+    def _kill_ranks(self, job_id: str) -> None:
+        """End the rank step of a hung attempt and keep its allocation for the next one."""
+        try:
+            if self.backend.kill_rank_step(job_id):
+                return
+        except CommandError as error:
+            log.warning("%s: killing the rank step of job %s failed: %s", self.run.run_id, job_id, error.summary)
+        self._cancel(job_id)  # the next attempt then finds the allocation ended: a new job
 
     def _decide(self, attempt: int) -> Decision:
         """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""

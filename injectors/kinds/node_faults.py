@@ -4,13 +4,14 @@ they hit, the site's own commands for a cluster that is not the project's, and t
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask, JobControl
-from injectors.targets import TargetRefused
+from injectors.targets import TargetRefused, read_identity
 
 
 class SiteCommands(BaseModel):
@@ -22,8 +23,8 @@ class SiteCommands(BaseModel):
 
 
 class NodeFaultOptions(FaultOptions):
-    # Index into the job's nodes in allocation order (0: the batch script's node; -1: the last).
-    node: int = Field(-1, description="which node of the job's allocation: 0 is the batch host, -1 the last")
+    # Index into the nodes of the job's ranks, in rank order (0: rank 0's, the batch host; -1: the last).
+    node: int = Field(-1, description="which node of the job's ranks: 0 is rank 0's, -1 the last")
     command: SiteCommands | None = Field(None, description="a site's own commands (default: scripts/cluster)")
 
 
@@ -38,8 +39,24 @@ def describe_node(options: dict[str, Any]) -> str:
     return {0: "node 0 (the batch host)", -1: "the last node"}.get(index, f"node {index}")
 
 
-def pick_node(control: JobControl, index: int) -> str:
-    nodes = control.nodes()
+def rank_nodes(task: FaultTask) -> list[str]:
+    """The nodes the attempt's ranks run on, in rank order (from their identity files): a job that
+    holds spare nodes (in-allocation) has nodes without ranks, which a node fault is not aimed at."""
+    nodes: list[str] = []
+    for rank in itertools.count():
+        try:
+            node = read_identity(task.run_dir, task.attempt, rank).node
+        except TargetRefused:
+            return nodes
+        if node not in nodes:
+            nodes.append(node)
+    return nodes
+
+
+def pick_node(control: JobControl, index: int, task: FaultTask | None = None) -> str:
+    allocation = control.nodes()
+    with_ranks = rank_nodes(task) if task is not None else []
+    nodes = [node for node in with_ranks if node in allocation] or allocation
     if not nodes:
         raise TargetRefused(f"job {control.job_id}: the scheduler lists no nodes for it", gone=True)
     if not -len(nodes) <= index < len(nodes):
@@ -52,7 +69,7 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
     """``actions``: the cluster script's (break, mend) names; the site's commands replace both.
     ``hold_s`` None: broken for the rest of the drill (mended when it ends)."""
     control.verify_running()
-    node = pick_node(control, int(task.options.get("node", -1)))
+    node = pick_node(control, int(task.options.get("node", -1)), task)
     site = task.options.get("command") or {}
     at = time.time()
     if hold_s is None:

@@ -106,6 +106,11 @@ class Backend(abc.ABC):
         caller signals the verified ranks through the agent instead)."""
         return False
 
+    def kill_rank_step(self, job_id: str) -> bool:
+        """SIGKILL the ranks' step of the job and leave the job (its allocation) running; False if
+        this backend cannot (the caller then cancels the job)."""
+        return False
+
     def set_time_left(self, job_id: str, seconds: float) -> str:
         """Move the job's walltime to about ``seconds`` from now; what was set, in words."""
         raise NotSupported(f"the {self.name} backend cannot change a running job's walltime")

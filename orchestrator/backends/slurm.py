@@ -20,7 +20,7 @@ from experiments.runtime.hostlist import expand_hostlist
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.directives import cluster_of
-from orchestrator.render import SubmissionScript, render_slurm
+from orchestrator.render import RANK_STEP_NAME, SubmissionScript, render_slurm
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState, from_slurm
 
@@ -188,6 +188,18 @@ class SlurmBackend(Backend):
         # Without --full/--batch, scancel signals the job's steps only: the ranks, not the script.
         run_command(["scancel", *cluster_args(cluster), f"--signal={signal_name.removeprefix('SIG')}", number],
                     timeout_s=POLL_TIMEOUT_S, retries=1)
+        return True
+
+    def kill_rank_step(self, job_id: str) -> bool:
+        """The steps named as the ranks' (RANK_STEP_NAME), each SIGKILLed alone: a signal to a
+        step leaves the job running (SIGKILL to the job would cancel it)."""
+        number, cluster = split_job_id(job_id)
+        listed = run_command(["squeue", *cluster_args(cluster), "-h", "-s", "-j", number, "-o", "%i|%j"],
+                             timeout_s=POLL_TIMEOUT_S, retries=1).stdout
+        steps = [line.split("|", 1)[0].strip() for line in listed.splitlines()
+                 if line.strip().endswith(f"|{RANK_STEP_NAME}")]
+        for step in steps:
+            run_command(["scancel", *cluster_args(cluster), "--signal=KILL", step], timeout_s=POLL_TIMEOUT_S, retries=1)
         return True
 
     def set_time_left(self, job_id: str, seconds: float) -> str:

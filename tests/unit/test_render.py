@@ -97,3 +97,20 @@ def test_user_template_override_by_path(tmp_path: Path) -> None:
     text = render_slurm(expand_runs(campaign)[0], 0, "d", PYTHON).text
     assert "# site launch" in text and "srun --kill-on-bad-exit" not in text
     assert "#SBATCH --nodes=2" in text
+
+
+def test_in_allocation_keeps_the_allocation_and_relaunches_on_the_controllers_go(tmp_path: Path) -> None:
+    campaign = Campaign.model_validate({
+        "name": "golden", "backend": "slurm", "workdir": "/scratch/drills/golden",
+        "workload": {"framework": "torch", "params": 20000, "steps": 40},
+        "resources": {"nodes": 2, "tasks_per_node": 2, "spare_nodes": 1},
+        "restart": {"strategy": "in-allocation", "relaunch_wait_s": 45},
+    })
+    text = render_slurm(expand_runs(campaign)[0], attempt=0, drill_id="golden-0001", python=PYTHON).text
+    assert "#SBATCH --nodes=3\n" in text, "the allocation holds the spare node"
+    assert "#SBATCH --no-kill\n" in text, "a node that fails does not end the job"
+    assert "--overlap --kill-on-bad-exit=1 --nodes=2 --ntasks=4" in text, "the ranks' step uses 2 of the 3 nodes"
+    assert "waited_until=$(( SECONDS + 45 ))" in text and 'export FAULTDRILL_ATTEMPT="$attempt"' in text
+    script = tmp_path / "in-allocation.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

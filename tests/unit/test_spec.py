@@ -155,3 +155,19 @@ def test_shipped_campaigns_are_valid(name: str) -> None:
     assert any(run.is_baseline for run in runs)
     assert any(run.campaign.faults for run in runs)
     assert yaml.safe_load((REPO / "experiments" / "campaigns" / name).read_text())["name"] == campaign.name
+
+
+def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"restart.strategy 'in-allocation' does not run on the local backend yet; "
+                                        r"valid there: resubmit"):
+        parse_campaign(_spec(tmp_path, restart={"strategy": "in-allocation"}), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit' or 'in-allocation'"):
+        parse_campaign(_spec(tmp_path, restart={"strategy": "warm"}), base_dir=tmp_path)
+
+
+def test_spare_nodes_are_for_in_allocation_only(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, backend="slurm", resources={"nodes": 2, "tasks_per_node": 1, "spare_nodes": 1})
+    with pytest.raises(SpecError, match=r"resources.spare_nodes \(1\) is for restart.strategy in-allocation"):
+        parse_campaign(spec, base_dir=tmp_path)
+    spec["restart"] = {"strategy": "in-allocation"}
+    assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1

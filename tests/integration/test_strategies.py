@@ -1,0 +1,100 @@
+"""experiments/campaigns/strategies.yaml on the real 3-node Slurm cluster (issue 9): the same rank
+SIGKILL and node crash under `resubmit` and `in-allocation` (with a spare node); every run ends
+bit for bit as its fault-free twin, every recovery carries its failure class and strategy, and the
+report's strategy x class table has a row for each pair. resubmit keeps its next job off a crashed
+node (exclude_node); in-allocation relaunches in the same job, off the dead node, on the spare."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from experiments.runtime.hostlist import expand_hostlist
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
+DRILL_TIMEOUT_S = 1200
+PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
+
+
+@pytest.fixture(scope="module")
+def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
+    if not _cluster_up[0]:
+        pytest.skip("cluster not up")
+    shared = SHARED_TMP_ROOT / f"strategies-{uuid.uuid4().hex[:8]}"
+    shared.mkdir(parents=True)
+    spec = yaml.safe_load((REPO / "experiments" / "campaigns" / "strategies.yaml").read_text())
+    spec["workdir"] = str(shared / "work")
+    path = shared / "strategies.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    try:
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(path), "--format", "json"],
+                              capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-4000:]
+        if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
+            Path(keep).write_text(done.stdout)
+        yield json.loads(done.stdout)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _faulted(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [run for run in report["runs"] if not run["is_baseline"]]
+
+
+def _node_list(job_id: str) -> list[str]:
+    text = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "NodeList", "-j", job_id.split(";")[0]],
+                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    return expand_hostlist(text)
+
+
+def _by(report: dict[str, Any], strategy: str, kind: str) -> dict[str, Any]:
+    [run] = [run for run in _faulted(report)
+             if run["strategy"] == strategy and run["faults"] and run["faults"][0]["kind"] == kind]
+    return run
+
+
+def test_every_run_recovers_bit_for_bit_with_class_and_strategy(report: dict[str, Any]) -> None:
+    runs = _faulted(report)
+    assert len(runs) == 4
+    for run in runs:
+        assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["run_id"]
+        [recovery] = run["recoveries"]
+        assert recovery["strategy"] == run["strategy"] and recovery["failure_class"], recovery
+        assert all(recovery[phase] >= 0 for phase in PHASES)
+    pairs = {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
+    assert pairs == {("resubmit", "RANK_SIGNAL"), ("resubmit", "NODE_FAIL"),
+                     ("in-allocation", "RANK_SIGNAL"), ("in-allocation", "NODE_FAIL")}
+
+
+def test_resubmit_keeps_the_next_job_off_the_crashed_node(report: dict[str, Any], cluster) -> None:
+    run = _by(report, "resubmit", "node-crash")
+    lost = run["faults"][0]["target"].removeprefix("node ")
+    assert lost in cluster
+    failed, restarted = run["attempts"]
+    assert failed["failure_class"] == "NODE_FAIL" and failed["failed_nodes"] == [lost]
+    assert restarted["excluded_nodes"] == [lost] and restarted["job_id"] != failed["job_id"]
+    assert lost in _node_list(failed["job_id"]) and lost not in _node_list(restarted["job_id"])
+
+
+@pytest.mark.parametrize("kind,failure_class", [("kill-rank", "RANK_SIGNAL"), ("node-crash", "NODE_FAIL")])
+def test_in_allocation_relaunches_in_the_same_job(report: dict[str, Any], kind: str, failure_class: str) -> None:
+    run = _by(report, "in-allocation", kind)
+    failed, relaunched = run["attempts"]
+    assert failed["job_id"] == relaunched["job_id"], "no new job: the ranks were launched again in the allocation"
+    assert failed["state"] == "STEP_FAILED" and failed["failure_class"] == failure_class
+    assert len(_node_list(failed["job_id"])) == 3, "2 nodes for the ranks and 1 to spare"
+    if kind == "node-crash":
+        lost = run["faults"][0]["target"].removeprefix("node ")
+        assert relaunched["excluded_nodes"] == [lost]
