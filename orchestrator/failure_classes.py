@@ -100,9 +100,14 @@ def _warned(known: FailureEvidence) -> Classified | None:
     return None
 
 
+def is_peer_loss(error: str) -> bool:
+    """A survivor's word that a peer vanished: a consequence, not a cause."""
+    return any(marker in error for marker in PEER_LOSS_MARKERS)
+
+
 def own_errors(known: FailureEvidence) -> tuple[str, ...]:
     """The ranks' errors that are causes: not a survivor's word that a peer vanished."""
-    return tuple(error for error in known.rank_errors if not any(marker in error for marker in PEER_LOSS_MARKERS))
+    return tuple(error for error in known.rank_errors if not is_peer_loss(error))
 
 
 def _rank_errors(known: FailureEvidence) -> Classified | None:

@@ -23,6 +23,7 @@ from experiments.layout import (
     EVENT_WARNED,
     RunPaths,
 )
+from orchestrator.failure_classes import is_peer_loss
 from orchestrator.states import JobState
 from orchestrator.tails import JsonlTail
 
@@ -166,9 +167,13 @@ def rank_errors(watch: AttemptWatch) -> list[tuple[float, int, str]]:
 
 
 def rank_error_suffix(watch: AttemptWatch) -> str:
-    """``; rank R: <what it died of>`` for the first rank that recorded its error, or nothing."""
+    """``; rank R: <what it died of>`` for the first rank whose error is a cause, else ``; rank R
+    lost a peer: ...`` (a survivor's word: the rank that died first said nothing), or nothing."""
     errors = rank_errors(watch)
-    if not errors:
-        return ""
-    _, rank, error = errors[0]
-    return f"; rank {rank}: {error}"
+    causes = [(rank, error) for _, rank, error in errors if not is_peer_loss(error)]
+    if causes:
+        return f"; rank {causes[0][0]}: {causes[0][1]}"
+    if errors:
+        _, rank, error = errors[0]
+        return f"; rank {rank} lost a peer: {error}"
+    return ""

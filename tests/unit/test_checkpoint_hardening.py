@@ -163,3 +163,15 @@ def test_a_torch_checkpoint_that_fails_to_load_makes_the_next_attempt_fall_back(
     assert _torch_attempt(run_dir, steps=40, attempt=2) == straight  # resumed from 10, bit for bit
     loaded = [e for e in read_json_lines(store.paths.events_file(2)) if e["event"] == "checkpoint_loaded"]
     assert loaded[0]["step"] == 10
+
+
+def test_retention_deletes_the_last_valid_checkpoint_only_after_a_newer_one_is_verified(tmp_path: Path) -> None:
+    # keep: 1 — the only valid checkpoint stays until a newer one passed the publication checks.
+    store = CheckpointStore(tmp_path, keep=1)
+    _write(store, 10)
+    with pytest.raises(CheckpointIncomplete):
+        _write(store, 20, skip_rank=1)  # a newer one that is not complete: never published
+    assert store.step_dir(10).exists() and store.newest_valid().step == 10  # type: ignore[union-attr]
+    _write(store, 30)  # verified (every rank's receipt, every size) and published: now 10 may go
+    assert [step for step, _ in store.published()] == [30]
+    assert store.newest_valid().step == 30  # type: ignore[union-attr]

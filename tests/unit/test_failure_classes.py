@@ -55,3 +55,23 @@ def test_every_class_from_recorded_evidence(evidence: FailureEvidence, expected:
 def test_a_hang_the_controller_cancelled_stays_a_hang() -> None:
     # The controller cancels a hung job, so the scheduler later says CANCELLED: silence came first.
     assert classify(FailureEvidence(JobState.CANCELLED, "last_heartbeat")).failure_class is C.HANG
+
+
+def test_the_attempts_reason_names_the_cause_not_a_survivors_word(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from experiments.layout import RunPaths
+    from orchestrator.watch import AttemptWatch, rank_error_suffix
+
+    paths = RunPaths(tmp_path)
+    watch = AttemptWatch(attempt=0, job_id="7", paths=paths, ranks=2)
+
+    def died(rank: int, at: float, error: str) -> None:
+        paths.rank_error_file(0, rank).parent.mkdir(parents=True, exist_ok=True)
+        paths.rank_error_file(0, rank).write_text(json.dumps({"rank": rank, "time": at, "error": error}))
+
+    assert rank_error_suffix(watch) == ""
+    died(0, 1.0, GLOO_PEER)
+    assert rank_error_suffix(watch) == f"; rank 0 lost a peer: {GLOO_PEER}"
+    died(1, 2.0, "ValueError: bad batch")  # later, but the cause
+    assert rank_error_suffix(watch) == "; rank 1: ValueError: bad batch"
