@@ -194,7 +194,7 @@ class Controller:
         for tracker in trackers:
             tracker.settle_closing(states, now)
         for tracker in active:
-            tracker.advance(states, now)
+            tracker.advance(states, now, asked_at=self.poller.answered_as_of)
 
     def close(self) -> None:
         self.poller.close()

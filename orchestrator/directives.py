@@ -18,7 +18,8 @@ _SHORT = re.compile(r"^(-[A-Za-z])\s*(.*)$", re.DOTALL)
 # Options Faultdrill sets itself (and relies on), per backend: a user's copy would override them.
 _NAME = "the job name is how a restarted controller finds its jobs"
 _LOGS = "the logs go to the run's submitit folder"
-_REQUEUE = "scheduler requeue is off for every run: a requeued stale attempt would run again"
+_REQUEUE = ("Faultdrill sets it: off for every run (a requeued stale attempt would run again), on for "
+            "restart.strategy requeue")
 RESERVED: dict[str, dict[str, str]] = {
     "slurm": {
         "--job-name": _NAME, "-J": _NAME, "--output": _LOGS, "-o": _LOGS, "--error": _LOGS, "-e": _LOGS,

@@ -41,7 +41,7 @@ class FailureClass(str, Enum):
 @dataclass(frozen=True)
 class FailureEvidence:
     state: JobState  # the scheduler's, when the failure was taken (may still be RUNNING)
-    noticed_by: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running
+    noticed_by: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running | requeued
     exit_code: int | None = None  # the rank launch's, from the batch script's step_exit
     rank_errors: tuple[str, ...] = ()  # what ranks died of, earliest first
     warned: bool = False  # the ranks got the scheduler's warning (and checkpointed) first
@@ -82,6 +82,8 @@ def _scheduler(known: FailureEvidence) -> Classified | None:
         return Classified(FailureClass.PREEMPTED, "the scheduler: PREEMPTED")
     if state is JobState.OUT_OF_MEMORY:
         return Classified(FailureClass.OUT_OF_MEMORY, "the scheduler: OUT_OF_MEMORY")
+    if state is JobState.REQUEUED or known.noticed_by == "requeued":
+        return Classified(FailureClass.PREEMPTED, "the scheduler requeued the running job")
     return None
 
 

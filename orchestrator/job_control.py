@@ -58,6 +58,12 @@ class BackendJobControl:
     def cancel(self) -> None:
         self.backend_impl.cancel(self.job_id)
 
+    def requeue(self) -> None:
+        try:
+            self.backend_impl.requeue(self.job_id)
+        except NotSupported as error:
+            raise TargetRefused(str(error)) from None
+
     def set_time_left(self, seconds: float) -> str:
         try:
             return self.backend_impl.set_time_left(self.job_id, seconds)

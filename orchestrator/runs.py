@@ -16,6 +16,7 @@ from orchestrator.spec import Campaign, SpecError, format_errors
 
 STRATEGY_RESUBMIT = "resubmit"
 STRATEGY_IN_ALLOCATION = "in-allocation"
+STRATEGY_REQUEUE = "requeue"
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,9 @@ class RunConfig:
     def scheduler_requeue(self) -> bool:
         """Whether the scheduler may requeue this run's jobs itself (Slurm's JobRequeue, PBS -r y).
         Off: a requeued job would run an attempt the controller already replaced. (Fencing stops
-        such a stale attempt anyway; this keeps it from being queued at all.)"""
-        return False
+        such a stale attempt anyway; this keeps it from being queued at all.) On for the requeue
+        strategy only, where the requeued job *is* the next attempt (the fence names it first)."""
+        return self.campaign.restart.strategy == STRATEGY_REQUEUE
 
 
 def expand_runs(campaign: Campaign) -> list[RunConfig]:

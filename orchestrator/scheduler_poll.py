@@ -60,6 +60,9 @@ class SchedulerPoller:
     _in_flight: Future[dict[str, JobState]] | None = None
     _in_flight_since: float = 0.0
     _executor: ThreadPoolExecutor | None = None
+    # When the poll whose answer was last returned was asked: a job's state from before its
+    # attempt was accepted (a requeued job's old FAILED) says nothing about that attempt.
+    answered_as_of: float = 0.0
 
     def due(self, now: float, urgent: bool) -> bool:
         if now >= self._next_at:
@@ -101,7 +104,7 @@ class SchedulerPoller:
             self._failed(scheduler, error, started)
             return {}
         self._failing_since, self._failures_in_row = None, 0
-        self._last_at = started
+        self._last_at = self.answered_as_of = started
         self._next_at = started + min(MAX_INTERVAL_S, max(self.interval_s, SLOW_FACTOR * took))
         return states
 

@@ -107,13 +107,15 @@ FaultConfig = Annotated[
 ]
 
 
-STRATEGIES_BY_BACKEND = {"local": ("resubmit",), "slurm": ("resubmit", "in-allocation"), "pbs": ("resubmit",)}
+STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation"), "slurm": ("resubmit", "in-allocation", "requeue"),
+                         "pbs": ("resubmit",)}
 
 
 class RestartConfig(_Strict):
     # resubmit: a new job from the controller; in-allocation: the batch script keeps its allocation
-    # and launches the ranks again after a failure, on the controller's word (Slurm).
-    strategy: Literal["resubmit", "in-allocation"] = "resubmit"
+    # and launches the ranks again after a failure, on the controller's word; requeue: the
+    # scheduler's own (Slurm: --requeue, scontrol requeue), the same job as the next attempt.
+    strategy: Literal["resubmit", "in-allocation", "requeue"] = "resubmit"
     # in-allocation: after a failed rank step the batch script waits this long for the controller's
     # go (the fence naming the next attempt and this job), then ends the job.
     relaunch_wait_s: float = Field(60.0, gt=0, le=3600)
@@ -193,7 +195,9 @@ class Campaign(_Strict):
         if backend is not None and restart.strategy not in valid:
             problems.append(f"restart.strategy {restart.strategy!r} does not run on the {backend} backend yet; "
                             f"valid there: {', '.join(valid)}")
-        if resources is not None and resources.spare_nodes and restart.strategy != "in-allocation":
+        if backend == "local" and resources is not None and resources.spare_nodes:
+            problems.append("resources.spare_nodes: the local backend has one node, none to spare; set it to 0")
+        elif resources is not None and resources.spare_nodes and restart.strategy != "in-allocation":
             problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
                             f"(a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
         if problems:

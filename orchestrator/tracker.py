@@ -22,7 +22,7 @@ from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
 from injectors.kinds.base import FaultOutcome
 from injectors.targets import TargetRefused, read_identity
-from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.base import AttemptRef, Backend, NotSupported, Submission
 from orchestrator.closing import ClosingJobs
 from orchestrator.commands import CommandError, one_line
 from orchestrator.faults import FaultBook, OnActed
@@ -31,7 +31,7 @@ from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
 from orchestrator.recovery import Failure, compute_recovery
 from orchestrator.render import TemplateError, attempt_job_name
-from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, RunConfig
 from orchestrator.states import TERMINAL_STATES, JobState
 from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
 from orchestrator.policy import Decision, decide, policy_entry
@@ -44,7 +44,22 @@ CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
 STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
+REQUEUING = "REQUEUING"  # requeue: the job is being put back in the queue as this attempt
+REQUEUE_RETRY_S = 2.0
 RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
+
+
+@dataclass
+class PendingRequeue:
+    """The next attempt is the same job, to be requeued (restart.strategy requeue): tried until
+    the scheduler takes it (a job still completing is refused for a moment)."""
+
+    attempt: int
+    job_id: str
+    first_try: float
+    next_try_at: float
+    already: bool = False  # the scheduler requeued it itself (a preemption that requeues)
+    error: str = ""
 
 
 @dataclass
@@ -72,6 +87,7 @@ class RunTracker:
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
         self.pending: PendingSubmission | None = None
+        self.requeue: PendingRequeue | None = None
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self._evidence: dict[int, FailureEvidence] = {}  # failed attempts classified before their job ended
@@ -136,6 +152,10 @@ class RunTracker:
         """Adopt the attempt an earlier controller left in flight. One whose job id it never
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
+        if row.job_id is not None and row.state == REQUEUING:  # it stopped before the scheduler took it
+            self.requeue = PendingRequeue(row.attempt, row.job_id, first_try=now, next_try_at=now)
+            self._try_requeue(now)
+            return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
             write_fence(self.run.paths, Fence(row.attempt, row.job_id))
@@ -278,15 +298,19 @@ class RunTracker:
                                                  on_acted=on_acted))
 
     # one step of the loop ---------------------------------------------------------------------
-    def advance(self, states: dict[str, JobState], now: float) -> None:
+    def advance(self, states: dict[str, JobState], now: float, asked_at: float | None = None) -> None:
+        """One round: ``states`` is the scheduler's answer (asked at ``asked_at``), if one came."""
         if self.done:
             return
         watch = self.watch
         if watch is None:
             self.faults.collect()
             self._try_pending(now)
+            self._try_requeue(now)
             return
-        state = states.get(watch.job_id, watch.state)  # no poll this round: the last word stands
+        fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
+        # No poll this round (or a stale one): the last word stands.
+        state = states.get(watch.job_id, watch.state) if fresh else watch.state
         watch.read()
         self._note(watch, state, now)
         self.faults.collect(watch)
@@ -319,6 +343,8 @@ class RunTracker:
                                "scheduler_end" if ended else "poll")
         if state is JobState.UNKNOWN:
             return FailureSign("job vanished from the scheduler", now, "poll")
+        if _requeued(watch, state):
+            return FailureSign(f"the scheduler requeued the job{rank_error_suffix(watch)}", now, "requeued")
         if watch.completed:
             return None  # no more heartbeats to come; the scheduler reports how the job ends
         return watch.hang(now, self.restart.hang_timeout_s) or watch.stuck_start(now, self.restart.start_timeout_s)
@@ -327,8 +353,13 @@ class RunTracker:
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
         # in-allocation: the job outlives its failed rank step and is the next attempt's, unless the
         # allocation itself has ended (then a new job, as resubmit does).
-        keep_allocation = self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
-        if keep_allocation and watch.step_exit is None:
+        requeued = _requeued(watch, state)
+        keep_allocation = (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
+                           and not requeued)
+        same_job = self.restart.strategy == STRATEGY_REQUEUE  # the job runs again as the next attempt
+        if same_job:
+            pass  # scontrol requeue ends whatever of it still runs (a hang: the job itself)
+        elif keep_allocation and watch.step_exit is None:
             # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
             # dead node takes scancel a MessageTimeout, which would hold up every run.
             threading.Thread(target=self._kill_ranks, args=(watch.job_id,), daemon=True,
@@ -352,7 +383,8 @@ class RunTracker:
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
-        self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation else None)
+        self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation or same_job else None,
+                              requeued=requeued)
 
     def _failed_nodes(self, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
                       failure_class: FailureClass) -> tuple[str, ...]:
@@ -366,22 +398,54 @@ class RunTracker:
                 return ()
         return ()
 
-    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None) -> None:
-        """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the
-        same allocation (``in_job``, restart.strategy in-allocation) or as a new job."""
+    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None, requeued: bool = False) -> None:
+        """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the same
+        job (``in_job``: relaunched in its allocation, or requeued) or as a new job."""
         decision = self._decide(attempt)
         if not decision.restart:
-            if in_job is not None:  # its batch script waits for a go that will not come
+            if in_job is not None:  # it waits for a go (or in the queue) for nothing
                 self._cancel(in_job)
                 self.closing.add(attempt, in_job, now, cancelled=True)
             self._give_up(decision.reason, now)
             return
         log.info("%s: %s%s", self.run.run_id, decision.reason,
                  f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
-        if in_job is not None:
+        if in_job is not None and self.restart.strategy == STRATEGY_REQUEUE:
+            self._requeue(attempt + 1, in_job, now, already=requeued)
+        elif in_job is not None:
             self._relaunch(attempt + 1, in_job)
+        else:
+            self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+
+    def _requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
+        """The next attempt is the same job, requeued: recorded, and named in the fence (job and
+        attempt) before the scheduler is asked, so that the job's next start runs as it."""
+        self.watch = None
+        first = self.ledger.attempts(self.run.run_id)[0]
+        self.begin_attempt(attempt, job_name=first.job_name)
+        self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
+        write_fence(self.run.paths, Fence(attempt, job_id))
+        self.requeue = PendingRequeue(attempt, job_id, first_try=now, next_try_at=now, already=already)
+        self._try_requeue(now)
+
+    def _try_requeue(self, now: float) -> None:
+        pending = self.requeue
+        if pending is None or now < pending.next_try_at:
             return
-        self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+        if not pending.already:
+            try:
+                self.backend.requeue(pending.job_id)
+            except (CommandError, NotSupported) as error:
+                pending.error = error.summary if isinstance(error, CommandError) else str(error)
+                if now - pending.first_try > self.restart.cancel_timeout_s:
+                    self.requeue = None
+                    self._give_up(f"the scheduler would not requeue job {pending.job_id}: {pending.error}", now)
+                    return
+                pending.next_try_at = now + REQUEUE_RETRY_S
+                return
+        self.requeue = None
+        log.info("%s: attempt %d is job %s, requeued", self.run.run_id, pending.attempt, pending.job_id)
+        self.accept(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
 
     def _relaunch(self, attempt: int, job_id: str) -> None:
         """The next attempt in the job that is already running (in-allocation): recorded and
@@ -547,6 +611,11 @@ def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, ba
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
                            rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
                            lost_nodes=lost_nodes)
+
+
+def _requeued(watch: AttemptWatch, state: JobState) -> bool:
+    """The scheduler put the running job back in the queue (a preemption that requeues)."""
+    return state is JobState.REQUEUED or (state is JobState.PENDING and watch.running_since is not None)
 
 
 def _ran(row: AttemptRow) -> bool:

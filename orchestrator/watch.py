@@ -12,6 +12,7 @@ the clock starts again when the job resumes.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 from experiments.layout import (
@@ -65,6 +66,7 @@ class AttemptWatch:
     running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
     resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED
     beats: dict[int, RankBeat] = field(default_factory=dict)
+    since: float = field(default_factory=time.time)  # when the controller began to watch it
 
     def __post_init__(self) -> None:
         self.events = JsonlTail(self.paths.events_file(self.attempt))

@@ -109,6 +109,9 @@ class JobControl(Protocol):
     def cancel(self) -> None:
         """End the job through the scheduler."""
 
+    def requeue(self) -> None:
+        """Put the job back in the queue through the scheduler (it runs again, as sites preempt)."""
+
     def set_time_left(self, seconds: float) -> str:
         """Make the job reach its walltime about ``seconds`` from now; what was set, in words."""
 

@@ -1,5 +1,6 @@
 """preempt: the scheduler takes the job back as sites do: the warning signal to every rank (the
-one the batch script's ``--signal`` names), a grace time, then the job is cancelled. The ranks
+one the batch script's ``--signal`` names), a grace time, then the job is cancelled (or, with
+``then: requeue``, requeued: ``scontrol requeue``, as sites that requeue preempted jobs do). The ranks
 take a checkpoint on the warning and train no more, so the work lost should be ~0; the run goes
 on in a new job. Acts from the controller, through the scheduler (Slurm: ``scancel --signal``,
 then ``scancel``; local: the agent signals the verified ranks, then the job is cancelled)."""
@@ -21,6 +22,8 @@ class PreemptOptions(FaultOptions):
     grace_s: float = Field(30.0, ge=0, le=3600, description=(
         "the longest the job is given after the warning; it is cancelled as soon as its ranks' "
         "checkpoint is durable, or at the end of the grace time"))
+    then: Literal["cancel", "requeue"] = Field("cancel", description=(
+        "what the scheduler does after the grace time: cancel the job, or requeue it (Slurm)"))
 
 
 class Preempt(FaultKind):
@@ -31,14 +34,17 @@ class Preempt(FaultKind):
     works_on = ("local", "slurm")
 
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
-        return f"job (warning {DEFAULT_WARNING_SIGNAL}, grace {float(options.get('grace_s', 30.0)):g} s, then cancel)"
+        return (f"job (warning {DEFAULT_WARNING_SIGNAL}, grace {float(options.get('grace_s', 30.0)):g} s, "
+                f"then {options.get('then', 'cancel')})")
 
     def act_on_controller(self, task: FaultTask, control: JobControl) -> FaultOutcome:
         control.verify_running()
         at = time.time()
         control.signal_ranks(DEFAULT_WARNING_SIGNAL)
         warned = wait_for_warned(task.run_dir, task.attempt, at - 1.0, float(task.options.get("grace_s", 30.0)))
-        control.cancel()
+        then = str(task.options.get("then", "cancel"))
+        control.requeue() if then == "requeue" else control.cancel()
         waited = time.time() - at
+        done = "requeued" if then == "requeue" else "cancelled"
         return FaultOutcome(kind=self.name, target=f"job {control.job_id}", at=at, signal=DEFAULT_WARNING_SIGNAL,
-                            detail=f"preempted: {saved(warned, at)}; cancelled {waited:.2f} s after the warning")
+                            detail=f"preempted: {saved(warned, at)}; {done} {waited:.2f} s after the warning")

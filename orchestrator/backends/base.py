@@ -106,6 +106,10 @@ class Backend(abc.ABC):
         caller signals the verified ranks through the agent instead)."""
         return False
 
+    def requeue(self, job_id: str) -> None:
+        """Have the scheduler run the same job again (restart.strategy requeue)."""
+        raise NotSupported(f"the {self.name} backend cannot requeue a job")
+
     def kill_rank_step(self, job_id: str) -> bool:
         """SIGKILL the ranks' step of the job and leave the job (its allocation) running; False if
         this backend cannot (the caller then cancels the job)."""

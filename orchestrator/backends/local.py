@@ -28,11 +28,10 @@ from experiments.layout import (
 )
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
-from orchestrator.backends.local_controller import exit_codes_file
+from orchestrator.backends.local_controller import ENV_RELAUNCH_WAIT_S, exit_codes_file, step_exit_code
 from orchestrator.commands import CommandResult, run_command
-from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 from orchestrator.render import rank_environment
-from orchestrator.runs import RunConfig
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
 from orchestrator.spec import time_limit_minutes
 from orchestrator.states import JobState
 
@@ -100,7 +99,10 @@ class LocalBackend(Backend):
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
         tasks = 1 if prefix else run.ranks
-        executor = EnvLocalExecutor(run.paths.submitit, rank_environment(run, job.attempt, self.drill_id), prefix)
+        environment = rank_environment(run, job.attempt, self.drill_id)
+        if run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION:
+            environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
+        executor = EnvLocalExecutor(run.paths.submitit, environment, prefix)
         executor.update_parameters(tasks_per_node=tasks, timeout_min=_minutes(run))
         submitted = executor.submit(run_rank, job)
         process = submitted._process
@@ -150,7 +152,8 @@ class LocalBackend(Backend):
         if controller is None:
             return
         record.cancelled = True
-        kill_tree(controller, include_root=force)
+        # A job that relaunches its ranks (in-allocation) would wait for a go: it ends with them.
+        kill_tree(controller, include_root=force or _relaunches(controller))
 
     def _verified_controller(self, job_id: str, record: "LocalJobRecord") -> psutil.Process | None:
         """The job's submitit controller, if it still runs: the process we started, or for an
@@ -167,7 +170,8 @@ class LocalBackend(Backend):
         return None
 
     def exit_code(self, job_id: str) -> int | None:
-        """How the job's tasks ended, as a step exit code: a signal N as 128 + N, else the first failure."""
+        """How the job's tasks ended, as a step exit code: a signal N as 128 + N, else the first failure
+        (a task killed by a signal is the cause; the others' exits are their reaction to it)."""
         record = self._jobs.get(job_id)
         if record is None:
             return None
@@ -175,12 +179,17 @@ class LocalBackend(Backend):
             codes = json.loads(exit_codes_file(record.folder, job_id).read_text())["exit_codes"]
         except (OSError, ValueError, KeyError):
             return None
-        # A task killed by a signal is the cause; the others' exits are their reaction to it.
-        signals = [int(code) for code in codes if code is not None and code < 0]
-        if signals:
-            return SIGNAL_EXIT_BASE - signals[0]
-        failed = [int(code) for code in codes if code]
-        return failed[0] if failed else (0 if codes else None)
+        return step_exit_code(codes) if codes else None
+
+    def kill_rank_step(self, job_id: str) -> bool:
+        """SIGKILL the job's ranks (every process below its controller), not the controller: with
+        in-allocation it starts them again on the controller's go."""
+        record = self._jobs.get(job_id)
+        controller = self._verified_controller(job_id, record) if record is not None else None
+        if controller is None:
+            return False
+        kill_tree(controller, include_root=False)
+        return True
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         """Every rank is on this machine: the agent is a local process."""
@@ -234,6 +243,13 @@ def _adopted_state(job_id: str, record: LocalJobRecord) -> JobState:
     if LOCAL_CONTROLLER_MODULE in cmdline and str(record.folder) in cmdline:
         return JobState.RUNNING
     return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.UNKNOWN
+
+
+def _relaunches(controller: psutil.Process) -> bool:
+    try:
+        return ENV_RELAUNCH_WAIT_S in controller.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def _minutes(run: RunConfig) -> float:

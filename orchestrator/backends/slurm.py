@@ -190,6 +190,12 @@ class SlurmBackend(Backend):
                     timeout_s=POLL_TIMEOUT_S, retries=1)
         return True
 
+    def requeue(self, job_id: str) -> None:
+        """``scontrol requeue``: the job (running, or ended but still known) goes back to the queue;
+        Slurm holds it with a BeginTime (about 120 s here) before it may start again."""
+        number, cluster = split_job_id(job_id)
+        run_command(["scontrol", *cluster_args(cluster), "requeue", number], timeout_s=POLL_TIMEOUT_S)
+
     def kill_rank_step(self, job_id: str) -> bool:
         """The steps named as the ranks' (RANK_STEP_NAME), each SIGKILLed alone: a signal to a
         step leaves the job running (SIGKILL to the job would cancel it)."""

@@ -98,7 +98,7 @@ def test_two_node_batch_job_puts_ranks_on_both_nodes(cluster, slurm, shared_tmp)
         ranks[int(m.group(1))] = m.group(2)
     assert sorted(ranks) == [0, 1, 2, 3], lines
     per_host = Counter(ranks.values())
-    assert set(per_host) == set(cluster), per_host
+    assert len(per_host) == 2 and set(per_host) <= set(cluster), per_host  # 2 of the cluster's nodes
     assert all(count == 2 for count in per_host.values()), per_host
 
 
@@ -116,7 +116,7 @@ def test_srun_python_across_nodes_has_distinct_hostnames(cluster, shared_tmp):
     rows = sorted(line.split() for line in proc.stdout.splitlines() if line.strip())
     assert [r[0] for r in rows] == ["0", "1"], proc.stdout
     hosts = [r[1] for r in rows]
-    assert len(set(hosts)) == 2 and set(hosts) == set(cluster), proc.stdout
+    assert len(set(hosts)) == 2 and set(hosts) <= set(cluster), proc.stdout
     for _, host, addr in rows:
         # Each node resolves its own name to its namespace address, not loopback.
         assert addr == cluster.addresses[host], proc.stdout
@@ -260,9 +260,9 @@ def test_qsub_two_nodes_runs_on_both_and_qstat_reports_it(cluster, slurm, shared
 
     assert slurm.wait_job_done(jobid, JOB_TIMEOUT) == "COMPLETED", out.read_text() + err.read_text()
     hosts = [ln.strip() for ln in out.read_text().splitlines() if ln.strip() in cluster]
-    assert sorted(hosts) == sorted(cluster), out.read_text()
+    assert len(set(hosts)) == 2 == len(hosts), out.read_text()
     info = slurm.job_info(jobid)
-    assert sorted(slurm.hostnames(info["NodeList"])) == sorted(cluster), info
+    assert sorted(slurm.hostnames(info["NodeList"])) == sorted(hosts), info
     done = run(["qstat", "-f", jobid], timeout=15).stdout
     assert "job_state = C" in done, done
     listing = run(["qstat"], timeout=15).stdout
@@ -332,4 +332,5 @@ def test_mpi_over_pmix_across_nodes(cluster, shared_tmp):
     rows = re.findall(r"rank=(\d) size=(\d) host=(\S+) total=(\d+)", proc.stdout)
     assert sorted(int(r[0]) for r in rows) == [0, 1, 2, 3], proc.stdout + proc.stderr
     assert all(r[1] == "4" and r[3] == "10" for r in rows), proc.stdout
-    assert Counter(r[2] for r in rows) == {n: 2 for n in cluster}, proc.stdout
+    per_host = Counter(r[2] for r in rows)
+    assert len(per_host) == 2 and set(per_host) <= set(cluster) and set(per_host.values()) == {2}, proc.stdout

@@ -1,8 +1,10 @@
 """experiments/campaigns/strategies.yaml on the real 3-node Slurm cluster (issue 9): the same rank
-SIGKILL and node crash under `resubmit` and `in-allocation` (with a spare node); every run ends
-bit for bit as its fault-free twin, every recovery carries its failure class and strategy, and the
-report's strategy x class table has a row for each pair. resubmit keeps its next job off a crashed
-node (exclude_node); in-allocation relaunches in the same job, off the dead node, on the spare."""
+SIGKILL under `resubmit`, `in-allocation` and `requeue`, a node crash under resubmit and
+in-allocation (with a spare node), a preemption that requeues under requeue; every run ends bit for
+bit as its fault-free twin, every recovery carries its failure class and strategy, and the report's
+strategy x class table has a row for each pair. resubmit keeps its next job off a crashed node
+(exclude_node); in-allocation relaunches in the same job, off the dead node, on the spare; requeue
+runs the same job again, through the scheduler's hold."""
 
 from __future__ import annotations
 
@@ -67,15 +69,15 @@ def _by(report: dict[str, Any], strategy: str, kind: str) -> dict[str, Any]:
 
 def test_every_run_recovers_bit_for_bit_with_class_and_strategy(report: dict[str, Any]) -> None:
     runs = _faulted(report)
-    assert len(runs) == 4
+    assert len(runs) == 6
     for run in runs:
         assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["run_id"]
         [recovery] = run["recoveries"]
         assert recovery["strategy"] == run["strategy"] and recovery["failure_class"], recovery
         assert all(recovery[phase] >= 0 for phase in PHASES)
     pairs = {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
-    assert pairs == {("resubmit", "RANK_SIGNAL"), ("resubmit", "NODE_FAIL"),
-                     ("in-allocation", "RANK_SIGNAL"), ("in-allocation", "NODE_FAIL")}
+    assert pairs == {("resubmit", "RANK_SIGNAL"), ("resubmit", "NODE_FAIL"), ("in-allocation", "RANK_SIGNAL"),
+                     ("in-allocation", "NODE_FAIL"), ("requeue", "RANK_SIGNAL"), ("requeue", "PREEMPTED")}
 
 
 def test_resubmit_keeps_the_next_job_off_the_crashed_node(report: dict[str, Any], cluster) -> None:
@@ -88,13 +90,28 @@ def test_resubmit_keeps_the_next_job_off_the_crashed_node(report: dict[str, Any]
     assert lost in _node_list(failed["job_id"]) and lost not in _node_list(restarted["job_id"])
 
 
-@pytest.mark.parametrize("kind,failure_class", [("kill-rank", "RANK_SIGNAL"), ("node-crash", "NODE_FAIL")])
-def test_in_allocation_relaunches_in_the_same_job(report: dict[str, Any], kind: str, failure_class: str) -> None:
+@pytest.mark.parametrize("kind,failure_class,nodes", [("kill-rank", "RANK_SIGNAL", 2), ("node-crash", "NODE_FAIL", 3)])
+def test_in_allocation_relaunches_in_the_same_job(report: dict[str, Any], kind: str, failure_class: str,
+                                                  nodes: int) -> None:
     run = _by(report, "in-allocation", kind)
     failed, relaunched = run["attempts"]
     assert failed["job_id"] == relaunched["job_id"], "no new job: the ranks were launched again in the allocation"
     assert failed["state"] == "STEP_FAILED" and failed["failure_class"] == failure_class
-    assert len(_node_list(failed["job_id"])) == 3, "2 nodes for the ranks and 1 to spare"
+    assert len(_node_list(failed["job_id"])) == nodes, "the node crash's run holds 1 node to spare"
     if kind == "node-crash":
         lost = run["faults"][0]["target"].removeprefix("node ")
         assert relaunched["excluded_nodes"] == [lost]
+
+
+@pytest.mark.parametrize("kind,failure_class", [("kill-rank", "RANK_SIGNAL"), ("preempt", "PREEMPTED")])
+def test_requeue_runs_the_same_job_again(report: dict[str, Any], kind: str, failure_class: str) -> None:
+    run = _by(report, "requeue", kind)
+    failed, requeued = run["attempts"]
+    assert failed["job_id"] == requeued["job_id"], "the scheduler's requeue: the same job is the next attempt"
+    assert failed["failure_class"] == failure_class
+    [recovery] = run["recoveries"]
+    if kind == "preempt":
+        assert recovery["lost_steps"] == 0 and "requeued" in run["faults"][0]["detail"]
+    states = subprocess.run(["sacct", "-n", "-P", "-D", "-X", "-o", "JobID,State", "-j", failed["job_id"]],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    assert any("REQUEUED" in line for line in states) and states[-1].endswith("COMPLETED"), states

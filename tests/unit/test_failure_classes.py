@@ -75,3 +75,8 @@ def test_the_attempts_reason_names_the_cause_not_a_survivors_word(tmp_path) -> N
     assert rank_error_suffix(watch) == f"; rank 0 lost a peer: {GLOO_PEER}"
     died(1, 2.0, "ValueError: bad batch")  # later, but the cause
     assert rank_error_suffix(watch) == "; rank 1: ValueError: bad batch"
+
+
+def test_a_job_the_scheduler_requeued_was_preempted() -> None:
+    assert classify(FailureEvidence(JobState.PENDING, "requeued")).failure_class is C.PREEMPTED
+    assert classify(FailureEvidence(JobState.REQUEUED, "poll")).failure_class is C.PREEMPTED

@@ -158,10 +158,13 @@ def test_shipped_campaigns_are_valid(name: str) -> None:
 
 
 def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match=r"restart.strategy 'in-allocation' does not run on the local backend yet; "
+    with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the local backend yet; "
+                                        r"valid there: resubmit, in-allocation"):
+        parse_campaign(_spec(tmp_path, restart={"strategy": "requeue"}), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"restart.strategy 'in-allocation' does not run on the pbs backend yet; "
                                         r"valid there: resubmit"):
-        parse_campaign(_spec(tmp_path, restart={"strategy": "in-allocation"}), base_dir=tmp_path)
-    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit' or 'in-allocation'"):
+        parse_campaign(_spec(tmp_path, backend="pbs", restart={"strategy": "in-allocation"}), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation' or 'requeue'"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "warm"}), base_dir=tmp_path)
 
 
