@@ -374,8 +374,9 @@ class RunTracker:
         if not state.is_terminal:  # the scheduler's final word may tell more (TIMEOUT, NODE_FAIL)
             self._evidence[watch.attempt] = evidence
         failed_nodes = self._failed_nodes(watch, sign, evidence, classified.failure_class)
-        if keep_allocation:  # the job goes on: this attempt's state is its rank step's
-            self.ledger.update_attempt(self.run.run_id, watch.attempt, state=STEP_FAILED)
+        if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
+            self.ledger.update_attempt(self.run.run_id, watch.attempt,
+                                       state=STEP_FAILED if keep_allocation else JobState.REQUEUED.value)
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence,
                                    failure_class=classified.failure_class.value, class_evidence=classified.evidence,
