@@ -86,7 +86,7 @@ def test_tensorflow_ranks_on_two_nodes_through_pbs_recover_from_a_kill(shared_tm
         assert run["recoveries"][0]["resumed_from_step"] > 0
         node_of = {json.loads((shared_tmp / "work" / "runs" / "r000" / "attempts" / "0" / f"rank-{rank}.json")
                               .read_text())["node"] for rank in range(4)}
-        assert node_of == set(cluster)
+        assert len(node_of) == 2 and node_of <= set(cluster), node_of
     finally:
         for attempt in run["attempts"]:
             qdel(attempt["job_id"], None)

@@ -73,7 +73,7 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
 
     paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
     nodes = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(4)}
-    assert nodes == set(cluster), f"ranks ran on {nodes}, expected both nodes {set(cluster)}"
+    assert len(nodes) == 2 and nodes <= set(cluster), f"ranks ran on {nodes}, expected 2 nodes of {set(cluster)}"
     start = read_json_lines(paths.events_file(0))[0]
     assert start["event"] == "job_start" and start["job_id"] == faulted["attempts"][0]["job_id"]
 

@@ -1,4 +1,4 @@
-"""The quick drill on the real 2-node Slurm cluster: ranks on both nodes, a rank SIGKILLed through
+"""The quick drill on the real Slurm cluster: ranks on both of the job's 2 nodes, a rank SIGKILLed through
 a step inside the job's allocation, resubmission from the newest valid checkpoint, and a final
 state identical to the fault-free twin. Accounting (sacct) shows every attempt."""
 
@@ -55,7 +55,7 @@ def test_slurm_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster, slur
 
     paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
     nodes = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(4)}
-    assert nodes == set(cluster), f"ranks ran on {nodes}, expected both nodes {set(cluster)}"
+    assert len(nodes) == 2 and nodes <= set(cluster), f"ranks ran on {nodes}, expected 2 nodes of {set(cluster)}"
 
     for run in report["runs"]:
         for attempt in run["attempts"]:
