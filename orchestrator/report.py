@@ -10,11 +10,12 @@ from typing import Any
 from orchestrator.ledger import Ledger, RunRow
 from orchestrator.study import checkpoint_study
 
-RECOVERY_FIELDS = (
+LEDGER_RECOVERY_FIELDS = (
     "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
     "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence", "clock_correction_s",
     "failure_class", "fallback_from_step", "fallback_lost_steps",
 )
+RECOVERY_FIELDS = (*LEDGER_RECOVERY_FIELDS, "strategy")  # a report's recovery: the ledger's, and the run's strategy
 
 
 class ReportError(RuntimeError):
@@ -48,7 +49,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     if baseline_digest and run.final_digest:
         identical = baseline_digest == run.final_digest
     checkpoints = _checkpoint_summary(ledger, run.run_id, run)
-    recoveries = [{**{key: asdict(r)[key] for key in RECOVERY_FIELDS}, "strategy": run.strategy}
+    recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy}
                   for r in ledger.recoveries(run.run_id)]
     return {
         "run_id": run.run_id,

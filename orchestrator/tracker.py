@@ -93,6 +93,7 @@ class RunTracker:
         self._evidence: dict[int, FailureEvidence] = {}  # failed attempts classified before their job ended
         self.status = ledger.run(run.run_id).status
         self._awaiting_recovery: int | None = None
+        self._silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
         self._started_recorded = False
         self._finalized = False
 
@@ -111,12 +112,13 @@ class RunTracker:
 
     @property
     def awaits_scheduler(self) -> bool:
-        """The run's files say its job is ending (the rank step exited, or the final record is
-        written): the scheduler's word is wanted before the next regular poll."""
+        """The run's files say its job is ending (the rank step exited, the final record is
+        written) or a rank fell silent (a hang, unless the job is suspended): the scheduler's word
+        is wanted before the next regular poll."""
         watch = self.watch
         if watch is None or self.done or watch.state.is_terminal:
             return False
-        return watch.step_exit is not None or watch.completed
+        return watch.step_exit is not None or watch.completed or self._silent_since is not None
 
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
@@ -289,6 +291,7 @@ class RunTracker:
     def _watch(self, attempt: int, job_id: str) -> None:
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
         self._started_recorded = False
+        self._silent_since = None
         ran_before = any(row.attempt < attempt and _ran(row) for row in self.ledger.attempts(self.run.run_id))
         self._awaiting_recovery = attempt if ran_before else None
         self.status = "running"
@@ -315,7 +318,7 @@ class RunTracker:
         self._note(watch, state, now)
         self.faults.collect(watch)
         self._maybe_record_recovery()
-        sign = self._failure_sign(watch, state, now)
+        sign = self._failure_sign(watch, state, now, asked_at)
         if sign is not None and self._final_of(watch) is None:
             self._on_failure(watch, sign, state, now)
         elif state is JobState.COMPLETED or sign is not None:
@@ -332,7 +335,8 @@ class RunTracker:
             self.ledger.update_attempt(self.run.run_id, watch.attempt, started=watch.job_started)
             self._started_recorded = True
 
-    def _failure_sign(self, watch: AttemptWatch, state: JobState, now: float) -> FailureSign | None:
+    def _failure_sign(self, watch: AttemptWatch, state: JobState, now: float,
+                      asked_at: float | None = None) -> FailureSign | None:
         """Why the attempt failed, with the best evidence of when; None while it looks healthy."""
         if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
             return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
@@ -347,7 +351,15 @@ class RunTracker:
             return FailureSign(f"the scheduler requeued the job{rank_error_suffix(watch)}", now, "requeued")
         if watch.completed:
             return None  # no more heartbeats to come; the scheduler reports how the job ends
-        return watch.hang(now, self.restart.hang_timeout_s) or watch.stuck_start(now, self.restart.start_timeout_s)
+        hang = watch.hang(now, self.restart.hang_timeout_s)
+        if hang is None:
+            self._silent_since = None
+            return watch.stuck_start(now, self.restart.start_timeout_s)
+        # Silence is a hang only if the scheduler, asked since, does not say the job is suspended
+        # (its state comes at the slow pace: ask it now, and decide on its answer).
+        if self._silent_since is None:
+            self._silent_since = now
+        return hang if asked_at is None or asked_at >= self._silent_since else None
 
     # failure ----------------------------------------------------------------------------------
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
