@@ -115,14 +115,18 @@ def test_three_sigkills_of_the_controller_submit_nothing_twice_and_lose_no_row(s
     assert all(run["status"] == "completed" for run in runs.values()), where
     assert runs["r000"]["identical_to_baseline"] is True, where
     attempts = _ledger_attempts(workdir)
-    assert set(rows_before) <= set(attempts), f"a ledger row was lost {where}"
+    final = {(run_id, attempt): job_id for run_id, attempt, job_id in attempts}
+    for run_id, attempt, job_id in rows_before:  # a submission in flight gets its job id later
+        assert (run_id, attempt) in final, f"ledger row {run_id}/{attempt} was lost {where}"
+        assert job_id is None or final[(run_id, attempt)] == job_id, f"{run_id}/{attempt} changed job {where}"
     accounted = _sacct_jobs(_drill_id(workdir), since)
     duplicates = {name: ids for name, ids in accounted.items() if len(ids) > 1}
     assert not duplicates, f"an attempt was submitted twice: {duplicates} {where}"
     ledger_jobs = sorted(job_id.split(";")[0] for _, _, job_id in attempts if job_id)
     assert ledger_jobs == sorted(job for ids in accounted.values() for job in ids), where
     faults = runs["r000"]["faults"]
-    assert faults and faults[0]["outcome"] in ("injected", "not_fired"), where
+    # A SIGKILL while the agent acted leaves the fault "unknown"; one before it was due, "not fired".
+    assert faults and faults[0]["outcome"] in ("injected", "unknown", "absorbed", "not fired"), (faults, where)
     if faults[0]["outcome"] == "injected":
         [recovery] = runs["r000"]["recoveries"]
         assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["ttr_s"] > 0, where
