@@ -368,15 +368,15 @@ class RunTracker:
         requeued = _requeued(watch, state)
         keep_allocation = (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
                            and not requeued)
-        same_job = self.restart.strategy == STRATEGY_REQUEUE  # the job runs again as the next attempt
-        if same_job:
-            pass  # scontrol requeue ends whatever of it still runs (a hang: the job itself)
-        elif keep_allocation and watch.step_exit is None:
+        # requeue: the job runs again as the next attempt; scontrol requeue ends whatever of it
+        # still runs (a hang: the job itself), so nothing is cancelled or closed here.
+        same_job = self.restart.strategy == STRATEGY_REQUEUE
+        if keep_allocation and watch.step_exit is None:
             # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
             # dead node takes scancel a MessageTimeout, which would hold up every run.
             threading.Thread(target=self._kill_ranks, args=(watch.job_id,), daemon=True,
                              name=f"kill-step-{watch.job_id}").start()
-        elif not state.is_terminal and not keep_allocation:
+        elif not state.is_terminal and not keep_allocation and not same_job:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
             if cancel:
                 self._cancel(watch.job_id)
@@ -434,8 +434,7 @@ class RunTracker:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and
         attempt) before the scheduler is asked, so that the job's next start runs as it."""
         self.watch = None
-        first = self.ledger.attempts(self.run.run_id)[0]
-        self.begin_attempt(attempt, job_name=first.job_name)
+        self._begin_in_same_job(attempt)
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
         write_fence(self.run.paths, Fence(attempt, job_id))
         self.requeue = PendingRequeue(attempt, job_id, first_try=now, next_try_at=now, already=already)
@@ -465,8 +464,7 @@ class RunTracker:
         fenced like a submission, then the go — the fence naming this attempt and the job, which
         the batch script waits for — with the nodes to keep off beside it."""
         self.watch = None
-        first = self.ledger.attempts(self.run.run_id)[0]
-        job = self.begin_attempt(attempt, job_name=first.job_name)
+        job = self._begin_in_same_job(attempt)
         if job.exclude_nodes:
             exclude_file = self.run.paths.attempt_dir(attempt) / RELAUNCH_EXCLUDE_NAME
             exclude_file.parent.mkdir(parents=True, exist_ok=True)
@@ -474,6 +472,11 @@ class RunTracker:
         log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
                  f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
         self.accept(attempt, Submission(job_id, accepted_at=time.time()))
+
+    def _begin_in_same_job(self, attempt: int) -> RankJob:
+        """An attempt that runs in the job already there (relaunched or requeued): recorded under
+        that job's name (the first attempt's), so a restarted controller can look it up."""
+        return self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name)
 
     def _kill_ranks(self, job_id: str) -> None:
         """End the rank step of a hung attempt and keep its allocation for the next one."""

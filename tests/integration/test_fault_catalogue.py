@@ -6,19 +6,16 @@ filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import yaml
 
+from campaigns import campaign_copy, drill_report
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.runs import expand_runs
 from orchestrator.spec import Campaign, load_campaign
@@ -40,22 +37,15 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
         pytest.skip("cluster not up")  # _require_cluster fails the tests themselves when it must be up
     shared = SHARED_TMP_ROOT / f"fault-catalogue-{uuid.uuid4().hex[:8]}"
     shared.mkdir(parents=True)
-    spec = yaml.safe_load((REPO / "experiments" / "campaigns" / "fault-catalogue.yaml").read_text())
-    spec["workdir"] = str(shared / "work")
-    path = shared / "fault-catalogue.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path = campaign_copy("fault-catalogue", shared)
     small_fs = f"catalogue-{shared.name}"
     disk_full_run = _run_with(load_campaign(path), "disk-full")
     checkpoints = RunPaths(shared / "work" / "runs" / disk_full_run).checkpoints
     checkpoints.parent.mkdir(parents=True)
     checkpoints.symlink_to(_cluster("small-fs", small_fs, str(SMALL_FS_MB)))
     try:
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(path), "--format", "json"],
-                              capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
-        assert done.returncode == 0, done.stderr[-4000:]
-        if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):  # the figures of a by-hand run, kept
-            Path(keep).write_text(done.stdout)
-        yield {**json.loads(done.stdout), "workdir": str(shared / "work"), "small_fs": checkpoints.resolve()}
+        report = drill_report(path, DRILL_TIMEOUT_S)
+        yield {**report, "workdir": str(shared / "work"), "small_fs": checkpoints.resolve()}
     finally:
         _cluster("small-fs-remove", small_fs)
         shutil.rmtree(shared, ignore_errors=True)

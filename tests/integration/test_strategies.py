@@ -8,23 +8,19 @@ runs the same job again, through the scheduler's hold."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import yaml
 
+from campaigns import campaign_copy, drill_report
 from experiments.runtime.hostlist import expand_hostlist
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
 DRILL_TIMEOUT_S = 1200
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
@@ -36,17 +32,8 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
         pytest.skip("cluster not up")
     shared = SHARED_TMP_ROOT / f"strategies-{uuid.uuid4().hex[:8]}"
     shared.mkdir(parents=True)
-    spec = yaml.safe_load((REPO / "experiments" / "campaigns" / "strategies.yaml").read_text())
-    spec["workdir"] = str(shared / "work")
-    path = shared / "strategies.yaml"
-    path.write_text(yaml.safe_dump(spec))
     try:
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(path), "--format", "json"],
-                              capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
-        assert done.returncode == 0, done.stderr[-4000:]
-        if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
-            Path(keep).write_text(done.stdout)
-        yield json.loads(done.stdout)
+        yield drill_report(campaign_copy("strategies", shared), DRILL_TIMEOUT_S)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
