@@ -149,11 +149,12 @@ class RankIdentity:
 
     rank: int
     pid: int
-    create_time: float
+    create_time: float  # for people; the check uses start_ticks (see experiments/runtime/identity.py)
     host: str
     node: str
     job_id: str
     attempt: int
+    start_ticks: int = 0  # /proc/<pid>/stat field 22
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Verify that a process is one of the drill's own ranks before any fault touches it.
 
 A target is accepted only when all of these hold: the rank wrote an identity file for this attempt;
-that pid is alive with the same start time (no pid reuse); it runs under our uid; its environment
+that pid is alive with the same kernel start time (no pid reuse); it runs under our uid; its environment
 carries the drill's run id and the expected job id and rank. Never match processes by name.
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 import psutil
 
 from experiments.layout import ENV_JOB_ID, ENV_RUN_ID, RankIdentity, RunPaths
+from experiments.runtime.identity import start_ticks
 
 # Which environment variables name the job and the rank, per launcher.
 # FAULTDRILL_JOB_ID is the job as the controller names it (set by the batch script): an element
 # of a PBS array under Slurm's wrappers (69[4]) has another Slurm id of its own.
 JOB_ID_VARS = (ENV_JOB_ID, "SLURM_JOB_ID", "PBS_JOBID", "SUBMITIT_LOCAL_JOB_ID")
 RANK_VARS = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SUBMITIT_LOCAL_GLOBALID")
-CREATE_TIME_TOLERANCE_S = 0.05
 
 
 class TargetRefused(RuntimeError):
@@ -58,18 +58,21 @@ def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str
     identity = read_identity(run_dir, attempt, rank)
     if identity.job_id != job_id:
         raise TargetRefused(f"rank {rank} registered job {identity.job_id}, the drill's job is {job_id}")
+    gone = TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running", gone=True)
+    ticks = start_ticks(identity.pid)
+    if ticks is None:
+        raise gone
+    if ticks != identity.start_ticks:
+        raise TargetRefused(f"pid {identity.pid} was reused by another process (start time differs)")
     try:
         process = psutil.Process(identity.pid)
         with process.oneshot():
-            create_time = process.create_time()
             uid = process.uids().real
             environ = process.environ()
     except psutil.NoSuchProcess:
-        raise TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running", gone=True) from None
+        raise gone from None
     except psutil.AccessDenied:
         raise TargetRefused(f"pid {identity.pid}: cannot read its environment, refusing to act") from None
-    if abs(create_time - identity.create_time) > CREATE_TIME_TOLERANCE_S:
-        raise TargetRefused(f"pid {identity.pid} was reused by another process (start time differs)")
     if uid != os.getuid():
         raise TargetRefused(f"pid {identity.pid} belongs to uid {uid}, not to the drill's uid {os.getuid()}")
     _check_environment(environ, run_id, job_id, rank, identity.pid)

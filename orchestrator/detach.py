@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from experiments.runtime.identity import start_ticks
+
 LOCK_NAME = "controller.lock"
 IDENTITY_NAME = "controller.json"
 LOG_NAME = "controller.log"
@@ -45,18 +47,8 @@ class ControllerIdentity:
     argv: list[str]
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The kernel's start time of a live (not zombie) ``pid``; None if there is none."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state is field 3, starttime field 22
-    return None if fields[0] == "Z" else int(fields[19])
-
-
 def _gone(identity: ControllerIdentity) -> bool:
-    return _start_ticks(identity.pid) != identity.start_ticks
+    return start_ticks(identity.pid) != identity.start_ticks
 
 
 class ControllerLock:
@@ -80,7 +72,7 @@ class ControllerLock:
                 f"`faultdrill status {self.workdir}`, or stop it with `faultdrill stop {self.workdir}`") from None
         self._handle = handle
         pid = os.getpid()
-        identity = ControllerIdentity(pid, _start_ticks(pid) or 0, time.time(), sys.argv)
+        identity = ControllerIdentity(pid, start_ticks(pid) or 0, time.time(), sys.argv)
         _write_json(self.workdir / IDENTITY_NAME, asdict(identity))
         (self.workdir / EXIT_NAME).unlink(missing_ok=True)
         return self
@@ -114,7 +106,7 @@ def live_controller(workdir: Path) -> ControllerIdentity | None:
     """The controller driving ``workdir``, verified: its lock is held, its pid alive with the start
     time it recorded. None when there is none (a stale identity file is not one)."""
     identity = read_identity(workdir)
-    if identity is None or _start_ticks(identity.pid) != identity.start_ticks or not _lock_held(workdir):
+    if identity is None or start_ticks(identity.pid) != identity.start_ticks or not _lock_held(workdir):
         return None
     return identity
 

@@ -1,12 +1,16 @@
 """Who this rank's process is, written at start so an injector can check a target before killing.
 
-``create_time`` with the pid guards against pid reuse: an injector must see both match.
+``start_ticks`` with the pid guards against pid reuse: an injector must see both match. It is the
+kernel's own start time of the process (clock ticks since boot), which never changes; psutil's
+``create_time`` adds the boot time as the wall clock gives it now, so two processes reading it while
+NTP steps the clock (a fresh machine) disagree by a second or more. ``create_time`` is kept for people.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import psutil
 
@@ -21,11 +25,22 @@ def current_identity(env: DistEnv, attempt: int) -> RankIdentity:
         rank=env.rank,
         pid=pid,
         create_time=psutil.Process(pid).create_time(),
+        start_ticks=start_ticks(pid) or 0,
         host=socket.gethostname(),
         node=env.node,  # SLURMD_NODENAME under Slurm, else the host name
         job_id=own_job_id(env.job_id),  # as the controller names the job (an array element, a cluster)
         attempt=attempt,
     )
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of a live (not zombie) ``pid``; None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state is field 3, starttime field 22
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def write_identity(paths: RunPaths, env: DistEnv, attempt: int) -> RankIdentity:
@@ -38,7 +53,4 @@ def matches_process(identity: RankIdentity) -> bool:
     """True when ``identity`` still names a live process on this host (pid not reused)."""
     if identity.host != socket.gethostname():
         return False
-    try:
-        return psutil.Process(identity.pid).create_time() == identity.create_time
-    except psutil.NoSuchProcess:
-        return False
+    return start_ticks(identity.pid) == identity.start_ticks

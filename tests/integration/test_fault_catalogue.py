@@ -72,7 +72,7 @@ def _run(report: dict[str, Any], run_id: str, steps: int = 3000) -> dict[str, An
 def test_kill_rank_hits_every_rank_on_both_of_its_nodes_at_one_instant(report: dict[str, Any], cluster) -> None:
     run = _run(report, "r000")
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected"
+    assert fault["outcome"] == "injected", fault
     hit = {node for node in re.findall(r"@([\w-]+)", fault["target"])}
     assert len(hit) == 2 and hit <= set(cluster), fault["target"]  # both of the job's nodes
     spread = float(re.search(r"acted within ([\d.]+) s", fault["detail"]).group(1))
@@ -83,7 +83,7 @@ def test_kill_rank_hits_every_rank_on_both_of_its_nodes_at_one_instant(report: d
 def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
     run = _run(report, "r001")
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP"
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP", fault
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat from rank")
     assert run["attempts"][0]["state"] in ("CANCELLED", "FAILED")
     [recovery] = run["recoveries"]
@@ -95,7 +95,7 @@ def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
 def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
     run = _run(report, "r002")
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 2.0")
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 2.0"), fault
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
 
 

@@ -39,7 +39,7 @@ def _catalogue_drill(tmp_path: Path, faults: list[dict[str, Any]], steps: int = 
 def test_hang_rank_is_detected_by_its_silence_and_recovered(tmp_path: Path) -> None:
     run = _catalogue_drill(tmp_path, [{"kind": "hang-rank", "after": {"at_step": 700}, "rank": 1}])
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP" and fault["target"].startswith("rank 1@")
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP" and fault["target"].startswith("rank 1@"), fault
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat from rank")
     [recovery] = run["recoveries"]
     # Silence counts from the last heartbeat, just before the SIGSTOP.
@@ -52,14 +52,14 @@ def test_a_stall_shorter_than_the_hang_timeout_costs_no_restart(tmp_path: Path) 
     run = _catalogue_drill(tmp_path, [{"kind": "stall-rank", "after": {"at_step": 700}, "rank": 0,
                                        "duration_s": 1.5}])
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 1.5")
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 1.5"), fault
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
 
 
 def test_kill_rank_can_hit_every_rank_at_one_instant(tmp_path: Path) -> None:
     run = _catalogue_drill(tmp_path, [{"kind": "kill-rank", "after": {"at_step": 700}, "rank": [0, 1]}])
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["target"].startswith("ranks 0,1@")
+    assert fault["outcome"] == "injected" and fault["target"].startswith("ranks 0,1@"), fault
     assert [(rec["fault_kind"], rec["failure_class"]) for rec in run["recoveries"]] == [("kill-rank", "RANK_SIGNAL")]
     assert "SIGKILL" in run["attempts"][0]["class_evidence"], run["attempts"][0]
 
@@ -86,7 +86,7 @@ def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_o
 def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(tmp_path: Path) -> None:
     run = _catalogue_drill(tmp_path, [{"kind": "preempt", "after": {"at_step": 700}, "grace_s": 20}])
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2"
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2", fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
     assert 700 <= saved < 1000 and saved % 10 == 0  # between checkpoints, at an agreed step
     [recovery] = run["recoveries"]
@@ -133,7 +133,7 @@ def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_t
         tmp_path: Path, small_checkpoint_fs: Path) -> None:
     run = _catalogue_drill(tmp_path, [{"kind": "disk-full", "after": {"at_step": 700}}], steps=1500)
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["detail"].startswith("caused: attempt 0 failed")
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("caused: attempt 0 failed"), fault
     reason = run["attempts"][0]["reason"]
     assert "no space left on device" in reason and "checkpoint step 1000" in reason, reason
     [recovery] = run["recoveries"]

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from experiments.layout import RankIdentity, RunPaths, write_json_atomic
+from experiments.runtime.identity import start_ticks
 from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
 from injectors.kinds import REGISTRY, get_kind
 from injectors.kinds.base import FaultTask, Site
@@ -36,7 +37,7 @@ def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
         code = f"import time\nwhile True:\n    open({str(tick)!r}, 'a').write('.')\n    time.sleep(0.02)\n"
         proc = subprocess.Popen([sys.executable, "-c", code], env=env)
         identity = RankIdentity(rank=rank, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(),
-                                host="h", node="n", job_id=JOB_ID, attempt=0)
+                                host="h", node="n", job_id=JOB_ID, attempt=0, start_ticks=start_ticks(proc.pid) or 0)
         write_json_atomic(RunPaths(tmp_path).rank_file(0, rank), asdict(identity))
         procs.append(proc)
     wait_for(lambda: all((tmp_path / f"tick-{rank}").exists() for rank in range(2)), 30, "the ranks to tick")

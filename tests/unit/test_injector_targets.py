@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from experiments.layout import RankIdentity, RunPaths, write_json_atomic
+from experiments.runtime.identity import start_ticks
 from injectors.kinds import get_kind
 from injectors.kinds.base import FaultOutcome, FaultTask
 from injectors.targets import TargetRefused, verify_rank
@@ -39,9 +40,10 @@ def kill_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str, 
     return get_kind("kill-rank").act_on_node(task)
 
 
-def _register(run_dir: Path, pid: int, create_time: float | None = None, job_id: str = JOB_ID) -> None:
-    identity = RankIdentity(rank=1, pid=pid, create_time=create_time or psutil.Process(pid).create_time(),
-                            host="h", node="n", job_id=job_id, attempt=0)
+def _register(run_dir: Path, pid: int, job_id: str = JOB_ID, clock_shift_s: float = 0.0, ticks_shift: int = 0) -> None:
+    identity = RankIdentity(rank=1, pid=pid, create_time=psutil.Process(pid).create_time() + clock_shift_s,
+                            host="h", node="n", job_id=job_id, attempt=0,
+                            start_ticks=(start_ticks(pid) or 0) + ticks_shift)
     write_json_atomic(RunPaths(run_dir).rank_file(0, 1), asdict(identity))
 
 
@@ -75,10 +77,19 @@ def test_refuses_other_job(tmp_path: Path, rank_process: subprocess.Popen[bytes]
 
 
 def test_refuses_reused_pid(tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
-    _register(tmp_path, rank_process.pid, create_time=psutil.Process(rank_process.pid).create_time() - 100)
+    _register(tmp_path, rank_process.pid, ticks_shift=-100)
     with pytest.raises(TargetRefused, match="reused"):
         verify_rank(tmp_path, RUN_ID, 0, 1, JOB_ID)
     assert rank_process.poll() is None
+
+
+def test_a_wall_clock_step_since_the_rank_started_does_not_make_it_a_stranger(
+        tmp_path: Path, rank_process: subprocess.Popen[bytes]) -> None:
+    """psutil's create_time is the boot time *as the clock says now* plus the kernel's start ticks: a
+    rank and an agent that read it across an NTP step (a fresh machine) disagree by seconds. The
+    check uses the ticks, which never change."""
+    _register(tmp_path, rank_process.pid, clock_shift_s=1.5)
+    assert verify_rank(tmp_path, RUN_ID, 0, 1, JOB_ID).pid == rank_process.pid
 
 
 def test_refuses_process_without_drill_environment(tmp_path: Path) -> None:
