@@ -85,7 +85,7 @@ class PlannedFault:
     index: int
     kind: str
     delay_s: float
-    anchor: str  # "training_start" | "first_checkpoint" of the attempt it fires in
+    anchor: str  # "training_start" | "first_checkpoint" | "ranks_started" of the attempt it fires in
     at_step: int | None = None  # instead of a delay: when the attempt reaches this step
     ranks: tuple[int, ...] = ()  # rank kinds: the ranks it hits, drawn when the drill is planned
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own options (signal, duration_s, ...)

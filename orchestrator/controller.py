@@ -29,7 +29,7 @@ from orchestrator.render import array_job_name
 from orchestrator.runs import RunConfig, expand_runs
 from orchestrator.scheduler_poll import SchedulerPoller
 from orchestrator.spec import Campaign
-from orchestrator.tracker import PendingSubmission, RunTracker
+from orchestrator.tracker import RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Controller:
                 log.warning("submitting an array of %d runs failed (%s); each is tried on its own",
                             len(group), one_line(error))
                 for tracker, job in zip(group, jobs):
-                    tracker.pending = PendingSubmission(0, job, failures=1, next_try_at=now, error=one_line(error))
+                    tracker.submission_failed(0, job, one_line(error), now)
                 continue
             for tracker, submission in zip(group, submissions):
                 tracker.accept(0, submission)

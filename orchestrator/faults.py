@@ -222,7 +222,8 @@ def _due(fault: PlannedFault, watch: AttemptWatch, now: float) -> bool:
     """At its step in this attempt, or at its anchor in this attempt plus its delay."""
     if fault.at_step is not None:
         return watch.last_step >= fault.at_step
-    anchor = watch.first_checkpoint if fault.anchor == "first_checkpoint" else watch.training_started
+    anchor = {"first_checkpoint": watch.first_checkpoint, "ranks_started": watch.ranks_started}.get(
+        fault.anchor, watch.training_started)
     return anchor is not None and now >= anchor + fault.delay_s
 
 

@@ -55,10 +55,24 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
 
 def _signal_every_rank(backend: "Backend", request: FaultRequest, task: FaultTask, signal_name: str) -> None:
     """The scheduler's warning, where the scheduler cannot send it: the agent signals every rank."""
-    world_size = request.run.campaign.resources.nodes * request.run.campaign.resources.tasks_per_node
     _on_rank_nodes(backend, request, FaultTask(**{**task.__dict__, "kind": "kill-rank",
-                                                  "ranks": tuple(range(world_size)),
+                                                  "ranks": tuple(range(request.run.ranks)),
                                                   "options": {"signal": signal_name}}))
+
+
+def kill_every_rank(backend: "Backend", run: RunConfig, attempt: int, job_id: str) -> FaultOutcome:
+    """SIGKILL every rank of ``attempt`` through the agent (each verified first): ends a rank launch
+    the scheduler cannot kill alone (a hang under in-allocation on PBS), the job goes on. Ranks
+    that never registered (a stuck start) are left to the launcher, which ends them with the others."""
+    ranks = tuple(rank for rank in range(run.ranks) if run.paths.rank_file(attempt, rank).exists())
+    if not ranks:
+        raise TargetRefused(f"no rank of attempt {attempt} has registered: nothing to kill")
+    fault = PlannedFault(index=-1, kind="kill-rank", delay_s=0.0, anchor="training_start", ranks=ranks,
+                         options={"signal": "SIGKILL"})
+    request = FaultRequest(run=run, attempt=attempt, job_id=job_id, fault=fault)
+    task = FaultTask(kind="kill-rank", run_dir=run.paths.root, run_id=run.run_id, attempt=attempt,
+                     job_id=backend.agent_job_id(job_id), ranks=ranks, options={"signal": "SIGKILL"})
+    return _on_rank_nodes(backend, request, task)
 
 
 def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -> FaultOutcome:

@@ -58,11 +58,11 @@ ADDED_COLUMNS = {
     "runs": {"twin": "TEXT", "ended_because": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
                  "failure_class": "TEXT", "class_evidence": "TEXT", "failed_nodes": "TEXT",
-                 "excluded_nodes": "TEXT"},
+                 "excluded_nodes": "TEXT", "class_facts": "TEXT"},
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
-                   "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0"},
+                   "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''"},
 }
 
 
@@ -112,6 +112,7 @@ class AttemptRow:
     class_evidence: str | None = None  # the fact that decided the class
     failed_nodes: str | None = None  # comma-separated: the nodes it lost (a node fault, a hung rank's node)
     excluded_nodes: str | None = None  # comma-separated: the nodes it was submitted to stay off
+    class_facts: str | None = None  # JSON: what the class was taken from (orchestrator.failure_signs)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class RecoveryRow:
     failure_class: str = ""  # the failed attempt's class (orchestrator.failure_classes)
     fallback_from_step: int | None = None  # the newest checkpoint, unusable, that the resume skipped
     fallback_lost_steps: int = 0  # the steps that fallback cost beyond the newest checkpoint
+    class_evidence: str = ""  # the fact that decided the class (the failed attempt's)
 
 
 Row = TypeVar("Row")

@@ -104,6 +104,7 @@ def compute_recovery(
         failure_evidence=failure.evidence,
         clock_correction_s=correction,
         failure_class=failed.failure_class or "",
+        class_evidence=failed.class_evidence or "",
         fallback_from_step=max(timeline.skipped_steps, default=None),
         fallback_lost_steps=max(timeline.skipped_steps, default=timeline.resumed_from_step)
         - timeline.resumed_from_step,

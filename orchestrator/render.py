@@ -138,6 +138,12 @@ def submitit_command(folder: Path, python: str = sys.executable) -> list[str]:
 RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name)
 
 
+def _relaunch_context(run: RunConfig) -> dict[str, Any]:
+    """What a batch template's relaunch loop needs (templates/relaunch.sh.j2)."""
+    return {"in_allocation": run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION,
+            "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s))}
+
+
 def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
                  exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
     resources = run.campaign.resources
@@ -151,8 +157,7 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
         "tasks_per_node": resources.tasks_per_node,
         "step_nodes": resources.nodes,
         "step_tasks": resources.nodes * resources.tasks_per_node,
-        "in_allocation": run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION,
-        "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s)),
+        **_relaunch_context(run),
         "rank_step_name": RANK_STEP_NAME,
         "attempts_root": str(run.paths.root / "attempts"),
         "time": resources.time,
@@ -208,8 +213,10 @@ def pbs_context(
     flavor: str = "torque", queue: str | None = None, mem: str | None = None, array: str | None = None,
     extra_directives: tuple[str, ...] | list[str] = (), common_environment: dict[str, str] | None = None,
     rerunnable: bool = True, output_stem: str | None = None, cpus_per_task: int = 1, gpus_per_node: int = 0,
+    in_allocation: bool = False, relaunch_wait_s: int = 60,
 ) -> dict[str, Any]:
-    """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i."""
+    """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i;
+    ``in_allocation``: the job launches its ranks again for the controller's next attempt."""
     single = len(elements) == 1 and elements[0].index is None
     if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
         raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
@@ -221,6 +228,7 @@ def pbs_context(
         "cpus_per_node": tasks_per_node * cpus_per_task, "gpus_per_node": gpus_per_node,
         "ranks": nodes * tasks_per_node, "walltime": walltime, "queue": queue, "mem": mem, "array": array,
         "rerunnable": rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
+        "in_allocation": in_allocation, "relaunch_wait_s": relaunch_wait_s,
         "extra_directives": [pbs_directive(extra) for extra in extra_directives],
         "common_environment": common, "python": python, "forwarded": sorted(names),
         "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
@@ -243,7 +251,7 @@ def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], 
         job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
         walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
         queue=resources.partition, array=array, extra_directives=resources.extra_directives,
-        rerunnable=run.scheduler_requeue,
+        rerunnable=run.scheduler_requeue, **_relaunch_context(run),
     )
 
 

@@ -108,7 +108,7 @@ FaultConfig = Annotated[
 
 
 STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation"), "slurm": ("resubmit", "in-allocation", "requeue"),
-                         "pbs": ("resubmit",)}
+                         "pbs": ("resubmit", "in-allocation")}
 
 
 class RestartConfig(_Strict):
@@ -197,6 +197,9 @@ class Campaign(_Strict):
                             f"valid there: {', '.join(valid)}")
         if backend == "local" and resources is not None and resources.spare_nodes:
             problems.append("resources.spare_nodes: the local backend has one node, none to spare; set it to 0")
+        elif backend == "pbs" and resources is not None and resources.spare_nodes:
+            problems.append("resources.spare_nodes: the PBS launch (mpiexec) cannot move a dead node's ranks to a "
+                            "spare; spare nodes work on the slurm backend; set it to 0")
         elif resources is not None and resources.spare_nodes and restart.strategy != "in-allocation":
             problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
                             f"(a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")

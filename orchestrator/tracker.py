@@ -1,4 +1,9 @@
-"""One run's state machine: submit (retried, looked up), watch, fault, detect failure, resubmit.
+"""One run's state machine: submit, watch, fault, detect failure, restart (or give up).
+
+Its parts live beside it: getting an attempt to the scheduler (orchestrator.submission), the
+facts of a failure (orchestrator.failure_signs, then the class table and the policy), restarts in
+the same job (orchestrator.same_job), faults (orchestrator.faults), failed jobs until they end
+(orchestrator.closing).
 
 Every decision is in the ledger before it is acted on, writes that belong together go in one
 transaction, and the fence (experiments.runtime.fence) names the current attempt before its job is
@@ -14,63 +19,45 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
 from injectors.schedule import PlannedFault
 from injectors.kinds.base import FaultOutcome
-from injectors.targets import TargetRefused, read_identity
-from orchestrator.backends.base import AttemptRef, Backend, NotSupported, Submission
+from orchestrator.backends.base import Backend, Submission
 from orchestrator.closing import ClosingJobs
-from orchestrator.commands import CommandError, one_line
+from orchestrator.commands import CommandError
+from orchestrator.failure_classes import FailureClass, classify
+from orchestrator.failure_signs import (
+    blamed_nodes,
+    facts_from_json,
+    facts_json,
+    failure_evidence,
+    failure_sign,
+    requeued,
+)
 from orchestrator.faults import FaultBook, OnActed
 from orchestrator.inject import FaultRequest, inject
 from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
-from orchestrator.recovery import Failure, compute_recovery
-from orchestrator.render import TemplateError, attempt_job_name
-from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, RunConfig
-from orchestrator.states import TERMINAL_STATES, JobState
-from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
 from orchestrator.policy import Decision, decide, policy_entry
-from orchestrator.watch import AttemptWatch, FailureSign, rank_error_suffix, rank_errors
+from orchestrator.recovery import Failure, compute_recovery
+from orchestrator.render import attempt_job_name
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, RunConfig
+from orchestrator.same_job import REQUEUING, Requeuer, end_rank_launch
+from orchestrator.states import TERMINAL_STATES, JobState
+from orchestrator.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
+from orchestrator.watch import AttemptWatch, FailureSign
 
 log = logging.getLogger(__name__)
 
 DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
-SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
 STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
-REQUEUING = "REQUEUING"  # requeue: the job is being put back in the queue as this attempt
-REQUEUE_RETRY_S = 2.0
 RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
-
-
-@dataclass
-class PendingRequeue:
-    """The next attempt is the same job, to be requeued (restart.strategy requeue): tried until
-    the scheduler takes it (a job still completing is refused for a moment)."""
-
-    attempt: int
-    job_id: str
-    first_try: float
-    next_try_at: float
-    already: bool = False  # the scheduler requeued it itself (a preemption that requeues)
-    error: str = ""
-
-
-@dataclass
-class PendingSubmission:
-    """An attempt recorded but not (known to be) accepted yet: tried again after a failure."""
-
-    attempt: int
-    job: RankJob
-    failures: int = 0
-    next_try_at: float = 0.0
-    error: str = ""
 
 
 class RunTracker:
@@ -86,14 +73,15 @@ class RunTracker:
         self.restart = run.campaign.restart
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
-        self.pending: PendingSubmission | None = None
-        self.requeue: PendingRequeue | None = None
+        self.submitter = Submitter(run, backend, ledger, drill_id, self.restart,
+                                   SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up,
+                                                   cancel=self._cancel))
+        self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
+                                 gave_up=self._give_up)
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
-        self._evidence: dict[int, FailureEvidence] = {}  # failed attempts classified before their job ended
         self.status = ledger.run(run.run_id).status
         self._awaiting_recovery: int | None = None
-        self._silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
         self._started_recorded = False
         self._finalized = False
 
@@ -112,13 +100,15 @@ class RunTracker:
 
     @property
     def awaits_scheduler(self) -> bool:
-        """The run's files say its job is ending (the rank step exited, the final record is
-        written) or a rank fell silent (a hang, unless the job is suspended): the scheduler's word
+        """The run's files say its job has started while the scheduler last said it was pending
+        (faults wait for RUNNING), or that it is ending (the rank step exited, the final record is
+        written), or a rank fell silent (a hang, unless the job is suspended): the scheduler's word
         is wanted before the next regular poll."""
         watch = self.watch
         if watch is None or self.done or watch.state.is_terminal:
             return False
-        return watch.step_exit is not None or watch.completed or self._silent_since is not None
+        started_unseen = watch.job_started is not None and watch.state is JobState.PENDING
+        return started_unseen or watch.step_exit is not None or watch.completed or watch.silent_since is not None
 
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
@@ -155,17 +145,14 @@ class RunTracker:
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
         if row.job_id is not None and row.state == REQUEUING:  # it stopped before the scheduler took it
-            self.requeue = PendingRequeue(row.attempt, row.job_id, first_try=now, next_try_at=now)
-            self._try_requeue(now)
+            self.requeuer.requeue(row.attempt, row.job_id, now)
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
             write_fence(self.run.paths, Fence(row.attempt, row.job_id))
             self._watch(row.attempt, row.job_id)
             return
-        self.pending = PendingSubmission(row.attempt, self.rank_job(row.attempt), failures=1, next_try_at=now,
-                                         error="a controller stopped while submitting it")
-        self._try_pending(now)
+        self.submitter.retry(row.attempt, self.rank_job(row.attempt), "a controller stopped while submitting it", now)
 
     def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
         """The run's final record shows it reached its last step: a controller stopped before it
@@ -220,66 +207,12 @@ class RunTracker:
 
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
         self.watch = None  # the attempt before is over (its job, if still there, is closing)
-        job = self.begin_attempt(attempt)
-        self.pending = PendingSubmission(attempt, job, next_try_at=now if not_before is None else not_before)
-        self._try_pending(now)
+        self.submitter.submit(attempt, self.begin_attempt(attempt), now, not_before)
 
-    def _try_pending(self, now: float) -> None:
-        """One try of the pending submission; after a failure, first look for the job: the
-        scheduler may have accepted it although the command failed."""
-        pending = self.pending
-        if pending is None or now < pending.next_try_at:
-            return
-        try:
-            if pending.failures:
-                found = self.backend.find_submitted(self._ref(pending.attempt))
-                if found:
-                    self.pending = None
-                    self._adopt_found(pending.attempt, found)
-                    return
-                self._as_single_job(pending.attempt)
-            submission = self.backend.submit(self.run, pending.job)
-        except (CommandError, TemplateError, OSError) as error:
-            self._submit_failed(pending, error, now)
-            return
-        self.pending = None
-        self.accept(pending.attempt, submission)
-
-    def _submit_failed(self, pending: PendingSubmission, error: BaseException, now: float) -> None:
-        pending.failures += 1
-        pending.error = one_line(error)
-        if pending.failures <= self.restart.submit_retries:
-            delay = self.restart.submit_backoff_s * 2 ** (pending.failures - 1)
-            pending.next_try_at = now + delay
-            log.warning("%s: submitting attempt %d failed (%s); trying again in %.1f s", self.run.run_id,
-                        pending.attempt, pending.error, delay)
-            return
-        self.pending = None
-        reason = f"submission failed {pending.failures} times: {pending.error}"
-        log.warning("%s: attempt %d: %s", self.run.run_id, pending.attempt, reason)
-        self.ledger.update_attempt(self.run.run_id, pending.attempt, state=SUBMIT_FAILED, ended=now,
-                                   detected=now, reason=reason)
-        self._next_or_give_up(pending.attempt, now)
-
-    def _ref(self, attempt: int) -> AttemptRef:
-        row = self._attempt_row(attempt)
-        return AttemptRef(self.run, attempt, row.job_name, row.array_index, row.submitted)
-
-    def _as_single_job(self, attempt: int) -> None:
-        """An attempt that was to be an array element goes out on its own next time (a late
-        acceptance of the array is then fenced off by the job id)."""
-        if self._attempt_row(attempt).array_index is not None:
-            self.ledger.update_attempt(self.run.run_id, attempt, array_index=None,
-                                       job_name=attempt_job_name(self.run, attempt, self.drill_id))
-
-    def _adopt_found(self, attempt: int, found: list[str]) -> None:
-        """Adopt the oldest job found for the attempt; any other is a duplicate and is cancelled."""
-        for duplicate in found[1:]:
-            log.warning("%s: attempt %d was submitted twice; cancelling the duplicate job %s",
-                        self.run.run_id, attempt, duplicate)
-            self._cancel(duplicate)
-        self.backend.adopt(found[0], self.run, self.rank_job(attempt))
-        self.accept(attempt, Submission(found[0], accepted_at=self._attempt_row(attempt).submitted))
+    def submission_failed(self, attempt: int, job: RankJob, error: str, now: float) -> None:
+        """A first attempt that went out in a job array the scheduler did not take: looked up,
+        then tried on its own."""
+        self.submitter.retry(attempt, job, error, now)
 
     def accept(self, attempt: int, submission: Submission) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
@@ -291,7 +224,6 @@ class RunTracker:
     def _watch(self, attempt: int, job_id: str) -> None:
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
         self._started_recorded = False
-        self._silent_since = None
         ran_before = any(row.attempt < attempt and _ran(row) for row in self.ledger.attempts(self.run.run_id))
         self._awaiting_recovery = attempt if ran_before else None
         self.status = "running"
@@ -308,8 +240,8 @@ class RunTracker:
         watch = self.watch
         if watch is None:
             self.faults.collect()
-            self._try_pending(now)
-            self._try_requeue(now)
+            self.submitter.try_pending(now)
+            self.requeuer.try_requeue(now)
             return
         fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
         # No poll this round (or a stale one): the last word stands.
@@ -318,7 +250,7 @@ class RunTracker:
         self._note(watch, state, now)
         self.faults.collect(watch)
         self._maybe_record_recovery()
-        sign = self._failure_sign(watch, state, now, asked_at)
+        sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at)
         if sign is not None and self._final_of(watch) is None:
             self._on_failure(watch, sign, state, now)
         elif state is JobState.COMPLETED or sign is not None:
@@ -335,46 +267,21 @@ class RunTracker:
             self.ledger.update_attempt(self.run.run_id, watch.attempt, started=watch.job_started)
             self._started_recorded = True
 
-    def _failure_sign(self, watch: AttemptWatch, state: JobState, now: float,
-                      asked_at: float | None = None) -> FailureSign | None:
-        """Why the attempt failed, with the best evidence of when; None while it looks healthy."""
-        if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
-            return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
-                               f"{rank_error_suffix(watch)}", watch.step_exit["time"], "step_exit")
-        if state.is_terminal and not state.is_success:
-            ended = self.backend.end_time(watch.job_id)
-            return FailureSign(f"job {state.value.lower()}{rank_error_suffix(watch)}", ended or now,
-                               "scheduler_end" if ended else "poll")
-        if state is JobState.UNKNOWN:
-            return FailureSign("job vanished from the scheduler", now, "poll")
-        if _requeued(watch, state):
-            return FailureSign(f"the scheduler requeued the job{rank_error_suffix(watch)}", now, "requeued")
-        if watch.completed:
-            return None  # no more heartbeats to come; the scheduler reports how the job ends
-        hang = watch.hang(now, self.restart.hang_timeout_s)
-        if hang is None:
-            self._silent_since = None
-            return watch.stuck_start(now, self.restart.start_timeout_s)
-        # Silence is a hang only if the scheduler, asked since, does not say the job is suspended
-        # (its state comes at the slow pace: ask it now, and decide on its answer).
-        if self._silent_since is None:
-            self._silent_since = now
-        return hang if asked_at is None or asked_at >= self._silent_since else None
-
     # failure ----------------------------------------------------------------------------------
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
         # in-allocation: the job outlives its failed rank step and is the next attempt's, unless the
         # allocation itself has ended (then a new job, as resubmit does).
-        requeued = _requeued(watch, state)
+        was_requeued = requeued(watch, state)
         keep_allocation = (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
-                           and not requeued)
+                           and not was_requeued)
         # requeue: the job runs again as the next attempt; scontrol requeue ends whatever of it
         # still runs (a hang: the job itself), so nothing is cancelled or closed here.
         same_job = self.restart.strategy == STRATEGY_REQUEUE
         if keep_allocation and watch.step_exit is None:
             # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
             # dead node takes scancel a MessageTimeout, which would hold up every run.
-            threading.Thread(target=self._kill_ranks, args=(watch.job_id,), daemon=True,
+            threading.Thread(target=end_rank_launch, args=(self.backend, self.run, watch.attempt, watch.job_id,
+                                                           self._cancel), daemon=True,
                              name=f"kill-step-{watch.job_id}").start()
         elif not state.is_terminal and not keep_allocation and not same_job:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
@@ -383,35 +290,22 @@ class RunTracker:
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt))
         classified = classify(evidence)
-        if not state.is_terminal:  # the scheduler's final word may tell more (TIMEOUT, NODE_FAIL)
-            self._evidence[watch.attempt] = evidence
-        failed_nodes = self._failed_nodes(watch, sign, evidence, classified.failure_class)
+        failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class)
         if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
             self.ledger.update_attempt(self.run.run_id, watch.attempt,
                                        state=STEP_FAILED if keep_allocation else JobState.REQUEUED.value)
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence,
                                    failure_class=classified.failure_class.value, class_evidence=classified.evidence,
-                                   failed_nodes=",".join(failed_nodes) or None)
+                                   class_facts=facts_json(evidence), failed_nodes=",".join(failed_nodes) or None)
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
         self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation or same_job else None,
-                              requeued=requeued)
+                              already_requeued=was_requeued)
 
-    def _failed_nodes(self, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
-                      failure_class: FailureClass) -> tuple[str, ...]:
-        """The nodes to blame: those a node fault broke; for a hang, the silent rank's node."""
-        if evidence.lost_nodes:
-            return evidence.lost_nodes
-        if failure_class is FailureClass.HANG and sign.rank is not None:
-            try:
-                return (read_identity(self.run.paths.root, watch.attempt, sign.rank).node,)
-            except TargetRefused:
-                return ()
-        return ()
-
-    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None, requeued: bool = False) -> None:
+    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None,
+                         already_requeued: bool = False) -> None:
         """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the same
         job (``in_job``: relaunched in its allocation, or requeued) or as a new job."""
         decision = self._decide(attempt)
@@ -424,7 +318,7 @@ class RunTracker:
         log.info("%s: %s%s", self.run.run_id, decision.reason,
                  f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
         if in_job is not None and self.restart.strategy == STRATEGY_REQUEUE:
-            self._requeue(attempt + 1, in_job, now, already=requeued)
+            self._requeue(attempt + 1, in_job, now, already=already_requeued)
         elif in_job is not None:
             self._relaunch(attempt + 1, in_job)
         else:
@@ -437,27 +331,7 @@ class RunTracker:
         self._begin_in_same_job(attempt)
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
         write_fence(self.run.paths, Fence(attempt, job_id))
-        self.requeue = PendingRequeue(attempt, job_id, first_try=now, next_try_at=now, already=already)
-        self._try_requeue(now)
-
-    def _try_requeue(self, now: float) -> None:
-        pending = self.requeue
-        if pending is None or now < pending.next_try_at:
-            return
-        if not pending.already:
-            try:
-                self.backend.requeue(pending.job_id)
-            except (CommandError, NotSupported) as error:
-                pending.error = error.summary if isinstance(error, CommandError) else str(error)
-                if now - pending.first_try > self.restart.cancel_timeout_s:
-                    self.requeue = None
-                    self._give_up(f"the scheduler would not requeue job {pending.job_id}: {pending.error}", now)
-                    return
-                pending.next_try_at = now + REQUEUE_RETRY_S
-                return
-        self.requeue = None
-        log.info("%s: attempt %d is job %s, requeued", self.run.run_id, pending.attempt, pending.job_id)
-        self.accept(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
+        self.requeuer.requeue(attempt, job_id, now, already)
 
     def _relaunch(self, attempt: int, job_id: str) -> None:
         """The next attempt in the job that is already running (in-allocation): recorded and
@@ -477,15 +351,6 @@ class RunTracker:
         """An attempt that runs in the job already there (relaunched or requeued): recorded under
         that job's name (the first attempt's), so a restarted controller can look it up."""
         return self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name)
-
-    def _kill_ranks(self, job_id: str) -> None:
-        """End the rank step of a hung attempt and keep its allocation for the next one."""
-        try:
-            if self.backend.kill_rank_step(job_id):
-                return
-        except CommandError as error:
-            log.warning("%s: killing the rank step of job %s failed: %s", self.run.run_id, job_id, error.summary)
-        self._cancel(job_id)  # the next attempt then finds the allocation ended: a new job
 
     def _decide(self, attempt: int) -> Decision:
         """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""
@@ -597,9 +462,13 @@ class RunTracker:
 
     # jobs that are ending ---------------------------------------------------------------------
     def _final_state(self, attempt: int, state: JobState) -> None:
-        """A failed attempt's job ended: classify it again with the scheduler's final word."""
-        evidence = self._evidence.pop(attempt, None)
-        if evidence is None or not state.is_terminal:
+        """A failed attempt's job ended: classify it again with the scheduler's final word, if the
+        class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit)."""
+        facts = self._attempt_row(attempt).class_facts
+        if facts is None or not state.is_terminal:
+            return
+        evidence = facts_from_json(facts)
+        if evidence.state.is_terminal:
             return
         classified = classify(replace(evidence, state=state))
         self.ledger.update_attempt(self.run.run_id, attempt, failure_class=classified.failure_class.value,
@@ -618,20 +487,6 @@ class RunTracker:
 
     def _attempt_row(self, attempt: int) -> AttemptRow:
         return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)
-
-
-def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: Backend,
-                     lost_nodes: tuple[str, ...] = ()) -> FailureEvidence:
-    exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
-                 else backend.exit_code(watch.job_id) if state.is_terminal else None)
-    return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
-                           rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
-                           lost_nodes=lost_nodes)
-
-
-def _requeued(watch: AttemptWatch, state: JobState) -> bool:
-    """The scheduler put the running job back in the queue (a preemption that requeues)."""
-    return state is JobState.REQUEUED or (state is JobState.PENDING and watch.running_since is not None)
 
 
 def _ran(row: AttemptRow) -> bool:

@@ -56,6 +56,7 @@ class AttemptWatch:
     checkpoint_tail: JsonlTail = field(init=False)
     heartbeat_tails: list[JsonlTail] = field(init=False)
     job_started: float | None = None  # batch script's first line (or rank 0's start on the local backend)
+    ranks_started: float | None = None  # every rank had registered (its identity file): start-up under way
     training_started: float | None = None
     first_checkpoint: float | None = None
     last_step: int = 0
@@ -67,6 +68,7 @@ class AttemptWatch:
     resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED
     beats: dict[int, RankBeat] = field(default_factory=dict)
     since: float = field(default_factory=time.time)  # when the controller began to watch it
+    silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
 
     def __post_init__(self) -> None:
         self.events = JsonlTail(self.paths.events_file(self.attempt))
@@ -94,6 +96,18 @@ class AttemptWatch:
             for beat in tail.read_new():
                 if beat.get("attempt") == self.attempt:
                     self._beat(rank, beat)
+        if self.ranks_started is None:
+            self.ranks_started = self._registered()
+
+    def _registered(self) -> float | None:
+        """When the last rank wrote its identity file, once every rank has; None before."""
+        newest = 0.0
+        for rank in range(self.ranks):
+            try:
+                newest = max(newest, self.paths.rank_file(self.attempt, rank).stat().st_mtime)
+            except FileNotFoundError:
+                return None
+        return newest
 
     def _event(self, event: dict[str, object]) -> None:
         name, when = event.get("event"), float(event.get("time", 0.0))  # type: ignore[arg-type]

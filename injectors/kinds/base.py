@@ -39,7 +39,9 @@ class FaultOptions(BaseModel):
 
     kind: str
     after: Delay = Field(default_factory=lambda: ExponentialDelay(exponential=10.0))
-    anchor: Literal["training_start", "first_checkpoint"] = "training_start"
+    # What ``after``'s delay counts from, in the attempt it fires in: its first training step, its
+    # first checkpoint, or the moment every rank had started (start-up: import, rendezvous, resume).
+    anchor: Literal["training_start", "first_checkpoint", "ranks_started"] = "training_start"
     # A failure model, not one fault: up to this many faults per run, one after the other, each
     # with a delay drawn afresh (the cap per run).
     repeat: int = Field(1, ge=1, le=1000)
@@ -48,6 +50,9 @@ class FaultOptions(BaseModel):
     def _one_fault_per_step(self) -> "FaultOptions":
         if isinstance(self.after, AtStep) and self.repeat != 1:
             raise ValueError("after.at_step names one step: it cannot repeat (use a delay for a failure model)")
+        if isinstance(self.after, AtStep) and self.anchor != "training_start":
+            raise ValueError(f"after.at_step is a training step: it takes no anchor ({self.anchor!r}); "
+                             "give a delay (after: {seconds: S}) to count from it")
         return self
 
     def kind_options(self) -> dict[str, Any]:

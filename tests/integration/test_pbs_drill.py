@@ -6,6 +6,7 @@ fault-free twin. The report carries the same recovery fields as the Slurm drill'
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,37 @@ def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path) -> None:
     last_job = faulted["attempts"][-1]["job_id"]
     states = qstat_states([failed_job, last_job], {failed_job: folder, last_job: folder})
     assert states[failed_job].value == "FAILED" and states[last_job].value == "COMPLETED"
+
+
+def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(shared_tmp: Path, cluster) -> None:
+    """restart.strategy in-allocation under PBS: a killed rank ends the mpiexec launch, a hung one is
+    SIGKILLed by the agent (PBS cannot end a launch alone); both times the batch script launches
+    the ranks again in its allocation, and the run ends bit for bit as its twin in one job."""
+    spec_path = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-in-allocation.yaml")
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["name"] = "pbs-in-allocation"
+    spec["restart"].update(strategy="in-allocation", hang_timeout_s=5)
+    spec["faults"] = [{"kind": "kill-rank", "after": {"fixed": 0.3}, "anchor": "first_checkpoint", "rank": 1},
+                      {"kind": "hang-rank", "after": {"fixed": 0.3}, "anchor": "first_checkpoint", "rank": 3}]
+    spec_path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec_path), "--format", "json"],
+                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
+        Path(keep).write_text(done.stdout)
+    faulted = _run(report, "r000")
+    try:
+        assert faulted["status"] == "completed" and faulted["identical_to_baseline"] is True, faulted["attempts"]
+        attempts = faulted["attempts"]
+        assert len({attempt["job_id"] for attempt in attempts}) == 1, "every attempt ran in the first job"
+        assert [(a["state"], a["failure_class"]) for a in attempts[:2]] == [("STEP_FAILED", "RANK_SIGNAL"),
+                                                                         ("STEP_FAILED", "HANG")], attempts
+        recoveries = faulted["recoveries"]
+        assert [(r["fault_kind"], r["strategy"]) for r in recoveries] == [("kill-rank", "in-allocation"),
+                                                                          ("hang-rank", "in-allocation")]
+        assert all(r["queue_s"] < 5 for r in recoveries), "a relaunch does not queue"
+    finally:
+        for run in report["runs"]:
+            for attempt in run["attempts"]:
+                qdel(attempt["job_id"], None)

@@ -7,14 +7,13 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 import yaml
 
-FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
+from faultdrill_cli import FAULTDRILL
 
 
 def write_spec(tmp_path: Path, **overrides: Any) -> Path:

@@ -4,28 +4,17 @@ controller runs on, ``status`` shows it, a second controller on the same workdir
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from drills import FAULTDRILL, drill, drill_processes, kill_verified, run_of, write_spec
+from drills import drill, drill_processes, kill_verified, run_of, write_spec
+from faultdrill_cli import faultdrill, report, status
 from orchestrator.detach import live_controller
 
 SLOW = {"framework": "torch", "params": 20000, "steps": 4000, "seed": 3, "batch_size": 16}
-
-
-def faultdrill(*args: str, expect: int = 0, timeout: float = 180) -> str:
-    done = subprocess.run([*FAULTDRILL, *args], capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == expect, f"{args}: rc {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout + done.stderr
-
-
-def status(workdir: Path) -> dict[str, Any]:
-    return json.loads(faultdrill("status", str(workdir), "--format", "json"))
 
 
 def wait_for(condition: Any, what: str, deadline_s: float = 120.0) -> Any:
@@ -74,8 +63,8 @@ def test_a_detached_drill_is_watched_stopped_and_adopted_by_the_next_drill(tmp_p
         ended = status(workdir)["controller"]
         assert ended["running"] is False and ended["last_exit"]["code"] == 4
 
-        report = drill(spec, timeout=600)  # adopts the job the stopped controller left
-        r000 = run_of(report, "r000")
+        adopted = drill(spec, timeout=600)  # adopts the job the stopped controller left
+        r000 = run_of(adopted, "r000")
         assert r000["status"] == "completed" and r000["final_step"] == SLOW["steps"]
         assert [attempt["job_id"] for attempt in r000["attempts"]] == [run["job"]], "adopted, never resubmitted"
     finally:
@@ -93,8 +82,7 @@ def test_cancel_stops_the_controller_ends_the_jobs_and_records_it(tmp_path: Path
         assert all(f"cancelled job(s) {job}" in said for job in jobs.values()), said
         assert live_controller(workdir) is None
         wait_for(lambda: not any(drill_processes(workdir / "runs" / run) for run in jobs), "the jobs end", 30)
-        report = json.loads(faultdrill("report", str(workdir), "--format", "json"))
-        for run in report["runs"]:
+        for run in report(workdir)["runs"]:
             assert run["status"] == "cancelled"
             assert run["attempts"][-1]["failure_class"] == "CANCELLED"
         assert "nothing to cancel" in faultdrill("cancel", str(workdir))

@@ -3,9 +3,12 @@ cause win over its consequences (a survivor's "peer closed" is not why a run fai
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
+from orchestrator.failure_signs import facts_from_json, facts_json
 from orchestrator.states import JobState
 
 C = FailureClass
@@ -80,3 +83,16 @@ def test_the_attempts_reason_names_the_cause_not_a_survivors_word(tmp_path) -> N
 def test_a_job_the_scheduler_requeued_was_preempted() -> None:
     assert classify(FailureEvidence(JobState.PENDING, "requeued")).failure_class is C.PREEMPTED
     assert classify(FailureEvidence(JobState.REQUEUED, "poll")).failure_class is C.PREEMPTED
+
+
+def test_the_facts_kept_in_the_ledger_give_the_same_class_and_the_final_state_can_refine_it() -> None:
+    """A class taken while the job still ran is taken again with the scheduler's final word, from
+    the facts kept with the attempt (a controller started later has only those)."""
+    taken = FailureEvidence(JobState.RUNNING, "step_exit", exit_code=143, rank_errors=(GLOO_PEER,),
+                            lost_nodes=("fd-n2",))
+    kept = facts_from_json(facts_json(taken))
+    assert kept == taken and classify(kept) == classify(taken)
+    warned = FailureEvidence(JobState.RUNNING, "step_exit", exit_code=143, warned=True)
+    assert classify(warned).failure_class is C.PREEMPTED
+    final = replace(facts_from_json(facts_json(warned)), state=JobState.TIMEOUT)
+    assert classify(final).failure_class is C.TIMEOUT

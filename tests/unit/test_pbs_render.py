@@ -69,6 +69,20 @@ def test_pro_array_matches_golden() -> None:
     subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
 
 
+def test_in_allocation_launches_mpiexec_again_on_the_controllers_go() -> None:
+    campaign = _campaign("/scratch/drills/golden").model_copy(
+        update={"restart": _campaign("/w").restart.model_copy(update={"strategy": "in-allocation",
+                                                                       "relaunch_wait_s": 45})})
+    text = render_pbs(expand_runs(campaign)[0], attempt=0, drill_id="golden-0001", python=PYTHON).text
+    launch = text.split("launch_ranks() {")[1].split("\n}\n")[0]
+    assert "mpiexec -n 4" in launch and launch.strip().endswith("launch_pid=$!")
+    assert '"$folder" &' in launch, "mpiexec runs in the background"
+    assert "waited_until=$(( SECONDS + 45 ))" in text and 'export FAULTDRILL_ATTEMPT="$attempt"' in text
+    assert 'attempts_root=$(dirname -- "$(dirname -- "$events")")' in text
+    assert text.count('"event": "step_exit"') == 1, "one step_exit per launch, from the relaunch loop"
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
 def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
     run = expand_runs(_campaign(HOSTILE))[0]
     script = render_pbs(run, attempt=0, drill_id="golden-0002", python=PYTHON)

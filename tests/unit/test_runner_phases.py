@@ -114,3 +114,20 @@ def test_time_suspended_by_the_scheduler_is_not_silence(tmp_path: Path) -> None:
 
 def _beats(run_dir: Path) -> list[dict]:
     return read_json_lines(RunPaths(run_dir).heartbeat_file(0))
+
+
+def test_start_up_is_known_once_every_rank_registered_and_a_stuck_one_is_a_start_timeout(tmp_path: Path) -> None:
+    """The ranks_started anchor (a fault in the start-up) and the stuck start that follows it."""
+    paths = RunPaths(tmp_path)
+    watch = AttemptWatch(attempt=0, job_id="j", paths=paths, ranks=2)
+    watch.observe_state(JobState.RUNNING, 50.0)
+    for rank in range(2):
+        watch.read()
+        assert watch.ranks_started is None, "not every rank has registered yet"
+        paths.rank_file(0, rank).parent.mkdir(parents=True, exist_ok=True)
+        paths.rank_file(0, rank).write_text("{}")
+    watch.read()
+    assert watch.ranks_started == paths.rank_file(0, 1).stat().st_mtime
+    assert watch.stuck_start(50.0 + 20.0, 20.0) is None, "within start_timeout_s"
+    stuck = watch.stuck_start(50.0 + 20.5, 20.0)
+    assert stuck is not None and stuck.evidence == "job_running" and stuck.reason.startswith("no training step within 20 s")

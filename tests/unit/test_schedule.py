@@ -103,3 +103,5 @@ def test_a_step_beyond_the_run_or_a_kind_off_its_backend_is_a_spec_error(tmp_pat
         _run(tmp_path, [{"after": {"at_step": 900}}])
     with pytest.raises(SpecError, match="cannot repeat"):
         _run(tmp_path, [{"after": {"at_step": 20}, "repeat": 2}])
+    with pytest.raises(SpecError, match=r"at_step is a training step: it takes no anchor \('ranks_started'\)"):
+        _run(tmp_path, [{"after": {"at_step": 20}, "anchor": "ranks_started"}])

@@ -148,7 +148,8 @@ def test_time_limit_minutes(text: str, minutes: float) -> None:
 
 
 @pytest.mark.parametrize("name", ["quick.yaml", "slurm-quick.yaml", "paper-study.yaml", "paper-study-quick.yaml",
-                                  "fault-catalogue.yaml", "fault-catalogue-local.yaml"])
+                                  "fault-catalogue.yaml", "fault-catalogue-local.yaml", "strategies.yaml",
+                                  "failure-classes.yaml"])
 def test_shipped_campaigns_are_valid(name: str) -> None:
     campaign = load_campaign(REPO / "experiments" / "campaigns" / name)
     runs = expand_runs(campaign)
@@ -161,9 +162,9 @@ def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) 
     with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the local backend yet; "
                                         r"valid there: resubmit, in-allocation"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "requeue"}), base_dir=tmp_path)
-    with pytest.raises(SpecError, match=r"restart.strategy 'in-allocation' does not run on the pbs backend yet; "
-                                        r"valid there: resubmit"):
-        parse_campaign(_spec(tmp_path, backend="pbs", restart={"strategy": "in-allocation"}), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the pbs backend yet; "
+                                        r"valid there: resubmit, in-allocation"):
+        parse_campaign(_spec(tmp_path, backend="pbs", restart={"strategy": "requeue"}), base_dir=tmp_path)
     with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation' or 'requeue'"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "warm"}), base_dir=tmp_path)
 
@@ -174,3 +175,5 @@ def test_spare_nodes_are_for_in_allocation_only(tmp_path: Path) -> None:
         parse_campaign(spec, base_dir=tmp_path)
     spec["restart"] = {"strategy": "in-allocation"}
     assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
+    with pytest.raises(SpecError, match=r"the PBS launch \(mpiexec\) cannot move a dead node's ranks to a spare"):
+        parse_campaign({**spec, "backend": "pbs"}, base_dir=tmp_path)
