@@ -65,8 +65,8 @@ def kill_every_rank(backend: "Backend", run: RunConfig, attempt: int, job_id: st
     the scheduler cannot kill alone (a hang under in-allocation on PBS), the job goes on. Ranks
     that never registered (a stuck start) are left to the launcher, which ends them with the others."""
     ranks = tuple(rank for rank in range(run.ranks) if run.paths.rank_file(attempt, rank).exists())
-    if not ranks:
-        raise TargetRefused(f"no rank of attempt {attempt} has registered: nothing to kill")
+    if not ranks:  # the batch script ends the launcher itself on the controller's go
+        raise TargetRefused(f"no rank of attempt {attempt} has registered: nothing to kill", gone=True)
     fault = PlannedFault(index=-1, kind="kill-rank", delay_s=0.0, anchor="training_start", ranks=ranks,
                          options={"signal": "SIGKILL"})
     request = FaultRequest(run=run, attempt=attempt, job_id=job_id, fault=fault)

@@ -78,7 +78,11 @@ def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str,
         if not backend.kill_rank_step(job_id):
             kill_every_rank(backend, run, attempt, job_id)
         return
-    except (CommandError, TargetRefused) as error:
+    except TargetRefused as error:
+        if error.gone:  # the launch ended them first (the batch script ends it on the controller's go)
+            return
+        log.warning("%s: killing the ranks of attempt %d (job %s) failed: %s", run.run_id, attempt, job_id, error)
+    except CommandError as error:
         log.warning("%s: killing the ranks of attempt %d (job %s) failed: %s", run.run_id, attempt, job_id,
-                    error.summary if isinstance(error, CommandError) else error)
+                    error.summary)
     cancel(job_id)

@@ -112,10 +112,12 @@ def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(shared_tmp: Pa
     if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
         Path(keep).write_text(done.stdout)
     faulted = _run(report, "r000")
+    if keep:
+        Path(keep + ".logs").write_text(_batch_logs(shared_tmp / "work"))
     try:
         assert faulted["status"] == "completed" and faulted["identical_to_baseline"] is True, faulted["attempts"]
         attempts = faulted["attempts"]
-        assert len({attempt["job_id"] for attempt in attempts}) == 1, "every attempt ran in the first job"
+        assert len({attempt["job_id"] for attempt in attempts}) == 1, (attempts, _batch_logs(shared_tmp / "work"))
         assert [(a["state"], a["failure_class"]) for a in attempts[:2]] == [("STEP_FAILED", "RANK_SIGNAL"),
                                                                          ("STEP_FAILED", "HANG")], attempts
         recoveries = faulted["recoveries"]
@@ -126,3 +128,10 @@ def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(shared_tmp: Pa
         for run in report["runs"]:
             for attempt in run["attempts"]:
                 qdel(attempt["job_id"], None)
+
+
+def _batch_logs(workdir: Path) -> str:
+    """The tail of the faulted run's batch script and rank logs (what a failed relaunch said)."""
+    folder = workdir / "runs" / "r000" / "submitit"
+    return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+                     for path in sorted(folder.glob("*.err")) + sorted(folder.glob("*_log.out")))
