@@ -42,9 +42,7 @@ class FaultRequest:
 def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
     """Act out ``request.fault``; raises TargetRefused (with ``gone`` if the target had ended)."""
     kind = get_kind(request.fault.kind)
-    task = FaultTask(kind=kind.name, run_dir=request.run.paths.root, run_id=request.run.run_id,
-                     attempt=request.attempt, job_id=backend.agent_job_id(request.job_id),
-                     ranks=request.fault.ranks, options=dict(request.fault.options))
+    task = _task(backend, request)
     if kind.site is Site.CONTROLLER:
         control = BackendJobControl(backend, request.job_id,
                                     signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name),
@@ -70,9 +68,14 @@ def kill_every_rank(backend: "Backend", run: RunConfig, attempt: int, job_id: st
     fault = PlannedFault(index=-1, kind="kill-rank", delay_s=0.0, anchor="training_start", ranks=ranks,
                          options={"signal": "SIGKILL"})
     request = FaultRequest(run=run, attempt=attempt, job_id=job_id, fault=fault)
-    task = FaultTask(kind="kill-rank", run_dir=run.paths.root, run_id=run.run_id, attempt=attempt,
-                     job_id=backend.agent_job_id(job_id), ranks=ranks, options={"signal": "SIGKILL"})
-    return _on_rank_nodes(backend, request, task)
+    return _on_rank_nodes(backend, request, _task(backend, request))
+
+
+def _task(backend: "Backend", request: FaultRequest) -> FaultTask:
+    """What the kind acts on: the request's run, attempt, job (as the agent names it), ranks, options."""
+    return FaultTask(kind=request.fault.kind, run_dir=request.run.paths.root, run_id=request.run.run_id,
+                     attempt=request.attempt, job_id=backend.agent_job_id(request.job_id),
+                     ranks=request.fault.ranks, options=dict(request.fault.options))
 
 
 def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -> FaultOutcome:

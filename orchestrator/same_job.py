@@ -78,11 +78,9 @@ def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str,
         if not backend.kill_rank_step(job_id):
             kill_every_rank(backend, run, attempt, job_id)
         return
-    except TargetRefused as error:
-        if error.gone:  # the launch ended them first (the batch script ends it on the controller's go)
-            return
-        log.warning("%s: killing the ranks of attempt %d (job %s) failed: %s", run.run_id, attempt, job_id, error)
-    except CommandError as error:
+    except (TargetRefused, CommandError) as error:
+        if isinstance(error, TargetRefused) and error.gone:
+            return  # the launch ended them first (the batch script ends it on the controller's go)
         log.warning("%s: killing the ranks of attempt %d (job %s) failed: %s", run.run_id, attempt, job_id,
-                    error.summary)
+                    error.summary if isinstance(error, CommandError) else error)
     cancel(job_id)
