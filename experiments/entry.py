@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.layout import ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, WorkloadSpec, write_json_atomic
+from experiments.runtime.leak import MemoryLeak
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
@@ -47,6 +48,7 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # The scheduler's warning (walltime near, preemption) is the runner's, not submitit's (whose
     # handler ends rank 0 with an error): noted here, acted on at an agreed step.
     warning = WarningNote(warning_signal()).install()
+    MemoryLeak().install()  # the oom-rank fault's request to grow (nothing happens without it)
     # Imported here, not at module top: the framework must see the thread limits above.
     from experiments.runner import RunnerOptions, run_training
     from experiments.runtime.distenv import DistEnv, Timeouts

@@ -46,6 +46,7 @@ class FailureEvidence:
     rank_errors: tuple[str, ...] = ()  # what ranks died of, earliest first
     warned: bool = False  # the ranks got the scheduler's warning (and checkpointed) first
     lost_nodes: tuple[str, ...] = ()  # nodes the injector's record says were broken (node-crash, partition)
+    oom_killed: tuple[str, ...] = ()  # ranks the injector's record says the kernel's OOM killer ended (oom-rank)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,15 @@ def _node_lost(known: FailureEvidence) -> Classified | None:
     """The injector broke a node of the job: known at once, long before Slurm notices (SlurmdTimeout)."""
     if known.lost_nodes:
         return Classified(FailureClass.NODE_FAIL, f"node {', '.join(known.lost_nodes)} lost (the injector's record)")
+    return None
+
+
+def _oom_killed(known: FailureEvidence) -> Classified | None:
+    """The agent read the OOM kill in the rank's memory cgroup (the scheduler here has no task/cgroup
+    to say OUT_OF_MEMORY itself): a SIGKILL from the kernel, not a person or a peer."""
+    if known.oom_killed:
+        return Classified(FailureClass.OUT_OF_MEMORY, f"the kernel's OOM killer ended {', '.join(known.oom_killed)} "
+                                                      "(its memory cgroup's count, the injector's record)")
     return None
 
 
@@ -150,4 +160,4 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-_RULES = (_node_lost, _silence, _scheduler, _rank_errors, _warned, _cancelled, _exit)
+_RULES = (_node_lost, _oom_killed, _silence, _scheduler, _rank_errors, _warned, _cancelled, _exit)

@@ -54,12 +54,12 @@ def requeued(watch: AttemptWatch, state: JobState) -> bool:
 
 
 def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: "Backend",
-                     lost_nodes: tuple[str, ...] = ()) -> FailureEvidence:
+                     lost_nodes: tuple[str, ...] = (), oom_killed: tuple[str, ...] = ()) -> FailureEvidence:
     exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
                            rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
-                           lost_nodes=lost_nodes)
+                           lost_nodes=lost_nodes, oom_killed=oom_killed)
 
 
 def blamed_nodes(run: RunConfig, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
@@ -83,4 +83,4 @@ def facts_json(evidence: FailureEvidence) -> str:
 def facts_from_json(text: str) -> FailureEvidence:
     data = json.loads(text)
     return FailureEvidence(**{**data, "state": JobState(data["state"]), "rank_errors": tuple(data["rank_errors"]),
-                              "lost_nodes": tuple(data["lost_nodes"])})
+                              "lost_nodes": tuple(data["lost_nodes"]), "oom_killed": tuple(data.get("oom_killed", ()))})

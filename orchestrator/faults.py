@@ -196,6 +196,12 @@ class FaultBook:
                      if row.attempt == attempt and row.node and row.outcome in (INJECTED, UNKNOWN, SENDING)
                      and get_kind(row.kind).target is Target.NODE)
 
+    def oom_killed(self, attempt: int) -> tuple[str, ...]:
+        """The targets the kernel's OOM killer ended in ``attempt``, by the agent's record (oom-rank)."""
+        return tuple(row.target for row in self.ledger.faults(self.run_id)
+                     if row.attempt == attempt and row.outcome == INJECTED and row.target
+                     and get_kind(row.kind).oom_kill_record)
+
     def credited(self, attempt: int) -> FaultRow | None:
         """The fault that caused ``attempt`` to fail, if one did."""
         hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome == INJECTED

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from experiments.layout import write_json_atomic
 
+from injectors.kinds.base import WalltimeSet
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
 from orchestrator.commands import CommandError, run_command
@@ -64,7 +65,7 @@ class BackendJobControl:
         except NotSupported as error:
             raise TargetRefused(str(error)) from None
 
-    def set_time_left(self, seconds: float) -> str:
+    def set_time_left(self, seconds: float) -> WalltimeSet:
         try:
             return self.backend_impl.set_time_left(self.job_id, seconds)
         except NotSupported as error:

@@ -161,6 +161,7 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
         "rank_step_name": RANK_STEP_NAME,
         "attempts_root": str(run.paths.root / "attempts"),
         "time": resources.time,
+        "warning_s": resources.warning_s,
         "partition": resources.partition,
         "exclude": ",".join(exclude_nodes),
         "extra_directives": [slurm_line(parse_directive(text)) for text in resources.extra_directives],
@@ -213,10 +214,11 @@ def pbs_context(
     flavor: str = "torque", queue: str | None = None, mem: str | None = None, array: str | None = None,
     extra_directives: tuple[str, ...] | list[str] = (), common_environment: dict[str, str] | None = None,
     rerunnable: bool = True, output_stem: str | None = None, cpus_per_task: int = 1, gpus_per_node: int = 0,
-    in_allocation: bool = False, relaunch_wait_s: int = 60,
+    in_allocation: bool = False, relaunch_wait_s: int = 60, warning_s: int | None = None,
 ) -> dict[str, Any]:
     """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i;
-    ``in_allocation``: the job launches its ranks again for the controller's next attempt."""
+    ``in_allocation``: the job launches its ranks again for the controller's next attempt;
+    ``warning_s``: the batch script sends the ranks the warning signal this long before the walltime."""
     single = len(elements) == 1 and elements[0].index is None
     if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
         raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
@@ -229,6 +231,7 @@ def pbs_context(
         "ranks": nodes * tasks_per_node, "walltime": walltime, "queue": queue, "mem": mem, "array": array,
         "rerunnable": rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
         "in_allocation": in_allocation, "relaunch_wait_s": relaunch_wait_s,
+        "warning_at_s": _warning_at_s(walltime, warning_s),
         "extra_directives": [pbs_directive(extra) for extra in extra_directives],
         "common_environment": common, "python": python, "forwarded": sorted(names),
         "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
@@ -236,6 +239,13 @@ def pbs_context(
                       "environment": {k: v for k, v in e.environment.items() if k not in common}}
                      for e in elements],
     }
+
+
+def _warning_at_s(walltime: str, warning_s: int | None) -> int | None:
+    """Seconds after the job's start when the warning is due (None: no warning)."""
+    if warning_s is None:
+        return None
+    return max(0, round(time_limit_minutes(walltime) * 60) - warning_s)
 
 
 def _pbs_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> PBSElement:
@@ -251,7 +261,7 @@ def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], 
         job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
         walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
         queue=resources.partition, array=array, extra_directives=resources.extra_directives,
-        rerunnable=run.scheduler_requeue, **_relaunch_context(run),
+        rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, **_relaunch_context(run),
     )
 
 

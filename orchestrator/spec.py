@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
 from injectors.kinds import get_kind, option_models
@@ -75,6 +76,9 @@ class ResourcesConfig(_Strict):
     extra_directives: list[str] = Field(default_factory=list)
     # PBS only: resource syntax of the directives, Torque (-l nodes=N:ppn=M, -t) or PBS Pro (-l select=, -J).
     pbs_flavor: Literal["torque", "pro"] = "torque"
+    # The warning before the walltime, this many seconds before it (Slurm: --signal=USR2@N; PBS sends
+    # none, so the batch script sends it): the ranks checkpoint on it. Give it the time a checkpoint takes.
+    warning_s: int = Field(90, ge=1, le=86400)
 
     @field_validator("time")
     @classmethod
@@ -82,6 +86,14 @@ class ResourcesConfig(_Strict):
         if not _TIME_RE.match(value):
             raise ValueError(f"time {value!r} is not [D-]HH:MM:SS, MM:SS or minutes")
         return value
+
+    @model_validator(mode="after")
+    def _warning_before_the_walltime(self) -> "ResourcesConfig":
+        walltime_s = time_limit_minutes(self.time) * 60
+        if self.warning_s >= walltime_s:
+            raise ValueError(f"resources.warning_s ({self.warning_s} s) must be shorter than resources.time "
+                             f"({self.time}, {walltime_s:.0f} s): the warning comes that long before the walltime")
+        return self
 
     @field_validator("extra_directives")
     @classmethod
@@ -229,6 +241,8 @@ class Campaign(_Strict):
             if backend is not None and backend not in works_on:
                 problems.append(f"fault {index}: {fault.kind} works on the {', '.join(works_on)} backend(s), "
                                 f"not on {backend}")
+            elif backend is not None and (problem := get_kind(fault.kind).backend_problem(fault, backend)):
+                problems.append(f"fault {index}: {problem}")
         if problems:
             raise ValueError("\n".join(problems))
         return faults

@@ -83,6 +83,16 @@ def from_slurm(raw: str) -> JobState:
 # A finished letter (C, F, X) is a success only with an exit status of 0: Torque's C and PBS Pro's F
 # carry ``exit_status``/``Exit_status``; without one (the Slurm-backed wrappers print none) the job
 # is FAILED unless the caller has other evidence of its exit code.
+def parse_sacct(stdout: str) -> dict[str, JobState]:
+    """Lines of ``sacct -X -n -P -o JobID,State`` (allocation lines only)."""
+    states: dict[str, JobState] = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0]:
+            states[parts[0]] = from_slurm(parts[1])
+    return states
+
+
 PBS_FINISHED_LETTERS = frozenset({"C", "F", "X"})
 PBS_STATES: dict[str, JobState] = {
     "Q": JobState.PENDING,  # queued
@@ -99,12 +109,16 @@ PBS_STATES: dict[str, JobState] = {
     # M (PBS Pro: moved to another server) and U (PBS Pro: suspended for workstation activity; the
     # wrappers: a Slurm state they cannot name, such as OUT_OF_MEMORY) stay UNKNOWN.
 }
-# PBS Pro's Exit_status for jobs the server killed at a limit (JOB_EXEC_KILL_*).
+# The exit status a PBS server gives a job it killed at a limit: PBS Pro's JOB_EXEC_KILL_*, Torque's
+# JOB_EXEC_OVERLIMIT_* (the two sets do not overlap).
 PBS_LIMIT_EXITS: dict[int, JobState] = {
-    -29: JobState.TIMEOUT,  # walltime
-    -28: JobState.TIMEOUT,  # cput
-    -27: JobState.OUT_OF_MEMORY,  # mem
-    -26: JobState.OUT_OF_MEMORY,  # vmem
+    -29: JobState.TIMEOUT,  # PBS Pro: walltime
+    -28: JobState.TIMEOUT,  # PBS Pro: cput
+    -27: JobState.OUT_OF_MEMORY,  # PBS Pro: mem
+    -26: JobState.OUT_OF_MEMORY,  # PBS Pro: vmem
+    -10: JobState.OUT_OF_MEMORY,  # Torque: mem
+    -11: JobState.TIMEOUT,  # Torque: walltime
+    -12: JobState.TIMEOUT,  # Torque: cput
 }
 
 

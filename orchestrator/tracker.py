@@ -288,7 +288,8 @@ class RunTracker:
             if cancel:
                 self._cancel(watch.job_id)
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
-        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt))
+        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
+                                    self.faults.oom_killed(watch.attempt))
         classified = classify(evidence)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class)
         if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
@@ -463,16 +464,19 @@ class RunTracker:
     # jobs that are ending ---------------------------------------------------------------------
     def _final_state(self, attempt: int, state: JobState) -> None:
         """A failed attempt's job ended: classify it again with the scheduler's final word, if the
-        class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit)."""
+        class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit), and with the
+        injector's record if it came after (an agent's OOM-kill count)."""
         facts = self._attempt_row(attempt).class_facts
         if facts is None or not state.is_terminal:
             return
         evidence = facts_from_json(facts)
-        if evidence.state.is_terminal:
+        refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
+                            oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt))
+        if refreshed == evidence:
             return
-        classified = classify(replace(evidence, state=state))
+        classified = classify(refreshed)
         self.ledger.update_attempt(self.run.run_id, attempt, failure_class=classified.failure_class.value,
-                                   class_evidence=classified.evidence)
+                                   class_evidence=classified.evidence, class_facts=facts_json(refreshed))
 
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.closing)."""

@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "preempt": "injectors.kinds.preempt:Preempt",
     "disk-full": "injectors.kinds.disk_full:DiskFull",
     "timeout": "injectors.kinds.timeout:Timeout",
+    "oom-rank": "injectors.kinds.oom_rank:OomRank",
 }
 
 

@@ -97,6 +97,14 @@ class FaultTask:
         return cls(**{**data, "run_dir": Path(data["run_dir"]), "ranks": tuple(data["ranks"])})
 
 
+@dataclass(frozen=True)
+class WalltimeSet:
+    """What moving a running job's walltime did: in words, and within how long the end is due."""
+
+    said: str
+    ends_within_s: float
+
+
 class JobControl(Protocol):
     """What a kind acting from the controller may do to the attempt's job (through the backend) and
     to the cluster (through the cluster script or a site's command). Bound to the one job the fault
@@ -117,8 +125,9 @@ class JobControl(Protocol):
     def requeue(self) -> None:
         """Put the job back in the queue through the scheduler (it runs again, as sites preempt)."""
 
-    def set_time_left(self, seconds: float) -> str:
-        """Make the job reach its walltime about ``seconds`` from now; what was set, in words."""
+    def set_time_left(self, seconds: float) -> WalltimeSet:
+        """Make the job reach its walltime about ``seconds`` from now, or, where the scheduler moves
+        no running job's walltime (PBS), leave the job its own; what was set and when the end is due."""
 
     def nodes(self) -> list[str]:
         """The job's nodes according to the scheduler, in allocation order."""
@@ -146,10 +155,17 @@ class FaultKind(ABC):
     # False: the attempt is meant to go on (a stall, a damaged file), the effect is known at once.
     ends_attempt: ClassVar[bool] = True
     works_on: ClassVar[tuple[str, ...]] = ("local", "slurm", "pbs")
+    # True: an injected fault of this kind means the kernel's OOM killer ended its target (the
+    # agent read the count): the injector's record the failure class reads (OUT_OF_MEMORY).
+    oom_kill_record: ClassVar[bool] = False
 
     def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
         """The ranks this fault will hit, drawn once when the drill is planned (none: not a rank kind)."""
         return ()
+
+    def backend_problem(self, options: FaultOptions, backend: str) -> str | None:
+        """Why these options cannot work on ``backend`` (a spec error), beyond ``works_on``; None: they can."""
+        return None
 
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
         """The planned target in words, for the plan and the report."""

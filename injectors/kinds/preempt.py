@@ -3,7 +3,8 @@ one the batch script's ``--signal`` names), a grace time, then the job is cancel
 ``then: requeue``, requeued: ``scontrol requeue``, as sites that requeue preempted jobs do). The ranks
 take a checkpoint on the warning and train no more, so the work lost should be ~0; the run goes
 on in a new job. Acts from the controller, through the scheduler (Slurm: ``scancel --signal``,
-then ``scancel``; local: the agent signals the verified ranks, then the job is cancelled)."""
+then ``scancel``; PBS, which has no qsig here, and local: the agent signals the verified ranks on
+their nodes, then the job is deleted: ``qdel``, as a PBS preemption by kill does)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,13 @@ class Preempt(FaultKind):
     target = Target.JOB
     site = Site.CONTROLLER
     options = PreemptOptions
-    works_on = ("local", "slurm")
+    works_on = ("local", "slurm", "pbs")
+
+    def backend_problem(self, options: FaultOptions, backend: str) -> str | None:
+        if getattr(options, "then", "cancel") == "requeue" and backend != "slurm":
+            return (f"preempt then: requeue needs a scheduler that requeues a running job (slurm: scontrol "
+                    f"requeue); the {backend} backend cannot here: use then: cancel")
+        return None
 
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
         return (f"job (warning {DEFAULT_WARNING_SIGNAL}, grace {float(options.get('grace_s', 30.0)):g} s, "

@@ -11,6 +11,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
+from injectors.kinds.base import WalltimeSet
 from orchestrator.commands import CommandResult
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
@@ -115,8 +116,9 @@ class Backend(abc.ABC):
         this backend cannot (the caller then cancels the job)."""
         return False
 
-    def set_time_left(self, job_id: str, seconds: float) -> str:
-        """Move the job's walltime to about ``seconds`` from now; what was set, in words."""
+    def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
+        """Move the job's walltime to about ``seconds`` from now (or, where the scheduler moves no
+        running job's walltime, leave it); what was set, in words, and when the end is due."""
         raise NotSupported(f"the {self.name} backend cannot change a running job's walltime")
 
     def job_nodes(self, job_id: str) -> list[str]:

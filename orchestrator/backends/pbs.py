@@ -25,6 +25,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
+from injectors.kinds.base import WalltimeSet
 from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, Submission
 from orchestrator.backends.pbs_commands import (
     QSTAT_TIMEOUT_S,
@@ -35,12 +36,14 @@ from orchestrator.backends.pbs_commands import (
     qdel,
     qrerun,
     qstat_all,
+    qstat_records,
     qstat_states,
     qsub,
     scheduler_id,
 )
 from orchestrator.backends.pbs_plugin import PBSExecutor
-from orchestrator.commands import CommandResult, run_command
+from orchestrator.backends.base import NotSupported
+from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.render import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
@@ -140,6 +143,22 @@ class PBSBackend(Backend):
     def rerun(self, job_id: str) -> None:
         """Send a running job back to the queue with qrerun (raises CommandError if refused)."""
         qrerun(job_id, self._folders.get(job_id))
+
+    def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
+        """PBS moves no running job's walltime (``qalter -l walltime`` is for queued jobs, and the
+        wrappers' qalter takes no ``-l``): the job keeps the walltime its spec gave, and its end is
+        due within that walltime."""
+        server = detect_server()
+        target = scheduler_id(job_id, self._folders.get(job_id), server)
+        try:
+            records = qstat_records([target], server)
+        except CommandError as error:
+            raise NotSupported(f"qstat -f {target} failed: {error}") from None
+        walltime = next(iter(records.values()), {}).get("Resource_List.walltime", "")
+        if not walltime:
+            raise NotSupported(f"qstat -f {target} shows no Resource_List.walltime")
+        return WalltimeSet(f"walltime kept at {walltime} (PBS moves no running job's walltime)",
+                           ends_within_s=time_limit_minutes(walltime) * 60)
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         """The agent on ``node``: a step of the job under the wrappers, else over ssh (see the module doc)."""

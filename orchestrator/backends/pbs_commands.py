@@ -6,7 +6,8 @@ Slurm's Torque wrappers (slurm-wlm-torque) print bare Slurm ids (``69``); an ele
 ``69[4]``, and since their qstat lists each started element under a Slurm id of its own, each
 element's batch script records that id in its submitit folder (``<job>_scheduler_id``). Their qstat
 prints no exit status either: a finished job is judged by the exit code its batch script recorded
-(``<job>_exit_code``), else it failed. Light imports only: submitit loads this in every job.
+(``<job>_exit_code``), else by what Slurm's accounting under them says (a script the scheduler
+killed at its walltime records nothing), else it failed. Light imports only: submitit loads this in every job.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from orchestrator.commands import CommandError, run_command
-from orchestrator.states import PBS_FINISHED_LETTERS, JobState, from_pbs
+from orchestrator.states import PBS_FINISHED_LETTERS, JobState, from_pbs, parse_sacct
 
 ENV_SERVER = "FAULTDRILL_PBS_SERVER"  # torque | pro | slurm-wrappers: skips detection
 QSTAT_TIMEOUT_S = 20.0
@@ -186,11 +187,32 @@ def record_state(job_id: str, record: dict[str, str] | None, folder: Path | None
     the exit code the batch script recorded."""
     if record is None:
         return JobState.UNKNOWN
-    letter = record.get("job_state", "")
+    return from_pbs(record.get("job_state", ""), _exit_status(job_id, record, folder))
+
+
+def _exit_status(job_id: str, record: dict[str, str], folder: Path | None) -> str | None:
     exit_status = record.get("exit_status") or record.get("Exit_status")
-    if exit_status is None and letter[:1] in PBS_FINISHED_LETTERS:
+    if exit_status is None and record.get("job_state", "")[:1] in PBS_FINISHED_LETTERS:
         exit_status = read_job_file(folder, EXIT_CODE_FILE, job_id)
-    return from_pbs(letter, exit_status)
+    return exit_status
+
+
+def _ended_unsaid(job_id: str, record: dict[str, str] | None, folder: Path | None) -> bool:
+    """Finished, and neither the server nor the batch script says how (a script the scheduler
+    killed: at the walltime, on a qdel)."""
+    return (record is not None and record.get("job_state", "")[:1] in PBS_FINISHED_LETTERS
+            and _exit_status(job_id, record, folder) is None)
+
+
+def wrapped_slurm_states(scheduler_ids: Sequence[str]) -> dict[str, JobState]:
+    """What Slurm under the wrappers says of finished jobs whose qstat record (the wrappers print
+    no exit status) cannot: TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL. One sacct call; ids it
+    does not know are absent (and stay as qstat says)."""
+    if not scheduler_ids:
+        return {}
+    args = ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(scheduler_ids)]
+    result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=1, check=False)
+    return parse_sacct(result.stdout) if result.returncode == 0 else {}
 
 
 def qstat_states(
@@ -203,6 +225,7 @@ def qstat_states(
     records = qstat_records(sorted({target.scheduler_id for target in targets.values()}), server)
     by_short = {short_id(key): record for key, record in records.items()}
     states = {}
+    unsaid = {}
     for job_id, target in targets.items():
         record = records.get(target.scheduler_id) or by_short.get(short_id(target.scheduler_id))
         state = record_state(job_id, record, folders.get(job_id))
@@ -210,7 +233,12 @@ def qstat_states(
             # A wrapper element that has not recorded its own id yet: the array's record says only
             # that something of the array is queued or running.
             state = JobState.PENDING if state in (JobState.PENDING, JobState.RUNNING) else JobState.UNKNOWN
+        elif server is ServerKind.SLURM_WRAPPERS and _ended_unsaid(job_id, record, folders.get(job_id)):
+            unsaid[job_id] = target.scheduler_id
         states[job_id] = state
+    said = wrapped_slurm_states(sorted(set(unsaid.values())))
+    states.update({job_id: said[slurm_id] for job_id, slurm_id in unsaid.items()
+                   if said.get(slurm_id, JobState.UNKNOWN) is not JobState.UNKNOWN})
     return states
 
 

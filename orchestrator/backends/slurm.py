@@ -17,12 +17,13 @@ from submitit.core import utils as submitit_utils
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
+from injectors.kinds.base import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.directives import cluster_of
 from orchestrator.render import RANK_STEP_NAME, SubmissionScript, render_slurm
 from orchestrator.runs import RunConfig
-from orchestrator.states import JobState, from_slurm
+from orchestrator.states import JobState, from_slurm, parse_sacct
 
 SUBMIT_TIMEOUT_S = 60.0
 POLL_TIMEOUT_S = 20.0
@@ -82,16 +83,6 @@ def parse_squeue(stdout: str) -> dict[str, JobState]:
         if "|" in line:
             job_id, raw = line.strip().split("|", 1)
             states[job_id] = from_slurm(raw)
-    return states
-
-
-def parse_sacct(stdout: str) -> dict[str, JobState]:
-    """Lines of ``sacct -X -n -P -o JobID,State`` (allocation lines only)."""
-    states: dict[str, JobState] = {}
-    for line in stdout.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) >= 2 and parts[0]:
-            states[parts[0]] = from_slurm(parts[1])
     return states
 
 
@@ -208,7 +199,7 @@ class SlurmBackend(Backend):
             run_command(["scancel", *cluster_args(cluster), "--signal=KILL", step], timeout_s=POLL_TIMEOUT_S, retries=1)
         return True
 
-    def set_time_left(self, job_id: str, seconds: float) -> str:
+    def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
         """Slurm keeps time limits in whole minutes: the new limit is the run time so far plus
         ``seconds``, rounded up to a minute; slurmctld enforces it (and sends the --signal
         warning) at its next periodic check."""
@@ -219,7 +210,8 @@ class SlurmBackend(Backend):
         minutes = max(1, math.ceil((run_time_s + seconds) / 60))
         run_command(["scontrol", *cluster_args(cluster), "update", f"JobId={number}", f"TimeLimit={minutes}"],
                     timeout_s=POLL_TIMEOUT_S, retries=1)
-        return f"time limit set to {minutes} min (it had run {run_time_s:.0f} s)"
+        return WalltimeSet(f"time limit set to {minutes} min (it had run {run_time_s:.0f} s)",
+                           ends_within_s=max(seconds, minutes * 60 - run_time_s))
 
     def job_nodes(self, job_id: str) -> list[str]:
         number, cluster = split_job_id(job_id)

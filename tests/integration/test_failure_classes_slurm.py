@@ -4,7 +4,8 @@ user on a login node starts it), the test plays the person who scancels one run'
 report once the controller has ended:
 
 - hang-rank during start-up (anchor ranks_started): no first step within start_timeout_s: START_TIMEOUT;
-- a person's scancel: CANCELLED, and the default policy gives up (no new job is submitted).
+- a person's scancel: CANCELLED, and the default policy gives up (no new job is submitted);
+- oom-rank: the rank's memory capped by a cgroup, the kernel's OOM killer ends it: OUT_OF_MEMORY.
 """
 
 from __future__ import annotations
@@ -96,3 +97,17 @@ def test_a_persons_scancel_is_cancelled_and_the_run_gives_up(drilled: tuple[dict
     [attempt] = run["attempts"]  # nothing was submitted after the cancel
     assert attempt["job_id"] == job and attempt["failure_class"] == "CANCELLED", attempt
     assert slurm.wait_sacct_state(job, timeout=60)["State"].startswith("CANCELLED")
+
+
+def test_a_rank_the_oom_killer_ends_is_out_of_memory_and_recovers(drilled: tuple[dict[str, Any], str]) -> None:
+    run = _run(drilled[0], "r002")
+    recovery = _recovered(drilled[0], "r002")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["target"].startswith("rank 1@"), fault
+    assert "the kernel's OOM killer ended it" in fault["detail"] and "oom_kill 1" in fault["detail"], fault
+    assert run["attempts"][0]["failure_class"] == "OUT_OF_MEMORY", run["attempts"][0]
+    assert "OOM killer" in run["attempts"][0]["class_evidence"]
+    assert recovery["fault_kind"] == "oom-rank" and recovery["failure_class"] == "OUT_OF_MEMORY", recovery
+    assert recovery["resumed_from_step"] == 1000, recovery
+    # The agent removed the memory cgroup it made.
+    assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*"))

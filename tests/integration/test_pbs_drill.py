@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,17 @@ def _pbs_quick_spec(workdir: Path, destination: Path) -> Path:
     spec.update(name="pbs-quick", backend="pbs", workdir=str(workdir))
     destination.write_text(yaml.safe_dump(spec))
     return destination
+
+
+def _drill(spec_path: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Write ``spec`` and drill it; its report (also kept at FAULTDRILL_KEEP_REPORT when set)."""
+    spec_path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec_path), "--format", "json"],
+                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
+        Path(keep).write_text(done.stdout)
+    return json.loads(done.stdout)
 
 
 def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
@@ -104,15 +116,9 @@ def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(shared_tmp: Pa
     spec["restart"].update(strategy="in-allocation", hang_timeout_s=5)
     spec["faults"] = [{"kind": "kill-rank", "after": {"fixed": 0.3}, "anchor": "first_checkpoint", "rank": 1},
                       {"kind": "hang-rank", "after": {"fixed": 0.3}, "anchor": "first_checkpoint", "rank": 3}]
-    spec_path.write_text(yaml.safe_dump(spec))
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec_path), "--format", "json"],
-                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout)
-    if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
-        Path(keep).write_text(done.stdout)
+    report = _drill(spec_path, spec)
     faulted = _run(report, "r000")
-    if keep:
+    if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
         Path(keep + ".logs").write_text(_batch_logs(shared_tmp / "work"))
     try:
         assert faulted["status"] == "completed" and faulted["identical_to_baseline"] is True, faulted["attempts"]
@@ -135,3 +141,43 @@ def _batch_logs(workdir: Path) -> str:
     folder = workdir / "runs" / "r000" / "submitit"
     return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
                      for path in sorted(folder.glob("*.err")) + sorted(folder.glob("*_log.out")))
+
+
+def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(shared_tmp: Path, cluster) -> None:
+    """PBS has no qsig here and moves no running job's walltime: a preemption is the agent's
+    warning to every verified rank on both nodes, then qdel; a walltime is the job's own (a minute),
+    its warning sent by the batch script ``resources.warning_s`` before it and forwarded by mpiexec.
+    Both times the ranks save on the warning, the run resumes at that step in a new job (nothing
+    lost) and ends bit for bit as its twin; the classes are PREEMPTED and TIMEOUT (Slurm's accounting
+    under the wrappers says TIMEOUT: qstat says only that the job finished)."""
+    spec_path = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-scheduler-ends.yaml")
+    spec = yaml.safe_load(spec_path.read_text())
+    spec.update(name="pbs-scheduler-ends", parallel_runs=4)
+    spec["workload"].update(steps=1500, batch_size=16)
+    spec["checkpoint"] = {"every_steps": 500, "keep": 3}
+    spec["resources"].update(tasks_per_node=1, warning_s=30)
+    spec.pop("faults")
+    spec["sweep"] = {"grid": [{"faults": [[{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 30}]]},
+                              {"faults": [[{"kind": "timeout", "after": {"at_step": 50}}]],
+                               "resources.time": ["00:01:00"]}]}
+    report = _drill(spec_path, spec)
+    try:
+        for run_id, kind, first_class in (("r000", "preempt", "PREEMPTED"), ("r001", "timeout", "TIMEOUT")):
+            run = _run(report, run_id)
+            assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
+            [fault] = run["faults"]
+            assert fault["outcome"] == "injected", fault
+            saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+            assert 0 < saved < 1500 and saved % 10 == 0, fault["detail"]
+            assert run["attempts"][0]["failure_class"] == first_class, run["attempts"]
+            recovery = run["recoveries"][0]
+            assert recovery["fault_kind"] == kind and recovery["failure_class"] == first_class, recovery
+            assert recovery["resumed_from_step"] == saved and recovery["lost_steps"] == 0, recovery
+        preempt = _run(report, "r000")["faults"][0]
+        assert preempt["signal"] == "SIGUSR2" and "cancelled" in preempt["detail"], preempt
+        walltime = _run(report, "r001")["faults"][0]
+        assert "walltime kept at 00:01:00" in walltime["detail"], walltime
+    finally:
+        for run in report["runs"]:
+            for attempt in run["attempts"]:
+                qdel(attempt["job_id"], None)

@@ -34,6 +34,9 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
     (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=1, rank_errors=(ENOSPC,), warned=True),
      C.CHECKPOINT_WRITE_FAILED, "no space"),
     (FailureEvidence(JobState.OUT_OF_MEMORY, "scheduler_end"), C.OUT_OF_MEMORY, "OUT_OF_MEMORY"),
+    # An OOM kill is a SIGKILL (exit 137) with a survivor's "peer closed": the agent's count decides.
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=137, rank_errors=(GLOO_PEER,),
+                     oom_killed=("rank 1@fd-n2",)), C.OUT_OF_MEMORY, "OOM killer ended rank 1@fd-n2"),
     (FailureEvidence(JobState.FAILED, "step_exit", exit_code=1, rank_errors=("MemoryError: ",)), C.OUT_OF_MEMORY,
      "MemoryError"),
     (FailureEvidence(JobState.CANCELLED, "scheduler_end"), C.CANCELLED, "outside the drill"),
@@ -96,3 +99,11 @@ def test_the_facts_kept_in_the_ledger_give_the_same_class_and_the_final_state_ca
     assert classify(warned).failure_class is C.PREEMPTED
     final = replace(facts_from_json(facts_json(warned)), state=JobState.TIMEOUT)
     assert classify(final).failure_class is C.TIMEOUT
+
+
+def test_facts_kept_before_the_oom_record_existed_still_read() -> None:
+    """Ledgers written before ``oom_killed`` was a fact: the field is absent, and reads as none."""
+    old = facts_json(FailureEvidence(JobState.FAILED, "step_exit", exit_code=137)).replace(', "oom_killed": []', "")
+    assert "oom_killed" not in old
+    assert facts_from_json(old).oom_killed == ()
+    assert classify(facts_from_json(old)).failure_class is C.RANK_SIGNAL

@@ -56,6 +56,18 @@ def test_a_stall_shorter_than_the_hang_timeout_costs_no_restart(tmp_path: Path) 
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
 
 
+def test_oom_rank_caps_a_rank_whose_leak_the_kernels_oom_killer_ends(tmp_path: Path) -> None:
+    run = _catalogue_drill(tmp_path, [{"kind": "oom-rank", "after": {"at_step": 700}, "rank": 1}])
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["target"].startswith("rank 1@"), fault
+    assert "the kernel's OOM killer ended it" in fault["detail"] and "oom_kill 1" in fault["detail"], fault
+    assert run["attempts"][0]["failure_class"] == "OUT_OF_MEMORY", run["attempts"][0]
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "oom-rank" and recovery["failure_class"] == "OUT_OF_MEMORY"
+    assert recovery["resumed_from_step"] == 500
+    assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*")), "the agent left its cgroup"
+
+
 def test_kill_rank_can_hit_every_rank_at_one_instant(tmp_path: Path) -> None:
     run = _catalogue_drill(tmp_path, [{"kind": "kill-rank", "after": {"at_step": 700}, "rank": [0, 1]}])
     [fault] = run["faults"]
@@ -177,9 +189,10 @@ def test_plan_prints_every_fault_and_touches_nothing(tmp_path: Path) -> None:
     ({"kind": "stall-rank", "duration_s": 0}, "faults.0.duration_s"),
     ({"kind": "corrupt-checkpoint", "mode": "shred"}, "faults.0.mode"),
     ({"kind": "node-explode"}, "unknown fault kind; valid: kill-rank"),
-    ({"kind": "timeout"}, "fault 0: timeout works on the slurm backend(s), not on local"),
+    ({"kind": "timeout"}, "fault 0: timeout works on the slurm, pbs backend(s), not on local"),
     ({"kind": "node-crash"}, "fault 0: node-crash works on the slurm backend(s), not on local"),
     ({"kind": "preempt", "grace_s": -1}, "faults.0.grace_s"),
+    ({"kind": "oom-rank", "headroom_mb": 1}, "faults.0.headroom_mb"),
 ])
 def test_bad_fault_options_are_spec_errors(tmp_path: Path, fault: dict, message: str) -> None:
     done = subprocess.run([*FAULTDRILL, "plan", str(write_spec(tmp_path, faults=[fault]))], capture_output=True,

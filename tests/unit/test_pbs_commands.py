@@ -27,7 +27,7 @@ from orchestrator.commands import CommandError
 from orchestrator.render import attempt_job_name
 from orchestrator.runs import expand_runs
 from orchestrator.spec import Campaign
-from orchestrator.states import JobState
+from orchestrator.states import JobState, from_pbs
 
 RECORDED = Path(__file__).parent / "recorded"
 FakePBS = FakeCommands
@@ -36,7 +36,7 @@ FakePBS = FakeCommands
 @pytest.fixture
 def fake_pbs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")
-    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qdel", "qrerun", "srun", "squeue"))
+    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qdel", "qrerun", "srun", "squeue", "sacct"))
 
 
 def test_one_qstat_call_for_all_jobs_and_wrapper_elements(fake_pbs: FakePBS, tmp_path: Path) -> None:
@@ -58,6 +58,42 @@ def test_qstat_options_follow_the_server(fake_pbs: FakePBS, monkeypatch: pytest.
     states = qstat_states(["1030[0].pbs-srv", "1030[2].pbs-srv"], {})
     assert states == {"1030[0].pbs-srv": JobState.COMPLETED, "1030[2].pbs-srv": JobState.PENDING}
     assert fake_pbs.calls == [f"qstat -f {options}1030[0].pbs-srv 1030[2].pbs-srv"]
+
+
+def test_a_job_killed_at_its_walltime_is_timeout_by_slurms_accounting_under_the_wrappers(
+        fake_pbs: FakePBS, tmp_path: Path) -> None:
+    """The wrappers' record of a timed-out job says only C, and its batch script was killed before
+    it recorded an exit code: sacct (one call) says TIMEOUT. A job whose script recorded its code
+    is judged by it, with no sacct call."""
+    fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_timed_out.txt").read_text())
+    fake_pbs.answer("sacct", "2501|TIMEOUT\n")
+    assert qstat_states(["2501"], {"2501": tmp_path}) == {"2501": JobState.TIMEOUT}
+    assert fake_pbs.calls == ["qstat -f 2501", "sacct -X -n -P -o JobID,State -j 2501"]
+    (tmp_path / pbs_commands.EXIT_CODE_FILE.format(job="2501")).write_text("3\n")
+    assert qstat_states(["2501"], {"2501": tmp_path}) == {"2501": JobState.FAILED}
+    assert fake_pbs.calls[2:] == ["qstat -f 2501"]
+
+
+def test_without_accounting_a_silent_end_stays_a_failure(fake_pbs: FakePBS, tmp_path: Path) -> None:
+    fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_timed_out.txt").read_text())
+    fake_pbs.answer("sacct", "", rc=1, stderr="sacct: error: Slurm accounting storage is disabled\n")
+    assert qstat_states(["2501"], {"2501": tmp_path}) == {"2501": JobState.FAILED}
+
+
+@pytest.mark.parametrize(("exit_status", "state"), [
+    ("-11", JobState.TIMEOUT), ("-12", JobState.TIMEOUT), ("-10", JobState.OUT_OF_MEMORY),
+    ("-29", JobState.TIMEOUT), ("-27", JobState.OUT_OF_MEMORY), ("271", JobState.FAILED), ("0", JobState.COMPLETED),
+])
+def test_limit_exit_statuses_of_torque_and_pbs_pro(exit_status: str, state: JobState) -> None:
+    assert from_pbs("C", exit_status) is state
+
+
+def test_the_walltime_stays_on_pbs_and_its_end_is_due_within_it(fake_pbs: FakePBS, tmp_path: Path) -> None:
+    fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_timed_out.txt").read_text().replace(
+        "job_state = C", "job_state = R"))
+    walltime = PBSBackend("d1").set_time_left("2501", 30.0)
+    assert walltime.ends_within_s == 60.0 and "walltime kept at 00:01:00" in walltime.said
+    assert not any(call.startswith("qalter") for call in fake_pbs.calls)
 
 
 def test_unknown_ids_are_not_an_error_but_a_failing_qstat_is(fake_pbs: FakePBS) -> None:

@@ -108,8 +108,8 @@ def test_directives_come_in_a_stable_order() -> None:
 
 def test_rank_launch_is_one_mpiexec_that_ends_when_a_rank_dies() -> None:
     text = render_pbs(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
-    launch = text.split("mpiexec ", 1)[1].split("rc=$?")[0]
-    assert "-n 4 --map-by ppr:2:node" in launch and "odls_base_sigkill_timeout 0" in launch
+    launch = text.split("\nmpiexec ", 1)[1].split("launch_pid=$!")[0]
+    assert launch.startswith("-n 4 --map-by ppr:2:node") and "odls_base_sigkill_timeout 0" in launch
     for name in ("FAULTDRILL_RUN_ID", "FAULTDRILL_RUN_DIR", "FAULTDRILL_MASTER_ADDR", "SUBMITIT_EXECUTOR"):
         assert f"-x {name} " in launch
     assert "submitit.core._submit" in launch

@@ -138,7 +138,7 @@ def test_the_walltime_moves_to_the_run_time_plus_the_wanted_seconds_in_whole_min
     said = SlurmBackend("d1").set_time_left("857;other", 30)
     # 67 s run + 30 s = 97 s: Slurm keeps minutes, so 2 (never less than what was asked).
     assert fake.calls[-1] == "scontrol -M other update JobId=857 TimeLimit=2"
-    assert said == "time limit set to 2 min (it had run 67 s)"
+    assert said.said == "time limit set to 2 min (it had run 67 s)" and said.ends_within_s == 53.0
 
 
 def test_the_warning_goes_to_the_job_steps_not_the_batch_script(tmp_path: Path, fake: FakeCommands) -> None:

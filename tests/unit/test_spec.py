@@ -177,3 +177,25 @@ def test_spare_nodes_are_for_in_allocation_only(tmp_path: Path) -> None:
     assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
     with pytest.raises(SpecError, match=r"the PBS launch \(mpiexec\) cannot move a dead node's ranks to a spare"):
         parse_campaign({**spec, "backend": "pbs"}, base_dir=tmp_path)
+
+
+def test_the_walltime_warning_must_come_before_the_walltime(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, resources={"nodes": 1, "tasks_per_node": 2, "time": "00:01:00", "warning_s": 60})
+    with pytest.raises(SpecError, match=r"resources.warning_s \(60 s\) must be shorter than resources.time "
+                                        r"\(00:01:00, 60 s\)"):
+        parse_campaign(spec, base_dir=tmp_path)
+    spec["resources"]["warning_s"] = 20
+    assert parse_campaign(spec, base_dir=tmp_path).resources.warning_s == 20
+    assert parse_campaign(_spec(tmp_path), base_dir=tmp_path).resources.warning_s == 90
+
+
+def test_a_preemption_that_requeues_needs_a_scheduler_that_requeues(tmp_path: Path) -> None:
+    preempt = {"kind": "preempt", "after": {"at_step": 20}, "then": "requeue"}
+    with pytest.raises(SpecError, match=r"fault 0: preempt then: requeue needs a scheduler that requeues a running "
+                                        r"job \(slurm: scontrol requeue\); the pbs backend cannot here: use then: cancel"):
+        parse_campaign(_spec(tmp_path, backend="pbs", faults=[preempt]), base_dir=tmp_path)
+    for backend, then in (("slurm", "requeue"), ("pbs", "cancel")):
+        campaign = parse_campaign(_spec(tmp_path, backend=backend, faults=[{**preempt, "then": then}]), base_dir=tmp_path)
+        assert campaign.faults[0].kind == "preempt"
+    timeout = {"kind": "timeout", "after": {"at_step": 20}}
+    assert parse_campaign(_spec(tmp_path, backend="pbs", faults=[timeout]), base_dir=tmp_path).faults[0].kind == "timeout"

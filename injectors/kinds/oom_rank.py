@@ -1,0 +1,105 @@
+"""oom-rank: a rank runs out of memory, as a leak or a batch too big for the node makes it. The
+agent caps the rank's memory (a child memory cgroup of its own, ``headroom_mb`` more than it holds
+now) and asks it to grow (Faultdrill's rank runtime leaks on ``LEAK_SIGNAL``); the kernel's OOM
+killer ends it, as it does on a node whose job outgrows its memory (Slurm's task/cgroup, PBS's
+mem limit). The agent waits for the rank's end, reads the cgroup's OOM-kill count (the evidence:
+the attempt's class is OUT_OF_MEMORY) and removes the cgroup. Refused without a cgroup v1 memory
+controller the agent may write (root on the node), and if the rank did not die of it within
+``deadline_s`` (a process without Faultdrill's runtime does not grow on request)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import FrameType
+from typing import Literal
+
+from pydantic import Field
+
+from experiments.runtime.identity import start_ticks
+from experiments.runtime.leak import LEAK_SIGNAL
+from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
+from injectors.kinds.signals import RankFaultOptions, outcome, verify_all, wait_until
+from injectors.memory_cgroup import MemoryCap
+from injectors.targets import TargetRefused, VerifiedTarget
+
+MB = 1 << 20
+
+
+class OomRankOptions(RankFaultOptions):
+    kind: Literal["oom-rank"] = "oom-rank"
+    headroom_mb: int = Field(64, ge=8, le=1024, description="memory the rank may still charge before the OOM kill")
+    deadline_s: float = Field(30.0, gt=0, le=600, description="the longest the rank is given to die of it")
+
+
+class OomRank(RankKind):
+    name = "oom-rank"
+    options = OomRankOptions
+    oom_kill_record = True
+
+    def act_on_node(self, task: FaultTask) -> FaultOutcome:
+        targets = verify_all(task)
+        headroom = int(task.options.get("headroom_mb", 64))
+        deadline_s = float(task.options.get("deadline_s", 30.0))
+        ticks = {target.pid: start_ticks(target.pid) for target in targets}
+        caps = [MemoryCap.create(target.pid, _cgroup_name(task, target), headroom * MB) for target in targets]
+        ending = _Ending().install()  # the job ends when the rank dies: finish the record first
+        try:
+            wait_until(task.not_before)
+            at = time.time()
+            for target in targets:
+                os.kill(target.pid, LEAK_SIGNAL)
+            ended = _wait_for_ends(targets, ticks, at + deadline_s, ending)
+            kills = {cap.pid: cap.oom_kills() for cap in caps}
+            peaks = {cap.pid: cap.peak_bytes() for cap in caps}
+        finally:
+            for cap in caps:
+                cap.remove()
+        survivors = [t for t in targets if not (t.pid in ended and kills[t.pid] > 0)]
+        if survivors:
+            raise TargetRefused(_why_not(survivors, ended, kills, headroom, deadline_s))
+        took = max(ended.values()) - at
+        peak = max(peaks.values()) / MB
+        return outcome(self.name, targets, "SIGKILL", at, detail=(
+            f"memory capped at +{headroom} MB, the rank made to grow: the kernel's OOM killer ended it "
+            f"{took:.2f} s later (oom_kill {sum(kills.values())}, peak +{peak:.0f} MB)"))
+
+
+def _cgroup_name(task: FaultTask, target: VerifiedTarget) -> str:
+    return f"faultdrill-oom-{task.run_id}-a{task.attempt}-r{target.rank}-{target.pid}"
+
+
+class _Ending:
+    """SIGTERM (the scheduler ending the job's steps) stops the wait, not the agent."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def install(self) -> "_Ending":
+        signal.signal(signal.SIGTERM, self._note)
+        return self
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.asked = True
+
+
+def _wait_for_ends(targets: list[VerifiedTarget], ticks: dict[int, int | None], deadline: float,
+                   ending: _Ending) -> dict[int, float]:
+    """When each target ended (the same process: pid and start ticks), until the deadline."""
+    ended: dict[int, float] = {}
+    while len(ended) < len(targets) and time.time() < deadline and not ending.asked:
+        for target in targets:
+            if target.pid not in ended and start_ticks(target.pid) != ticks[target.pid]:
+                ended[target.pid] = time.time()
+        time.sleep(0.01)
+    return ended
+
+
+def _why_not(survivors: list[VerifiedTarget], ended: dict[int, float], kills: dict[int, int], headroom: int,
+             deadline_s: float) -> str:
+    target = survivors[0]
+    if target.pid not in ended:
+        return (f"rank {target.rank} did not die within {deadline_s:g} s of a +{headroom} MB memory cap "
+                "(a process without Faultdrill's rank runtime does not grow on request)")
+    return f"rank {target.rank} ended, but not by the OOM killer (its memory cgroup counted {kills[target.pid]} kills)"

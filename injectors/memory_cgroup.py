@@ -1,0 +1,101 @@
+"""A memory cap on one process: a child cgroup (v1 memory controller) of the process's own, with a
+limit on what it charges from now on. Pages charged before the move stay with the old cgroup
+(the kernel no longer moves charges: ``move_charge_at_immigrate`` is gone), so the limit is the
+headroom the process gets. The kernel's OOM killer ends the process when it needs more; the
+cgroup counts it (``memory.oom_control``: ``oom_kill N``). Root only, on the node of the process."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from injectors.targets import TargetRefused
+
+MOUNTS = Path("/proc/mounts")
+REMOVE_TRIES_S = 5.0
+
+
+def memory_root() -> Path:
+    """Where the v1 memory controller is mounted; TargetRefused if it is not (cgroup v2 only, none)."""
+    for line in MOUNTS.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(","):
+            return Path(parts[1])
+    raise TargetRefused("no cgroup v1 memory controller is mounted on this node: oom-rank caps a rank's memory "
+                        "with one (cgroup v2 is not supported yet)")
+
+
+def own_memory_cgroup(pid: int) -> Path:
+    """The memory cgroup ``pid`` is in, as a directory of the controller's mount."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return memory_root() / path.lstrip("/")
+    raise TargetRefused(f"process {pid} is in no v1 memory cgroup")
+
+
+@dataclass
+class MemoryCap:
+    directory: Path
+    parent: Path
+    pid: int
+
+    @classmethod
+    def create(cls, pid: int, name: str, headroom_bytes: int) -> "MemoryCap":
+        parent = own_memory_cgroup(pid)
+        directory = parent / name
+        try:
+            directory.mkdir()
+        except OSError as error:
+            raise TargetRefused(f"cannot create the memory cgroup {directory}: {error.strerror} (oom-rank needs "
+                                "root on the node and a writable cgroup v1 memory controller)") from None
+        cap = cls(directory=directory, parent=parent, pid=pid)
+        try:
+            cap._limit(headroom_bytes)
+            (directory / "cgroup.procs").write_text(f"{pid}\n")
+        except BaseException:
+            cap.remove()
+            raise
+        return cap
+
+    def _limit(self, limit_bytes: int) -> None:
+        (self.directory / "memory.limit_in_bytes").write_text(f"{limit_bytes}\n")
+        set_to = int((self.directory / "memory.limit_in_bytes").read_text())
+        if set_to > limit_bytes:
+            raise TargetRefused(f"the memory cgroup {self.directory} did not take the limit {limit_bytes} (it says {set_to})")
+        swap = self.directory / "memory.memsw.limit_in_bytes"
+        if swap.exists():  # no swapping instead of the OOM kill
+            swap.write_text(f"{set_to}\n")
+
+    def oom_kills(self) -> int:
+        for line in (self.directory / "memory.oom_control").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def peak_bytes(self) -> int:
+        return int((self.directory / "memory.max_usage_in_bytes").read_text())
+
+    def remove(self) -> None:
+        """Move a process still in it back to its own cgroup, then remove the cgroup (a process that
+        just died may hold it a moment)."""
+        deadline = time.monotonic() + REMOVE_TRIES_S
+        while True:
+            try:
+                for pid in (self.directory / "cgroup.procs").read_text().split():
+                    try:
+                        (self.parent / "cgroup.procs").write_text(f"{pid}\n")
+                    except ProcessLookupError:
+                        continue  # it ended meanwhile
+                os.rmdir(self.directory)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as error:
+                if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
