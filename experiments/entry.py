@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from experiments.layout import ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, WorkloadSpec, write_json_atomic
-from experiments.runtime.leak import MemoryLeak
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
@@ -48,10 +47,10 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # The scheduler's warning (walltime near, preemption) is the runner's, not submitit's (whose
     # handler ends rank 0 with an error): noted here, acted on at an agreed step.
     warning = WarningNote(warning_signal()).install()
-    MemoryLeak().install()  # the oom-rank fault's request to grow (nothing happens without it)
     # Imported here, not at module top: the framework must see the thread limits above.
     from experiments.runner import RunnerOptions, run_training
     from experiments.runtime.distenv import DistEnv, Timeouts
+    from experiments.runtime.fault_requests import FaultRequests
     from experiments.runtime.fence import check_current, own_job_id
     from experiments.runtime.identity import write_identity
     from experiments.workloads import get_workload
@@ -62,6 +61,8 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # Before this rank touches any of the run's files: a stale attempt (a scheduler's requeue, a
     # duplicate, an orphan) must leave them to the current one.
     check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}")
+    # Before the rank registers (the agent only acts on registered ranks): faults it acts out itself.
+    FaultRequests(paths.fault_request_file(job.attempt, env.rank)).install()
     write_identity(paths, env, job.attempt)
     workload = get_workload(job.workload.framework)
     options = RunnerOptions(

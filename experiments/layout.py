@@ -114,6 +114,10 @@ class RunPaths:
         """Why rank ``rank`` of ``attempt`` failed (the exception it died of), if it could say."""
         return self.attempt_dir(attempt) / f"rank-{rank}-error.json"
 
+    def fault_request_file(self, attempt: int, rank: int) -> Path:
+        """What the fault agent asks rank ``rank`` of ``attempt`` to act out (experiments/runtime/fault_requests)."""
+        return self.attempt_dir(attempt) / f"rank-{rank}-fault-request.json"
+
     def rank_file(self, attempt: int, rank: int) -> Path:
         """Who rank ``rank`` of ``attempt`` is (pid, host, job id): read by the fault injector."""
         return self.attempt_dir(attempt) / f"rank-{rank}.json"

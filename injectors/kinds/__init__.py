@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "disk-full": "injectors.kinds.disk_full:DiskFull",
     "timeout": "injectors.kinds.timeout:Timeout",
     "oom-rank": "injectors.kinds.oom_rank:OomRank",
+    "rank-error": "injectors.kinds.rank_error:RankError",
 }
 
 

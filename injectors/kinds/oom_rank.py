@@ -1,25 +1,21 @@
 """oom-rank: a rank runs out of memory, as a leak or a batch too big for the node makes it. The
 agent caps the rank's memory (a child memory cgroup of its own, ``headroom_mb`` more than it holds
-now) and asks it to grow (Faultdrill's rank runtime leaks on ``LEAK_SIGNAL``); the kernel's OOM
-killer ends it, as it does on a node whose job outgrows its memory (Slurm's task/cgroup, PBS's
-mem limit). The agent waits for the rank's end, reads the cgroup's OOM-kill count (the evidence:
-the attempt's class is OUT_OF_MEMORY) and removes the cgroup. Refused without a cgroup v1 memory
+now) and asks it to grow (experiments/runtime/fault_requests: a leak); the kernel's OOM killer
+ends it, as it does on a node whose job outgrows its memory (Slurm's task/cgroup, PBS's mem
+limit). The agent waits for the rank's end, reads the cgroup's OOM-kill count (the evidence: the
+attempt's class is OUT_OF_MEMORY) and removes the cgroup. Refused without a cgroup v1 memory
 controller the agent may write (root on the node), and if the rank did not die of it within
 ``deadline_s`` (a process without Faultdrill's runtime does not grow on request)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from types import FrameType
 from typing import Literal
 
 from pydantic import Field
 
-from experiments.runtime.identity import start_ticks
-from experiments.runtime.leak import LEAK_SIGNAL
+from experiments.runtime.fault_requests import ACTION_LEAK
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
+from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
 from injectors.kinds.signals import RankFaultOptions, outcome, verify_all, wait_until
 from injectors.memory_cgroup import MemoryCap
 from injectors.targets import TargetRefused, VerifiedTarget
@@ -42,15 +38,13 @@ class OomRank(RankKind):
         targets = verify_all(task)
         headroom = int(task.options.get("headroom_mb", 64))
         deadline_s = float(task.options.get("deadline_s", 30.0))
-        ticks = {target.pid: start_ticks(target.pid) for target in targets}
+        ticks = live_ticks(targets)
         caps = [MemoryCap.create(target.pid, _cgroup_name(task, target), headroom * MB) for target in targets]
-        ending = _Ending().install()  # the job ends when the rank dies: finish the record first
+        ending = JobEnding()  # the job ends when the rank dies: finish the record first
         try:
             wait_until(task.not_before)
-            at = time.time()
-            for target in targets:
-                os.kill(target.pid, LEAK_SIGNAL)
-            ended = _wait_for_ends(targets, ticks, at + deadline_s, ending)
+            at = ask(task, targets, {"action": ACTION_LEAK})
+            ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
             kills = {cap.pid: cap.oom_kills() for cap in caps}
             peaks = {cap.pid: cap.peak_bytes() for cap in caps}
         finally:
@@ -58,7 +52,7 @@ class OomRank(RankKind):
                 cap.remove()
         survivors = [t for t in targets if not (t.pid in ended and kills[t.pid] > 0)]
         if survivors:
-            raise TargetRefused(_why_not(survivors, ended, kills, headroom, deadline_s))
+            raise TargetRefused(_why_not(survivors[0], ended, kills, headroom, deadline_s))
         took = max(ended.values()) - at
         peak = max(peaks.values()) / MB
         return outcome(self.name, targets, "SIGKILL", at, detail=(
@@ -70,35 +64,8 @@ def _cgroup_name(task: FaultTask, target: VerifiedTarget) -> str:
     return f"faultdrill-oom-{task.run_id}-a{task.attempt}-r{target.rank}-{target.pid}"
 
 
-class _Ending:
-    """SIGTERM (the scheduler ending the job's steps) stops the wait, not the agent."""
-
-    def __init__(self) -> None:
-        self.asked = False
-
-    def install(self) -> "_Ending":
-        signal.signal(signal.SIGTERM, self._note)
-        return self
-
-    def _note(self, signum: int, frame: FrameType | None) -> None:
-        self.asked = True
-
-
-def _wait_for_ends(targets: list[VerifiedTarget], ticks: dict[int, int | None], deadline: float,
-                   ending: _Ending) -> dict[int, float]:
-    """When each target ended (the same process: pid and start ticks), until the deadline."""
-    ended: dict[int, float] = {}
-    while len(ended) < len(targets) and time.time() < deadline and not ending.asked:
-        for target in targets:
-            if target.pid not in ended and start_ticks(target.pid) != ticks[target.pid]:
-                ended[target.pid] = time.time()
-        time.sleep(0.01)
-    return ended
-
-
-def _why_not(survivors: list[VerifiedTarget], ended: dict[int, float], kills: dict[int, int], headroom: int,
+def _why_not(target: VerifiedTarget, ended: dict[int, float], kills: dict[int, int], headroom: int,
              deadline_s: float) -> str:
-    target = survivors[0]
     if target.pid not in ended:
         return (f"rank {target.rank} did not die within {deadline_s:g} s of a +{headroom} MB memory cap "
                 "(a process without Faultdrill's rank runtime does not grow on request)")

@@ -5,7 +5,8 @@ report once the controller has ended:
 
 - hang-rank during start-up (anchor ranks_started): no first step within start_timeout_s: START_TIMEOUT;
 - a person's scancel: CANCELLED, and the default policy gives up (no new job is submitted);
-- oom-rank: the rank's memory capped by a cgroup, the kernel's OOM killer ends it: OUT_OF_MEMORY.
+- oom-rank: the rank's memory capped by a cgroup, the kernel's OOM killer ends it: OUT_OF_MEMORY;
+- rank-error: a rank raises in its training loop: RANK_EXIT.
 """
 
 from __future__ import annotations
@@ -111,3 +112,15 @@ def test_a_rank_the_oom_killer_ends_is_out_of_memory_and_recovers(drilled: tuple
     assert recovery["resumed_from_step"] == 1000, recovery
     # The agent removed the memory cgroup it made.
     assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*"))
+
+
+def test_a_rank_that_raises_is_a_rank_exit_and_recovers(drilled: tuple[dict[str, Any], str]) -> None:
+    run = _run(drilled[0], "r003")
+    recovery = _recovered(drilled[0], "r003")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["target"].startswith("rank 0@"), fault
+    failed = run["attempts"][0]
+    assert failed["failure_class"] == "RANK_EXIT" and "InjectedRankError" in failed["class_evidence"], failed
+    assert "InjectedRankError" in failed["reason"], "the attempt's reason is the cause, not a survivor's word"
+    assert recovery["fault_kind"] == "rank-error" and recovery["failure_class"] == "RANK_EXIT", recovery
+    assert recovery["resumed_from_step"] == 1000, recovery

@@ -1,0 +1,78 @@
+"""Faults a rank acts out itself, at the fault agent's request: grow its memory (``oom-rank``: a
+leak, under the memory cap the agent set) or raise an exception in its training loop
+(``rank-error``: a bug, a NaN guard, a device error). The agent writes what it asks into the
+rank's request file (next to its identity file), then sends ``FAULT_SIGNAL``; the rank reads and
+removes the file. SIGURG is ignored by default, so a process without this handler (a script that
+does not use Faultdrill's runtime) is not harmed, and the agent says it did not act."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+FAULT_SIGNAL = signal.SIGURG
+ACTION_LEAK = "leak"
+ACTION_RAISE = "raise"
+ACTIONS = (ACTION_LEAK, ACTION_RAISE)
+CHUNK_BYTES = 16 << 20
+CHUNK_EVERY_S = 0.02  # ~800 MB/s: a cap of tens of MB is reached within a step or two
+LEAK_LIMIT_BYTES = 1 << 30  # a rank whose cap did not take holds at most this much
+PAGE_BYTES = 4096
+
+
+class InjectedRankError(RuntimeError):
+    """The exception the rank-error fault makes the training loop raise."""
+
+
+@dataclass
+class MemoryLeak:
+    held: list[bytearray] = field(default_factory=list)
+    started_at: float | None = None
+
+    def start(self) -> None:
+        if self.started_at is None:
+            self.started_at = time.time()
+            threading.Thread(target=self._grow, name="faultdrill-leak", daemon=True).start()
+
+    def _grow(self) -> None:
+        while len(self.held) * CHUNK_BYTES < LEAK_LIMIT_BYTES:
+            chunk = bytearray(CHUNK_BYTES)
+            chunk[::PAGE_BYTES] = b"\x01" * len(range(0, CHUNK_BYTES, PAGE_BYTES))  # every page charged
+            self.held.append(chunk)
+            time.sleep(CHUNK_EVERY_S)
+
+
+@dataclass
+class FaultRequests:
+    """This rank's handler of the agent's requests (installed before the rank registers)."""
+
+    request_file: Path
+    leak: MemoryLeak = field(default_factory=MemoryLeak)
+
+    def install(self) -> "FaultRequests":
+        signal.signal(FAULT_SIGNAL, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        request = _take(self.request_file)
+        if request is None:
+            return
+        if request.get("action") == ACTION_LEAK:
+            self.leak.start()
+        elif request.get("action") == ACTION_RAISE:
+            raise InjectedRankError(str(request.get("message") or "raised in the training loop by the rank-error fault"))
+
+
+def _take(path: Path) -> dict[str, Any] | None:
+    try:
+        request = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    return request if isinstance(request, dict) else None
