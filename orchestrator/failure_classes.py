@@ -39,6 +39,14 @@ class FailureClass(str, Enum):
 
 
 @dataclass(frozen=True)
+class DrillEnded:
+    """The drill itself ended the job the attempt ran in, after an earlier failure (its class)."""
+
+    failure_class: str
+    why: str
+
+
+@dataclass(frozen=True)
 class FailureEvidence:
     state: JobState  # the scheduler's, when the failure was taken (may still be RUNNING)
     noticed_by: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running | requeued
@@ -47,6 +55,7 @@ class FailureEvidence:
     warned: bool = False  # the ranks got the scheduler's warning (and checkpointed) first
     lost_nodes: tuple[str, ...] = ()  # nodes the injector's record says were broken (node-crash, partition)
     oom_killed: tuple[str, ...] = ()  # ranks the injector's record says the kernel's OOM killer ended (oom-rank)
+    ended_by_drill: DrillEnded | None = None  # the drill cancelled the job (not a person)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,10 @@ def _rank_errors(known: FailureEvidence) -> Classified | None:
 
 
 def _cancelled(known: FailureEvidence) -> Classified | None:
+    if known.state is JobState.CANCELLED and known.ended_by_drill is not None:
+        # The drill ended the allocation: the failure that led to it is the cause, not a person.
+        return Classified(FailureClass(known.ended_by_drill.failure_class),
+                          f"the drill ended the job: {known.ended_by_drill.why}")
     if known.state is JobState.CANCELLED:
         return Classified(FailureClass.CANCELLED, "cancelled outside the drill")
     return None

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from injectors.targets import TargetRefused, read_identity
-from orchestrator.failure_classes import FailureClass, FailureEvidence
+from orchestrator.failure_classes import DrillEnded, FailureClass, FailureEvidence
 from orchestrator.runs import RunConfig
 from orchestrator.spec import RestartConfig
 from orchestrator.states import JobState
@@ -54,12 +54,13 @@ def requeued(watch: AttemptWatch, state: JobState) -> bool:
 
 
 def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: "Backend",
-                     lost_nodes: tuple[str, ...] = (), oom_killed: tuple[str, ...] = ()) -> FailureEvidence:
+                     lost_nodes: tuple[str, ...] = (), oom_killed: tuple[str, ...] = (),
+                     ended_by_drill: DrillEnded | None = None) -> FailureEvidence:
     exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
                            rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
-                           lost_nodes=lost_nodes, oom_killed=oom_killed)
+                           lost_nodes=lost_nodes, oom_killed=oom_killed, ended_by_drill=ended_by_drill)
 
 
 def blamed_nodes(run: RunConfig, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
@@ -83,4 +84,5 @@ def facts_json(evidence: FailureEvidence) -> str:
 def facts_from_json(text: str) -> FailureEvidence:
     data = json.loads(text)
     return FailureEvidence(**{**data, "state": JobState(data["state"]), "rank_errors": tuple(data["rank_errors"]),
-                              "lost_nodes": tuple(data["lost_nodes"]), "oom_killed": tuple(data.get("oom_killed", ()))})
+                              "lost_nodes": tuple(data["lost_nodes"]), "oom_killed": tuple(data.get("oom_killed", ())),
+                              "ended_by_drill": DrillEnded(**data["ended_by_drill"]) if data.get("ended_by_drill") else None})

@@ -29,7 +29,7 @@ from injectors.kinds.base import FaultOutcome
 from orchestrator.backends.base import Backend, Submission
 from orchestrator.closing import ClosingJobs
 from orchestrator.commands import CommandError
-from orchestrator.failure_classes import FailureClass, classify
+from orchestrator.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.failure_signs import (
     blamed_nodes,
     facts_from_json,
@@ -84,6 +84,9 @@ class RunTracker:
         self._awaiting_recovery: int | None = None
         self._started_recorded = False
         self._finalized = False
+        # Jobs the drill itself cancelled though the next attempt was to run in them (in-allocation):
+        # in memory only (a controller started later takes such an end for a person's cancel).
+        self.ended_by_drill: dict[str, DrillEnded] = {}
 
     @property
     def done(self) -> bool:
@@ -277,20 +280,22 @@ class RunTracker:
         # requeue: the job runs again as the next attempt; scontrol requeue ends whatever of it
         # still runs (a hang: the job itself), so nothing is cancelled or closed here.
         same_job = self.restart.strategy == STRATEGY_REQUEUE
+        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
+                                    self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id))
+        classified = classify(evidence)
         if keep_allocation and watch.step_exit is None:
             # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
             # dead node takes scancel a MessageTimeout, which would hold up every run.
+            why = DrillEnded(classified.failure_class.value,
+                             f"attempt {watch.attempt}'s hung launch could not be ended alone")
             threading.Thread(target=end_rank_launch, args=(self.backend, self.run, watch.attempt, watch.job_id,
-                                                           self._cancel), daemon=True,
-                             name=f"kill-step-{watch.job_id}").start()
+                                                           lambda job_id: self._end_allocation(job_id, why)),
+                             daemon=True, name=f"kill-step-{watch.job_id}").start()
         elif not state.is_terminal and not keep_allocation and not same_job:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
             if cancel:
                 self._cancel(watch.job_id)
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
-        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
-                                    self.faults.oom_killed(watch.attempt))
-        classified = classify(evidence)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class)
         if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
             self.ledger.update_attempt(self.run.run_id, watch.attempt,
@@ -481,6 +486,12 @@ class RunTracker:
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.closing)."""
         self.closing.settle(states, now)
+
+    def _end_allocation(self, job_id: str, why: DrillEnded) -> None:
+        """The drill cancels a job whose next attempt was to run in it: that attempt's end is the
+        drill's doing, not a person's cancel (its class is the failure's that led to it)."""
+        self.ended_by_drill[job_id] = why
+        self._cancel(job_id)
 
     def _cancel(self, job_id: str, force: bool = False) -> None:
         try:

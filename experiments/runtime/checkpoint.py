@@ -280,15 +280,31 @@ FULL_BELOW_BYTES = 8 << 20  # less free than this after a failed write: the file
 
 
 def explain_write_failure(error: Exception, directory: Path, step: int) -> Exception:
-    """A failed checkpoint write, named by its cause. Frameworks hide ENOSPC inside their own
-    errors (torch: "unexpected pos ..."), so a filesystem left without room is said outright."""
+    """A failed checkpoint write, named by its cause. The errno says it when an OSError in the
+    error's chain carries one (ENOSPC, EDQUOT); frameworks that hide it inside their own errors
+    (torch: "unexpected pos ...") leave only the filesystem's free space to say it."""
     free = _free_bytes(directory)
-    out_of_space = isinstance(error, OSError) and error.errno == errno.ENOSPC
-    if not out_of_space and (free is None or free >= FULL_BELOW_BYTES):
+    found = next((link.errno for link in _chain(error)
+                  if isinstance(link, OSError) and link.errno in OUT_OF_SPACE_ERRNOS), None)
+    if found is None and (free is None or free >= FULL_BELOW_BYTES):
         return error
+    code = found or errno.ENOSPC
     where = f"{free / (1 << 20):.1f} MB free on {directory}" if free is not None else str(directory)
-    return OSError(errno.ENOSPC, f"checkpoint step {step} could not be written: no space left on device "
-                                 f"({where}); {type(error).__name__}: {error}")
+    return OSError(code, f"checkpoint step {step} could not be written: {OUT_OF_SPACE_ERRNOS[code]} "
+                         f"({where}); {type(error).__name__}: {error}")
+
+
+OUT_OF_SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error and its causes and contexts, each once."""
+    links: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and link not in links:
+        links.append(link)
+        link = link.__cause__ or link.__context__
+    return links
 
 
 def _free_bytes(directory: Path) -> int | None:

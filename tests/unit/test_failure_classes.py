@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.failure_classes import FailureClass, FailureEvidence, classify
+from orchestrator.failure_classes import Classified, DrillEnded, FailureClass, FailureEvidence, classify
 from orchestrator.failure_signs import facts_from_json, facts_json
 from orchestrator.states import JobState
 
@@ -107,3 +107,14 @@ def test_facts_kept_before_the_oom_record_existed_still_read() -> None:
     assert "oom_killed" not in old
     assert facts_from_json(old).oom_killed == ()
     assert classify(facts_from_json(old)).failure_class is C.RANK_SIGNAL
+
+
+def test_a_job_the_drill_cancelled_itself_is_not_a_persons_cancel() -> None:
+    """in-allocation: the drill could not end a hung launch and cancelled the allocation the next
+    attempt was to run in; that attempt's end has the hang's class, and the facts keep it."""
+    ended = DrillEnded("HANG", "attempt 1's hung launch could not be ended alone")
+    taken = FailureEvidence(JobState.CANCELLED, "scheduler_end", ended_by_drill=ended)
+    assert classify(taken) == Classified(C.HANG, "the drill ended the job: attempt 1's hung launch could not be "
+                                                 "ended alone")
+    assert facts_from_json(facts_json(taken)) == taken
+    assert classify(replace(taken, ended_by_drill=None)).failure_class is C.CANCELLED

@@ -109,7 +109,7 @@ def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(tmp_p
     assert warned["step"] == saved and warned["signal"] == "SIGUSR2"
 
 
-@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 800, 400), ("chainer", 6000, 3000)])
+@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 800, 400), ("chainer", 3000, 1500)])
 def test_the_warning_checkpoint_works_for_every_framework(tmp_path: Path, framework: str, steps: int,
                                                           every: int) -> None:
     if importlib.util.find_spec(framework) is None:

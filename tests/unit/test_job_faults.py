@@ -115,6 +115,21 @@ def test_a_write_that_failed_on_a_full_disk_is_named_so(tmp_path: Path, monkeypa
     assert str(named).startswith("[Errno 28] checkpoint step 40 could not be written: no space left on device (0.3 MB")
 
 
+def test_an_out_of_space_errno_anywhere_in_the_chain_names_the_disk_with_room_left(tmp_path: Path) -> None:
+    """A quota (EDQUOT) hit with free space on the filesystem: the errno in the cause says it."""
+    try:
+        try:
+            raise OSError(122, "Disk quota exceeded")
+        except OSError as quota:
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0") from quota
+    except RuntimeError as wrapped:
+        named = explain_write_failure(wrapped, tmp_path, 40)
+    assert isinstance(named, OSError) and named.errno == errno.EDQUOT
+    assert str(named).startswith("[Errno 122] checkpoint step 40 could not be written: disk quota exceeded (")
+    plain = RuntimeError("a bug in the save code")
+    assert explain_write_failure(plain, tmp_path, 40) is plain
+
+
 def test_the_warning_signal_is_named_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert warning_signal({}) is signal.SIGUSR2
     assert warning_signal({"FAULTDRILL_WARNING_SIGNAL": "TERM"}) is signal.SIGTERM
