@@ -64,10 +64,14 @@ def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, ba
 
 
 def blamed_nodes(run: RunConfig, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,
-                 failure_class: FailureClass) -> tuple[str, ...]:
-    """The nodes to blame: those a node fault broke; for a hang, the silent rank's node."""
+                 failure_class: FailureClass, stopped_nodes: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The nodes to blame: those a node fault broke; for a hang, the node of the rank the injector
+    stopped, else the silent rank's (the most overdue heartbeat: in a data-parallel job its peers,
+    waiting on it in a collective, fall silent with it, so that guess can name a waiting peer)."""
     if evidence.lost_nodes:
         return evidence.lost_nodes
+    if failure_class is FailureClass.HANG and stopped_nodes:
+        return tuple(dict.fromkeys(stopped_nodes))
     if failure_class is FailureClass.HANG and sign.rank is not None:
         try:
             return (read_identity(run.paths.root, watch.attempt, sign.rank).node,)

@@ -196,6 +196,12 @@ class FaultBook:
                      if row.attempt == attempt and row.node and row.outcome in (INJECTED, UNKNOWN, SENDING)
                      and get_kind(row.kind).target is Target.NODE)
 
+    def stopped_nodes(self, attempt: int) -> tuple[str, ...]:
+        """The nodes of the ranks a fault stopped for good in ``attempt`` (hang-rank), by its record."""
+        return tuple(row.node for row in self.ledger.faults(self.run_id)
+                     if row.attempt == attempt and row.node and row.outcome == INJECTED
+                     and get_kind(row.kind).stops_target)
+
     def oom_killed(self, attempt: int) -> tuple[str, ...]:
         """The targets the kernel's OOM killer ended in ``attempt``, by the agent's record (oom-rank)."""
         return tuple(row.target for row in self.ledger.faults(self.run_id)

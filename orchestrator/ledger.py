@@ -62,7 +62,8 @@ ADDED_COLUMNS = {
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
-                   "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''"},
+                   "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''",
+                   "failed_restarts": "INTEGER NOT NULL DEFAULT 0"},
 }
 
 
@@ -155,6 +156,9 @@ class RecoveryRow:
     fallback_from_step: int | None = None  # the newest checkpoint, unusable, that the resume skipped
     fallback_lost_steps: int = 0  # the steps that fallback cost beyond the newest checkpoint
     class_evidence: str = ""  # the fact that decided the class (the failed attempt's)
+    # Restarts between the failure and this attempt that failed before their first step: the
+    # recovery spans them (their time is in its resubmit phase).
+    failed_restarts: int = 0
 
 
 Row = TypeVar("Row")

@@ -72,8 +72,20 @@ def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
     )
 
 
+def recovering_from(paths: RunPaths, ran: list[int]) -> int:
+    """The failed attempt a recovery counts from, of the attempts that ``ran`` before it (in
+    order): the last one, unless it failed before its first step — a restart that recovered
+    nothing — so the recovery spans back to the failure before it, which gets its row."""
+    failed = ran[-1]
+    for earlier in reversed(ran[:-1]):
+        if attempt_timeline(paths, failed) is not None:
+            break
+        failed = earlier
+    return failed
+
+
 def compute_recovery(
-    paths: RunPaths, failure: Failure, failed: AttemptRow, resumed: AttemptRow, ranks: int
+    paths: RunPaths, failure: Failure, failed: AttemptRow, resumed: AttemptRow, ranks: int, failed_restarts: int = 0
 ) -> RecoveryRow | None:
     timeline = attempt_timeline(paths, resumed.attempt)
     if timeline is None or resumed.accepted is None:
@@ -108,6 +120,7 @@ def compute_recovery(
         fallback_from_step=max(timeline.skipped_steps, default=None),
         fallback_lost_steps=max(timeline.skipped_steps, default=timeline.resumed_from_step)
         - timeline.resumed_from_step,
+        failed_restarts=failed_restarts,
     )
 
 

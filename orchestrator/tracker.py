@@ -43,7 +43,7 @@ from orchestrator.inject import FaultRequest, inject
 from orchestrator.ledger import AttemptRow, Ledger
 from orchestrator.measure import completion_facts
 from orchestrator.policy import Decision, decide, policy_entry
-from orchestrator.recovery import Failure, compute_recovery
+from orchestrator.recovery import Failure, compute_recovery, recovering_from
 from orchestrator.render import attempt_job_name
 from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, RunConfig
 from orchestrator.same_job import REQUEUING, Requeuer, end_rank_launch
@@ -296,7 +296,8 @@ class RunTracker:
             if cancel:
                 self._cancel(watch.job_id)
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
-        failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class)
+        failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,
+                                    self.faults.stopped_nodes(watch.attempt))
         if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
             self.ledger.update_attempt(self.run.run_id, watch.attempt,
                                        state=STEP_FAILED if keep_allocation else JobState.REQUEUED.value)
@@ -387,13 +388,17 @@ class RunTracker:
         if attempt is None:
             return
         rows = {row.attempt: row for row in self.ledger.attempts(self.run.run_id)}
-        failed = max((n for n, row in rows.items() if n < attempt and _ran(row)), default=None)
-        if failed is None or not self.faults.settled(failed):
+        ran = sorted(n for n, row in rows.items() if n < attempt and _ran(row))
+        if not ran:
+            return
+        failed = recovering_from(self.run.paths, ran)
+        if not self.faults.settled(failed):
             return
         failure = self.failure_of(failed)
         if failure is None:
             return
-        recovery = compute_recovery(self.run.paths, failure, rows[failed], rows[attempt], self.run.ranks)
+        between = sum(1 for n in ran if n > failed)
+        recovery = compute_recovery(self.run.paths, failure, rows[failed], rows[attempt], self.run.ranks, between)
         if recovery is not None:
             self.ledger.add_recovery(recovery)
             self._awaiting_recovery = None

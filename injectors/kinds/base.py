@@ -158,6 +158,8 @@ class FaultKind(ABC):
     # True: an injected fault of this kind means the kernel's OOM killer ended its target (the
     # agent read the count): the injector's record the failure class reads (OUT_OF_MEMORY).
     oom_kill_record: ClassVar[bool] = False
+    # True: an injected fault of this kind leaves its target stopped (hang-rank): a hang is its node's.
+    stops_target: ClassVar[bool] = False
 
     def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
         """The ranks this fault will hit, drawn once when the drill is planned (none: not a rank kind)."""

@@ -16,6 +16,7 @@ class HangRankOptions(RankFaultOptions):
 class HangRank(RankKind):
     name = "hang-rank"
     options = HangRankOptions
+    stops_target = True
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)

@@ -90,6 +90,10 @@ def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
     # Silence counts from the rank's last heartbeat, which came up to one interval before the SIGSTOP.
     assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= 5 - HEARTBEAT_S
     assert recovery["failure_class"] == "HANG"
+    # The node blamed (and left out next: HANG's exclude_node) is the stopped rank's, by the
+    # injector's record: its peer, waiting on it in an allreduce, falls silent with it.
+    stopped = fault["target"].split("@", 1)[1]
+    assert run["attempts"][0]["failed_nodes"] == [stopped] and run["attempts"][1]["excluded_nodes"] == [stopped]
 
 
 def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:

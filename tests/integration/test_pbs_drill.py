@@ -130,6 +130,8 @@ def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(shared_tmp: Pa
         assert [(r["fault_kind"], r["strategy"]) for r in recoveries] == [("kill-rank", "in-allocation"),
                                                                           ("hang-rank", "in-allocation")]
         assert all(r["queue_s"] < 5 for r in recoveries), "a relaunch does not queue"
+        hang = next(fault for fault in faulted["faults"] if fault["kind"] == "hang-rank")
+        assert attempts[1]["failed_nodes"] == [hang["target"].split("@", 1)[1]], (attempts[1], hang)
     finally:
         for run in report["runs"]:
             for attempt in run["attempts"]:

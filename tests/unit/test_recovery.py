@@ -8,7 +8,7 @@ import pytest
 
 from experiments.layout import RunPaths, append_json_line
 from orchestrator.ledger import AttemptRow
-from orchestrator.recovery import Failure, compute_recovery, last_progress
+from orchestrator.recovery import Failure, compute_recovery, last_progress, recovering_from
 
 
 def _beat(paths: RunPaths, rank: int, attempt: int, step: int, at: float) -> None:
@@ -81,3 +81,23 @@ def test_a_node_clock_behind_the_controllers_never_gives_a_negative_phase(paths:
     assert rec.queue_s == 0 and rec.startup_s == pytest.approx(0.0)  # framework_ready 112.0 <= accepted
     assert rec.ttr_s == pytest.approx(sum(phases))
     assert rec.clock_correction_s == pytest.approx(2.0) and rec.failure_evidence == "fault"
+
+
+def test_a_restart_that_failed_before_its_first_step_is_part_of_the_recovery(paths: RunPaths) -> None:
+    """Attempt 1 trained (its first step at 112.75) and failed; attempt 2 failed in its start-up
+    (no first step); attempt 3 recovers: its recovery counts from attempt 1's failure, spanning 2."""
+    _event(paths, 2, "job_start", 120.0)
+    _event(paths, 2, "process_start", 120.1)
+    assert recovering_from(paths, [0, 1, 2]) == 1
+    assert recovering_from(paths, [0, 1]) == 1
+    assert recovering_from(paths, [0]) == 0, "a first attempt that never stepped is still the failure"
+    for name, at in (("job_start", 130.0), ("framework_ready", 131.0)):
+        _event(paths, 3, name, at)
+    _event(paths, 3, "checkpoint_loaded", 131.5, step=40, load_s=0.5)
+    _event(paths, 3, "first_step", 131.75, step=41)
+    failure = Failure(kind="kill-rank", at=114.0, detected=114.2)
+    failed = AttemptRow(run_id="r", attempt=1, job_id="2", state="FAILED", submitted=106.3, accepted=106.5)
+    resumed = AttemptRow(run_id="r", attempt=3, job_id="4", state="RUNNING", submitted=125.0, accepted=125.5)
+    rec = compute_recovery(paths, failure, failed, resumed, ranks=2, failed_restarts=1)
+    assert rec is not None and rec.failed_restarts == 1 and rec.attempt == 3
+    assert rec.ttr_s == pytest.approx(131.75 - 114.0) and rec.resubmit_s == pytest.approx(125.5 - 114.2)
