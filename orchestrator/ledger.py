@@ -58,7 +58,7 @@ ADDED_COLUMNS = {
     "runs": {"twin": "TEXT", "ended_because": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
                  "failure_class": "TEXT", "class_evidence": "TEXT", "failed_nodes": "TEXT",
-                 "excluded_nodes": "TEXT", "class_facts": "TEXT"},
+                 "excluded_nodes": "TEXT", "class_facts": "TEXT", "ended_by_drill": "TEXT"},
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
@@ -114,6 +114,9 @@ class AttemptRow:
     failed_nodes: str | None = None  # comma-separated: the nodes it lost (a node fault, a hung rank's node)
     excluded_nodes: str | None = None  # comma-separated: the nodes it was submitted to stay off
     class_facts: str | None = None  # JSON: what the class was taken from (orchestrator.failure_signs)
+    # JSON (orchestrator.failure_classes.DrillEnded): after this attempt failed the drill cancelled
+    # its job, which the next attempt was to run in (in-allocation: a hung launch it could not end).
+    ended_by_drill: str | None = None
 
 
 @dataclass(frozen=True)

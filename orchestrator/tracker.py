@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
@@ -84,9 +85,13 @@ class RunTracker:
         self._awaiting_recovery: int | None = None
         self._started_recorded = False
         self._finalized = False
-        # Jobs the drill itself cancelled though the next attempt was to run in them (in-allocation):
-        # in memory only (a controller started later takes such an end for a person's cancel).
-        self.ended_by_drill: dict[str, DrillEnded] = {}
+        # Jobs the drill itself cancelled though the next attempt was to run in them (in-allocation),
+        # kept in the ledger (a controller started later must not take that end for a person's cancel);
+        # the thread that cancels hands them to the loop, which records them.
+        self.ended_by_drill: dict[str, DrillEnded] = {
+            row.job_id: DrillEnded(**json.loads(row.ended_by_drill)) for row in ledger.attempts(run.run_id)
+            if row.job_id and row.ended_by_drill}
+        self._ended_unrecorded: queue.SimpleQueue[tuple[int, str, DrillEnded]] = queue.SimpleQueue()
 
     @property
     def done(self) -> bool:
@@ -240,6 +245,7 @@ class RunTracker:
         """One round: ``states`` is the scheduler's answer (asked at ``asked_at``), if one came."""
         if self.done:
             return
+        self._record_ended_by_drill()
         watch = self.watch
         if watch is None:
             self.faults.collect()
@@ -288,8 +294,9 @@ class RunTracker:
             # dead node takes scancel a MessageTimeout, which would hold up every run.
             why = DrillEnded(classified.failure_class.value,
                              f"attempt {watch.attempt}'s hung launch could not be ended alone")
-            threading.Thread(target=end_rank_launch, args=(self.backend, self.run, watch.attempt, watch.job_id,
-                                                           lambda job_id: self._end_allocation(job_id, why)),
+            attempt = watch.attempt
+            threading.Thread(target=end_rank_launch, args=(self.backend, self.run, attempt, watch.job_id,
+                                                           lambda job_id: self._end_allocation(attempt, job_id, why)),
                              daemon=True, name=f"kill-step-{watch.job_id}").start()
         elif not state.is_terminal and not keep_allocation and not same_job:
             cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
@@ -492,11 +499,18 @@ class RunTracker:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.closing)."""
         self.closing.settle(states, now)
 
-    def _end_allocation(self, job_id: str, why: DrillEnded) -> None:
+    def _end_allocation(self, attempt: int, job_id: str, why: DrillEnded) -> None:
         """The drill cancels a job whose next attempt was to run in it: that attempt's end is the
-        drill's doing, not a person's cancel (its class is the failure's that led to it)."""
+        drill's doing, not a person's cancel (its class is the failure's that led to it). Called
+        from the thread that tried to end ``attempt``'s launch."""
         self.ended_by_drill[job_id] = why
+        self._ended_unrecorded.put((attempt, job_id, why))
         self._cancel(job_id)
+
+    def _record_ended_by_drill(self) -> None:
+        while not self._ended_unrecorded.empty():
+            attempt, _, why = self._ended_unrecorded.get()
+            self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
 
     def _cancel(self, job_id: str, force: bool = False) -> None:
         try:

@@ -380,3 +380,29 @@ def test_only_processes_verified_as_the_jobs_are_signalled(tmp_path: Path) -> No
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tmp_path: Path) -> None:
+    """in-allocation: the drill could not end attempt 0's hung launch and cancelled the job the next
+    attempt was to run in. The loop records it in the ledger, so a controller started later still
+    takes that job's end for the drill's doing (the hang's class), not a person's cancel."""
+    from orchestrator.failure_classes import DrillEnded
+
+    spec = write_spec(tmp_path, restart={"strategy": "in-allocation"})
+    controller = Controller(load_campaign(spec))
+    run = controller.runs[0]
+    why = DrillEnded("HANG", "attempt 0's hung launch could not be ended alone")
+    with ThreadPoolExecutor(1) as pool:
+        tracker = RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
+        tracker.begin_attempt(0)
+        controller.ledger.update_attempt(run.run_id, 0, job_id="4242")
+        cancelled: list[str] = []
+        tracker._cancel = lambda job_id, force=False: cancelled.append(job_id)  # type: ignore[method-assign]
+        worker = threading.Thread(target=tracker._end_allocation, args=(0, "4242", why))
+        worker.start()
+        worker.join(timeout=10)
+        assert cancelled == ["4242"] and tracker.ended_by_drill == {"4242": why}
+        tracker._record_ended_by_drill()  # what the next round of the loop does first
+        later = RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
+        assert later.ended_by_drill == {"4242": why}
+    controller.close()
