@@ -101,4 +101,11 @@ def test_requeue_runs_the_same_job_again(report: dict[str, Any], kind: str, fail
         assert recovery["lost_steps"] == 0 and "requeued" in run["faults"][0]["detail"]
     states = subprocess.run(["sacct", "-n", "-P", "-D", "-X", "-o", "JobID,State", "-j", failed["job_id"]],
                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
-    assert any("REQUEUED" in line for line in states) and states[-1].endswith("COMPLETED"), states
+    assert any("REQUEUED" in line for line in states) and states[-1].endswith("COMPLETED"), (
+        states, requeued, _logs(report, run["run_id"]))
+
+
+def _logs(report: dict[str, Any], run_id: str) -> str:
+    """The tails of a run's batch and rank error logs (why a job ended as it did)."""
+    folder = Path(report["workdir"]) / "runs" / run_id / "submitit"
+    return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-2000:]}" for path in sorted(folder.glob("*.err")))
