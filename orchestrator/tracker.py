@@ -502,14 +502,15 @@ class RunTracker:
     def _end_allocation(self, attempt: int, job_id: str, why: DrillEnded) -> None:
         """The drill cancels a job whose next attempt was to run in it: that attempt's end is the
         drill's doing, not a person's cancel (its class is the failure's that led to it). Called
-        from the thread that tried to end ``attempt``'s launch."""
-        self.ended_by_drill[job_id] = why
+        from the thread that tried to end ``attempt``'s launch: the loop records it (before it
+        cancels, so the loop knows it before the scheduler reports the job ended)."""
         self._ended_unrecorded.put((attempt, job_id, why))
         self._cancel(job_id)
 
     def _record_ended_by_drill(self) -> None:
         while not self._ended_unrecorded.empty():
-            attempt, _, why = self._ended_unrecorded.get()
+            attempt, job_id, why = self._ended_unrecorded.get()
+            self.ended_by_drill[job_id] = why
             self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
 
     def _cancel(self, job_id: str, force: bool = False) -> None:

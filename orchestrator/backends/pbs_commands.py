@@ -197,13 +197,6 @@ def _exit_status(job_id: str, record: dict[str, str], folder: Path | None) -> st
     return exit_status
 
 
-def _ended_unsaid(job_id: str, record: dict[str, str] | None, folder: Path | None) -> bool:
-    """Finished, and neither the server nor the batch script says how (a script the scheduler
-    killed: at the walltime, on a qdel)."""
-    return (record is not None and record.get("job_state", "")[:1] in PBS_FINISHED_LETTERS
-            and _exit_status(job_id, record, folder) is None)
-
-
 def wrapped_slurm_states(scheduler_ids: Sequence[str]) -> dict[str, JobState]:
     """What Slurm under the wrappers says of finished jobs whose qstat record (the wrappers print
     no exit status) cannot: TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL. One sacct call; ids it
@@ -228,12 +221,16 @@ def qstat_states(
     unsaid = {}
     for job_id, target in targets.items():
         record = records.get(target.scheduler_id) or by_short.get(short_id(target.scheduler_id))
-        state = record_state(job_id, record, folders.get(job_id))
+        exit_status = _exit_status(job_id, record, folders.get(job_id)) if record is not None else None
+        state = from_pbs(record.get("job_state", ""), exit_status) if record is not None else JobState.UNKNOWN
         if target.array_only:
             # A wrapper element that has not recorded its own id yet: the array's record says only
             # that something of the array is queued or running.
             state = JobState.PENDING if state in (JobState.PENDING, JobState.RUNNING) else JobState.UNKNOWN
-        elif server is ServerKind.SLURM_WRAPPERS and _ended_unsaid(job_id, record, folders.get(job_id)):
+        elif (server is ServerKind.SLURM_WRAPPERS and record is not None and exit_status is None
+              and record.get("job_state", "")[:1] in PBS_FINISHED_LETTERS):
+            # Finished, and neither the server nor the batch script says how (a script the
+            # scheduler killed: at the walltime, on a qdel): Slurm's accounting under them says.
             unsaid[job_id] = target.scheduler_id
         states[job_id] = state
     said = wrapped_slurm_states(sorted(set(unsaid.values())))

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from campaigns import drill_report
 from experiments.layout import RunPaths, read_json_lines
 from orchestrator.backends.pbs_commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
 from orchestrator.report import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
@@ -39,12 +40,7 @@ def _pbs_quick_spec(workdir: Path, destination: Path) -> Path:
 def _drill(spec_path: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """Write ``spec`` and drill it; its report (also kept at FAULTDRILL_KEEP_REPORT when set)."""
     spec_path.write_text(yaml.safe_dump(spec))
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec_path), "--format", "json"],
-                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
-        Path(keep).write_text(done.stdout)
-    return json.loads(done.stdout)
+    return drill_report(spec_path, DRILL_TIMEOUT_S)
 
 
 def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
