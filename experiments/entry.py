@@ -19,7 +19,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, WorkloadSpec, write_json_atomic
+from experiments.layout import (ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, rank_job_from_dict,  # noqa: F401
+                                rank_job_to_dict, write_json_atomic)
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
@@ -61,6 +62,8 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # Before this rank touches any of the run's files: a stale attempt (a scheduler's requeue, a
     # duplicate, an orphan) must leave them to the current one.
     check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}")
+    if job.workload.command is not None:
+        return _run_command(job, env, paths, started_at)
     # Before the rank registers (the agent only acts on registered ranks): faults it acts out itself.
     FaultRequests(paths.fault_request_file(job.attempt, env.rank)).install()
     write_identity(paths, env, job.attempt)
@@ -84,6 +87,18 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     return asdict(outcome)
 
 
+def _run_command(job: RankJob, env: Any, paths: RunPaths, started_at: float) -> dict[str, Any]:
+    """The user's script as this rank (experiments/runtime/command.py): its child registers as the rank."""
+    from experiments.runtime.command import run_command
+
+    try:
+        return run_command(job, env, started_at)
+    except Exception as error:
+        if not paths.rank_error_file(job.attempt, env.rank).exists():  # the script's own account wins
+            record_rank_error(paths, job.attempt, env.rank, error)
+        raise
+
+
 def attempt_from_environment(job: RankJob) -> RankJob:
     """The attempt the batch script launched these ranks as: a job that relaunches its ranks in its
     own allocation (restart.strategy in-allocation) runs one pickled job for several attempts."""
@@ -103,14 +118,6 @@ def record_rank_error(paths: RunPaths, attempt: int, rank: int, error: BaseExcep
         write_json_atomic(paths.rank_error_file(attempt, rank), {"rank": rank, "time": time.time(), "error": text[:2000]})
     except OSError:
         pass
-
-
-def rank_job_to_dict(job: RankJob) -> dict[str, Any]:
-    return asdict(job)
-
-
-def rank_job_from_dict(data: dict[str, Any]) -> RankJob:
-    return RankJob(**{**data, "workload": WorkloadSpec(**data["workload"])})
 
 
 def main(argv: list[str] | None = None) -> int:

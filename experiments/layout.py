@@ -29,14 +29,49 @@ ENV_COLLECTIVE_TIMEOUT_S = "FAULTDRILL_COLLECTIVE_TIMEOUT_S"  # how long a rank 
 ENV_RENDEZVOUS_TIMEOUT_S = "FAULTDRILL_RENDEZVOUS_TIMEOUT_S"  # how long rank 0 waits for late ranks
 ENV_CHECKPOINT_TIMEOUT_S = "FAULTDRILL_CHECKPOINT_TIMEOUT_S"  # how long ranks wait for a checkpoint write
 ENV_ASYNC_PERSIST = "FAULTDRILL_ASYNC_PERSIST"  # "0": rank 0 hashes and publishes before training goes on
+# What a command workload's script is started with (experiments/runtime/command.py), besides the
+# above and the launcher's own: the rank API (experiments/runtime/api.py) reads the job file.
+ENV_RANK_JOB = "FAULTDRILL_RANK_JOB"  # the RankJob of this attempt as JSON (rank_job_to_dict)
+ENV_RANK = "FAULTDRILL_RANK"
+ENV_LOCAL_RANK = "FAULTDRILL_LOCAL_RANK"
+ENV_WORLD_SIZE = "FAULTDRILL_WORLD_SIZE"
+ENV_CHECKPOINT_DIR = "FAULTDRILL_CHECKPOINT_DIR"  # the run's checkpoint store (the API writes into it)
 
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_PREFIX = "step-"
 
 
+# How a command workload reports its progress: through the rank API, or (zero-code mode) from its
+# log lines or from the checkpoint files it writes itself.
+PROGRESS_API = "api"
+PROGRESS_LOG = "log"
+PROGRESS_CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """The user's training script as the ranks (placeholders already filled in by the orchestrator)."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str = ""  # "" : the directory the rank starts in
+    progress: str = PROGRESS_API
+    # PROGRESS_LOG: a line of the script's stdout or stderr that matches holds the step in group 1.
+    step_regex: str = ""
+    # PROGRESS_CHECKPOINTS: the files the script writes (a glob) and the step in their names (group 1).
+    checkpoint_glob: str = ""
+    checkpoint_step_regex: str = ""
+    # Appended to argv when the run has trained before (zero-code: the script resumes itself).
+    resume_args: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """What a rank trains: identical for every framework so that runs compare."""
+    """What a rank trains: identical for every framework so that runs compare.
+
+    ``command`` set: the user's script trains (``steps`` is the step it trains to); ``model``,
+    ``params`` and ``batch_size`` are the built-in workloads'.
+    """
 
     framework: str = "torch"
     model: str = "mlp"
@@ -44,6 +79,7 @@ class WorkloadSpec:
     steps: int = 200
     seed: int = 0
     batch_size: int = 32
+    command: CommandSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +231,23 @@ EVENT_FIRST_STEP = "first_step"  # rank 0: {"step"} first step finished in this 
 EVENT_COMPLETED = "completed"  # rank 0, target step reached and final digest written
 EVENT_WARNED = "warned"  # rank 0: {"step", "signal", "received_at", "checkpoint_s"}: saved on the warning
 EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launch returns
+
+
+def rank_job_to_dict(job: RankJob) -> dict[str, Any]:
+    return asdict(job)
+
+
+def rank_job_from_dict(data: dict[str, Any]) -> RankJob:
+    """The inverse of ``rank_job_to_dict`` (JSON lists become the tuples the dataclasses hold)."""
+    workload = dict(data["workload"])
+    command = workload.get("command")
+    if command is not None:
+        workload["command"] = CommandSpec(**{
+            **command, "argv": tuple(command["argv"]), "resume_args": tuple(command.get("resume_args", ())),
+            "env": tuple((str(name), str(value)) for name, value in command.get("env", ())),
+        })
+    return RankJob(**{**data, "workload": WorkloadSpec(**workload),
+                      "exclude_nodes": tuple(data.get("exclude_nodes", ()))})
 
 
 def append_json_line(path: Path, record: dict[str, Any]) -> None:

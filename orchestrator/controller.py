@@ -66,7 +66,7 @@ def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
             run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
             nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
             baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
-            model=run.campaign.workload.model, requested_params=run.campaign.workload.params, twin=run.twin,
+            model=run.model_name, requested_params=0 if run.command else run.campaign.workload.params, twin=run.twin,
         ))
 
 

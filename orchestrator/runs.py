@@ -5,14 +5,18 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from experiments.layout import RunPaths, WorkloadSpec
-from experiments.workloads import WorkloadEntry, entry
+from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
+from experiments.workloads import REGISTRY, WorkloadEntry, entry
+from orchestrator.placeholders import fill
 from orchestrator.spec import Campaign, SpecError, format_errors
+
+PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
 
 STRATEGY_RESUBMIT = "resubmit"
 STRATEGY_IN_ALLOCATION = "in-allocation"
@@ -51,12 +55,45 @@ class RunConfig:
         w = self.campaign.workload
         return WorkloadSpec(
             framework=w.framework, model=w.model, params=w.params, steps=w.steps, seed=w.seed,
-            batch_size=w.batch_size,
+            batch_size=w.batch_size, command=self.command,
         )
 
     @property
+    def command(self) -> CommandSpec | None:
+        """The user's script with this run's placeholders filled in (None: a built-in workload)."""
+        w = self.campaign.workload
+        if w.command is None:
+            return None
+        python = w.python or sys.executable
+        values = {**self.campaign.args, "run_id": self.run_id, "run_dir": str(self.paths.root), "steps": w.steps,
+                  "seed": w.seed, "python": python, "checkpoint_every": self.campaign.checkpoint.every_steps}
+        argv = [fill(text, values) for text in w.command]
+        if argv[0] in PYTHON_NAMES:
+            argv[0] = python
+        return CommandSpec(
+            argv=tuple(argv), env=tuple((name, fill(text, values)) for name, text in sorted(w.env.items())),
+            cwd=str(w.cwd or ""), progress=w.progress.mode, step_regex=w.progress.log or "",
+            checkpoint_glob=fill(w.progress.checkpoints or "", values), checkpoint_step_regex=w.progress.step or "",
+            resume_args=tuple(fill(text, values) for text in w.resume_args),
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The built-in model, or the script a command workload runs (its file name)."""
+        command = self.campaign.workload.command
+        if command is None:
+            return self.campaign.workload.model
+        program = command[1] if command[0] in PYTHON_NAMES and len(command) > 1 else command[0]
+        return f"script {program.rsplit('/', 1)[-1]}"
+
+    @property
     def workload_entry(self) -> WorkloadEntry:
-        return entry(self.campaign.workload.framework)
+        w = self.campaign.workload
+        if w.command is None:
+            return entry(w.framework)
+        # A script of a known framework needs what that framework's ranks need (chainer: MPI).
+        known = REGISTRY.get(w.framework, WorkloadEntry(target=""))
+        return WorkloadEntry(target="", launcher=w.launcher or known.launcher, environment=known.environment)
 
     @property
     def scheduler_requeue(self) -> bool:
@@ -122,7 +159,8 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node: Any = data
     for depth, part in enumerate(parts):
-        if not isinstance(node, dict) or part not in node:
+        free_form = depth == 1 and parts[0] == "args"  # the user's own parameters: any key
+        if not isinstance(node, dict) or (part not in node and not free_form):
             known = ", ".join(sorted(node)) if isinstance(node, dict) else "(not a section)"
             prefix = ".".join(parts[:depth]) or "top level"
             raise SpecError(f"sweep.grid: {dotted!r}: no key {part!r} at {prefix}; valid: {known}")

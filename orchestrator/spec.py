@@ -10,6 +10,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from experiments.layout import PROGRESS_API, PROGRESS_CHECKPOINTS, PROGRESS_LOG
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
 from injectors.kinds import get_kind, option_models
 from injectors.kinds.node_faults import node_index_problem
@@ -18,6 +19,8 @@ from orchestrator.policy import PolicyEntry
 from injectors.ranks import RankFraction, rank_problem
 from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
 from orchestrator.directives import parse_directive, reserved_problem
+from orchestrator.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
+from orchestrator.placeholders import problems as placeholder_problems
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -44,20 +47,95 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+COMMAND_FRAMEWORKS = (*FRAMEWORKS, "other")
+
+
+class ProgressConfig(_Strict):
+    """Zero-code mode: where a script that does not use the rank API shows its steps. Neither key:
+    the script reports through the rank API (``progress: api``, the default)."""
+
+    log: str | None = Field(None, description="regex on the script's output lines; group 1 is the step")
+    checkpoints: str | None = Field(None, description="glob of the script's own checkpoint files")
+    step: str | None = Field(None, description="regex on a checkpoint file's name; group 1 is the step")
+
+    @field_validator("log", "step")
+    @classmethod
+    def _step_group(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                groups = re.compile(value).groups
+            except re.error as error:
+                raise ValueError(f"{value!r} is not a regular expression: {error}") from None
+            if groups < 1:
+                raise ValueError(f"{value!r} has no group: group 1 must hold the step, e.g. 'step (\\d+)'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ProgressConfig":
+        if self.log and self.checkpoints:
+            raise ValueError("progress: give log or checkpoints, not both")
+        if self.checkpoints and not self.step:
+            raise ValueError("progress.checkpoints needs progress.step, a regex whose group 1 is the step in a "
+                             "file's name (e.g. 'ckpt-(\\d+)')")
+        if self.step and not self.checkpoints:
+            raise ValueError("progress.step is for progress.checkpoints (the script's checkpoint files)")
+        return self
+
+    @property
+    def mode(self) -> str:
+        return PROGRESS_LOG if self.log else PROGRESS_CHECKPOINTS if self.checkpoints else PROGRESS_API
+
+
 class WorkloadConfig(_Strict):
+    # A command workload: the user's training script as the ranks, {placeholders} from args and the
+    # built-ins (orchestrator/placeholders.py). model, params and batch_size are then unused.
+    # First, so that the framework's check sees it.
+    command: list[str] | None = Field(None, min_length=1)
     framework: str = "torch"
     model: Literal["mlp", "cnn"] = "mlp"
     params: int = Field(100_000, ge=1_000, le=2_000_000_000, description="target parameter count")
     steps: int = Field(200, ge=1)
     seed: int = Field(0, ge=0)
     batch_size: int = Field(32, ge=1)
+    launcher: Literal["direct", "mpi"] | None = None  # None: the framework's (chainer: mpi)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None  # None: the spec's folder; relative: to the spec's folder
+    python: str | None = None  # the interpreter of argv[0] "python" and of {python}; None: the drill's
+    progress: ProgressConfig = Field(default_factory=ProgressConfig)
+    resume_args: list[str] = Field(default_factory=list)  # appended once the run has trained (zero-code)
+
+    @field_validator("command")
+    @classmethod
+    def _no_empty_program(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value[0].strip():
+            raise ValueError("workload.command[0] is the program to run; it is empty")
+        return value
 
     @field_validator("framework")
     @classmethod
-    def _known_framework(cls, value: str) -> str:
-        if value not in FRAMEWORKS:
-            raise ValueError(f"unknown framework {value!r}; valid: {', '.join(FRAMEWORKS)}")
+    def _known_framework(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("command") is None and value not in FRAMEWORKS:
+            raise ValueError(f"unknown framework {value!r}; valid: {', '.join(FRAMEWORKS)} "
+                             "(or other, for a command workload)")
+        if value not in COMMAND_FRAMEWORKS:
+            raise ValueError(f"unknown framework {value!r} of a command workload; valid: {', '.join(COMMAND_FRAMEWORKS)}")
         return value
+
+    @model_validator(mode="after")
+    def _command_fields(self) -> "WorkloadConfig":
+        if self.command is None:
+            unused = [name for name in ("launcher", "cwd", "python") if getattr(self, name) is not None]
+            unused += [name for name in ("env", "resume_args") if getattr(self, name)]
+            if self.progress.mode != PROGRESS_API:
+                unused.append("progress")
+            if unused:
+                raise ValueError(f"workload.{', workload.'.join(unused)}: only for a command workload "
+                                 "(set workload.command)")
+        return self
+
+    @property
+    def zero_code(self) -> bool:
+        return self.command is not None and self.progress.mode != PROGRESS_API
 
 
 class CheckpointConfig(_Strict):
@@ -171,6 +249,8 @@ class Campaign(_Strict):
     backend: Literal["local", "slurm", "pbs"] = "local"
     workdir: Path
     template: Path | None = None
+    # The user's experiment parameters: {placeholders} of a command workload, swept as args.<key>.
+    args: dict[str, Any] = Field(default_factory=dict)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
@@ -219,6 +299,22 @@ class Campaign(_Strict):
             raise ValueError("\n".join(problems))
         return restart
 
+    @model_validator(mode="after")
+    def _placeholders_known(self) -> "Campaign":
+        """Every {placeholder} of a command workload names an args key (given, or swept as
+        args.<key>) or a built-in."""
+        workload = self.workload
+        if workload.command is None:
+            return self
+        swept = {key.split(".", 1)[1] for grid in self.sweep.grids for key in grid if key.startswith("args.")}
+        texts = [(f"workload.command[{i}]", text) for i, text in enumerate(workload.command)]
+        texts += [(f"workload.env.{name}", text) for name, text in workload.env.items()]
+        texts += [(f"workload.resume_args[{i}]", text) for i, text in enumerate(workload.resume_args)]
+        found = placeholder_problems(texts, [*self.args, *swept, *PLACEHOLDER_BUILTINS])
+        if found:
+            raise ValueError("\n".join(found))
+        return self
+
     @field_validator("faults")
     @classmethod
     def _faults_fit_the_run(cls, faults: list[Any], info: ValidationInfo) -> list[Any]:
@@ -237,7 +333,11 @@ class Campaign(_Strict):
             step = getattr(fault.after, "at_step", None)
             if workload is not None and step is not None and step > workload.steps:
                 problems.append(f"fault {index} fires at step {step}, but the run trains {workload.steps} steps")
-            works_on = get_kind(fault.kind).works_on
+            kind = get_kind(fault.kind)
+            if workload is not None and workload.zero_code and kind.needs_rank_api:
+                problems.append(f"fault {index}: {fault.kind} needs the rank API ({kind.needs_rank_api}); "
+                                "this command workload is in zero-code mode (workload.progress)")
+            works_on = kind.works_on
             if backend is not None and backend not in works_on:
                 problems.append(f"fault {index}: {fault.kind} works on the {', '.join(works_on)} backend(s), "
                                 f"not on {backend}")
@@ -315,6 +415,10 @@ def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
     update: dict[str, Any] = {"workdir": _absolute(campaign.workdir, base_dir)}
     if campaign.template is not None:
         update["template"] = _absolute(campaign.template, base_dir)
+    if campaign.workload.command is not None:
+        # The script runs where the spec lies, unless the spec says where.
+        cwd = _absolute(campaign.workload.cwd, base_dir) if campaign.workload.cwd else base_dir
+        update["workload"] = campaign.workload.model_copy(update={"cwd": cwd})
     return update
 
 

@@ -239,6 +239,11 @@ class CheckpointStore:
             log.warning("skipping checkpoint %s (%s): %s", path, problem.kind if problem else "?", problem)
         return None
 
+    def agreed(self, step: int) -> ValidCheckpoint:
+        """Checkpoint ``step`` as rank 0 verified it (the other ranks read its manifest, not its hashes)."""
+        path = self.step_dir(step)
+        return ValidCheckpoint(step, path, read_manifest(path))
+
     def published(self) -> list[tuple[int, Path]]:
         """Every published (final) checkpoint directory, newest first, valid or not."""
         return self._final_dirs()

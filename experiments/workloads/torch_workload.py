@@ -7,9 +7,7 @@ is checkpointed; the optimizer state is checkpointed with the weights.
 
 from __future__ import annotations
 
-import io
 import os
-import random
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from experiments.layout import WorkloadSpec
+from experiments.runtime import torch_state
 from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
@@ -38,7 +37,6 @@ from experiments.workloads.synthetic import (
     model_size,
 )
 
-MODEL_FILE = "model.pt"
 
 
 def build_mlp(width: int) -> nn.Module:
@@ -61,10 +59,6 @@ def build_cnn(channels: int) -> nn.Module:
 BUILDERS = {"mlp": build_mlp, "cnn": build_cnn}
 
 
-def rng_file(rank: int) -> str:
-    return f"rng-rank{rank:05d}.pt"
-
-
 class TorchWorkload(Workload):
     framework = "torch"
     determinism = ("torch.use_deterministic_algorithms(True); DDP(find_unused_parameters=True) so the "
@@ -83,7 +77,7 @@ class TorchWorkload(Workload):
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
-        return CheckpointMeta("torch", f"torch.save (pickle+zip), torch {torch.__version__}", "all")
+        return CheckpointMeta("torch", torch_state.FORMAT, "all")
 
     def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
         self.env, self.spec = env, spec
@@ -127,27 +121,16 @@ class TorchWorkload(Workload):
 
     def save(self, sink: FileSink, step: int) -> None:
         assert self.env is not None and self.optimizer is not None
-        if self.env.rank == 0:
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "step": step, "data_position": step, "hidden_width": self.width}
-            with sink.open(MODEL_FILE) as handle:
-                torch.save(state, handle)
-        with sink.open(rng_file(self.env.rank)) as handle:
-            torch.save(_rng_state(), handle)
+        torch_state.save(sink, self.model, self.optimizer, rank=self.env.rank, step=step,
+                         extra={"hidden_width": self.width})
 
     def load(self, directory: Path, step: int) -> None:
         assert self.env is not None and self.optimizer is not None
-        state = _load(directory / MODEL_FILE)
+        state = torch_state.load_file(directory / torch_state.MODEL_FILE)
         if state["step"] != step or state["hidden_width"] != self.width:
-            raise ValueError(f"{directory / MODEL_FILE} holds step {state['step']}, width "
+            raise ValueError(f"{directory / torch_state.MODEL_FILE} holds step {state['step']}, width "
                              f"{state['hidden_width']}; expected step {step}, width {self.width}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        path = directory / rng_file(self.env.rank)
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no RNG state for rank {self.env.rank} "
-                                    "(was the checkpoint written with another world size?)")
-        _set_rng_state(_load(path))
+        torch_state.load(directory, self.model, self.optimizer, rank=self.env.rank, step=step)
 
     def named_weights(self) -> list[tuple[str, np.ndarray]]:
         return [(name, tensor.detach().cpu().numpy()) for name, tensor in self.model.state_dict().items()]
@@ -194,24 +177,3 @@ def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
         "gloo", store=store, rank=env.rank, world_size=env.world_size,
         timeout=timedelta(seconds=timeouts.collective_s),
     )
-
-
-def _rng_state() -> dict[str, Any]:
-    # numpy's state as plain tensors/ints so the file loads with weights_only=True (no pickle code).
-    _, key, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    saved = state["numpy"]
-    key = saved["key"].numpy().astype(np.uint32)
-    np.random.set_state(("MT19937", key, saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
-
-
-def _load(path: Path) -> Any:
-    # Read fully first: one sequential read, and weights_only refuses arbitrary pickled code.
-    return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)

@@ -160,6 +160,9 @@ class FaultKind(ABC):
     oom_kill_record: ClassVar[bool] = False
     # True: an injected fault of this kind leaves its target stopped (hang-rank): a hang is its node's.
     stops_target: ClassVar[bool] = False
+    # Set: the kind works only where the ranks keep their books through the rank API (built-in
+    # workloads, command workloads with progress: api), and this says why (a zero-code spec error).
+    needs_rank_api: ClassVar[str | None] = None
 
     def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
         """The ranks this fault will hit, drawn once when the drill is planned (none: not a rank kind)."""

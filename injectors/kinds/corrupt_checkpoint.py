@@ -27,6 +27,7 @@ class CorruptCheckpointOptions(FaultOptions):
 
 class CorruptCheckpoint(FaultKind):
     name = "corrupt-checkpoint"
+    needs_rank_api = "it damages a checkpoint of the store, and a zero-code script keeps its own"
     target = Target.CHECKPOINT
     site = Site.CONTROLLER
     options = CorruptCheckpointOptions

@@ -36,6 +36,7 @@ class DiskFullOptions(FaultOptions):
 
 class DiskFull(FaultKind):
     name = "disk-full"
+    needs_rank_api = "it fills the store's checkpoint directory, and a zero-code script writes its own"
     target = Target.CHECKPOINT
     site = Site.CONTROLLER
     options = DiskFullOptions

@@ -31,6 +31,7 @@ class OomRankOptions(RankFaultOptions):
 
 class OomRank(RankKind):
     name = "oom-rank"
+    needs_rank_api = "the rank grows its memory itself, through the rank API's fault handler"
     options = OomRankOptions
     oom_kill_record = True
 

@@ -28,6 +28,7 @@ class RankErrorOptions(RankFaultOptions):
 
 class RankError(RankKind):
     name = "rank-error"
+    needs_rank_api = "the rank raises the error itself, through the rank API's fault handler"
     options = RankErrorOptions
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:

@@ -1,0 +1,296 @@
+"""A command workload's rank: the user's training script, started and watched by this process.
+
+The rank task the launcher started (srun, mpiexec, the local executor) becomes a small supervisor:
+it starts the script as its child with the drill's variables in its environment, registers the
+child as the rank (the fault injector verifies and signals the child), passes the scheduler's
+signals on, and ends the way the child ended (the same exit code, or the same signal), so that the
+launcher, the batch script and the controller see what they would see of a built-in rank.
+
+Progress comes from the script through the rank API (``progress: api``), or, for a script that
+knows nothing of Faultdrill (zero-code mode), from its log lines (``progress: log``, a regex with
+the step in group 1) or from the checkpoint files it writes (``progress: checkpoints``, a glob and
+a regex on the names): the supervisor then writes the heartbeats and the timeline itself, marked
+``inferred`` where it can only infer a moment (the load, the step resumed from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_RANK_JOB,
+    ENV_WORLD_SIZE,
+    EVENT_CHECKPOINT_LOADED,
+    EVENT_COMPLETED,
+    EVENT_FIRST_STEP,
+    EVENT_FRAMEWORK_READY,
+    EVENT_PROCESS_START,
+    PROGRESS_API,
+    PROGRESS_CHECKPOINTS,
+    PROGRESS_LOG,
+    CommandSpec,
+    FinalRecord,
+    RankJob,
+    RankIdentity,
+    RunPaths,
+    read_json_lines,
+    rank_job_to_dict,
+    record_dict,
+    write_json_atomic,
+)
+from experiments.runtime.api import ENV_STARTED_AT
+from experiments.runtime.distenv import DistEnv
+from experiments.runtime.events import EventLog
+from experiments.runtime.fence import own_job_id
+from experiments.runtime.heartbeat import HeartbeatWriter
+from experiments.runtime.identity import start_ticks
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+CHECKPOINT_SCAN_S = 0.5
+TAIL_LINES = 20
+
+
+class CommandFailed(RuntimeError):
+    """The script could not be started, or ended without finishing the run: says why."""
+
+
+def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str, str]:
+    """The script's environment: the rank's own, the drill's variables, the usual names PyTorch's
+    ``env://`` rendezvous reads (unless the spec's env sets them), then the spec's env."""
+    command = job.workload.command
+    assert command is not None
+    paths = RunPaths(Path(job.run_dir))
+    drill = {
+        ENV_RANK_JOB: json.dumps(rank_job_to_dict(job), sort_keys=True),
+        ENV_RANK: str(env.rank), ENV_LOCAL_RANK: str(env.local_rank), ENV_WORLD_SIZE: str(env.world_size),
+        ENV_ATTEMPT: str(job.attempt), ENV_CHECKPOINT_DIR: str(paths.checkpoints),
+        ENV_MASTER_ADDR: env.master_addr, ENV_MASTER_PORT: str(env.master_port),
+        ENV_STARTED_AT: repr(started_at),
+    }
+    conventional = {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
+                    "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port)}
+    return {**os.environ, **conventional, **drill, **dict(command.env)}
+
+
+def trained_before(paths: RunPaths, attempt: int) -> bool:
+    """An earlier attempt of the run reported a step (so the script has something to resume)."""
+    if not paths.heartbeats.is_dir():
+        return False
+    return any(beat.get("attempt", attempt) < attempt and beat.get("step", 0) > 0
+               for file in paths.heartbeats.glob("rank-*.jsonl") for beat in read_json_lines(file))
+
+
+def command_argv(command: CommandSpec, paths: RunPaths, attempt: int) -> list[str]:
+    argv = list(command.argv)
+    if command.resume_args and trained_before(paths, attempt):
+        argv += list(command.resume_args)
+    return argv
+
+
+@dataclass
+class InferredProgress:
+    """Zero-code mode: the script's steps as its logs or files show them, written as heartbeats
+    and as the attempt's timeline (rank 0)."""
+
+    job: RankJob
+    events: EventLog
+    heartbeat: HeartbeatWriter
+    resumed_from: int | None = None  # from the script's own checkpoints, when it has some
+    last_step: int = 0
+    first_seen: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def saw(self, step: int) -> None:
+        with self.lock:
+            if self.first_seen and step <= self.last_step:
+                return
+            if not self.first_seen:
+                self._first(step)
+            self.last_step = step
+            self.heartbeat.beat(step, force=step >= self.job.workload.steps)
+
+    def _first(self, step: int) -> None:
+        self.first_seen = True
+        resumed = self.resumed_from if self.resumed_from is not None else max(0, step - 1)
+        now = time.time()
+        # The script says nothing of its set-up and load: start-up ends at the first step seen.
+        self.events.emit(EVENT_FRAMEWORK_READY, when=now, inferred=True)
+        self.events.emit(EVENT_CHECKPOINT_LOADED, when=now, step=resumed, load_s=0.0, inferred=True,
+                         source="script's checkpoints" if self.resumed_from is not None else "first step logged")
+        self.events.emit(EVENT_FIRST_STEP, when=now, step=step, inferred=True)
+
+
+def checkpoint_steps(run_cwd: Path, command: CommandSpec) -> list[int]:
+    """The steps of the script's own checkpoint files (glob relative to its working directory)."""
+    pattern = re.compile(command.checkpoint_step_regex)
+    base = Path(command.checkpoint_glob)
+    paths = base.parent.glob(base.name) if base.is_absolute() else run_cwd.glob(command.checkpoint_glob)
+    steps = []
+    for path in paths:
+        match = pattern.search(path.name)
+        if match:
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+class Supervisor:
+    def __init__(self, job: RankJob, env: DistEnv, started_at: float) -> None:
+        assert job.workload.command is not None
+        self.job, self.env, self.started_at = job, env, started_at
+        self.command = job.workload.command
+        self.paths = RunPaths(Path(job.run_dir))
+        self.cwd = Path(self.command.cwd) if self.command.cwd else Path.cwd()
+        self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
+        self.child: subprocess.Popen[bytes] | None = None
+        self.stderr_tail: list[str] = []
+        self.progress: InferredProgress | None = None
+        self._stop = threading.Event()
+
+    def run(self) -> dict[str, Any]:
+        self.events.emit(EVENT_PROCESS_START, when=self.started_at, pid=os.getpid(), world_size=self.env.world_size,
+                         num_nodes=self.env.num_nodes, scheduler=self.env.scheduler, job_id=self.env.job_id,
+                         node=self.env.node, command=self.command.argv[0], progress=self.command.progress)
+        if self.command.progress != PROGRESS_API:
+            self.progress = self._inferred_progress()
+        child = self._start()
+        self._register(child)
+        watchers = self._watch(child)
+        returncode = child.wait()
+        self._stop.set()
+        for watcher in watchers:
+            watcher.join(timeout=5)
+        return self._end(returncode)
+
+    def _inferred_progress(self) -> InferredProgress:
+        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.env.rank), self.job.attempt,
+                                    self.job.heartbeat_interval_s)
+        resumed_from = None
+        if self.command.checkpoint_glob:
+            steps = checkpoint_steps(self.cwd, self.command)
+            resumed_from = steps[-1] if steps else 0
+        return InferredProgress(self.job, self.events, heartbeat, resumed_from)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        argv = command_argv(self.command, self.paths, self.job.attempt)
+        piped = subprocess.PIPE if self.command.progress == PROGRESS_LOG else None
+        try:
+            child = subprocess.Popen(argv, cwd=self.cwd, env=child_environment(self.job, self.env, self.started_at),
+                                     stdout=piped, stderr=subprocess.PIPE)
+        except FileNotFoundError as error:
+            raise CommandFailed(f"workload.command: {argv[0]!r} not found (cwd {self.cwd}): {error.strerror}; "
+                                "give a path or a program on the ranks' PATH") from None
+        except PermissionError as error:
+            raise CommandFailed(f"workload.command: {argv[0]!r} cannot be run: {error.strerror}") from None
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self._forward)
+        self.child = child
+        return child
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def _register(self, child: subprocess.Popen[bytes]) -> None:
+        """The child is the rank the fault injector acts on (its pid and kernel start time)."""
+        ticks = start_ticks(child.pid)
+        identity = RankIdentity(rank=self.env.rank, pid=child.pid, create_time=time.time(), start_ticks=ticks or 0,
+                                host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
+                                attempt=self.job.attempt)
+        write_json_atomic(self.paths.rank_file(self.job.attempt, self.env.rank), record_dict(identity))
+
+    def _watch(self, child: subprocess.Popen[bytes]) -> list[threading.Thread]:
+        watchers = [self._thread(self._pump, child.stderr, sys.stderr, True)]
+        if child.stdout is not None:
+            watchers.append(self._thread(self._pump, child.stdout, sys.stdout, False))
+        if self.command.progress == PROGRESS_CHECKPOINTS:
+            watchers.append(self._thread(self._scan_checkpoints))
+        return watchers
+
+    @staticmethod
+    def _thread(target: Any, *args: Any) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        return thread
+
+    def _pump(self, source: IO[bytes], target: Any, is_stderr: bool) -> None:
+        """Pass the script's output on line by line; a matching line is a step (log mode)."""
+        pattern = re.compile(self.command.step_regex) if self.command.progress == PROGRESS_LOG else None
+        for raw in iter(source.readline, b""):
+            line = raw.decode(errors="replace")
+            target.write(line)
+            target.flush()
+            if is_stderr:
+                self.stderr_tail = (self.stderr_tail + [line.rstrip()])[-TAIL_LINES:]
+            if pattern is not None and self.progress is not None and (match := pattern.search(line)):
+                self.progress.saw(int(match.group(1)))
+
+    def _scan_checkpoints(self) -> None:
+        assert self.progress is not None
+        known = set(checkpoint_steps(self.cwd, self.command))
+        while not self._stop.wait(CHECKPOINT_SCAN_S):
+            new = [step for step in checkpoint_steps(self.cwd, self.command) if step not in known]
+            for step in sorted(new):
+                known.add(step)
+                self.progress.saw(step)
+
+    def _end(self, returncode: int) -> dict[str, Any]:
+        if returncode < 0:
+            die_of(signal.Signals(-returncode))
+        if returncode != 0:
+            tail = "; ".join(line for line in self.stderr_tail[-3:] if line)
+            raise CommandFailed(f"the script exited with code {returncode}" + (f": {tail}" if tail else ""))
+        if self.progress is not None:
+            self._finish_inferred()
+        elif self.env.is_main and not self._final_written():
+            raise CommandFailed("the script exited 0 without calling rank.done(): the run did not record its end")
+        return {"rank": self.env.rank, "exit_code": 0}
+
+    def _final_written(self) -> bool:
+        try:
+            return int(json.loads(self.paths.final.read_text()).get("attempt", -1)) == self.job.attempt
+        except (OSError, ValueError):
+            return False
+
+    def _finish_inferred(self) -> None:
+        assert self.progress is not None
+        steps = self.job.workload.steps
+        if self.progress.last_step < steps:
+            raise CommandFailed(f"the script exited 0 at step {self.progress.last_step} of {steps} (as its "
+                                f"{'logs' if self.command.progress == PROGRESS_LOG else 'checkpoints'} show): "
+                                "the run did not reach its last step")
+        if self.env.is_main:
+            record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt)
+            write_json_atomic(self.paths.final, record_dict(record))
+            self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
+
+
+def die_of(signum: signal.Signals) -> None:
+    """End this process by ``signum`` (as the child did), so the launcher sees what it would see of
+    a built-in rank: a signal, not an exit code."""
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(signum, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signum)
+    time.sleep(5)  # a signal whose default is to go on (SIGCHLD, SIGURG): exit as a shell would
+    os._exit(128 + signum)
+
+
+def run_command(job: RankJob, env: DistEnv, started_at: float) -> dict[str, Any]:
+    return Supervisor(job, env, started_at).run()

@@ -1,0 +1,106 @@
+"""PyTorch state as one checkpoint: model + optimizer + every rank's RNG states + data position.
+
+Used by the built-in PyTorch workload and by scripts through the rank API (``rank.checkpoint``
+hands a directory; ``save(directory, ...)`` writes into it). Rank 0 writes the model and optimizer
+(identical on every data-parallel rank); every rank writes its own RNG states (dropout and data
+augmentation draw from them), so a resumed run draws what the uninterrupted one drew.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from experiments.runtime.sink import FileSink
+
+MODEL_FILE = "model.pt"
+FORMAT = f"torch.save (pickle+zip), torch {torch.__version__}"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-rank{rank:05d}.pt"
+
+
+def save(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int,
+         step: int, data_position: Any = None, extra: dict[str, Any] | None = None) -> None:
+    """Write this rank's share of the state after ``step`` into ``target`` (a directory or a sink)."""
+    if rank == 0:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
+                 "step": step, "data_position": step if data_position is None else data_position, **(extra or {})}
+        with _open(target, MODEL_FILE) as handle:
+            torch.save(state, handle)
+    with _open(target, rng_file(rank)) as handle:
+        torch.save(rng_state(), handle)
+
+
+def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int,
+         step: int | None = None) -> dict[str, Any]:
+    """Restore what ``save`` wrote; returns the saved state (``data_position``, ``step``, extras)."""
+    state = load_file(directory / MODEL_FILE)
+    if step is not None and state["step"] != step:
+        raise ValueError(f"{directory / MODEL_FILE} holds step {state['step']}, expected {step}")
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state.get("optimizer") is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    path = directory / rng_file(rank)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no RNG state for rank {rank} (was the checkpoint written with another "
+                                "world size?)")
+    set_rng_state(load_file(path))
+    return state
+
+
+@contextmanager
+def _open(target: Path | FileSink, name: str) -> Iterator[BinaryIO]:
+    if isinstance(target, FileSink):
+        with target.open(name) as handle:
+            yield handle
+    else:
+        with open(target / name, "wb") as handle:
+            yield handle
+
+
+def rng_state() -> dict[str, Any]:
+    # numpy's state as plain tensors/ints so the file loads with weights_only=True (no pickle code).
+    _, key, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    saved = state["numpy"]
+    key = saved["key"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", key, saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
+
+
+def load_file(path: Path) -> Any:
+    # Read fully first: one sequential read, and weights_only refuses arbitrary pickled code.
+    return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)
+
+
+class TorchCollectives:
+    """The rank API's collectives over torch.distributed (after init_process_group), instead of
+    files: ``api.init(collectives=TorchCollectives())`` once the process group exists. ``group``
+    None: a gloo group whose timeout is ``patience_s`` (ranks wait there while rank 0 hashes)."""
+
+    def __init__(self, patience_s: float = 300.0) -> None:
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=patience_s))
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        dist.barrier(group=self.group)
+
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
+        tensor = torch.tensor([value], dtype=torch.int64)
+        dist.broadcast(tensor, src=0, group=self.group)
+        return int(tensor.item())
