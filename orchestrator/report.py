@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -90,7 +91,24 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "max_abs_weight_diff": run.max_abs_weight_diff,
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
+        "progress": progress_figures(run),
     }
+
+
+# Zero-code mode: what the drill can only infer from a script's logs or files (the rest is measured).
+INFERRED_IN_ZERO_CODE = ("startup_s", "load_s", "first_step_s", "resumed_from_step", "lost_steps", "lost_s",
+                         "lost_rank_s", "final_digest")
+
+
+def progress_figures(run: RunRow) -> dict[str, Any]:
+    """Where the run's progress came from (built-in, the rank API, a script's logs or files) and
+    which of its figures are therefore inferred, not measured."""
+    workload = json.loads(run.config or "{}").get("workload", {})
+    if not workload.get("command"):
+        return {"source": "built-in", "inferred": []}
+    progress = workload.get("progress") or {}
+    source = "log" if progress.get("log") else "checkpoints" if progress.get("checkpoints") else "api"
+    return {"source": source, "inferred": [] if source == "api" else list(INFERRED_IN_ZERO_CODE)}
 
 
 STRATEGY_PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",

@@ -58,9 +58,14 @@ def recoveries_table(report: dict[str, Any]) -> Table:
     recoveries = [(run, rec) for run in report["runs"] for rec in run["recoveries"]]
     # Grouped by failure class: recoveries from one kind of failure side by side.
     for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
-        table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(_fmt(rec[key]) for key in (
-            "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
-            "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")))
+        inferred = set(run.get("progress", {}).get("inferred", ()))
+        table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(
+            ("~" if key in inferred else "") + _fmt(rec[key]) for key in (
+                "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+                "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")))
+    if any(run.get("progress", {}).get("inferred") for run in report["runs"]):
+        table.caption = ("~ inferred, not measured: a zero-code script's start-up ends at its first step logged, "
+                         "and the step it resumed from is read from its logs or files")
     return table
 
 

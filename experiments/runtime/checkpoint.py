@@ -162,6 +162,9 @@ class CheckpointStore:
                 raise CheckpointIncomplete(f"checkpoint {step}: rank {rank} of {ranks} delivered no receipt "
                                            f"({partial / receipt_name(rank)} missing): not published")
             sizes.update(receipt)
+        if not sizes:
+            raise CheckpointIncomplete(f"checkpoint {step}: no rank wrote a file into it ({ranks} receipts, all "
+                                       "empty): nothing to resume from, not published")
         for name, size in sorted(sizes.items()):
             try:
                 actual = (partial / name).stat().st_size

@@ -57,7 +57,7 @@ from experiments.layout import (
 from experiments.runtime.api import ENV_STARTED_AT
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.events import EventLog
-from experiments.runtime.fence import own_job_id
+from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.identity import start_ticks
 
@@ -269,15 +269,17 @@ class Supervisor:
 
     def _finish_inferred(self) -> None:
         assert self.progress is not None
+        if not self.env.is_main:
+            return  # scripts commonly log on rank 0 only: rank 0's account of the run is the one read
         steps = self.job.workload.steps
         if self.progress.last_step < steps:
             raise CommandFailed(f"the script exited 0 at step {self.progress.last_step} of {steps} (as its "
                                 f"{'logs' if self.command.progress == PROGRESS_LOG else 'checkpoints'} show): "
                                 "the run did not reach its last step")
-        if self.env.is_main:
-            record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt)
-            write_json_atomic(self.paths.final, record_dict(record))
-            self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
+        check_current(self.paths, self.job.attempt, own_job_id(self.env.job_id), "writing the final record")
+        record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt)
+        write_json_atomic(self.paths.final, record_dict(record))
+        self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
 
 
 def die_of(signum: signal.Signals) -> None:

@@ -1,0 +1,105 @@
+"""Command workloads in the spec: placeholders from args and sweeps, zero-code settings, and the
+errors that name what is wrong before anything is submitted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.render import render_slurm
+from orchestrator.runs import expand_runs
+from orchestrator.spec import SpecError, parse_campaign
+
+HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "{{literal}}"]
+
+
+def _spec(tmp_path: Path, workload: dict, **overrides: object) -> dict:
+    spec = {"name": "cmd", "backend": "local", "workdir": str(tmp_path / "work"),
+            "workload": {"framework": "torch", "steps": 50, **workload},
+            "resources": {"nodes": 1, "tasks_per_node": 2}}
+    spec.update(overrides)
+    return spec
+
+
+def _error(raw: dict, tmp_path: Path) -> str:
+    with pytest.raises(SpecError) as error:
+        parse_campaign(raw, base_dir=tmp_path)
+    return str(error.value)
+
+
+def test_placeholders_are_filled_per_sweep_point_and_python_is_the_drills(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, {"command": ["python", "train.py", "--lr", "{lr}", "--out", "{run_dir}/x", "{steps}"],
+                           "env": {"RUN": "{run_id}"}}, args={"lr": 0.1},
+                sweep={"grid": {"args.lr": [0.1, 0.01]}})
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    commands = [run.command for run in runs]
+    assert [c.argv[3] for c in commands] == ["0.1", "0.01"]
+    assert all(c.argv[0] == sys.executable and c.argv[1] == "train.py" for c in commands)
+    assert commands[0].argv[5] == f"{runs[0].paths.root}/x" and commands[0].argv[6] == "50"
+    assert dict(commands[1].env) == {"RUN": runs[1].run_id}
+    assert commands[0].cwd == str(tmp_path)  # the spec's folder by default
+    assert runs[0].model_name == "script train.py"
+
+
+def test_a_swept_args_key_needs_no_default(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, {"command": ["train", "{seed_offset}"]}, sweep={"grid": {"args.seed_offset": [1, 2]}})
+    assert [run.command.argv[1] for run in expand_runs(parse_campaign(raw, base_dir=tmp_path))] == ["1", "2"]
+
+
+@pytest.mark.parametrize("command,expected", [
+    (["train.py", "{lr}"], "unknown placeholder {lr}"),
+    (["train.py", "{lr:.3f}"], "no format or conversion"),
+    (["train.py", "{unclosed"], "literal braces"),
+])
+def test_bad_placeholders_are_spec_errors_that_name_the_valid_ones(tmp_path: Path, command, expected) -> None:
+    message = _error(_spec(tmp_path, {"command": command}, args={"batch": 4}), tmp_path)
+    assert "workload.command[1]" in message and expected in message
+    if "unknown" in expected:
+        assert "valid: batch, checkpoint_every, python, run_dir, run_id, seed, steps" in message
+
+
+def test_framework_other_is_for_command_workloads_only(tmp_path: Path) -> None:
+    assert "or other, for a command workload" in _error(_spec(tmp_path, {"framework": "other"}), tmp_path)
+    campaign = parse_campaign(_spec(tmp_path, {"framework": "other", "command": ["./train"]}), base_dir=tmp_path)
+    assert campaign.workload.framework == "other"
+
+
+def test_command_settings_without_a_command_are_refused(tmp_path: Path) -> None:
+    message = _error(_spec(tmp_path, {"env": {"A": "1"}, "resume_args": ["--resume"]}), tmp_path)
+    assert "workload.env, workload.resume_args: only for a command workload" in message
+
+
+@pytest.mark.parametrize("progress,expected", [
+    ({"log": "step \\d+"}, "has no group"),
+    ({"log": "step (\\d+"}, "not a regular expression"),
+    ({"checkpoints": "ckpt/*.pt"}, "needs progress.step"),
+    ({"log": "step (\\d+)", "checkpoints": "c/*", "step": "(\\d+)"}, "not both"),
+])
+def test_zero_code_progress_is_checked(tmp_path: Path, progress: dict, expected: str) -> None:
+    assert expected in _error(_spec(tmp_path, {"command": ["./train"], "progress": progress}), tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["rank-error", "oom-rank", "corrupt-checkpoint"])
+def test_zero_code_refuses_kinds_that_need_the_rank_api(tmp_path: Path, kind: str) -> None:
+    fault = {"kind": kind, "after": {"fixed": 1.0}}
+    if kind != "corrupt-checkpoint":
+        fault["rank"] = 0
+    raw = _spec(tmp_path, {"command": ["./train"], "progress": {"log": "step (\\d+)"}}, faults=[fault])
+    assert f"fault 0: {kind} needs the rank API" in _error(raw, tmp_path)
+    raw["workload"].pop("progress")  # the same script through the API: accepted
+    parse_campaign(raw, base_dir=tmp_path)
+
+
+def test_hostile_arguments_never_reach_a_shell(tmp_path: Path) -> None:
+    """The command travels in the pickled rank job to the supervisor (an argument list, no shell):
+    the batch script holds none of it, so nothing in it can be expanded or split."""
+    raw = _spec(tmp_path, {"command": ["python", "train.py", *HOSTILE], "env": {"X": "$HOME `id`"}},
+                backend="slurm", resources={"nodes": 2, "tasks_per_node": 1})
+    run = expand_runs(parse_campaign(raw, base_dir=tmp_path))[0]
+    script = render_slurm(run, attempt=0, drill_id="d").text
+    for text in [*HOSTILE[:-1], "$HOME `id`", "train.py"]:
+        assert text not in script
+    assert run.command.argv[2:] == (*HOSTILE[:-1], "{literal}")
+    assert dict(run.command.env) == {"X": "$HOME `id`"}

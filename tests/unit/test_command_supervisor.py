@@ -1,0 +1,92 @@
+"""The supervisor of a command workload's rank, as a real process (python -m experiments.entry):
+the script gets its arguments verbatim, is the rank the injector sees, and the rank ends as the
+script ended; zero-code progress comes from its log lines."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments.layout import (PROGRESS_LOG, CommandSpec, RankJob, RunPaths, WorkloadSpec, read_json_lines,
+                                rank_job_to_dict)
+
+HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "*"]
+
+
+def _run(tmp_path: Path, argv: list[str], steps: int = 1, progress: str = PROGRESS_LOG,
+         env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, RunPaths]:
+    run_dir = tmp_path / "run"
+    command = CommandSpec(argv=tuple(argv), env=tuple((env or {}).items()), cwd=str(tmp_path), progress=progress,
+                          step_regex=r"^step (\d+)")
+    job = RankJob(run_id="r", run_dir=str(run_dir), attempt=0, checkpoint_every=0, checkpoint_keep=2,
+                  workload=WorkloadSpec(framework="other", steps=steps, command=command))
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(rank_job_to_dict(job)))
+    done = subprocess.run([sys.executable, "-m", "experiments.entry", "--job", str(job_file)], capture_output=True,
+                          text=True, timeout=120)
+    return done, RunPaths(run_dir)
+
+
+def _script(body: str) -> list[str]:
+    return [sys.executable, "-c", body]
+
+
+def test_the_script_gets_its_arguments_verbatim_and_the_drills_variables(tmp_path: Path) -> None:
+    body = ("import json, os, sys; print('step 1', flush=True); "
+            "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items() if k.startswith(('FAULTDRILL_', 'RANK', 'WORLD', 'MASTER', 'MINE'))}}, "
+            "open('seen.json', 'w'))")
+    done, paths = _run(tmp_path, [*_script(body), *HOSTILE], env={"MINE": "$HOME"})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["argv"] == HOSTILE
+    env = seen["env"]
+    assert env["MINE"] == "$HOME" and env["RANK"] == env["FAULTDRILL_RANK"] == "0" and env["WORLD_SIZE"] == "1"
+    assert env["FAULTDRILL_CHECKPOINT_DIR"] == str(paths.checkpoints) and env["FAULTDRILL_ATTEMPT"] == "0"
+    assert json.loads(env["FAULTDRILL_RANK_JOB"])["run_dir"] == str(paths.root)
+    assert json.loads(paths.final.read_text())["step"] == 1
+
+
+def test_the_script_is_the_rank_and_the_rank_dies_of_its_signal(tmp_path: Path) -> None:
+    body = "import json, os, signal; json.dump(os.getpid(), open('pid.json', 'w')); os.kill(os.getpid(), signal.SIGKILL)"
+    done, paths = _run(tmp_path, _script(body))
+    assert done.returncode == -signal.SIGKILL
+    identity = json.loads(paths.rank_file(0, 0).read_text())
+    assert identity["pid"] == json.loads((tmp_path / "pid.json").read_text())  # the child, not the supervisor
+    assert identity["start_ticks"] > 0
+
+
+def test_an_exit_code_is_passed_on_with_the_scripts_last_words(tmp_path: Path) -> None:
+    done, paths = _run(tmp_path, _script("import sys; sys.exit('cuda is not here')"))
+    assert done.returncode == 1
+    error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
+    assert "exited with code 1: cuda is not here" in error
+
+
+def test_a_program_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    done, paths = _run(tmp_path, ["no-such-trainer", "--lr", "1"])
+    assert done.returncode != 0
+    error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
+    assert "'no-such-trainer' not found" in error and "PATH" in error
+    assert not paths.final.exists()
+
+
+def test_zero_code_progress_from_log_lines_and_a_short_run_is_not_complete(tmp_path: Path) -> None:
+    body = "import time\nfor s in range(1, 4):\n    print(f'step {s} loss 0.1', flush=True); time.sleep(0.1)"
+    done, paths = _run(tmp_path, _script(body), steps=10)
+    assert done.returncode == 1
+    assert "exited 0 at step 3 of 10" in json.loads(paths.rank_error_file(0, 0).read_text())["error"]
+    assert [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0))][-1] == 3
+    events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
+    assert events["first_step"]["step"] == 1 and events["first_step"]["inferred"] is True
+    assert events["checkpoint_loaded"]["step"] == 0 and events["checkpoint_loaded"]["inferred"] is True
+    assert "step 3 loss" in done.stdout  # the script's output is passed on
+    assert not paths.final.exists()
+
+
+def test_an_api_script_that_never_calls_done_has_not_finished(tmp_path: Path) -> None:
+    done, paths = _run(tmp_path, _script("print('bye')"), progress="api")
+    assert done.returncode == 1
+    assert "without calling rank.done()" in json.loads(paths.rank_error_file(0, 0).read_text())["error"]
