@@ -37,6 +37,28 @@ def test_the_rank_api_example_resumes_from_its_newest_checkpoint_identical_to_it
     assert run["checkpoints"]["count"] >= 7 and run["checkpoints"]["format"].startswith("torch.save")
 
 
+def test_a_lightning_trainer_with_the_callback_resumes_identical_to_its_twin(tmp_path: Path) -> None:
+    report = drill(_copy("example-lightning", tmp_path), timeout=600)
+    run = run_of(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 160 and run["ranks"] == 2
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 20 == 0
+    assert recovery["resumed_from_step"] >= 60  # the fault came at step 70 or later
+    assert run["identical_to_baseline"] is True
+    assert run["checkpoints"]["format"].startswith("Lightning checkpoint")
+
+
+def test_keras_fit_with_the_callback_resumes_identical_to_its_twin(tmp_path: Path) -> None:
+    report = drill(_copy("example-keras", tmp_path), timeout=600)
+    run = run_of(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 200 and run["framework"] == "tensorflow"
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 40 == 0
+    assert recovery["resumed_from_step"] >= 80
+    assert run["identical_to_baseline"] is True
+    assert run["checkpoints"]["format"].startswith("Keras variables")
+
+
 def test_an_unmodified_script_is_drilled_from_its_log_lines_and_resumes_itself(tmp_path: Path) -> None:
     report = drill(_copy("example-unmodified", tmp_path), timeout=600)
     run = run_of(report, "r000")

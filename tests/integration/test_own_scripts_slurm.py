@@ -1,0 +1,38 @@
+"""Your own training script on the real Slurm cluster: experiments/examples/torch_ddp.py (plain DDP
+and the rank API) as the ranks of 2-node jobs, a rank SIGKILLed, resubmitted from the newest valid
+checkpoint, bit for bit its fault-free twin. The script, not a built-in workload, is the rank the
+injector verified and killed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from campaigns import campaign_copy, drill_report
+from experiments.layout import RunPaths
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_ddp_script_through_the_rank_api_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
+    report = drill_report(campaign_copy("example-torch-ddp-slurm", shared_tmp), timeout_s=600)
+    for run in report["runs"]:
+        for attempt in run["attempts"]:
+            slurm.track(attempt["job_id"])
+    run = next(run for run in report["runs"] if run["run_id"] == "r000")
+    assert run["status"] == "completed" and run["final_step"] == 600 and run["ranks"] == 4
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 50 == 0
+    assert recovery["resumed_from_step"] > 0
+    assert run["identical_to_baseline"] is True
+    paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
+    identities = [json.loads(paths.rank_file(0, rank).read_text()) for rank in range(4)]
+    assert len({identity["node"] for identity in identities}) == 2
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["signal"] == "SIGKILL"
+    # Every attempt is one job in Slurm's accounting; the one the fault hit ended as a failure.
+    for attempt in run["attempts"]:
+        assert slurm.wait_sacct_state(attempt["job_id"], timeout=60)["JobName"].startswith("fd-example-torch-ddp-slurm-")
+    assert slurm.wait_sacct_state(run["attempts"][0]["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
