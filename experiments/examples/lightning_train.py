@@ -1,4 +1,4 @@
-"""A Lightning Trainer drilled by the callback (three lines marked `# drill`).
+"""A Lightning Trainer drilled by the callback (the four lines marked `# drill`).
 
 A small transformer encoder (torch.nn.TransformerEncoder, random weights) classifies synthetic
 token sequences; the data of an epoch is a pure function of the seed, so a resumed run sees what

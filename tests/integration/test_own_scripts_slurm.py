@@ -1,7 +1,7 @@
-"""Your own training script on the real Slurm cluster: experiments/examples/torch_ddp.py (plain DDP
-and the rank API) as the ranks of 2-node jobs, a rank SIGKILLed, resubmitted from the newest valid
-checkpoint, bit for bit its fault-free twin. The script, not a built-in workload, is the rank the
-injector verified and killed."""
+"""Your own training scripts on the real Slurm cluster: experiments/examples/torch_ddp.py (plain DDP
+and the rank API) and lightning_train.py (a Trainer and the callback) as the ranks of 2-node jobs, a
+rank SIGKILLed, resubmitted from the newest valid checkpoint, bit for bit its fault-free twin. The
+script, not a built-in workload, is the rank the injector verified and killed."""
 
 from __future__ import annotations
 
@@ -16,12 +16,33 @@ from experiments.layout import RunPaths
 pytestmark = pytest.mark.integration
 
 
-def test_a_ddp_script_through_the_rank_api_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
-    report = drill_report(campaign_copy("example-torch-ddp-slurm", shared_tmp), timeout_s=600)
+def _drill(name: str, shared_tmp: Path, slurm) -> dict:
+    report = drill_report(campaign_copy(name, shared_tmp), timeout_s=600)
     for run in report["runs"]:
         for attempt in run["attempts"]:
             slurm.track(attempt["job_id"])
-    run = next(run for run in report["runs"] if run["run_id"] == "r000")
+    return next(run for run in report["runs"] if run["run_id"] == "r000")
+
+
+def _accounted(run: dict, name: str, slurm) -> None:
+    """Every attempt is one job in Slurm's accounting; the one the fault hit ended as a failure."""
+    for attempt in run["attempts"]:
+        assert slurm.wait_sacct_state(attempt["job_id"], timeout=60)["JobName"].startswith(f"fd-{name}-")
+    assert slurm.wait_sacct_state(run["attempts"][0]["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
+
+
+def test_a_lightning_trainer_with_the_callback_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
+    run = _drill("example-lightning-slurm", shared_tmp, slurm)
+    assert run["status"] == "completed" and run["final_step"] == 200 and run["ranks"] == 2 and run["nodes"] == 2
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 20 == 0
+    assert recovery["resumed_from_step"] >= 60
+    assert run["identical_to_baseline"] is True
+    _accounted(run, "example-lightning-slurm", slurm)
+
+
+def test_a_ddp_script_through_the_rank_api_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
+    run = _drill("example-torch-ddp-slurm", shared_tmp, slurm)
     assert run["status"] == "completed" and run["final_step"] == 600 and run["ranks"] == 4
     [recovery] = run["recoveries"]
     assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 50 == 0
@@ -32,7 +53,4 @@ def test_a_ddp_script_through_the_rank_api_recovers_on_two_nodes(shared_tmp: Pat
     assert len({identity["node"] for identity in identities}) == 2
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGKILL"
-    # Every attempt is one job in Slurm's accounting; the one the fault hit ended as a failure.
-    for attempt in run["attempts"]:
-        assert slurm.wait_sacct_state(attempt["job_id"], timeout=60)["JobName"].startswith("fd-example-torch-ddp-slurm-")
-    assert slurm.wait_sacct_state(run["attempts"][0]["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
+    _accounted(run, "example-torch-ddp-slurm", slurm)
