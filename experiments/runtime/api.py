@@ -10,11 +10,12 @@
     for step in range(start + 1, rank.steps + 1):
         loss = train_one_step(step)
         rank.step(step, loss)                           # heartbeat, first-step event, loss log
-        if rank.should_checkpoint(step) or rank.preempted(step):
+        warned = rank.preempted(step)                   # once a step, on every rank
+        if rank.should_checkpoint(step) or warned:
             with rank.checkpoint(step) as directory:    # write your files into it
                 torch.save(state, directory / "state.pt")
-            if rank.preempted(step):
-                rank.hold(step)                         # saved on the warning: wait for the end
+        if warned:
+            rank.hold(step)                             # saved on the warning: wait for the end
     rank.done(weights=model.state_dict())               # or digest="..."
 
 The store still owns durability: the files a rank writes into the directory it is handed are
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -161,8 +163,8 @@ class Rank:
         return self._session.warned
 
     def preempted(self, step: int) -> bool:
-        """All ranks agree the warning came: checkpoint ``step`` now, then ``hold``. Every rank must
-        ask at every step (ranks compare notes every few steps)."""
+        """All ranks agree the warning came: checkpoint ``step`` now, then ``hold``. Every rank asks
+        once at every step (the ranks compare notes every few steps: a collective)."""
         agreed = step < self.steps and self._session.warning_agreed(step)
         if agreed:
             for callback in self._on_warning:
@@ -229,8 +231,9 @@ def init(*, steps: int | None = None, checkpoint_every: int | None = None, keep:
     env = DistEnv.from_environ(env_map)
     paths = RunPaths(Path(job.run_dir))
     warning = _install_warning() if environ is None else None
-    if environ is None:  # a signal handler: the real process only
+    if environ is None:  # signal handlers and the excepthook: the real process only
         FaultRequests(paths.fault_request_file(job.attempt, env.rank)).install()
+        _record_uncaught(paths, job.attempt, env.rank)
     timeouts = Timeouts.from_environ(env_map)
     meet = collectives or FileCollectives(paths.attempt_dir(job.attempt) / "meet", env.rank, env.world_size,
                                           timeouts.checkpoint_s)
@@ -259,6 +262,19 @@ def _standalone_job(steps: int | None, every: int | None, keep: int, seed: int) 
     return RankJob(run_id="standalone", run_dir=str(run_dir), attempt=0,
                    workload=WorkloadSpec(framework="other", steps=steps, seed=seed),
                    checkpoint_every=every or 0, checkpoint_keep=keep)
+
+
+def _record_uncaught(paths: RunPaths, attempt: int, rank: int) -> None:
+    """An exception that ends the script is its rank's reason in the report, with its cause."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        from experiments.entry import record_rank_error
+
+        record_rank_error(paths, attempt, rank, error)
+        previous(kind, error, trace)
+
+    sys.excepthook = hook
 
 
 def _install_warning() -> WarningNote | None:

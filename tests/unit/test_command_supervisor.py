@@ -90,3 +90,13 @@ def test_an_api_script_that_never_calls_done_has_not_finished(tmp_path: Path) ->
     done, paths = _run(tmp_path, _script("print('bye')"), progress="api")
     assert done.returncode == 1
     assert "without calling rank.done()" in json.loads(paths.rank_error_file(0, 0).read_text())["error"]
+
+
+def test_an_api_script_that_dies_of_an_error_is_reported_with_its_cause(tmp_path: Path) -> None:
+    body = ("from experiments.runtime import api\nrank = api.init()\nrank.resume()\n"
+            "with rank.checkpoint(1):\n    pass\nrank.done(digest='x')")
+    done, paths = _run(tmp_path, _script(body), progress="api")
+    assert done.returncode == 1
+    error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
+    assert "publishing a checkpoint failed" in error and "no rank wrote a file" in error
+    assert not paths.final.exists() and not list(paths.checkpoints.glob("step-*"))
