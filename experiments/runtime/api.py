@@ -204,11 +204,10 @@ def named_arrays(weights: Any) -> list[tuple[str, np.ndarray]]:
 
 
 def _array(value: Any) -> np.ndarray:
-    for attribute in ("detach",):  # torch.Tensor
-        if hasattr(value, attribute):
-            value = value.detach().cpu().numpy()
-    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):  # tf.Variable, chainer arrays
-        value = value.numpy()
+    if hasattr(value, "detach"):  # torch.Tensor
+        return value.detach().cpu().numpy()
+    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):  # tf.Variable, keras variables
+        return np.asarray(value.numpy())
     return np.asarray(value)
 
 

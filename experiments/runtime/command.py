@@ -35,6 +35,8 @@ from experiments.layout import (
     ENV_MASTER_PORT,
     ENV_RANK,
     ENV_RANK_JOB,
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
     ENV_WORLD_SIZE,
     EVENT_CHECKPOINT_LOADED,
     EVENT_COMPLETED,
@@ -80,6 +82,7 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
         ENV_RANK_JOB: json.dumps(rank_job_to_dict(job), sort_keys=True),
         ENV_RANK: str(env.rank), ENV_LOCAL_RANK: str(env.local_rank), ENV_WORLD_SIZE: str(env.world_size),
         ENV_ATTEMPT: str(job.attempt), ENV_CHECKPOINT_DIR: str(paths.checkpoints),
+        ENV_RUN_DIR: str(paths.root), ENV_RUN_ID: job.run_id,
         ENV_MASTER_ADDR: env.master_addr, ENV_MASTER_PORT: str(env.master_port),
         ENV_STARTED_AT: repr(started_at),
     }

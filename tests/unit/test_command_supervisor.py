@@ -45,6 +45,7 @@ def test_the_script_gets_its_arguments_verbatim_and_the_drills_variables(tmp_pat
     env = seen["env"]
     assert env["MINE"] == "$HOME" and env["RANK"] == env["FAULTDRILL_RANK"] == "0" and env["WORLD_SIZE"] == "1"
     assert env["FAULTDRILL_CHECKPOINT_DIR"] == str(paths.checkpoints) and env["FAULTDRILL_ATTEMPT"] == "0"
+    assert env["FAULTDRILL_RUN_DIR"] == str(paths.root) and env["FAULTDRILL_RUN_ID"] == "r"
     assert json.loads(env["FAULTDRILL_RANK_JOB"])["run_dir"] == str(paths.root)
     assert json.loads(paths.final.read_text())["step"] == 1
 

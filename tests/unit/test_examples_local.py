@@ -13,10 +13,11 @@ from drills import drill, run_of
 CAMPAIGNS = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
 
-def _copy(name: str, tmp_path: Path) -> Path:
+def _copy(name: str, tmp_path: Path, **overrides: object) -> Path:
     """The repository's campaign with its workdir in ``tmp_path`` (the script still found from
     the campaigns folder, as the original's relative paths say)."""
     spec = yaml.safe_load((CAMPAIGNS / f"{name}.yaml").read_text())
+    spec.update(overrides)
     spec["workdir"] = str(tmp_path / "work")
     spec["workload"]["cwd"] = str(CAMPAIGNS)
     path = tmp_path / f"{name}.yaml"
@@ -35,6 +36,22 @@ def test_the_rank_api_example_resumes_from_its_newest_checkpoint_identical_to_it
     assert 0 <= recovery["lost_steps"] < 50 + 20  # since the newest checkpoint (plus a step or two of detection)
     assert run["identical_to_baseline"] is True and run["final_digest"] == twin["final_digest"] != ""
     assert run["checkpoints"]["count"] >= 7 and run["checkpoints"]["format"].startswith("torch.save")
+
+
+def test_the_rank_api_saves_on_the_preemption_warning_and_loses_no_work(tmp_path: Path) -> None:
+    """The warning (SIGUSR2, passed on by the supervisor) reaches the script: preempted() agrees
+    on a step on both ranks, the script saves it and holds; the next job resumes exactly there."""
+    preempt = [{"kind": "preempt", "after": {"at_step": 120}, "grace_s": 30}]
+    report = drill(_copy("example-torch-ddp", tmp_path, faults=preempt, baseline=False,
+                         workload={"command": ["python", "../examples/torch_ddp.py"], "framework": "torch",
+                                   "steps": 3000, "seed": 7}), timeout=600)
+    run = run_of(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 3000
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "PREEMPTED" and recovery["lost_steps"] == 0
+    assert recovery["resumed_from_step"] >= 120 and recovery["resumed_from_step"] % 10 == 0  # agreed at a poll step
+    events = (tmp_path / "work" / "runs" / "r000" / "attempts" / "0" / "events.jsonl").read_text()
+    assert '"event": "warned"' in events and f'"step": {recovery["resumed_from_step"]}' in events
 
 
 def test_a_lightning_trainer_with_the_callback_resumes_identical_to_its_twin(tmp_path: Path) -> None:
