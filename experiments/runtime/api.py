@@ -222,9 +222,12 @@ def adopt_all(sink: Any, scratch: Path) -> None:
 
 def init(*, steps: int | None = None, checkpoint_every: int | None = None, keep: int = 2, seed: int = 0,
          collectives: Collectives | None = None, framework: str = "other", file_format: str = "the script's own files",
-         environ: Mapping[str, str] | None = None) -> Rank:
+         async_persist: bool | None = None, environ: Mapping[str, str] | None = None) -> Rank:
     """This rank's session. Under a drill everything comes from the drill (``FAULTDRILL_RANK_JOB``);
-    run by hand, a single-rank session in ./faultdrill-run with the given steps and interval."""
+    run by hand, a single-rank session in ./faultdrill-run with the given steps and interval.
+    ``async_persist``: True, rank 0 hashes and publishes a checkpoint on a thread while training
+    goes on; False, ``checkpoint`` returns once it is published; None: FAULTDRILL_ASYNC_PERSIST
+    (default on)."""
     env_map = os.environ if environ is None else environ
     job = _job_from_environment(env_map) or _standalone_job(steps, checkpoint_every, keep, seed)
     env = DistEnv.from_environ(env_map)
@@ -236,7 +239,9 @@ def init(*, steps: int | None = None, checkpoint_every: int | None = None, keep:
     timeouts = Timeouts.from_environ(env_map)
     meet = collectives or FileCollectives(paths.attempt_dir(job.attempt) / "meet", env.rank, env.world_size,
                                           timeouts.checkpoint_s)
-    options = SessionOptions(timeouts=timeouts, async_persist=env_map.get(ENV_ASYNC_PERSIST, "1") != "0",
+    if async_persist is None:
+        async_persist = env_map.get(ENV_ASYNC_PERSIST, "1") != "0"
+    options = SessionOptions(timeouts=timeouts, async_persist=async_persist,
                              warning=warning, warning_hold_s=hold_seconds(env_map))
     meta = CheckpointMeta(framework=job.workload.framework or framework, format=file_format,
                           writers="all" if env.world_size > 1 else "rank0")

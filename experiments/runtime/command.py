@@ -163,6 +163,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.stderr_tail: list[str] = []
         self.progress: InferredProgress | None = None
+        self.known_checkpoints: set[int] = set()  # the script's checkpoint files seen so far
         self._stop = threading.Event()
 
     def run(self) -> dict[str, Any]:
@@ -178,6 +179,8 @@ class Supervisor:
         self._stop.set()
         for watcher in watchers:
             watcher.join(timeout=5)
+        if self.command.progress == PROGRESS_CHECKPOINTS:
+            self._scan_once()  # the last files, written after the last look
         return self._end(returncode)
 
     def _inferred_progress(self) -> InferredProgress:
@@ -187,6 +190,7 @@ class Supervisor:
         if self.command.checkpoint_glob:
             steps = checkpoint_steps(self.cwd, self.command)
             resumed_from = steps[-1] if steps else 0
+            self.known_checkpoints = set(steps)
         return InferredProgress(self.job, self.events, heartbeat, resumed_from)
 
     def _start(self) -> subprocess.Popen[bytes]:
@@ -244,12 +248,15 @@ class Supervisor:
                 self.progress.saw(int(match.group(1)))
 
     def _scan_checkpoints(self) -> None:
-        assert self.progress is not None
-        known = set(checkpoint_steps(self.cwd, self.command))
         while not self._stop.wait(CHECKPOINT_SCAN_S):
-            new = [step for step in checkpoint_steps(self.cwd, self.command) if step not in known]
-            for step in sorted(new):
-                known.add(step)
+            self._scan_once()
+
+    def _scan_once(self) -> None:
+        """Steps of checkpoint files that appeared since the last look."""
+        assert self.progress is not None
+        for step in checkpoint_steps(self.cwd, self.command):
+            if step not in self.known_checkpoints:
+                self.known_checkpoints.add(step)
                 self.progress.saw(step)
 
     def _end(self, returncode: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from experiments.layout import (PROGRESS_LOG, CommandSpec, RankJob, RunPaths, WorkloadSpec, read_json_lines,
+from experiments.layout import (PROGRESS_CHECKPOINTS, PROGRESS_LOG, CommandSpec, RankJob, RunPaths, WorkloadSpec, read_json_lines,
                                 rank_job_to_dict)
 
 HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "*"]
@@ -20,7 +20,8 @@ def _run(tmp_path: Path, argv: list[str], steps: int = 1, progress: str = PROGRE
          env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, RunPaths]:
     run_dir = tmp_path / "run"
     command = CommandSpec(argv=tuple(argv), env=tuple((env or {}).items()), cwd=str(tmp_path), progress=progress,
-                          step_regex=r"^step (\d+)")
+                          step_regex=r"^step (\d+)", checkpoint_glob="own/ckpt-*.pt",
+                          checkpoint_step_regex=r"ckpt-(\d+)")
     job = RankJob(run_id="r", run_dir=str(run_dir), attempt=0, checkpoint_every=0, checkpoint_keep=2,
                   workload=WorkloadSpec(framework="other", steps=steps, command=command))
     job_file = tmp_path / "job.json"
@@ -101,3 +102,16 @@ def test_an_api_script_that_dies_of_an_error_is_reported_with_its_cause(tmp_path
     error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
     assert "publishing a checkpoint failed" in error and "no rank wrote a file" in error
     assert not paths.final.exists() and not list(paths.checkpoints.glob("step-*"))
+
+
+def test_zero_code_progress_from_the_scripts_own_checkpoint_files(tmp_path: Path) -> None:
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "ckpt-2.pt").write_bytes(b"an earlier attempt's")
+    body = ("import time, pathlib\nfor s in (4, 6):\n    time.sleep(0.8)\n"
+            "    pathlib.Path('own', f'ckpt-{s}.pt').write_bytes(b'x')\ntime.sleep(0.8)")
+    done, paths = _run(tmp_path, _script(body), steps=6, progress=PROGRESS_CHECKPOINTS)
+    assert done.returncode == 0, done.stderr
+    assert [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0))] == [4, 6]
+    events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
+    assert events["checkpoint_loaded"]["step"] == 2 and events["checkpoint_loaded"]["source"] == "script's checkpoints"
+    assert events["first_step"]["step"] == 4 and json.loads(paths.final.read_text())["step"] == 6

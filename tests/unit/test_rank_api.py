@@ -85,3 +85,14 @@ def test_the_api_refuses_misuse_with_a_reason(tmp_path: Path) -> None:
         rank.done()
     with pytest.raises(ValueError, match="init\\(steps=...\\)"):
         api.init(environ={})
+
+
+def test_a_synchronous_checkpoint_is_published_when_its_block_ends(tmp_path: Path) -> None:
+    rank = api.init(environ=_environ(tmp_path, 0), async_persist=False)
+    rank.resume()
+    rank.step(1)
+    with rank.checkpoint(2) as directory:
+        (directory / "state.bin").write_bytes(b"state")
+    newest = CheckpointStore(tmp_path / "run").newest_valid()  # no wait: it is there already
+    assert newest is not None and newest.step == 2 and (newest.path / "state.bin").read_bytes() == b"state"
+    assert newest.manifest["blocking_s"] == newest.manifest["persist_s"]
