@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from drills import drill, run_of
+from drills import drill, run_of, write_spec
 
 CAMPAIGNS = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
@@ -89,3 +89,22 @@ def test_an_unmodified_script_is_drilled_from_its_log_lines_and_resumes_itself(t
     assert run["identical_to_baseline"] is None  # no digest: nothing to compare, and the report says so
     logs = (tmp_path / "work" / "runs" / "r000" / "submitit").rglob("*_0_log.out")
     assert any(f"resumed from {tmp_path}" in path.read_text() for path in logs)
+
+
+def test_a_script_that_never_reports_a_step_ends_at_the_start_timeout_with_that_reason(tmp_path: Path) -> None:
+    """Never a hang: a script that starts and says nothing (no step logged) is a START_TIMEOUT,
+    and a failing command says how it failed; nothing half-written is left for the next attempt."""
+    silent = {"command": ["python", "-c", "import time; time.sleep(600)"], "framework": "other", "steps": 10,
+              "progress": {"log": "step (\\d+)"}}
+    spec = write_spec(tmp_path, workload=silent, restart={"max_restarts": 0, "start_timeout_s": 5,
+                                                          "poll_interval_s": 0.1})
+    run = run_of(drill(spec, timeout=300, expect=1), "r000")
+    assert run["status"] == "gave_up" and run["attempts"][0]["failure_class"] == "START_TIMEOUT"
+    assert "no training step" in run["attempts"][0]["class_evidence"]
+
+    crashing = {**silent, "command": ["python", "-c", "import sys; sys.exit('no GPU here')"]}
+    (tmp_path / "crash").mkdir()
+    spec = write_spec(tmp_path / "crash", workload=crashing, restart={"max_restarts": 0, "poll_interval_s": 0.1})
+    run = run_of(drill(spec, timeout=300, expect=1), "r000")
+    assert run["status"] == "gave_up" and run["attempts"][0]["failure_class"] == "RANK_EXIT"
+    assert "the script exited with code 1: no GPU here" in run["attempts"][0]["reason"]
