@@ -15,6 +15,7 @@ a regex on the names): the supervisor then writes the heartbeats and the timelin
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -65,6 +66,7 @@ from experiments.runtime.identity import start_ticks
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 CHECKPOINT_SCAN_S = 0.5
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 TAIL_LINES = 20
 
 
@@ -195,10 +197,12 @@ class Supervisor:
 
     def _start(self) -> subprocess.Popen[bytes]:
         argv = command_argv(self.command, self.paths, self.job.attempt)
+        if not self.cwd.is_dir():
+            raise CommandFailed(f"workload.cwd: {str(self.cwd)!r} is not a directory on {os.uname().nodename}")
         piped = subprocess.PIPE if self.command.progress == PROGRESS_LOG else None
         try:
             child = subprocess.Popen(argv, cwd=self.cwd, env=child_environment(self.job, self.env, self.started_at),
-                                     stdout=piped, stderr=subprocess.PIPE)
+                                     stdout=piped, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         except FileNotFoundError as error:
             raise CommandFailed(f"workload.command: {argv[0]!r} not found (cwd {self.cwd}): {error.strerror}; "
                                 "give a path or a program on the ranks' PATH") from None
@@ -290,6 +294,14 @@ class Supervisor:
         record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt)
         write_json_atomic(self.paths.final, record_dict(record))
         self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
+
+
+def _die_with_parent() -> None:
+    """In the child, before the script runs: the kernel kills it when the supervisor dies (a job
+    cancelled by SIGKILL must not leave a script behind, least of all one a hang fault stopped)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def die_of(signum: signal.Signals) -> None:

@@ -8,7 +8,10 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from experiments.layout import (PROGRESS_CHECKPOINTS, PROGRESS_LOG, CommandSpec, RankJob, RunPaths, WorkloadSpec, read_json_lines,
                                 rank_job_to_dict)
@@ -115,3 +118,33 @@ def test_zero_code_progress_from_the_scripts_own_checkpoint_files(tmp_path: Path
     events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
     assert events["checkpoint_loaded"]["step"] == 2 and events["checkpoint_loaded"]["source"] == "script's checkpoints"
     assert events["first_step"]["step"] == 4 and json.loads(paths.final.read_text())["step"] == 6
+
+
+def test_the_script_dies_with_its_supervisor_even_when_stopped(tmp_path: Path) -> None:
+    """A cancelled job's SIGKILL reaches the supervisor; the script (here stopped, as hang-rank
+    leaves it) must not outlive it."""
+    run_dir = tmp_path / "run"
+    command = CommandSpec(argv=(sys.executable, "-c", "import time; time.sleep(600)"), cwd=str(tmp_path))
+    job = RankJob(run_id="r", run_dir=str(run_dir), attempt=0, checkpoint_every=0, checkpoint_keep=2,
+                  workload=WorkloadSpec(framework="other", steps=5, command=command))
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(rank_job_to_dict(job)))
+    supervisor = subprocess.Popen([sys.executable, "-m", "experiments.entry", "--job", str(job_file)])
+    identity = RunPaths(run_dir).rank_file(0, 0)
+    child = None
+    try:
+        deadline = time.monotonic() + 30
+        while not identity.exists():
+            assert time.monotonic() < deadline, "the supervisor never registered the script"
+            time.sleep(0.05)
+        child = psutil.Process(json.loads(identity.read_text())["pid"])
+        child.send_signal(signal.SIGSTOP)
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait(timeout=10)
+        gone, alive = psutil.wait_procs([child], timeout=10)
+        assert child in gone and not alive
+    finally:
+        supervisor.kill()
+        supervisor.wait(timeout=10)
+        if child is not None and child.is_running():  # the one we verified as the script: ours
+            child.kill()
