@@ -31,6 +31,16 @@ class FileCollectives:
         self._publish(f"{call}-arrived-{self.rank}", "")
         names = [f"{call}-arrived-{rank}" for rank in range(self.world_size)]
         self._wait(names, timeout_s, f"barrier {call}")
+        if self.rank == 0:
+            self._forget_before(call)
+
+    def _forget_before(self, call: int) -> None:
+        """Every rank reached this barrier, so every earlier meeting is over: its files go (a long
+        run meets every few steps; the directory holds one checkpoint interval's worth)."""
+        for path in self.directory.iterdir():
+            number = path.name.lstrip(".").split("-", 1)[0]
+            if number.isdigit() and int(number) < call:
+                path.unlink(missing_ok=True)
 
     def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
         call = self._next()
