@@ -131,8 +131,9 @@ def unique_job_name(stem: str, suffix: str) -> str:
     return stem[: JOB_NAME_LIMIT - len(tail)] + tail
 
 
-def submitit_command(folder: Path, python: str = sys.executable) -> list[str]:
-    return [python, "-u", "-m", "submitit.core._submit", str(folder)]
+def submitit_command(python: str = sys.executable) -> list[str]:
+    """What a task runs (its submitit folder follows: the batch script gives it)."""
+    return [python, "-u", "-m", "submitit.core._submit"]
 
 
 RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name)
@@ -144,14 +145,22 @@ def _relaunch_context(run: RunConfig) -> dict[str, Any]:
             "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s))}
 
 
-def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
-                 exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
+def _slurm_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> dict[str, Any]:
+    """What one job (or one array element) of a Slurm script runs: its run's variables and folder."""
+    return {"index": index, "attempt": attempt, "fence_file": str(run.paths.current_attempt),
+            "attempts_root": str(run.paths.root / "attempts"), "folder": str(run.paths.submitit),
+            "environment": {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}}
+
+
+def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]], python: str,
+                   exclude_nodes: tuple[str, ...], array: str | None) -> dict[str, Any]:
     resources = run.campaign.resources
-    environment = {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}
-    context = {
-        "job_name": attempt_job_name(run, attempt, drill_id),
-        "attempt": attempt,
-        "fence_file": str(run.paths.current_attempt),
+    # An array's script and logs sit in the campaign's arrays folder; an element works in its run's.
+    stem = "%A_%a" if array else "%j"
+    return {
+        "job_name": job_name,
+        "array": array,
+        "elements": elements,
         "requeue": run.scheduler_requeue,
         "nodes": resources.nodes + resources.spare_nodes,
         "tasks_per_node": resources.tasks_per_node,
@@ -159,23 +168,45 @@ def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.
         "step_tasks": resources.nodes * resources.tasks_per_node,
         **_relaunch_context(run),
         "rank_step_name": RANK_STEP_NAME,
-        "attempts_root": str(run.paths.root / "attempts"),
         "time": resources.time,
         "warning_s": resources.warning_s,
         "partition": resources.partition,
         "exclude": ",".join(exclude_nodes),
         "extra_directives": [slurm_line(parse_directive(text)) for text in resources.extra_directives],
-        "stdout_name": "%j_batch.out",
-        "stderr_name": "%j_batch.err",
-        "rank_output": "%j_%t_log.out",
-        "rank_error": "%j_%t_log.err",
-        "environment": environment,
-        "events_file": str(run.paths.events_file(attempt)),
-        "command": submitit_command(run.paths.submitit, python),
+        "stdout_name": f"{stem}_batch.out",
+        "stderr_name": f"{stem}_batch.err",
+        "rank_output": f"{stem}_%t_log.out",
+        "rank_error": f"{stem}_%t_log.err",
+        "command": submitit_command(python),
         "mpi": run.workload_entry.launcher == LAUNCHER_MPI,
     }
+
+
+def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
+                 exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
+    element = _slurm_element(run, attempt, drill_id, None)
+    context = _slurm_context(run, attempt_job_name(run, attempt, drill_id), [element], python, exclude_nodes, None)
     text = render_template(SLURM_TEMPLATE, context, run.campaign.template)
-    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)
+    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=element["environment"])
+
+
+def render_slurm_array(attempts: list[tuple[RunConfig, int]], drill_id: str, job_name: str, parallelism: int,
+                       python: str = sys.executable) -> SubmissionScript:
+    """One Slurm array whose element i runs attempt ``attempts[i]`` (same resources for all)."""
+    first = _same_resources(attempts)
+    elements = [_slurm_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
+    array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
+    context = _slurm_context(first, job_name, elements, python, (), array)
+    text = render_template(SLURM_TEMPLATE, context, first.campaign.template)
+    return SubmissionScript(text=text, submit_dir=first.campaign.workdir / "arrays")
+
+
+def _same_resources(attempts: list[tuple[RunConfig, int]]) -> RunConfig:
+    first = attempts[0][0]
+    for run, _ in attempts[1:]:
+        if run.campaign.resources != first.campaign.resources or run.campaign.template != first.campaign.template:
+            raise TemplateError(f"run {run.run_id} needs other resources than {first.run_id}: not one array")
+    return first
 
 
 # --- PBS (Torque, PBS Pro) -----------------------------------------------------------------------
@@ -279,10 +310,7 @@ def render_pbs_array(
 ) -> SubmissionScript:
     """One PBS array whose element i runs attempt ``attempts[i]`` (same resources for all): each
     element exports its own run's variables and runs from its own run's submitit folder."""
-    first = attempts[0][0]
-    for run, _ in attempts[1:]:
-        if run.campaign.resources != first.campaign.resources or run.campaign.template != first.campaign.template:
-            raise TemplateError(f"run {run.run_id} needs other resources than {first.run_id}: not one array")
+    first = _same_resources(attempts)
     elements = [_pbs_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
     array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
     context = _pbs_run_context(first, job_name, elements, python, array)

@@ -6,6 +6,7 @@ import abc
 import os
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from submitit.core import utils as submitit_utils
 
@@ -141,3 +142,15 @@ def ensure_submitted_pickle(run: RunConfig, pickle_id: str, job: RankJob) -> Non
     tmp = paths.folder / f".adopt-{uuid.uuid4().hex}.pkl"
     delayed.dump(tmp)
     os.replace(tmp, paths.submitted_pickle)
+
+
+def dump_pending(run: RunConfig, job: RankJob, timeout_min: int | None = None) -> Path:
+    """The pickled call an array element will run, under a temporary name in its run's folder
+    (moved to the element's name once the scheduler gave the array its id)."""
+    run.paths.submitit.mkdir(parents=True, exist_ok=True)
+    delayed = submitit_utils.DelayedSubmission(run_rank, job)
+    minutes = timeout_min if timeout_min is not None else max(1, int(time_limit_minutes(run.campaign.resources.time)))
+    delayed.set_timeout(minutes, MAX_NUM_TIMEOUT)
+    path = run.paths.submitit / f".pending-{uuid.uuid4().hex}.pkl"
+    delayed.dump(path)
+    return path

@@ -19,14 +19,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.kinds.base import WalltimeSet
-from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, Submission
+from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, Submission, dump_pending
 from orchestrator.backends.pbs_commands import (
     QSTAT_TIMEOUT_S,
     ServerKind,
@@ -92,7 +91,7 @@ class PBSBackend(Backend):
         name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
                                   first.campaign.parallel_runs, self.python)
-        pickles = [_dump_pending(run, job) for run, job in items]
+        pickles = [dump_pending(run, job, _minutes(run)) for run, job in items]
         script.submit_dir.mkdir(parents=True, exist_ok=True)
         script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
         script_path.write_text(script.text)
@@ -174,16 +173,6 @@ class PBSBackend(Backend):
         if launch in ("auto", "ssh"):
             return ["ssh", "-o", "BatchMode=yes", node, shlex.join(agent)]
         raise ValueError(f"{ENV_AGENT_LAUNCH}={launch!r}: valid are auto, ssh and srun")
-
-
-def _dump_pending(run: RunConfig, job: RankJob) -> Path:
-    """The pickled call an array element will run, under a temporary name in its run's folder."""
-    run.paths.submitit.mkdir(parents=True, exist_ok=True)
-    delayed: Any = submitit_utils.DelayedSubmission(run_rank, job)
-    delayed.set_timeout(_minutes(run), MAX_NUM_TIMEOUT)
-    path = run.paths.submitit / f".pending-{uuid.uuid4().hex}.pkl"
-    delayed.dump(path)
-    return path
 
 
 def _minutes(run: RunConfig) -> int:

@@ -18,10 +18,10 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.kinds.base import WalltimeSet
-from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.base import AttemptRef, Backend, Submission, dump_pending
 from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.directives import cluster_of
-from orchestrator.render import RANK_STEP_NAME, SubmissionScript, render_slurm
+from orchestrator.render import RANK_STEP_NAME, SubmissionScript, array_job_name, render_slurm, render_slurm_array
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState, from_slurm, parse_sacct
 
@@ -97,6 +97,7 @@ def parse_slurm_time(text: str) -> float | None:
 class SlurmBackend(Backend):
     name = "slurm"
     can_exclude_nodes = True
+    supports_arrays = True
 
     def __init__(self, drill_id: str, python: str = sys.executable) -> None:
         self.drill_id = drill_id
@@ -110,6 +111,32 @@ class SlurmBackend(Backend):
         executor.update_parameters(nodes=resources.nodes, ntasks_per_node=resources.tasks_per_node)
         submitted = executor.submit(run_rank, job)
         return Submission(job_id=_with_cluster(submitted.job_id, executor.cluster), accepted_at=time.time())
+
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        """The attempts of several runs (same resources) as ONE array (``--array=0-N%P``, P the
+        campaign's parallel_runs): element i unpickles items[i]'s job from its own run's folder,
+        under submitit's name of the element (``<array>_<i>``), which is also Faultdrill's id of it."""
+        if len(items) <= 1:
+            return [self.submit(run, job) for run, job in items]
+        first = items[0][0]
+        name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
+        script = render_slurm_array([(run, job.attempt) for run, job in items], self.drill_id, name,
+                                    first.campaign.parallel_runs, self.python)
+        pickles = [dump_pending(run, job) for run, job in items]
+        script.submit_dir.mkdir(parents=True, exist_ok=True)
+        script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
+        script_path.write_text(script.text)
+        result = run_command(["sbatch", "--parsable", str(script_path)], cwd=script.submit_dir,
+                             timeout_s=SUBMIT_TIMEOUT_S)
+        accepted = time.time()
+        array_id, cluster = split_job_id(parse_sbatch_parsable(result.stdout))
+        script_path.rename(script.submit_dir / f"{array_id}_submission.sh")
+        submissions = []
+        for index, ((run, _), pickle) in enumerate(zip(items, pickles)):
+            element = f"{array_id}_{index}"
+            submitit_utils.JobPaths(run.paths.submitit, job_id=element).move_temporary_file(pickle, "submitted_pickle")
+            submissions.append(Submission(job_id=_with_cluster(element, cluster), accepted_at=accepted))
+        return submissions
 
     def pickle_id(self, job_id: str) -> str:
         return split_job_id(job_id)[0]
@@ -125,9 +152,11 @@ class SlurmBackend(Backend):
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ref.submitted - 60))
         accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID", "-u", self.user,
                                  "--name", ref.job_name, "-S", since], timeout_s=POLL_TIMEOUT_S, retries=2)
-        found |= {line.strip() for line in accounted.stdout.splitlines() if line.strip().isdigit()}
+        found |= {line.strip() for line in accounted.stdout.splitlines() if _JOB_OR_ELEMENT.match(line.strip())}
+        if ref.array_index is not None:  # the element the attempt went out as, of each array of that name
+            found = {f"{job_id.split('_', 1)[0]}_{ref.array_index}" for job_id in found}
         # squeue -M/sacct -M print the bare number; the id carries the cluster sbatch chose.
-        return [_with_cluster(job_id, cluster) for job_id in sorted(found, key=int)]
+        return [_with_cluster(job_id, cluster) for job_id in sorted(found, key=_id_order)]
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
@@ -139,8 +168,9 @@ class SlurmBackend(Backend):
 
     def _poll_cluster(self, cluster: str | None, numbers: list[str]) -> dict[str, JobState]:
         # No retries here: the controller's poller retries with backoff, the states unknown meanwhile.
-        result = run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user, "-o", "%i|%T"],
-                             timeout_s=POLL_TIMEOUT_S)
+        # -r: one line per array element, pending ones too (not 123_[4-9%2]).
+        result = run_command(["squeue", *cluster_args(cluster), "-h", "-r", "-t", "all", "-u", self.user,
+                              "-o", "%i|%T"], timeout_s=POLL_TIMEOUT_S)
         states = {number: state for number, state in parse_squeue(result.stdout).items() if number in numbers}
         missing = [number for number in numbers if number not in states]
         if missing:
@@ -167,6 +197,7 @@ class SlurmBackend(Backend):
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         """The agent as a step inside the job's allocation, on ``node`` (``srun --overlap``)."""
         number, cluster = split_job_id(job_id)
+        number = self._own_number(number, cluster)
         args = ["srun", *cluster_args(cluster), f"--jobid={number}", "--overlap", "--nodes=1", "--ntasks=1",
                 f"--nodelist={node}", "--quiet", self.python, *argv]
         return run_command(args, timeout_s=timeout_s, check=False)
@@ -218,6 +249,15 @@ class SlurmBackend(Backend):
         node_list = self._show_job(number, cluster).get("NodeList", "")
         return expand_hostlist(node_list) if node_list and node_list != "(null)" else []
 
+    def _own_number(self, number: str, cluster: str | None) -> str:
+        """An array element's own job number (``srun --jobid`` refuses ``123_4``: measured); a job's is itself."""
+        if "_" not in number:
+            return number
+        own = self._show_job(number, cluster).get("JobId", "")
+        if not own.isdigit():
+            raise CommandError(["scontrol", "show", "job", number], 0, "", "", "no JobId for the array element")
+        return own
+
     def _show_job(self, number: str, cluster: str | None) -> dict[str, str]:
         result = run_command(["scontrol", *cluster_args(cluster), "show", "job", "-o", number],
                              timeout_s=POLL_TIMEOUT_S, retries=1)
@@ -248,6 +288,14 @@ def parse_duration(text: str) -> float | None:
     for part in parts:
         seconds = seconds * 60 + part
     return float(seconds + 86400 * total_days)
+
+
+_JOB_OR_ELEMENT = re.compile(r"^\d+(_\d+)?$")  # 123, or an array element 123_4
+
+
+def _id_order(job_id: str) -> tuple[int, int]:
+    number, _, index = job_id.partition("_")
+    return int(number), int(index or -1)
 
 
 def _with_cluster(number: str, cluster: str | None) -> str:

@@ -58,19 +58,22 @@ def test_a_ddp_script_through_the_rank_api_recovers_on_two_nodes(shared_tmp: Pat
 
 def test_a_sweep_of_a_scripts_hyperparameters_goes_out_as_one_array(shared_tmp: Path, cluster, slurm) -> None:
     """experiments/campaigns/example-sweep.yaml: lr x batch size of the DDP example, the first
-    attempts as one PBS array (a Slurm job array under the wrappers), a rank of each run killed."""
+    attempts as one Slurm job array (throttled by Slurm), a rank of each run killed through its element."""
     report = drill_report(campaign_copy("example-sweep", shared_tmp), timeout_s=900)
     runs = report["runs"]
     for run in runs:
         for attempt in run["attempts"]:
-            slurm.track(attempt["job_id"].split("[", 1)[0])
+            slurm.track(attempt["job_id"].split("_", 1)[0])
     assert len(runs) == 4 and all(run["status"] == "completed" and run["final_step"] == 3000 for run in runs)
     firsts = [run["attempts"][0]["job_id"] for run in runs]
-    assert len({job_id.split("[", 1)[0] for job_id in firsts}) == 1, firsts  # one array ...
-    assert sorted(int(job_id.split("[", 1)[1].rstrip("]")) for job_id in firsts) == [0, 1, 2, 3]  # ... 4 elements
+    assert len({job_id.split("_", 1)[0] for job_id in firsts}) == 1, firsts  # one array ...
+    assert sorted(int(job_id.split("_", 1)[1]) for job_id in firsts) == [0, 1, 2, 3]  # ... 4 elements
     for run in runs:
         assert len(run["recoveries"]) == 1 and run["recoveries"][0]["resumed_from_step"] in (1000, 1500, 2000, 2500)
-        assert all("[" not in attempt["job_id"] for attempt in run["attempts"][1:])  # restarts: single jobs
+        assert all(attempt["job_id"].isdigit() for attempt in run["attempts"][1:])  # restarts: single jobs
+    # Slurm ran them two at a time (the throttle), and accounted each element.
+    for job_id in firsts:
+        assert slurm.wait_sacct_state(job_id, timeout=60)["State"].split()[0] in {"FAILED", "CANCELLED"}
     # The sweep reached the script: four settings, four different trained models.
     assert len({run["final_digest"] for run in runs}) == 4
     settings = {tuple(sorted(part for part in run["run_id"].split("-")[1:])) for run in runs}

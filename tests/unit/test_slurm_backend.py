@@ -39,9 +39,9 @@ def test_a_job_on_a_named_cluster_is_polled_cancelled_and_reached_there(fake: Fa
     fake.answer("sacct", "42|COMPLETED\n")
     states = backend.poll(["41;gpu", "42;gpu", "7"])
     assert states == {"41;gpu": JobState.RUNNING, "42;gpu": JobState.COMPLETED, "7": JobState.UNKNOWN}
-    assert fake.calls[:2] == ["squeue -M gpu -h -t all -u root -o %i|%T",
+    assert fake.calls[:2] == ["squeue -M gpu -h -r -t all -u root -o %i|%T",
                               "sacct -M gpu -X -n -P -o JobID,State -j 42"]
-    assert "squeue -h -t all -u root -o %i|%T" in fake.calls  # the job without a cluster: no -M
+    assert "squeue -h -r -t all -u root -o %i|%T" in fake.calls  # the job without a cluster: no -M
     backend.cancel("41;gpu")
     backend.cancel("41;gpu", force=True)
     assert fake.calls[-2:] == ["scancel -M gpu 41", "scancel -M gpu -s KILL 41"]
@@ -144,3 +144,46 @@ def test_the_walltime_moves_to_the_run_time_plus_the_wanted_seconds_in_whole_min
 def test_the_warning_goes_to_the_job_steps_not_the_batch_script(tmp_path: Path, fake: FakeCommands) -> None:
     assert SlurmBackend("d1").signal_ranks("857", "SIGUSR2") is True
     assert fake.calls[-1] == "scancel --signal=USR2 857"
+
+
+def _sweep(tmp_path: Path, points: int):  # noqa: ANN202 - RunConfigs
+    campaign = Campaign.model_validate({
+        "name": "unit", "backend": "slurm", "workdir": str(tmp_path / "work"), "parallel_runs": 2,
+        "workload": {"framework": "torch", "params": 2000, "steps": 10},
+        "resources": {"nodes": 1, "tasks_per_node": 2}, "sweep": {"grid": {"workload.seed": list(range(points))}},
+    })
+    return expand_runs(campaign)
+
+
+def test_runs_go_out_as_one_throttled_array_whose_elements_are_their_attempts(fake: FakeCommands,
+                                                                               tmp_path: Path) -> None:
+    from experiments.layout import RankJob
+
+    runs = _sweep(tmp_path, 3)
+    jobs = [RankJob(run_id=run.run_id, run_dir=str(run.paths.root), attempt=0, workload=run.workload,
+                    checkpoint_every=5, checkpoint_keep=2) for run in runs]
+    fake.answer("sbatch", "900\n")
+    submissions = SlurmBackend("d-1", python="/opt/py").submit_array(list(zip(runs, jobs)))
+    assert [s.job_id for s in submissions] == ["900_0", "900_1", "900_2"]
+    script = (tmp_path / "work" / "arrays" / "900_submission.sh").read_text()
+    assert "#SBATCH --array=0-2%2" in script and "#SBATCH --output=%A_%a_batch.out" in script
+    for index, run in enumerate(runs):  # each element: its run's folder, fence and pickle
+        assert f"  {index})\n" in script and f"folder={run.paths.submitit}\n" in script
+        assert f"fence={run.paths.current_attempt}\n" in script
+        assert (run.paths.submitit / f"900_{index}_submitted.pkl").exists()
+    assert not list((tmp_path / "work").rglob(".pending-*"))
+
+
+def test_an_array_element_is_polled_found_again_and_reached_by_its_own_number(fake: FakeCommands,
+                                                                             tmp_path: Path) -> None:
+    backend = SlurmBackend("d-1", python="/opt/py")
+    fake.answer("squeue", "900_0|RUNNING\n900_1|PENDING\n")  # -r: pending elements one a line
+    assert backend.poll(["900_0", "900_1"]) == {"900_0": JobState.RUNNING, "900_1": JobState.PENDING}
+    run = _sweep(tmp_path, 2)[1]
+    fake.answer("squeue", "900_1\n")
+    fake.answer("sacct", "")
+    assert backend.find_submitted(AttemptRef(run, 0, "fd-array", 1, 1.0e9)) == ["900_1"]
+    fake.answer("scontrol", "JobId=905 ArrayJobId=900 ArrayTaskId=1 JobState=RUNNING\n")
+    fake.answer("srun", "")
+    backend.run_agent("900_1", "n1", ["-m", "injectors.agent"], timeout_s=5)
+    assert any(call.startswith("srun --jobid=905 ") for call in fake.calls)  # srun refuses 900_1
