@@ -17,11 +17,14 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiments.layout import (ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, rank_job_from_dict,  # noqa: F401
                                 rank_job_to_dict, write_json_atomic)
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
+
+if TYPE_CHECKING:  # the rank's modules load late: a rank's start-up time is measured
+    from experiments.runtime.distenv import DistEnv
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -87,7 +90,7 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     return asdict(outcome)
 
 
-def _run_command(job: RankJob, env: Any, paths: RunPaths, started_at: float) -> dict[str, Any]:
+def _run_command(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float) -> dict[str, Any]:
     """The user's script as this rank (experiments/runtime/command.py): its child registers as the rank."""
     from experiments.runtime.command import run_command
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from experiments.layout import RankJob
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.session import RankSession, SessionOptions, save_weights  # noqa: F401
+from experiments.runtime.sink import FileSink
 from experiments.workloads.base import Workload
 
 # The runner's options are the session's (timeouts, async persist, the warning and its hold).
@@ -68,7 +70,7 @@ class Runner:
                 return step
         return None
 
-    def _saver(self, step: int):
+    def _saver(self, step: int) -> Callable[[FileSink], None]:
         return lambda sink: self.workload.save(sink, step)
 
 

@@ -136,7 +136,12 @@ def submitit_command(python: str = sys.executable) -> list[str]:
     return [python, "-u", "-m", "submitit.core._submit"]
 
 
-RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name)
+RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
+
+
+def rank_step_name(attempt: int) -> str:
+    """The name of ``attempt``'s rank step under in-allocation (the batch script appends the attempt)."""
+    return f"{RANK_STEP_NAME}-{attempt}"
 
 
 def _relaunch_context(run: RunConfig) -> dict[str, Any]:

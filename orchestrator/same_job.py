@@ -75,7 +75,7 @@ def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str,
     neither works, the job is cancelled (the next attempt then finds the allocation ended: a new
     job). Runs in a thread of its own: a step on a dead node takes scancel a MessageTimeout."""
     try:
-        if not backend.kill_rank_step(job_id):
+        if not backend.kill_rank_step(job_id, attempt):
             kill_every_rank(backend, run, attempt, job_id)
         return
     except (TargetRefused, CommandError) as error:

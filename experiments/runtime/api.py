@@ -150,11 +150,6 @@ class Rank:
             adopt_all(sink, scratch)
         self._since = time.monotonic()  # a checkpoint's time is not a step's
 
-    def save(self, step: int, write: Callable[[Path], None]) -> None:
-        """``write(directory)`` writes this rank's files; then as ``checkpoint``."""
-        with self.checkpoint(step) as directory:
-            write(directory)
-
     # --- the scheduler's warning ------------------------------------------------------------------------
 
     @property

@@ -7,6 +7,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from submitit.core import utils as submitit_utils
 
@@ -14,6 +15,7 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.kinds.base import WalltimeSet
 from orchestrator.commands import CommandResult
+from orchestrator.render import SubmissionScript
 from orchestrator.runs import RunConfig
 from orchestrator.spec import time_limit_minutes
 from orchestrator.states import JobState
@@ -112,9 +114,9 @@ class Backend(abc.ABC):
         """Have the scheduler run the same job again (restart.strategy requeue)."""
         raise NotSupported(f"the {self.name} backend cannot requeue a job")
 
-    def kill_rank_step(self, job_id: str) -> bool:
-        """SIGKILL the ranks' step of the job and leave the job (its allocation) running; False if
-        this backend cannot (the caller then cancels the job)."""
+    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+        """SIGKILL the ranks' step of the job (``attempt``'s, not a relaunch's) and leave the job (its
+        allocation) running; False if this backend cannot (the caller then cancels the job)."""
         return False
 
     def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
@@ -131,26 +133,61 @@ class NotSupported(RuntimeError):
     """A scheduler-side action this backend does not offer (the fault is refused, with this)."""
 
 
+def job_timeout_min(run: RunConfig) -> int:
+    """The job's time limit in whole minutes (at least one), as submitit's timeout_min."""
+    return max(1, int(time_limit_minutes(run.campaign.resources.time)))
+
+
+def _dump_call(run: RunConfig, job: RankJob, path: Path) -> None:
+    """Pickle the call the job's tasks run (submitit's DelayedSubmission) at ``path``."""
+    delayed = submitit_utils.DelayedSubmission(run_rank, job)
+    delayed.set_timeout(job_timeout_min(run), MAX_NUM_TIMEOUT)
+    delayed.dump(path)
+
+
 def ensure_submitted_pickle(run: RunConfig, pickle_id: str, job: RankJob) -> None:
     """``<folder>/<id>_submitted.pkl`` (what submitit's job runs), written if it is missing."""
     paths = submitit_utils.JobPaths(run.paths.submitit, job_id=pickle_id)
     if paths.submitted_pickle.exists():
         return
     paths.folder.mkdir(parents=True, exist_ok=True)
-    delayed = submitit_utils.DelayedSubmission(run_rank, job)
-    delayed.set_timeout(max(1, int(time_limit_minutes(run.campaign.resources.time))), MAX_NUM_TIMEOUT)
     tmp = paths.folder / f".adopt-{uuid.uuid4().hex}.pkl"
-    delayed.dump(tmp)
+    _dump_call(run, job, tmp)
     os.replace(tmp, paths.submitted_pickle)
 
 
-def dump_pending(run: RunConfig, job: RankJob, timeout_min: int | None = None) -> Path:
+def dump_pending(run: RunConfig, job: RankJob) -> Path:
     """The pickled call an array element will run, under a temporary name in its run's folder
     (moved to the element's name once the scheduler gave the array its id)."""
     run.paths.submitit.mkdir(parents=True, exist_ok=True)
-    delayed = submitit_utils.DelayedSubmission(run_rank, job)
-    minutes = timeout_min if timeout_min is not None else max(1, int(time_limit_minutes(run.campaign.resources.time)))
-    delayed.set_timeout(minutes, MAX_NUM_TIMEOUT)
     path = run.paths.submitit / f".pending-{uuid.uuid4().hex}.pkl"
-    delayed.dump(path)
+    _dump_call(run, job, path)
     return path
+
+
+@dataclass
+class PendingArray:
+    """An array's batch script under a temporary name and each element's pickled call, until the
+    scheduler gives the array its id: then the script and the pickles take the names it implies."""
+
+    runs: list[RunConfig]
+    script_path: Path
+    pickles: list[Path]
+
+    @classmethod
+    def prepare(cls, items: list[tuple[RunConfig, RankJob]], script: SubmissionScript) -> "PendingArray":
+        pickles = [dump_pending(run, job) for run, job in items]
+        script.submit_dir.mkdir(parents=True, exist_ok=True)
+        script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
+        script_path.write_text(script.text)
+        return cls([run for run, _ in items], script_path, pickles)
+
+    def submitted(self, array_id: str, element_id: Callable[[int], str]) -> list[str]:
+        """The script renamed as the array's, each pickle as its element's (submitit's job id of
+        it); the element ids, in the items' order."""
+        self.script_path.rename(self.script_path.with_name(f"{array_id}_submission.sh"))
+        elements = []
+        for index, (run, pickle) in enumerate(zip(self.runs, self.pickles)):
+            elements.append(element_id(index))
+            submitit_utils.JobPaths(run.paths.submitit, job_id=elements[-1]).move_temporary_file(pickle, "submitted_pickle")
+        return elements

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 import submitit
@@ -181,14 +181,15 @@ class LocalBackend(Backend):
             return None
         return step_exit_code(codes) if codes else None
 
-    def kill_rank_step(self, job_id: str) -> bool:
-        """SIGKILL the job's ranks (every process below its controller), not the controller: with
-        in-allocation it starts them again on the controller's go."""
+    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+        """SIGKILL the job's ranks of ``attempt`` (every process below its controller that belongs
+        to it), not the controller: with in-allocation it starts them again on the controller's go,
+        maybe before this kill is over."""
         record = self._jobs.get(job_id)
         controller = self._verified_controller(job_id, record) if record is not None else None
         if controller is None:
             return False
-        kill_tree(controller, include_root=False)
+        kill_tree(controller, include_root=False, attempt=attempt)
         return True
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
@@ -259,25 +260,38 @@ def _minutes(run: RunConfig) -> float:
 KILL_DEADLINE_S = 2.0  # a launcher may start children while its tree is killed: look again until then
 
 
-def kill_tree(root: psutil.Process, include_root: bool) -> None:
+def kill_tree(root: psutil.Process, include_root: bool, attempt: int | None = None) -> None:
     """SIGKILL every descendant of ``root`` (and ``root`` itself if asked) until none is left
-    alive: zombies count as gone (their parent reaps them), so no time is spent waiting on them."""
+    alive: zombies count as gone (their parent reaps them), so no time is spent waiting on them.
+    With ``attempt``, only the processes of that attempt (their environment names it): an
+    in-allocation job may already be starting the next attempt's ranks. A root that is to die is
+    stopped first, so that it starts nothing new while its tree is killed."""
+    if include_root:
+        _signal(root, psutil.Process.suspend)
     deadline = time.monotonic() + KILL_DEADLINE_S
     while time.monotonic() < deadline:
-        victims = [p for p in _descendants(root) if _alive(p)]
+        victims = [p for p in _descendants(root) if _alive(p) and (attempt is None or _of_attempt(p, attempt))]
         if not victims:
             break
         for victim in victims:
-            try:
-                victim.kill()
-            except psutil.NoSuchProcess:
-                continue
+            _signal(victim, psutil.Process.kill)
         time.sleep(0.01)
     if include_root:
-        try:
-            root.kill()
-        except psutil.NoSuchProcess:
-            pass
+        _signal(root, psutil.Process.kill)
+
+
+def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -> None:
+    try:
+        action(process)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _of_attempt(process: psutil.Process, attempt: int) -> bool:
+    try:
+        return process.environ().get(ENV_ATTEMPT) == str(attempt)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
 
 
 def _descendants(root: psutil.Process) -> list[psutil.Process]:

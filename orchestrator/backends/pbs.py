@@ -17,15 +17,13 @@ import re
 import shlex
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.kinds.base import WalltimeSet
-from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, Submission, dump_pending
+from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, PendingArray, Submission, job_timeout_min
 from orchestrator.backends.pbs_commands import (
     QSTAT_TIMEOUT_S,
     ServerKind,
@@ -77,7 +75,7 @@ class PBSBackend(Backend):
         executor = TemplatePBSExecutor(run.paths.submitit, script, self.python)
         resources = run.campaign.resources
         executor.update_parameters(nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
-                                   timeout_min=_minutes(run))
+                                   timeout_min=job_timeout_min(run))
         submitted = executor.submit(run_rank, job)
         self._folders[submitted.job_id] = run.paths.submitit
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
@@ -91,20 +89,13 @@ class PBSBackend(Backend):
         name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
                                   first.campaign.parallel_runs, self.python)
-        pickles = [dump_pending(run, job, _minutes(run)) for run, job in items]
-        script.submit_dir.mkdir(parents=True, exist_ok=True)
-        script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
-        script_path.write_text(script.text)
-        array_id = qsub(script_path.name, script.text, script.submit_dir)
+        pending = PendingArray.prepare(items, script)
+        array_id = qsub(pending.script_path.name, script.text, script.submit_dir)
         accepted = time.time()
-        script_path.rename(script.submit_dir / f"{array_id}_submission.sh")
-        submissions = []
-        for index, ((run, _), pickle) in enumerate(zip(items, pickles)):
-            job_id = array_element_id(array_id, index)
-            submitit_utils.JobPaths(run.paths.submitit, job_id=job_id).move_temporary_file(pickle, "submitted_pickle")
+        elements = pending.submitted(array_id, lambda index: array_element_id(array_id, index))
+        for (run, _), job_id in zip(items, elements):
             self._folders[job_id] = run.paths.submitit
-            submissions.append(Submission(job_id=job_id, accepted_at=accepted))
-        return submissions
+        return [Submission(job_id=job_id, accepted_at=accepted) for job_id in elements]
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:
         """Jobs named as the attempt, or the element of the array it went out in, oldest first."""
@@ -175,5 +166,3 @@ class PBSBackend(Backend):
         raise ValueError(f"{ENV_AGENT_LAUNCH}={launch!r}: valid are auto, ssh and srun")
 
 
-def _minutes(run: RunConfig) -> int:
-    return max(1, int(time_limit_minutes(run.campaign.resources.time)))

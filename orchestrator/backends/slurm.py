@@ -18,10 +18,10 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.kinds.base import WalltimeSet
-from orchestrator.backends.base import AttemptRef, Backend, Submission, dump_pending
+from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission
 from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.directives import cluster_of
-from orchestrator.render import RANK_STEP_NAME, SubmissionScript, array_job_name, render_slurm, render_slurm_array
+from orchestrator.render import SubmissionScript, array_job_name, rank_step_name, render_slurm, render_slurm_array
 from orchestrator.runs import RunConfig
 from orchestrator.states import JobState, from_slurm, parse_sacct
 
@@ -122,21 +122,13 @@ class SlurmBackend(Backend):
         name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_slurm_array([(run, job.attempt) for run, job in items], self.drill_id, name,
                                     first.campaign.parallel_runs, self.python)
-        pickles = [dump_pending(run, job) for run, job in items]
-        script.submit_dir.mkdir(parents=True, exist_ok=True)
-        script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
-        script_path.write_text(script.text)
-        result = run_command(["sbatch", "--parsable", str(script_path)], cwd=script.submit_dir,
+        pending = PendingArray.prepare(items, script)
+        result = run_command(["sbatch", "--parsable", str(pending.script_path)], cwd=script.submit_dir,
                              timeout_s=SUBMIT_TIMEOUT_S)
         accepted = time.time()
         array_id, cluster = split_job_id(parse_sbatch_parsable(result.stdout))
-        script_path.rename(script.submit_dir / f"{array_id}_submission.sh")
-        submissions = []
-        for index, ((run, _), pickle) in enumerate(zip(items, pickles)):
-            element = f"{array_id}_{index}"
-            submitit_utils.JobPaths(run.paths.submitit, job_id=element).move_temporary_file(pickle, "submitted_pickle")
-            submissions.append(Submission(job_id=_with_cluster(element, cluster), accepted_at=accepted))
-        return submissions
+        elements = pending.submitted(array_id, lambda index: f"{array_id}_{index}")
+        return [Submission(job_id=_with_cluster(element, cluster), accepted_at=accepted) for element in elements]
 
     def pickle_id(self, job_id: str) -> str:
         return split_job_id(job_id)[0]
@@ -218,14 +210,15 @@ class SlurmBackend(Backend):
         number, cluster = split_job_id(job_id)
         run_command(["scontrol", *cluster_args(cluster), "requeue", number], timeout_s=POLL_TIMEOUT_S)
 
-    def kill_rank_step(self, job_id: str) -> bool:
-        """The steps named as the ranks' (RANK_STEP_NAME), each SIGKILLed alone: a signal to a
-        step leaves the job running (SIGKILL to the job would cancel it)."""
+    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+        """The steps named as ``attempt``'s ranks (rank_step_name), each SIGKILLed alone: a signal to
+        a step leaves the job running (SIGKILL to the job would cancel it); the next attempt's step,
+        which the batch script may be starting already, has a name of its own."""
         number, cluster = split_job_id(job_id)
         listed = run_command(["squeue", *cluster_args(cluster), "-h", "-s", "-j", number, "-o", "%i|%j"],
                              timeout_s=POLL_TIMEOUT_S, retries=1).stdout
         steps = [line.split("|", 1)[0].strip() for line in listed.splitlines()
-                 if line.strip().endswith(f"|{RANK_STEP_NAME}")]
+                 if line.strip().endswith(f"|{rank_step_name(attempt)}")]
         for step in steps:
             run_command(["scancel", *cluster_args(cluster), "--signal=KILL", step], timeout_s=POLL_TIMEOUT_S, retries=1)
         return True

@@ -111,6 +111,7 @@ def test_in_allocation_keeps_the_allocation_and_relaunches_on_the_controllers_go
     assert "#SBATCH --no-kill\n" in text, "a node that fails does not end the job"
     assert "--overlap --kill-on-bad-exit=1 --nodes=2 --ntasks=4" in text, "the ranks' step uses 2 of the 3 nodes"
     assert "waited_until=$(( SECONDS + 45 ))" in text and 'export FAULTDRILL_ATTEMPT="$attempt"' in text
+    assert '--job-name=faultdrill-ranks-"$attempt"' in text, "each attempt's step has a name of its own"
     script = tmp_path / "in-allocation.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

@@ -187,3 +187,12 @@ def test_an_array_element_is_polled_found_again_and_reached_by_its_own_number(fa
     fake.answer("srun", "")
     backend.run_agent("900_1", "n1", ["-m", "injectors.agent"], timeout_s=5)
     assert any(call.startswith("srun --jobid=905 ") for call in fake.calls)  # srun refuses 900_1
+
+
+def test_a_hung_attempts_rank_step_is_killed_never_the_next_attempts(fake: FakeCommands) -> None:
+    """In-allocation: the batch script may start attempt 1's step while attempt 0's is being ended;
+    each step is named with its attempt, and only the hung attempt's is signalled."""
+    backend = SlurmBackend("d-1", python="/opt/py")
+    fake.answer("squeue", "15.batch|batch\n15.0|faultdrill-ranks-0\n15.1|faultdrill-ranks-1\n")
+    assert backend.kill_rank_step("15", attempt=0) is True
+    assert fake.calls == ["squeue -h -s -j 15 -o %i|%j", "scancel --signal=KILL 15.0"]

@@ -1,0 +1,98 @@
+"""The local backend's end of a job's processes (kill_tree), with real processes: an in-allocation
+job relaunches its ranks on the controller's go, possibly while the hung attempt's ranks are still
+being killed; the kill must reach only that attempt's ranks (a CI run once saw the relaunched
+attempt SIGKILLed: "rank launch exited with code 137"), and a cancelled job must leave nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from experiments.layout import ENV_ATTEMPT
+from orchestrator.backends.local import kill_tree
+
+# A stand-in for submitit's local controller: starts ranks with the attempt in their environment,
+# writes "<attempt> <pid>" per rank, and (RESPAWN) starts a rank again as soon as one ends.
+CONTROLLER = r"""
+import os, subprocess, sys, time
+out, attempts, respawn = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1"
+def start(attempt):
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            env={**os.environ, "%(env)s": attempt})
+    with open(out, "a") as f:
+        f.write(f"{attempt} {rank.pid}\n")
+    return rank
+ranks = [start(a) for a in attempts]
+while True:
+    if respawn:
+        os.wait()
+        ranks.append(start("9"))
+    else:
+        time.sleep(1)
+""" % {"env": ENV_ATTEMPT}
+
+
+def _start(tmp_path: Path, attempts: str, respawn: bool, ranks: int) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "ranks.txt"
+    root = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(out), attempts, "1" if respawn else "0"])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < ranks):
+        time.sleep(0.02)
+    assert out.exists() and len(out.read_text().splitlines()) >= ranks, "the stand-in controller started no ranks"
+    return root, out
+
+
+def _ranks(out: Path) -> list[tuple[str, int]]:
+    return [(line.split()[0], int(line.split()[1])) for line in out.read_text().splitlines()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop(root: subprocess.Popen, out: Path) -> None:
+    for _, pid in _ranks(out):
+        if _alive(pid):
+            os.kill(pid, 9)
+    root.kill()
+    root.wait(timeout=10)
+
+
+@pytest.fixture
+def started(tmp_path: Path):
+    begun: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(attempts: str, respawn: bool, ranks: int) -> tuple[subprocess.Popen, Path]:
+        begun.append(_start(tmp_path, attempts, respawn, ranks))
+        return begun[-1]
+    yield start
+    for root, out in begun:
+        if root.poll() is None:
+            _stop(root, out)
+
+
+def test_only_the_named_attempts_ranks_are_killed(started) -> None:
+    root, out = started("0,0,1", respawn=False, ranks=3)
+    kill_tree(psutil.Process(root.pid), include_root=False, attempt=0)
+    by_attempt = {attempt: [_alive(pid) for a, pid in _ranks(out) if a == attempt] for attempt in ("0", "1")}
+    assert by_attempt == {"0": [False, False], "1": [True]}, "the relaunched attempt's rank was killed"
+    assert root.poll() is None, "the job's controller is left running"
+
+
+def test_a_cancelled_job_that_starts_ranks_again_leaves_none_behind(started) -> None:
+    root, out = started("0,0", respawn=True, ranks=2)
+    kill_tree(psutil.Process(root.pid), include_root=True)
+    root.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for _, pid in _ranks(out)):
+        time.sleep(0.05)
+    assert [pid for _, pid in _ranks(out) if _alive(pid)] == [], "a rank started during the kill outlived its job"
