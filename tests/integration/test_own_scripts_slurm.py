@@ -6,6 +6,7 @@ script, not a built-in workload, is the rank the injector verified and killed.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,17 @@ def test_a_sweep_of_a_scripts_hyperparameters_goes_out_as_one_array(shared_tmp: 
     assert len({run["final_digest"] for run in runs}) == 4
     settings = {tuple(sorted(part for part in run["run_id"].split("-")[1:])) for run in runs}
     assert settings == {(f"batch_size={b}", f"lr={lr}") for b in (8, 16) for lr in (0.001, 0.003)}
+
+
+def test_an_mpi_program_under_srun_pmix_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
+    """`launcher: mpi` on Slurm: srun --mpi=pmix starts the supervisors on both nodes, mpi4py finds
+    one world of two in each attempt; zero-code progress from its log, its own --resume."""
+    run = _drill("example-mpi-slurm", shared_tmp, slurm)
+    assert run["status"] == "completed" and run["final_step"] == 400 and run["nodes"] == 2
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 50 == 0
+    logs = "".join(path.read_text() for path in (shared_tmp / "work" / "runs" / "r000").rglob("*log.out"))
+    assert sorted(re.findall(r"mpi rank (\d) of 2", logs)) == ["0", "0", "1", "1"]
+    paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
+    assert len({json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(2)}) == 2
+    _accounted(run, "example-mpi-slurm", slurm)

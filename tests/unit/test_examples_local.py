@@ -4,6 +4,7 @@ bit for bit the fault-free twin's weights)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -108,3 +109,17 @@ def test_a_script_that_never_reports_a_step_ends_at_the_start_timeout_with_that_
     run = run_of(drill(spec, timeout=300, expect=1), "r000")
     assert run["status"] == "gave_up" and run["attempts"][0]["failure_class"] == "RANK_EXIT"
     assert "the script exited with code 1: no GPU here" in run["attempts"][0]["reason"]
+
+
+def test_an_mpi_program_started_by_mpiexec_resumes_from_its_own_checkpoint(tmp_path: Path) -> None:
+    """`launcher: mpi`: mpiexec starts the supervisors, the script's mpi4py finds its rank and world
+    in the environment the launcher gave them (started as plain processes, each would be rank 0 of 1)."""
+    report = drill(_copy("example-mpi", tmp_path), timeout=600)
+    run = run_of(report, "r000")
+    assert run["status"] == "completed" and run["final_step"] == 400 and len(run["attempts"]) == 2
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["fault_kind"] == "kill-rank"
+    assert recovery["resumed_from_step"] >= 100 and recovery["resumed_from_step"] % 50 == 0
+    logs = "".join(path.read_text() for path in (tmp_path / "work" / "runs" / "r000").rglob("*log.out"))
+    assert sorted(re.findall(r"mpi rank (\d) of 2", logs)) == ["0", "0", "1", "1"], "one world of two, per attempt"
+    assert f"resumed at step {recovery['resumed_from_step']}" in logs
