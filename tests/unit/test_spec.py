@@ -199,3 +199,11 @@ def test_a_preemption_that_requeues_needs_a_scheduler_that_requeues(tmp_path: Pa
         assert campaign.faults[0].kind == "preempt"
     timeout = {"kind": "timeout", "after": {"at_step": 20}}
     assert parse_campaign(_spec(tmp_path, backend="pbs", faults=[timeout]), base_dir=tmp_path).faults[0].kind == "timeout"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "experiments" / "campaigns").glob("*.yaml")),
+                         ids=lambda path: path.stem)
+def test_every_shipped_campaign_is_a_valid_spec_whose_runs_expand(path: Path) -> None:
+    """The campaigns the README points users at validate as they are (paths resolved from their folder)."""
+    campaign = load_campaign(path)
+    assert campaign.name == path.stem and expand_runs(campaign)
