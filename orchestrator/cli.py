@@ -9,13 +9,14 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 
 from rich.console import Console
 
 from injectors.schedule import PlannedFault
+from orchestrator.advise import AdviceError
 from orchestrator.detach import ControllerBusy, live_controller
 from orchestrator.render import TemplateError, render_pbs, render_slurm
 from orchestrator.report import ReportError, build_report
@@ -81,7 +82,39 @@ def _parser() -> argparse.ArgumentParser:
                             description="Print the report of a campaign's workdir (its ledger).")
     report.add_argument("workdir", type=Path, help="the campaign's workdir (holds ledger.sqlite)")
     report.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
+    advise = sub.add_parser("advise", help="the Young and Daly checkpoint intervals for a drill's measured cost",
+                            description="Young's and Daly's optimal checkpoint intervals (seconds and steps) and the "
+                                        "goodput each predicts, from a drill's measured checkpoint cost, time to "
+                                        "recover and step time (WORKDIR), or from --cost; the MTBF is yours to give.")
+    advise.add_argument("workdir", type=Path, nargs="?", help="a drill's workdir (its ledger gives cost, restart, step)")
+    advise.add_argument("--mtbf", type=float, required=True, metavar="S", help="mean time between failures, seconds")
+    advise.add_argument("--cost", type=float, metavar="S", help="what one checkpoint holds training up, seconds")
+    advise.add_argument("--restart", type=float, metavar="S", help="time from a failure to training again, seconds")
+    advise.add_argument("--step", type=float, metavar="S", help="one training step, seconds (to say intervals in steps)")
+    advise.add_argument("--every-steps", type=int, metavar="N", help="the interval in use, to compare (needs --step)")
+    advise.add_argument("--format", choices=("table", "json"), default="table", help="a table or one JSON document")
     return parser
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from orchestrator.advise import AdviceInputs, advice_document, inputs_from_workdir
+    from orchestrator.tables import advice_table
+
+    if (args.workdir is None) == (args.cost is None):
+        raise AdviceError("give a drill's WORKDIR (its measured checkpoint cost) or --cost SECONDS, one of the two")
+    if args.workdir is not None:
+        inputs = inputs_from_workdir(args.workdir, args.mtbf, args.restart)
+        if args.step is not None or args.every_steps is not None:
+            inputs = replace(inputs, step_s=args.step or inputs.step_s, every_steps=args.every_steps or inputs.every_steps)
+    else:
+        inputs = AdviceInputs(checkpoint_s=args.cost, mtbf_s=args.mtbf, restart_s=args.restart or 0.0,
+                              step_s=args.step, every_steps=args.every_steps)
+    document = advice_document(inputs)
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        Console(width=REPORT_WIDTH).print(advice_table(document))
+    return 0
 
 
 def _validate(campaign: Campaign) -> int:
@@ -280,6 +313,8 @@ def _report(workdir: Path, output_format: str, exit_on_failure: bool = False) ->
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "advise":
+        return _advise(args)
     if args.command == "report":
         return _report(args.workdir, args.format)
     if args.command == "status":
@@ -308,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args)
         sys.stdout.flush()
         return code
-    except (SpecError, TemplateError, ReportError, ControllerBusy) as error:
+    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SPEC
     except BrokenPipeError:

@@ -65,6 +65,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "ended_because": run.ended_because,
         "is_baseline": run.baseline_of is not None,
         "target_steps": run.target_steps,
+        "checkpoint_every_steps": json.loads(run.config).get("checkpoint", {}).get("every_steps"),
         "final_step": run.final_step,
         "attempts": [
             # started: the job's first line ran (batch script, or rank 0 on the local backend);

@@ -132,3 +132,17 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     console.print(Group(runs_table(report), faults_table(report), recoveries_table(report), strategies_table(report),
                         checkpoints_table(report)))
     console.print(Group(*study_tables(report)))
+
+
+def advice_table(document: dict[str, Any]) -> Table:
+    """``faultdrill advise``: each rule's interval, in seconds and steps, and what it predicts."""
+    given = document["inputs"]
+    table = Table(title="Checkpoint interval advice (failures a Poisson process)",
+                  caption=(f"checkpoint cost {given['checkpoint_s']:.3g} s, MTBF {given['mtbf_s']:.6g} s, "
+                           f"restart {given['restart_s']:.3g} s, step {_fmt(given['step_s'])} s ({given['source']})"))
+    for column in ("rule", "interval s", "interval steps", "predicted goodput", "lost per failure s"):
+        table.add_column(column)
+    for interval in document["intervals"]:
+        table.add_row(interval["rule"], f"{interval['seconds']:.4g}", _fmt(interval["steps"]),
+                      f"{interval['goodput']:.4f}", f"{interval['lost_per_failure_s']:.4g}")
+    return table

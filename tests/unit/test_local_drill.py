@@ -49,6 +49,24 @@ def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path)
     again = subprocess.run([*FAULTDRILL, "report", str(tmp_path / "work"), "--format", "json"], capture_output=True,
                            text=True, check=True)
     assert json.loads(again.stdout) == report
+    _advice_reads_the_drills_measured_costs(tmp_path / "work", report)
+
+
+def _advice_reads_the_drills_measured_costs(workdir: Path, report: dict[str, Any]) -> None:
+    """faultdrill advise WORKDIR: the checkpoint cost, restart and step time this drill measured."""
+    done = subprocess.run([*FAULTDRILL, "advise", str(workdir), "--mtbf", "600", "--format", "json"],
+                          capture_output=True, text=True, check=True)
+    advice = json.loads(done.stdout)
+    runs = report["runs"]
+    cost = sum(run["checkpoints"]["mean_blocking_s"] for run in runs) / len(runs)
+    ttrs = [recovery["ttr_s"] for run in runs for recovery in run["recoveries"]]
+    assert advice["inputs"]["checkpoint_s"] == pytest.approx(cost) and cost > 0
+    assert advice["inputs"]["restart_s"] == pytest.approx(sum(ttrs) / len(ttrs))
+    assert advice["inputs"]["step_s"] == pytest.approx(sum(run["step_time_s"] for run in runs) / len(runs))
+    assert advice["inputs"]["every_steps"] == 20
+    young, daly, in_use = advice["intervals"]
+    assert young["seconds"] == pytest.approx((2 * cost * 600) ** 0.5)
+    assert in_use["seconds"] == pytest.approx(20 * advice["inputs"]["step_s"])
 
 
 @pytest.mark.parametrize("bad,field", [
