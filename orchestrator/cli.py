@@ -18,6 +18,7 @@ from rich.console import Console
 from injectors.schedule import PlannedFault
 from orchestrator.advise import AdviceError
 from orchestrator.detach import ControllerBusy, live_controller
+from orchestrator.html_report import REPORT_DIR
 from orchestrator.render import TemplateError, render_pbs, render_slurm
 from orchestrator.report import ReportError, build_report
 from orchestrator.runs import RunConfig, expand_runs
@@ -62,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     drill.add_argument("spec", type=Path, help=spec_help)
     drill.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
     drill.add_argument("--dry-run", action="store_true", help="print the fault plan (as `faultdrill plan`) and stop")
+    drill.add_argument("--no-html", action="store_true",
+                       help=f"write no report page (by default: WORKDIR/{REPORT_DIR}/index.html, with plots)")
     drill.add_argument("--detach", action="store_true",
                        help="run the controller in the background (log and pid in the workdir) and return; "
                             "see it with `faultdrill status WORKDIR`")
@@ -82,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                             description="Print the report of a campaign's workdir (its ledger).")
     report.add_argument("workdir", type=Path, help="the campaign's workdir (holds ledger.sqlite)")
     report.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
+    report.add_argument("--html", type=Path, metavar="OUT_DIR",
+                        help="also write the report as a page with plots: OUT_DIR/index.html and its PNGs")
     advise = sub.add_parser("advise", help="the Young and Daly checkpoint intervals for a drill's measured cost",
                             description="Young's and Daly's optimal checkpoint intervals (seconds and steps) and the "
                                         "goodput each predicts, from a drill's measured checkpoint cost, time to "
@@ -161,7 +166,7 @@ def _dry_run(run: RunConfig) -> tuple[str, str]:
     return describe_local(run, 0, DRY_RUN_DRILL_ID), "run on this machine"
 
 
-def _drill(campaign: Campaign, output_format: str) -> int:
+def _drill(campaign: Campaign, output_format: str, html: bool = True) -> int:
     from orchestrator.controller import plan_drill
     from orchestrator.detach import ControllerLock, record_exit
     from orchestrator.workdir import prepare_workdir
@@ -175,7 +180,8 @@ def _drill(campaign: Campaign, output_format: str) -> int:
         record_exit(campaign.workdir, code, how)
     if code != 0:
         return code
-    return _report(campaign.workdir, output_format, exit_on_failure=True)
+    return _report(campaign.workdir, output_format, exit_on_failure=True,
+                   html=campaign.workdir / REPORT_DIR if html else None)
 
 
 def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]]) -> tuple[int, str]:
@@ -203,7 +209,7 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     return 0, "finished"
 
 
-def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool) -> int:
+def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, html: bool = True) -> int:
     from orchestrator.controller import plan_drill
     from orchestrator.detach import LOG_NAME, start_detached
 
@@ -212,7 +218,8 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool) -
     if controller is not None:
         raise ControllerBusy(f"a controller (pid {controller.pid}) already drives {campaign.workdir}; "
                              f"`faultdrill status {campaign.workdir}` shows it")
-    argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format]
+    argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format,
+            *([] if html else ["--no-html"])]
     identity = start_detached(argv, campaign.workdir)
     workdir = campaign.workdir
     print(f"faultdrill: drill {campaign.name} runs in the background (pid {identity.pid}); its log: "
@@ -301,12 +308,18 @@ def _cancel(workdir: Path) -> int:
     return 0
 
 
-def _report(workdir: Path, output_format: str, exit_on_failure: bool = False) -> int:
+def _report(workdir: Path, output_format: str, exit_on_failure: bool = False, html: Path | None = None) -> int:
+    """Print the report; write its page to ``html`` (a drill: to WORKDIR/report) and say where."""
+    from orchestrator.html_report import write_html_report  # matplotlib: loaded only for a page
+
     report = build_report(workdir)
     if output_format == "json":
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
         print_report(report)
+    if html is not None:
+        sys.stdout.flush()
+        print(f"faultdrill: the report page: {write_html_report(workdir, html, report)}", file=sys.stderr)
     if exit_on_failure and any(run["status"] != "completed" for run in report["runs"]):
         return 1
     return 0
@@ -316,7 +329,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "advise":
         return _advise(args)
     if args.command == "report":
-        return _report(args.workdir, args.format)
+        return _report(args.workdir, args.format, html=args.html)
     if args.command == "status":
         return _status(args.workdir, args.format)
     if args.command == "stop":
@@ -331,8 +344,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan" or args.dry_run:
         return _plan(campaign)
     if args.detach:
-        return _detach(campaign, args.spec, args.format, args.verbose)
-    return _drill(campaign, args.format)
+        return _detach(campaign, args.spec, args.format, args.verbose, html=not args.no_html)
+    return _drill(campaign, args.format, html=not args.no_html)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from orchestrator.ledger import Ledger, RunRow
 from orchestrator.study import checkpoint_study
 
 LEDGER_RECOVERY_FIELDS = (
-    "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+    "attempt", "fault_at", "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
     "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence", "clock_correction_s",
     "failure_class", "class_evidence", "fallback_from_step", "fallback_lost_steps", "failed_restarts",
 )

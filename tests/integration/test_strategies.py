@@ -18,6 +18,7 @@ import pytest
 
 from campaigns import campaign_copy, drill_report
 from experiments.runtime.hostlist import expand_hostlist
+from report_page import every_image_loaded, open_page
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,8 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     shared = SHARED_TMP_ROOT / f"strategies-{uuid.uuid4().hex[:8]}"
     shared.mkdir(parents=True)
     try:
-        yield drill_report(campaign_copy("strategies", shared), DRILL_TIMEOUT_S)
+        yield {**drill_report(campaign_copy("strategies", shared), DRILL_TIMEOUT_S, html=True),
+               "page": shared / "work" / "report" / "index.html"}
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -109,3 +111,14 @@ def _logs(report: dict[str, Any], run_id: str) -> str:
     """The tails of a run's batch and rank error logs (why a job ended as it did)."""
     folder = Path(report["workdir"]) / "runs" / run_id / "submitit"
     return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-2000:]}" for path in sorted(folder.glob("*.err")))
+
+
+def test_the_report_page_shows_the_strategies_side_by_side(report: dict[str, Any]) -> None:
+    """The drill's page (headless Chromium): every plot loaded and drawn, no console error, and the
+    time-to-recover table has a row for each framework x strategy x class of the recoveries."""
+    seen = open_page(report["page"])
+    assert seen["errors"] == [] and every_image_loaded(seen, report["page"].parent), seen["images"]
+    [ttr] = seen["sections"]["Time to recover"]["tables"]
+    pairs = {(row[1], row[2]) for row in ttr[1:]}
+    assert pairs == {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
+    assert {f"Timeline of {run['run_id']}" for run in _faulted(report)} <= set(seen["sections"])

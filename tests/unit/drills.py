@@ -34,10 +34,11 @@ def write_spec(tmp_path: Path, **overrides: Any) -> Path:
     return path
 
 
-def drill(spec: Path, timeout: float = 300, expect: int = 0) -> dict[str, Any]:
-    """``faultdrill drill SPEC --format json`` (exit code ``expect``), its report."""
-    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json"], capture_output=True, text=True,
-                          timeout=timeout)
+def drill(spec: Path, timeout: float = 300, expect: int = 0, html: bool = False) -> dict[str, Any]:
+    """``faultdrill drill SPEC --format json`` (exit code ``expect``), its report. The report page
+    (matplotlib, ~2 s a drill) only if asked: tests/unit/test_html_report.py checks it."""
+    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json", *([] if html else ["--no-html"])],
+                          capture_output=True, text=True, timeout=timeout)
     assert done.returncode == expect, done.stderr[-4000:]
     return json.loads(done.stdout)
 

@@ -1,0 +1,61 @@
+"""The report page (issue 11): a real small drill on the local backend writes WORKDIR/report/ and
+says where; the page, opened in headless Chromium (Debian's, driven by Playwright), loads every
+image, logs no console error and has a table under every plot with the report's exact values; the
+PNGs are not blank. `faultdrill report WORKDIR --html OUT` writes the same page elsewhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drills import FAULTDRILL, write_spec
+from report_page import every_image_loaded, open_page
+
+KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}]
+
+
+@pytest.fixture(scope="module")
+def drilled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp_path = tmp_path_factory.mktemp("page")
+    spec = write_spec(tmp_path, name="page", faults=KILL_RANK_1, baseline=True, parallel_runs=2)
+    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return {"report": json.loads(done.stdout), "stderr": done.stderr, "workdir": tmp_path / "work"}
+
+
+def test_the_drill_writes_its_page_and_the_browser_shows_every_plot_and_table(drilled: dict[str, Any]) -> None:
+    page_path = drilled["workdir"] / "report" / "index.html"
+    assert f"the report page: {page_path}" in drilled["stderr"], "the drill says where its page is"
+    seen = open_page(page_path)
+    assert seen["errors"] == []
+    assert every_image_loaded(seen, page_path.parent), seen["images"]
+    sections = seen["sections"]
+    for title in ("Timeline of r000", "Timeline of r000-baseline", "Time to recover", "Lost work", "Goodput",
+                  "Checkpoints"):
+        assert title in sections, sorted(sections)
+        assert sections[title]["images"] == 1 and sections[title]["tables"], title
+    # The tables hold the exact values the report holds.
+    [recovery] = next(run for run in drilled["report"]["runs"] if run["run_id"] == "r000")["recoveries"]
+    [ttr_table] = sections["Time to recover"]["tables"]
+    assert ttr_table[1][:4] == ["torch", "resubmit", "RANK_SIGNAL", "1"]
+    assert ttr_table[1][-1] == f"{recovery['ttr_s']:.4g}"
+    lost = sections["Lost work"]["tables"][0][1]
+    assert lost[0] == "r000" and lost[3:5] == [str(recovery["resumed_from_step"]), str(recovery["lost_steps"])]
+    timeline_rows = sections["Timeline of r000"]["tables"][0][1:]
+    assert [row[1] for row in timeline_rows] == [a["state"] for a in
+                                                 next(r for r in drilled["report"]["runs"] if r["run_id"] == "r000")["attempts"]]
+
+
+def test_report_html_writes_the_page_elsewhere(drilled: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "elsewhere"
+    done = subprocess.run([*FAULTDRILL, "report", str(drilled["workdir"]), "--format", "json", "--html", str(out)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(done.stdout)["runs"] == drilled["report"]["runs"]
+    assert (out / "index.html").exists() and sorted(p.name for p in out.glob("*.png")) == sorted(
+        p.name for p in (drilled["workdir"] / "report").glob("*.png"))
+    seen = open_page(out / "index.html")
+    assert seen["errors"] == [] and every_image_loaded(seen, out)
