@@ -46,7 +46,7 @@ def write_html_report(workdir: Path, out_dir: Path, report: dict[str, Any] | Non
     matplotlib.use("Agg")
     report = report if report is not None else build_report(workdir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [run for run in report["runs"]]
+    runs = report["runs"]
     sections = [
         *_timeline_sections(workdir, runs, out_dir),
         _ttr_section(runs, out_dir),
@@ -111,7 +111,7 @@ def _trained_before(curves: dict[int, list[tuple[float, int]]], recovery: dict[s
 
 def _timeline(workdir: Path, run: dict[str, Any], out_dir: Path) -> Section:
     curves = _attempt_curves(workdir, run["run_id"])
-    submitted = [a["submitted"] for a in run["attempts"] if a["submitted"]]
+    submitted = [a["submitted"] for a in run["attempts"] if a["submitted"] is not None]
     origin = min(submitted + [t for points in curves.values() for t, _ in points], default=0.0)
     recoveries = run["recoveries"]
 
@@ -203,8 +203,8 @@ def _lost_work_section(runs: list[dict[str, Any]], out_dir: Path) -> Section:
 def goodput(run: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
     """(useful s, elapsed s, goodput): useful = the steps trained once x the mean step time; elapsed
     = first submission to the last attempt's end."""
-    submitted = [a["submitted"] for a in run["attempts"] if a["submitted"]]
-    ended = [a["ended"] for a in run["attempts"] if a["ended"]]
+    submitted = [a["submitted"] for a in run["attempts"] if a["submitted"] is not None]
+    ended = [a["ended"] for a in run["attempts"] if a["ended"] is not None]
     if not submitted or not ended or not run["step_time_s"]:
         return None, None, None
     useful, elapsed = run["final_step"] * run["step_time_s"], max(ended) - min(submitted)
@@ -297,12 +297,12 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
         axes.legend(fontsize="small")
 
     image = _figure(out_dir, "interval.png", draw)
-    rows = [[every, every * step_s, measured[every],
-             predicted_goodput(every * step_s, cost, mtbf, restart) if mtbf else None,
-             statistics.fmean(r["lost_s"] for run in faulted if run["checkpoint_every_steps"] == every
-                              for r in run["recoveries"]) if any(run["recoveries"] for run in faulted
-                                                                 if run["checkpoint_every_steps"] == every) else None,
-             every * step_s / 2] for every in intervals]
+    def lost_s(every: int) -> float | None:
+        lost = [r["lost_s"] for run in faulted if run["checkpoint_every_steps"] == every for r in run["recoveries"]]
+        return statistics.fmean(lost) if lost else None
+
+    rows = [[every, every * step_s, measured[every], predicted_goodput(every * step_s, cost, mtbf, restart) if mtbf
+             else None, lost_s(every), every * step_s / 2] for every in intervals]
     note = (f"checkpoint cost {cost:.3g} s, restart {restart:.3g} s, step {step_s:.3g} s, MTBF "
             + (f"{mtbf:.4g} s (elapsed / failures measured here)" if mtbf else "unknown (no failure)"))
     return Section("Checkpoint interval", image, [(["every steps", "interval s", "measured goodput",

@@ -59,3 +59,28 @@ def test_report_html_writes_the_page_elsewhere(drilled: dict[str, Any], tmp_path
         p.name for p in (drilled["workdir"] / "report").glob("*.png"))
     seen = open_page(out / "index.html")
     assert seen["errors"] == [] and every_image_loaded(seen, out)
+
+
+def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(tmp_path: Path) -> None:
+    """The interval section from report rows (as the interval campaign's runs give them): measured
+    goodput per interval beside the model's, the mean lost work beside interval / 2."""
+    from orchestrator.advise import predicted_goodput
+    from orchestrator.html_report import _interval_section
+    from report_page import not_blank
+
+    def run(run_id: str, every: int, lost_s: list[float], elapsed: float) -> dict[str, Any]:
+        return {"run_id": run_id, "is_baseline": False, "faults": [{}] * len(lost_s), "step_time_s": 0.01,
+                "checkpoint_every_steps": every, "final_step": 1000, "checkpoints": {"count": 5, "mean_blocking_s": 0.05},
+                "attempts": [{"submitted": 0.0, "ended": elapsed}],
+                "recoveries": [{"lost_s": lost, "ttr_s": 2.0} for lost in lost_s]}
+
+    runs = [run("a", 50, [0.2, 0.3], 14.0), run("b", 400, [1.9, 2.1], 16.0)]
+    section = _interval_section(runs, tmp_path)
+    assert section is not None and not_blank(tmp_path / section.image)
+    [(header, rows)] = section.tables
+    assert header[:3] == ["every steps", "interval s", "measured goodput"]
+    assert [row[0] for row in rows] == [50, 400]
+    assert rows[0][2] == pytest.approx(10.0 / 14.0) and rows[1][4] == pytest.approx(2.0) and rows[1][5] == pytest.approx(2.0)
+    mtbf = 30.0 / 4  # elapsed over failures, measured
+    assert rows[1][3] == pytest.approx(predicted_goodput(4.0, 0.05, mtbf, 2.0))
+    assert _interval_section(runs[:1], tmp_path) is None, "one interval: nothing to compare"
