@@ -276,9 +276,7 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
     cost = statistics.fmean(run["checkpoints"]["mean_blocking_s"] for run in faulted if run["checkpoints"]["count"])
     ttrs = [r["ttr_s"] for run in faulted for r in run["recoveries"]]
     restart = statistics.fmean(ttrs) if ttrs else 0.0
-    elapsed = sum(goodput(run)[1] or 0.0 for run in faulted)
-    failures = sum(len(run["recoveries"]) for run in faulted)
-    mtbf = elapsed / failures if failures else None
+    mtbf, mtbf_source = _mtbf(faulted)
     measured = {every: statistics.fmean(goodput(run)[2] for run in faulted if run["checkpoint_every_steps"] == every)
                 for every in intervals}
 
@@ -304,9 +302,21 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
     rows = [[every, every * step_s, measured[every], predicted_goodput(every * step_s, cost, mtbf, restart) if mtbf
              else None, lost_s(every), every * step_s / 2] for every in intervals]
     note = (f"checkpoint cost {cost:.3g} s, restart {restart:.3g} s, step {step_s:.3g} s, MTBF "
-            + (f"{mtbf:.4g} s (elapsed / failures measured here)" if mtbf else "unknown (no failure)"))
+            + (f"{mtbf:.4g} s ({mtbf_source})" if mtbf else "unknown (no failure)"))
     return Section("Checkpoint interval", image, [(["every steps", "interval s", "measured goodput",
                                                     "model goodput", "mean lost s", "interval / 2 s"], rows)], note)
+
+
+def _mtbf(runs: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """The mean training time between failures: the drawn delays of the faults that fired (their
+    plan: the schedule's own draws), else the elapsed time over the failures."""
+    delays = [fault["planned_delay_s"] for run in runs for fault in run["faults"]
+              if fault.get("at") is not None and fault.get("planned_delay_s")]
+    if delays:
+        return statistics.fmean(delays), f"the mean of the {len(delays)} fired faults' drawn delays"
+    failures = sum(len(run["recoveries"]) for run in runs)
+    elapsed = sum(goodput(run)[1] or 0.0 for run in runs)
+    return (elapsed / failures, "elapsed / failures") if failures else (None, "")
 
 
 # --- the page ----------------------------------------------------------------------------------------

@@ -84,3 +84,7 @@ def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(t
     mtbf = 30.0 / 4  # elapsed over failures, measured
     assert rows[1][3] == pytest.approx(predicted_goodput(4.0, 0.05, mtbf, 2.0))
     assert _interval_section(runs[:1], tmp_path) is None, "one interval: nothing to compare"
+    for each in runs:  # faults that fired with their drawn delays: the MTBF is their mean
+        each["faults"] = [{"at": 1.0, "planned_delay_s": 3.0}, {"at": 2.0, "planned_delay_s": 5.0}]
+    [(_, rows)] = _interval_section(runs, tmp_path).tables
+    assert rows[1][3] == pytest.approx(predicted_goodput(4.0, 0.05, 4.0, 2.0))
