@@ -35,4 +35,5 @@ def drill_report(spec: Path, timeout_s: float, html: bool = False) -> dict[str, 
     assert done.returncode == 0, done.stderr[-4000:]
     if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
         Path(keep).write_text(done.stdout)
+        Path(keep + ".stderr").write_text(done.stderr)  # the controller's warnings
     return json.loads(done.stdout)

@@ -1,0 +1,154 @@
+"""Durable checkpoint throughput per framework against the disk's floor, in the same run (issue 11).
+
+For each framework and state size (weights + Adam moments: 12 bytes a parameter; 16 MB to >= 1 GB)
+a one-rank workload of that size trains one step, then saves through Faultdrill's store exactly
+as a rank does (the workload's ``save`` into the store's sink: temporary names, fsync, rename,
+receipt; then rank 0's commit: sha256 manifest, publish):
+- ``sync``: training waits for the whole save (the store's ``blocking_s`` = ``persist_s``);
+- ``async``: training waits for its files to be durable, the commit (hash, manifest) runs on the
+  persist thread; ``blocking`` is what training waited, ``persist`` until published.
+The floor: one write + fsync of the same number of bytes to the same directory, measured next
+to each save. Prints the ratios (1.00 = as fast as the disk allows); writes JSON.
+
+Goals (issue 11): sync <= 1.25 x floor for every framework; async blocking <= 10 % of sync.
+
+    .venv/bin/python bench/checkpoint.py [--frameworks torch,tensorflow,chainer] [--mb 16 128 1024]
+                                         [--repeats 3] [--dir DIR] [--out bench/results/checkpoint.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experiments.layout import WorkloadSpec  # noqa: E402
+from experiments.runtime.checkpoint import CheckpointStore  # noqa: E402
+from experiments.runtime.distenv import DistEnv, Timeouts  # noqa: E402
+from experiments.runtime.persist import PersistWorker  # noqa: E402
+from experiments.workloads import get_workload  # noqa: E402
+
+BYTES_PER_PARAM = 12  # float32 weights + Adam's two moments
+
+
+def floor_s(directory: Path, size: int) -> float:
+    """One write of ``size`` bytes and its fsync: what any durable checkpoint pays on this disk."""
+    payload = os.urandom(size)
+    path = directory / "floor.bin"
+    started = time.monotonic()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    elapsed = time.monotonic() - started
+    path.unlink()
+    return elapsed
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def save_once(workload: Any, store: CheckpointStore, step: int, asynchronous: bool,
+              worker: PersistWorker) -> tuple[float, float, int]:
+    """(blocking s, persist s, bytes) of one checkpoint through the store, as a rank saves it."""
+    started = time.monotonic()
+    sink = store.sink(step)
+    workload.save(sink, step)
+    sink.close()
+    if asynchronous:
+        blocking = time.monotonic() - started
+        worker.submit(lambda: store.commit(step, attempt=0, meta=workload.checkpoint_meta, started=started,
+                                           blocking_s=blocking))
+        worker.wait()
+        record = worker.records[-1]
+    else:
+        record = store.commit(step, attempt=0, meta=workload.checkpoint_meta, started=started, blocking_s=None)
+    return record.blocking_s, record.persist_s, record.bytes
+
+
+def bench_one(framework: str, mb: int, repeats: int, directory: Path) -> list[dict[str, Any]]:
+    """One framework, one size, sync and async, in this process (``main`` gives each its own)."""
+    params = mb * 2**20 // BYTES_PER_PARAM
+    workload = get_workload(framework)
+    env = DistEnv.from_environ({"FAULTDRILL_MASTER_PORT": str(_free_port())}, hostname="bench")
+    workload.setup(env, WorkloadSpec(framework=framework, params=params, steps=repeats * 2, batch_size=8), Timeouts())
+    rows = []
+    try:
+        workload.train_step(1)  # the optimizer's state exists from the first step on
+        for asynchronous in (False, True):
+            mode = "async" if asynchronous else "sync"
+            store, worker = CheckpointStore(directory / f"{framework}-{mb}-{mode}", keep=1), PersistWorker()
+            samples = []
+            for step in range(1, repeats + 1):
+                blocking, persist, size = save_once(workload, store, step, asynchronous, worker)
+                samples.append((blocking, persist, size, floor_s(directory, size)))
+            blocking, persist, floor = (statistics.median(sample[i] for sample in samples) for i in (0, 1, 3))
+            rows.append({"framework": framework, "state_mb": mb, "params": params, "mode": mode,
+                         "bytes": samples[-1][2], "blocking_s": blocking, "persist_s": persist, "floor_s": floor,
+                         "persist_x_floor": persist / floor, "blocking_x_floor": blocking / floor})
+    finally:
+        workload.shutdown()
+    return rows
+
+
+def _in_subprocess(framework: str, mb: int, repeats: int, directory: Path) -> list[dict[str, Any]]:
+    """A fresh process per framework and size: a framework's runtime is set up once per process."""
+    done = subprocess.run([sys.executable, __file__, "--one", framework, str(mb), "--repeats", str(repeats),
+                           "--dir", str(directory)], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"bench: {framework} at {mb} MiB failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frameworks", default="torch,tensorflow,chainer")
+    parser.add_argument("--mb", type=int, nargs="+", default=[16, 128, 1024], help="state sizes, MiB")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a folder in /var/tmp)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "checkpoint.json")
+    parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "MIB"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.one:
+        print(json.dumps(bench_one(args.one[0], int(args.one[1]), args.repeats, args.dir)))
+        return
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="fd-bench-ckpt-") as scratch:
+        for framework in args.frameworks.split(","):
+            for mb in args.mb:
+                rows.extend(_in_subprocess(framework, mb, args.repeats, Path(scratch)))
+    sync = {(r["framework"], r["state_mb"]): r for r in rows if r["mode"] == "sync"}
+    print("framework | state MiB | mode | bytes | floor s | blocking s | persist s | persist x floor | async blocking / sync")
+    for row in rows:
+        share = row["blocking_s"] / sync[(row["framework"], row["state_mb"])]["persist_s"] if row["mode"] == "async" else None
+        row["blocking_share_of_sync"] = share
+        print(f"{row['framework']} | {row['state_mb']} | {row['mode']} | {row['bytes']:,} | {row['floor_s']:.3f} | "
+              f"{row['blocking_s']:.3f} | {row['persist_s']:.3f} | {row['persist_x_floor']:.2f} | "
+              + ("-" if share is None else f"{share:.0%}"))
+    print("medians; floor: one write + fsync of the same bytes to the same directory, next to each save")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, indent=2))
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
