@@ -267,8 +267,9 @@ def _checkpoint_section(report: dict[str, Any], out_dir: Path) -> Section:
 
 def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | None:
     """Measured goodput per checkpoint interval against Daly's model, if the faulted runs differ in it."""
+    measured_goodput = {run["run_id"]: goodput(run)[2] for run in runs}
     faulted = [run for run in runs if not run["is_baseline"] and run["faults"] and run["step_time_s"]
-               and run["checkpoint_every_steps"] and goodput(run)[2] is not None]
+               and run["checkpoint_every_steps"] and measured_goodput[run["run_id"]] is not None]
     intervals = sorted({run["checkpoint_every_steps"] for run in faulted})
     if len(intervals) < 2:
         return None
@@ -277,7 +278,8 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
     ttrs = [r["ttr_s"] for run in faulted for r in run["recoveries"]]
     restart = statistics.fmean(ttrs) if ttrs else 0.0
     mtbf, mtbf_source = _mtbf(faulted)
-    measured = {every: statistics.fmean(goodput(run)[2] for run in faulted if run["checkpoint_every_steps"] == every)
+    measured = {every: statistics.fmean(measured_goodput[run["run_id"]] for run in faulted
+                                        if run["checkpoint_every_steps"] == every)
                 for every in intervals}
 
     def draw(axes: Any) -> None:

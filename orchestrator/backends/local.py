@@ -288,10 +288,7 @@ def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -
 
 
 def _of_attempt(process: psutil.Process, attempt: int) -> bool:
-    try:
-        return process.environ().get(ENV_ATTEMPT) == str(attempt)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
+    return _environ(process).get(ENV_ATTEMPT) == str(attempt)
 
 
 def _descendants(root: psutil.Process) -> list[psutil.Process]:
@@ -327,12 +324,17 @@ def _local_controllers(folder: Path) -> list[psutil.Process]:
 
 def _environment_names(process: psutil.Process, run_id: str, attempt: int | None, drill_id: str) -> bool:
     """The process was started by this drill for this run (and attempt): its environment says so."""
-    try:
-        environ = process.environ()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
+    environ = _environ(process)
     return (environ.get(ENV_RUN_ID) == run_id and environ.get(ENV_DRILL_ID) == drill_id
             and (attempt is None or environ.get(ENV_ATTEMPT) == str(attempt)))
+
+
+def _environ(process: psutil.Process) -> dict[str, str]:
+    """The process's environment; empty if it is gone or cannot be read."""
+    try:
+        return process.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return {}
 
 
 def _recorded_job_ids(paths: RunPaths, attempt: int) -> list[str]:
