@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -28,7 +27,7 @@ from experiments.layout import (
 )
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
-from orchestrator.backends.local_controller import ENV_RELAUNCH_WAIT_S, exit_codes_file, step_exit_code
+from orchestrator.backends.local_controller import ENV_RELAUNCH_WAIT_S, read_step_exit
 from orchestrator.commands import CommandResult, run_command
 from orchestrator.render import rank_environment
 from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
@@ -173,13 +172,7 @@ class LocalBackend(Backend):
         """How the job's tasks ended, as a step exit code: a signal N as 128 + N, else the first failure
         (a task killed by a signal is the cause; the others' exits are their reaction to it)."""
         record = self._jobs.get(job_id)
-        if record is None:
-            return None
-        try:
-            codes = json.loads(exit_codes_file(record.folder, job_id).read_text())["exit_codes"]
-        except (OSError, ValueError, KeyError):
-            return None
-        return step_exit_code(codes) if codes else None
+        return None if record is None else read_step_exit(record.folder, job_id)
 
     def kill_rank_step(self, job_id: str, attempt: int) -> bool:
         """SIGKILL the job's ranks of ``attempt`` (every process below its controller that belongs

@@ -1,6 +1,7 @@
 """The local backend's job: submitit's local controller, which also records how each task ended
 (``<folder>/<pid>_exit_codes.json``), as a scheduler's step exit would say: a rank killed by a
-signal leaves no result of its own, and only its parent sees the signal.
+signal leaves no result of its own, and only its parent sees the signal. Like ``srun
+--kill-on-bad-exit=1``, the first task that fails ends the others (the step exit is that task's).
 
 With restart.strategy in-allocation (``FAULTDRILL_RELAUNCH_WAIT_S`` set) it is also what the Slurm
 batch script is there: after its tasks (the ranks) failed it appends the step_exit event, waits
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from submitit.local.local import Controller
+from submitit.local.local import Controller, LocalJobEnvironment
 
 from experiments.layout import ENV_ATTEMPT, ENV_RUN_DIR, EVENT_STEP_EXIT, RunPaths, append_json_line
 from experiments.runtime.fence import StaleAttemptError, read_fence, same_job
@@ -25,29 +27,77 @@ from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 
 ENV_RELAUNCH_WAIT_S = "FAULTDRILL_RELAUNCH_WAIT_S"
 GO_POLL_S = 0.1
+KILL_WAIT_S = 2.0  # Slurm's KillWait (30 s by default) for a local job: SIGTERM to SIGKILL
 
 
 def exit_codes_file(folder: Path, job_id: str) -> Path:
     return folder / f"{job_id}_exit_codes.json"
 
 
-def step_exit_code(codes: Sequence[int | None]) -> int:
-    """The tasks' exits as one step exit code: a signal N as 128 + N, else the first failure."""
+def read_step_exit(folder: Path, job_id: str) -> int | None:
+    """The job's step exit code from what its controller recorded; None before it recorded one."""
+    try:
+        recorded = json.loads(exit_codes_file(folder, job_id).read_text())
+        codes = recorded["exit_codes"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return step_exit_code(codes, recorded.get("first_failed_task")) if codes else None
+
+
+def step_exit_code(codes: Sequence[int | None], first_failed: int | None = None) -> int:
+    """The tasks' exits as one step exit code, a signal N as 128 + N: the first failed task's (the
+    others' exits are the step's end, not its cause); without that record, a signal, else the first failure."""
+    if first_failed is not None and codes[first_failed]:
+        return _as_exit_code(codes[first_failed])
     signals = [code for code in codes if code is not None and code < 0]
     if signals:
-        return SIGNAL_EXIT_BASE - signals[0]
+        return _as_exit_code(signals[0])
     failed = [code for code in codes if code]
     return failed[0] if failed else 0
 
 
+def _as_exit_code(code: int) -> int:
+    return SIGNAL_EXIT_BASE - code if code < 0 else code
+
+
 class RecordingController(Controller):
+    step_exit: int = 0  # the last wait's step exit code
+
     def wait(self, freq: int = 24) -> Sequence[int | None]:
-        codes = super().wait(freq)
+        codes, first_failed = self._wait_ending_on_bad_exit(1.0 / freq)
+        self.step_exit = step_exit_code(codes, first_failed)
         path = exit_codes_file(self.folder, str(self.pid))
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"exit_codes": list(codes)}))
+        tmp.write_text(json.dumps({"exit_codes": list(codes), "first_failed_task": first_failed}))
         os.replace(tmp, path)
         return codes
+
+    def _wait_ending_on_bad_exit(self, pause_s: float) -> tuple[list[int | None], int | None]:
+        """submitit's wait (every task ends, or the time limit: its warning signal first), but the
+        first task that fails ends the step, as ``srun --kill-on-bad-exit=1``: the others get SIGTERM,
+        then SIGKILL after KILL_WAIT_S. A survivor waiting on its dead peer (a file barrier has no
+        socket to break) would wait until the hang timeout. Returns the codes and the first failed task."""
+        started = time.monotonic()
+        first_failed: int | None = None
+        terminated_at: float | None = None
+        warned = False
+        while True:
+            codes = [task.poll() for task in self.tasks]
+            elapsed = time.monotonic() - started
+            if all(code is not None for code in codes) or elapsed >= self.timeout_s:
+                return codes, first_failed
+            if first_failed is None:
+                first_failed = next((task for task, code in enumerate(codes) if code), None)
+                if first_failed is not None:
+                    self._forward_signal(signal.SIGTERM)
+                    terminated_at = time.monotonic()
+            elif terminated_at is not None and time.monotonic() - terminated_at >= KILL_WAIT_S:
+                self._forward_signal(signal.SIGKILL)
+                terminated_at = None
+            if not warned and elapsed >= self.timeout_s - self.signal_delay_s:
+                self._forward_signal(LocalJobEnvironment._usr_sig())
+                warned = True
+            time.sleep(pause_s)
 
     def run(self, max_retry: int = 6) -> None:
         wait_s = os.environ.get(ENV_RELAUNCH_WAIT_S)
@@ -62,7 +112,8 @@ class RecordingController(Controller):
         while True:
             try:
                 self.start_tasks()
-                code = step_exit_code(self.wait())
+                self.wait()
+                code = self.step_exit
             finally:
                 self.kill_tasks()
             append_json_line(paths.events_file(attempt), {"event": EVENT_STEP_EXIT, "time": time.time(),
