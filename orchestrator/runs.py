@@ -107,7 +107,7 @@ class RunConfig:
 def expand_runs(campaign: Campaign) -> list[RunConfig]:
     """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
     runs: list[RunConfig] = []
-    twins: dict[str, str] = {}  # a fault-free campaign (as JSON) -> the twin run that trains it
+    twins: dict[str, str] = {}  # what a fault-free run trains (_twin_key) -> the twin run that trains it
     points = [(point, _varying(grid)) for grid in campaign.sweep.grids for point in _grid_points(grid)]
     for index, (point, varying) in enumerate(points):
         point_campaign = _apply_point(campaign, point)
@@ -115,15 +115,28 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
         if not point_campaign.baseline:
             runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
             continue
-        # Runs that differ only in their faults train the same thing without them: one twin.
-        twin = point_campaign.model_copy(update={"faults": []})
-        key = json.dumps(twin.model_dump(mode="json"), sort_keys=True)
+        twin = _fault_free(point_campaign)
+        key = _twin_key(twin)
         known = key in twins
         twin_id = twins.setdefault(key, f"{run_id}-baseline")
         runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point, twin=twin_id))
         if not known:
             runs.append(RunConfig(run_id=twin_id, campaign=twin, sweep_point=point, baseline_of=run_id))
     return runs
+
+
+def _fault_free(campaign: Campaign) -> Campaign:
+    """The run that never fails: no faults, nothing held for a recovery (a new job if it fails naturally)."""
+    return campaign.model_copy(update={
+        "faults": [], "restart": campaign.restart.model_copy(update={"strategy": STRATEGY_RESUBMIT}),
+        "resources": campaign.resources.model_copy(update={"spare_nodes": 0})})
+
+
+def _twin_key(twin: Campaign) -> str:
+    """What a fault-free run trains: runs that differ only in their faults or their restart settings
+    (how they would recover) share one twin; other resources (e.g. nodes held alone, away from
+    another run's node fault) make a twin of its own."""
+    return json.dumps(twin.model_dump(mode="json", exclude={"restart"}), sort_keys=True)
 
 
 def _varying(grid: dict[str, list[Any]]) -> set[str]:

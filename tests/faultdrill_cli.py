@@ -9,7 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
+CAMPAIGNS = Path(__file__).resolve().parents[1] / "experiments" / "campaigns"
+
+
+def campaign_copy(name: str, shared: Path, **overrides: Any) -> Path:
+    """experiments/campaigns/<name>.yaml with its workdir at ``shared``/work (and top-level sections
+    replaced by ``overrides``); the copy's path. A script's relative paths still point where the
+    original's do."""
+    spec = yaml.safe_load((CAMPAIGNS / f"{name}.yaml").read_text())
+    spec.update(overrides)
+    spec["workdir"] = str(shared / "work")
+    if spec.get("workload", {}).get("command") and not spec["workload"].get("cwd"):
+        spec["workload"]["cwd"] = str(CAMPAIGNS)
+    path = shared / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
 
 
 def faultdrill(*args: str, expect: int = 0, timeout: float = 180) -> str:

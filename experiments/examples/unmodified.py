@@ -66,6 +66,7 @@ def main() -> None:
                         "rng": torch.get_rng_state(), "step": step}, tmp)
             os.replace(tmp, args.ckpt_dir / f"ckpt-{step}.pt")
     if distributed:
+        dist.barrier()  # rank 0 may still be saving: a peer that tears gloo down meanwhile aborts
         dist.destroy_process_group()
 
 

@@ -11,20 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def campaign_copy(name: str, shared: Path) -> Path:
-    """experiments/campaigns/<name>.yaml with its workdir at ``shared``/work; the copy's path."""
-    spec = yaml.safe_load((REPO / "experiments" / "campaigns" / f"{name}.yaml").read_text())
-    spec["workdir"] = str(shared / "work")
-    if spec.get("workload", {}).get("command") and not spec["workload"].get("cwd"):
-        spec["workload"]["cwd"] = str(REPO / "experiments" / "campaigns")  # where its relative paths point
-    path = shared / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+from faultdrill_cli import campaign_copy  # noqa: F401  (the campaign tests import both from here)
 
 
 def drill_report(spec: Path, timeout_s: float, html: bool = False) -> dict[str, Any]:

@@ -2,11 +2,17 @@
 acted on its intended target (through the agent in the job's allocation, the scheduler, the cluster
 script, or the run's files), each run recovered (the stall: went on without a restart) and ended bit
 for bit as its fault-free twin, and the recoveries carry the fault's kind. disk-full gets a small
-filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory."""
+filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory.
+
+The whole catalogue runs with FAULTDRILL_FULL_CAMPAIGNS=1 (by hand, ~7 min here). Without it (CI)
+the kinds that other real-cluster tests in CI drill on Slurm are left out of this drill, and their
+tests here say where they are covered.
+"""
 
 from __future__ import annotations
 
 import re
+import os
 import shutil
 import subprocess
 import uuid
@@ -14,11 +20,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 from campaigns import campaign_copy, drill_report
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign, load_campaign
+from orchestrator.spec import load_campaign
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +35,10 @@ DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
+COVERED_ELSEWHERE = {
+    "preempt": "tests/integration/test_strategies.py (requeue) and test_pbs_drill.py",
+    "node-crash": "tests/integration/test_strategies.py (resubmit, in-allocation with a spare)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +49,29 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     shared = SHARED_TMP_ROOT / f"fault-catalogue-{uuid.uuid4().hex[:8]}"
     shared.mkdir(parents=True)
     path = campaign_copy("fault-catalogue", shared)
+    if not os.environ.get("FAULTDRILL_FULL_CAMPAIGNS"):
+        _leave_out(path, set(COVERED_ELSEWHERE))
     small_fs = f"catalogue-{shared.name}"
-    disk_full_run = _run_with(load_campaign(path), "disk-full")
-    checkpoints = RunPaths(shared / "work" / "runs" / disk_full_run).checkpoints
+    run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(path))
+               if run.campaign.faults}
+    checkpoints = RunPaths(shared / "work" / "runs" / run_ids["disk-full"]).checkpoints
     checkpoints.parent.mkdir(parents=True)
     checkpoints.symlink_to(_cluster("small-fs", small_fs, str(SMALL_FS_MB)))
     try:
         report = drill_report(path, DRILL_TIMEOUT_S)
-        yield {**report, "workdir": str(shared / "work"), "small_fs": checkpoints.resolve()}
+        yield {**report, "workdir": str(shared / "work"), "small_fs": checkpoints.resolve(), "run_ids": run_ids}
     finally:
         _cluster("small-fs-remove", small_fs)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def _leave_out(spec: Path, kinds: set[str]) -> None:
+    """The campaign copy without the sweep's runs whose first fault is of one of ``kinds``."""
+    data = yaml.safe_load(spec.read_text())
+    for grid in data["sweep"]["grid"]:
+        grid["faults"] = [faults for faults in grid["faults"] if faults[0]["kind"] not in kinds]
+    data["sweep"]["grid"] = [grid for grid in data["sweep"]["grid"] if grid["faults"]]
+    spec.write_text(yaml.safe_dump(data))
 
 
 def _cluster(*args: str) -> str:
@@ -56,21 +79,20 @@ def _cluster(*args: str) -> str:
                           timeout=120).stdout.strip()
 
 
-def _run_with(campaign: Campaign, kind: str) -> str:
-    [run_id] = [run.run_id for run in expand_runs(campaign) if any(f.kind == kind for f in run.campaign.faults)]
-    return run_id
-
-
-def _run(report: dict[str, Any], run_id: str, steps: int = 3000) -> dict[str, Any]:
-    run = next(run for run in report["runs"] if run["run_id"] == run_id)
+def _run(report: dict[str, Any], kind: str, steps: int = 3000, twin: bool = True) -> dict[str, Any]:
+    """The run whose first fault is of ``kind``: completed, bit for bit as its twin (if it has one)."""
+    if kind not in report["run_ids"]:
+        pytest.skip(f"{kind} is drilled on Slurm in CI by {COVERED_ELSEWHERE[kind]}; all kinds here with "
+                    "FAULTDRILL_FULL_CAMPAIGNS=1")
+    run = next(run for run in report["runs"] if run["run_id"] == report["run_ids"][kind])
     assert run["status"] == "completed" and run["final_step"] == steps
-    assert run["identical_to_baseline"] is True
+    assert run["identical_to_baseline"] is (True if twin else None) and bool(run["baseline_digest"]) is twin
     assert all(rec[phase] >= 0 for rec in run["recoveries"] for phase in PHASES)
     return run
 
 
 def test_kill_rank_hits_every_rank_on_both_of_its_nodes_at_one_instant(report: dict[str, Any], cluster) -> None:
-    run = _run(report, "r000")
+    run = _run(report, "kill-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected", fault
     hit = {node for node in re.findall(r"@([\w-]+)", fault["target"])}
@@ -81,7 +103,7 @@ def test_kill_rank_hits_every_rank_on_both_of_its_nodes_at_one_instant(report: d
 
 
 def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
-    run = _run(report, "r001")
+    run = _run(report, "hang-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP", fault
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat from rank")
@@ -97,27 +119,27 @@ def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
 
 
 def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
-    run = _run(report, "r002")
+    run = _run(report, "stall-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 2.0"), fault
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
 
 
 def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]) -> None:
-    run = _run(report, "r003")
+    run = _run(report, "corrupt-checkpoint")
     corrupt, kill = run["faults"]
     assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00002000/")
     assert kill["outcome"] == "injected"
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 1000
     assert recovery["fallback_from_step"] == 2000 and recovery["fallback_lost_steps"] == 1000
-    paths = RunPaths(Path(report["workdir"]) / "runs" / "r003")
+    paths = RunPaths(Path(report["workdir"]) / "runs" / report["run_ids"]["corrupt-checkpoint"])
     assert [entry["from"].rsplit("/", 1)[-1] for entry in read_json_lines(paths.quarantine / "index.jsonl")] == [
         "step-00002000"]
 
 
 def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[str, Any]) -> None:
-    run = _run(report, "r004")
+    run = _run(report, "preempt")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2", fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
@@ -129,7 +151,7 @@ def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[
 
 
 def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) -> None:
-    run = _run(report, "r005")
+    run = _run(report, "disk-full")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and "filled" in fault["detail"], fault
     reason = run["attempts"][0]["reason"]
@@ -143,7 +165,7 @@ def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) ->
 
 
 def test_timeout_ends_the_job_at_its_walltime_after_a_warning_checkpoint(report: dict[str, Any]) -> None:
-    run = _run(report, "r006", steps=12000)
+    run = _run(report, "timeout", steps=12000, twin=False)
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and "time limit set to" in fault["detail"], fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
@@ -153,13 +175,13 @@ def test_timeout_ends_the_job_at_its_walltime_after_a_warning_checkpoint(report:
     assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "TIMEOUT"
 
 
-@pytest.mark.parametrize("run_id,kind,acted,mended", [
-    ("r007", "node-crash", "crashed: link down, slurmd", "restored: slurmd"),
-    ("r008", "network-partition", "partitioned: eth0 down", "healed: eth0 up"),
+@pytest.mark.parametrize("kind,acted,mended", [
+    ("node-crash", "crashed: link down, slurmd", "restored: slurmd"),
+    ("network-partition", "partitioned: eth0 down", "healed: eth0 up"),
 ])
 def test_a_node_fault_hits_the_last_node_and_the_run_recovers_once_it_is_back(
-        report: dict[str, Any], cluster, run_id: str, kind: str, acted: str, mended: str) -> None:
-    run = _run(report, run_id)
+        report: dict[str, Any], cluster, kind: str, acted: str, mended: str) -> None:
+    run = _run(report, kind)
     [fault] = run["faults"]
     lost = fault["target"].removeprefix("node ")
     assert fault["outcome"] == "injected" and lost in cluster, fault

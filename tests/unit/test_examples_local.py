@@ -7,27 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
 from drills import drill, run_of, write_spec
-
-CAMPAIGNS = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
-
-
-def _copy(name: str, tmp_path: Path, **overrides: object) -> Path:
-    """The repository's campaign with its workdir in ``tmp_path`` (the script still found from
-    the campaigns folder, as the original's relative paths say)."""
-    spec = yaml.safe_load((CAMPAIGNS / f"{name}.yaml").read_text())
-    spec.update(overrides)
-    spec["workdir"] = str(tmp_path / "work")
-    spec["workload"]["cwd"] = str(CAMPAIGNS)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+from faultdrill_cli import campaign_copy
 
 
 def test_the_rank_api_example_resumes_from_its_newest_checkpoint_identical_to_its_twin(tmp_path: Path) -> None:
-    report = drill(_copy("example-torch-ddp", tmp_path), timeout=600)
+    report = drill(campaign_copy("example-torch-ddp", tmp_path), timeout=600)
     run, twin = run_of(report, "r000"), run_of(report, "r000-baseline")
     assert run["status"] == twin["status"] == "completed" and run["final_step"] == 400
     assert run["model"] == "script torch_ddp.py" and run["progress"] == {"source": "api", "inferred": []}
@@ -43,7 +28,7 @@ def test_the_rank_api_saves_on_the_preemption_warning_and_loses_no_work(tmp_path
     """The warning (SIGUSR2, passed on by the supervisor) reaches the script: preempted() agrees
     on a step on both ranks, the script saves it and holds; the next job resumes exactly there."""
     preempt = [{"kind": "preempt", "after": {"at_step": 120}, "grace_s": 30}]
-    report = drill(_copy("example-torch-ddp", tmp_path, faults=preempt, baseline=False,
+    report = drill(campaign_copy("example-torch-ddp", tmp_path, faults=preempt, baseline=False,
                          workload={"command": ["python", "../examples/torch_ddp.py"], "framework": "torch",
                                    "steps": 3000, "seed": 7}), timeout=600)
     run = run_of(report, "r000")
@@ -56,7 +41,7 @@ def test_the_rank_api_saves_on_the_preemption_warning_and_loses_no_work(tmp_path
 
 
 def test_a_lightning_trainer_with_the_callback_resumes_identical_to_its_twin(tmp_path: Path) -> None:
-    report = drill(_copy("example-lightning", tmp_path), timeout=600)
+    report = drill(campaign_copy("example-lightning", tmp_path), timeout=600)
     run = run_of(report, "r000")
     assert run["status"] == "completed" and run["final_step"] == 160 and run["ranks"] == 2
     [recovery] = run["recoveries"]
@@ -67,7 +52,7 @@ def test_a_lightning_trainer_with_the_callback_resumes_identical_to_its_twin(tmp
 
 
 def test_keras_fit_with_the_callback_resumes_identical_to_its_twin(tmp_path: Path) -> None:
-    report = drill(_copy("example-keras", tmp_path), timeout=600)
+    report = drill(campaign_copy("example-keras", tmp_path), timeout=600)
     run = run_of(report, "r000")
     assert run["status"] == "completed" and run["final_step"] == 1000 and run["framework"] == "tensorflow"
     [recovery] = run["recoveries"]
@@ -78,9 +63,9 @@ def test_keras_fit_with_the_callback_resumes_identical_to_its_twin(tmp_path: Pat
 
 
 def test_an_unmodified_script_is_drilled_from_its_log_lines_and_resumes_itself(tmp_path: Path) -> None:
-    report = drill(_copy("example-unmodified", tmp_path), timeout=600)
+    report = drill(campaign_copy("example-unmodified", tmp_path), timeout=600)
     run = run_of(report, "r000")
-    assert run["status"] == "completed" and run["final_step"] == 600 and len(run["attempts"]) == 2
+    assert run["status"] == "completed" and run["final_step"] == 3000 and len(run["attempts"]) == 2
     assert run["progress"]["source"] == "log" and "resumed_from_step" in run["progress"]["inferred"]
     [recovery] = run["recoveries"]
     assert recovery["failure_class"] == "RANK_SIGNAL"
@@ -114,7 +99,7 @@ def test_a_script_that_never_reports_a_step_ends_at_the_start_timeout_with_that_
 def test_an_mpi_program_started_by_mpiexec_resumes_from_its_own_checkpoint(tmp_path: Path) -> None:
     """`launcher: mpi`: mpiexec starts the supervisors, the script's mpi4py finds its rank and world
     in the environment the launcher gave them (started as plain processes, each would be rank 0 of 1)."""
-    report = drill(_copy("example-mpi", tmp_path), timeout=600)
+    report = drill(campaign_copy("example-mpi", tmp_path), timeout=600)
     run = run_of(report, "r000")
     assert run["status"] == "completed" and run["final_step"] == 400 and len(run["attempts"]) == 2
     [recovery] = run["recoveries"]

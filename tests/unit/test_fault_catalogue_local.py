@@ -1,4 +1,4 @@
-"""The rank-level fault kinds end to end on the local backend (issue 8): each drill's fault acted on
+"""The rank-level fault kinds end to end on the local backend (issue 8): each kind's fault acted on
 its target, the run recovered (or, for a stall, went on without a restart) and ended bit for bit as
 its fault-free twin; the plan is printed without touching anything."""
 
@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,48 +17,78 @@ import pytest
 
 from drills import FAULTDRILL, drill, phases_ok, run_of, write_spec
 from experiments.layout import RunPaths, read_json_lines
+from faultdrill_cli import campaign_copy
+from orchestrator.runs import expand_runs
+from orchestrator.spec import load_campaign
 
-# Steps slow enough (a few ms) that a fault sent at a step lands well before the next checkpoint
-# (an agent takes a few tenths of a second to act).
-WORKLOAD = {"framework": "torch", "params": 200000, "steps": 2000, "seed": 5, "batch_size": 16}
+# The shipped campaign experiments/campaigns/fault-catalogue-local.yaml: each kind in a run of its
+# own, all sharing one fault-free twin, drilled once for this module's tests.
+CAMPAIGN = "fault-catalogue-local"
+STEPS = 2000
 HEARTBEAT_S = 0.05
 RESTART = {"max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0, "checkpoint_timeout_s": 10.0}
+WORKLOAD = {"framework": "torch", "params": 200000, "steps": STEPS, "seed": 5, "batch_size": 16}
 
 
-def _catalogue_drill(tmp_path: Path, faults: list[dict[str, Any]], steps: int = 2000) -> dict[str, Any]:
-    spec = write_spec(tmp_path, workload={**WORKLOAD, "steps": steps}, faults=faults, baseline=True,
-                      parallel_runs=2, restart=RESTART, checkpoint={"every_steps": 500, "keep": 3})
-    report = drill(spec, timeout=600)
-    run = run_of(report, "r000")
-    assert run["status"] == "completed" and run["final_step"] == steps
-    assert run["identical_to_baseline"] is True, "the drill's run did not end as its fault-free twin"
-    assert all(fault["outcome"] != "sending" for fault in run["faults"])
-    assert all(phases_ok(rec) for rec in run["recoveries"])
-    return run
+@dataclass
+class Catalogue:
+    report: dict[str, Any]
+    workdir: Path
+    run_ids: dict[str, str]  # the first fault's kind -> its run
+
+    def run(self, kind: str) -> dict[str, Any]:
+        """The run of ``kind``: completed, bit for bit its twin, every fault accounted for."""
+        run = run_of(self.report, self.run_ids[kind])
+        assert run["status"] == "completed" and run["final_step"] == STEPS, run["attempts"]
+        assert run["identical_to_baseline"] is True, "the drill's run did not end as its fault-free twin"
+        assert all(fault["outcome"] != "sending" for fault in run["faults"])
+        assert all(phases_ok(rec) for rec in run["recoveries"])
+        return run
+
+    def paths(self, kind: str) -> RunPaths:
+        return RunPaths(self.workdir / "runs" / self.run_ids[kind])
 
 
-def test_hang_rank_is_detected_by_its_silence_and_recovered(tmp_path: Path) -> None:
-    run = _catalogue_drill(tmp_path, [{"kind": "hang-rank", "after": {"at_step": 700}, "rank": 1}])
+@pytest.fixture(scope="module")
+def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalogue]:
+    """One drill of the campaign; disk-full's run gets a 16 MB tmpfs as its checkpoint directory."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs (disk-full) and a memory cgroup (oom-rank) need root")
+    root = tmp_path_factory.mktemp("catalogue")
+    spec = campaign_copy(CAMPAIGN, root)
+    run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(spec))
+               if run.campaign.faults}
+    workdir = root / "work"
+    small_fs = RunPaths(workdir / "runs" / run_ids["disk-full"]).checkpoints
+    small_fs.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "faultdrill-test", str(small_fs)], check=True)
+    try:
+        yield Catalogue(drill(spec, timeout=900, expect=None), workdir, run_ids)
+    finally:
+        subprocess.run(["umount", str(small_fs)], check=True)
+
+
+def test_hang_rank_is_detected_by_its_silence_and_recovered(catalogue: Catalogue) -> None:
+    run = catalogue.run("hang-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP" and fault["target"].startswith("rank 1@"), fault
     assert run["attempts"][0]["reason"].startswith("hang: no heartbeat from rank")
     [recovery] = run["recoveries"]
     # Silence counts from the last heartbeat, just before the SIGSTOP.
-    assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= RESTART["hang_timeout_s"] - HEARTBEAT_S
+    assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= 3.0 - HEARTBEAT_S
     assert recovery["failure_class"] == "HANG"
     assert recovery["resumed_from_step"] == 500
 
 
-def test_a_stall_shorter_than_the_hang_timeout_costs_no_restart(tmp_path: Path) -> None:
-    run = _catalogue_drill(tmp_path, [{"kind": "stall-rank", "after": {"at_step": 700}, "rank": 0,
-                                       "duration_s": 1.5}])
+def test_a_stall_shorter_than_the_hang_timeout_costs_no_restart(catalogue: Catalogue) -> None:
+    run = catalogue.run("stall-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 1.5"), fault
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
 
 
-def test_oom_rank_caps_a_rank_whose_leak_the_kernels_oom_killer_ends(tmp_path: Path) -> None:
-    run = _catalogue_drill(tmp_path, [{"kind": "oom-rank", "after": {"at_step": 700}, "rank": 1}])
+def test_oom_rank_caps_a_rank_whose_leak_the_kernels_oom_killer_ends(catalogue: Catalogue) -> None:
+    run = catalogue.run("oom-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["target"].startswith("rank 1@"), fault
     assert "the kernel's OOM killer ended it" in fault["detail"] and "oom_kill 1" in fault["detail"], fault
@@ -68,20 +99,17 @@ def test_oom_rank_caps_a_rank_whose_leak_the_kernels_oom_killer_ends(tmp_path: P
     assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*")), "the agent left its cgroup"
 
 
-def test_kill_rank_can_hit_every_rank_at_one_instant(tmp_path: Path) -> None:
-    run = _catalogue_drill(tmp_path, [{"kind": "kill-rank", "after": {"at_step": 700}, "rank": [0, 1]}])
+def test_kill_rank_can_hit_every_rank_at_one_instant(catalogue: Catalogue) -> None:
+    run = catalogue.run("kill-rank")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["target"].startswith("ranks 0,1@"), fault
     assert [(rec["fault_kind"], rec["failure_class"]) for rec in run["recoveries"]] == [("kill-rank", "RANK_SIGNAL")]
     assert "SIGKILL" in run["attempts"][0]["class_evidence"], run["attempts"][0]
 
 
-def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(tmp_path: Path) -> None:
+def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(catalogue: Catalogue) -> None:
     # Checkpoints at 500 and 1000; at 1100 the newest (1000) is damaged, right after a rank is killed.
-    run = _catalogue_drill(tmp_path, [
-        {"kind": "corrupt-checkpoint", "after": {"at_step": 1100}, "mode": "flip"},
-        {"kind": "kill-rank", "after": {"at_step": 1110}, "rank": 1},
-    ])
+    run = catalogue.run("corrupt-checkpoint")
     corrupt, kill = run["faults"]
     assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00001000/")
     assert kill["outcome"] == "injected" and kill["attempt"] == corrupt["attempt"] == 0
@@ -90,13 +118,12 @@ def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_o
     assert recovery["failure_class"] == "RANK_SIGNAL"
     # The fallback past the damaged 1000 is recorded with what it cost on top.
     assert recovery["fallback_from_step"] == 1000 and recovery["fallback_lost_steps"] == 500
-    paths = RunPaths(tmp_path / "work" / "runs" / "r000")
-    [aside] = read_json_lines(paths.quarantine / "index.jsonl")
+    [aside] = read_json_lines(catalogue.paths("corrupt-checkpoint").quarantine / "index.jsonl")
     assert aside["from"].endswith("step-00001000"), "the damaged checkpoint was not kept aside"
 
 
-def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(tmp_path: Path) -> None:
-    run = _catalogue_drill(tmp_path, [{"kind": "preempt", "after": {"at_step": 700}, "grace_s": 20}])
+def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(catalogue: Catalogue) -> None:
+    run = catalogue.run("preempt")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2", fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
@@ -104,9 +131,24 @@ def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(tmp_p
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
     assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "PREEMPTED"
-    events = read_json_lines(RunPaths(tmp_path / "work" / "runs" / "r000").events_file(0))
-    [warned] = [event for event in events if event["event"] == "warned"]
+    [warned] = [event for event in read_json_lines(catalogue.paths("preempt").events_file(0))
+                if event["event"] == "warned"]
     assert warned["step"] == saved and warned["signal"] == "SIGUSR2"
+
+
+def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_the_one_before(
+        catalogue: Catalogue) -> None:
+    run = catalogue.run("disk-full")
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("caused: attempt 0 failed"), fault
+    reason = run["attempts"][0]["reason"]
+    assert "no space left on device" in reason and "checkpoint step 1000" in reason, reason
+    [recovery] = run["recoveries"]
+    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 500
+    assert recovery["failure_class"] == "CHECKPOINT_WRITE_FAILED"
+    # No ballast left, no partial checkpoint in sight; the three published ones are all valid.
+    names = sorted(path.name for path in catalogue.paths("disk-full").checkpoints.iterdir())
+    assert names == ["step-00001000", "step-00001500", "step-00002000"], names
 
 
 @pytest.mark.parametrize("framework,steps,every", [("tensorflow", 800, 400), ("chainer", 3000, 1500)])
@@ -125,35 +167,6 @@ def test_the_warning_checkpoint_works_for_every_framework(tmp_path: Path, framew
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
     assert recovery["lost_steps"] == 0 and saved % 10 == 0
-
-
-@pytest.fixture
-def small_checkpoint_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MB tmpfs as r000's checkpoint directory (the harness's small filesystem)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "work" / "runs" / "r000" / "checkpoints"
-    mount_point.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "faultdrill-test", str(mount_point)], check=True)
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
-
-
-def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_the_one_before(
-        tmp_path: Path, small_checkpoint_fs: Path) -> None:
-    run = _catalogue_drill(tmp_path, [{"kind": "disk-full", "after": {"at_step": 700}}], steps=1500)
-    [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["detail"].startswith("caused: attempt 0 failed"), fault
-    reason = run["attempts"][0]["reason"]
-    assert "no space left on device" in reason and "checkpoint step 1000" in reason, reason
-    [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 500
-    assert recovery["failure_class"] == "CHECKPOINT_WRITE_FAILED"
-    # No ballast left, no partial checkpoint in sight; the three published ones are all valid.
-    names = sorted(path.name for path in small_checkpoint_fs.iterdir())
-    assert names == ["step-00000500", "step-00001000", "step-00001500"], names
 
 
 def test_disk_full_refuses_a_big_filesystem_and_writes_nothing(tmp_path: Path) -> None:

@@ -134,6 +134,21 @@ def test_runs_that_differ_only_in_their_faults_share_one_twin(tmp_path: Path) ->
     assert by_id["r000-baseline"].baseline_of == "r000" and by_id["r000-baseline"].campaign.faults == []
 
 
+def test_runs_that_differ_in_how_they_recover_share_one_twin(tmp_path: Path) -> None:
+    """A fault-free run trains the same whatever its restart strategy or spare nodes; a run on other
+    resources (here: its nodes held alone) gets a twin of its own."""
+    kill = [{"kind": "kill-rank", "after": {"at_step": 5}, "rank": 0}]
+    raw = _spec(tmp_path, backend="slurm", baseline=True, sweep={"grid": [
+        {"restart.strategy": ["resubmit", "in-allocation"], "faults": [kill]},
+        {"restart.strategy": ["in-allocation"], "resources.spare_nodes": [1], "faults": [kill]},
+        {"resources.extra_directives": [["--exclusive"]], "faults": [kill]}]})
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    twins = {run.run_id: run.twin for run in runs if not run.is_baseline}
+    assert len(set(twins.values())) == 2, twins
+    exclusive = next(run for run in runs if run.campaign.resources.extra_directives and not run.is_baseline)
+    assert [twin for run_id, twin in twins.items() if twin == exclusive.twin] == [exclusive.twin]
+
+
 def test_sweep_with_unknown_key_or_invalid_value_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no key 'paramz'.*valid:.*params"):
         expand_runs(parse_campaign(_spec(tmp_path, sweep={"grid": {"workload.paramz": [1]}}), base_dir=tmp_path))
