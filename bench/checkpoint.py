@@ -5,8 +5,9 @@ a one-rank workload of that size trains one step, then saves through Faultdrill'
 as a rank does (the workload's ``save`` into the store's sink: temporary names, fsync, rename,
 receipt; then rank 0's commit: sha256 manifest, publish):
 - ``sync``: training waits for the whole save (the store's ``blocking_s`` = ``persist_s``);
-- ``async``: training waits for its files to be durable, the commit (hash, manifest) runs on the
-  persist thread; ``blocking`` is what training waited, ``persist`` until published.
+- ``async``: training waits for the workload's snapshot (a copy of the state in memory); the write,
+  fsync (the sha256 taken meanwhile), receipt and commit run on the persist thread; ``blocking`` is
+  what training waited, ``persist`` until published.
 The floor: one write + fsync of the same number of bytes to the same directory, measured next
 to each save. Prints the ratios (1.00 = as fast as the disk allows); writes JSON.
 
@@ -68,19 +69,25 @@ def _free_port() -> int:
 
 def save_once(workload: Any, store: CheckpointStore, step: int, asynchronous: bool,
               worker: PersistWorker) -> tuple[float, float, int]:
-    """(blocking s, persist s, bytes) of one checkpoint through the store, as a rank saves it."""
+    """(blocking s, persist s, bytes) of one checkpoint through the store, as a rank's session takes
+    it (experiments/runtime/session.py): the workload's snapshot, then its write, the sink's receipt
+    and rank 0's commit — on the persist thread when asynchronous (training waits for the snapshot)."""
     started = time.monotonic()
     sink = store.sink(step)
-    workload.save(sink, step)
-    sink.close()
+    write = workload.snapshot(sink, step)
+    meta = workload.checkpoint_meta
+
+    def persist(blocking_s: float | None) -> Any:
+        write()
+        sink.close()
+        return store.commit(step, attempt=0, meta=meta, started=started, blocking_s=blocking_s)
+
     if asynchronous:
-        blocking = time.monotonic() - started
-        worker.submit(lambda: store.commit(step, attempt=0, meta=workload.checkpoint_meta, started=started,
-                                           blocking_s=blocking))
+        worker.submit(lambda: persist(time.monotonic() - started))
         worker.wait()
         record = worker.records[-1]
     else:
-        record = store.commit(step, attempt=0, meta=workload.checkpoint_meta, started=started, blocking_s=None)
+        record = persist(None)
     return record.blocking_s, record.persist_s, record.bytes
 
 

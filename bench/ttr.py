@@ -1,28 +1,30 @@
-"""Time to recover per framework x restart strategy for a rank SIGKILL, against a floor and a peer
-tool measured in the same run, on this machine (local backend; issue 11).
+"""Time to recover per framework x restart strategy x fault, local and on the real Slurm cluster,
+against a floor and the tools users would otherwise pick, measured in the same run (issue 11).
 
-- Faultdrill: one drill per framework x strategy, ``--faults`` rank SIGKILLs at random moments
-  (exponential, after the first checkpoint, one after the other: ``repeat``); the ledger's phases.
-- The floor: a cold start on the same resources (a fault-free run's first attempt: the job's start
-  to its first step), per framework, in the same run. A restart cannot be cheaper than this
-  without a warm process (issue 12).
-- The peer: ``torchrun --standalone --max-restarts`` (PyTorch) on the same model, data and
-  checkpoint interval, the same SIGKILL of one worker: ttr is the kill to the first step of the
-  restarted workers; a restart that never trains again by the deadline counts as a failure.
+- Faultdrill: one drill per backend x framework x strategy x fault kind, ``--faults`` faults one
+  after the other (``repeat``), each at a random moment after a checkpoint; the ledger's phases.
+  Kinds: ``kill-rank`` (SIGKILL of rank 1), ``node-crash`` (Slurm: the job's last node, back 10 s
+  later; in-allocation holds a spare node), ``preempt`` (the warning, a checkpoint, the job ended;
+  the requeue strategy requeues it).
+- The floor: a cold start on the same resources (a fault-free run's job start to its first step),
+  per backend x framework, in the same run. No restart in a new process can be cheaper.
+- The peers (bench/peers.py): ``torchrun --standalone --max-restarts`` on a rank SIGKILL (local),
+  Slurm's ``--requeue`` on a node crash, submitit's ``Checkpointable`` on a preemption (Slurm).
 
-Prints a table of medians and ratios (to the floor, and to torchrun), writes JSON beside it.
+Prints a table of medians and ratios (to the floor, and to the best peer on the same fault), writes
+JSON beside it. Goals: every strategy at or below the best peer on the same fault; after a node
+crash, resubmit and in-allocation >= 20x faster than Slurm's requeue.
 
-    .venv/bin/python bench/ttr.py [--frameworks torch,tensorflow,chainer] [--strategies resubmit,in-allocation]
-                                  [--faults 5] [--out bench/results/ttr-local.json]
+    .venv/bin/python bench/ttr.py [--backends local,slurm] [--frameworks torch,tensorflow,chainer]
+        [--strategies resubmit,in-allocation,requeue] [--kinds kill-rank,node-crash,preempt]
+        [--faults 3] [--peer-trials 3] [--out bench/results/ttr.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
+
+import peers
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
@@ -40,19 +43,43 @@ PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_ste
 PARAMS, BATCH, EVERY = 200_000, 16, 200
 # Steps per framework: the faults come within the first few thousand; a run ends soon after.
 STEPS = {"torch": 6000, "tensorflow": 4000, "chainer": 6000}
+PARTITION = "debug"
+SHARED = Path("/var/tmp")  # outside /tmp: the cluster's nodes have a private one
+PEER_OF = {"kill-rank": "torchrun --standalone --max-restarts", "node-crash": "Slurm --requeue",
+           "preempt": "submitit Checkpointable"}
 
 
-def _spec(workdir: Path, framework: str, strategy: str | None, faults: int, seed: int) -> Path:
+def _fault(kind: str, strategy: str, faults: int) -> dict[str, Any]:
+    fault: dict[str, Any] = {"kind": kind, "anchor": "first_checkpoint", "after": {"exponential": 2.0, "max": 4.0},
+                             "repeat": faults}
+    if kind == "kill-rank":
+        fault.update(rank=1, signal="SIGKILL")
+    elif kind == "node-crash":
+        fault.update(node=-1, down_s=10)
+    elif kind == "preempt":
+        fault.update(grace_s=30, then="requeue" if strategy == "requeue" else "cancel")
+    return fault
+
+
+def _spec(workdir: Path, backend: str, framework: str, strategy: str | None, kind: str | None,
+          faults: int, seed: int) -> Path:
+    """A drill of one framework x strategy x kind (``strategy`` None: the fault-free floor run)."""
+    slurm = backend == "slurm"
+    resources: dict[str, Any] = {"nodes": 2 if slurm else 1, "tasks_per_node": 1 if slurm else 2, "time": "00:30:00"}
+    if slurm:
+        resources["partition"] = PARTITION
+    if kind == "node-crash":
+        resources["extra_directives"] = ["--exclusive"]  # a crash must not take another run's job with it
+        resources["spare_nodes"] = 1 if strategy == "in-allocation" else 0
     spec: dict[str, Any] = {
-        "name": f"bench-ttr-{framework}-{strategy or 'floor'}", "backend": "local", "workdir": str(workdir),
+        "name": f"bench-ttr-{backend}-{framework}-{strategy or 'floor'}-{kind or 'none'}", "backend": backend,
+        "workdir": str(workdir),
         "workload": {"framework": framework, "model": "mlp", "params": PARAMS, "steps": STEPS[framework],
                      "seed": seed, "batch_size": BATCH},
         "checkpoint": {"every_steps": EVERY, "keep": 2},
-        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:30:00"},
+        "resources": resources,
         "restart": {"strategy": strategy or "resubmit", "max_restarts": faults + 2, "poll_interval_s": 0.05},
-        "faults": [] if strategy is None else [
-            {"kind": "kill-rank", "rank": 1, "signal": "SIGKILL", "anchor": "first_checkpoint",
-             "after": {"exponential": 2.0, "max": 4.0}, "repeat": faults}],
+        "faults": [] if strategy is None or kind is None else [_fault(kind, strategy, faults)],
         "parallel_runs": 1,
     }
     path = workdir.parent / f"{spec['name']}.yaml"
@@ -60,127 +87,68 @@ def _spec(workdir: Path, framework: str, strategy: str | None, faults: int, seed
     return path
 
 
+def _valid(spec: Path) -> str | None:
+    """None if Faultdrill takes the spec; else why not (a strategy a backend refuses, say)."""
+    done = subprocess.run([*FAULTDRILL, "validate", str(spec)], capture_output=True, text=True, cwd=REPO)
+    return None if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
+
+
 def _drill(spec: Path) -> dict[str, Any]:
     done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json", "--no-html"], capture_output=True,
-                          text=True, timeout=3600, cwd=REPO)
+                          text=True, timeout=7200, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"bench: the drill {spec} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout)
 
 
-def _events(workdir: Path, run_id: str, attempt: int) -> dict[str, float]:
-    path = workdir / "runs" / run_id / "attempts" / str(attempt) / "events.jsonl"
-    found: dict[str, float] = {}
+def cold_start_s(root: Path, backend: str, framework: str) -> float:
+    """A fault-free run's first attempt: job start -> first step (import, process group, model, step 1)."""
+    workdir = root / f"floor-{backend}-{framework}"
+    report = _drill(_spec(workdir, backend, framework, None, None, 0, seed=1))
+    events = {}
+    path = workdir / "runs" / report["runs"][0]["run_id"] / "attempts" / "0" / "events.jsonl"
     for line in path.read_text().splitlines():
         event = json.loads(line)
-        found.setdefault(event["event"], float(event["time"]))
-    return found
-
-
-def cold_start_s(root: Path, framework: str) -> float:
-    """A fault-free run's first attempt: job start -> first step (import, process group, model, step 1)."""
-    workdir = root / f"floor-{framework}"
-    report = _drill(_spec(workdir, framework, None, 0, seed=1))
-    events = _events(workdir, report["runs"][0]["run_id"], 0)
+        events.setdefault(event["event"], float(event["time"]))
     return events["first_step"] - events["job_start"]
 
 
-def faultdrill_recoveries(root: Path, framework: str, strategy: str, faults: int) -> list[dict[str, Any]]:
-    workdir = root / f"{framework}-{strategy}"
-    report = _drill(_spec(workdir, framework, strategy, faults, seed=2))
-    [run] = report["runs"]
+def faultdrill_row(root: Path, backend: str, framework: str, strategy: str, kind: str, faults: int,
+                   floor: float) -> dict[str, Any] | None:
+    workdir = root / f"{backend}-{framework}-{strategy}-{kind}"
+    spec = _spec(workdir, backend, framework, strategy, kind, faults, seed=2)
+    refused = _valid(spec)
+    if refused:
+        print(f"  skipped {backend}/{framework}/{strategy}/{kind}: {refused}", file=sys.stderr)
+        return None
+    [run] = _drill(spec)["runs"]
     if run["status"] != "completed":
-        raise SystemExit(f"bench: {framework}/{strategy} ended {run['status']}")
-    return run["recoveries"]
+        raise SystemExit(f"bench: {backend}/{framework}/{strategy}/{kind} ended {run['status']}")
+    recoveries = run["recoveries"]
+    row = {"backend": backend, "framework": framework, "strategy": strategy, "kind": kind, "faults": len(recoveries),
+           "floor_s": floor, **{phase: _median([r[phase] for r in recoveries]) for phase in PHASES},
+           "lost_steps": _median([r["lost_steps"] for r in recoveries])}
+    row["ratio_to_floor"] = row["ttr_s"] / floor if row["ttr_s"] is not None else None
+    return row
 
 
-# --- torchrun, the peer ----------------------------------------------------------------------------
-
-TORCHRUN_SCRIPT = r'''
-import json, os, sys, time
-from datetime import timedelta
-from pathlib import Path
-import torch, torch.distributed as dist
-from torch import nn
-steps, every, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-rank = dist.get_rank()
-torch.manual_seed(0)
-width = int((%(params)d / 2) ** 0.5)
-net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
-model = nn.parallel.DistributedDataParallel(net)
-optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-ckpt, start = out / "ckpt.pt", 0
-if ckpt.exists():
-    state = torch.load(ckpt, weights_only=False)
-    net.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]); start = state["step"]
-log = open(out / f"steps-{rank}.jsonl", "a")
-restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-print(json.dumps({"pid": os.getpid(), "rank": rank, "restart": restart}), file=open(out / f"pid-{rank}-{restart}", "w"))
-for step in range(start + 1, steps + 1):
-    g = torch.Generator().manual_seed(step * 1009 + rank)
-    x = torch.randn(%(batch)d, width, generator=g)
-    loss = nn.functional.mse_loss(model(x), torch.tanh(x))
-    optimizer.zero_grad(); loss.backward(); optimizer.step()
-    log.write(json.dumps({"step": step, "time": time.time(), "restart": restart}) + "\n"); log.flush()
-    if step %% every == 0 and rank == 0:
-        tmp = out / ".ckpt.tmp"
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
-        with open(tmp, "rb") as f: os.fsync(f.fileno())
-        os.replace(tmp, ckpt)
-dist.destroy_process_group()
-''' % {"params": PARAMS, "batch": BATCH}
-
-
-def _wait_for(condition: Any, deadline: float, poll: float = 0.02) -> bool:
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(poll)
-    return False
-
-
-def _steps(out: Path, rank: int) -> list[dict[str, Any]]:
-    path = out / f"steps-{rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def torchrun_trial(root: Path, trial: int, rng: random.Random) -> dict[str, Any]:
-    """One torchrun job, one worker SIGKILLed a random time after the first checkpoint."""
-    out = root / f"torchrun-{trial}"
-    out.mkdir(parents=True)
-    script = out / "train.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    steps = STEPS["torch"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                                 "--nproc-per-node", "2", "--max-restarts", "3", str(script), str(steps), str(EVERY),
-                                 str(out)], stdout=subprocess.DEVNULL, stderr=open(out / "torchrun.log", "w"),
-                                env=env, start_new_session=True)
-    try:
-        if not _wait_for(lambda: (out / "ckpt.pt").exists(), time.monotonic() + 300):
-            return {"recovered": False, "why": "no first checkpoint"}
-        time.sleep(min(rng.expovariate(1 / 2.0), 4.0))
-        victim = json.loads((out / "pid-1-0").read_text())["pid"]
-        if victim not in {child.pid for child in psutil.Process(launcher.pid).children(recursive=True)}:
-            return {"recovered": False, "why": f"pid {victim} is not a worker of our torchrun"}
-        killed_at = time.time()
-        os.kill(victim, signal.SIGKILL)
-        last_before = max((s["step"] for s in _steps(out, 0) if s["restart"] == 0), default=0)
-        recovered = _wait_for(lambda: any(s["restart"] > 0 for s in _steps(out, 0)), time.monotonic() + 120)
-        if not recovered:
-            return {"recovered": False, "why": "no step after the restart within 120 s"}
-        first = min((s for s in _steps(out, 0) if s["restart"] > 0), key=lambda s: s["time"])
-        launcher.wait(timeout=600)
-        return {"recovered": launcher.returncode == 0, "ttr_s": first["time"] - killed_at,
-                "lost_steps": last_before - (first["step"] - 1), "exit_code": launcher.returncode}
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-
-
-# --- the table ----------------------------------------------------------------------------------------
+def peer_rows(root: Path, kinds: list[str], backends: list[str], trials: int, rng: random.Random) -> dict[str, Any]:
+    """The best-known peer for each fault kind, ``trials`` times (those the chosen backends allow)."""
+    workload = peers.Workload(params=PARAMS, batch=BATCH, every=EVERY, steps=STEPS["torch"])
+    found: dict[str, Any] = {}
+    for kind in kinds:
+        if kind == "kill-rank" and "local" in backends:
+            results = [peers.torchrun_trial(root, t, workload, rng) for t in range(trials)]
+        elif kind == "node-crash" and "slurm" in backends:
+            results = [peers.slurm_requeue_trial(root, t, workload, PARTITION, down_s=10) for t in range(trials)]
+        elif kind == "preempt" and "slurm" in backends:
+            results = [peers.checkpointable_trial(root, t, workload, PARTITION) for t in range(trials)]
+        else:
+            continue
+        ok = [r for r in results if r["recovered"]]
+        found[kind] = {"peer": PEER_OF[kind], "trials": results, "success_rate": len(ok) / len(results),
+                       "ttr_s": _median([r["ttr_s"] for r in ok]), "lost_steps": _median([r["lost_steps"] for r in ok])}
+    return found
 
 
 def _median(values: list[float]) -> float | None:
@@ -189,36 +157,33 @@ def _median(values: list[float]) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", default="local")
     parser.add_argument("--frameworks", default="torch,tensorflow,chainer")
-    parser.add_argument("--strategies", default="resubmit,in-allocation")
-    parser.add_argument("--faults", type=int, default=5, help="rank SIGKILLs per framework x strategy (and torchrun trials)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ttr-local.json")
+    parser.add_argument("--strategies", default="resubmit,in-allocation,requeue")
+    parser.add_argument("--kinds", default="kill-rank,node-crash,preempt")
+    parser.add_argument("--faults", type=int, default=3, help="faults per drill (framework x strategy x kind)")
+    parser.add_argument("--peer-trials", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ttr.json")
     args = parser.parse_args()
+    backends, kinds = args.backends.split(","), args.kinds.split(",")
     rng = random.Random(11)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-ttr-", dir="/var/tmp") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-ttr-", dir=SHARED) as tmp:
         root = Path(tmp)
-        peer: dict[str, Any] = {}
-        frameworks = args.frameworks.split(",")
-        if "torch" in frameworks:
-            trials = [torchrun_trial(root, trial, rng) for trial in range(args.faults)]
-            ok = [t for t in trials if t["recovered"]]
-            peer = {"trials": trials, "success_rate": len(ok) / len(trials),
-                    "ttr_s": _median([t["ttr_s"] for t in ok]), "lost_steps": _median([t["lost_steps"] for t in ok])}
-        for framework in frameworks:
-            floor = cold_start_s(root, framework)
-            for strategy in args.strategies.split(","):
-                recoveries = faultdrill_recoveries(root, framework, strategy, args.faults)
-                row = {"framework": framework, "strategy": strategy, "faults": len(recoveries), "floor_s": floor,
-                       **{phase: _median([r[phase] for r in recoveries]) for phase in PHASES},
-                       "lost_steps": _median([r["lost_steps"] for r in recoveries])}
-                row["ratio_to_floor"] = row["ttr_s"] / floor if row["ttr_s"] is not None else None
-                row["ratio_to_torchrun"] = (row["ttr_s"] / peer["ttr_s"] if framework == "torch" and peer.get("ttr_s")
-                                            else None)
-                rows.append(row)
-    _print(rows, peer)
+        found_peers = peer_rows(root, kinds, backends, args.peer_trials, rng)
+        for backend in backends:
+            for framework in args.frameworks.split(","):
+                floor = cold_start_s(root, backend, framework)
+                for kind in kinds:
+                    for strategy in args.strategies.split(","):
+                        row = faultdrill_row(root, backend, framework, strategy, kind, args.faults, floor)
+                        if row is not None:
+                            peer = found_peers.get(kind, {}).get("ttr_s")
+                            row["ratio_to_peer"] = row["ttr_s"] / peer if peer and row["ttr_s"] is not None else None
+                            rows.append(row)
+    _print(rows, found_peers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "torchrun": peer},
+    args.out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "peers": found_peers},
                                    indent=2))
     print(f"\nwritten: {args.out}")
 
@@ -227,15 +192,15 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def _print(rows: list[dict[str, Any]], peer: dict[str, Any]) -> None:
-    header = ["framework", "strategy", "faults", *(p.removesuffix("_s") for p in PHASES), "lost steps", "floor",
-              "x floor", "x torchrun"]
+def _print(rows: list[dict[str, Any]], found_peers: dict[str, Any]) -> None:
+    header = ["backend", "framework", "strategy", "fault", "faults", *(p.removesuffix("_s") for p in PHASES),
+              "lost steps", "floor", "x floor", "x peer"]
     print(" | ".join(header))
     for row in rows:
-        print(" | ".join(_fmt(row[key]) for key in ("framework", "strategy", "faults", *PHASES, "lost_steps", "floor_s",
-                                                    "ratio_to_floor", "ratio_to_torchrun")))
-    if peer:
-        print(f"torchrun --standalone --max-restarts 3: median ttr {_fmt(peer['ttr_s'])} s, lost steps "
+        print(" | ".join(_fmt(row[key]) for key in ("backend", "framework", "strategy", "kind", "faults", *PHASES,
+                                                    "lost_steps", "floor_s", "ratio_to_floor", "ratio_to_peer")))
+    for kind, peer in found_peers.items():
+        print(f"peer on {kind}: {peer['peer']}: median ttr {_fmt(peer['ttr_s'])} s, lost steps "
               f"{_fmt(peer['lost_steps'])}, recovered {peer['success_rate']:.0%} of {len(peer['trials'])}")
     print("medians, seconds; floor: a cold start (job start to first step) of the same run, same machine")
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 from experiments.layout import RankJob
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.session import RankSession, SessionOptions, save_weights  # noqa: F401
-from experiments.runtime.sink import FileSink
+from experiments.runtime.snapshot import Snapshot
 from experiments.workloads.base import Workload
 
 # The runner's options are the session's (timeouts, async persist, the warning and its hold).
@@ -64,14 +62,14 @@ class Runner:
             session.stepped(step, loss, step_s=time.monotonic() - step_started)
             checkpoint_due = session.checkpoint_due(step)
             if checkpoint_due:
-                session.checkpoint(step, self._saver(step))
+                session.checkpoint(step, self._snapshot(step))
             if step < total and session.warning_agreed(step):
-                session.checkpoint_on_warning(step, None if checkpoint_due else self._saver(step))
+                session.checkpoint_on_warning(step, None if checkpoint_due else self._snapshot(step))
                 return step
         return None
 
-    def _saver(self, step: int) -> Callable[[FileSink], None]:
-        return lambda sink: self.workload.save(sink, step)
+    def _snapshot(self, step: int) -> Snapshot:
+        return lambda sink: self.workload.snapshot(sink, step)
 
 
 def run_training(

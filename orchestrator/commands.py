@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,12 @@ log = logging.getLogger(__name__)
 # Exit codes that mean "the scheduler is busy or briefly unreachable": worth one more try.
 # Slurm clients exit 1 for nearly everything, so retries are opt-in per call site.
 DEFAULT_TIMEOUT_S = 30.0
+_this_thread = threading.local()  # how many commands this thread has run: what one poll cost
+
+
+def commands_run_here() -> int:
+    """The number of commands this thread has started through ``run_command`` (tries included)."""
+    return int(getattr(_this_thread, "count", 0))
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ def _run_once(
     args: Sequence[str], *, timeout_s: float, cwd: Path | None, env: dict[str, str] | None
 ) -> CommandResult:
     start = time.monotonic()
+    _this_thread.count = commands_run_here() + 1
     try:
         completed = subprocess.run(
             list(args), capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env, check=False

@@ -207,6 +207,7 @@ class Controller:
         stats, before = self.poller.stats, self.ledger.meta("controller_cost") or {}
         self.ledger.set_meta("controller_cost", {
             "scheduler_polls": before.get("scheduler_polls", 0) + stats.calls,
+            "scheduler_poll_commands": before.get("scheduler_poll_commands", 0) + stats.commands,
             "scheduler_poll_failures": before.get("scheduler_poll_failures", 0) + stats.failures,
             "scheduler_wait_s": round(before.get("scheduler_wait_s", 0.0) + stats.seconds, 3),
             "controller_cpu_s": round(before.get("controller_cpu_s", 0.0) + time.process_time() - self._cpu_at_start, 3),

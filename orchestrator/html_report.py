@@ -282,9 +282,13 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
                                         if run["checkpoint_every_steps"] == every)
                 for every in intervals}
 
+    best = max(intervals, key=lambda every: measured[every])
+
     def draw(axes: Any) -> None:
         seconds = [every * step_s for every in intervals]
         axes.plot(seconds, [measured[every] for every in intervals], marker="o", label="measured")
+        axes.plot([best * step_s], [measured[best]], marker="*", markersize=14, linestyle="none",
+                  color="tab:red", label="measured optimum")
         if mtbf:
             grid = [seconds[0] * (seconds[-1] / seconds[0]) ** (i / 99) for i in range(100)]
             axes.plot(grid, [predicted_goodput(tau, cost, mtbf, restart) for tau in grid], label="Daly's model")
@@ -301,12 +305,24 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
         lost = [r["lost_s"] for run in faulted if run["checkpoint_every_steps"] == every for r in run["recoveries"]]
         return statistics.fmean(lost) if lost else None
 
-    rows = [[every, every * step_s, measured[every], predicted_goodput(every * step_s, cost, mtbf, restart) if mtbf
-             else None, lost_s(every), every * step_s / 2] for every in intervals]
+    rows = [_interval_row(every, step_s, measured[every], predicted_goodput(every * step_s, cost, mtbf, restart)
+                          if mtbf else None, lost_s(every)) for every in intervals]
     note = (f"checkpoint cost {cost:.3g} s, restart {restart:.3g} s, step {step_s:.3g} s, MTBF "
-            + (f"{mtbf:.4g} s ({mtbf_source})" if mtbf else "unknown (no failure)"))
-    return Section("Checkpoint interval", image, [(["every steps", "interval s", "measured goodput",
-                                                    "model goodput", "mean lost s", "interval / 2 s"], rows)], note)
+            + (f"{mtbf:.4g} s ({mtbf_source})" if mtbf else "unknown (no failure)")
+            + f"; measured optimum: every {best} steps ({best * step_s:.3g} s)"
+            + (f", Young {young_interval(cost, mtbf):.3g} s, Daly {daly_interval(cost, mtbf):.3g} s" if mtbf else ""))
+    return Section("Checkpoint interval", image, [(["every steps", "interval s", "measured goodput", "model goodput",
+                                                    "mean lost s", "interval / 2 s", "lost / (interval / 2)",
+                                                    "within 15 %"], rows)], note)
+
+
+def _interval_row(every: int, step_s: float, measured: float, model: float | None, lost_s: float | None) -> list[Any]:
+    """One interval's figures: the mean lost work per fault against interval/2 (what a fault at a
+    uniformly random moment between checkpoints costs), and whether it falls within 15 % of it."""
+    half = every * step_s / 2
+    ratio = lost_s / half if lost_s is not None and half > 0 else None
+    return [every, every * step_s, measured, model, lost_s, half, ratio,
+            None if ratio is None else ("yes" if abs(ratio - 1) <= 0.15 else "no")]
 
 
 def _mtbf(runs: list[dict[str, Any]]) -> tuple[float | None, str]:

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from orchestrator.commands import CommandError
+from orchestrator.commands import CommandError, commands_run_here
 from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class SchedulerUnavailable(RuntimeError):
 @dataclass
 class PollStats:
     calls: int = 0  # batched polls made (each one squeue, plus sacct for forgotten ids)
+    commands: int = 0  # the scheduler commands those polls ran (squeue, sacct, qstat; retries too)
     failures: int = 0
     seconds: float = 0.0  # wall time spent waiting on the scheduler
 
@@ -57,7 +58,7 @@ class SchedulerPoller:
     _last_at: float = float("-inf")
     _failing_since: float | None = None
     _failures_in_row: int = 0
-    _in_flight: Future[dict[str, JobState]] | None = None
+    _in_flight: Future[tuple[dict[str, JobState], int]] | None = None
     _in_flight_since: float = 0.0
     _executor: ThreadPoolExecutor | None = None
     # When the poll whose answer was last returned was asked: a job's state from before its
@@ -83,7 +84,7 @@ class SchedulerPoller:
             return self._collect(backend.name, now)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-poll")
-        self._in_flight, self._in_flight_since = self._executor.submit(backend.poll, job_ids), now
+        self._in_flight, self._in_flight_since = self._executor.submit(_counted_poll, backend, job_ids), now
         return {}
 
     def _collect(self, scheduler: str, now: float) -> dict[str, JobState]:
@@ -99,10 +100,11 @@ class SchedulerPoller:
         self.stats.calls += 1
         self.stats.seconds += took
         try:
-            states = future.result()
+            states, commands = future.result()
         except CommandError as error:
             self._failed(scheduler, error, started)
             return {}
+        self.stats.commands += commands
         self._failing_since, self._failures_in_row = None, 0
         self._last_at = self.answered_as_of = started
         self._next_at = started + min(MAX_INTERVAL_S, max(self.interval_s, SLOW_FACTOR * took))
@@ -135,11 +137,18 @@ class SchedulerPoller:
                     self._failures_in_row, wait, error.summary)
 
 
-def _run_now(backend: Scheduler, job_ids: list[str]) -> Future[dict[str, JobState]]:
+def _counted_poll(backend: Scheduler, job_ids: list[str]) -> tuple[dict[str, JobState], int]:
+    """The poll's states and the number of scheduler commands it ran (on this thread)."""
+    before = commands_run_here()
+    states = backend.poll(job_ids)
+    return states, commands_run_here() - before
+
+
+def _run_now(backend: Scheduler, job_ids: list[str]) -> Future[tuple[dict[str, JobState], int]]:
     """The poll made here and now, as a finished future (the inline path shares the collection)."""
-    future: Future[dict[str, JobState]] = Future()
+    future: Future[tuple[dict[str, JobState], int]] = Future()
     try:
-        future.set_result(backend.poll(job_ids))
+        future.set_result(_counted_poll(backend, job_ids))
     except CommandError as error:
         future.set_exception(error)
     return future

@@ -45,8 +45,10 @@ def runs_table(report: dict[str, Any]) -> Table:
 def _cost_caption(cost: dict[str, Any]) -> str | None:
     if not cost:
         return None
-    return (f"controller: {cost['scheduler_polls']} scheduler polls ({cost['scheduler_wait_s']:.1f} s waiting on the "
-            f"scheduler, {cost['scheduler_poll_failures']} failed), {cost['controller_cpu_s']:.1f} s CPU")
+    commands = cost.get("scheduler_poll_commands")
+    issued = f", {commands} commands" if commands is not None else ""
+    return (f"controller: {cost['scheduler_polls']} scheduler polls{issued} ({cost['scheduler_wait_s']:.1f} s waiting "
+            f"on the scheduler, {cost['scheduler_poll_failures']} failed), {cost['controller_cpu_s']:.1f} s CPU")
 
 
 def recoveries_table(report: dict[str, Any]) -> Table:

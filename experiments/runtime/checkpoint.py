@@ -128,8 +128,8 @@ class CheckpointStore:
         before the rename that publishes (the attempt fence: it raises to stop a stale attempt).
         """
         partial = self.partial_dir(step)
-        sizes = self._delivered(partial, step, ranks)
-        hashes = {name: sha256_file(partial / name) for name in sorted(sizes)}
+        sizes, delivered_hashes = self._delivered(partial, step, ranks)
+        hashes = {name: delivered_hashes.get(name) or sha256_file(partial / name) for name in sorted(sizes)}
         persist_s = time.monotonic() - started
         final = self.step_dir(step)
         record = CheckpointRecord(
@@ -153,15 +153,31 @@ class CheckpointStore:
         self.prune()
         return record
 
-    def _delivered(self, partial: Path, step: int, ranks: int) -> dict[str, int]:
-        """File name -> size of every file the ranks' receipts list, each checked on disk."""
+    def await_receipts(self, step: int, ranks: int, timeout_s: float) -> None:
+        """Wait until every rank left its receipt for checkpoint ``step`` (ranks persisting in the
+        background meet here, not in a barrier on the training path); CheckpointIncomplete by the deadline."""
+        partial = self.partial_dir(step)
+        deadline = time.monotonic() + timeout_s
+        pause = 0.002
+        while missing := [rank for rank in range(ranks) if not (partial / receipt_name(rank)).exists()]:
+            if time.monotonic() > deadline:
+                raise CheckpointIncomplete(f"checkpoint {step}: rank(s) {missing} of {ranks} delivered no receipt "
+                                           f"within {timeout_s:g} s: not published")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def _delivered(self, partial: Path, step: int, ranks: int) -> tuple[dict[str, int], dict[str, str]]:
+        """File name -> size (each checked on disk) and name -> sha256 of every file the ranks'
+        receipts list."""
         sizes: dict[str, int] = {}
+        hashes: dict[str, str] = {}
         for rank in range(ranks):
             receipt = read_receipt(partial / receipt_name(rank))
             if receipt is None:
                 raise CheckpointIncomplete(f"checkpoint {step}: rank {rank} of {ranks} delivered no receipt "
                                            f"({partial / receipt_name(rank)} missing): not published")
-            sizes.update(receipt)
+            sizes.update(receipt.sizes)
+            hashes.update(receipt.hashes)
         if not sizes:
             raise CheckpointIncomplete(f"checkpoint {step}: no rank wrote a file into it ({ranks} receipts, all "
                                        "empty): nothing to resume from, not published")
@@ -175,7 +191,7 @@ class CheckpointStore:
         strays = sorted(p.name for p in partial.iterdir() if p.is_file() and _is_payload(p.name) and p.name not in sizes)
         if strays:
             log.warning("checkpoint %d: files no rank listed are left out of the manifest: %s", step, strays)
-        return sizes
+        return sizes, hashes
 
     def prune(self) -> list[Path]:
         """Keep the newest ``keep`` final directories; rename first so no reader sees half a deletion."""

@@ -1,9 +1,9 @@
-"""Publishing a checkpoint off the training path (hash, manifest, rename) on a worker thread.
+"""A checkpoint's persist off the training path, on a worker thread: a rank's share written and
+made durable from the snapshot it took (and on rank 0, once every rank delivered, the manifest and
+the rename that publishes).
 
-Hashing reads every byte back; for large checkpoints that is the bulk of persist time, and the
-ranks need not wait for it: their files are already durable when the barrier passes. At most one
-commit is in flight: the next checkpoint (and the end of the run) waits for the previous one, so
-checkpoints are published in step order and an error surfaces within one checkpoint interval.
+At most one job is in flight: the next checkpoint (and the end of the run) waits for the previous
+one, so checkpoints are published in step order; a failure surfaces at the next step (``check``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Callable
 
 from experiments.layout import CheckpointRecord
 
+PersistJob = Callable[[], "CheckpointRecord | None"]  # None: a share written, nothing published here
+
 
 class PersistWorker:
     def __init__(self) -> None:
@@ -20,7 +22,7 @@ class PersistWorker:
         self._error: BaseException | None = None
         self.records: list[CheckpointRecord] = []
 
-    def submit(self, commit: Callable[[], CheckpointRecord]) -> None:
+    def submit(self, commit: PersistJob) -> None:
         self.wait()
         # Not a daemon: if training fails meanwhile, the interpreter still finishes publishing a
         # checkpoint whose files are all written, rather than leave it as a partial directory.
@@ -34,10 +36,18 @@ class PersistWorker:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError("publishing a checkpoint failed") from error
+            raise RuntimeError(f"persisting a checkpoint failed: {error}") from error
 
-    def _run(self, commit: Callable[[], CheckpointRecord]) -> None:
+    def check(self) -> None:
+        """Re-raise the error of a job that has already ended (never waits for one in flight)."""
+        if self._thread is not None and not self._thread.is_alive():
+            self.wait()
+
+    def _run(self, commit: PersistJob) -> None:
         try:
-            self.records.append(commit())
-        except BaseException as error:  # handed to the training thread by wait()
+            record = commit()
+        except BaseException as error:  # handed to the training thread by wait() or check()
             self._error = error
+            return
+        if record is not None:
+            self.records.append(record)

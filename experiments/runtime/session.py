@@ -24,6 +24,7 @@ import psutil
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
+    CheckpointRecord,
     EVENT_COMPLETED,
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
@@ -43,6 +44,7 @@ from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.persist import PersistWorker
 from experiments.runtime.sink import FileSink
+from experiments.runtime.snapshot import Snapshot
 from experiments.runtime.warning import EXIT_WARNED, WARNING_POLL_STEPS, WarningNote, wait_for_the_end
 
 
@@ -59,7 +61,8 @@ class Collectives(Protocol):
 @dataclass(frozen=True)
 class SessionOptions:
     timeouts: Timeouts = field(default_factory=Timeouts)
-    # True: rank 0 hashes and publishes a checkpoint on a thread while training goes on.
+    # True: training waits only for a snapshot of the state; a thread writes it, makes it durable
+    # and (rank 0) publishes it while training goes on.
     async_persist: bool = True
     # The scheduler's warning (installed by the entry point); None: a warning is not watched.
     warning: WarningNote | None = None
@@ -151,6 +154,7 @@ class RankSession:
         if step_s is not None:
             self.train_time_s += step_s
         self.steps_trained += 1
+        self.persist.check()  # a checkpoint that failed in the background fails the rank now
         if self.env.is_main and loss is not None:
             append_json_line(self.paths.loss_log, {"attempt": self.job.attempt, "step": step, "loss": loss})
         if self.steps_trained == 1:
@@ -162,10 +166,38 @@ class RankSession:
         with self.heartbeat.phase(name, timeout_s or self.checkpoint_s, step):
             yield
 
-    def checkpoint(self, step: int, save: Callable[[FileSink], None]) -> None:
-        """Every rank writes its share through ``save``, all meet, rank 0 publishes (async or not)."""
+    def checkpoint(self, step: int, snapshot: Snapshot) -> None:
+        """Every rank captures its share (``snapshot``), it is written and made durable, and rank 0
+        publishes once every rank delivered. Asynchronous: training waits for the capture alone."""
+        if self.options.async_persist:
+            self._checkpoint_in_background(step, snapshot)
+            return
         with self.writing(step) as sink:
-            save(sink)
+            snapshot(sink)()
+
+    def _checkpoint_in_background(self, step: int, snapshot: Snapshot) -> None:
+        with self.phase("checkpoint", step):
+            started = time.monotonic()
+            self.persist.wait()  # this rank's previous share written (rank 0: published): in step order
+            sink = self.store.sink(step, self.env.rank)
+            write = snapshot(sink)
+            blocking_s = time.monotonic() - started
+        self.persist.submit(functools.partial(self._persist_share, step, sink, write, started, blocking_s))
+
+    def _persist_share(self, step: int, sink: FileSink, write: Callable[[], None], started: float,
+                       blocking_s: float) -> CheckpointRecord | None:
+        """On the persist thread: this rank's share to disk; rank 0 then waits for every rank's
+        receipt (instead of a barrier on the training path) and publishes."""
+        try:
+            write()
+            sink.close()
+        except Exception as error:
+            raise explain_write_failure(error, self.store.root, step) from error
+        if not self.env.is_main:
+            return None
+        self.store.await_receipts(step, self.env.world_size, self.checkpoint_s)
+        return self.store.commit(step, self.job.attempt, self.meta, started, blocking_s, ranks=self.env.world_size,
+                                 before_publish=self._check_fence)
 
     @contextmanager
     def writing(self, step: int) -> Iterator[FileSink]:
@@ -184,6 +216,8 @@ class RankSession:
             self._publish(step, started)
 
     def _publish(self, step: int, started: float) -> None:
+        """Every rank wrote its share (the rank API's checkpoint block): rank 0 publishes, on the
+        persist thread when persist is asynchronous."""
         self.collectives.barrier(self.checkpoint_s)
         asynchronous = self.options.async_persist
         # Synchronous: training waits for the whole commit, so blocking time is persist time.
@@ -221,13 +255,13 @@ class RankSession:
             return False
         return self.collectives.broadcast_int(int(note.received)) == 1
 
-    def checkpoint_on_warning(self, step: int, save: Callable[[FileSink], None] | None) -> None:
-        """Save ``step`` (``save`` None: it was just saved) and make it durable, then note it."""
+    def checkpoint_on_warning(self, step: int, snapshot: Snapshot | None) -> None:
+        """Save ``step`` (``snapshot`` None: it was just saved) and make it durable, then note it."""
         note = self.options.warning
         assert note is not None
         started = time.monotonic()
-        if save is not None:
-            self.checkpoint(step, save)
+        if snapshot is not None:
+            self.checkpoint(step, snapshot)
         with self.phase("checkpoint", step):
             self.persist.wait()  # durable before the scheduler may end the job
         self.events.emit(EVENT_WARNED, step=step, signal=note.signal.name, received_at=note.received_at,

@@ -1,9 +1,11 @@
 """Durable file writes for one rank's share of a checkpoint: temporary name, fsync, rename.
 
 A rank killed mid-write leaves only a hidden temporary file, never a truncated file under the
-final name; the store ignores hidden names when it hashes the checkpoint. When a rank closes its
-sink it leaves a receipt (a hidden JSON file: name -> size of every file it wrote), so that rank 0
-publishes exactly what every rank delivered and notices a rank that delivered nothing.
+final name; the store ignores hidden names when it hashes the checkpoint. Each file is hashed while
+its fsync runs (its bytes are still in the page cache), so the manifest's sha256 costs no time of
+its own on a disk slower than the hash. When a rank closes its sink it leaves a receipt (a hidden
+JSON file: the size and sha256 of every file it wrote), so that rank 0 publishes exactly what every
+rank delivered, without reading it back, and notices a rank that delivered nothing.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import errno
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from experiments.layout import MANIFEST_NAME, fsync_dir, write_json_atomic
+from experiments.layout import MANIFEST_NAME
+from experiments.runtime.verify import sha256_file
 
 _COPY_CHUNK = 4 << 20
 
@@ -28,6 +33,7 @@ class FileSink:
         self.directory = directory
         self.rank = rank
         self.written: dict[str, int] = {}  # name -> bytes: this rank's share, listed in its receipt
+        self.hashes: dict[str, str] = {}  # name -> sha256, taken while the file was made durable
 
     @contextmanager
     def open(self, name: str) -> Iterator[BinaryIO]:
@@ -39,14 +45,18 @@ class FileSink:
         try:
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            digest = durable_sha256(tmp, handle.fileno())
         except BaseException:
             handle.close()
             tmp.unlink(missing_ok=True)
             raise
         handle.close()
         os.replace(tmp, final)
+        self._record(name, final, digest)
+
+    def _record(self, name: str, final: Path, digest: str) -> None:
         self.written[name] = final.stat().st_size
+        self.hashes[name] = digest
 
     def write_bytes(self, name: str, data: bytes) -> None:
         with self.open(name) as handle:
@@ -56,13 +66,19 @@ class FileSink:
     def scratch(self) -> Iterator[Path]:
         """A hidden directory inside this one (same file system, so ``adopt`` renames), where a
         framework may write files by path; removed with whatever was not adopted."""
-        path = self.directory / f".scratch-{os.getpid()}"
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir()
+        path = self.new_scratch()
         try:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def new_scratch(self) -> Path:
+        """``scratch`` for a caller that removes it itself (a write that ends on another thread);
+        a partial directory left behind goes with its scratch (CheckpointStore.remove_stale)."""
+        path = self.directory / f".scratch-{os.getpid()}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()
+        return path
 
     def adopt(self, path: Path, name: str) -> None:
         """Publish a file a framework wrote itself (at ``path``) under ``name``: fsync, rename.
@@ -73,7 +89,7 @@ class FileSink:
         """
         _check_name(name)
         with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
+            digest = durable_sha256(path, handle.fileno())
         final = self.directory / name
         try:
             os.replace(path, final)
@@ -84,29 +100,53 @@ class FileSink:
                 shutil.copyfileobj(source, target, _COPY_CHUNK)
             os.unlink(path)
             return
-        self.written[name] = final.stat().st_size
+        self._record(name, final, digest)
 
     def close(self) -> None:
-        """Make this rank's renames durable, then leave its receipt (before the barrier)."""
-        fsync_dir(self.directory)
-        write_json_atomic(self.directory / receipt_name(self.rank), {"rank": self.rank, "files": self.written})
+        """Leave this rank's receipt (before the ranks meet). It is coordination, not data: written
+        by rename, not fsynced; rank 0's manifest, written and fsynced with its directory after every
+        rank's receipt, is what makes the checkpoint's names durable."""
+        receipt = self.directory / receipt_name(self.rank)
+        tmp = receipt.with_name(f".{receipt.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"rank": self.rank, "files": self.written, "sha256": self.hashes}))
+        os.replace(tmp, receipt)
+
+
+def durable_sha256(path: Path, fd: int) -> str:
+    """fsync ``fd`` (the file at ``path``) and, meanwhile, hash the file: both release the GIL, and
+    the bytes just written are read back from the page cache, so this takes about the fsync's time."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
+        synced = pool.submit(os.fsync, fd)
+        digest = sha256_file(path)
+        synced.result()
+    return digest
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What one rank delivered into a checkpoint: name -> size, and name -> sha256 (files an older
+    writer listed without a hash are hashed when the manifest is written)."""
+    sizes: dict[str, int]
+    hashes: dict[str, str] = field(default_factory=dict)
 
 
 def receipt_name(rank: int) -> str:
     return f".receipt-rank{rank:05d}.json"
 
 
-def read_receipt(path: Path) -> dict[str, int] | None:
-    """The files (name -> size) a rank's receipt lists; None if it left none."""
+def read_receipt(path: Path) -> Receipt | None:
+    """The files a rank's receipt lists; None if it left none."""
     try:
         with open(path) as handle:
             receipt = json.load(handle)
     except FileNotFoundError:
         return None
     files = receipt.get("files") if isinstance(receipt, dict) else None
-    if not isinstance(files, dict):
+    hashes = receipt.get("sha256", {}) if isinstance(receipt, dict) else None
+    if not isinstance(files, dict) or not isinstance(hashes, dict):
         raise ValueError(f"{path}: not a checkpoint receipt")
-    return {str(name): int(size) for name, size in files.items()}
+    return Receipt({str(name): int(size) for name, size in files.items()},
+                   {str(name): str(digest) for name, digest in hashes.items() if name in files})
 
 
 def _check_name(name: str) -> None:

@@ -13,7 +13,7 @@ import random
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 import torch
@@ -32,13 +32,37 @@ def rng_file(rank: int) -> str:
 def save(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int,
          step: int, data_position: Any = None, extra: dict[str, Any] | None = None) -> None:
     """Write this rank's share of the state after ``step`` into ``target`` (a directory or a sink)."""
+    snapshot(target, model, optimizer, rank=rank, step=step, data_position=data_position, extra=extra)()
+
+
+def snapshot(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
+             rank: int, step: int, data_position: Any = None, extra: dict[str, Any] | None = None) -> Callable[[], None]:
+    """``save`` in two parts: a copy of this rank's share now (every tensor cloned: training may
+    go on), and the returned call, which writes the copy into ``target`` (on any thread)."""
+    files: dict[str, Any] = {}
     if rank == 0:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
-                 "step": step, "data_position": step if data_position is None else data_position, **(extra or {})}
-        with _open(target, MODEL_FILE) as handle:
-            torch.save(state, handle)
-    with _open(target, rng_file(rank)) as handle:
-        torch.save(rng_state(), handle)
+        files[MODEL_FILE] = _cloned({
+            "model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
+            "step": step, "data_position": step if data_position is None else data_position, **(extra or {})})
+    files[rng_file(rank)] = rng_state()  # fresh objects already
+
+    def write() -> None:
+        for name, state in files.items():
+            with _open(target, name) as handle:
+                torch.save(state, handle)
+
+    return write
+
+
+def _cloned(value: Any) -> Any:
+    """``value`` with every tensor in it copied (dicts, lists and tuples rebuilt around them)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: _cloned(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cloned(item) for item in value)
+    return value
 
 
 def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, rank: int,

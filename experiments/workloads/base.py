@@ -18,6 +18,7 @@ from experiments.layout import WorkloadSpec
 from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
+from experiments.runtime.snapshot import ShareWriter
 
 
 class Workload(ABC):
@@ -47,9 +48,14 @@ class Workload(ABC):
         rank, so the data order survives a restart); returns this rank's loss."""
 
     @abstractmethod
+    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
+        """Capture this rank's share of the state after ``step`` (weights, optimizer, this rank's
+        RNG states, the data position) as a copy, and return what writes it through ``sink``
+        (possibly on another thread, while training changes the model). Every rank is called."""
+
     def save(self, sink: FileSink, step: int) -> None:
-        """Write this rank's share of the state after ``step`` through ``sink``: weights,
-        optimizer, this rank's RNG states and the data position. Every rank is called."""
+        """``snapshot`` and write, in a row (a synchronous checkpoint)."""
+        self.snapshot(sink, step)()
 
     @abstractmethod
     def load(self, directory: Path, step: int) -> None:

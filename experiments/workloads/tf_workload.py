@@ -16,6 +16,7 @@ though on CPU it is not what makes the resume exact (measured: identical digests
 from __future__ import annotations
 
 import os
+import shutil
 
 # Before TensorFlow's C++ runtime loads: warnings and info lines off (errors still print).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -218,23 +219,33 @@ class TensorFlowWorkload(Workload):
         loss = self._step_fn(inputs, targets)  # the all-reduce: a dead peer raises here
         return float(self.strategy.experimental_local_results(loss)[0])
 
-    def save(self, sink: FileSink, step: int) -> None:
+    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
+        """TensorFlow writes by path: every worker writes now (TensorFlow's multi-worker pattern:
+        should the save ever need a collective, no worker is missing from it) into a scratch
+        directory inside the checkpoint's partial directory; the returned call makes the chief's
+        files durable and part of the share (fsync and hash, on any thread) and removes the scratch
+        (with the partial directory by the next attempt, should this rank be killed meanwhile)."""
         assert self.env is not None and self.checkpoint is not None
         for name in ("step", "data_position"):
             self.counters[name].assign(step)
         self.counters["hidden_width"].assign(self.width)
-        if self.env.is_main:
-            with sink.scratch() as scratch:
-                self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
-                for path in sorted(p for p in scratch.iterdir() if p.is_file()):
-                    sink.adopt(path, path.name)
-            return
-        # TensorFlow's multi-worker pattern: every worker runs the same save (should it ever need
-        # a collective, no worker is missing from it); the non-chiefs' copies go to a scratch
-        # directory inside the checkpoint's partial directory, removed at once, and with the
-        # partial directory by the next attempt should this rank be killed mid-write.
-        with sink.scratch() as scratch:
+        scratch = sink.new_scratch()
+        try:
             self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        is_main = self.env.is_main
+
+        def write() -> None:
+            try:
+                if is_main:
+                    for path in sorted(p for p in scratch.iterdir() if p.is_file()):
+                        sink.adopt(path, path.name)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+        return write
 
     def load(self, directory: Path, step: int) -> None:
         assert self.checkpoint is not None

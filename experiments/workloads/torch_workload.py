@@ -24,6 +24,7 @@ from experiments.runtime import torch_state
 from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
+from experiments.runtime.snapshot import ShareWriter
 from experiments.workloads.base import Workload
 from experiments.workloads.synthetic import (
     DROPOUT,
@@ -119,10 +120,10 @@ class TorchWorkload(Workload):
         self.optimizer.step()
         return float(loss.item())
 
-    def save(self, sink: FileSink, step: int) -> None:
+    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
         assert self.env is not None and self.optimizer is not None
-        torch_state.save(sink, self.model, self.optimizer, rank=self.env.rank, step=step,
-                         extra={"hidden_width": self.width})
+        return torch_state.snapshot(sink, self.model, self.optimizer, rank=self.env.rank, step=step,
+                                    extra={"hidden_width": self.width})
 
     def load(self, directory: Path, step: int) -> None:
         assert self.env is not None and self.optimizer is not None

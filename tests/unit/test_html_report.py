@@ -65,7 +65,7 @@ def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(t
     """The interval section from report rows (as the interval campaign's runs give them): measured
     goodput per interval beside the model's, the mean lost work beside interval / 2."""
     from orchestrator.advise import predicted_goodput
-    from orchestrator.html_report import _interval_section
+    from orchestrator.html_report import _interval_row, _interval_section
     from report_page import not_blank
 
     def run(run_id: str, every: int, lost_s: list[float], elapsed: float) -> dict[str, Any]:
@@ -81,6 +81,10 @@ def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(t
     assert header[:3] == ["every steps", "interval s", "measured goodput"]
     assert [row[0] for row in rows] == [50, 400]
     assert rows[0][2] == pytest.approx(10.0 / 14.0) and rows[1][4] == pytest.approx(2.0) and rows[1][5] == pytest.approx(2.0)
+    # lost work against interval / 2: 0.25 s of 0.25 s (1.00, within 15 %), 2.0 s of 2.0 s (1.00)
+    assert [row[6] for row in rows] == [pytest.approx(1.0), pytest.approx(1.0)] and [row[7] for row in rows] == ["yes"] * 2
+    assert "measured optimum: every 50 steps (0.5 s)" in section.note
+    assert _interval_row(100, 0.01, 0.5, None, 0.8)[6:] == [pytest.approx(1.6), "no"]
     mtbf = 30.0 / 4  # elapsed over failures, measured
     assert rows[1][3] == pytest.approx(predicted_goodput(4.0, 0.05, mtbf, 2.0))
     assert _interval_section(runs[:1], tmp_path) is None, "one interval: nothing to compare"

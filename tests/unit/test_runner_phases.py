@@ -17,6 +17,7 @@ from experiments.runner import RunnerOptions, run_training
 from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
+from experiments.runtime.snapshot import ShareWriter
 from experiments.workloads.base import Workload
 from orchestrator.states import JobState
 from orchestrator.watch import AttemptWatch, RankBeat
@@ -44,9 +45,14 @@ class SlowSaveWorkload(Workload):
         time.sleep(0.01)
         return float(self.weights.sum())
 
-    def save(self, sink: FileSink, step: int) -> None:
-        time.sleep(SAVE_S)
-        sink.write_bytes("weights.bin", self.weights.tobytes())
+    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
+        weights = self.weights.copy()
+
+        def write() -> None:
+            time.sleep(SAVE_S)
+            sink.write_bytes("weights.bin", weights.tobytes())
+
+        return write
 
     def load(self, directory: Path, step: int) -> None:
         self.weights = np.frombuffer((directory / "weights.bin").read_bytes()).copy()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator.commands import CommandError
+from orchestrator.commands import CommandError, run_command
 from orchestrator.scheduler_poll import URGENT_MIN_S, SchedulerPoller, SchedulerUnavailable
 from orchestrator.states import JobState
 
@@ -154,3 +154,26 @@ def wait_for_answer(slow_path: SchedulerPoller, scheduler: HangingScheduler) -> 
             return answer
         time.sleep(0.01)
     raise AssertionError("the released poll's answer never came")
+
+
+class TwoCommandScheduler:
+    """A poll that runs two real commands through the one wrapper (squeue, then sacct for the rest)."""
+    name = "two-commands"
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        run_command(["true"])
+        run_command(["true"])
+        return {job_id: JobState.RUNNING for job_id in job_ids}
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_the_commands_each_poll_ran_are_counted(background: bool) -> None:
+    slow_path = SchedulerPoller(0.0, 60.0, background=background)
+    scheduler = TwoCommandScheduler()
+    deadline = time.monotonic() + 10
+    answers = 0
+    while answers < 3 and time.monotonic() < deadline:
+        answers += bool(slow_path.poll(scheduler, ["1", "2", "3"]))
+        time.sleep(0.01)
+    slow_path.close()
+    assert answers == 3 and slow_path.stats.calls == 3 and slow_path.stats.commands == 6

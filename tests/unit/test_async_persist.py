@@ -1,0 +1,107 @@
+"""Asynchronous persist (issue 11): training waits only for a rank's snapshot of its state; a
+thread writes it, makes it durable and (rank 0) publishes it once every rank delivered. The
+runner is the real one; the workload is a small NumPy one whose write is slow, as a large model's
+is on a slow disk."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.layout import RankJob, RunPaths, WorkloadSpec, read_json_lines
+from experiments.runner import RunnerOptions, run_training
+from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+from experiments.runtime.distenv import DistEnv, Timeouts
+from experiments.runtime.sink import FileSink
+from experiments.runtime.snapshot import ShareWriter
+from experiments.workloads.base import Workload
+
+WRITE_S = 0.15  # each checkpoint's write; a step takes 10 ms, checkpoints are 30 steps apart
+
+
+class SlowWriteWorkload(Workload):
+    framework = "numpy"
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.weights = np.zeros(4)
+        self.fail_at = fail_at
+
+    @property
+    def checkpoint_meta(self) -> CheckpointMeta:
+        return CheckpointMeta("numpy", "raw float64", "all")
+
+    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
+        return {}
+
+    def train_step(self, step: int) -> float:
+        self.weights += step  # the model changes while an earlier checkpoint is being written
+        time.sleep(0.01)
+        return float(self.weights.sum())
+
+    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
+        weights = self.weights.copy()
+
+        def write() -> None:
+            time.sleep(WRITE_S)
+            if step == self.fail_at:
+                raise OSError(28, "No space left on device")
+            sink.write_bytes("weights.bin", weights.tobytes())
+
+        return write
+
+    def load(self, directory: Path, step: int) -> None:
+        self.weights = np.frombuffer((directory / "weights.bin").read_bytes()).copy()
+
+    def named_weights(self) -> list[tuple[str, np.ndarray]]:
+        return [("w", self.weights)]
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        pass
+
+    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
+        return value
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _job(tmp_path: Path, steps: int = 90) -> RankJob:
+    return RankJob(run_id="r", run_dir=str(tmp_path), attempt=0, workload=WorkloadSpec(steps=steps),
+                   checkpoint_every=30, checkpoint_keep=0, heartbeat_interval_s=0.02)
+
+
+def _train(tmp_path: Path, workload: Workload, asynchronous: bool) -> float:
+    started = time.monotonic()
+    run_training(_job(tmp_path), DistEnv.from_environ({}, hostname="test"), workload, started_at=time.time(),
+                 options=RunnerOptions(timeouts=Timeouts(checkpoint_s=10), async_persist=asynchronous))
+    return time.monotonic() - started
+
+
+def test_training_waits_for_the_snapshot_only_and_every_checkpoint_holds_its_own_step(tmp_path: Path) -> None:
+    _train(tmp_path, SlowWriteWorkload(), asynchronous=True)
+    records = read_json_lines(RunPaths(tmp_path).checkpoint_log)
+    assert [record["step"] for record in records] == [30, 60, 90], "published in step order"
+    for record in records:
+        assert record["blocking_s"] < WRITE_S / 2 < WRITE_S <= record["persist_s"], record
+    store = CheckpointStore(tmp_path)
+    for step in (30, 60, 90):  # the state of its step, not of a later one the training had reached
+        weights = np.frombuffer((store.step_dir(step) / "weights.bin").read_bytes())
+        assert weights.tolist() == [step * (step + 1) / 2] * 4
+
+    synchronous = tmp_path / "sync"
+    _train(synchronous, SlowWriteWorkload(), asynchronous=False)
+    for record in read_json_lines(RunPaths(synchronous).checkpoint_log):
+        assert record["blocking_s"] == record["persist_s"] >= WRITE_S
+
+
+def test_a_write_that_fails_in_the_background_fails_the_rank_within_a_step_and_publishes_nothing(
+        tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="persisting a checkpoint failed: .*checkpoint step 30 could not be written"):
+        _train(tmp_path, SlowWriteWorkload(fail_at=30), asynchronous=True)
+    beats = read_json_lines(RunPaths(tmp_path).heartbeat_file(0))
+    steps_after = max(beat["step"] for beat in beats) - 30
+    assert steps_after <= WRITE_S / 0.01 + 5, f"trained {steps_after} steps past the failed write"
+    assert not read_json_lines(RunPaths(tmp_path).checkpoint_log)
