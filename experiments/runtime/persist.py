@@ -36,7 +36,7 @@ class PersistWorker:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"persisting a checkpoint failed: {error}") from error
+            raise RuntimeError(f"publishing a checkpoint failed: {error}") from error
 
     def check(self) -> None:
         """Re-raise the error of a job that has already ended (never waits for one in flight)."""

@@ -99,7 +99,7 @@ def test_training_waits_for_the_snapshot_only_and_every_checkpoint_holds_its_own
 
 def test_a_write_that_fails_in_the_background_fails_the_rank_within_a_step_and_publishes_nothing(
         tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="persisting a checkpoint failed: .*checkpoint step 30 could not be written"):
+    with pytest.raises(RuntimeError, match="publishing a checkpoint failed: .*checkpoint step 30 could not be written"):
         _train(tmp_path, SlowWriteWorkload(fail_at=30), asynchronous=True)
     beats = read_json_lines(RunPaths(tmp_path).heartbeat_file(0))
     steps_after = max(beat["step"] for beat in beats) - 30
