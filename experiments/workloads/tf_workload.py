@@ -231,6 +231,10 @@ class TensorFlowWorkload(Workload):
         self.counters["hidden_width"].assign(self.width)
         scratch = sink.new_scratch()
         try:
+            # Not TensorFlow's async option (CheckpointOptions(enable_async=True)): its copy of Keras 3
+            # variables fails from the second save on ("tf.function only supports singleton
+            # tf.Variables created on the first call"). The write goes to the page cache; its fsync
+            # and hash are what the returned call does, off the training thread.
             self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
