@@ -41,6 +41,7 @@ from experiments.runtime.persist import PersistWorker  # noqa: E402
 from experiments.workloads import get_workload  # noqa: E402
 
 BYTES_PER_PARAM = 12  # float32 weights + Adam's two moments
+FLOOR_CHUNK = 4 << 20
 
 
 def floor_s(directory: Path, size: int) -> float:
@@ -51,8 +52,8 @@ def floor_s(directory: Path, size: int) -> float:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view):]
+        while view:  # in chunks, as any writer of a large state does (one 1 GiB write() is slower here)
+            view = view[os.write(fd, view[:FLOOR_CHUNK]):]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -105,7 +106,9 @@ def bench_one(framework: str, mb: int, repeats: int, directory: Path) -> list[di
             store, worker = CheckpointStore(directory / f"{framework}-{mb}-{mode}", keep=1), PersistWorker()
             samples = []
             for step in range(1, repeats + 1):
+                os.sync()  # each measurement from a clean write-back state: none pays for another's pages
                 blocking, persist, size = save_once(workload, store, step, asynchronous, worker)
+                os.sync()
                 samples.append((blocking, persist, size, floor_s(directory, size)))
             blocking, persist, floor = (statistics.median(sample[i] for sample in samples) for i in (0, 1, 3))
             rows.append({"framework": framework, "state_mb": mb, "params": params, "mode": mode,
@@ -135,6 +138,8 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "MIB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # What a Chainer rank's environment says (experiments/workloads/__init__.py): chainer imports numpy.distutils.
+    os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
     if args.one:
         print(json.dumps(bench_one(args.one[0], int(args.one[1]), args.repeats, args.dir)))
         return
@@ -142,7 +147,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="fd-bench-ckpt-") as scratch:
         for framework in args.frameworks.split(","):
             for mb in args.mb:
-                rows.extend(_in_subprocess(framework, mb, args.repeats, Path(scratch)))
+                measured = _in_subprocess(framework, mb, args.repeats, Path(scratch))
+                for row in measured:  # as it goes: a long run shows its progress
+                    print(f"  {framework} {mb} MiB {row['mode']}: persist {row['persist_x_floor']:.2f} x floor, "
+                          f"blocking {row['blocking_s']:.3f} s", file=sys.stderr, flush=True)
+                rows.extend(measured)
     sync = {(r["framework"], r["state_mb"]): r for r in rows if r["mode"] == "sync"}
     print("framework | state MiB | mode | bytes | floor s | blocking s | persist s | persist x floor | async blocking / sync")
     for row in rows:

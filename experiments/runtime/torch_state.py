@@ -36,14 +36,18 @@ def save(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.optim
 
 
 def snapshot(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
-             rank: int, step: int, data_position: Any = None, extra: dict[str, Any] | None = None) -> Callable[[], None]:
-    """``save`` in two parts: a copy of this rank's share now (every tensor cloned: training may
-    go on), and the returned call, which writes the copy into ``target`` (on any thread)."""
+             rank: int, step: int, data_position: Any = None, extra: dict[str, Any] | None = None,
+             staging: "StagingBuffers | None" = None) -> Callable[[], None]:
+    """``save`` in two parts: a copy of this rank's share now (every tensor copied, into ``staging``'s
+    buffers if given: training may go on), and the returned call, which writes the copy into
+    ``target`` (on any thread). With ``staging``, call the next snapshot only after this write ended."""
+    copy = staging.copy if staging is not None else _fresh_copy
     files: dict[str, Any] = {}
     if rank == 0:
-        files[MODEL_FILE] = _cloned({
+        files[MODEL_FILE] = _copied({
             "model": model.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
-            "step": step, "data_position": step if data_position is None else data_position, **(extra or {})})
+            "step": step, "data_position": step if data_position is None else data_position, **(extra or {})},
+            copy, ())
     files[rng_file(rank)] = rng_state()  # fresh objects already
 
     def write() -> None:
@@ -54,14 +58,34 @@ def snapshot(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.o
     return write
 
 
-def _cloned(value: Any) -> Any:
+class StagingBuffers:
+    """Host copies of a state's tensors, reused from one snapshot to the next: a capture is then a
+    copy into memory already touched (no page faults), as asynchronous checkpointing does elsewhere.
+    Safe because a rank's next snapshot waits for its previous write (RankSession)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def copy(self, where: tuple[Any, ...], tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(where)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
+            self._buffers[where] = buffer
+        return buffer.copy_(tensor.detach())
+
+
+def _fresh_copy(where: tuple[Any, ...], tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
+
+
+def _copied(value: Any, copy: Callable[[tuple[Any, ...], torch.Tensor], torch.Tensor], where: tuple[Any, ...]) -> Any:
     """``value`` with every tensor in it copied (dicts, lists and tuples rebuilt around them)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return copy(where, value)
     if isinstance(value, dict):
-        return {key: _cloned(item) for key, item in value.items()}
+        return {key: _copied(item, copy, (*where, key)) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_cloned(item) for item in value)
+        return type(value)(_copied(item, copy, (*where, index)) for index, item in enumerate(value))
     return value
 
 

@@ -18,6 +18,7 @@ import io
 import sys
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -141,6 +142,7 @@ class ChainerWorkload(Workload):
         self.rng = np.random.RandomState(0)
         self.width = 0
         self.shut_down = False
+        self.staging: dict[str, np.ndarray] = {}  # the snapshot's copies, reused (see _npz_arrays)
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
@@ -189,19 +191,20 @@ class ChainerWorkload(Workload):
         return float(loss.array)
 
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
-        """What ``serializers.save_npz(handle, obj, compression=False)`` writes (``numpy.savez`` of the
-        serialized arrays), with the arrays copied first so that the write may come later. Uncompressed:
+        """What ``serializers.save_npz(handle, obj, compression=False)`` writes (an uncompressed .npz of
+        the serialized arrays), with the arrays copied first (into buffers kept from one snapshot to
+        the next) so that the write may come later. Uncompressed:
         save_npz's default (zip deflate) took 14-19x as long for 9 % fewer bytes (measured: 1M and
         10M-parameter MLP with Adam state, save + fsync)."""
         assert self.env is not None
-        files = {rng_file(self.env.rank): _npz_arrays(_RngState(self.rng))}
+        files = {rng_file(self.env.rank): _npz_arrays(_RngState(self.rng), self.staging)}
         if self.env.rank == 0:
-            files[MODEL_FILE] = _npz_arrays(_TrainingState(self, step))
+            files[MODEL_FILE] = _npz_arrays(_TrainingState(self, step), self.staging)
 
         def write() -> None:
             for name, arrays in files.items():
                 with sink.open(name) as handle:
-                    np.savez(handle, **arrays)
+                    write_npz(handle, arrays)
 
         return write
 
@@ -273,11 +276,32 @@ class _TrainingState:
         workload.optimizer.serialize(serializer["optimizer"])  # Adam's t, epoch, m and v
 
 
-def _npz_arrays(target: Any) -> dict[str, np.ndarray]:
-    """The arrays chainer's save_npz would store for ``target``, each copied."""
+def _npz_arrays(target: Any, staging: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays chainer's save_npz would store for ``target``, each copied into ``staging``'s
+    buffer of that name (reused: memory already touched; the next snapshot waits for this write)."""
     serializer = serializers.DictionarySerializer()
     serializer.save(target)
-    return {key: np.array(value, copy=True) for key, value in serializer.target.items()}
+    copies = {}
+    for key, value in serializer.target.items():
+        array = np.asarray(value)
+        buffer = staging.get(key)
+        if buffer is None or buffer.shape != array.shape or buffer.dtype != array.dtype:
+            buffer = staging[key] = np.empty_like(array, order="C")
+        np.copyto(buffer, array)
+        copies[key] = buffer
+    return copies
+
+
+def write_npz(handle: Any, arrays: dict[str, np.ndarray]) -> None:
+    """An uncompressed .npz, as ``numpy.savez`` writes one, but each array's bytes go to the zip
+    straight from its memory (numpy copies each 16 MiB chunk first: 2.5 s for 1 GiB here, about
+    three times the disk's own time)."""
+    with zipfile.ZipFile(handle, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for key, array in arrays.items():
+            contiguous = np.ascontiguousarray(array)
+            with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
+                np.lib.format.write_array_header_2_0(member, np.lib.format.header_data_from_array_1_0(contiguous))
+                member.write(memoryview(contiguous).cast("B"))
 
 
 class _RngState:

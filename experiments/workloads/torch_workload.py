@@ -72,6 +72,7 @@ class TorchWorkload(Workload):
         self.ddp: nn.Module = nn.Identity()
         self.optimizer: torch.optim.Optimizer | None = None
         self.width = 0
+        self.staging = torch_state.StagingBuffers()  # the snapshot's host copies, reused
         # A second gloo group whose collectives may wait as long as a checkpoint takes (rank 0
         # writing or hashing one) where the default group gives up after the collective timeout.
         self.patient: Any = None
@@ -123,7 +124,7 @@ class TorchWorkload(Workload):
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
         assert self.env is not None and self.optimizer is not None
         return torch_state.snapshot(sink, self.model, self.optimizer, rank=self.env.rank, step=step,
-                                    extra={"hidden_width": self.width})
+                                    extra={"hidden_width": self.width}, staging=self.staging)
 
     def load(self, directory: Path, step: int) -> None:
         assert self.env is not None and self.optimizer is not None
