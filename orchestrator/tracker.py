@@ -199,9 +199,11 @@ class RunTracker:
                 nodes += [node for node in row.failed_nodes.split(",") if node not in nodes]
         return tuple(nodes[:self.restart.max_excluded_nodes])
 
-    def begin_attempt(self, attempt: int, job_name: str | None = None, array_index: int | None = None) -> RankJob:
+    def begin_attempt(self, attempt: int, job_name: str | None = None, array_index: int | None = None,
+                      durable: bool = True) -> RankJob:
         """Record the attempt and fence the run on it before it is submitted (a restarted
-        controller then knows to look for it, and no older job may start ranks any more)."""
+        controller then knows to look for it, and no older job may start ranks any more).
+        ``durable`` False: the caller makes a batch of fences durable before submitting."""
         run = self.run
         with self.ledger.transaction():
             if self.ledger.run(run.run_id).started is None:
@@ -210,7 +212,7 @@ class RunTracker:
             self.ledger.add_attempt(run.run_id, attempt, job_name or attempt_job_name(run, attempt, self.drill_id),
                                     array_index, excluded_nodes=self._exclusions(attempt))
         self.status = "running"
-        write_fence(run.paths, Fence(attempt, None))
+        write_fence(run.paths, Fence(attempt, None), durable)
         return self.rank_job(attempt)
 
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
@@ -222,10 +224,10 @@ class RunTracker:
         then tried on its own."""
         self.submitter.retry(attempt, job, error, now)
 
-    def accept(self, attempt: int, submission: Submission) -> None:
+    def accept(self, attempt: int, submission: Submission, durable: bool = True) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
                                    state=JobState.PENDING.value, accepted=submission.accepted_at)
-        write_fence(self.run.paths, Fence(attempt, submission.job_id))
+        write_fence(self.run.paths, Fence(attempt, submission.job_id), durable)
         self._watch(attempt, submission.job_id)
         log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
 

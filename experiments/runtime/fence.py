@@ -17,7 +17,9 @@ claims the run (ranks started by hand, tests), and nothing is fenced.
 
 from __future__ import annotations
 
+import ctypes
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 from experiments.layout import ENV_JOB_ID, RunPaths, fsync_dir
@@ -59,17 +61,36 @@ def read_fence(paths: RunPaths) -> Fence | None:
     return Fence(int(parts[0]), None if parts[1] == NO_JOB else parts[1])
 
 
-def write_fence(paths: RunPaths, fence: Fence) -> None:
-    """Atomically (temporary name, fsync, rename): a reader sees the old line or the new one."""
+def write_fence(paths: RunPaths, fence: Fence, durable: bool = True) -> None:
+    """Atomically (temporary name, fsync, rename): a reader sees the old line or the new one.
+    ``durable`` False: no fsync here; the caller makes a batch of fences durable at once
+    (``sync_filesystem``) before anything depends on them."""
     target = paths.current_attempt
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as handle:
         handle.write(fence.render())
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, target)
-    fsync_dir(target.parent)
+    if durable:
+        fsync_dir(target.parent)
+
+
+def sync_filesystem(path: Path) -> None:
+    """Every write made so far to ``path``'s file system durable, in one call (Linux syncfs: one
+    journal commit for a batch of files, where an fsync each costs one per file and directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _LIBC.syncfs(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"syncfs of {path}: {os.strerror(error)}")
+    finally:
+        os.close(fd)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def own_job_id(scheduler_job_id: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 from experiments.entry import run_rank
 from experiments.layout import RankJob, RunPaths, WorkloadSpec
 from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
-from experiments.runtime.fence import Fence, StaleAttemptError, check_current, read_fence, write_fence
+from experiments.runtime.fence import Fence, StaleAttemptError, check_current, read_fence, sync_filesystem, write_fence
 from orchestrator.render import render_pbs, render_slurm
 from orchestrator.runs import expand_runs
 from orchestrator.spec import Campaign
@@ -117,3 +117,15 @@ def test_fence_file_round_trip_and_garbage(tmp_path: Path) -> None:
     paths.current_attempt.write_text(json.dumps({"attempt": 3}))
     with pytest.raises(StaleAttemptError, match="refusing to run"):
         read_fence(paths)
+
+
+def test_a_batch_of_fences_is_made_durable_with_one_sync_of_the_file_system(tmp_path: Path) -> None:
+    """A job array's runs are fenced without an fsync each, then synced at once (syncfs)."""
+    runs = [RunPaths(tmp_path / f"r{index:03d}") for index in range(20)]
+    for index, paths in enumerate(runs):
+        write_fence(paths, Fence(0, f"77_{index}"), durable=False)
+    sync_filesystem(tmp_path)
+    assert [read_fence(paths) for paths in runs] == [Fence(0, f"77_{index}") for index in range(20)]
+    assert not list(tmp_path.rglob(".current*tmp*")), "no temporary fence left behind"
+    with pytest.raises(FileNotFoundError):
+        sync_filesystem(tmp_path / "missing")
