@@ -110,7 +110,8 @@ def cold_start_s(root: Path, backend: str, framework: str) -> float:
     for line in path.read_text().splitlines():
         event = json.loads(line)
         events.setdefault(event["event"], float(event["time"]))
-    return events["first_step"] - events["job_start"]
+    started = events.get("job_start", events.get("process_start"))  # the local backend has no batch script
+    return events["first_step"] - started
 
 
 def faultdrill_row(root: Path, backend: str, framework: str, strategy: str, kind: str, faults: int,
@@ -145,6 +146,7 @@ def peer_rows(root: Path, kinds: list[str], backends: list[str], trials: int, rn
             results = [peers.checkpointable_trial(root, t, workload, PARTITION) for t in range(trials)]
         else:
             continue
+        print(f"  peer on {kind}: {results}", file=sys.stderr, flush=True)
         ok = [r for r in results if r["recovered"]]
         found[kind] = {"peer": PEER_OF[kind], "trials": results, "success_rate": len(ok) / len(results),
                        "ttr_s": _median([r["ttr_s"] for r in ok]), "lost_steps": _median([r["lost_steps"] for r in ok])}
@@ -178,6 +180,8 @@ def main() -> None:
                     for strategy in args.strategies.split(","):
                         row = faultdrill_row(root, backend, framework, strategy, kind, args.faults, floor)
                         if row is not None:
+                            print(f"  {backend}/{framework}/{strategy}/{kind}: ttr {row['ttr_s']}", file=sys.stderr,
+                                  flush=True)
                             peer = found_peers.get(kind, {}).get("ttr_s")
                             row["ratio_to_peer"] = row["ttr_s"] / peer if peer and row["ttr_s"] is not None else None
                             rows.append(row)

@@ -1,12 +1,13 @@
 """PyTorch workload: the MLP or the CNN of ``synthetic``, trained with DDP over gloo.
 
-Bitwise reproducibility across a restart rests on three things saved or derived here: the batch
-of a step is a pure function of (seed, step, rank); each rank's RNG state (dropout draws from it)
-is checkpointed; the optimizer state is checkpointed with the weights.
+Bitwise reproducibility across a restart rests on what is saved or derived here: the batch of a
+step and its dropout masks are pure functions of (seed, step, rank); the optimizer state is
+checkpointed with the weights (or, under the warm strategy, sent by a surviving peer).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from datetime import timedelta
@@ -63,7 +64,7 @@ BUILDERS = {"mlp": build_mlp, "cnn": build_cnn}
 class TorchWorkload(Workload):
     framework = "torch"
     determinism = ("torch.use_deterministic_algorithms(True); DDP(find_unused_parameters=True) so the "
-                   "gradient buckets are never rebuilt; per-rank RNG state checkpointed")
+                   "gradient buckets are never rebuilt; dropout masks seeded by (seed, rank, step)")
 
     def __init__(self) -> None:
         self.env: DistEnv | None = None
@@ -82,26 +83,67 @@ class TorchWorkload(Workload):
         return CheckpointMeta("torch", torch_state.FORMAT, "all")
 
     def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
-        self.env, self.spec = env, spec
-        _make_deterministic()
         started = time.monotonic()
-        _join_process_group(env, timeouts)
-        self.patient = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeouts.checkpoint_s))
+        self.join(env, timeouts)
         joined = time.monotonic()
+        param_count = self.build(spec)
+        self.wrap()
+        return {"rendezvous_s": joined - started, "build_s": time.monotonic() - joined,
+                "params": float(param_count), "hidden_width": float(self.width)}
+
+    def build(self, spec: WorkloadSpec) -> int:
+        """The model and its optimizer, as every rank builds them (no process group needed: a warm
+        spare builds them before it has a rank). Returns the parameter count."""
+        self.spec = spec
+        _make_deterministic()
         self.width, param_count = model_size(spec.model, spec.params)
         torch.manual_seed(spec.seed)  # identical initial weights on every rank
         self.model = BUILDERS[spec.model](self.width)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=LEARNING_RATE)
+        return param_count
+
+    def join(self, env: DistEnv, timeouts: Timeouts) -> None:
+        """This rank's place in the job's process group (and the patient group beside it)."""
+        self.env = env
+        _join_process_group(env, timeouts)
+        self.patient = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeouts.checkpoint_s))
+
+    def wrap(self) -> None:
         # DDP rebuilds its gradient buckets after the first iteration of each process, so a resumed
         # process all-reduces its first step with another bucket layout than the run it continues;
         # with more than 2 ranks the ring's summation order changes and the weights drift by an ulp
         # (measured: 4 ranks on 2 nodes diverged at the first step after the resume). With
         # find_unused_parameters the reducer never rebuilds, so every step uses the same layout.
         self.ddp = DistributedDataParallel(self.model, find_unused_parameters=True)
-        self.optimizer = torch.optim.Adam(self.ddp.parameters(), lr=LEARNING_RATE)
-        # Each rank draws its own dropout masks; a resume restores this state from the checkpoint.
-        torch.manual_seed(mixed_seed(spec.seed, DROPOUT_STREAM, env.rank))
-        return {"rendezvous_s": joined - started, "build_s": time.monotonic() - joined,
-                "params": float(param_count), "hidden_width": float(self.width)}
+
+    def leave(self) -> None:
+        """Out of a broken process group (a peer died): the model and optimizer stay as they are."""
+        self.ddp = nn.Identity()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def share_state(self, source_rank: int, step: int) -> None:
+        """Every rank takes ``source_rank``'s model and optimizer state after ``step``, broadcast
+        over the group (a warm spare that takes a dead rank's place, a survivor a step behind)."""
+        assert self.env is not None and self.optimizer is not None
+        source = self.env.rank == source_rank
+        payload = torch.empty(0, dtype=torch.uint8)
+        if source:
+            buffer = io.BytesIO()
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": step}, buffer)
+            payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        dist.broadcast(size, src=source_rank)
+        if not source:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(payload, src=source_rank)
+        if source:
+            return
+        state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+        if state["step"] != step:
+            raise ValueError(f"rank {source_rank} sent the state of step {state['step']}, not {step}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.env is not None
@@ -112,7 +154,10 @@ class TorchWorkload(Workload):
         return torch.from_numpy(np.ascontiguousarray(inputs)), torch.from_numpy(targets)
 
     def train_step(self, step: int) -> float:
-        assert self.optimizer is not None
+        assert self.optimizer is not None and self.env is not None
+        # The dropout masks of a step are a pure function of (seed, rank, step), like its batch:
+        # whoever trains a rank's step draws the same ones (a restart, a warm spare in its place).
+        torch.manual_seed(mixed_seed(self.spec.seed, DROPOUT_STREAM, self.env.rank, step))
         inputs, targets = self.batch(step)
         self.ddp.train()
         self.optimizer.zero_grad(set_to_none=True)

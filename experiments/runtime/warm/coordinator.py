@@ -1,0 +1,232 @@
+"""The warm strategy's coordinator: one per job, beside its ranks (the local backend's job process;
+on Slurm, the batch script's), never imports a framework.
+
+Every process of the job (the ranks and the warm spares: framework imported, model built, idle)
+holds a connection to it. When a rank's connection ends (its process died) the coordinator waits
+for the survivors to report the step they completed (their collective failed: they dropped the
+broken step and left their group), gives the dead rank's number to a warm spare, and sends every
+member the plan of the next generation: a new rendezvous, the survivor whose state everyone takes
+(the highest step: no rollback), or the newest valid checkpoint when no survivor is left. Then it
+starts a spare in place of the one it used. It writes what it saw and did as events of the attempt
+(``warm_failure``, ``warm_plan``, ``warm_formed``, ``warm_first_step``), which the controller turns
+into the recovery's row. It gives up (``CoordinatorGaveUp``: the job fails, the controller's policy
+takes over) when a member stops answering or no spare comes in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line, Plan
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[dict[str, Any]], None]
+SpawnSpare = Callable[[int], None]  # start a warm spare as this slot
+ACTIVE, SPARE, GONE, DONE = "active", "spare", "gone", "done"
+
+
+class CoordinatorGaveUp(RuntimeError):
+    """The job cannot go on warm: a member stopped answering, or no spare came in time."""
+
+
+@dataclass
+class Member:
+    slot: int
+    node: str
+    address: str
+    pid: int
+    line: Line
+    role: str = SPARE
+    rank: int | None = None
+    lost_step: int | None = None  # reported after its collective failed (this re-formation)
+
+
+@dataclass
+class Timing:
+    report_s: float = 30.0  # a survivor that has not reported its step by then: the job gives up
+    spare_s: float = 120.0  # no warm spare by then: the job gives up
+    start_s: float = 600.0  # the first generation's members all connected by then
+
+
+@dataclass
+class Coordinator:
+    world_size: int
+    spares_wanted: int
+    port_base: int  # generation g rendezvous at port_base + g
+    events: EventSink
+    spawn: SpawnSpare | None = None
+    timing: Timing = field(default_factory=Timing)
+    generation: int = -1
+    members: dict[int, Member] = field(default_factory=dict)
+    _lock: threading.Condition = field(default_factory=threading.Condition)
+    _failed_at: float | None = None
+    _formed: set[int] = field(default_factory=set)
+    _next_slot: int = 0
+    _verdict: str | None = None  # "completed" | why it gave up
+
+    # --- the server ---------------------------------------------------------------------------------
+
+    def serve(self, listener: socket.socket) -> str:
+        """Accept members on ``listener`` until the run completes; the verdict ("completed")."""
+        self._next_slot = self.world_size + self.spares_wanted
+        threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
+        try:
+            self._drive()
+            return "completed"
+        finally:
+            self._release_spares()
+            listener.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
+
+    def _listen(self, line: Line) -> None:
+        hello = line.receive()
+        if hello is None or hello.get("op") != "hello":
+            line.close()
+            return
+        member = Member(slot=int(hello["slot"]), node=str(hello["node"]), address=str(hello["address"]),
+                        pid=int(hello["pid"]), line=line)
+        with self._lock:
+            self.members[member.slot] = member
+            self._lock.notify_all()
+        while (message := line.receive()) is not None:
+            with self._lock:
+                self._on_message(member, message)
+                self._lock.notify_all()
+        with self._lock:
+            if member.role in (ACTIVE, SPARE):
+                self._on_gone(member)
+            self._lock.notify_all()
+
+    # --- what members say ----------------------------------------------------------------------------
+
+    def _on_message(self, member: Member, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "formed" and message.get("generation") == self.generation:
+            self._formed.add(member.slot)
+            if self._formed >= self._active_slots():
+                self.events({"event": "warm_formed", "time": time.time(), "generation": self.generation})
+        elif op == "lost":
+            member.lost_step = int(message["step"])
+            if self._failed_at is None:  # a collective failed before any connection ended (a hang)
+                self._failed_at = time.time()
+        elif op == "stepped" and message.get("generation") == self.generation:
+            self.events({"event": "warm_first_step", "time": time.time(), "generation": self.generation,
+                         "step": int(message["step"])})
+        elif op == "done":
+            member.role = DONE
+
+    def _on_gone(self, member: Member) -> None:
+        was = member.role
+        member.role = GONE
+        if was == ACTIVE:
+            now = time.time()
+            if self._failed_at is None:
+                self._failed_at = now
+            self.events({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
+                         "slot": member.slot, "node": member.node, "pid": member.pid})
+        elif was == SPARE and self._verdict is None:
+            self._replace_spares()
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        with self._lock:
+            self._wait(lambda: len(self._of_role(SPARE)) >= self.world_size, self.timing.start_s,
+                       f"the first {self.world_size} member(s) did not connect")
+            first = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:self.world_size]
+            self._send_plans({rank: member for rank, member in enumerate(first)}, RESUME_START, None, 0)
+            while True:
+                self._lock.wait_for(lambda: self._done() or self._failed_at is not None)
+                if self._done():
+                    self._verdict = "completed"
+                    return
+                self._reform()
+
+    def _reform(self) -> None:
+        """Survivors' steps in, a spare for each dead rank, the next generation's plans out."""
+        survivors = self._of_role(ACTIVE)
+        self._wait(lambda: all(m.lost_step is not None or m.role != ACTIVE for m in survivors), self.timing.report_s,
+                   "a survivor did not report the step it completed (is it hung?)")
+        survivors = self._of_role(ACTIVE)
+        dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
+        self._wait(lambda: len(self._of_role(SPARE)) >= len(dead_ranks), self.timing.spare_s,
+                   f"no warm spare for rank(s) {dead_ranks}")
+        spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
+        ranks = {m.rank: m for m in survivors if m.rank is not None}
+        ranks.update(zip(dead_ranks, spares))
+        source = max(survivors, key=lambda m: (m.lost_step or 0, -(m.rank or 0)), default=None)
+        resume = RESUME_PEER if source is not None else RESUME_CHECKPOINT
+        step = (source.lost_step or 0) if source is not None else 0
+        self._send_plans(ranks, resume, source.rank if source is not None else None, step,
+                         spares={m.slot: rank for rank, m in ranks.items() if m in spares})
+        self._replace_spares()
+
+    def _send_plans(self, ranks: dict[int, Member], resume: str, source_rank: int | None, step: int,
+                    spares: dict[int, int] | None = None) -> None:
+        self.generation += 1
+        master = ranks[0]
+        for rank, member in ranks.items():
+            member.role, member.rank, member.lost_step = ACTIVE, rank, None
+        self._formed = set()
+        plans = {rank: Plan(self.generation, rank, self.world_size, master.address, self.port_base + self.generation,
+                            resume, source_rank, step) for rank in ranks}
+        self.events({"event": "warm_plan", "time": time.time(), "generation": self.generation, "resume": resume,
+                     "source_rank": source_rank, "step": step, "spares_used": spares or {},
+                     "failed_at": self._failed_at})
+        self._failed_at = None
+        for rank, member in ranks.items():
+            try:
+                member.line.send(plans[rank].message())
+            except OSError:
+                pass  # it died meanwhile: its connection's end starts the next re-formation
+
+    def _replace_spares(self) -> None:
+        """Start spares until the job holds as many as it was given (each in a new slot)."""
+        if self.spawn is None:
+            return
+        missing = self.spares_wanted - len(self._of_role(SPARE))
+        for _ in range(max(0, missing)):
+            slot, self._next_slot = self._next_slot, self._next_slot + 1
+            try:
+                self.spawn(slot)
+            except Exception as error:  # a spare that cannot start is waited for, then given up on
+                log.warning("starting a warm spare as slot %d failed: %s", slot, error)
+
+    def _release_spares(self) -> None:
+        with self._lock:
+            for member in self.members.values():
+                if member.role == SPARE:
+                    try:
+                        member.line.send({"op": "exit"})
+                    except OSError:
+                        pass
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def _of_role(self, role: str) -> list[Member]:
+        return [member for member in self.members.values() if member.role == role]
+
+    def _active_slots(self) -> set[int]:
+        return {member.slot for member in self._of_role(ACTIVE)}
+
+    def _done(self) -> bool:
+        done = self._of_role(DONE)
+        return bool(done) and not self._of_role(ACTIVE) and len(done) >= 1 and self._failed_at is None
+
+    def _wait(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        if not self._lock.wait_for(condition, timeout=timeout_s):
+            raise CoordinatorGaveUp(f"warm: {what} within {timeout_s:g} s")

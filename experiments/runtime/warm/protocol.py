@@ -1,0 +1,77 @@
+"""The warm strategy's vocabulary: what the coordinator and the members of a job say to each other.
+
+One TCP connection per member process, open for the process's whole life: its end (the kernel
+closes it when the process dies, SIGKILL included) is how the coordinator learns of a death, at
+once. Messages are JSON objects, one per line.
+
+member -> coordinator: ``hello`` (slot, node, address, pid: the member is warm: framework imported,
+model built), ``formed`` (its group of that generation is up and its state in sync), ``lost`` (a
+collective of that generation failed; the last step it completed), ``stepped`` (the first step
+after a re-formation, rank 0), ``done`` (the run reached its last step on this member).
+coordinator -> member: ``plan`` (its rank in a new generation: world size, rendezvous, where the
+state comes from), ``exit`` (the run is over; a spare leaves).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ENV_COORDINATOR = "FAULTDRILL_WARM_COORDINATOR"  # host:port of the job's coordinator
+ENV_SLOT = "FAULTDRILL_WARM_SLOT"  # a spare started later: its slot (the launcher's tasks: their task id)
+ENV_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a rendezvous on
+
+RESUME_START = "start"  # generation 0: a cold start (or the newest valid checkpoint of an earlier attempt)
+RESUME_PEER = "peer"  # a survivor's state, broadcast to the others: no rollback
+RESUME_CHECKPOINT = "checkpoint"  # no survivor holds the state: the newest valid checkpoint
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One member's part in a generation of the job's process group."""
+
+    generation: int
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    resume: str  # RESUME_*
+    source_rank: int | None  # RESUME_PEER: the rank whose state everyone takes
+    step: int  # RESUME_PEER: the step that state holds
+
+    def message(self) -> dict[str, Any]:
+        return {"op": "plan", **asdict(self)}
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> "Plan":
+        return cls(**{key: value for key, value in message.items() if key != "op"})
+
+
+class Line:
+    """JSON lines over one socket (either end)."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.connection = connection
+        self._reader = connection.makefile("r", encoding="utf-8", newline="\n")
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.connection.sendall((json.dumps(message) + "\n").encode())
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next message; None once the other end is gone."""
+        try:
+            text = self._reader.readline()
+        except (OSError, ValueError):
+            return None
+        if not text:
+            return None
+        return json.loads(text)
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+            self.connection.close()
+        except OSError:
+            pass
