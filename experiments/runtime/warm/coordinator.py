@@ -26,8 +26,10 @@ from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RE
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[dict[str, Any]], None]
+EventSink = Callable[[int, dict[str, Any]], None]  # an event of that attempt
 SpawnSpare = Callable[[int], None]  # start a warm spare as this slot
+Fence = Callable[[int], None]  # make that attempt the run's current one (in this job)
+ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
 ACTIVE, SPARE, GONE, DONE = "active", "spare", "gone", "done"
 
 
@@ -58,9 +60,12 @@ class Timing:
 class Coordinator:
     world_size: int
     spares_wanted: int
+    first_attempt: int  # generation g is the run's attempt first_attempt + g
     port_base: int  # generation g rendezvous at port_base + g
     events: EventSink
+    fence: Fence
     spawn: SpawnSpare | None = None
+    exit_code: ExitCode | None = None
     timing: Timing = field(default_factory=Timing)
     generation: int = -1
     members: dict[int, Member] = field(default_factory=dict)
@@ -118,13 +123,13 @@ class Coordinator:
         if op == "formed" and message.get("generation") == self.generation:
             self._formed.add(member.slot)
             if self._formed >= self._active_slots():
-                self.events({"event": "warm_formed", "time": time.time(), "generation": self.generation})
+                self._event({"event": "warm_formed", "time": time.time(), "generation": self.generation})
         elif op == "lost":
             member.lost_step = int(message["step"])
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
         elif op == "stepped" and message.get("generation") == self.generation:
-            self.events({"event": "warm_first_step", "time": time.time(), "generation": self.generation,
+            self._event({"event": "warm_first_step", "time": time.time(), "generation": self.generation,
                          "step": int(message["step"])})
         elif op == "done":
             member.role = DONE
@@ -136,8 +141,9 @@ class Coordinator:
             now = time.time()
             if self._failed_at is None:
                 self._failed_at = now
-            self.events({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
-                         "slot": member.slot, "node": member.node, "pid": member.pid})
+            code = self.exit_code(member.slot) if self.exit_code is not None else None
+            self._event({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
+                         "slot": member.slot, "node": member.node, "pid": member.pid, "exit_code": code})
         elif was == SPARE and self._verdict is None:
             self._replace_spares()
 
@@ -177,22 +183,32 @@ class Coordinator:
 
     def _send_plans(self, ranks: dict[int, Member], resume: str, source_rank: int | None, step: int,
                     spares: dict[int, int] | None = None) -> None:
+        """The next generation: the run's next attempt (fenced before anyone hears of it), its plans."""
         self.generation += 1
+        attempt = self.first_attempt + self.generation
+        if self.generation > 0:
+            self.fence(attempt)
         master = ranks[0]
         for rank, member in ranks.items():
             member.role, member.rank, member.lost_step = ACTIVE, rank, None
         self._formed = set()
-        plans = {rank: Plan(self.generation, rank, self.world_size, master.address, self.port_base + self.generation,
-                            resume, source_rank, step) for rank in ranks}
-        self.events({"event": "warm_plan", "time": time.time(), "generation": self.generation, "resume": resume,
-                     "source_rank": source_rank, "step": step, "spares_used": spares or {},
-                     "failed_at": self._failed_at})
+        now = time.time()
+        plans = {rank: Plan(self.generation, attempt, rank, self.world_size, master.address,
+                            self.port_base + self.generation, resume, source_rank, step, now) for rank in ranks}
+        self._event({"event": "warm_plan", "time": now, "generation": self.generation, "resume": resume,
+                     "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
+                     "spares_used": {str(slot): rank for slot, rank in (spares or {}).items()},
+                     "slots": {str(rank): member.slot for rank, member in ranks.items()}})
         self._failed_at = None
         for rank, member in ranks.items():
             try:
                 member.line.send(plans[rank].message())
             except OSError:
                 pass  # it died meanwhile: its connection's end starts the next re-formation
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """An event of the current generation's attempt."""
+        self.events(self.first_attempt + max(self.generation, 0), event)
 
     def _replace_spares(self) -> None:
         """Start spares until the job holds as many as it was given (each in a new slot)."""

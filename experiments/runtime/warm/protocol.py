@@ -33,6 +33,7 @@ class Plan:
     """One member's part in a generation of the job's process group."""
 
     generation: int
+    attempt: int  # the run's attempt this generation is (the job's first attempt + its generation)
     rank: int
     world_size: int
     master_addr: str
@@ -40,6 +41,7 @@ class Plan:
     resume: str  # RESUME_*
     source_rank: int | None  # RESUME_PEER: the rank whose state everyone takes
     step: int  # RESUME_PEER: the step that state holds
+    planned_at: float  # when the coordinator sent it (the recovery's "accepted" moment)
 
     def message(self) -> dict[str, Any]:
         return {"op": "plan", **asdict(self)}

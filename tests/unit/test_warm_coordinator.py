@@ -1,0 +1,130 @@
+"""The warm coordinator's decisions over real sockets, with members scripted here (the drills in
+test_warm_local.py run it with real ranks): a dead rank's place goes to a warm spare, the state to
+the survivor with the highest step, the next generation is fenced as the run's next attempt before
+any member hears of it, a spare is started in place of the one used; with no survivor the plan
+says checkpoint; a survivor that never reports ends the job (the controller's policy takes over)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp, Timing
+from experiments.runtime.warm.member import WarmMember
+from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START
+
+
+class Host:
+    """What the job around the coordinator records: events per attempt, fences, spares started."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, dict[str, Any]]] = []
+        self.fences: list[int] = []
+        self.spawned: list[int] = []
+        self.order: list[str] = []  # fences and plans, as they came
+
+    def event(self, attempt: int, event: dict[str, Any]) -> None:
+        if event["event"] == "warm_plan":
+            self.order.append(f"plan {attempt}")
+        self.events.append((attempt, event))
+
+    def fence(self, attempt: int) -> None:
+        self.order.append(f"fence {attempt}")
+        self.fences.append(attempt)
+
+    def named(self, name: str) -> list[tuple[int, dict[str, Any]]]:
+        return [(attempt, event) for attempt, event in self.events if event["event"] == name]
+
+
+def _start(host: Host, world: int, spares: int, timing: Timing | None = None) -> tuple[Coordinator, str, dict]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000,
+                              events=host.event, fence=host.fence, spawn=host.spawned.append,
+                              exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5))
+    outcome: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            outcome["verdict"] = coordinator.serve(listener)
+        except CoordinatorGaveUp as error:
+            outcome["gave_up"] = str(error)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    outcome["thread"] = thread
+    return coordinator, address, outcome
+
+
+def _within(seconds: float, condition: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _member(address: str, slot: int) -> WarmMember:
+    return WarmMember(address, slot=slot, node="n1", address="127.0.0.1", connect_timeout_s=5)
+
+
+def test_a_dead_rank_is_replaced_by_a_spare_and_the_survivor_sends_its_state() -> None:
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=1)
+    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    first0, first1 = rank0.next_plan(), rank1.next_plan()
+    assert (first0.rank, first1.rank, first0.resume, first0.attempt) == (0, 1, RESUME_START, 3)
+    assert first0.master_port == 40000 and host.fences == []  # generation 0 is the attempt the controller fenced
+
+    rank1.line.close()  # its process died: the connection ends
+    rank0.lost(0, 57)  # the survivor's collective failed after it completed step 57
+    second0, taken = rank0.next_plan(), spare.next_plan()
+    assert (second0.generation, second0.attempt, second0.rank, taken.rank) == (1, 4, 0, 1)
+    assert taken.resume == RESUME_PEER and taken.source_rank == 0 and taken.step == 57
+    assert taken.master_port == 40001 and taken.master_addr == "127.0.0.1"
+    assert host.fences == [4] and host.order == ["plan 3", "fence 4", "plan 4"]
+    # After the plans went out (the recovery first): a new spare in a new slot, in place of the one used.
+    assert _within(5, lambda: host.spawned == [3]), host.spawned
+    [(attempt, failure)] = host.named("warm_failure")
+    assert attempt == 3 and failure["rank"] == 1 and failure["slot"] == 1 and failure["exit_code"] == -9
+    [(_, plan)] = [(a, e) for a, e in host.named("warm_plan") if e["generation"] == 1]
+    assert plan["spares_used"] == {"2": 1} and plan["failed_at"] <= plan["time"]
+
+    new_spare = _member(address, 3)
+    rank0.formed(1)
+    spare.formed(1)
+    rank0.stepped(1, 58)
+    rank0.done()
+    spare.done()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "completed"
+    assert new_spare.next_plan() is None, "the run is over: the spare is let go"
+    assert [a for a, _ in host.named("warm_formed")] == [4] and host.named("warm_first_step")[0][1]["step"] == 58
+
+
+def test_with_no_survivor_the_spares_resume_from_the_newest_checkpoint() -> None:
+    host = Host()
+    _, address, outcome = _start(host, world=1, spares=1)
+    rank0, spare = _member(address, 0), _member(address, 1)
+    assert rank0.next_plan().rank == 0
+    rank0.line.close()
+    plan = spare.next_plan()
+    assert plan.resume == RESUME_CHECKPOINT and plan.source_rank is None and plan.rank == 0 and plan.attempt == 4
+    spare.done()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "completed"
+
+
+def test_a_survivor_that_never_reports_its_step_ends_the_job() -> None:
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=1, timing=Timing(report_s=0.5, spare_s=5, start_s=5))
+    rank0, rank1, _spare = (_member(address, slot) for slot in (0, 1, 2))
+    rank0.next_plan(), rank1.next_plan()
+    rank1.line.close()  # rank 0 is hung: it never says which step it completed
+    outcome["thread"].join(timeout=10)
+    assert "did not report the step it completed" in outcome.get("gave_up", "")
