@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.layout import (ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, rank_job_from_dict,  # noqa: F401
                                 rank_job_to_dict, write_json_atomic)
+from experiments.runtime.warm.protocol import ENV_COORDINATOR
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 if TYPE_CHECKING:  # the rank's modules load late: a rank's start-up time is measured
@@ -67,6 +68,8 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}")
     if job.workload.command is not None:
         return _run_command(job, env, paths, started_at)
+    if os.environ.get(ENV_COORDINATOR):
+        return _run_warm(job, env, paths, started_at, warning)
     # Before the rank registers (the agent only acts on registered ranks): faults it acts out itself.
     FaultRequests(paths.fault_request_file(job.attempt, env.rank)).install()
     write_identity(paths, env, job.attempt)
@@ -100,6 +103,31 @@ def _run_command(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: floa
         if not paths.rank_error_file(job.attempt, env.rank).exists():  # the script's own account wins
             record_rank_error(paths, job.attempt, env.rank, error)
         raise
+
+
+def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, warning: WarningNote) -> dict[str, Any]:
+    """restart.strategy warm (experiments/warm_runner.py): this process builds its model, tells the
+    job's coordinator it is warm, and trains as a rank or waits as a spare."""
+    from experiments.runner import RunnerOptions
+    from experiments.runtime.distenv import Timeouts
+    from experiments.runtime.warm.member import WarmMember
+    from experiments.runtime.warm.protocol import ENV_ADDRESS, ENV_SLOT
+    from experiments.warm_runner import WarmRunner
+    from experiments.workloads import get_workload
+
+    slot = int(os.environ.get(ENV_SLOT, env.rank))
+    workload = get_workload(job.workload.framework)
+    workload.build(job.workload)
+    member = WarmMember(os.environ[ENV_COORDINATOR], slot, env.node, os.environ.get(ENV_ADDRESS, env.node))
+    options = RunnerOptions(timeouts=Timeouts.from_environ(), async_persist=False, warning=warning,
+                            warning_hold_s=hold_seconds())
+    runner = WarmRunner(job, env, workload, member, options, started_at)
+    try:
+        outcome = runner.run()
+    except Exception as error:
+        record_rank_error(paths, runner.attempt, runner.rank, error)
+        raise
+    return asdict(outcome) if outcome is not None else {"spare": slot, "used": False}
 
 
 def attempt_from_environment(job: RankJob) -> RankJob:

@@ -231,6 +231,10 @@ EVENT_FIRST_STEP = "first_step"  # rank 0: {"step"} first step finished in this 
 EVENT_COMPLETED = "completed"  # rank 0, target step reached and final digest written
 EVENT_WARNED = "warned"  # rank 0: {"step", "signal", "received_at", "checkpoint_s"}: saved on the warning
 EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launch returns
+# The warm coordinator (experiments/runtime/warm): a rank of this attempt died {"rank", "exit_code", ...};
+# the plan of this attempt (a re-formation: {"resume", "source_rank", "step", "spares_used", ...}).
+EVENT_WARM_FAILURE = "warm_failure"
+EVENT_WARM_PLAN = "warm_plan"
 
 
 def rank_job_to_dict(job: RankJob) -> dict[str, Any]:

@@ -6,13 +6,16 @@ rank drops the step it was in (its optimizer never stepped on a partial gradient
 process group, tells the coordinator the last step it completed and waits for the next plan: a new
 group with a warm spare in the dead rank's place, the state broadcast by the survivor with the
 highest step, the interrupted step redone. No rollback to a checkpoint unless no survivor is left.
-Checkpoints are taken synchronously here (a background commit would wait for a dead rank's share).
+Each generation is the run's next attempt (the coordinator fenced it): its own timeline of events,
+heartbeats and identity files, as a restarted job's would be. Checkpoints are taken synchronously
+here (a background commit would wait for a dead rank's share).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import NoReturn
 
 import torch.distributed as dist
 
@@ -25,12 +28,25 @@ from experiments.runtime.warm.member import WarmMember
 from experiments.runtime.warm.protocol import RESUME_PEER, Plan
 from experiments.workloads.torch_workload import TorchWorkload
 
-# What a survivor's failed collective raises (gloo: a peer's socket closed, or the collective's timeout).
-COLLECTIVE_FAILURES = (dist.DistError, RuntimeError)
+# What a survivor's collective says when a peer is gone (gloo: its socket closed, or the timeout).
+PEER_LOST_MARKERS = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "timed out", "Socket",
+                     "gloo", "Gloo", "peer")
 
 
 class GroupLost(RuntimeError):
     """A collective of this generation failed: the step in progress is dropped."""
+
+
+def _lost_or_raise(error: Exception) -> NoReturn:
+    """GroupLost for a collective that failed (the group re-forms); anything else is this rank's own error."""
+    if peer_lost(error):
+        raise GroupLost(str(error)) from error
+    raise error
+
+
+def peer_lost(error: BaseException) -> bool:
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and any(marker in str(error) for marker in PEER_LOST_MARKERS))
 
 
 class WarmRunner:
@@ -39,12 +55,13 @@ class WarmRunner:
         self.job, self.env, self.workload, self.member = job, env, workload, member
         self.options = replace(options, async_persist=False)
         self.started_at = started_at
-        self.session: RankSession | None = None
         self.completed = 0  # the last step this process completed (its optimizer stepped)
+        self.attempt, self.rank = job.attempt, env.rank  # where this process stands (for its error report)
 
     def run(self) -> RunOutcome | None:
         """Train as the coordinator plans until the run completes; None for a spare never used."""
         while (plan := self.member.next_plan()) is not None:
+            self.attempt, self.rank = plan.attempt, plan.rank
             try:
                 return self._generation(plan)
             except GroupLost:
@@ -55,34 +72,33 @@ class WarmRunner:
     def _generation(self, plan: Plan) -> RunOutcome:
         env = replace(self.env, rank=plan.rank, world_size=plan.world_size, master_addr=plan.master_addr,
                       master_port=plan.master_port)
-        session = self._session(env)
-        started = time.monotonic()
+        job = replace(self.job, attempt=plan.attempt)
+        # Generation 0 starts with the process; a later one when its plan came (the spare was waiting).
+        session = RankSession(job, env, self.workload, self.workload.checkpoint_meta, self.options,
+                              self.started_at if plan.generation == 0 else time.time())
+        write_identity(session.paths, env, plan.attempt)  # the injector may aim at this process now
+        session.started()
         try:
-            self.workload.join(env, self.options.timeouts)
             joined = time.monotonic()
-            if plan.resume == RESUME_PEER:
-                assert plan.source_rank is not None
-                self.workload.share_state(plan.source_rank, plan.step)
-                self.completed = plan.step
-            else:
-                found = session.resume(self.workload.load)
-                self.completed = found.step if found else 0
+            self.workload.join(env, self.options.timeouts)
+            session.ready(determinism=self.workload.determinism, rendezvous_s=time.monotonic() - joined)
+            self._resume(plan, session)
             self.workload.wrap()
-        except COLLECTIVE_FAILURES as error:
-            raise GroupLost(str(error)) from error
-        self.member.formed(plan.generation, rendezvous_s=joined - started, transfer_s=time.monotonic() - joined)
+        except Exception as error:
+            _lost_or_raise(error)
+        self.member.formed(plan.generation)
         return self._train(plan, session)
 
-    def _session(self, env: DistEnv) -> RankSession:
-        """The rank's bookkeeping: made once this process has a rank (a spare's, at its first plan)."""
-        if self.session is None or self.session.env.rank != env.rank:
-            self.session = RankSession(self.job, env, self.workload, self.workload.checkpoint_meta, self.options,
-                                       self.started_at)
-            write_identity(self.session.paths, env, self.job.attempt)  # the injector may aim at it now
-            self.session.started()
-            self.session.ready(determinism=self.workload.determinism)
-        self.session.env = env
-        return self.session
+    def _resume(self, plan: Plan, session: RankSession) -> None:
+        if plan.resume == RESUME_PEER:
+            assert plan.source_rank is not None
+            started = time.monotonic()
+            self.workload.share_state(plan.source_rank, plan.step)
+            session.took_state(plan.step, time.monotonic() - started, plan.source_rank)
+            self.completed = plan.step
+        else:
+            found = session.resume(self.workload.load)
+            self.completed = found.step if found else 0
 
     def _train(self, plan: Plan, session: RankSession) -> RunOutcome:
         total = self.job.workload.steps
@@ -92,18 +108,12 @@ class WarmRunner:
                 loss = self.workload.train_step(step)
                 self.completed = step
                 session.stepped(step, loss, step_s=time.monotonic() - step_started)
-                if step == plan.step + 1 and plan.generation > 0 and env_is_main(session):
-                    self.member.stepped(plan.generation, step)
                 if session.checkpoint_due(step):
                     session.checkpoint(step, lambda sink, at=step: self.workload.snapshot(sink, at))
             final = max(self.completed, total)
             digest = session.finish(final, self.workload.digest, self.workload.named_weights)
-        except COLLECTIVE_FAILURES as error:
-            raise GroupLost(str(error)) from error
+        except Exception as error:
+            _lost_or_raise(error)
         self.member.done()
         self.workload.leave()
         return RunOutcome(rank=plan.rank, final_step=final, resumed_from=plan.step, digest=digest)
-
-
-def env_is_main(session: RankSession) -> bool:
-    return session.env.is_main

@@ -16,6 +16,7 @@ import psutil
 
 from experiments.layout import ENV_JOB_ID, ENV_RUN_ID, RankIdentity, RunPaths
 from experiments.runtime.identity import start_ticks
+from experiments.runtime.warm.protocol import ENV_WORLD as WARM_WORLD
 
 # Which environment variables name the job and the rank, per launcher.
 # FAULTDRILL_JOB_ID is the job as the controller names it (set by the batch script): an element
@@ -85,6 +86,9 @@ def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: 
     job_ids = {environ[name] for name in JOB_ID_VARS if name in environ}
     if job_id not in job_ids:
         raise TargetRefused(f"pid {pid}: job id in its environment {sorted(job_ids)} is not {job_id}")
+    if WARM_WORLD in environ:
+        return  # a warm job's process takes its rank from the coordinator's plan, not its environment:
+        # its identity file (pid and start ticks, checked above) is the rank's word
     ranks = {environ[name] for name in RANK_VARS if name in environ}
     if str(rank) not in ranks:
         raise TargetRefused(f"pid {pid}: rank in its environment {sorted(ranks)} is not {rank}")

@@ -24,6 +24,11 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
                  asked_at: float | None = None) -> FailureSign | None:
     """Why the attempt failed, with the best evidence of when; None while it looks healthy.
     ``asked_at``: when the scheduler's answer of this round was asked (None: no answer)."""
+    if watch.warm_failure is not None:
+        lost = watch.warm_failure
+        code = int(lost["exit_code"])
+        how = f", exit code {code}" if code >= 0 else ""
+        return FailureSign(f"rank {int(lost['rank'])} lost{how}{rank_error_suffix(watch)}", lost["time"], "warm")
     if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
         return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
                            f"{rank_error_suffix(watch)}", watch.step_exit["time"], "step_exit")
@@ -48,6 +53,12 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
     return hang if asked_at is None or asked_at >= watch.silent_since else None
 
 
+def _warm_exit_code(watch: AttemptWatch) -> int | None:
+    assert watch.warm_failure is not None
+    code = int(watch.warm_failure["exit_code"])
+    return code if code >= 0 else None
+
+
 def requeued(watch: AttemptWatch, state: JobState) -> bool:
     """The scheduler put the running job back in the queue (a preemption that requeues)."""
     return state is JobState.REQUEUED or (state is JobState.PENDING and watch.running_since is not None)
@@ -57,6 +68,7 @@ def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, ba
                      lost_nodes: tuple[str, ...] = (), oom_killed: tuple[str, ...] = (),
                      ended_by_drill: DrillEnded | None = None) -> FailureEvidence:
     exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
+                 else _warm_exit_code(watch) if watch.warm_failure is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
                            rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,

@@ -41,7 +41,7 @@ ACTED = "acted: "  # what the agent said of a fault whose effect is not known ye
 # Evidence that dates the failure itself (not just the last sign of life), with its resolution in
 # seconds (the scheduler's end time is whole seconds): a fault that acted after it hit an attempt
 # that was already failing.
-FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "scheduler_end": 1.0}
+FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "warm": 0.0, "scheduler_end": 1.0}
 COLLECT_TIMEOUT_S = 120.0
 
 

@@ -63,7 +63,7 @@ ADDED_COLUMNS = {
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
                    "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''",
-                   "failed_restarts": "INTEGER NOT NULL DEFAULT 0"},
+                   "failed_restarts": "INTEGER NOT NULL DEFAULT 0", "spare": "TEXT", "state_source": "TEXT"},
 }
 
 
@@ -162,6 +162,10 @@ class RecoveryRow:
     # Restarts between the failure and this attempt that failed before their first step: the
     # recovery spans them (their time is in its resubmit phase).
     failed_restarts: int = 0
+    # restart.strategy warm: the slot of the spare that took the dead rank's place, and where the
+    # state came from ("peer": a survivor's, no rollback; "checkpoint": none survived).
+    spare: str | None = None
+    state_source: str | None = None
 
 
 Row = TypeVar("Row")

@@ -18,6 +18,7 @@ from typing import Any
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
+    EVENT_WARM_PLAN,
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
     EVENT_JOB_START,
@@ -94,7 +95,10 @@ def compute_recovery(
     resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
     lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
-    moments, correction = ordered([failure.at, failure.detected, resumed.accepted, timeline.job_start,
+    plan = first_event(read_json_lines(paths.events_file(resumed.attempt)), EVENT_WARM_PLAN)
+    # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later)
+    accepted = float(plan["time"]) if plan is not None else resumed.accepted
+    moments, correction = ordered([failure.at, failure.detected, accepted, timeline.job_start,
                                    timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
     detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:]))
     return RecoveryRow(
@@ -121,7 +125,16 @@ def compute_recovery(
         fallback_lost_steps=max(timeline.skipped_steps, default=timeline.resumed_from_step)
         - timeline.resumed_from_step,
         failed_restarts=failed_restarts,
+        **warm_recovery(plan),
     )
+
+
+def warm_recovery(plan: dict[str, Any] | None) -> dict[str, str | None]:
+    """What the warm coordinator did to make an attempt (its plan): the spare used, the state's source."""
+    if plan is None:
+        return {}
+    spares = ",".join(f"slot {slot} as rank {rank}" for slot, rank in sorted(plan.get("spares_used", {}).items()))
+    return {"spare": spares or None, "state_source": str(plan.get("resume"))}
 
 
 def ordered(moments: list[float]) -> tuple[list[float], float]:

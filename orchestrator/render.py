@@ -22,9 +22,10 @@ from experiments.layout import (
     ENV_RUN_DIR,
     ENV_RUN_ID,
 )
+from experiments.runtime.warm.protocol import ENV_SPARES as WARM_SPARES, ENV_WORLD as WARM_WORLD
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.directives import parse_directive, slurm_line
-from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_WARM, RunConfig
 from orchestrator.spec import time_limit_minutes
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
@@ -103,6 +104,8 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
     }
     if run.workload_entry.launcher == LAUNCHER_MPI:
         environment.update(MPI_ENVIRONMENT)
+    if run.campaign.restart.strategy == STRATEGY_WARM:
+        environment.update({WARM_WORLD: str(run.ranks), WARM_SPARES: str(run.campaign.restart.warm_spares)})
     return environment
 
 

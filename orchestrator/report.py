@@ -15,6 +15,7 @@ LEDGER_RECOVERY_FIELDS = (
     "attempt", "fault_at", "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
     "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence", "clock_correction_s",
     "failure_class", "class_evidence", "fallback_from_step", "fallback_lost_steps", "failed_restarts",
+    "spare", "state_source",
 )
 RECOVERY_FIELDS = (*LEDGER_RECOVERY_FIELDS, "strategy")  # a report's recovery: the ledger's, and the run's strategy
 

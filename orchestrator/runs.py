@@ -21,6 +21,7 @@ PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.py
 STRATEGY_RESUBMIT = "resubmit"
 STRATEGY_IN_ALLOCATION = "in-allocation"
 STRATEGY_REQUEUE = "requeue"
+STRATEGY_WARM = "warm"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,12 @@ class RunConfig:
         # A script of a known framework needs what that framework's ranks need (chainer: MPI).
         known = REGISTRY.get(w.framework, WorkloadEntry(target=""))
         return WorkloadEntry(target="", launcher=w.launcher or known.launcher, environment=known.environment)
+
+    @property
+    def warm_spares(self) -> int:
+        """Processes the job holds beside its ranks (restart.strategy warm), 0 otherwise."""
+        restart = self.campaign.restart
+        return restart.warm_spares if restart.strategy == STRATEGY_WARM else 0
 
     @property
     def scheduler_requeue(self) -> bool:

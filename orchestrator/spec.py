@@ -197,15 +197,20 @@ FaultConfig = Annotated[
 ]
 
 
-STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation"), "slurm": ("resubmit", "in-allocation", "requeue"),
+STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation", "warm"),
+                         "slurm": ("resubmit", "in-allocation", "requeue"),
                          "pbs": ("resubmit", "in-allocation")}
 
 
 class RestartConfig(_Strict):
     # resubmit: a new job from the controller; in-allocation: the batch script keeps its allocation
     # and launches the ranks again after a failure, on the controller's word; requeue: the
-    # scheduler's own (Slurm: --requeue, scontrol requeue), the same job as the next attempt.
-    strategy: Literal["resubmit", "in-allocation", "requeue"] = "resubmit"
+    # scheduler's own (Slurm: --requeue, scontrol requeue), the same job as the next attempt; warm:
+    # survivors keep their process and state, a warm spare takes a dead rank's place (no cold start,
+    # no rollback), each re-formation the run's next attempt in the same job.
+    strategy: Literal["resubmit", "in-allocation", "requeue", "warm"] = "resubmit"
+    # warm: idle processes the job holds beside its ranks (framework imported, model built).
+    warm_spares: int = Field(1, ge=0, le=16)
     # in-allocation: after a failed rank step the batch script waits this long for the controller's
     # go (the fence naming the next attempt and this job), then ends the job.
     relaunch_wait_s: float = Field(60.0, gt=0, le=3600)
@@ -231,6 +236,22 @@ class RestartConfig(_Strict):
     max_excluded_nodes: int = Field(1, ge=0, le=64)
     # Failure class -> what to do (orchestrator/policy.py); classes not named keep their default.
     policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
+
+
+WARM_FRAMEWORKS = ("torch",)
+
+
+def _warm_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:
+    """What the warm strategy needs: a built-in workload whose process group the drill re-forms."""
+    if restart.strategy != "warm" or workload is None:
+        return []
+    if workload.command is not None:
+        return ["restart.strategy warm re-forms the built-in workloads' process group in place; a command "
+                "workload brings its own: use resubmit or in-allocation"]
+    if workload.framework not in WARM_FRAMEWORKS:
+        return [f"restart.strategy warm runs the {', '.join(WARM_FRAMEWORKS)} workload(s) yet, not "
+                f"{workload.framework}: use resubmit or in-allocation"]
+    return []
 
 
 class SweepConfig(_Strict):
@@ -295,6 +316,7 @@ class Campaign(_Strict):
         elif resources is not None and resources.spare_nodes and restart.strategy != "in-allocation":
             problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
                             f"(a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
+        problems += _warm_problems(restart, info.data.get("workload"))
         if problems:
             raise ValueError("\n".join(problems))
         return restart

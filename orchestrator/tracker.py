@@ -46,7 +46,7 @@ from orchestrator.measure import completion_facts
 from orchestrator.policy import Decision, decide, policy_entry
 from orchestrator.recovery import Failure, compute_recovery, recovering_from
 from orchestrator.render import attempt_job_name
-from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, RunConfig
+from orchestrator.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, STRATEGY_WARM, RunConfig
 from orchestrator.same_job import REQUEUING, Requeuer, end_rank_launch
 from orchestrator.states import TERMINAL_STATES, JobState
 from orchestrator.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
@@ -200,7 +200,7 @@ class RunTracker:
         return tuple(nodes[:self.restart.max_excluded_nodes])
 
     def begin_attempt(self, attempt: int, job_name: str | None = None, array_index: int | None = None,
-                      durable: bool = True) -> RankJob:
+                      durable: bool = True, fence: bool = True) -> RankJob:
         """Record the attempt and fence the run on it before it is submitted (a restarted
         controller then knows to look for it, and no older job may start ranks any more).
         ``durable`` False: the caller makes a batch of fences durable before submitting."""
@@ -212,7 +212,8 @@ class RunTracker:
             self.ledger.add_attempt(run.run_id, attempt, job_name or attempt_job_name(run, attempt, self.drill_id),
                                     array_index, excluded_nodes=self._exclusions(attempt))
         self.status = "running"
-        write_fence(run.paths, Fence(attempt, None), durable)
+        if fence:
+            write_fence(run.paths, Fence(attempt, None), durable)
         return self.rank_job(attempt)
 
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
@@ -224,10 +225,11 @@ class RunTracker:
         then tried on its own."""
         self.submitter.retry(attempt, job, error, now)
 
-    def accept(self, attempt: int, submission: Submission, durable: bool = True) -> None:
+    def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
                                    state=JobState.PENDING.value, accepted=submission.accepted_at)
-        write_fence(self.run.paths, Fence(attempt, submission.job_id), durable)
+        if fence:
+            write_fence(self.run.paths, Fence(attempt, submission.job_id), durable)
         self._watch(attempt, submission.job_id)
         log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
 
@@ -283,15 +285,17 @@ class RunTracker:
         # in-allocation: the job outlives its failed rank step and is the next attempt's, unless the
         # allocation itself has ended (then a new job, as resubmit does).
         was_requeued = requeued(watch, state)
-        keep_allocation = (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
-                           and not was_requeued)
+        # warm: the job's coordinator already made the next attempt (a spare in the dead rank's place).
+        warm = self.restart.strategy == STRATEGY_WARM and sign.evidence == "warm" and not state.is_terminal
+        keep_allocation = warm or (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
+                                   and not was_requeued)
         # requeue: the job runs again as the next attempt; scontrol requeue ends whatever of it
         # still runs (a hang: the job itself), so nothing is cancelled or closed here.
         same_job = self.restart.strategy == STRATEGY_REQUEUE
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
                                     self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id))
         classified = classify(evidence)
-        if keep_allocation and watch.step_exit is None:
+        if keep_allocation and not warm and watch.step_exit is None:
             # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
             # dead node takes scancel a MessageTimeout, which would hold up every run.
             why = DrillEnded(classified.failure_class.value,
@@ -310,7 +314,8 @@ class RunTracker:
         if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
             self.ledger.update_attempt(self.run.run_id, watch.attempt,
                                        state=STEP_FAILED if keep_allocation else JobState.REQUEUED.value)
-        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=now, reason=sign.reason,
+        detected = sign.at if warm else now  # warm: the coordinator's moment, not this controller's next look
+        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=detected, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence,
                                    failure_class=classified.failure_class.value, class_evidence=classified.evidence,
                                    class_facts=facts_json(evidence), failed_nodes=",".join(failed_nodes) or None)
@@ -318,10 +323,10 @@ class RunTracker:
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
         self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation or same_job else None,
-                              already_requeued=was_requeued)
+                              already_requeued=was_requeued, warm=warm)
 
     def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None,
-                         already_requeued: bool = False) -> None:
+                         already_requeued: bool = False, warm: bool = False) -> None:
         """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the same
         job (``in_job``: relaunched in its allocation, or requeued) or as a new job."""
         decision = self._decide(attempt)
@@ -333,7 +338,9 @@ class RunTracker:
             return
         log.info("%s: %s%s", self.run.run_id, decision.reason,
                  f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
-        if in_job is not None and self.restart.strategy == STRATEGY_REQUEUE:
+        if warm and in_job is not None:
+            self._follow_warm(attempt + 1, in_job)
+        elif in_job is not None and self.restart.strategy == STRATEGY_REQUEUE:
             self._requeue(attempt + 1, in_job, now, already=already_requeued)
         elif in_job is not None:
             self._relaunch(attempt + 1, in_job)
@@ -362,6 +369,16 @@ class RunTracker:
         log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
                  f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
         self.accept(attempt, Submission(job_id, accepted_at=time.time()))
+
+    def _follow_warm(self, attempt: int, job_id: str) -> None:
+        """warm: the job's coordinator made ``attempt`` itself (it fenced it and sent its plans, which
+        is its acceptance): recorded and watched here, the fence left to the job (writing it from here
+        could name an attempt the job has already left behind)."""
+        self.watch = None
+        self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name, fence=False)
+        log.info("%s: attempt %d re-forms warm in job %s", self.run.run_id, attempt, job_id)
+        # Accepted when the coordinator planned it: the recovery reads that from its warm_plan event.
+        self.accept(attempt, Submission(job_id, accepted_at=time.time()), fence=False)
 
     def _begin_in_same_job(self, attempt: int) -> RankJob:
         """An attempt that runs in the job already there (relaunched or requeued): recorded under

@@ -21,6 +21,7 @@ from experiments.layout import (
     EVENT_JOB_START,
     EVENT_PROCESS_START,
     EVENT_STEP_EXIT,
+    EVENT_WARM_FAILURE,
     EVENT_WARNED,
     RunPaths,
 )
@@ -61,6 +62,7 @@ class AttemptWatch:
     first_checkpoint: float | None = None
     last_step: int = 0
     step_exit: dict[str, float] | None = None
+    warm_failure: dict[str, float] | None = None  # the warm coordinator saw a rank of this attempt die
     completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
     warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
     state: JobState = JobState.PENDING
@@ -83,7 +85,7 @@ class AttemptWatch:
     def failing(self) -> bool:
         """The step already ended badly or the scheduler ended the job: no fault should land here."""
         exit_code = self.step_exit["exit_code"] if self.step_exit else 0
-        return exit_code != 0 or (self.state.is_terminal and not self.state.is_success)
+        return exit_code != 0 or self.warm_failure is not None or (self.state.is_terminal and not self.state.is_success)
 
     def read(self) -> None:
         """Take in what was appended since the last call."""
@@ -121,6 +123,10 @@ class AttemptWatch:
             self.warned = True
         elif name == EVENT_STEP_EXIT:
             self.step_exit = {"time": when, "exit_code": float(event["exit_code"])}  # type: ignore[arg-type]
+        elif name == EVENT_WARM_FAILURE and self.warm_failure is None:
+            code = event.get("exit_code")
+            self.warm_failure = {"time": when, "rank": float(event.get("rank") or 0),  # type: ignore[arg-type]
+                                 "exit_code": float(code) if code is not None else -1.0}  # type: ignore[arg-type]
 
     def _beat(self, rank: int, beat: dict[str, object]) -> None:
         when = float(beat["time"])  # type: ignore[arg-type]

@@ -135,6 +135,13 @@ class RankSession:
         self.heartbeat.beat(self.start_step, force=True)
         return found
 
+    def took_state(self, step: int, load_s: float, source_rank: int) -> None:
+        """The state came from a peer, not a checkpoint (restart.strategy warm): the resume step is
+        the one the group's plan named."""
+        self.start_step = step
+        self.events.emit(EVENT_CHECKPOINT_LOADED, step=step, load_s=load_s, source=f"rank {source_rank}")
+        self.heartbeat.beat(step, force=True)
+
     def _load(self, load: Callable[[Path, int], None], found: ValidCheckpoint) -> None:
         try:
             load(found.path, found.step)

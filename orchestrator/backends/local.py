@@ -27,7 +27,7 @@ from experiments.layout import (
 )
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
-from orchestrator.backends.local_controller import ENV_RELAUNCH_WAIT_S, read_step_exit
+from orchestrator.backends.local_controller import ENV_RELAUNCH_WAIT_S, read_step_exit, warm_completed
 from orchestrator.commands import CommandResult, run_command
 from orchestrator.render import rank_environment
 from orchestrator.runs import STRATEGY_IN_ALLOCATION, RunConfig
@@ -97,7 +97,7 @@ class LocalBackend(Backend):
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
-        tasks = 1 if prefix else run.ranks
+        tasks = 1 if prefix else run.ranks + run.warm_spares
         environment = rank_environment(run, job.attempt, self.drill_id)
         if run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION:
             environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
@@ -111,7 +111,7 @@ class LocalBackend(Backend):
 
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
         super().adopt(job_id, run, job)
-        tasks = 1 if run.workload_entry.launcher == LAUNCHER_MPI else run.ranks
+        tasks = 1 if run.workload_entry.launcher == LAUNCHER_MPI else run.ranks + run.warm_spares
         self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks, run_id=run.run_id))
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:
@@ -217,6 +217,8 @@ def mpi_launcher(ranks: int) -> list[str]:
 
 
 def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:
+    if warm_completed(record.folder, job_id):
+        return True  # a warm job: a task that died was replaced, and the run completed
     for task in range(record.ntasks):
         result = submitit_utils.JobPaths(record.folder, job_id=job_id, task_id=task).result_pickle
         if not result.exists():

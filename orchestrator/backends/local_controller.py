@@ -23,6 +23,8 @@ from submitit.local.local import Controller, LocalJobEnvironment
 
 from experiments.layout import ENV_ATTEMPT, ENV_RUN_DIR, EVENT_STEP_EXIT, RunPaths, append_json_line
 from experiments.runtime.fence import StaleAttemptError, read_fence, same_job
+from orchestrator.backends.local_warm import COMPLETED as WARM_COMPLETED
+from orchestrator.backends.local_warm import WARM_VERDICT, LocalWarmJob, record_verdict, warm_requested
 from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 
 ENV_RELAUNCH_WAIT_S = "FAULTDRILL_RELAUNCH_WAIT_S"
@@ -35,13 +37,25 @@ def exit_codes_file(folder: Path, job_id: str) -> Path:
 
 
 def read_step_exit(folder: Path, job_id: str) -> int | None:
-    """The job's step exit code from what its controller recorded; None before it recorded one."""
+    """The job's step exit code from what its controller recorded; None before it recorded one.
+    A warm job's is its coordinator's verdict: 0 if the run completed (a rank that died on the way
+    was replaced), else 1."""
     try:
         recorded = json.loads(exit_codes_file(folder, job_id).read_text())
         codes = recorded["exit_codes"]
     except (OSError, ValueError, KeyError):
         return None
+    if WARM_VERDICT in recorded:
+        return 0 if recorded[WARM_VERDICT] == WARM_COMPLETED else 1
     return step_exit_code(codes, recorded.get("first_failed_task")) if codes else None
+
+
+def warm_completed(folder: Path, job_id: str) -> bool:
+    """The job ran warm and its coordinator says the run completed."""
+    try:
+        return json.loads(exit_codes_file(folder, job_id).read_text()).get(WARM_VERDICT) == WARM_COMPLETED
+    except (OSError, ValueError):
+        return False
 
 
 def step_exit_code(codes: Sequence[int | None], first_failed: int | None = None) -> int:
@@ -100,11 +114,21 @@ class RecordingController(Controller):
             time.sleep(pause_s)
 
     def run(self, max_retry: int = 6) -> None:
+        if warm_requested():
+            self.run_warm()
+            return
         wait_s = os.environ.get(ENV_RELAUNCH_WAIT_S)
         if wait_s is None:
             super().run(max_retry)
             return
         self.run_in_allocation(float(wait_s))
+
+    def run_warm(self) -> None:
+        """restart.strategy warm (orchestrator/backends/local_warm.py): the coordinator's verdict is the job's."""
+        job = LocalWarmJob(self)
+        verdict = job.run()
+        record_verdict(exit_codes_file(self.folder, str(self.pid)), job.codes(), verdict)
+        sys.exit(0 if verdict == WARM_COMPLETED else 1)
 
     def run_in_allocation(self, wait_s: float) -> None:
         paths = RunPaths(Path(os.environ[ENV_RUN_DIR]))

@@ -8,7 +8,7 @@ broken step and left their group), gives the dead rank's number to a warm spare,
 member the plan of the next generation: a new rendezvous, the survivor whose state everyone takes
 (the highest step: no rollback), or the newest valid checkpoint when no survivor is left. Then it
 starts a spare in place of the one it used. It writes what it saw and did as events of the attempt
-(``warm_failure``, ``warm_plan``, ``warm_formed``, ``warm_first_step``), which the controller turns
+(``warm_failure``, ``warm_plan``, ``warm_formed``; the ranks add the attempt's usual timeline), which the controller turns
 into the recovery's row. It gives up (``CoordinatorGaveUp``: the job fails, the controller's policy
 takes over) when a member stops answering or no spare comes in time.
 """
@@ -27,7 +27,7 @@ from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RE
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[int, dict[str, Any]], None]  # an event of that attempt
-SpawnSpare = Callable[[int], None]  # start a warm spare as this slot
+SpawnSpare = Callable[[int, int], None]  # start a warm spare as this slot, in that attempt
 Fence = Callable[[int], None]  # make that attempt the run's current one (in this job)
 ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
 ACTIVE, SPARE, GONE, DONE = "active", "spare", "gone", "done"
@@ -88,6 +88,12 @@ class Coordinator:
             self._release_spares()
             listener.close()
 
+    def abort(self, why: str) -> None:
+        """End ``serve`` with CoordinatorGaveUp (the host saw every process of the job exit)."""
+        with self._lock:
+            self._verdict = why
+            self._lock.notify_all()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -128,9 +134,6 @@ class Coordinator:
             member.lost_step = int(message["step"])
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
-        elif op == "stepped" and message.get("generation") == self.generation:
-            self._event({"event": "warm_first_step", "time": time.time(), "generation": self.generation,
-                         "step": int(message["step"])})
         elif op == "done":
             member.role = DONE
 
@@ -156,7 +159,8 @@ class Coordinator:
             first = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:self.world_size]
             self._send_plans({rank: member for rank, member in enumerate(first)}, RESUME_START, None, 0)
             while True:
-                self._lock.wait_for(lambda: self._done() or self._failed_at is not None)
+                self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None)
+                self._check_aborted()
                 if self._done():
                     self._verdict = "completed"
                     return
@@ -218,7 +222,7 @@ class Coordinator:
         for _ in range(max(0, missing)):
             slot, self._next_slot = self._next_slot, self._next_slot + 1
             try:
-                self.spawn(slot)
+                self.spawn(slot, self.first_attempt + max(self.generation, 0))
             except Exception as error:  # a spare that cannot start is waited for, then given up on
                 log.warning("starting a warm spare as slot %d failed: %s", slot, error)
 
@@ -244,5 +248,10 @@ class Coordinator:
         return bool(done) and not self._of_role(ACTIVE) and len(done) >= 1 and self._failed_at is None
 
     def _wait(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-        if not self._lock.wait_for(condition, timeout=timeout_s):
+        if not self._lock.wait_for(lambda: condition() or self._verdict is not None, timeout=timeout_s):
             raise CoordinatorGaveUp(f"warm: {what} within {timeout_s:g} s")
+        self._check_aborted()
+
+    def _check_aborted(self) -> None:
+        if self._verdict is not None and self._verdict != "completed":
+            raise CoordinatorGaveUp(f"warm: {self._verdict}")

@@ -44,9 +44,6 @@ class WarmMember:
     def lost(self, generation: int, step: int) -> None:
         self._send({"op": "lost", "generation": generation, "step": step})
 
-    def stepped(self, generation: int, step: int) -> None:
-        self._send({"op": "stepped", "generation": generation, "step": step})
-
     def done(self) -> None:
         self._send({"op": "done"})
 

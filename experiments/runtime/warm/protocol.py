@@ -6,8 +6,8 @@ once. Messages are JSON objects, one per line.
 
 member -> coordinator: ``hello`` (slot, node, address, pid: the member is warm: framework imported,
 model built), ``formed`` (its group of that generation is up and its state in sync), ``lost`` (a
-collective of that generation failed; the last step it completed), ``stepped`` (the first step
-after a re-formation, rank 0), ``done`` (the run reached its last step on this member).
+collective of that generation failed; the last step it completed), ``done`` (the run reached its
+last step on this member).
 coordinator -> member: ``plan`` (its rank in a new generation: world size, rendezvous, where the
 state comes from), ``exit`` (the run is over; a spare leaves).
 """
@@ -19,6 +19,8 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
+ENV_WORLD = "FAULTDRILL_WARM_WORLD"  # the run's ranks (the job's tasks are these and the spares)
+ENV_SPARES = "FAULTDRILL_WARM_SPARES"  # the warm spares the job holds beside them
 ENV_COORDINATOR = "FAULTDRILL_WARM_COORDINATOR"  # host:port of the job's coordinator
 ENV_SLOT = "FAULTDRILL_WARM_SLOT"  # a spare started later: its slot (the launcher's tasks: their task id)
 ENV_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a rendezvous on
