@@ -152,7 +152,9 @@ def torchrun_trial(root: Path, trial: int, workload: Workload, rng: random.Rando
 
 def slurm_requeue_trial(root: Path, trial: int, workload: Workload, partition: str, down_s: float) -> dict[str, Any]:
     """``sbatch --requeue`` of the plain loop on two nodes; the job's last node crashes (scripts/cluster)
-    after the first checkpoint and comes back ``down_s`` later; Slurm requeues the job itself."""
+    after the first checkpoint and comes back ``down_s`` later; Slurm requeues the job itself. A failed
+    step leaves the batch script running (as a script with more work after it would): a job whose own
+    script ended first is FAILED, not NODE_FAIL, and Slurm requeues only on the node's failure."""
     out = root / f"requeue-{trial}"
     script = write_train_script(out, workload)
     batch = out / "job.sbatch"
@@ -161,7 +163,8 @@ def slurm_requeue_trial(root: Path, trial: int, workload: Workload, partition: s
         "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", "#SBATCH --requeue",
         "#SBATCH --time=00:20:00", f"#SBATCH --output={out}/job-%j.out",
         f"export BENCH_PORT={29700 + trial}", "export OMP_NUM_THREADS=1",
-        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {workload.steps} {workload.every} {out}", ""]))
+        f"srun --kill-on-bad-exit=1 {sys.executable} {script} {workload.steps} {workload.every} {out} || sleep 300",
+        ""]))
     job_id = run_command(["sbatch", "--parsable", str(batch)]).stdout.strip().split(";")[0]
     node = ""
     try:

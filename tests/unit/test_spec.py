@@ -175,13 +175,26 @@ def test_shipped_campaigns_are_valid(name: str) -> None:
 
 def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the local backend yet; "
-                                        r"valid there: resubmit, in-allocation"):
+                                        r"valid there: resubmit, in-allocation, warm"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "requeue"}), base_dir=tmp_path)
     with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the pbs backend yet; "
                                         r"valid there: resubmit, in-allocation"):
         parse_campaign(_spec(tmp_path, backend="pbs", restart={"strategy": "requeue"}), base_dir=tmp_path)
-    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation' or 'requeue'"):
-        parse_campaign(_spec(tmp_path, restart={"strategy": "warm"}), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation', 'requeue' or 'warm'"):
+        parse_campaign(_spec(tmp_path, restart={"strategy": "hot"}), base_dir=tmp_path)
+
+
+def test_warm_needs_a_built_in_workload_it_can_re_form(tmp_path: Path) -> None:
+    warm = {"strategy": "warm", "warm_spares": 1}
+    assert parse_campaign(_spec(tmp_path, restart=warm), base_dir=tmp_path).restart.warm_spares == 1
+    with pytest.raises(SpecError, match=r"restart.strategy warm runs the torch workload\(s\) yet, not chainer"):
+        parse_campaign(_spec(tmp_path, restart=warm, workload={"framework": "chainer", "params": 2000, "steps": 40}),
+                       base_dir=tmp_path)
+    script = {"command": ["python", "train.py"], "framework": "torch", "steps": 40}
+    with pytest.raises(SpecError, match=r"a command workload brings its own"):
+        parse_campaign(_spec(tmp_path, restart=warm, workload=script), base_dir=tmp_path)
+    with pytest.raises(SpecError, match=r"warm_spares"):
+        parse_campaign(_spec(tmp_path, restart={**warm, "warm_spares": -1}), base_dir=tmp_path)
 
 
 def test_spare_nodes_are_for_in_allocation_only(tmp_path: Path) -> None:
