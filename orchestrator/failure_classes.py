@@ -56,6 +56,7 @@ class FailureEvidence:
     lost_nodes: tuple[str, ...] = ()  # nodes the injector's record says were broken (node-crash, partition)
     oom_killed: tuple[str, ...] = ()  # ranks the injector's record says the kernel's OOM killer ended (oom-rank)
     ended_by_drill: DrillEnded | None = None  # the drill cancelled the job (not a person)
+    signalled: str | None = None  # the signal the injector's record says it sent a rank of the attempt
 
 
 @dataclass(frozen=True)
@@ -173,4 +174,12 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-_RULES = (_node_lost, _oom_killed, _silence, _scheduler, _rank_errors, _warned, _cancelled, _exit)
+def _signalled(known: FailureEvidence) -> Classified | None:
+    """No exit code to read (a warm job's coordinator on Slurm sees a connection end, not how the
+    process ended): the signal the injector sent is the evidence."""
+    if known.exit_code is None and known.signalled:
+        return Classified(FailureClass.RANK_SIGNAL, f"{known.signalled} (the injector's record)")
+    return None
+
+
+_RULES = (_node_lost, _oom_killed, _silence, _scheduler, _rank_errors, _warned, _cancelled, _exit, _signalled)

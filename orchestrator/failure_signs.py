@@ -66,13 +66,14 @@ def requeued(watch: AttemptWatch, state: JobState) -> bool:
 
 def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: "Backend",
                      lost_nodes: tuple[str, ...] = (), oom_killed: tuple[str, ...] = (),
-                     ended_by_drill: DrillEnded | None = None) -> FailureEvidence:
+                     ended_by_drill: DrillEnded | None = None, signalled: str | None = None) -> FailureEvidence:
     exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
                  else _warm_exit_code(watch) if watch.warm_failure is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
                            rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
-                           lost_nodes=lost_nodes, oom_killed=oom_killed, ended_by_drill=ended_by_drill)
+                           lost_nodes=lost_nodes, oom_killed=oom_killed, ended_by_drill=ended_by_drill,
+                           signalled=signalled)
 
 
 def blamed_nodes(run: RunConfig, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,

@@ -208,6 +208,12 @@ class FaultBook:
                      if row.attempt == attempt and row.outcome == INJECTED and row.target
                      and get_kind(row.kind).oom_kill_record)
 
+    def signalled(self, attempt: int) -> str | None:
+        """The signal the agent's record says it sent a rank of ``attempt`` last (kill-rank), if any."""
+        sent = [row for row in self.ledger.faults(self.run_id)
+                if row.attempt == attempt and row.outcome == INJECTED and row.signal and row.kind == "kill-rank"]
+        return sent[-1].signal if sent else None
+
     def credited(self, attempt: int) -> FaultRow | None:
         """The fault that caused ``attempt`` to fail, if one did."""
         hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome == INJECTED

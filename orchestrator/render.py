@@ -171,7 +171,10 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
         "elements": elements,
         "requeue": run.scheduler_requeue,
         "nodes": resources.nodes + resources.spare_nodes,
-        "tasks_per_node": resources.tasks_per_node,
+        "tasks_per_node": resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
+        "warm": {"ranks_per_node": resources.tasks_per_node, "spares_per_node": run.warm_spares}
+        if run.campaign.restart.strategy == STRATEGY_WARM else None,
+        "python": python,
         "step_nodes": resources.nodes,
         "step_tasks": resources.nodes * resources.tasks_per_node,
         **_relaunch_context(run),

@@ -198,7 +198,7 @@ FaultConfig = Annotated[
 
 
 STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation", "warm"),
-                         "slurm": ("resubmit", "in-allocation", "requeue"),
+                         "slurm": ("resubmit", "in-allocation", "requeue", "warm"),
                          "pbs": ("resubmit", "in-allocation")}
 
 

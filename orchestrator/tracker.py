@@ -293,7 +293,8 @@ class RunTracker:
         # still runs (a hang: the job itself), so nothing is cancelled or closed here.
         same_job = self.restart.strategy == STRATEGY_REQUEUE
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
-                                    self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id))
+                                    self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id),
+                                    self.faults.signalled(watch.attempt))
         classified = classify(evidence)
         if keep_allocation and not warm and watch.step_exit is None:
             # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a

@@ -83,7 +83,7 @@ class LocalWarmJob:
     def _fence(self, attempt: int) -> None:
         write_fence(self.paths, Fence(attempt, self.controller.pid))
 
-    def _spawn(self, slot: int, attempt: int) -> None:
+    def _spawn(self, slot: int, attempt: int, node: str | None) -> None:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
         ``attempt`` (the run's current one: the fence lets it start)."""
         job_paths = submitit_utils.JobPaths(self.controller.folder, self.controller.pid, slot)

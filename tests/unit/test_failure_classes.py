@@ -49,6 +49,9 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
      "SIGKILL (exit code 137)"),
     (FailureEvidence(JobState.FAILED, "poll", rank_errors=(GLOO_PEER,)), C.RANK_SIGNAL, "died without a word"),
     (FailureEvidence(JobState.FAILED, "poll", exit_code=-15), C.RANK_SIGNAL, "SIGTERM"),
+    # A warm job on Slurm: its coordinator saw a rank's connection end, not how the process ended.
+    (FailureEvidence(JobState.RUNNING, "warm", signalled="SIGKILL"), C.RANK_SIGNAL, "SIGKILL (the injector's record)"),
+    (FailureEvidence(JobState.RUNNING, "warm", exit_code=137, signalled="SIGTERM"), C.RANK_SIGNAL, "SIGKILL (exit code 137)"),
     (FailureEvidence(JobState.FAILED, "poll"), C.UNKNOWN, "scheduler state FAILED"),
     (FailureEvidence(JobState.UNKNOWN, "poll"), C.UNKNOWN, "noticed by poll"),
 ])

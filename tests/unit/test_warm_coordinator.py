@@ -44,7 +44,7 @@ def _start(host: Host, world: int, spares: int, timing: Timing | None = None) ->
     listener = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000,
-                              events=host.event, fence=host.fence, spawn=lambda *slot_attempt: host.spawned.append(slot_attempt),
+                              events=host.event, fence=host.fence, spawn=lambda slot, attempt, node: host.spawned.append((slot, attempt)),
                               exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5))
     outcome: dict[str, Any] = {}
 

@@ -27,7 +27,7 @@ from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RE
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[int, dict[str, Any]], None]  # an event of that attempt
-SpawnSpare = Callable[[int, int], None]  # start a warm spare as this slot, in that attempt
+SpawnSpare = Callable[[int, int, "str | None"], None]  # start a warm spare: slot, attempt, node (a hint)
 Fence = Callable[[int], None]  # make that attempt the run's current one (in this job)
 ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
 ACTIVE, SPARE, GONE, DONE = "active", "spare", "gone", "done"
@@ -101,6 +101,7 @@ class Coordinator:
             except OSError:
                 return
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _keepalive(connection)
             threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
 
     def _listen(self, line: Line) -> None:
@@ -154,10 +155,11 @@ class Coordinator:
 
     def _drive(self) -> None:
         with self._lock:
-            self._wait(lambda: len(self._of_role(SPARE)) >= self.world_size, self.timing.start_s,
+            # Rank r is slot r at first: the host placed the ranks' slots on the nodes as the job's
+            # own tasks would be; the spares come after them.
+            self._wait(lambda: all(slot in self.members for slot in range(self.world_size)), self.timing.start_s,
                        f"the first {self.world_size} member(s) did not connect")
-            first = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:self.world_size]
-            self._send_plans({rank: member for rank, member in enumerate(first)}, RESUME_START, None, 0)
+            self._send_plans({rank: self.members[rank] for rank in range(self.world_size)}, RESUME_START, None, 0)
             while True:
                 self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None)
                 self._check_aborted()
@@ -222,9 +224,18 @@ class Coordinator:
         for _ in range(max(0, missing)):
             slot, self._next_slot = self._next_slot, self._next_slot + 1
             try:
-                self.spawn(slot, self.first_attempt + max(self.generation, 0))
+                self.spawn(slot, self.first_attempt + max(self.generation, 0), self._spare_node())
             except Exception as error:  # a spare that cannot start is waited for, then given up on
                 log.warning("starting a warm spare as slot %d failed: %s", slot, error)
+
+    def _spare_node(self) -> str | None:
+        """Where a new spare goes: the node with the fewest live members among those that still have
+        one (a node whose members all died may be down)."""
+        live: dict[str, int] = {}
+        for member in self.members.values():
+            if member.role in (ACTIVE, SPARE):
+                live[member.node] = live.get(member.node, 0) + 1
+        return min(live, key=lambda node: (live[node], node)) if live else None
 
     def _release_spares(self) -> None:
         with self._lock:
@@ -255,3 +266,12 @@ class Coordinator:
     def _check_aborted(self) -> None:
         if self._verdict is not None and self._verdict != "completed":
             raise CoordinatorGaveUp(f"warm: {self._verdict}")
+
+
+def _keepalive(connection: socket.socket) -> None:
+    """A member whose node died without a word (link down, then its processes killed) never closes
+    its connection: the kernel's keepalive probes end it within ~4 s instead."""
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            connection.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
