@@ -176,7 +176,7 @@ def slurm_requeue_trial(root: Path, trial: int, workload: Workload, partition: s
         time.sleep(down_s)
         run_command([str(CLUSTER), "node-restore", node], timeout_s=300)
         node = ""
-        return recovery(out, crashed_at, lambda s: s["restart"] > 0, 600)
+        return recovery(out, crashed_at, lambda s: s["restart"] > 0, 400)
     finally:
         if node:
             run_command([str(CLUSTER), "node-restore", node], timeout_s=300, check=False)

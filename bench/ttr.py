@@ -3,8 +3,8 @@ against a floor and the tools users would otherwise pick, measured in the same r
 
 - Faultdrill: one drill per backend x framework x strategy x fault kind, ``--faults`` faults one
   after the other (``repeat``), each at a random moment after a checkpoint; the ledger's phases.
-  Kinds: ``kill-rank`` (SIGKILL of rank 1), ``node-crash`` (Slurm: the job's last node, back 10 s
-  later; in-allocation holds a spare node), ``preempt`` (the warning, a checkpoint, the job ended;
+  Kinds: ``kill-rank`` (SIGKILL of rank 1), ``node-crash`` (Slurm: the job's last node, back 45 s
+  later, once Slurm has declared it down; in-allocation holds a spare node), ``preempt`` (the warning, a checkpoint, the job ended;
   the requeue strategy requeues it).
 - The floor: a cold start on the same resources (a fault-free run's job start to its first step),
   per backend x framework, in the same run. No restart in a new process can be cheaper.
@@ -44,6 +44,9 @@ PARAMS, BATCH, EVERY = 200_000, 16, 200
 # Steps per framework: the faults come within the first few thousand; a run ends soon after.
 STEPS = {"torch": 6000, "tensorflow": 4000, "chainer": 6000}
 PARTITION = "debug"
+# A node crash lasts past Slurm's SlurmdTimeout (the cluster's: 10 s, DOWN ~30 s after): Slurm's own
+# requeue only acts on a node it has declared down (a node back within 10 s: it never noticed).
+NODE_DOWN_S = 45
 SHARED = Path("/var/tmp")  # outside /tmp: the cluster's nodes have a private one
 PEER_OF = {"kill-rank": "torchrun --standalone --max-restarts", "node-crash": "Slurm --requeue",
            "preempt": "submitit Checkpointable"}
@@ -55,7 +58,7 @@ def _fault(kind: str, strategy: str, faults: int) -> dict[str, Any]:
     if kind == "kill-rank":
         fault.update(rank=1, signal="SIGKILL")
     elif kind == "node-crash":
-        fault.update(node=-1, down_s=10)
+        fault.update(node=-1, down_s=NODE_DOWN_S)
     elif kind == "preempt":
         fault.update(grace_s=30, then="requeue" if strategy == "requeue" else "cancel")
     return fault
@@ -141,7 +144,7 @@ def peer_rows(root: Path, kinds: list[str], backends: list[str], trials: int, rn
         if kind == "kill-rank" and "local" in backends:
             results = [peers.torchrun_trial(root, t, workload, rng) for t in range(trials)]
         elif kind == "node-crash" and "slurm" in backends:
-            results = [peers.slurm_requeue_trial(root, t, workload, PARTITION, down_s=10) for t in range(trials)]
+            results = [peers.slurm_requeue_trial(root, t, workload, PARTITION, down_s=NODE_DOWN_S) for t in range(trials)]
         elif kind == "preempt" and "slurm" in backends:
             results = [peers.checkpointable_trial(root, t, workload, PARTITION) for t in range(trials)]
         else:
