@@ -81,7 +81,8 @@ def _spec(workdir: Path, backend: str, framework: str, strategy: str | None, kin
                      "seed": seed, "batch_size": BATCH},
         "checkpoint": {"every_steps": EVERY, "keep": 2},
         "resources": resources,
-        "restart": {"strategy": strategy or "resubmit", "max_restarts": faults + 2, "poll_interval_s": 0.05},
+        "restart": {"strategy": strategy or "resubmit", "max_restarts": faults + 2, "poll_interval_s": 0.05,
+                    **({"warm_spares": 1} if strategy == "warm" else {})},
         "faults": [] if strategy is None or kind is None else [_fault(kind, strategy, faults)],
         "parallel_runs": 1,
     }

@@ -1,0 +1,55 @@
+"""restart.strategy warm on the real Slurm cluster (issue 12), experiments/campaigns/warm-slurm.yaml:
+2-node PyTorch jobs with a warm spare on each node. Three rank SIGKILLs, each answered in the same
+job by a spare and a survivor's state; a node crash answered by the spare on the surviving node
+(each rank and spare is a job step of its own: the crash ends only the steps on that node). Every
+run ends bit for bit as its twin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from campaigns import campaign_copy, drill_report
+from experiments.layout import RunPaths
+
+pytestmark = pytest.mark.integration
+
+
+def _by_kind(report: dict[str, Any], kind: str) -> dict[str, Any]:
+    [run] = [run for run in report["runs"] if run["faults"] and run["faults"][0]["kind"] == kind]
+    return run
+
+
+def _warm_recoveries(run: dict[str, Any]) -> None:
+    assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["run_id"]
+    assert len({attempt["job_id"] for attempt in run["attempts"]}) == 1, "every re-formation in the same job"
+    assert run["recoveries"] and len(run["recoveries"]) == len(run["attempts"]) - 1
+    for recovery in run["recoveries"]:
+        assert recovery["strategy"] == "warm" and recovery["state_source"] == "peer", recovery
+        assert recovery["spare"].startswith("slot ") and recovery["lost_steps"] <= 1, recovery
+
+
+def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, cluster, slurm) -> None:
+    report = drill_report(campaign_copy("warm-slurm", shared_tmp), timeout_s=900)
+    for run in report["runs"]:
+        for attempt in run["attempts"]:
+            slurm.track(attempt["job_id"])
+
+    killed = _by_kind(report, "kill-rank")
+    _warm_recoveries(killed)
+    assert len(killed["recoveries"]) == 3 and all(f["outcome"] == "injected" for f in killed["faults"])
+    assert all(r["failure_class"] == "RANK_SIGNAL" for r in killed["recoveries"])
+
+    crashed = _by_kind(report, "node-crash")
+    _warm_recoveries(crashed)
+    [recovery] = crashed["recoveries"]
+    assert recovery["failure_class"] == "NODE_FAIL", recovery
+    lost = crashed["faults"][0]["target"].removeprefix("node ")
+    assert lost in cluster
+    paths = RunPaths(shared_tmp / "work" / "runs" / crashed["run_id"])
+    # Both ranks of the re-formed group run on the surviving node (the dead node's spare died with it).
+    nodes = {json.loads(paths.rank_file(recovery["attempt"], rank).read_text())["node"] for rank in range(2)}
+    assert len(nodes) == 1 and lost not in nodes, (nodes, lost)
