@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,6 +21,7 @@ from experiments.layout import ENV_ATTEMPT, ENV_RUN_DIR, RunPaths, append_json_l
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp
+from experiments.runtime.warm.members import end_members
 from experiments.runtime.warm.protocol import ENV_ADDRESS, ENV_COORDINATOR, ENV_SLOT, ENV_SPARES, ENV_WORLD
 from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 
@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 WARM_VERDICT = "warm"  # the exit codes file's key for the coordinator's verdict
 COMPLETED = "completed"
-SPARES_EXIT_S = 30.0  # after the verdict, the tasks' time to exit before they are killed
 LOOPBACK = "127.0.0.1"
 
 
@@ -107,13 +106,7 @@ class LocalWarmJob:
         return SIGNAL_EXIT_BASE - code if code < 0 else code  # a signal N as 128 + N, as a step exit says it
 
     def _end_tasks(self) -> None:
-        deadline = time.monotonic() + SPARES_EXIT_S
-        while time.monotonic() < deadline and any(task.poll() is None for task in self.slots.values()):
-            time.sleep(0.05)
-        for task in self.slots.values():
-            if task.poll() is None:
-                task.kill()
-                task.wait()
+        end_members(self.slots.values(), stop=subprocess.Popen.kill)
         for handle in self._files:
             handle.close()
 

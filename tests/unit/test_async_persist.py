@@ -13,59 +13,12 @@ import pytest
 
 from experiments.layout import RankJob, RunPaths, WorkloadSpec, read_json_lines
 from experiments.runner import RunnerOptions, run_training
-from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+from experiments.runtime.checkpoint import CheckpointStore
 from experiments.runtime.distenv import DistEnv, Timeouts
-from experiments.runtime.sink import FileSink
-from experiments.runtime.snapshot import ShareWriter
 from experiments.workloads.base import Workload
+from numpy_workload import NumpyWorkload
 
 WRITE_S = 0.15  # each checkpoint's write; a step takes 10 ms, checkpoints are 30 steps apart
-
-
-class SlowWriteWorkload(Workload):
-    framework = "numpy"
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.weights = np.zeros(4)
-        self.fail_at = fail_at
-
-    @property
-    def checkpoint_meta(self) -> CheckpointMeta:
-        return CheckpointMeta("numpy", "raw float64", "all")
-
-    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
-        return {}
-
-    def train_step(self, step: int) -> float:
-        self.weights += step  # the model changes while an earlier checkpoint is being written
-        time.sleep(0.01)
-        return float(self.weights.sum())
-
-    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
-        weights = self.weights.copy()
-
-        def write() -> None:
-            time.sleep(WRITE_S)
-            if step == self.fail_at:
-                raise OSError(28, "No space left on device")
-            sink.write_bytes("weights.bin", weights.tobytes())
-
-        return write
-
-    def load(self, directory: Path, step: int) -> None:
-        self.weights = np.frombuffer((directory / "weights.bin").read_bytes()).copy()
-
-    def named_weights(self) -> list[tuple[str, np.ndarray]]:
-        return [("w", self.weights)]
-
-    def barrier(self, timeout_s: float | None = None) -> None:
-        pass
-
-    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
-        return value
-
-    def shutdown(self) -> None:
-        pass
 
 
 def _job(tmp_path: Path, steps: int = 90) -> RankJob:
@@ -81,7 +34,7 @@ def _train(tmp_path: Path, workload: Workload, asynchronous: bool) -> float:
 
 
 def test_training_waits_for_the_snapshot_only_and_every_checkpoint_holds_its_own_step(tmp_path: Path) -> None:
-    _train(tmp_path, SlowWriteWorkload(), asynchronous=True)
+    _train(tmp_path, NumpyWorkload(WRITE_S), asynchronous=True)
     records = read_json_lines(RunPaths(tmp_path).checkpoint_log)
     assert [record["step"] for record in records] == [30, 60, 90], "published in step order"
     for record in records:
@@ -92,7 +45,7 @@ def test_training_waits_for_the_snapshot_only_and_every_checkpoint_holds_its_own
         assert weights.tolist() == [step * (step + 1) / 2] * 4
 
     synchronous = tmp_path / "sync"
-    _train(synchronous, SlowWriteWorkload(), asynchronous=False)
+    _train(synchronous, NumpyWorkload(WRITE_S), asynchronous=False)
     for record in read_json_lines(RunPaths(synchronous).checkpoint_log):
         assert record["blocking_s"] == record["persist_s"] >= WRITE_S
 
@@ -100,7 +53,7 @@ def test_training_waits_for_the_snapshot_only_and_every_checkpoint_holds_its_own
 def test_a_write_that_fails_in_the_background_fails_the_rank_within_a_step_and_publishes_nothing(
         tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="publishing a checkpoint failed: .*checkpoint step 30 could not be written"):
-        _train(tmp_path, SlowWriteWorkload(fail_at=30), asynchronous=True)
+        _train(tmp_path, NumpyWorkload(WRITE_S, fail_at=30), asynchronous=True)
     beats = read_json_lines(RunPaths(tmp_path).heartbeat_file(0))
     steps_after = max(beat["step"] for beat in beats) - 30
     assert steps_after <= WRITE_S / 0.01 + 5, f"trained {steps_after} steps past the failed write"

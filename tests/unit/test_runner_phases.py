@@ -10,64 +10,16 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 from experiments.layout import RankJob, RunPaths, WorkloadSpec, read_json_lines
 from experiments.runner import RunnerOptions, run_training
-from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
-from experiments.runtime.sink import FileSink
-from experiments.runtime.snapshot import ShareWriter
-from experiments.workloads.base import Workload
+from numpy_workload import NumpyWorkload
 from orchestrator.states import JobState
 from orchestrator.watch import AttemptWatch, RankBeat
 
 HANG_TIMEOUT_S = 0.5
 SAVE_S = 1.5  # three hang timeouts
 CHECKPOINT_TIMEOUT_S = 5.0
-
-
-class SlowSaveWorkload(Workload):
-    framework = "numpy"
-
-    def __init__(self) -> None:
-        self.weights = np.zeros(4)
-
-    @property
-    def checkpoint_meta(self) -> CheckpointMeta:
-        return CheckpointMeta("numpy", "raw float64", "all")
-
-    def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
-        return {}
-
-    def train_step(self, step: int) -> float:
-        self.weights += step
-        time.sleep(0.01)
-        return float(self.weights.sum())
-
-    def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
-        weights = self.weights.copy()
-
-        def write() -> None:
-            time.sleep(SAVE_S)
-            sink.write_bytes("weights.bin", weights.tobytes())
-
-        return write
-
-    def load(self, directory: Path, step: int) -> None:
-        self.weights = np.frombuffer((directory / "weights.bin").read_bytes()).copy()
-
-    def named_weights(self) -> list[tuple[str, np.ndarray]]:
-        return [("w", self.weights)]
-
-    def barrier(self, timeout_s: float | None = None) -> None:
-        pass
-
-    def broadcast_int(self, value: int, timeout_s: float | None = None) -> int:
-        return value
-
-    def shutdown(self) -> None:
-        pass
 
 
 def test_a_checkpoint_longer_than_the_hang_timeout_is_no_hang_but_its_own_timeout_holds(tmp_path: Path) -> None:
@@ -79,7 +31,7 @@ def test_a_checkpoint_longer_than_the_hang_timeout_is_no_hang_but_its_own_timeou
 
     def train() -> None:
         try:
-            run_training(job, env, SlowSaveWorkload(), started_at=time.time(), options=options)
+            run_training(job, env, NumpyWorkload(SAVE_S), started_at=time.time(), options=options)
         except BaseException as error:  # handed to the test thread
             errors.append(error)
 

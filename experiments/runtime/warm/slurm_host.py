@@ -21,17 +21,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from experiments.layout import ENV_ATTEMPT, ENV_RUN_DIR, RunPaths, append_json_line
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp
+from experiments.runtime.warm.members import end_members
 from experiments.runtime.warm.protocol import ENV_COORDINATOR, ENV_SLOT
 
 log = logging.getLogger("faultdrill.warm")
-EXIT_S = 30.0  # after the verdict, the members' time to leave before their steps are cancelled
 
 
 class SlurmWarmJob:
@@ -84,17 +83,8 @@ class SlurmWarmJob:
             self.steps[slot] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
 
     def _end_steps(self) -> None:
-        deadline = time.monotonic() + EXIT_S
-        while time.monotonic() < deadline and any(step.poll() is None for step in self.steps.values()):
-            time.sleep(0.1)
-        for step in self.steps.values():
-            if step.poll() is None:
-                step.terminate()  # srun forwards it to its task, then ends the step
-        for step in self.steps.values():
-            try:
-                step.wait(timeout=EXIT_S)
-            except subprocess.TimeoutExpired:
-                step.kill()
+        # terminate: srun forwards it to its task, then ends the step
+        end_members(self.steps.values(), stop=subprocess.Popen.terminate)
 
 
 def main(argv: list[str] | None = None) -> int:

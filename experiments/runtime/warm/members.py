@@ -1,0 +1,28 @@
+"""The end of a warm job's member processes, for either host (local job, Slurm batch script)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Callable, Iterable
+
+EXIT_S = 30.0  # after the coordinator's verdict, the members' time to leave on their own
+
+
+def end_members(processes: Iterable["subprocess.Popen[bytes] | subprocess.Popen[str]"],
+                stop: Callable[["subprocess.Popen[bytes] | subprocess.Popen[str]"], None], grace_s: float = EXIT_S) -> None:
+    """Wait up to ``grace_s`` for every process to exit (the spares leave on the coordinator's word),
+    then ``stop`` the rest (Popen.kill, or terminate for an srun that ends its step) and reap them."""
+    members = list(processes)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(member.poll() is None for member in members):
+        time.sleep(0.05)
+    for member in members:
+        if member.poll() is None:
+            stop(member)
+    for member in members:
+        try:
+            member.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            member.kill()
+            member.wait()
