@@ -53,18 +53,20 @@ def _cost_caption(cost: dict[str, Any]) -> str | None:
 
 def recoveries_table(report: dict[str, Any]) -> Table:
     table = Table(title="Recoveries (seconds; ttr = detect + resubmit + queue + startup + load + first step)")
+    recoveries = [(run, rec) for run in report["runs"] for rec in run["recoveries"]]
+    warm = any(rec.get("state_source") for _, rec in recoveries)  # restart.strategy warm: its own columns
     columns = ("run", "fault", "class", "detect", "resubmit", "queue", "startup", "load", "first step", "ttr",
-               "resumed from", "lost steps", "lost s", "lost rank-s")
+               "resumed from", "lost steps", "lost s", "lost rank-s", *(("state from", "spare") if warm else ()))
     for column in columns:
         table.add_column(column)
-    recoveries = [(run, rec) for run in report["runs"] for rec in run["recoveries"]]
     # Grouped by failure class: recoveries from one kind of failure side by side.
     for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
         inferred = set(run.get("progress", {}).get("inferred", ()))
         table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(
             ("~" if key in inferred else "") + _fmt(rec[key]) for key in (
                 "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
-                "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")))
+                "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")),
+            *((rec.get("state_source") or "-", rec.get("spare") or "-") if warm else ()))
     if any(run.get("progress", {}).get("inferred") for run in report["runs"]):
         table.caption = ("~ inferred, not measured: a zero-code script's start-up ends at its first step logged, "
                          "and the step it resumed from is read from its logs or files")
