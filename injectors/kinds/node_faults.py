@@ -74,12 +74,14 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
     at = time.time()
     if hold_s is None:
         control.mend_at_drill_end(actions[1], node, site.get("mend"))  # owed before it is broken
-        broke = control.cluster(actions[0], node, site.get("act"))
         control.acted(at, node)
+        broke = control.cluster(actions[0], node, site.get("act"))
         return FaultOutcome(kind=kind, target=f"node {node}", at=at, node=node,
                             detail=f"{broke}; for the rest of the drill ({actions[1]} when it ends)")
-    broke = control.cluster(actions[0], node, site.get("act"))
+    # Recorded as it acts, not once the command returns: the job's step fails within a tenth of a
+    # second of the crash, before the cluster script is done, and the class needs the node then.
     control.acted(at, node)
+    broke = control.cluster(actions[0], node, site.get("act"))
     time.sleep(hold_s)
     try:
         mended = control.cluster(actions[1], node, site.get("mend"))
