@@ -141,7 +141,7 @@ def peer_rows(root: Path, kinds: list[str], backends: list[str], trials: int, rn
     """The best-known peer for each fault kind, ``trials`` times (those the chosen backends allow)."""
     workload = peers.Workload(params=PARAMS, batch=BATCH, every=EVERY, steps=STEPS["torch"])
     found: dict[str, Any] = {}
-    for kind in kinds:
+    for kind in kinds if trials > 0 else []:
         if kind == "kill-rank" and "local" in backends:
             results = [peers.torchrun_trial(root, t, workload, rng) for t in range(trials)]
         elif kind == "node-crash" and "slurm" in backends:

@@ -209,7 +209,12 @@ class FaultBook:
                      and get_kind(row.kind).oom_kill_record)
 
     def signalled(self, attempt: int) -> str | None:
-        """The signal the agent's record says it sent a rank of ``attempt`` last (kill-rank), if any."""
+        """The signal the agent's record says it sent a rank of ``attempt`` last (kill-rank), if any;
+        while its answer is still on its way, the signal it was sent to send (the agent on the node
+        answers after it killed, often after the rank's death has been seen)."""
+        flight = self.in_flight
+        if flight is not None and flight.attempt == attempt and flight.fault.kind == "kill-rank":
+            return flight.fault.signal or "SIGKILL"
         sent = [row for row in self.ledger.faults(self.run_id)
                 if row.attempt == attempt and row.outcome == INJECTED and row.signal and row.kind == "kill-rank"]
         return sent[-1].signal if sent else None

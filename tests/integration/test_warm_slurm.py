@@ -41,7 +41,7 @@ def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, c
     killed = _by_kind(report, "kill-rank")
     _warm_recoveries(killed)
     assert len(killed["recoveries"]) == 3 and all(f["outcome"] == "injected" for f in killed["faults"])
-    assert all(r["failure_class"] == "RANK_SIGNAL" for r in killed["recoveries"])
+    assert all(r["failure_class"] == "RANK_SIGNAL" for r in killed["recoveries"]), killed["attempts"]
 
     crashed = _by_kind(report, "node-crash")
     _warm_recoveries(crashed)
