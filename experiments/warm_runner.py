@@ -28,9 +28,11 @@ from experiments.runtime.warm.member import WarmMember
 from experiments.runtime.warm.protocol import RESUME_PEER, Plan
 from experiments.workloads.torch_workload import TorchWorkload
 
-# What a survivor's collective says when a peer is gone (gloo: its socket closed, or the timeout).
-PEER_LOST_MARKERS = ("Connection closed", "Connection reset", "Broken pipe", "Timed out", "timed out", "Socket",
-                     "gloo", "Gloo", "peer")
+# What a survivor's collective says when a peer is gone (gloo: its socket closed, or the timeout; a
+# peer whose node lost power sends nothing: gloo then ends the pair with "Application timeout caused
+# pair closure"), compared in lower case.
+PEER_LOST_MARKERS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "socket",
+                     "pair closure", "no route to host", "gloo", "peer")
 
 
 class GroupLost(RuntimeError):
@@ -46,7 +48,7 @@ def _lost_or_raise(error: Exception) -> NoReturn:
 
 def peer_lost(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or (
-        isinstance(error, RuntimeError) and any(marker in str(error) for marker in PEER_LOST_MARKERS))
+        isinstance(error, RuntimeError) and any(marker in str(error).lower() for marker in PEER_LOST_MARKERS))
 
 
 class WarmRunner:

@@ -76,6 +76,10 @@ def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str
         raise TargetRefused(f"pid {identity.pid}: cannot read its environment, refusing to act") from None
     if uid != os.getuid():
         raise TargetRefused(f"pid {identity.pid} belongs to uid {uid}, not to the drill's uid {os.getuid()}")
+    if not environ:
+        # A rank always has the drill's variables: an empty environment is a process whose memory
+        # the kernel already released (it is exiting, e.g. its launcher ended it a moment ago).
+        raise gone
     _check_environment(environ, run_id, job_id, rank, identity.pid)
     return VerifiedTarget(pid=identity.pid, rank=rank, node=identity.node, job_id=job_id)
 

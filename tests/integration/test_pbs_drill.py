@@ -71,9 +71,11 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
     assert any(fault["at"] and fault["outcome"] == "injected" for fault in faulted["faults"])
     recoveries = faulted["recoveries"]
     assert recoveries and all(set(recovery) == RECOVERY_FIELDS for recovery in recoveries)
-    # Every field is measured (fallback_from_step is null when the resume skipped nothing).
+    # Every field is measured (fallback_from_step is null when the resume skipped nothing; spare and
+    # state_source are restart.strategy warm's, null under the others).
     assert all(value is not None for recovery in recoveries for key, value in recovery.items()
-               if key != "fallback_from_step")
+               if key not in ("fallback_from_step", "spare", "state_source"))
+    assert all(recovery["spare"] is None and recovery["state_source"] is None for recovery in recoveries)
     assert any(recovery["resumed_from_step"] > 0 for recovery in recoveries)
     phases = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
     assert all(recovery[phase] >= 0 for recovery in recoveries for phase in phases)

@@ -121,3 +121,19 @@ def test_agent_cli_reports_verdicts(tmp_path: Path, rank_process: subprocess.Pop
     assert done.returncode == 0 and verdict["ok"] and verdict["pid"] == rank_process.pid
     assert json.loads((tmp_path / "verdict.json").read_text()) == verdict
     assert rank_process.wait(timeout=10) == -15
+
+
+def test_a_rank_whose_environment_is_already_released_is_gone(tmp_path: Path) -> None:
+    """An exiting process reads an empty /proc/PID/environ (its memory is released before it is a
+    zombie): that is a rank already ending (its launcher ended it), not a refusal that would make a
+    hung attempt's in-allocation relaunch cancel the whole job. Emulated by a process given no
+    environment: it is left alone either way."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={})
+    try:
+        _register(tmp_path, process.pid)
+        with pytest.raises(TargetRefused, match="no longer running") as refused:
+            verify_rank(tmp_path, RUN_ID, 0, 1, JOB_ID)
+        assert refused.value.gone and process.poll() is None
+    finally:
+        process.kill()
+        process.wait(timeout=10)

@@ -16,6 +16,7 @@ import pytest
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp, Timing
 from experiments.runtime.warm.member import WarmMember
 from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START
+from experiments.warm_runner import peer_lost
 
 
 class Host:
@@ -127,3 +128,19 @@ def test_a_survivor_that_never_reports_its_step_ends_the_job() -> None:
     rank1.line.close()  # rank 0 is hung: it never says which step it completed
     outcome["thread"].join(timeout=10)
     assert "did not report the step it completed" in outcome.get("gave_up", "")
+
+
+@pytest.mark.parametrize("message", [
+    # gloo, recorded on this machine: a peer SIGKILLed, a peer on a node that lost power (no FIN/RST).
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.213.77.12]:40231: Connection reset by peer",
+    "Application timeout caused pair closure",
+    "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation",
+])
+def test_what_gloo_says_of_a_lost_peer_re_forms_the_group(message: str) -> None:
+    assert peer_lost(RuntimeError(message))
+
+
+@pytest.mark.parametrize("error", [RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x3 and 4x8)"),
+                                   ValueError("Application timeout caused pair closure")])
+def test_a_ranks_own_error_is_not_taken_for_a_lost_peer(error: Exception) -> None:
+    assert not peer_lost(error)
