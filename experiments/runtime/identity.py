@@ -43,6 +43,14 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] == "Z" else int(fields[19])
 
 
+def ticks_now() -> float:
+    """Now, on the clock of ``start_ticks`` (clock ticks since boot): a process started later has
+    more. psutil's create_time adds the boot time in whole seconds, so it cannot be set against
+    time.time()."""
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime_s * os.sysconf("SC_CLK_TCK")
+
+
 def write_identity(paths: RunPaths, env: DistEnv, attempt: int) -> RankIdentity:
     identity = current_identity(env, attempt)
     write_json_atomic(paths.rank_file(attempt, env.rank), record_dict(identity))

@@ -26,6 +26,7 @@ from experiments.layout import (
     read_json_lines,
 )
 from experiments.workloads import LAUNCHER_MPI
+from experiments.runtime.identity import start_ticks, ticks_now
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.backends.local_controller import ENV_RELAUNCH_WAIT_S, read_step_exit, warm_completed
 from orchestrator.commands import CommandResult, run_command
@@ -182,7 +183,10 @@ class LocalBackend(Backend):
         controller = self._verified_controller(job_id, record) if record is not None else None
         if controller is None:
             return False
-        kill_tree(controller, include_root=False, attempt=attempt)
+        # Only the ranks already there: the job relaunches once they are dead, and a new rank
+        # between its fork and its exec still shows the controller's environment (the job's
+        # first attempt), which would pass for the hung attempt's.
+        kill_tree(controller, include_root=False, attempt=attempt, born_before=ticks_now())
         return True
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
@@ -255,17 +259,20 @@ def _minutes(run: RunConfig) -> float:
 KILL_DEADLINE_S = 2.0  # a launcher may start children while its tree is killed: look again until then
 
 
-def kill_tree(root: psutil.Process, include_root: bool, attempt: int | None = None) -> None:
+def kill_tree(root: psutil.Process, include_root: bool, attempt: int | None = None,
+              born_before: float | None = None) -> None:
     """SIGKILL every descendant of ``root`` (and ``root`` itself if asked) until none is left
     alive: zombies count as gone (their parent reaps them), so no time is spent waiting on them.
     With ``attempt``, only the processes of that attempt (their environment names it): an
-    in-allocation job may already be starting the next attempt's ranks. A root that is to die is
-    stopped first, so that it starts nothing new while its tree is killed."""
+    in-allocation job may already be starting the next attempt's ranks; with ``born_before`` (a
+    ``ticks_now()``), only processes started before then. A root that is to die is stopped first, so that it starts
+    nothing new while its tree is killed."""
     if include_root:
         _signal(root, psutil.Process.suspend)
     deadline = time.monotonic() + KILL_DEADLINE_S
     while time.monotonic() < deadline:
-        victims = [p for p in _descendants(root) if _alive(p) and (attempt is None or _of_attempt(p, attempt))]
+        victims = [p for p in _descendants(root) if _alive(p) and (attempt is None or _of_attempt(p, attempt))
+                   and (born_before is None or _born_before(p, born_before))]
         if not victims:
             break
         for victim in victims:
@@ -280,6 +287,11 @@ def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -
         action(process)
     except psutil.NoSuchProcess:
         pass
+
+
+def _born_before(process: psutil.Process, ticks: float) -> bool:
+    started = start_ticks(process.pid)
+    return started is not None and started < ticks
 
 
 def _of_attempt(process: psutil.Process, attempt: int) -> bool:

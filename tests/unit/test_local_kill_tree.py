@@ -15,13 +15,15 @@ import psutil
 import pytest
 
 from experiments.layout import ENV_ATTEMPT
+from experiments.runtime.identity import ticks_now
 from orchestrator.backends.local import kill_tree
 
 # A stand-in for submitit's local controller: starts ranks with the attempt in their environment,
-# writes "<attempt> <pid>" per rank, and (RESPAWN) starts a rank again as soon as one ends.
+# writes "<attempt> <pid>" per rank, and (RESPAWN) starts a rank again as soon as one ends (as
+# attempt AGAIN).
 CONTROLLER = r"""
 import os, subprocess, sys, time
-out, attempts, respawn = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1"
+out, attempts, respawn, again = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "1", sys.argv[4]
 def start(attempt):
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                             env={**os.environ, "%(env)s": attempt})
@@ -32,15 +34,15 @@ ranks = [start(a) for a in attempts]
 while True:
     if respawn:
         os.wait()
-        ranks.append(start("9"))
+        ranks.append(start(again))
     else:
         time.sleep(1)
 """ % {"env": ENV_ATTEMPT}
 
 
-def _start(tmp_path: Path, attempts: str, respawn: bool, ranks: int) -> tuple[subprocess.Popen, Path]:
+def _start(tmp_path: Path, attempts: str, respawn: bool, ranks: int, again: str = "9") -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "ranks.txt"
-    root = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(out), attempts, "1" if respawn else "0"])
+    root = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(out), attempts, "1" if respawn else "0", again])
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and (not out.exists() or len(out.read_text().splitlines()) < ranks):
         time.sleep(0.02)
@@ -71,8 +73,8 @@ def _stop(root: subprocess.Popen, out: Path) -> None:
 def started(tmp_path: Path):
     begun: list[tuple[subprocess.Popen, Path]] = []
 
-    def start(attempts: str, respawn: bool, ranks: int) -> tuple[subprocess.Popen, Path]:
-        begun.append(_start(tmp_path, attempts, respawn, ranks))
+    def start(attempts: str, respawn: bool, ranks: int, again: str = "9") -> tuple[subprocess.Popen, Path]:
+        begun.append(_start(tmp_path, attempts, respawn, ranks, again))
         return begun[-1]
     yield start
     for root, out in begun:
@@ -96,3 +98,18 @@ def test_a_cancelled_job_that_starts_ranks_again_leaves_none_behind(started) -> 
     while time.monotonic() < deadline and any(_alive(pid) for _, pid in _ranks(out)):
         time.sleep(0.05)
     assert [pid for _, pid in _ranks(out) if _alive(pid)] == [], "a rank started during the kill outlived its job"
+
+
+def test_a_rank_started_after_the_kill_began_is_spared_whatever_its_environment_says(started) -> None:
+    """The relaunch starts its ranks once the hung ones are dead; between its fork and its exec a new
+    rank still shows the job controller's environment, i.e. the job's first attempt: the one being
+    killed (stop 16's CI: the relaunched attempt died of SIGKILL). Stood in for by ranks started
+    again as attempt 0."""
+    root, out = started("0", respawn=True, ranks=1, again="0")
+    [(_, hung)] = _ranks(out)
+    kill_tree(psutil.Process(root.pid), include_root=False, attempt=0, born_before=ticks_now())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_ranks(out)) < 2:
+        time.sleep(0.02)
+    relaunched = [pid for _, pid in _ranks(out)][1:]
+    assert not _alive(hung) and relaunched and all(_alive(pid) for pid in relaunched), _ranks(out)
