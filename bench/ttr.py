@@ -126,9 +126,15 @@ def faultdrill_row(root: Path, backend: str, framework: str, strategy: str, kind
     if refused:
         print(f"  skipped {backend}/{framework}/{strategy}/{kind}: {refused}", file=sys.stderr)
         return None
-    [run] = _drill(spec)["runs"]
+    try:
+        [run] = _drill(spec)["runs"]
+    except SystemExit as failed:  # one combination's failure is a row of the table, not the end of the bench
+        print(f"  {backend}/{framework}/{strategy}/{kind}: {failed}", file=sys.stderr, flush=True)
+        return {"backend": backend, "framework": framework, "strategy": strategy, "kind": kind,
+                "error": str(failed)[-500:]}
     if run["status"] != "completed":
-        raise SystemExit(f"bench: {backend}/{framework}/{strategy}/{kind} ended {run['status']}")
+        return {"backend": backend, "framework": framework, "strategy": strategy, "kind": kind,
+                "error": f"the run ended {run['status']}"}
     recoveries = run["recoveries"]
     row = {"backend": backend, "framework": framework, "strategy": strategy, "kind": kind, "faults": len(recoveries),
            "floor_s": floor, **{phase: _median([r[phase] for r in recoveries]) for phase in PHASES},
@@ -184,16 +190,22 @@ def main() -> None:
                     for strategy in args.strategies.split(","):
                         row = faultdrill_row(root, backend, framework, strategy, kind, args.faults, floor)
                         if row is not None:
-                            print(f"  {backend}/{framework}/{strategy}/{kind}: ttr {row['ttr_s']}", file=sys.stderr,
-                                  flush=True)
+                            print(f"  {backend}/{framework}/{strategy}/{kind}: ttr {row.get('ttr_s')}",
+                                  file=sys.stderr, flush=True)
                             peer = found_peers.get(kind, {}).get("ttr_s")
-                            row["ratio_to_peer"] = row["ttr_s"] / peer if peer and row["ttr_s"] is not None else None
+                            ttr = row.get("ttr_s")
+                            row["ratio_to_peer"] = ttr / peer if peer and ttr is not None else None
                             rows.append(row)
+                            _write(args.out, rows, found_peers)  # what is measured survives a later failure
     _print(rows, found_peers)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "peers": found_peers},
-                                   indent=2))
+    _write(args.out, rows, found_peers)
     print(f"\nwritten: {args.out}")
+
+
+def _write(out: Path, rows: list[dict[str, Any]], found_peers: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "peers": found_peers},
+                              indent=2))
 
 
 def _fmt(value: Any) -> str:
@@ -205,6 +217,9 @@ def _print(rows: list[dict[str, Any]], found_peers: dict[str, Any]) -> None:
               "lost steps", "floor", "x floor", "x peer"]
     print(" | ".join(header))
     for row in rows:
+        if "error" in row:
+            print(" | ".join(_fmt(row[key]) for key in ("backend", "framework", "strategy", "kind")) + f" | FAILED: {row['error']}")
+            continue
         print(" | ".join(_fmt(row[key]) for key in ("backend", "framework", "strategy", "kind", "faults", *PHASES,
                                                     "lost_steps", "floor_s", "ratio_to_floor", "ratio_to_peer")))
     for kind, peer in found_peers.items():
