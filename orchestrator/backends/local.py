@@ -290,8 +290,10 @@ def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -
 
 
 def _born_before(process: psutil.Process, ticks: float) -> bool:
+    """Started no later than ``ticks``: the clock counts in 10 ms ticks, and a rank started in the
+    tick the kill began is one of those it is to kill (the relaunch waits for their death)."""
     started = start_ticks(process.pid)
-    return started is not None and started < ticks
+    return started is not None and started <= ticks
 
 
 def _of_attempt(process: psutil.Process, attempt: int) -> bool:

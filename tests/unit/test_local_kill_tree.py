@@ -34,6 +34,7 @@ ranks = [start(a) for a in attempts]
 while True:
     if respawn:
         os.wait()
+        time.sleep(0.05)  # a relaunch starts after the controller's go, never in the 10 ms tick of the kill
         ranks.append(start(again))
     else:
         time.sleep(1)
