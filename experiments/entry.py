@@ -111,10 +111,12 @@ def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, 
     from experiments.runner import RunnerOptions
     from experiments.runtime.distenv import Timeouts
     from experiments.runtime.warm.member import WarmMember
-    from experiments.runtime.warm.protocol import ENV_ADDRESS, ENV_SLOT
+    from experiments.runtime.warm.protocol import ENV_ADDRESS, ENV_SLOT, RESTART_ALL_FRAMEWORKS
     from experiments.warm_runner import WarmRunner
     from experiments.workloads import get_workload
 
+    if job.workload.framework in RESTART_ALL_FRAMEWORKS:
+        return _run_warm_set(job, env, paths, started_at, warning)
     slot = int(os.environ.get(ENV_SLOT, env.rank))
     workload = get_workload(job.workload.framework)
     workload.build(job.workload)
@@ -128,6 +130,24 @@ def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, 
         record_rank_error(paths, runner.attempt, runner.rank, error)
         raise
     return asdict(outcome) if outcome is not None else {"spare": slot, "used": False}
+
+
+def _run_warm_set(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, warning: WarningNote) -> dict[str, Any]:
+    """restart.strategy warm, TensorFlow and Chainer (experiments/warm_set.py): a process of a warm
+    spare set, which trains the run when the coordinator hands it to its set."""
+    from experiments.runner import RunnerOptions
+    from experiments.runtime.distenv import Timeouts
+    from experiments.warm_set import WarmSetMember
+
+    options = RunnerOptions(timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0",
+                            warning=warning, warning_hold_s=hold_seconds())
+    member = WarmSetMember(job, env, paths, options, started_at)
+    try:
+        return member.run()
+    except Exception as error:
+        record_rank_error(paths, member.attempt, env.rank, error)
+        atexit.register(gc.freeze)
+        raise
 
 
 def attempt_from_environment(job: RankJob) -> RankJob:

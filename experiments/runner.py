@@ -38,10 +38,13 @@ class Runner:
         # The workload's own collectives: the ranks already share its process group.
         self.session = RankSession(job, env, workload, workload.checkpoint_meta, options, started_at)
 
-    def run(self) -> RunOutcome:
+    def run(self, prepared: dict[str, float] | None = None) -> RunOutcome:
+        """``prepared``: the workload was set up before this attempt began (a warm spare set: its
+        collective formed, model built, step traced, then it waited); its set-up's timings."""
         session = self.session
         session.started()
-        timings = self.workload.setup(self.env, self.job.workload, session.options.timeouts)
+        timings = prepared if prepared is not None else self.workload.setup(self.env, self.job.workload,
+                                                                             session.options.timeouts)
         session.ready(determinism=self.workload.determinism, **timings)
         found = session.resume(self.workload.load)
         start_step = found.step if found else 0

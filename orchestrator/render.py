@@ -22,6 +22,7 @@ from experiments.layout import (
     ENV_RUN_DIR,
     ENV_RUN_ID,
 )
+from experiments.runtime.warm.protocol import ENV_RESTART_ALL as WARM_RESTART_ALL
 from experiments.runtime.warm.protocol import ENV_SPARES as WARM_SPARES, ENV_WORLD as WARM_WORLD
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.directives import parse_directive, slurm_line
@@ -106,6 +107,8 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
         environment.update(MPI_ENVIRONMENT)
     if run.campaign.restart.strategy == STRATEGY_WARM:
         environment.update({WARM_WORLD: str(run.ranks), WARM_SPARES: str(run.campaign.restart.warm_spares)})
+        if run.warm_restarts_all:
+            environment[WARM_RESTART_ALL] = "1"
     return environment
 
 
@@ -172,7 +175,8 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
         "requeue": run.scheduler_requeue,
         "nodes": resources.nodes + resources.spare_nodes,
         "tasks_per_node": resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
-        "warm": {"ranks_per_node": resources.tasks_per_node, "spares_per_node": run.warm_spares}
+        "warm": {"ranks_per_node": resources.tasks_per_node, "spares_per_node": run.warm_spares,
+                 "spare_sets": run.campaign.restart.warm_spares if run.warm_restarts_all else 0}
         if run.campaign.restart.strategy == STRATEGY_WARM else None,
         "python": python,
         "step_nodes": resources.nodes,

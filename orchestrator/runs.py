@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
-from experiments.workloads import REGISTRY, WorkloadEntry, entry
+from experiments.runtime.warm.protocol import RESTART_ALL_FRAMEWORKS
+from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
 from orchestrator.placeholders import fill
 from orchestrator.spec import Campaign, SpecError, format_errors
 
@@ -97,10 +98,27 @@ class RunConfig:
         return WorkloadEntry(target="", launcher=w.launcher or known.launcher, environment=known.environment)
 
     @property
+    def warm_restarts_all(self) -> bool:
+        """restart.strategy warm on a framework whose collectives cannot drop a member (TensorFlow,
+        Chainer): every rank restarts, in a warm spare set; ``restart.warm_spares`` counts sets."""
+        return self.campaign.restart.strategy == STRATEGY_WARM and self.campaign.workload.framework in RESTART_ALL_FRAMEWORKS
+
+    @property
     def warm_spares(self) -> int:
-        """Processes the job holds beside its ranks (restart.strategy warm), 0 otherwise."""
+        """Processes per node the job holds beside its ranks (restart.strategy warm), 0 otherwise:
+        ``restart.warm_spares``, or that many whole sets of ``tasks_per_node`` (restart-all)."""
         restart = self.campaign.restart
-        return restart.warm_spares if restart.strategy == STRATEGY_WARM else 0
+        if restart.strategy != STRATEGY_WARM:
+            return 0
+        return restart.warm_spares * (self.campaign.resources.tasks_per_node if self.warm_restarts_all else 1)
+
+    @property
+    def local_tasks(self) -> int:
+        """The tasks the local backend's job starts: one MPI launcher (it starts the ranks); the
+        ranks and the warm spares; restart-all: one set's (the job starts the others itself)."""
+        if self.workload_entry.launcher == LAUNCHER_MPI:
+            return 1
+        return self.ranks + (0 if self.warm_restarts_all else self.warm_spares)
 
     @property
     def scheduler_requeue(self) -> bool:

@@ -11,6 +11,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
                       model_validator)
 
 from experiments.layout import PROGRESS_API, PROGRESS_CHECKPOINTS, PROGRESS_LOG
+from experiments.runtime.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
 from injectors.kinds import get_kind, option_models
 from injectors.kinds.node_faults import node_index_problem
@@ -209,7 +210,9 @@ class RestartConfig(_Strict):
     # survivors keep their process and state, a warm spare takes a dead rank's place (no cold start,
     # no rollback), each re-formation the run's next attempt in the same job.
     strategy: Literal["resubmit", "in-allocation", "requeue", "warm"] = "resubmit"
-    # warm: idle processes the job holds beside its ranks (framework imported, model built).
+    # warm: idle processes per node the job holds beside its ranks (framework imported, model
+    # built). TensorFlow and Chainer restart every rank, so theirs come as whole sets: this many
+    # sets of tasks_per_node processes per node, each with its collective already formed.
     warm_spares: int = Field(1, ge=0, le=16)
     # in-allocation: after a failed rank step the batch script waits this long for the controller's
     # go (the fence naming the next attempt and this job), then ends the job.
@@ -238,7 +241,7 @@ class RestartConfig(_Strict):
     policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
 
 
-WARM_FRAMEWORKS = ("torch",)
+WARM_FRAMEWORKS = ("torch", *RESTART_ALL_FRAMEWORKS)
 
 
 def _warm_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:
@@ -249,8 +252,11 @@ def _warm_problems(restart: RestartConfig, workload: "WorkloadConfig | None") ->
         return ["restart.strategy warm re-forms the built-in workloads' process group in place; a command "
                 "workload brings its own: use resubmit or in-allocation"]
     if workload.framework not in WARM_FRAMEWORKS:
-        return [f"restart.strategy warm runs the {', '.join(WARM_FRAMEWORKS)} workload(s) yet, not "
+        return [f"restart.strategy warm runs the {', '.join(WARM_FRAMEWORKS)} workload(s), not "
                 f"{workload.framework}: use resubmit or in-allocation"]
+    if workload.framework in RESTART_ALL_FRAMEWORKS and restart.warm_spares < 1:
+        return [f"restart.warm_spares is 0: {workload.framework} restarts every rank in a warm spare set, "
+                "so warm needs at least 1 (a set of tasks_per_node processes per node)"]
     return []
 
 

@@ -98,7 +98,7 @@ class LocalBackend(Backend):
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
-        tasks = 1 if prefix else run.ranks + run.warm_spares
+        tasks = run.local_tasks
         environment = rank_environment(run, job.attempt, self.drill_id)
         if run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION:
             environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
@@ -112,7 +112,7 @@ class LocalBackend(Backend):
 
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
         super().adopt(job_id, run, job)
-        tasks = 1 if run.workload_entry.launcher == LAUNCHER_MPI else run.ranks + run.warm_spares
+        tasks = run.local_tasks
         self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks, run_id=run.run_id))
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:

@@ -2,7 +2,11 @@
 job's own process (as the batch script's would on a cluster), beside the ranks and warm spares it
 started as tasks. A dead task is the coordinator's business, not the end of the step (no
 kill-on-bad-exit): it gives the dead rank's place to a spare and this process starts a new spare.
-The job succeeds when the coordinator says the run completed."""
+The job succeeds when the coordinator says the run completed.
+
+TensorFlow and Chainer (restart-all): the ranks and the spares are sets, each started here as the
+controller would start its tasks (Chainer's one task is its set's ``mpiexec``), each set with its own
+ports; the coordinator's ``end`` retires a set's processes after a failure."""
 
 from __future__ import annotations
 
@@ -17,12 +21,13 @@ from typing import IO, Any
 
 from submitit.core import utils as submitit_utils
 
-from experiments.layout import ENV_ATTEMPT, ENV_RUN_DIR, RunPaths, append_json_line
+from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp
 from experiments.runtime.warm.members import end_members
-from experiments.runtime.warm.protocol import ENV_ADDRESS, ENV_COORDINATOR, ENV_SLOT, ENV_SPARES, ENV_WORLD
+from experiments.runtime.warm.protocol import (ENV_ADDRESS, ENV_COORDINATOR, ENV_RESTART_ALL, ENV_SET, ENV_SLOT,
+                                               ENV_SPARES, ENV_WORLD)
 from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,8 @@ class LocalWarmJob:
         self.paths = RunPaths(Path(os.environ[ENV_RUN_DIR]))
         self.first_attempt = int(os.environ[ENV_ATTEMPT])
         self.world, self.spares = int(os.environ[ENV_WORLD]), int(os.environ[ENV_SPARES])
+        self.restart_all = os.environ.get(ENV_RESTART_ALL) == "1"
+        self.port_base = derive_port(f"warm-{self.controller.pid}")
         self.slots: dict[int, subprocess.Popen[str]] = {}
         self._files: list[IO[str]] = []
 
@@ -55,12 +62,17 @@ class LocalWarmJob:
         os.environ[ENV_ADDRESS] = LOOPBACK
         coordinator = Coordinator(
             world_size=self.world, spares_wanted=self.spares, first_attempt=self.first_attempt,
-            port_base=derive_port(f"warm-{self.controller.pid}"), events=self._event, fence=self._fence,
-            spawn=self._spawn, exit_code=self._exit_code)
+            port_base=self.port_base, events=self._event, fence=self._fence,
+            spawn=self._spawn_set if self.restart_all else self._spawn, exit_code=self._exit_code,
+            restart_all=self.restart_all, end=self._end_slots)
         verdict: dict[str, str] = {}
         serving = threading.Thread(target=self._serve, args=(coordinator, listener, verdict), name="warm", daemon=True)
-        self.controller.start_tasks()
-        self.slots.update(enumerate(self.controller.tasks))
+        if self.restart_all:
+            for number in range(1 + self.spares):  # the ranks' set, then the spare sets
+                self._spawn_set(number * self.world, self.first_attempt, None)
+        else:
+            self.controller.start_tasks()
+            self.slots.update(enumerate(self.controller.tasks))
         serving.start()
         while serving.is_alive():
             if all(task.poll() is not None for task in list(self.slots.values())):
@@ -85,14 +97,54 @@ class LocalWarmJob:
     def _spawn(self, slot: int, attempt: int, node: str | None) -> None:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
         ``attempt`` (the run's current one: the fence lets it start)."""
-        job_paths = submitit_utils.JobPaths(self.controller.folder, self.controller.pid, slot)
+        self.slots[slot] = self._start(slot, {"SUBMITIT_LOCAL_LOCALID": str(slot), "SUBMITIT_LOCAL_GLOBALID": str(slot),
+                                              "SUBMITIT_LOCAL_NTASKS": str(slot + 1), ENV_SLOT: str(slot),
+                                              ENV_ATTEMPT: str(attempt)})
+
+    def _spawn_set(self, first_slot: int, attempt: int, node: str | None) -> None:
+        """restart-all: the set of ranks whose first slot is ``first_slot``, as the controller starts
+        its tasks (TensorFlow: one per rank; Chainer: one ``mpiexec`` that starts them all), with the
+        set's own ports (its collective forms now, beside the others')."""
+        number, tasks = first_slot // self.world, self.controller.ntasks
+        per_task = self.world // tasks
+        for task in range(tasks):
+            process = self._start(first_slot + task * per_task, {
+                "SUBMITIT_LOCAL_LOCALID": str(task), "SUBMITIT_LOCAL_GLOBALID": str(task),
+                "SUBMITIT_LOCAL_NTASKS": str(tasks), ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
+                ENV_MASTER_PORT: str(self.set_port(number))})
+            for slot in range(first_slot + task * per_task, first_slot + (task + 1) * per_task):
+                self.slots[slot] = process
+
+    def set_port(self, number: int) -> int:
+        """The first port of a set's block (its ranks take the ones above it)."""
+        return self.port_base + 64 + number * self.world
+
+    def _start(self, first_slot: int, variables: dict[str, str]) -> "subprocess.Popen[str]":
+        job_paths = submitit_utils.JobPaths(self.controller.folder, self.controller.pid, first_slot)
         stdout, stderr = job_paths.stdout.open("a"), job_paths.stderr.open("a")
         self._files += [stdout, stderr]
-        env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(slot), "SUBMITIT_LOCAL_GLOBALID": str(slot),
-               "SUBMITIT_LOCAL_NTASKS": str(slot + 1), "SUBMITIT_LOCAL_JOB_ID": self.controller.pid, ENV_SLOT: str(slot),
-               ENV_ATTEMPT: str(attempt)}
-        self.slots[slot] = subprocess.Popen(self.controller.command, env=env, stdout=stdout, stderr=stderr,
-                                            encoding="utf-8")
+        env = {**os.environ, "SUBMITIT_LOCAL_JOB_ID": self.controller.pid, **variables}
+        return subprocess.Popen(self.controller.command, env=env, stdout=stdout, stderr=stderr, encoding="utf-8")
+
+    def _end_slots(self, slots: list[int]) -> None:
+        """A retired set's processes: an ``mpiexec`` is terminated (it ends its ranks; SIGKILL would
+        leave them behind), a rank itself killed."""
+        for process in self._processes(slots):
+            if process.poll() is None:
+                self._stop(process)
+
+    def _stop(self, process: "subprocess.Popen[str]") -> None:
+        if self.restart_all and self.controller.ntasks == 1 and self.world > 1:
+            process.terminate()
+        else:
+            process.kill()
+
+    def _processes(self, slots: list[int]) -> list["subprocess.Popen[str]"]:
+        unique: dict[int, subprocess.Popen[str]] = {}
+        for slot in slots:
+            if slot in self.slots:
+                unique.setdefault(id(self.slots[slot]), self.slots[slot])
+        return list(unique.values())
 
     def _exit_code(self, slot: int) -> int | None:
         """How the slot's process ended (its connection ended a moment before: wait for it briefly)."""
@@ -106,12 +158,12 @@ class LocalWarmJob:
         return SIGNAL_EXIT_BASE - code if code < 0 else code  # a signal N as 128 + N, as a step exit says it
 
     def _end_tasks(self) -> None:
-        end_members(self.slots.values(), stop=subprocess.Popen.kill)
+        end_members(self._processes(sorted(self.slots)), stop=self._stop)
         for handle in self._files:
             handle.close()
 
     def codes(self) -> list[int | None]:
-        return [self.slots[slot].poll() for slot in sorted(self.slots)]
+        return [process.poll() for process in self._processes(sorted(self.slots))]
 
 
 def record_verdict(path: Path, codes: list[int | None], verdict: str) -> None:

@@ -2,7 +2,8 @@
 2-node PyTorch jobs with a warm spare on each node. Three rank SIGKILLs, each answered in the same
 job by a spare and a survivor's state; a node crash answered by the spare on the surviving node
 (each rank and spare is a job step of its own: the crash ends only the steps on that node). Every
-run ends bit for bit as its twin."""
+run ends bit for bit as its twin. TensorFlow and Chainer (warm-slurm-frameworks.yaml): whole spare
+sets, each one job step of both nodes' tasks, restart every rank from the newest valid checkpoint."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from campaigns import campaign_copy, drill_report
 from experiments.layout import RunPaths
+from warm_checks import assert_spare_sets_recovered
 
 pytestmark = pytest.mark.integration
 
@@ -53,3 +55,16 @@ def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, c
     # Both ranks of the re-formed group run on the surviving node (the dead node's spare died with it).
     nodes = {json.loads(paths.rank_file(recovery["attempt"], rank).read_text())["node"] for rank in range(2)}
     assert len(nodes) == 1 and lost not in nodes, (nodes, lost)
+
+
+def test_warm_spare_sets_restart_every_tensorflow_and_chainer_rank(shared_tmp: Path, slurm) -> None:
+    """warm-slurm-frameworks.yaml: each of two rank SIGKILLs answered by a spare set (one step of
+    both nodes' tasks) from the newest valid checkpoint, in the same job; both runs end as their twins."""
+    report = drill_report(campaign_copy("warm-slurm-frameworks", shared_tmp), timeout_s=900)
+    for run in report["runs"]:
+        for attempt in run["attempts"]:
+            slurm.track(attempt["job_id"])
+    faulted = [run for run in report["runs"] if not run["is_baseline"]]
+    assert sorted(run["framework"] for run in faulted) == ["chainer", "tensorflow"]
+    for run in faulted:
+        assert_spare_sets_recovered(run, shared_tmp / "work" / "runs" / run["run_id"], faults=2)

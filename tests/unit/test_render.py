@@ -115,3 +115,29 @@ def test_in_allocation_keeps_the_allocation_and_relaunches_on_the_controllers_go
     script = tmp_path / "in-allocation.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("framework, sets_flags", [
+    ("torch", None),  # one step per rank and per spare
+    ("tensorflow", "--restart-all --spare-sets 2 \\"),  # whole sets, one step each
+    ("chainer", "--restart-all --spare-sets 2 --mpi pmix \\"),  # each set an MPI world of its own
+])
+def test_warm_runs_the_coordinator_with_the_spares_task_slots(tmp_path: Path, framework: str,
+                                                               sets_flags: str | None) -> None:
+    campaign = Campaign.model_validate({
+        "name": "golden", "backend": "slurm", "workdir": "/scratch/drills/golden",
+        "workload": {"framework": framework, "params": 20000, "steps": 40},
+        "resources": {"nodes": 2, "tasks_per_node": 2},
+        "restart": {"strategy": "warm", "warm_spares": 2},
+    })
+    text = render_slurm(expand_runs(campaign)[0], attempt=0, drill_id="golden-0001", python=PYTHON).text
+    # torch: 2 ranks + 2 spares a node; TensorFlow, Chainer: 2 ranks + 2 sets of 2 a node
+    assert f"#SBATCH --ntasks-per-node={4 if framework == 'torch' else 6}\n" in text, text
+    assert "-m experiments.runtime.warm.slurm_host" in text and "--ranks-per-node 2" in text
+    if sets_flags is None:
+        assert "--restart-all" not in text
+    else:
+        assert f"\n  {sets_flags}\n" in text, text
+    script = tmp_path / "warm.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

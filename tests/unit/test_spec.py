@@ -187,9 +187,11 @@ def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) 
 def test_warm_needs_a_built_in_workload_it_can_re_form(tmp_path: Path) -> None:
     warm = {"strategy": "warm", "warm_spares": 1}
     assert parse_campaign(_spec(tmp_path, restart=warm), base_dir=tmp_path).restart.warm_spares == 1
-    with pytest.raises(SpecError, match=r"restart.strategy warm runs the torch workload\(s\) yet, not chainer"):
-        parse_campaign(_spec(tmp_path, restart=warm, workload={"framework": "chainer", "params": 2000, "steps": 40}),
-                       base_dir=tmp_path)
+    chainer = {"framework": "chainer", "params": 2000, "steps": 40}
+    # Chainer restarts every rank in a warm spare set: warm_spares counts sets, and 0 leaves none.
+    assert parse_campaign(_spec(tmp_path, restart=warm, workload=chainer), base_dir=tmp_path).restart.warm_spares == 1
+    with pytest.raises(SpecError, match=r"restart.warm_spares is 0: chainer restarts every rank in a warm spare set"):
+        parse_campaign(_spec(tmp_path, restart={**warm, "warm_spares": 0}, workload=chainer), base_dir=tmp_path)
     script = {"command": ["python", "train.py"], "framework": "torch", "steps": 40}
     with pytest.raises(SpecError, match=r"a command workload brings its own"):
         parse_campaign(_spec(tmp_path, restart=warm, workload=script), base_dir=tmp_path)

@@ -27,6 +27,7 @@ class Host:
         self.fences: list[int] = []
         self.spawned: list[tuple[int, int]] = []
         self.order: list[str] = []  # fences and plans, as they came
+        self.ended: list[list[int]] = []  # restart_all: the slots whose processes the host was told to end
 
     def event(self, attempt: int, event: dict[str, Any]) -> None:
         if event["event"] == "warm_plan":
@@ -41,12 +42,14 @@ class Host:
         return [(attempt, event) for attempt, event in self.events if event["event"] == name]
 
 
-def _start(host: Host, world: int, spares: int, timing: Timing | None = None) -> tuple[Coordinator, str, dict]:
+def _start(host: Host, world: int, spares: int, timing: Timing | None = None,
+           restart_all: bool = False) -> tuple[Coordinator, str, dict]:
     listener = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000,
                               events=host.event, fence=host.fence, spawn=lambda slot, attempt, node: host.spawned.append((slot, attempt)),
-                              exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5))
+                              exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5),
+                              restart_all=restart_all, end=host.ended.append)
     outcome: dict[str, Any] = {}
 
     def serve() -> None:
@@ -118,6 +121,39 @@ def test_with_no_survivor_the_spares_resume_from_the_newest_checkpoint() -> None
     spare.done()
     outcome["thread"].join(timeout=10)
     assert outcome.get("verdict") == "completed"
+
+
+def test_restart_all_retires_the_active_set_and_the_next_warm_set_resumes_from_the_checkpoint() -> None:
+    """TensorFlow and Chainer: no survivor keeps its place; a whole spare set (slots 2 and 3, its
+    collective formed at launch) takes every rank, from the newest valid checkpoint."""
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=1, restart_all=True)
+    rank0, rank1, spare0, spare1 = (_member(address, slot) for slot in (0, 1, 2, 3))
+    assert [rank0.next_plan().resume, rank1.next_plan().resume] == [RESUME_START, RESUME_START]
+
+    rank1.line.close()  # rank 1 died; rank 0 is stuck in a collective that cannot drop it
+    taken0, taken1 = spare0.next_plan(), spare1.next_plan()
+    assert (taken0.rank, taken1.rank, taken0.attempt, taken0.generation) == (0, 1, 4, 1)
+    assert taken0.resume == taken1.resume == RESUME_CHECKPOINT and taken0.source_rank is None
+    assert host.ended == [[0]], "the survivor is ended by the host (slot 1 is already gone)"
+    assert host.fences == [4]
+    assert _within(5, lambda: host.spawned == [(4, 4)]), "a new set starts at slot 4, in place of the one used"
+    [(_, plan)] = [(a, e) for a, e in host.named("warm_plan") if e["generation"] == 1]
+    assert plan["spares_used"] == {"2": 0, "3": 1} and plan["resume"] == RESUME_CHECKPOINT
+    rank0.line.close()  # the host ended it: its connection's end is no second failure
+    time.sleep(0.2)
+    assert [e["rank"] for _, e in host.named("warm_failure")] == [1]
+
+    late = _member(address, 4)  # the new set: one member dies before the other is warm
+    late_peer = _member(address, 5)
+    late_peer.line.close()
+    assert _within(5, lambda: [4] in host.ended), "the rest of a broken set is ended"
+    assert _within(5, lambda: host.spawned[-1] == (6, 4)), host.spawned
+    spare0.done()
+    spare1.done()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "completed"
+    late.line.close()
 
 
 def test_a_survivor_that_never_reports_its_step_ends_the_job() -> None:

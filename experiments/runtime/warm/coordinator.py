@@ -7,7 +7,16 @@ for the survivors to report the step they completed (their collective failed: th
 broken step and left their group), gives the dead rank's number to a warm spare, and sends every
 member the plan of the next generation: a new rendezvous, the survivor whose state everyone takes
 (the highest step: no rollback), or the newest valid checkpoint when no survivor is left. Then it
-starts a spare in place of the one it used. It writes what it saw and did as events of the attempt
+starts a spare in place of the one it used.
+
+TensorFlow and Chainer cannot drop a member from their collectives (``restart_all``): their warm
+spares come as whole sets, one process per rank, each set launched together (one ``mpiexec``, or
+one TF_CONFIG) with its collective formed, its model built and its step traced before any fault.
+A failure retires the whole active set (the host ends its processes) and the next complete spare
+set resumes from the newest valid checkpoint; a new set is started in its place. Slots are numbered
+set by set: slot ``s`` is rank ``s % world_size`` of set ``s // world_size``.
+
+It writes what it saw and did as events of the attempt
 (``warm_failure``, ``warm_plan``, ``warm_formed``; the ranks add the attempt's usual timeline), which the controller turns
 into the recovery's row. It gives up (``CoordinatorGaveUp``: the job fails, the controller's policy
 takes over) when a member stops answering or no spare comes in time.
@@ -30,7 +39,8 @@ EventSink = Callable[[int, dict[str, Any]], None]  # an event of that attempt
 SpawnSpare = Callable[[int, int, "str | None"], None]  # start a warm spare: slot, attempt, node (a hint)
 Fence = Callable[[int], None]  # make that attempt the run's current one (in this job)
 ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
-ACTIVE, SPARE, GONE, DONE = "active", "spare", "gone", "done"
+EndSlots = Callable[[list[int]], None]  # restart_all: end these slots' processes (a retired set)
+ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired"
 
 
 class CoordinatorGaveUp(RuntimeError):
@@ -47,6 +57,7 @@ class Member:
     role: str = SPARE
     rank: int | None = None
     lost_step: int | None = None  # reported after its collective failed (this re-formation)
+    warm_at: float = field(default_factory=time.time)  # when it said hello: set up and waiting
 
 
 @dataclass
@@ -64,22 +75,27 @@ class Coordinator:
     port_base: int  # generation g rendezvous at port_base + g
     events: EventSink
     fence: Fence
-    spawn: SpawnSpare | None = None
+    spawn: SpawnSpare | None = None  # restart_all: starts the whole set whose first slot it is given
     exit_code: ExitCode | None = None
     timing: Timing = field(default_factory=Timing)
+    # TensorFlow, Chainer: every rank restarts, in a warm spare set (spares_wanted counts sets).
+    restart_all: bool = False
+    end: EndSlots | None = None
     generation: int = -1
     members: dict[int, Member] = field(default_factory=dict)
     _lock: threading.Condition = field(default_factory=threading.Condition)
     _failed_at: float | None = None
     _formed: set[int] = field(default_factory=set)
     _next_slot: int = 0
+    _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
+    _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
     _verdict: str | None = None  # "completed" | why it gave up
 
     # --- the server ---------------------------------------------------------------------------------
 
     def serve(self, listener: socket.socket) -> str:
         """Accept members on ``listener`` until the run completes; the verdict ("completed")."""
-        self._next_slot = self.world_size + self.spares_wanted
+        self._next_slot = self.world_size + self.spares_wanted * self._spare_unit
         threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
         try:
             self._drive()
@@ -113,6 +129,9 @@ class Coordinator:
                         pid=int(hello["pid"]), line=line)
         with self._lock:
             self.members[member.slot] = member
+            self._pending.discard(member.slot)
+            if self.restart_all and self._set_of(member.slot) in self._broken_sets:
+                self._retire([member])  # its set lost a member before it was warm
             self._lock.notify_all()
         while (message := line.receive()) is not None:
             with self._lock:
@@ -149,6 +168,8 @@ class Coordinator:
             self._event({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
                          "slot": member.slot, "node": member.node, "pid": member.pid, "exit_code": code})
         elif was == SPARE and self._verdict is None:
+            if self.restart_all:  # a set that lost a member can never form its collective again
+                self._break_set(self._set_of(member.slot))
             self._replace_spares()
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -166,7 +187,10 @@ class Coordinator:
                 if self._done():
                     self._verdict = "completed"
                     return
-                self._reform()
+                if self.restart_all:
+                    self._restart_all()
+                else:
+                    self._reform()
 
     def _reform(self) -> None:
         """Survivors' steps in, a spare for each dead rank, the next generation's plans out."""
@@ -187,6 +211,50 @@ class Coordinator:
                          spares={m.slot: rank for rank, m in ranks.items() if m in spares})
         self._replace_spares()
 
+    def _restart_all(self) -> None:
+        """The active set retired (its processes ended), the next complete spare set resumes from the
+        newest valid checkpoint, a new set started in its place."""
+        self._retire(self._of_role(ACTIVE))
+        self._wait(lambda: self._complete_spare_set() is not None, self.timing.spare_s,
+                   f"no complete warm spare set of {self.world_size} process(es)")
+        spare_set = self._complete_spare_set()
+        assert spare_set is not None
+        ranks = {member.slot % self.world_size: member for member in spare_set}
+        self._send_plans(ranks, RESUME_CHECKPOINT, None, 0, spares={m.slot: rank for rank, m in ranks.items()})
+        self._replace_spares()
+
+    def _complete_spare_set(self) -> list[Member] | None:
+        """The lowest spare set whose every process is warm and waiting."""
+        sets: dict[int, list[Member]] = {}
+        for member in self._of_role(SPARE):
+            sets.setdefault(self._set_of(member.slot), []).append(member)
+        complete = [number for number, members in sets.items() if len(members) == self.world_size]
+        return sorted(sets[min(complete)], key=lambda m: m.slot) if complete else None
+
+    def _retire(self, members: list[Member]) -> None:
+        """These members leave the job for good (their connections' end is no news): the host ends them."""
+        for member in members:
+            member.role = RETIRED
+        if members and self.end is not None:
+            try:
+                self.end([member.slot for member in members])
+            except Exception as error:  # what cannot be ended now is ended with the job
+                log.warning("ending slots %s failed: %s", [m.slot for m in members], error)
+
+    def _break_set(self, number: int) -> None:
+        """A spare set lost a member: the rest of it is retired, including those still starting."""
+        self._broken_sets.add(number)
+        self._pending -= {slot for slot in self._pending if self._set_of(slot) == number}
+        self._retire([m for m in self._of_role(SPARE) if self._set_of(m.slot) == number])
+
+    def _set_of(self, slot: int) -> int:
+        return slot // self.world_size
+
+    @property
+    def _spare_unit(self) -> int:
+        """Processes per spare: one, or a whole set (restart_all)."""
+        return self.world_size if self.restart_all else 1
+
     def _send_plans(self, ranks: dict[int, Member], resume: str, source_rank: int | None, step: int,
                     spares: dict[int, int] | None = None) -> None:
         """The next generation: the run's next attempt (fenced before anyone hears of it), its plans."""
@@ -204,6 +272,7 @@ class Coordinator:
         self._event({"event": "warm_plan", "time": now, "generation": self.generation, "resume": resume,
                      "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
                      "spares_used": {str(slot): rank for slot, rank in (spares or {}).items()},
+                     "spares_warm_at": {str(slot): self.members[slot].warm_at for slot in (spares or {})},
                      "slots": {str(rank): member.slot for rank, member in ranks.items()}})
         self._failed_at = None
         for rank, member in ranks.items():
@@ -217,14 +286,18 @@ class Coordinator:
         self.events(self.first_attempt + max(self.generation, 0), event)
 
     def _replace_spares(self) -> None:
-        """Start spares until the job holds as many as it was given (each in a new slot)."""
+        """Start spares until the job holds as many as it was given (each in new slots; restart_all:
+        whole sets). Those started but not yet connected count: they are on their way."""
         if self.spawn is None:
             return
-        missing = self.spares_wanted - len(self._of_role(SPARE))
-        for _ in range(max(0, missing)):
-            slot, self._next_slot = self._next_slot, self._next_slot + 1
+        unit = self._spare_unit
+        held = len(self._of_role(SPARE)) + len(self._pending)
+        for _ in range(max(0, self.spares_wanted - held // unit)):
+            slot, self._next_slot = self._next_slot, self._next_slot + unit
+            self._pending.update(range(slot, slot + unit))
             try:
-                self.spawn(slot, self.first_attempt + max(self.generation, 0), self._spare_node())
+                self.spawn(slot, self.first_attempt + max(self.generation, 0),
+                           None if self.restart_all else self._spare_node())
             except Exception as error:  # a spare that cannot start is waited for, then given up on
                 log.warning("starting a warm spare as slot %d failed: %s", slot, error)
 

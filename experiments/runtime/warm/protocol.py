@@ -24,6 +24,11 @@ ENV_SPARES = "FAULTDRILL_WARM_SPARES"  # the warm spares the job holds beside th
 ENV_COORDINATOR = "FAULTDRILL_WARM_COORDINATOR"  # host:port of the job's coordinator
 ENV_SLOT = "FAULTDRILL_WARM_SLOT"  # a spare started later: its slot (the launcher's tasks: their task id)
 ENV_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a rendezvous on
+# TensorFlow, Chainer: "1" when every rank restarts in a warm spare set (their collectives cannot
+# drop a member); the job's spares (ENV_SPARES) are then whole sets, launched set by set.
+ENV_RESTART_ALL = "FAULTDRILL_WARM_RESTART_ALL"
+ENV_SET = "FAULTDRILL_WARM_SET"  # restart-all: the set this process belongs to (its slot: set * world + rank)
+RESTART_ALL_FRAMEWORKS = ("tensorflow", "chainer")
 
 RESUME_START = "start"  # generation 0: a cold start (or the newest valid checkpoint of an earlier attempt)
 RESUME_PEER = "peer"  # a survivor's state, broadcast to the others: no rollback
