@@ -42,6 +42,11 @@ class Workload(ABC):
         ``framework_ready`` event. Must fail (raise) rather than wait forever for a peer.
         """
 
+    def warm_up(self) -> None:
+        """Pay now what the first step after a set-up costs beyond a step (a warm spare set calls it
+        while it waits), leaving the state exactly as set-up left it. Nothing, unless a framework
+        has such a cost."""
+
     @abstractmethod
     def train_step(self, step: int) -> float:
         """One update on the batch of global step ``step`` (a pure function of seed, step and

@@ -213,6 +213,24 @@ class TensorFlowWorkload(Workload):
         distribute = self.strategy.experimental_distribute_values_from_function
         return distribute(local(inputs)), distribute(local(targets))
 
+    def warm_up(self) -> None:
+        """One step through the traced function, then every variable it touched put back, bit for
+        bit. The first run of a traced step optimizes its graph and sets up the all-reduce's
+        group: ~0.35 s locally, ~0.7 s on the Slurm cluster, which a warm spare set would otherwise
+        pay as its first step after a failure."""
+        variables = self._state_variables()
+        saved = [variable.numpy() for variable in variables]
+        self.train_step(1)
+        for variable, value in zip(variables, saved):
+            variable.assign(value)
+
+    def _state_variables(self) -> list[tf.Variable]:
+        """Everything a step changes, as the checkpoint holds it: weights, Adam's slots and
+        iteration count, the dropout generator's state, the counters."""
+        assert self.model is not None and self.optimizer is not None
+        return [*self.model.variables_in_order, *self.optimizer.variables, self.model.rng.state,
+                *self.counters.values()]
+
     def train_step(self, step: int) -> float:
         assert self.strategy is not None and self._step_fn is not None
         inputs, targets = self.batch(step)

@@ -127,3 +127,24 @@ def test_a_non_chief_writes_its_scratch_copy_inside_the_checkpoints_partial_dire
     assert prefix.parent.parent == store.partial_dir(10)  # inside the partial directory, not in /tmp
     assert not prefix.parent.exists(), "the scratch copy outlived the save"
     assert store.remove_stale() == [store.partial_dir(10)]
+
+
+def test_warm_up_leaves_every_variable_as_set_up_left_it_and_the_run_unchanged(tmp_path: Path) -> None:
+    """A warm spare set runs a step while it waits (TensorFlow's first run of a traced step is
+    slow); every variable a step changes must be put back bit for bit, so that a set that trains
+    from step 0 (no checkpoint yet) ends as a run that never warmed up."""
+    spec = WorkloadSpec(framework="tensorflow", model="mlp", params=3000, steps=5, batch_size=8)
+    workload = TensorFlowWorkload()
+    workload.setup(single_env(), spec, Timeouts())
+    variables = workload._state_variables()
+    before = [variable.numpy().copy() for variable in variables]
+    workload.warm_up()
+    after = [variable.numpy() for variable in variables]
+    assert len(before) > len(workload.model.variables_in_order), "Adam's slots, the generator, the counters too"
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+    losses = [workload.train_step(step) for step in (1, 2)]
+
+    fresh = TensorFlowWorkload()
+    fresh.setup(single_env(), spec, Timeouts())
+    assert [fresh.train_step(step) for step in (1, 2)] == losses
+    assert fresh.digest() == workload.digest()
