@@ -53,7 +53,8 @@ PEER_OF = {"kill-rank": "torchrun --standalone --max-restarts", "node-crash": "S
 
 
 # warm, TensorFlow and Chainer: a used spare set is replaced by a new one, which takes ~8 s to set up
-# here (TensorFlow, 2 busy cores); the job holds two, and faults 5-8 s apart always find one warm
+# here (TensorFlow, 2 busy cores); the job holds two (a PyTorch spare too: its replacement is a cold
+# start, ~3 s), and faults 5-8 s apart always find one warm
 # (sooner, they would measure the wait for a set).
 SET_WARM_UP = {"exponential": 2.0, "min": 5.0, "max": 8.0}
 RESTART_ALL = ("tensorflow", "chainer")
@@ -94,7 +95,7 @@ def _spec(workdir: Path, backend: str, framework: str, strategy: str | None, kin
         "checkpoint": {"every_steps": EVERY, "keep": 2},
         "resources": resources,
         "restart": {"strategy": strategy or "resubmit", "max_restarts": faults + 2, "poll_interval_s": 0.05,
-                    **({"warm_spares": 2 if _restarts_all(framework, strategy) else 1} if strategy == "warm" else {})},
+                    **({"warm_spares": 2} if strategy == "warm" else {})},
         "faults": [] if strategy is None or kind is None else [_fault(kind, strategy, faults, framework)],
         "parallel_runs": 1,
     }

@@ -145,7 +145,8 @@ def _run_warm_set(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: flo
     try:
         return member.run()
     except Exception as error:
-        record_rank_error(paths, member.attempt, env.rank, error)
+        if member.attempt is not None:
+            record_rank_error(paths, member.attempt, env.rank, error)
         atexit.register(gc.freeze)
         raise
 

@@ -32,7 +32,9 @@ class WarmSetMember:
         self.job, self.env, self.paths, self.options = job, env, paths, options
         self.started_at = started_at
         self.slot = int(os.environ.get(ENV_SET, "0")) * env.world_size + env.rank
-        self.attempt = job.attempt  # where this process stands (for its error report)
+        # The attempt this process works for, for its error report: the first set's from the start,
+        # a spare set's once it is handed one (a spare set never used has none to blame).
+        self.attempt: int | None = job.attempt if self.slot < env.world_size else None
 
     def run(self) -> dict[str, Any]:
         """Set up, wait for the coordinator, train the run if handed it; a spare never used returns."""
