@@ -25,9 +25,9 @@ from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPat
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp
-from experiments.runtime.warm.members import end_members
+from experiments.runtime.warm.members import end_members, processes_of
 from experiments.runtime.warm.protocol import (ENV_ADDRESS, ENV_COORDINATOR, ENV_RESTART_ALL, ENV_SET, ENV_SLOT,
-                                               ENV_SPARES, ENV_WORLD)
+                                               ENV_SPARES, ENV_WORLD, set_port)
 from orchestrator.failure_classes import SIGNAL_EXIT_BASE
 
 log = logging.getLogger(__name__)
@@ -111,13 +111,9 @@ class LocalWarmJob:
             process = self._start(first_slot + task * per_task, {
                 "SUBMITIT_LOCAL_LOCALID": str(task), "SUBMITIT_LOCAL_GLOBALID": str(task),
                 "SUBMITIT_LOCAL_NTASKS": str(tasks), ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
-                ENV_MASTER_PORT: str(self.set_port(number))})
+                ENV_MASTER_PORT: str(set_port(self.port_base, number, self.world))})
             for slot in range(first_slot + task * per_task, first_slot + (task + 1) * per_task):
                 self.slots[slot] = process
-
-    def set_port(self, number: int) -> int:
-        """The first port of a set's block (its ranks take the ones above it)."""
-        return self.port_base + 64 + number * self.world
 
     def _start(self, first_slot: int, variables: dict[str, str]) -> "subprocess.Popen[str]":
         job_paths = submitit_utils.JobPaths(self.controller.folder, self.controller.pid, first_slot)
@@ -140,11 +136,7 @@ class LocalWarmJob:
             process.kill()
 
     def _processes(self, slots: list[int]) -> list["subprocess.Popen[str]"]:
-        unique: dict[int, subprocess.Popen[str]] = {}
-        for slot in slots:
-            if slot in self.slots:
-                unique.setdefault(id(self.slots[slot]), self.slots[slot])
-        return list(unique.values())
+        return processes_of(self.slots, slots)
 
     def _exit_code(self, slot: int) -> int | None:
         """How the slot's process ended (its connection ended a moment before: wait for it briefly)."""

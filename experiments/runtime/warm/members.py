@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, TypeVar
+
+Process = TypeVar("Process")
 
 EXIT_S = 30.0  # after the coordinator's verdict, the members' time to leave on their own
 
@@ -26,3 +28,12 @@ def end_members(processes: Iterable["subprocess.Popen[bytes] | subprocess.Popen[
         except subprocess.TimeoutExpired:
             member.kill()
             member.wait()
+
+
+def processes_of(by_slot: Mapping[int, Process], slots: Iterable[int]) -> list[Process]:
+    """The distinct processes behind ``slots`` (a set launched by one launcher holds several slots)."""
+    unique: dict[int, Process] = {}
+    for slot in slots:
+        if slot in by_slot:
+            unique.setdefault(id(by_slot[slot]), by_slot[slot])
+    return list(unique.values())

@@ -29,6 +29,12 @@ ENV_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a re
 ENV_RESTART_ALL = "FAULTDRILL_WARM_RESTART_ALL"
 ENV_SET = "FAULTDRILL_WARM_SET"  # restart-all: the set this process belongs to (its slot: set * world + rank)
 RESTART_ALL_FRAMEWORKS = ("tensorflow", "chainer")
+SET_PORT_OFFSET = 64  # restart-all: set n's ports start here above the job's port base, world_size each
+
+
+def set_port(port_base: int, number: int, world_size: int) -> int:
+    """The first port of spare set ``number``'s block (its ranks take the ones above it)."""
+    return port_base + SET_PORT_OFFSET + number * world_size
 
 RESUME_START = "start"  # generation 0: a cold start (or the newest valid checkpoint of an earlier attempt)
 RESUME_PEER = "peer"  # a survivor's state, broadcast to the others: no rollback

@@ -32,8 +32,8 @@ from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPat
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp
-from experiments.runtime.warm.members import end_members
-from experiments.runtime.warm.protocol import ENV_COORDINATOR, ENV_SET, ENV_SLOT
+from experiments.runtime.warm.members import end_members, processes_of
+from experiments.runtime.warm.protocol import ENV_COORDINATOR, ENV_SET, ENV_SLOT, set_port
 
 log = logging.getLogger("faultdrill.warm")
 
@@ -108,7 +108,7 @@ class SlurmWarmJob:
                 f"--job-name=faultdrill-warm-set-{number}", "--unbuffered", f"--output={named(self.args.output)}",
                 f"--error={named(self.args.error)}", *self.args.command]
         env = {**os.environ, ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
-               ENV_MASTER_PORT: str(self.port_base + 64 + number * self.world)}
+               ENV_MASTER_PORT: str(set_port(self.port_base, number, self.world))}
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         with self._lock:
             for slot in range(first_slot, first_slot + self.world):
@@ -122,8 +122,7 @@ class SlurmWarmJob:
 
     def _processes(self, slots: list[int]) -> list["subprocess.Popen[bytes]"]:
         with self._lock:
-            unique = {id(self.steps[slot]): self.steps[slot] for slot in slots if slot in self.steps}
-        return list(unique.values())
+            return processes_of(self.steps, slots)
 
     def _end_steps(self) -> None:
         # terminate: srun forwards it to its task, then ends the step
