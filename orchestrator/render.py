@@ -175,9 +175,7 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
         "requeue": run.scheduler_requeue,
         "nodes": resources.nodes + resources.spare_nodes,
         "tasks_per_node": resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
-        "warm": {"ranks_per_node": resources.tasks_per_node, "spares_per_node": run.warm_spares,
-                 "spare_sets": run.campaign.restart.warm_spares if run.warm_restarts_all else 0}
-        if run.campaign.restart.strategy == STRATEGY_WARM else None,
+        "warm": _warm_context(run),
         "python": python,
         "step_nodes": resources.nodes,
         "step_tasks": resources.nodes * resources.tasks_per_node,
@@ -195,6 +193,15 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
         "command": submitit_command(python),
         "mpi": run.workload_entry.launcher == LAUNCHER_MPI,
     }
+
+
+def _warm_context(run: RunConfig) -> dict[str, int] | None:
+    """restart.strategy warm: the ranks and spares per node the job's coordinator launches, and the
+    spare sets (TensorFlow, Chainer); None under the other strategies."""
+    if run.campaign.restart.strategy != STRATEGY_WARM:
+        return None
+    return {"ranks_per_node": run.campaign.resources.tasks_per_node, "spares_per_node": run.warm_spares,
+            "spare_sets": run.campaign.restart.warm_spares if run.warm_restarts_all else 0}
 
 
 def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
@@ -261,10 +268,13 @@ def pbs_context(
     extra_directives: tuple[str, ...] | list[str] = (), common_environment: dict[str, str] | None = None,
     rerunnable: bool = True, output_stem: str | None = None, cpus_per_task: int = 1, gpus_per_node: int = 0,
     in_allocation: bool = False, relaunch_wait_s: int = 60, warning_s: int | None = None,
+    warm: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i;
     ``in_allocation``: the job launches its ranks again for the controller's next attempt;
-    ``warning_s``: the batch script sends the ranks the warning signal this long before the walltime."""
+    ``warning_s``: the batch script sends the ranks the warning signal this long before the walltime;
+    ``warm``: the warm coordinator launches the ranks and the spares (``_warm_context``), whose
+    processes take CPUs of each node beside the ranks'."""
     single = len(elements) == 1 and elements[0].index is None
     if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
         raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
@@ -273,7 +283,8 @@ def pbs_context(
     stem = output_stem or job_name
     return {
         "job_name": job_name, "flavor": flavor, "nodes": nodes, "tasks_per_node": tasks_per_node,
-        "cpus_per_node": tasks_per_node * cpus_per_task, "gpus_per_node": gpus_per_node,
+        "cpus_per_node": (tasks_per_node + (warm or {}).get("spares_per_node", 0)) * cpus_per_task,
+        "gpus_per_node": gpus_per_node, "warm": warm,
         "ranks": nodes * tasks_per_node, "walltime": walltime, "queue": queue, "mem": mem, "array": array,
         "rerunnable": rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
         "in_allocation": in_allocation, "relaunch_wait_s": relaunch_wait_s,
@@ -307,7 +318,8 @@ def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], 
         job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
         walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
         queue=resources.partition, array=array, extra_directives=resources.extra_directives,
-        rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, **_relaunch_context(run),
+        rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_context(run),
+        **_relaunch_context(run),
     )
 
 

@@ -200,7 +200,7 @@ FaultConfig = Annotated[
 
 STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation", "warm"),
                          "slurm": ("resubmit", "in-allocation", "requeue", "warm"),
-                         "pbs": ("resubmit", "in-allocation")}
+                         "pbs": ("resubmit", "in-allocation", "warm")}
 
 
 class RestartConfig(_Strict):

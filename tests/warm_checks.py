@@ -1,11 +1,33 @@
-"""What a run under restart.strategy warm must show when its framework restarts every rank
-(TensorFlow, Chainer): shared by the local drill (tests/unit) and the Slurm drill (tests/integration)."""
+"""What a run under restart.strategy warm must show — PyTorch's spares taking dead ranks' places
+with a survivor's state, TensorFlow's and Chainer's whole spare sets restarting every rank — and
+that a recovery's phases add up: shared by the local drills (tests/unit) and the Slurm and PBS
+drills (tests/integration)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+
+def assert_peer_recoveries(run: dict[str, Any], faults: int | None = None) -> None:
+    """PyTorch under warm: completed bit for bit as its twin, in one job; each fault answered by a
+    warm spare and a survivor's state (no rollback: at most the interrupted step redone)."""
+    assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["run_id"]
+    assert len({attempt["job_id"] for attempt in run["attempts"]}) == 1, "every re-formation in the same job"
+    assert run["recoveries"] and len(run["recoveries"]) == len(run["attempts"]) - 1
+    if faults is not None:
+        assert len(run["recoveries"]) == faults and all(f["outcome"] == "injected" for f in run["faults"]), run
+    for recovery in run["recoveries"]:
+        assert recovery["strategy"] == "warm" and recovery["state_source"] == "peer", recovery
+        assert recovery["spare"].startswith("slot ") and recovery["lost_steps"] <= 1, recovery
+        assert phases_ok(recovery), recovery
+
+
+def phases_ok(recovery: dict[str, Any]) -> bool:
+    """Every phase of the time to recover is >= 0 and together they are the time to recover."""
+    phases = [recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")]
+    return all(phase >= 0 for phase in phases) and abs(sum(phases) - recovery["ttr_s"]) < 1e-6
 
 
 def assert_spare_sets_recovered(run: dict[str, Any], run_dir: Path, faults: int) -> None:
@@ -23,8 +45,7 @@ def assert_spare_sets_recovered(run: dict[str, Any], run_dir: Path, faults: int)
         slots = recovery["spare"].split(",")
         assert len(slots) == run["ranks"] and not used & set(slots), recovery
         used |= set(slots)
-        phases = [recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")]
-        assert all(phase >= 0 for phase in phases) and abs(sum(phases) - recovery["ttr_s"]) < 1e-6, recovery
+        assert phases_ok(recovery), recovery
     plans = restart_plans(run_dir)
     assert len(plans) == faults, plans
     for plan in plans:

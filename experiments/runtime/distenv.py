@@ -191,7 +191,26 @@ def _apply_mpi_launcher(
             seed = f"mpi-{launch}"
             found = replace(found, job_id=seed)
     found = replace(found, rank=rank, world_size=world, local_rank=local_rank)
-    return found, {**names, "rank": rank_var, "world_size": world_var, "local_rank": local_var}, seed
+    names = {**names, "rank": rank_var, "world_size": world_var, "local_rank": local_var}
+    if found.num_nodes > world or not 0 <= found.node_rank < found.num_nodes:
+        found, names = _launch_nodes(found, names, env)
+    return found, names, seed
+
+
+_MPI_LOCAL_SIZE = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def _launch_nodes(found: DistEnv, names: dict[str, str], env: Mapping[str, str]) -> tuple[DistEnv, dict[str, str]]:
+    """An MPI launch that holds fewer nodes than the allocation (a warm member: an mpiexec of one
+    rank in a job of several nodes): its own nodes, its ranks placed ``local size`` per node."""
+    if not any(env.get(name) for name in _MPI_LOCAL_SIZE):
+        return found, names
+    per_node, per_node_var = _int(env, _MPI_LOCAL_SIZE)
+    if per_node < 1:
+        raise DistEnvError(f"{per_node_var}={per_node}: ranks per node must be >= 1")
+    nodes = -(-found.world_size // per_node)
+    return (replace(found, node_rank=found.rank // per_node, num_nodes=nodes),
+            {**names, "node_rank": f"rank // {per_node_var}", "num_nodes": f"world size / {per_node_var}"})
 
 
 def _from_pbs(env: Mapping[str, str], hostname: str) -> tuple[DistEnv, dict[str, str], str]:

@@ -9,7 +9,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import yaml
 
 from faultdrill_cli import campaign_copy  # noqa: F401  (the campaign tests import both from here)
 
@@ -24,3 +26,15 @@ def drill_report(spec: Path, timeout_s: float, html: bool = False) -> dict[str, 
         Path(keep).write_text(done.stdout)
         Path(keep + ".stderr").write_text(done.stderr)  # the controller's warnings
     return json.loads(done.stdout)
+
+
+def full_campaigns() -> bool:
+    """FAULTDRILL_FULL_CAMPAIGNS=1: the campaigns at full size (by hand); CI runs their cut."""
+    return bool(os.environ.get("FAULTDRILL_FULL_CAMPAIGNS"))
+
+
+def keep_sweep_points(spec: Path, keep: "Callable[[dict[str, Any]], bool]") -> None:
+    """The campaign copy at ``spec`` without the sweep grid's points that ``keep`` refuses."""
+    data = yaml.safe_load(spec.read_text())
+    data["sweep"]["grid"] = [point for point in data["sweep"]["grid"] if keep(point)]
+    spec.write_text(yaml.safe_dump(data))

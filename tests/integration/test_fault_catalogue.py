@@ -12,7 +12,6 @@ tests here say where they are covered.
 from __future__ import annotations
 
 import re
-import os
 import shutil
 import subprocess
 import uuid
@@ -22,7 +21,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from campaigns import campaign_copy, drill_report
+from campaigns import campaign_copy, drill_report, full_campaigns
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.runs import expand_runs
 from orchestrator.spec import load_campaign
@@ -49,7 +48,7 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     shared = SHARED_TMP_ROOT / f"fault-catalogue-{uuid.uuid4().hex[:8]}"
     shared.mkdir(parents=True)
     path = campaign_copy("fault-catalogue", shared)
-    if not os.environ.get("FAULTDRILL_FULL_CAMPAIGNS"):
+    if not full_campaigns():
         _leave_out(path, set(COVERED_ELSEWHERE))
     small_fs = f"catalogue-{shared.name}"
     run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(path))

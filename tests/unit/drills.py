@@ -14,6 +14,7 @@ import psutil
 import yaml
 
 from faultdrill_cli import FAULTDRILL
+from warm_checks import phases_ok  # noqa: F401  (the drills here check it too; one definition for both suites)
 
 
 def write_spec(tmp_path: Path, **overrides: Any) -> Path:
@@ -52,11 +53,6 @@ def ledger_sql(workdir: Path, statement: str, *args: Any) -> None:
     """Change the ledger as a controller stopped at the wrong moment would have left it."""
     with sqlite3.connect(workdir / "ledger.sqlite") as db:
         db.execute(statement, args)
-
-
-def phases_ok(recovery: dict[str, Any]) -> bool:
-    phases = [recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")]
-    return all(phase >= 0 for phase in phases) and abs(sum(phases) - recovery["ttr_s"]) < 1e-6
 
 
 def drill_processes(run_dir: Path, attempt: int | None = None) -> list[psutil.Process]:

@@ -83,6 +83,33 @@ def test_in_allocation_launches_mpiexec_again_on_the_controllers_go() -> None:
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
+@pytest.mark.parametrize("framework, spares_per_node, sets_flags", [
+    ("torch", 2, None),  # one mpiexec per rank and per spare
+    ("tensorflow", 4, "--restart-all --spare-sets 2 \\"),  # whole sets: 2 sets of 2 a node, one mpiexec each
+    ("chainer", 4, "--restart-all --spare-sets 2 \\"),
+])
+def test_warm_runs_the_coordinator_with_mpiexec_and_the_spares_cpus(framework: str, spares_per_node: int,
+                                                                    sets_flags: str | None) -> None:
+    campaign = Campaign.model_validate({
+        "name": "golden", "backend": "pbs", "workdir": "/w",
+        "workload": {"framework": framework, "params": 20000, "steps": 40},
+        "resources": {"nodes": 2, "tasks_per_node": 2, "time": "00:10:00"},
+        "restart": {"strategy": "warm", "warm_spares": 2},
+    })
+    text = render_pbs(expand_runs(campaign)[0], attempt=0, drill_id="d", python=PYTHON).text
+    assert f"#PBS -l nodes=2:ppn={2 + spares_per_node}" in _directives(text), "the spares' CPUs are the job's"
+    launch = text.split("-m experiments.runtime.warm.batch_host ", 1)[1].split("launch_pid=$!")[0]
+    assert launch.startswith("--launcher mpiexec ") and "--ranks-per-node 2 --spares-per-node" in launch
+    assert f"--spares-per-node {spares_per_node} " in launch
+    forwarded = launch.split("--forward ", 1)[1].split()[0].strip("'").split(",")
+    for name in ("FAULTDRILL_RUN_ID", "FAULTDRILL_RUN_DIR", "FAULTDRILL_MASTER_ADDR", "FAULTDRILL_WARM_WORLD"):
+        assert name in forwarded, "every member's mpiexec exports these (-x)"
+    assert ("--restart-all" in launch) == (sets_flags is not None) and "--mpi" not in launch
+    assert "\nmpiexec -n" not in text, "no launch of all ranks besides the coordinator's"
+    assert text.count('"event": "step_exit"') == 1
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
 def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
     run = expand_runs(_campaign(HOSTILE))[0]
     script = render_pbs(run, attempt=0, drill_id="golden-0002", python=PYTHON)

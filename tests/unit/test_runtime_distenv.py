@@ -74,6 +74,24 @@ def test_pbs_with_mpich(tmp_path: Path) -> None:
     assert PORT_BASE <= env.master_port < PORT_BASE + PORT_SPAN
 
 
+@pytest.mark.parametrize("scheduler_variables, hostname", [
+    # Slurm's Torque wrappers: a member mpiexec started on the batch node sees the allocation's 2 nodes.
+    ({"SLURM_JOB_ID": "855", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_NODEID": "0",
+      "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "fd-n[1-2]"}, "fd-n1"),
+    # PBS: a member on the second node of the node file.
+    ({"PBS_JOBID": "991.pbs-server", "PBS_NODEFILE": "{nodefile}"}, "cn2"),
+])
+def test_a_warm_member_is_an_mpi_launch_of_one_rank_on_one_node(tmp_path: Path, scheduler_variables: dict[str, str],
+                                                                 hostname: str) -> None:
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn1\ncn1\ncn2\ncn2\n")
+    recorded = {name: value.format(nodefile=nodefile) for name, value in scheduler_variables.items()}
+    recorded.update({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                     "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    env = DistEnv.from_environ(recorded, hostname=hostname)
+    assert (env.rank, env.world_size, env.node_rank, env.num_nodes, env.node) == (0, 1, 0, 1, hostname)
+
+
 def test_pbs_host_missing_from_nodefile(tmp_path: Path) -> None:
     nodefile = tmp_path / "nodes"
     nodefile.write_text("cn1\n")

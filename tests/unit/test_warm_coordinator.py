@@ -14,8 +14,8 @@ from typing import Any, Callable
 import pytest
 
 from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp, Timing
-from experiments.runtime.warm.member import WarmMember
-from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START
+from experiments.runtime.warm.member import CoordinatorGone, WarmMember
+from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line
 from experiments.warm_runner import peer_lost
 
 
@@ -64,6 +64,9 @@ def _start(host: Host, world: int, spares: int, timing: Timing | None = None,
     return coordinator, address, outcome
 
 
+MEMBER_WAIT_S = 20.0
+
+
 def _within(seconds: float, condition: Callable[[], bool]) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -74,7 +77,9 @@ def _within(seconds: float, condition: Callable[[], bool]) -> bool:
 
 
 def _member(address: str, slot: int) -> WarmMember:
-    return WarmMember(address, slot=slot, node="n1", address="127.0.0.1", connect_timeout_s=5)
+    member = WarmMember(address, slot=slot, node="n1", address="127.0.0.1", connect_timeout_s=5)
+    member.line.connection.settimeout(MEMBER_WAIT_S)  # a plan that never comes fails the test, never hangs it
+    return member
 
 
 def test_a_dead_rank_is_replaced_by_a_spare_and_the_survivor_sends_its_state() -> None:
@@ -154,6 +159,24 @@ def test_restart_all_retires_the_active_set_and_the_next_warm_set_resumes_from_t
     outcome["thread"].join(timeout=10)
     assert outcome.get("verdict") == "completed"
     late.line.close()
+
+
+def test_a_spare_whose_hello_comes_after_the_run_completed_is_let_go() -> None:
+    """A spare connected, but its hello reached the coordinator after the spares were released (CI
+    saw a test hang on it): it is told to exit, and once serve returned nobody listens any more."""
+    host = Host()
+    _, address, outcome = _start(host, world=1, spares=0)
+    rank0 = _member(address, 0)
+    host_name, port = address.rsplit(":", 1)
+    late = Line(socket.create_connection((host_name, int(port)), timeout=MEMBER_WAIT_S))  # accepted, no hello yet
+    assert rank0.next_plan().rank == 0
+    rank0.done()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "completed"
+    late.send({"op": "hello", "slot": 1, "node": "n1", "address": "127.0.0.1", "pid": 1})
+    assert late.receive() == {"op": "exit"}
+    with pytest.raises(CoordinatorGone):
+        WarmMember(address, slot=2, node="n1", address="127.0.0.1", connect_timeout_s=0.5)
 
 
 def test_a_survivor_that_never_reports_its_step_ends_the_job() -> None:

@@ -90,6 +90,7 @@ class Coordinator:
     _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
     _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
     _verdict: str | None = None  # "completed" | why it gave up
+    _released: bool = False  # the run is over: a member that says hello now is told to exit
 
     # --- the server ---------------------------------------------------------------------------------
 
@@ -102,7 +103,7 @@ class Coordinator:
             return "completed"
         finally:
             self._release_spares()
-            listener.close()
+            _close_listener(listener)
 
     def abort(self, why: str) -> None:
         """End ``serve`` with CoordinatorGaveUp (the host saw every process of the job exit)."""
@@ -128,6 +129,9 @@ class Coordinator:
         member = Member(slot=int(hello["slot"]), node=str(hello["node"]), address=str(hello["address"]),
                         pid=int(hello["pid"]), line=line)
         with self._lock:
+            if self._released:
+                _let_go(line)
+                return
             self.members[member.slot] = member
             self._pending.discard(member.slot)
             if self.restart_all and self._set_of(member.slot) in self._broken_sets:
@@ -312,12 +316,10 @@ class Coordinator:
 
     def _release_spares(self) -> None:
         with self._lock:
+            self._released = True
             for member in self.members.values():
                 if member.role == SPARE:
-                    try:
-                        member.line.send({"op": "exit"})
-                    except OSError:
-                        pass
+                    _let_go(member.line)
 
     # --- helpers ------------------------------------------------------------------------------------
 
@@ -339,6 +341,24 @@ class Coordinator:
     def _check_aborted(self) -> None:
         if self._verdict is not None and self._verdict != "completed":
             raise CoordinatorGaveUp(f"warm: {self._verdict}")
+
+
+def _let_go(line: Line) -> None:
+    """The run is over for this process (a spare): it exits."""
+    try:
+        line.send({"op": "exit"})
+    except OSError:
+        pass
+
+
+def _close_listener(listener: socket.socket) -> None:
+    """Stop accepting. A bare close leaves a thread blocked in accept() listening on (Linux): the
+    shutdown wakes it."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
 
 
 def _keepalive(connection: socket.socket) -> None:
