@@ -319,9 +319,9 @@ class Campaign(_Strict):
         elif backend == "pbs" and resources is not None and resources.spare_nodes:
             problems.append("resources.spare_nodes: the PBS launch (mpiexec) cannot move a dead node's ranks to a "
                             "spare; spare nodes work on the slurm backend; set it to 0")
-        elif resources is not None and resources.spare_nodes and restart.strategy != "in-allocation":
+        elif resources is not None and resources.spare_nodes and restart.strategy not in ("in-allocation", "warm"):
             problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
-                            f"(a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
+                            f"or warm (a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
         problems += _warm_problems(restart, info.data.get("workload"))
         if problems:
             raise ValueError("\n".join(problems))

@@ -48,11 +48,12 @@ def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, c
     assert len(nodes) == 1 and lost not in nodes, (nodes, lost)
 
 
-def test_warm_spare_sets_restart_every_tensorflow_and_chainer_rank(shared_tmp: Path, slurm) -> None:
+def test_warm_spare_sets_restart_every_tensorflow_and_chainer_rank(shared_tmp: Path, cluster, slurm) -> None:
     """warm-slurm-frameworks.yaml: each of two rank SIGKILLs answered by a spare set (one step of
-    both nodes' tasks) from the newest valid checkpoint, in the same job; both runs end as their twins.
-    CI drills Chainer's sets (TensorFlow's: tests/unit/test_warm_frameworks_local.py, ~2.5 min less
-    here); both with FAULTDRILL_FULL_CAMPAIGNS=1."""
+    both nodes' tasks) from the newest valid checkpoint, in the same job; a node crash answered by
+    the spare set on the spare node. Every run ends as its twin. CI drills Chainer's runs
+    (TensorFlow's sets: tests/unit/test_warm_frameworks_local.py, ~2.5 min less here); all of them
+    with FAULTDRILL_FULL_CAMPAIGNS=1."""
     spec = campaign_copy("warm-slurm-frameworks", shared_tmp)
     frameworks = ["chainer", "tensorflow"] if full_campaigns() else ["chainer"]
     keep_sweep_points(spec, lambda point: point["workload.framework"][0] in frameworks)
@@ -61,6 +62,18 @@ def test_warm_spare_sets_restart_every_tensorflow_and_chainer_rank(shared_tmp: P
         for attempt in run["attempts"]:
             slurm.track(attempt["job_id"])
     faulted = [run for run in report["runs"] if not run["is_baseline"]]
-    assert sorted(run["framework"] for run in faulted) == frameworks
-    for run in faulted:
+    killed = [run for run in faulted if run["faults"][0]["kind"] == "kill-rank"]
+    assert sorted(run["framework"] for run in killed) == frameworks
+    for run in killed:
         assert_spare_sets_recovered(run, shared_tmp / "work" / "runs" / run["run_id"], faults=2)
+
+    crashed = _by_kind(report, "node-crash")
+    assert crashed["status"] == "completed" and crashed["identical_to_baseline"] is True, crashed["attempts"]
+    assert len({attempt["job_id"] for attempt in crashed["attempts"]}) == 1, "recovered in the same job"
+    [recovery] = crashed["recoveries"]
+    assert recovery["failure_class"] == "NODE_FAIL" and recovery["state_source"] == "checkpoint", recovery
+    lost = crashed["faults"][0]["target"].removeprefix("node ")
+    assert lost in cluster
+    paths = RunPaths(shared_tmp / "work" / "runs" / crashed["run_id"])
+    nodes = {json.loads(paths.rank_file(recovery["attempt"], rank).read_text())["node"] for rank in range(2)}
+    assert len(nodes) == 2 and lost not in nodes, (nodes, lost)  # the set on the spare node

@@ -199,11 +199,13 @@ def test_warm_needs_a_built_in_workload_it_can_re_form(tmp_path: Path) -> None:
         parse_campaign(_spec(tmp_path, restart={**warm, "warm_spares": -1}), base_dir=tmp_path)
 
 
-def test_spare_nodes_are_for_in_allocation_only(tmp_path: Path) -> None:
+def test_spare_nodes_are_for_in_allocation_and_warm_only(tmp_path: Path) -> None:
     spec = _spec(tmp_path, backend="slurm", resources={"nodes": 2, "tasks_per_node": 1, "spare_nodes": 1})
-    with pytest.raises(SpecError, match=r"resources.spare_nodes \(1\) is for restart.strategy in-allocation"):
+    with pytest.raises(SpecError, match=r"resources.spare_nodes \(1\) is for restart.strategy in-allocation or warm"):
         parse_campaign(spec, base_dir=tmp_path)
     spec["restart"] = {"strategy": "in-allocation"}
+    assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
+    spec["restart"] = {"strategy": "warm"}  # spare sets placed on the spare node outlive a node crash
     assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
     with pytest.raises(SpecError, match=r"the PBS launch \(mpiexec\) cannot move a dead node's ranks to a spare"):
         parse_campaign({**spec, "backend": "pbs"}, base_dir=tmp_path)

@@ -42,7 +42,7 @@ from typing import BinaryIO, Iterator, Mapping
 from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
-from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp
+from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
 from experiments.runtime.warm.members import end_members, processes_of
 from experiments.runtime.warm.protocol import ENV_COORDINATOR, ENV_SET, ENV_SLOT, set_port
 
@@ -132,10 +132,12 @@ class BatchWarmJob:
         self.args = args
         self.launcher = launcher
         self.paths = RunPaths(Path(os.environ[ENV_RUN_DIR]))
-        self.nodes = args.nodes.split(",")
-        self.world = len(self.nodes) * args.ranks_per_node
+        self.nodes = args.nodes.split(",")  # the allocation's: the ranks' first, then any spare nodes
+        self.rank_nodes = args.rank_nodes or len(self.nodes)
+        self.world = self.rank_nodes * args.ranks_per_node
         self.port_base = derive_port(f"warm-{args.job}")
         self.launches: dict[int, subprocess.Popen[bytes]] = {}
+        self.coordinator: Coordinator | None = None
         self._lock = threading.Lock()
 
     def run(self) -> str:
@@ -144,7 +146,7 @@ class BatchWarmJob:
         os.environ.update(self.launcher.environment())
         signal.signal(signal.SIGUSR2, self._forward_warning)
         restart_all = self.args.restart_all
-        coordinator = Coordinator(
+        self.coordinator = coordinator = Coordinator(
             world_size=self.world,
             spares_wanted=self.args.spare_sets if restart_all else len(self.nodes) * self.args.spares_per_node,
             first_attempt=self.args.attempt, port_base=self.port_base,
@@ -153,10 +155,10 @@ class BatchWarmJob:
             spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots)
         if restart_all:
             for number in range(1 + self.args.spare_sets):
-                self._spawn_set(number * self.world, self.args.attempt, None)
+                self._spawn_set(number * self.world, self.args.attempt)
         else:
             for slot, node in enumerate(self._placement()):
-                self._spawn(slot, self.args.attempt, node)
+                self._spawn(slot, self.args.attempt, Placement(node=node))
         try:
             return coordinator.serve(listener)
         except CoordinatorGaveUp as error:
@@ -166,28 +168,30 @@ class BatchWarmJob:
             self._end_launches()
 
     def _placement(self) -> list[str]:
-        """Slot -> node: the ranks ranks_per_node a node (slot r is rank r at first), then the spares."""
-        ranks = [node for node in self.nodes for _ in range(self.args.ranks_per_node)]
+        """Slot -> node: the ranks ranks_per_node a node (slot r is rank r at first), then the spares
+        (spares_per_node on every node of the allocation, spare nodes too)."""
+        ranks = [node for node in self.nodes[:self.rank_nodes] for _ in range(self.args.ranks_per_node)]
         spares = [node for node in self.nodes for _ in range(self.args.spares_per_node)]
         return ranks + spares
 
-    def _spawn(self, slot: int, attempt: int, node: str | None) -> None:
-        """One member in ``slot`` on ``node`` (the coordinator's hint; this node when it has none)."""
+    def _spawn(self, slot: int, attempt: int, where: Placement) -> None:
+        """One member in ``slot`` on the coordinator's node (this node when it names none)."""
         def named(pattern: str) -> str:
             return pattern.replace("%t", str(slot))
 
         env = {**os.environ, ENV_SLOT: str(slot), ENV_ATTEMPT: str(attempt)}
-        launch = self.launcher.member(slot, node or self.nodes[0], named(self.args.output), named(self.args.error),
+        launch = self.launcher.member(slot, where.node or self.nodes[0], named(self.args.output), named(self.args.error),
                                       self.args.command, env)
         self._start(launch, env, [slot])
 
-    def _spawn_set(self, first_slot: int, attempt: int, node: str | None) -> None:
-        """restart-all: the set whose first slot is ``first_slot``, one launch of all its tasks, placed
-        as the job's ranks are, on its own block of ports."""
+    def _spawn_set(self, first_slot: int, attempt: int, where: Placement = Placement()) -> None:
+        """restart-all: the set whose first slot is ``first_slot``, one launch of all its tasks
+        (ranks_per_node on each of its nodes: ``set_nodes``), on its own block of ports."""
         number = first_slot // self.world
+        nodes = set_nodes(self.nodes, self.rank_nodes, number, where.avoid)
         env = {**os.environ, ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
                ENV_MASTER_PORT: str(set_port(self.port_base, number, self.world))}
-        launch = self.launcher.spare_set(number, self.nodes, self.args.ranks_per_node,
+        launch = self.launcher.spare_set(number, nodes, self.args.ranks_per_node,
                                          self.args.output, self.args.error, self.args.command, env)
         self._start(launch, env, list(range(first_slot, first_slot + self.world)))
 
@@ -197,6 +201,14 @@ class BatchWarmJob:
         with self._lock:
             for slot in slots:
                 self.launches[slot] = process
+        threading.Thread(target=self._watch, args=(process, slots), name=f"warm-launch-{slots[0]}", daemon=True).start()
+
+    def _watch(self, process: "subprocess.Popen[bytes]", slots: list[int]) -> None:
+        """The coordinator hears when a launch ends (one that failed before its members said hello
+        is none on its way)."""
+        process.wait()
+        if self.coordinator is not None:
+            self.coordinator.launch_ended(slots)
 
     def _end_slots(self, slots: list[int]) -> None:
         """A retired set: its launch ended (srun and mpiexec forward SIGTERM to their tasks, then kill)."""
@@ -216,6 +228,22 @@ class BatchWarmJob:
 
     def _end_launches(self) -> None:
         end_members(self._processes(sorted(self.launches)), stop=subprocess.Popen.terminate)
+
+
+def set_nodes(nodes: list[str], count: int, number: int, avoid: frozenset[str] = frozenset()) -> list[str]:
+    """The ``count`` nodes of spare set ``number``: the batch node (the coordinator's: the job ends
+    with it) and ``count - 1`` of the others, taken in turn set by set, so that with spare nodes in
+    the allocation consecutive sets differ and a node crash leaves a set whole; never a node in
+    ``avoid``. Set 0 (the ranks at first) is the ranks' own nodes."""
+    first, others = nodes[0], [node for node in nodes[1:] if node not in avoid]
+    if count - 1 > len(others):
+        raise SpareNotStarted(f"a spare set needs {count} node(s); the job has {1 + len(others)} left "
+                              f"(lost: {', '.join(sorted(avoid)) or 'none'})")
+    if not others or count == 1:
+        return [first]
+    offset = (number * (count - 1)) % len(others) if len(others) > count - 1 else 0
+    turn = others[offset:] + others[:offset]
+    return [first, *turn[:count - 1]]
 
 
 @contextmanager
@@ -241,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempt", type=int, required=True)
     parser.add_argument("--job", required=True)
     parser.add_argument("--nodes", required=True, help="the job's nodes, comma-separated, the batch node first")
+    parser.add_argument("--rank-nodes", type=int, default=0,
+                        help="how many of --nodes run the ranks (the rest are spare nodes); 0: all of them")
     parser.add_argument("--ranks-per-node", type=int, required=True)
     parser.add_argument("--spares-per-node", type=int, required=True)
     parser.add_argument("--restart-all", action="store_true", help="TensorFlow, Chainer: spares come as whole sets")

@@ -36,11 +36,24 @@ from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RE
 log = logging.getLogger(__name__)
 
 EventSink = Callable[[int, dict[str, Any]], None]  # an event of that attempt
-SpawnSpare = Callable[[int, int, "str | None"], None]  # start a warm spare: slot, attempt, node (a hint)
+SpawnSpare = Callable[[int, int, "Placement"], None]  # start a warm spare (a set): slot, attempt, where
 Fence = Callable[[int], None]  # make that attempt the run's current one (in this job)
 ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
 EndSlots = Callable[[list[int]], None]  # restart_all: end these slots' processes (a retired set)
 ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the host should start a spare: ``node`` (one process; None: the host's choice), never
+    on the nodes in ``avoid`` (their every member died at once: the node may be down)."""
+
+    node: str | None = None
+    avoid: frozenset[str] = frozenset()
+
+
+class SpareNotStarted(RuntimeError):
+    """The host cannot start that spare (e.g. too few live nodes for a set): none is on its way."""
 
 
 class CoordinatorGaveUp(RuntimeError):
@@ -89,6 +102,7 @@ class Coordinator:
     _next_slot: int = 0
     _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
     _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
+    _failed_nodes: set[str] = field(default_factory=set)  # the nodes of the active members lost since the last plan
     _verdict: str | None = None  # "completed" | why it gave up
     _released: bool = False  # the run is over: a member that says hello now is told to exit
 
@@ -97,6 +111,8 @@ class Coordinator:
     def serve(self, listener: socket.socket) -> str:
         """Accept members on ``listener`` until the run completes; the verdict ("completed")."""
         self._next_slot = self.world_size + self.spares_wanted * self._spare_unit
+        with self._lock:  # the host started the first spares with the ranks: on their way
+            self._pending |= set(range(self.world_size, self._next_slot)) - set(self.members)
         threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
         try:
             self._drive()
@@ -109,6 +125,18 @@ class Coordinator:
         """End ``serve`` with CoordinatorGaveUp (the host saw every process of the job exit)."""
         with self._lock:
             self._verdict = why
+            self._lock.notify_all()
+
+    def launch_ended(self, slots: list[int]) -> None:
+        """The host saw the launch of these slots end: those that never said hello are not on their
+        way any more (a launch on a node that is down fails without a word), and a spare set that
+        lost one can never form."""
+        with self._lock:
+            never_came = {slot for slot in slots if slot in self._pending}
+            self._pending -= never_came
+            if self.restart_all:
+                for number in {self._set_of(slot) for slot in never_came}:
+                    self._break_set(number)
             self._lock.notify_all()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -168,6 +196,7 @@ class Coordinator:
             now = time.time()
             if self._failed_at is None:
                 self._failed_at = now
+            self._failed_nodes.add(member.node)
             code = self.exit_code(member.slot) if self.exit_code is not None else None
             self._event({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
                          "slot": member.slot, "node": member.node, "pid": member.pid, "exit_code": code})
@@ -219,21 +248,27 @@ class Coordinator:
         """The active set retired (its processes ended), the next complete spare set resumes from the
         newest valid checkpoint, a new set started in its place."""
         self._retire(self._of_role(ACTIVE))
-        self._wait(lambda: self._complete_spare_set() is not None, self.timing.spare_s,
+        self._wait(lambda: self._complete_spare_set() is not None or not self._pending, self.timing.spare_s,
                    f"no complete warm spare set of {self.world_size} process(es)")
         spare_set = self._complete_spare_set()
-        assert spare_set is not None
+        if spare_set is None:  # none complete and none on its way: no set can form
+            raise CoordinatorGaveUp(f"warm: no warm spare set of {self.world_size} process(es) is left or can start "
+                                    f"(nodes lost: {', '.join(sorted(self._lost_nodes())) or 'none'})")
         ranks = {member.slot % self.world_size: member for member in spare_set}
         self._send_plans(ranks, RESUME_CHECKPOINT, None, 0, spares={m.slot: rank for rank, m in ranks.items()})
         self._replace_spares()
 
     def _complete_spare_set(self) -> list[Member] | None:
-        """The lowest spare set whose every process is warm and waiting."""
+        """The lowest spare set whose every process is warm and waiting, one clear of the nodes
+        where this failure's ranks died first (a node that crashed: its spare members' connections
+        may end seconds after the rank's)."""
         sets: dict[int, list[Member]] = {}
         for member in self._of_role(SPARE):
             sets.setdefault(self._set_of(member.slot), []).append(member)
-        complete = [number for number, members in sets.items() if len(members) == self.world_size]
-        return sorted(sets[min(complete)], key=lambda m: m.slot) if complete else None
+        complete = sorted(number for number, members in sets.items() if len(members) == self.world_size)
+        clear = [number for number in complete if not {m.node for m in sets[number]} & self._failed_nodes]
+        chosen = (clear or complete or [None])[0]
+        return sorted(sets[chosen], key=lambda m: m.slot) if chosen is not None else None
 
     def _retire(self, members: list[Member]) -> None:
         """These members leave the job for good (their connections' end is no news): the host ends them."""
@@ -279,6 +314,7 @@ class Coordinator:
                      "spares_warm_at": {str(slot): self.members[slot].warm_at for slot in (spares or {})},
                      "slots": {str(rank): member.slot for rank, member in ranks.items()}})
         self._failed_at = None
+        self._failed_nodes = set()
         for rank, member in ranks.items():
             try:
                 member.line.send(plans[rank].message())
@@ -298,12 +334,25 @@ class Coordinator:
         held = len(self._of_role(SPARE)) + len(self._pending)
         for _ in range(max(0, self.spares_wanted - held // unit)):
             slot, self._next_slot = self._next_slot, self._next_slot + unit
-            self._pending.update(range(slot, slot + unit))
+            slots = set(range(slot, slot + unit))
+            self._pending |= slots
             try:
-                self.spawn(slot, self.first_attempt + max(self.generation, 0),
-                           None if self.restart_all else self._spare_node())
-            except Exception as error:  # a spare that cannot start is waited for, then given up on
+                self.spawn(slot, self.first_attempt + max(self.generation, 0), self._placement())
+            except Exception as error:  # none is on its way (a launch that fails later is waited for)
+                self._pending -= slots
                 log.warning("starting a warm spare as slot %d failed: %s", slot, error)
+
+    def _placement(self) -> Placement:
+        lost = self._lost_nodes()
+        return Placement(node=None if self.restart_all else self._spare_node(), avoid=lost)
+
+    def _lost_nodes(self) -> frozenset[str]:
+        """Nodes that had members and have none left alive or on its way: their processes all died
+        (a node crash), or were all retired. A retired member's node is not lost by it: those
+        members were ended by the job."""
+        alive = {m.node for m in self.members.values() if m.role in (ACTIVE, SPARE, DONE, RETIRED)}
+        died = {m.node for m in self.members.values() if m.role == GONE}
+        return frozenset(died - alive)
 
     def _spare_node(self) -> str | None:
         """Where a new spare goes: the node with the fewest live members among those that still have

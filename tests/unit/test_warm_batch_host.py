@@ -1,0 +1,45 @@
+"""The warm coordinator's host in a batch job (experiments/runtime/warm/batch_host.py): where a
+spare set goes (spare nodes taken in turn, lost nodes never), and what each launcher runs for a
+member and for a set (the drills on Slurm and PBS run them for real: tests/integration/test_warm_*)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.runtime.warm.batch_host import Mpiexec, Srun, set_nodes
+from experiments.runtime.warm.coordinator import SpareNotStarted
+
+COMMAND = ["python", "-u", "-m", "submitit.core._submit", "/runs/r000/submitit"]
+
+
+def test_spare_sets_take_the_spare_nodes_in_turn_and_never_a_lost_one() -> None:
+    nodes = ["n1", "n2", "n3"]  # 2 nodes of ranks and 1 spare node
+    assert [set_nodes(nodes, 2, number) for number in range(4)] == [["n1", "n2"], ["n1", "n3"]] * 2
+    assert set_nodes(nodes, 2, 2, frozenset({"n2"})) == ["n1", "n3"], "n2 crashed: no set goes there"
+    assert [set_nodes(["n1", "n2"], 2, number) for number in range(3)] == [["n1", "n2"]] * 3
+    with pytest.raises(SpareNotStarted, match=r"needs 2 node\(s\); the job has 1 left \(lost: n2\)"):
+        set_nodes(["n1", "n2"], 2, 1, frozenset({"n2"}))
+
+
+def test_srun_runs_each_member_as_a_step_of_its_own_and_a_set_as_one_step() -> None:
+    member = Srun().member(3, "n2", "%j_3_log.out", "%j_3_log.err", COMMAND, {}).argv
+    assert member[:6] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--kill-on-bad-exit=0"]
+    spare_set = Srun(mpi="pmix").spare_set(1, ["n1", "n3"], 1, "%j_%t_log.out", "%j_%t_log.err", COMMAND, {}).argv
+    assert "--nodelist=n1,n3" in spare_set and "--mpi=pmix" in spare_set and "--kill-on-bad-exit=1" in spare_set
+    assert "--output=%j_set1-%t_log.out" in spare_set and spare_set[-len(COMMAND):] == COMMAND
+
+
+def test_mpiexec_exports_what_is_set_and_gives_each_launch_its_own_session_dir(tmp_path: Path) -> None:
+    launcher = Mpiexec(forwarded=("FAULTDRILL_RUN_DIR", "FAULTDRILL_UNSET"), session_dir=str(tmp_path))
+    env = {"FAULTDRILL_RUN_DIR": "/runs/r000", "FAULTDRILL_WARM_SLOT": "2", "FAULTDRILL_WARM_COORDINATOR": "n1:4000"}
+    member = launcher.member(2, "n2", "7_2_log.out", "7_2_log.err", COMMAND, env)
+    exported = [member.argv[i + 1] for i, item in enumerate(member.argv) if item == "-x"]
+    assert exported == ["FAULTDRILL_RUN_DIR", "FAULTDRILL_WARM_COORDINATOR", "FAULTDRILL_WARM_SLOT"], exported
+    assert member.argv[member.argv.index("-n"):][:4] == ["-n", "1", "--host", "n2"]
+    assert (member.stdout, member.stderr) == ("7_2_log.out", "7_2_log.err")
+    spare_set = launcher.spare_set(1, ["n1", "n2"], 2, "7_%t_log.out", "7_%t_log.err", COMMAND, env)
+    assert "ppr:2:node" in spare_set.argv and "n1:2,n2:2" in spare_set.argv and spare_set.stdout == "7_set1_log.out"
+    session_dirs = {argv[argv.index("orte_tmpdir_base") + 1] for argv in (member.argv, spare_set.argv)}
+    assert len(session_dirs) == 2 and all(Path(d).is_dir() for d in session_dirs), "launches race on a shared one"
