@@ -222,6 +222,26 @@ def test_after_a_node_crash_the_spare_set_clear_of_that_node_takes_over_and_new_
     assert outcome.get("verdict") == "completed"
 
 
+def test_a_node_whose_only_other_members_were_retired_is_lost_when_its_members_die() -> None:
+    """A first SIGKILL (rank 0, on n1) retires rank 1 on n2; then n2 crashes under the next set: the
+    member retired there earlier is no sign of life, so the spares started after avoid n2."""
+    host = Host()
+    coordinator, address, outcome = _start(host, world=2, spares=2, restart_all=True)
+    members = _sets(coordinator, address, [("n1", "n2"), ("n1", "n2"), ("n1", "n3")])
+    assert [members[0].next_plan().rank, members[1].next_plan().rank] == [0, 1]
+    members[0].line.close()  # rank 0 SIGKILLed on n1: every set touches n1, the lowest one takes over
+    assert [members[2].next_plan().rank, members[3].next_plan().rank] == [0, 1]
+    assert _within(5, lambda: [1] in host.ended), host.ended
+    members[1].line.close()  # the host ended it (retired on n2)
+    members[3].line.close()  # n2 crashes: the active rank there dies
+    assert [members[4].next_plan().rank, members[5].next_plan().rank] == [0, 1]
+    assert _within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
+    members[4].done()
+    members[5].done()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "completed"
+
+
 def test_when_no_spare_set_is_left_or_can_start_the_job_gives_up_at_once() -> None:
     """No spare node: n2 crashed with the ranks' and the only spare set's members on it; a new set
     cannot be placed (the host refuses), and a launch that ended without a word is none on its way:

@@ -347,10 +347,9 @@ class Coordinator:
         return Placement(node=None if self.restart_all else self._spare_node(), avoid=lost)
 
     def _lost_nodes(self) -> frozenset[str]:
-        """Nodes that had members and have none left alive or on its way: their processes all died
-        (a node crash), or were all retired. A retired member's node is not lost by it: those
-        members were ended by the job."""
-        alive = {m.node for m in self.members.values() if m.role in (ACTIVE, SPARE, DONE, RETIRED)}
+        """Nodes where a member died and none is left alive (a node crash). Retired members say
+        nothing either way (the job ended them): a node with only those is not lost by them."""
+        alive = {m.node for m in self.members.values() if m.role in (ACTIVE, SPARE, DONE)}
         died = {m.node for m in self.members.values() if m.role == GONE}
         return frozenset(died - alive)
 
