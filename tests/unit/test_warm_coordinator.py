@@ -191,6 +191,14 @@ def test_a_spare_whose_hello_comes_after_the_run_completed_is_let_go() -> None:
         WarmMember(address, slot=2, node="n1", address="127.0.0.1", connect_timeout_s=0.5)
 
 
+def _complete(outcome: dict[str, Any], *active: WarmMember) -> None:
+    """The active members finish the run: the coordinator's verdict is "completed"."""
+    for member in active:
+        member.done()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "completed"
+
+
 def _sets(coordinator: Coordinator, address: str, nodes_by_set: list[tuple[str, str]]) -> list[WarmMember]:
     """restart_all, world 2: set k's members (slots 2k, 2k+1) on its two nodes, all warm (their
     hellos in) before any fault, as spare sets are long before one."""
@@ -216,10 +224,7 @@ def test_after_a_node_crash_the_spare_set_clear_of_that_node_takes_over_and_new_
     members[3].line.close()  # set 1's member on n2, seconds later: set 1 is broken, its n1 member retired
     assert _within(5, lambda: [2] in host.ended), host.ended
     assert _within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
-    members[4].done()
-    members[5].done()
-    outcome["thread"].join(timeout=10)
-    assert outcome.get("verdict") == "completed"
+    _complete(outcome, members[4], members[5])
 
 
 def test_a_node_whose_only_other_members_were_retired_is_lost_when_its_members_die() -> None:
@@ -236,10 +241,7 @@ def test_a_node_whose_only_other_members_were_retired_is_lost_when_its_members_d
     members[3].line.close()  # n2 crashes: the active rank there dies
     assert [members[4].next_plan().rank, members[5].next_plan().rank] == [0, 1]
     assert _within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
-    members[4].done()
-    members[5].done()
-    outcome["thread"].join(timeout=10)
-    assert outcome.get("verdict") == "completed"
+    _complete(outcome, members[4], members[5])
 
 
 def test_when_no_spare_set_is_left_or_can_start_the_job_gives_up_at_once() -> None:
