@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiments.layout import (ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, rank_job_from_dict,  # noqa: F401
                                 rank_job_to_dict, write_json_atomic)
-from experiments.runtime.warm.protocol import ENV_COORDINATOR
+from experiments.warm.protocol import ENV_COORDINATOR
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
 if TYPE_CHECKING:  # the rank's modules load late: a rank's start-up time is measured
@@ -106,13 +106,13 @@ def _run_command(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: floa
 
 
 def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, warning: WarningNote) -> dict[str, Any]:
-    """restart.strategy warm (experiments/warm_runner.py): this process builds its model, tells the
+    """restart.strategy warm (experiments/warm/runner.py): this process builds its model, tells the
     job's coordinator it is warm, and trains as a rank or waits as a spare."""
     from experiments.runner import RunnerOptions
     from experiments.runtime.distenv import Timeouts
-    from experiments.runtime.warm.member import WarmMember
-    from experiments.runtime.warm.protocol import ENV_ADDRESS, ENV_SLOT, RESTART_ALL_FRAMEWORKS
-    from experiments.warm_runner import WarmRunner
+    from experiments.warm.member import WarmMember
+    from experiments.warm.protocol import ENV_ADDRESS, ENV_SLOT, RESTART_ALL_FRAMEWORKS
+    from experiments.warm.runner import WarmRunner
     from experiments.workloads import get_workload
 
     if job.workload.framework in RESTART_ALL_FRAMEWORKS:
@@ -133,11 +133,11 @@ def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, 
 
 
 def _run_warm_set(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, warning: WarningNote) -> dict[str, Any]:
-    """restart.strategy warm, TensorFlow and Chainer (experiments/warm_set.py): a process of a warm
+    """restart.strategy warm, TensorFlow and Chainer (experiments/warm/spare_set.py): a process of a warm
     spare set, which trains the run when the coordinator hands it to its set."""
     from experiments.runner import RunnerOptions
     from experiments.runtime.distenv import Timeouts
-    from experiments.warm_set import WarmSetMember
+    from experiments.warm.spare_set import WarmSetMember
 
     options = RunnerOptions(timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0",
                             warning=warning, warning_hold_s=hold_seconds())

@@ -16,7 +16,7 @@ import psutil
 
 from experiments.layout import ENV_JOB_ID, ENV_RUN_ID, RankIdentity, RunPaths
 from experiments.runtime.identity import start_ticks
-from experiments.runtime.warm.protocol import ENV_WORLD as WARM_WORLD
+from experiments.warm.protocol import ENV_WORLD as WARM_WORLD
 
 # Which environment variables name the job and the rank, per launcher.
 # FAULTDRILL_JOB_ID is the job as the controller names it (set by the batch script): an element

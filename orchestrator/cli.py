@@ -16,14 +16,14 @@ from pathlib import Path
 from rich.console import Console
 
 from injectors.schedule import PlannedFault
-from orchestrator.advise import AdviceError
-from orchestrator.detach import ControllerBusy, live_controller
-from orchestrator.html_report import REPORT_DIR
-from orchestrator.render import TemplateError, render_pbs, render_slurm
-from orchestrator.report import ReportError, build_report
-from orchestrator.runs import RunConfig, expand_runs
-from orchestrator.spec import Campaign, SpecError, load_campaign, parse_campaign
-from orchestrator.tables import REPORT_WIDTH, print_report
+from orchestrator.report.advise import AdviceError
+from orchestrator.control.detach import ControllerBusy, live_controller
+from orchestrator.report.html import REPORT_DIR
+from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
+from orchestrator.report.document import ReportError, build_report
+from orchestrator.campaign.runs import RunConfig, expand_runs
+from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
+from orchestrator.report.tables import REPORT_WIDTH, print_report
 
 EXIT_SPEC = 2  # the spec (or the workdir) cannot be used; nothing was submitted
 EXIT_SCHEDULER = 3  # the scheduler stopped answering; the drill stopped, its jobs left as they are
@@ -102,8 +102,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _advise(args: argparse.Namespace) -> int:
-    from orchestrator.advise import AdviceInputs, advice_document, inputs_from_workdir
-    from orchestrator.tables import advice_table
+    from orchestrator.report.advise import AdviceInputs, advice_document, inputs_from_workdir
+    from orchestrator.report.tables import advice_table
 
     if (args.workdir is None) == (args.cost is None):
         raise AdviceError("give a drill's WORKDIR (its measured checkpoint cost) or --cost SECONDS, one of the two")
@@ -123,7 +123,7 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _validate(campaign: Campaign) -> int:
-    from orchestrator.controller import plan_drill
+    from orchestrator.control.controller import plan_drill
 
     for run, faults in plan_drill(campaign):
         spare = run.campaign.resources.spare_nodes
@@ -134,7 +134,7 @@ def _validate(campaign: Campaign) -> int:
 
 
 def _plan(campaign: Campaign) -> int:
-    from orchestrator.controller import plan_drill
+    from orchestrator.control.controller import plan_drill
 
     for run, faults in plan_drill(campaign):
         print(f"{run.run_id}: {len(faults)} planned fault(s)")
@@ -161,15 +161,15 @@ def _dry_run(run: RunConfig) -> tuple[str, str]:
     if run.campaign.backend == "pbs":
         script = render_pbs(run, attempt=0, drill_id=DRY_RUN_DRILL_ID)
         return script.text, f"submitted with qsub from {script.submit_dir}"
-    from orchestrator.backends.local import describe_local
+    from orchestrator.backends.local.backend import describe_local
 
     return describe_local(run, 0, DRY_RUN_DRILL_ID), "run on this machine"
 
 
 def _drill(campaign: Campaign, output_format: str, html: bool = True) -> int:
-    from orchestrator.controller import plan_drill
-    from orchestrator.detach import ControllerLock, record_exit
-    from orchestrator.workdir import prepare_workdir
+    from orchestrator.control.controller import plan_drill
+    from orchestrator.control.detach import ControllerLock, record_exit
+    from orchestrator.control.workdir import prepare_workdir
 
     plan = plan_drill(campaign)  # every spec error before the workdir is touched
     archived = prepare_workdir(campaign)
@@ -186,9 +186,9 @@ def _drill(campaign: Campaign, output_format: str, html: bool = True) -> int:
 
 def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]]) -> tuple[int, str]:
     """The controller to the end (or until SIGTERM: ``faultdrill stop``); (exit code, how it ended)."""
-    from orchestrator.controller import Controller
-    from orchestrator.progress import Progress, ProgressFile
-    from orchestrator.scheduler_poll import SchedulerUnavailable
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.progress import Progress, ProgressFile
+    from orchestrator.observe.scheduler_poll import SchedulerUnavailable
 
     controller = Controller(campaign, plan=plan)
     progress_file = ProgressFile(campaign.workdir)
@@ -210,8 +210,8 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
 
 
 def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, html: bool = True) -> int:
-    from orchestrator.controller import plan_drill
-    from orchestrator.detach import LOG_NAME, start_detached
+    from orchestrator.control.controller import plan_drill
+    from orchestrator.control.detach import LOG_NAME, start_detached
 
     plan_drill(campaign)  # every spec error here, before anything starts
     controller = live_controller(campaign.workdir)
@@ -229,8 +229,8 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, h
 
 
 def _status(workdir: Path, output_format: str) -> int:
-    from orchestrator.detach import read_exit
-    from orchestrator.progress import progress_table, read_progress
+    from orchestrator.control.detach import read_exit
+    from orchestrator.control.progress import progress_table, read_progress
 
     if not (workdir / "ledger.sqlite").exists():
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
@@ -262,7 +262,7 @@ def _status(workdir: Path, output_format: str) -> int:
 
 
 def _stop(workdir: Path) -> int:
-    from orchestrator.detach import NoController, stop_controller
+    from orchestrator.control.detach import NoController, stop_controller
 
     try:
         identity = stop_controller(workdir)
@@ -274,9 +274,9 @@ def _stop(workdir: Path) -> int:
 
 
 def _cancel(workdir: Path) -> int:
-    from orchestrator.controller import Controller
-    from orchestrator.detach import ControllerLock, NoController, stop_controller
-    from orchestrator.ledger import LEDGER_NAME, Ledger
+    from orchestrator.control.controller import Controller
+    from orchestrator.control.detach import ControllerLock, NoController, stop_controller
+    from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
     if not (workdir / LEDGER_NAME).exists():
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
@@ -310,7 +310,7 @@ def _cancel(workdir: Path) -> int:
 
 def _report(workdir: Path, output_format: str, exit_on_failure: bool = False, html: Path | None = None) -> int:
     """Print the report; write its page to ``html`` (a drill: to WORKDIR/report) and say where."""
-    from orchestrator.html_report import write_html_report  # matplotlib: loaded only for a page
+    from orchestrator.report.html import write_html_report  # matplotlib: loaded only for a page
 
     report = build_report(workdir)
     if output_format == "json":

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from injectors.actions import WalltimeSet
 from injectors.schedule import AtStep, Delay, ExponentialDelay
 
 
@@ -95,14 +96,6 @@ class FaultTask:
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> "FaultTask":
         return cls(**{**data, "run_dir": Path(data["run_dir"]), "ranks": tuple(data["ranks"])})
-
-
-@dataclass(frozen=True)
-class WalltimeSet:
-    """What moving a running job's walltime did: in words, and within how long the end is due."""
-
-    said: str
-    ends_within_s: float
 
 
 class JobControl(Protocol):

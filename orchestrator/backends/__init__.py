@@ -16,15 +16,15 @@ BACKEND_NAMES = ("local", "slurm", "pbs")
 
 def make_backend(name: str, drill_id: str) -> Backend:
     if name == "local":
-        from orchestrator.backends.local import LocalBackend
+        from orchestrator.backends.local.backend import LocalBackend
 
         return LocalBackend(drill_id)
     if name == "slurm":
-        from orchestrator.backends.slurm import SlurmBackend
+        from orchestrator.backends.slurm.backend import SlurmBackend
 
         return SlurmBackend(drill_id)
     if name == "pbs":
-        from orchestrator.backends.pbs import PBSBackend
+        from orchestrator.backends.pbs.backend import PBSBackend
 
         return PBSBackend(drill_id)
     raise ValueError(f"unknown backend {name!r}; valid: {', '.join(BACKEND_NAMES)}")

@@ -13,11 +13,11 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
-from injectors.kinds.base import WalltimeSet
+from injectors.actions import WalltimeSet
 from orchestrator.commands import CommandResult
-from orchestrator.render import SubmissionScript
-from orchestrator.runs import RunConfig
-from orchestrator.spec import time_limit_minutes
+from orchestrator.render.scripts import SubmissionScript
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.states import JobState
 
 MAX_NUM_TIMEOUT = 3  # submitit's default: how often a job that timed out may requeue itself

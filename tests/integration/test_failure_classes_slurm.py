@@ -24,7 +24,7 @@ import pytest
 from campaigns import campaign_copy
 from conftest import wait_until
 from faultdrill_cli import faultdrill, report, status
-from orchestrator.detach import live_controller
+from orchestrator.control.detach import live_controller
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ import yaml
 
 from campaigns import campaign_copy, drill_report, full_campaigns
 from experiments.layout import RankJob, RunPaths, read_json_lines
-from orchestrator.runs import expand_runs
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import load_campaign
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.backends.pbs_commands import qdel
-from orchestrator.controller import Controller
-from orchestrator.render import array_job_name
-from orchestrator.spec import load_campaign
-from orchestrator.tracker import RunTracker
+from orchestrator.backends.pbs.commands import qdel
+from orchestrator.control.controller import Controller
+from orchestrator.render.scripts import array_job_name
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.control.tracker import RunTracker
 
 pytestmark = pytest.mark.integration
 

@@ -21,11 +21,11 @@ import yaml
 
 from experiments.layout import RunPaths, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
-from orchestrator.controller import Controller
-from orchestrator.render import attempt_job_name, render_slurm
-from orchestrator.runs import expand_runs
-from orchestrator.spec import load_campaign, parse_campaign
-from orchestrator.tracker import RunTracker
+from orchestrator.control.controller import Controller
+from orchestrator.render.scripts import attempt_job_name, render_slurm
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import load_campaign, parse_campaign
+from orchestrator.control.tracker import RunTracker
 
 pytestmark = pytest.mark.integration
 

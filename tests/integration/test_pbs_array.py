@@ -15,10 +15,10 @@ import pytest
 import submitit
 
 from experiments.layout import RankJob
-from orchestrator.backends.pbs import PBSBackend
-from orchestrator.backends.pbs_commands import SCHEDULER_ID_FILE, qstat_records, read_job_file, ServerKind
-from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign
+from orchestrator.backends.pbs.backend import PBSBackend
+from orchestrator.backends.pbs.commands import SCHEDULER_ID_FILE, qstat_records, read_job_file, ServerKind
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import yaml
 
 from campaigns import drill_report
 from experiments.layout import RunPaths, read_json_lines
-from orchestrator.backends.pbs_commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
-from orchestrator.report import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
+from orchestrator.backends.pbs.commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
+from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from drills import FAULTDRILL
-from orchestrator.advise import (AdviceError, AdviceInputs, advise, daly_interval, predicted_goodput,
+from orchestrator.report.advise import (AdviceError, AdviceInputs, advise, daly_interval, predicted_goodput,
                                  young_interval)
 
 

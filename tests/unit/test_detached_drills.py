@@ -12,7 +12,7 @@ import psutil
 
 from drills import drill, drill_processes, kill_verified, run_of, write_spec
 from faultdrill_cli import faultdrill, report, status
-from orchestrator.detach import live_controller
+from orchestrator.control.detach import live_controller
 
 SLOW = {"framework": "torch", "params": 20000, "steps": 4000, "seed": 3, "batch_size": 16}
 

@@ -21,15 +21,15 @@ import pytest
 
 from drills import drill, drill_processes, kill_verified, ledger_sql, phases_ok, run_of, write_spec
 from experiments.layout import RankJob, RunPaths, read_json_lines
-from orchestrator.backends.local import EnvLocalExecutor, LocalBackend, LocalJobRecord
+from orchestrator.backends.local.backend import EnvLocalExecutor, LocalBackend, LocalJobRecord
 from orchestrator.commands import CommandError
-from orchestrator.controller import Controller
-from orchestrator.scheduler_poll import SchedulerUnavailable
-from orchestrator.ledger import Ledger
-from orchestrator.runs import RunConfig
-from orchestrator.spec import load_campaign
+from orchestrator.control.controller import Controller
+from orchestrator.observe.scheduler_poll import SchedulerUnavailable
+from orchestrator.record.ledger import Ledger
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import load_campaign
 from orchestrator.states import JobState
-from orchestrator.tracker import RunTracker
+from orchestrator.control.tracker import RunTracker
 from rank_launch import wait_for
 
 # --- item 2: no double submission after a controller restart ------------------------------------
@@ -386,7 +386,7 @@ def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tm
     """in-allocation: the drill could not end attempt 0's hung launch and cancelled the job the next
     attempt was to run in. The loop records it in the ledger, so a controller started later still
     takes that job's end for the drill's doing (the hang's class), not a person's cancel."""
-    from orchestrator.failure_classes import DrillEnded
+    from orchestrator.campaign.failure_classes import DrillEnded
 
     spec = write_spec(tmp_path, restart={"strategy": "in-allocation"})
     controller = Controller(load_campaign(spec))

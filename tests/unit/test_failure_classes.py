@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.failure_classes import Classified, DrillEnded, FailureClass, FailureEvidence, classify
-from orchestrator.failure_signs import facts_from_json, facts_json
+from orchestrator.campaign.failure_classes import Classified, DrillEnded, FailureClass, FailureEvidence, classify
+from orchestrator.observe.failure_signs import facts_from_json, facts_json
 from orchestrator.states import JobState
 
 C = FailureClass
@@ -70,7 +70,7 @@ def test_the_attempts_reason_names_the_cause_not_a_survivors_word(tmp_path) -> N
     import json
 
     from experiments.layout import RunPaths
-    from orchestrator.watch import AttemptWatch, rank_error_suffix
+    from orchestrator.observe.watch import AttemptWatch, rank_error_suffix
 
     paths = RunPaths(tmp_path)
     watch = AttemptWatch(attempt=0, job_id="7", paths=paths, ranks=2)

@@ -18,8 +18,8 @@ import pytest
 from drills import FAULTDRILL, drill, phases_ok, run_of, write_spec
 from experiments.layout import RunPaths, read_json_lines
 from faultdrill_cli import campaign_copy
-from orchestrator.runs import expand_runs
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import load_campaign
 
 # The shipped campaign experiments/campaigns/fault-catalogue-local.yaml: each kind in a run of its
 # own, all sharing one fault-free twin, drilled once for this module's tests.

@@ -15,9 +15,9 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob, RunPaths, WorkloadSpec
 from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
 from experiments.runtime.fence import Fence, StaleAttemptError, check_current, read_fence, sync_filesystem, write_fence
-from orchestrator.render import render_pbs, render_slurm
-from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign
+from orchestrator.render.scripts import render_pbs, render_slurm
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 
 META = CheckpointMeta("test", "raw", "all")
 

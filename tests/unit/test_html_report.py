@@ -64,8 +64,8 @@ def test_report_html_writes_the_page_elsewhere(drilled: dict[str, Any], tmp_path
 def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(tmp_path: Path) -> None:
     """The interval section from report rows (as the interval campaign's runs give them): measured
     goodput per interval beside the model's, the mean lost work beside interval / 2."""
-    from orchestrator.advise import predicted_goodput
-    from orchestrator.html_report import _interval_row, _interval_section
+    from orchestrator.report.advise import predicted_goodput
+    from orchestrator.report.html import _interval_row, _interval_section
     from report_page import not_blank
 
     def run(run_id: str, every: int, lost_s: list[float], elapsed: float) -> dict[str, Any]:

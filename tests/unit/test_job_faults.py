@@ -20,7 +20,7 @@ from injectors.kinds import get_kind
 from injectors.kinds.base import FaultTask
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import Backend, NotSupported
-from orchestrator.job_control import BackendJobControl, Menders
+from orchestrator.faults.job_control import BackendJobControl, Menders
 
 
 @dataclass
@@ -64,7 +64,7 @@ def test_a_node_outside_the_allocation_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_cluster_script_acts_only_on_its_own_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orchestrator.job_control.CLUSTER_ENV", tmp_path / "no-cluster.env")
+    monkeypatch.setattr("orchestrator.faults.job_control.CLUSTER_ENV", tmp_path / "no-cluster.env")
     with pytest.raises(TargetRefused, match="not the project's own cluster.*names no site command"):
         _control(RecordingBackend()).cluster("node-crash", "fd-n2", None)
 

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from experiments.layout import CheckpointRecord
-from orchestrator.ledger import FaultRow, Ledger, RunRow
+from orchestrator.record.ledger import FaultRow, Ledger, RunRow
 
 
 def test_rows_survive_reopening_and_duplicates_are_ignored(tmp_path: Path) -> None:

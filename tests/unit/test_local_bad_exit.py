@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.backends.local import LOCAL_CONTROLLER_MODULE, kill_tree
-from orchestrator.backends.local_controller import exit_codes_file, read_step_exit
+from orchestrator.backends.local.backend import LOCAL_CONTROLLER_MODULE, kill_tree
+from orchestrator.backends.local.controller import exit_codes_file, read_step_exit
 
 # Task 1 dies (SIGKILL, or exit 3) at once; task 0 waits "forever" (as a rank in a file barrier
 # does), optionally ignoring SIGTERM (then only the SIGKILL after the grace time ends it).

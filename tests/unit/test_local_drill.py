@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from drills import FAULTDRILL, drill, run_of, write_spec
-from orchestrator.ledger import Ledger
+from orchestrator.record.ledger import Ledger
 
 KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}]
 

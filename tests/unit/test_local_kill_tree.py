@@ -16,7 +16,7 @@ import pytest
 
 from experiments.layout import ENV_ATTEMPT
 from experiments.runtime.identity import ticks_now
-from orchestrator.backends.local import kill_tree
+from orchestrator.backends.local.backend import kill_tree
 
 # A stand-in for submitit's local controller: starts ranks with the attempt in their environment,
 # writes "<attempt> <pid>" per rank, and (RESPAWN) starts a rank again as soon as one ends (as

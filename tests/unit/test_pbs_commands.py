@@ -9,12 +9,12 @@ import pytest
 
 from experiments.layout import RankJob
 from fake_commands import FAKE, FakeCommands, install
-from orchestrator.backends import pbs_commands
+from orchestrator.backends.pbs import commands as pbs_commands
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import AttemptRef
-from orchestrator.inject import FaultRequest, inject
-from orchestrator.backends.pbs import PBSBackend
-from orchestrator.backends.pbs_commands import (
+from orchestrator.faults.inject import FaultRequest, inject
+from orchestrator.backends.pbs.backend import PBSBackend
+from orchestrator.backends.pbs.commands import (
     SCHEDULER_ID_FILE,
     ServerKind,
     detect_server,
@@ -22,11 +22,11 @@ from orchestrator.backends.pbs_commands import (
     qrerun,
     qstat_states,
 )
-from orchestrator.backends.pbs_plugin import PBSExecutor, PBSInfoWatcher
+from orchestrator.backends.pbs.plugin import PBSExecutor, PBSInfoWatcher
 from orchestrator.commands import CommandError
-from orchestrator.render import attempt_job_name
-from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign
+from orchestrator.render.scripts import attempt_job_name
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 from orchestrator.states import JobState, from_pbs
 
 RECORDED = Path(__file__).parent / "recorded"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.pbs_commands import (
+from orchestrator.backends.pbs.commands import (
     EXIT_CODE_FILE,
     SCHEDULER_ID_FILE,
     ServerKind,

@@ -11,7 +11,7 @@ import pytest
 import submitit
 from submitit.core import plugins
 
-from orchestrator.backends.pbs_plugin import PBSExecutor, PBSJobEnvironment
+from orchestrator.backends.pbs.plugin import PBSExecutor, PBSJobEnvironment
 
 SCHEDULER_VARIABLES = (
     "PBS_JOBID", "PBS_ARRAYID", "PBS_ARRAY_INDEX", "PBS_ARRAY_ID", "PBS_NODEFILE", "PBS_NUM_NODES", "PBS_NP",
@@ -51,8 +51,8 @@ def test_auto_executor_translates_generic_and_prefixed_parameters(tmp_path: Path
 
 def test_loading_the_plugin_in_a_job_stays_cheap() -> None:
     """submitit loads it in every rank of every backend: no pydantic, no spec, no templates."""
-    code = ("import sys; import orchestrator.backends.pbs_plugin; "
-            "print(sorted(m for m in ('pydantic', 'jinja2', 'yaml', 'orchestrator.runs', 'orchestrator.render') "
+    code = ("import sys; import orchestrator.backends.pbs.plugin; "
+            "print(sorted(m for m in ('pydantic', 'jinja2', 'yaml', 'orchestrator.campaign.runs', 'orchestrator.render.scripts') "
             "if m in sys.modules))")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert shown.strip() == "[]"

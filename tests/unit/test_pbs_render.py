@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.pbs_commands import array_element_id, output_options
-from orchestrator.backends.pbs_plugin import PBSJobEnvironment
-from orchestrator.render import (
+from orchestrator.backends.pbs.commands import array_element_id, output_options
+from orchestrator.backends.pbs.plugin import PBSJobEnvironment
+from orchestrator.render.scripts import (
     TemplateError,
     pbs_directive,
     pbs_walltime,
@@ -19,8 +19,8 @@ from orchestrator.render import (
     render_pbs_array,
     render_template,
 )
-from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 
 GOLDEN = Path(__file__).parent / "golden"
 PYTHON = "/opt/faultdrill/.venv/bin/python"
@@ -98,7 +98,7 @@ def test_warm_runs_the_coordinator_with_mpiexec_and_the_spares_cpus(framework: s
     })
     text = render_pbs(expand_runs(campaign)[0], attempt=0, drill_id="d", python=PYTHON).text
     assert f"#PBS -l nodes=2:ppn={2 + spares_per_node}" in _directives(text), "the spares' CPUs are the job's"
-    launch = text.split("-m experiments.runtime.warm.batch_host ", 1)[1].split("launch_pid=$!")[0]
+    launch = text.split("-m experiments.warm.batch_host ", 1)[1].split("launch_pid=$!")[0]
     assert launch.startswith("--launcher mpiexec ") and "--ranks-per-node 2 --spares-per-node" in launch
     assert f"--spares-per-node {spares_per_node} " in launch
     forwarded = launch.split("--forward ", 1)[1].split()[0].strip("'").split(",")

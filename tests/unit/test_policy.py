@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from drills import drill, run_of, write_spec
-from orchestrator.failure_classes import FailureClass as C
-from orchestrator.policy import PolicyEntry, decide, policy_entry
+from orchestrator.campaign.failure_classes import FailureClass as C
+from orchestrator.campaign.policy import PolicyEntry, decide, policy_entry
 
 
 def test_a_persons_cancel_gives_up_by_default() -> None:
@@ -50,7 +50,7 @@ def test_the_global_budget_counts_every_class_that_spends_it() -> None:
 
 
 def test_a_policy_for_an_unknown_class_is_a_spec_error(tmp_path: Path) -> None:
-    from orchestrator.spec import SpecError, load_campaign
+    from orchestrator.campaign.spec import SpecError, load_campaign
     spec = write_spec(tmp_path, restart={"policy": {"HANGG": {"action": "give_up"}}})
     with pytest.raises(SpecError, match="HANGG"):
         load_campaign(spec)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from experiments.layout import RunPaths, append_json_line
-from orchestrator.ledger import AttemptRow
-from orchestrator.recovery import Failure, compute_recovery, last_progress, recovering_from
+from orchestrator.record.ledger import AttemptRow
+from orchestrator.record.recovery import Failure, compute_recovery, last_progress, recovering_from
 
 
 def _beat(paths: RunPaths, rank: int, attempt: int, step: int, at: float) -> None:

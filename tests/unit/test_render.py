@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.render import TemplateError, directive_value, render_slurm, render_template
-from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign
+from orchestrator.render.scripts import TemplateError, directive_value, render_slurm, render_template
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 
 GOLDEN = Path(__file__).parent / "golden"
 PYTHON = "/opt/faultdrill/.venv/bin/python"
@@ -133,7 +133,7 @@ def test_warm_runs_the_coordinator_with_the_spares_task_slots(tmp_path: Path, fr
     text = render_slurm(expand_runs(campaign)[0], attempt=0, drill_id="golden-0001", python=PYTHON).text
     # torch: 2 ranks + 2 spares a node; TensorFlow, Chainer: 2 ranks + 2 sets of 2 a node
     assert f"#SBATCH --ntasks-per-node={4 if framework == 'torch' else 6}\n" in text, text
-    assert "-m experiments.runtime.warm.batch_host --launcher srun" in text and "--ranks-per-node 2" in text
+    assert "-m experiments.warm.batch_host --launcher srun" in text and "--ranks-per-node 2" in text
     if sets_flags is None:
         assert "--restart-all" not in text
     else:

@@ -15,7 +15,7 @@ from experiments.runner import RunnerOptions, run_training
 from experiments.runtime.distenv import DistEnv, Timeouts
 from numpy_workload import NumpyWorkload
 from orchestrator.states import JobState
-from orchestrator.watch import AttemptWatch, RankBeat
+from orchestrator.observe.watch import AttemptWatch, RankBeat
 
 HANG_TIMEOUT_S = 0.5
 SAVE_S = 1.5  # three hang timeouts

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator.commands import CommandError, run_command
-from orchestrator.scheduler_poll import URGENT_MIN_S, SchedulerPoller, SchedulerUnavailable
+from orchestrator.observe.scheduler_poll import URGENT_MIN_S, SchedulerPoller, SchedulerUnavailable
 from orchestrator.states import JobState
 
 

@@ -11,11 +11,11 @@ import pytest
 
 from fake_commands import FakeCommands, install
 from orchestrator.backends.base import AttemptRef
-from orchestrator.backends.slurm import SlurmBackend, parse_duration, parse_scontrol_record, parse_slurm_time
+from orchestrator.backends.slurm.backend import SlurmBackend, parse_duration, parse_scontrol_record, parse_slurm_time
 from orchestrator.commands import CommandError, run_command
-from orchestrator.render import attempt_job_name
-from orchestrator.runs import expand_runs
-from orchestrator.spec import Campaign
+from orchestrator.render.scripts import attempt_job_name
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 from orchestrator.states import JobState
 
 
@@ -49,7 +49,7 @@ def test_a_job_on_a_named_cluster_is_polled_cancelled_and_reached_there(fake: Fa
 
 def test_the_fault_agent_reaches_a_job_on_a_named_cluster(fake: FakeCommands, tmp_path: Path) -> None:
     from injectors.schedule import PlannedFault
-    from orchestrator.inject import FaultRequest, inject
+    from orchestrator.faults.inject import FaultRequest, inject
 
     run = _run(tmp_path, ["--clusters=gpu"])
     identity = run.paths.rank_file(0, 1)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.runs import expand_runs
-from orchestrator.spec import SpecError, load_campaign, parse_campaign, time_limit_minutes
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import SpecError, load_campaign, parse_campaign, time_limit_minutes
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.slurm import parse_sacct, parse_sbatch_parsable, parse_squeue
+from orchestrator.backends.slurm.backend import parse_sacct, parse_sbatch_parsable, parse_squeue
 from orchestrator.commands import CommandError, run_command
 from orchestrator.states import JobState, from_slurm
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from orchestrator.tables import faults_table
+from orchestrator.report.tables import faults_table
 
 GLOO = "caused: attempt 0 failed; rank 0: RuntimeError: [/__w/pytorch/third_party/gloo/pair.cc:537] Connection closed"
 

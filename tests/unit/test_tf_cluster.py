@@ -125,7 +125,7 @@ def _rank_hosts_from_the_pbs_script(tmp_path: Path, nodefile_lines: list[str], n
     """Run the rendered PBS script's own lines that compute FAULTDRILL_RANK_HOSTS, for real."""
     import subprocess
 
-    from orchestrator.render import pbs_context, PBSElement, render_template
+    from orchestrator.render.scripts import pbs_context, PBSElement, render_template
 
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("".join(f"{line}\n" for line in nodefile_lines))

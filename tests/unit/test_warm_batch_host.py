@@ -1,4 +1,4 @@
-"""The warm coordinator's host in a batch job (experiments/runtime/warm/batch_host.py): where a
+"""The warm coordinator's host in a batch job (experiments/warm/batch_host.py): where a
 spare set goes (spare nodes taken in turn, lost nodes never), and what each launcher runs for a
 member and for a set (the drills on Slurm and PBS run them for real: tests/integration/test_warm_*)."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.runtime.warm.batch_host import Mpiexec, Srun, set_nodes
-from experiments.runtime.warm.coordinator import SpareNotStarted
+from experiments.warm.batch_host import Mpiexec, Srun, set_nodes
+from experiments.warm.coordinator import SpareNotStarted
 
 COMMAND = ["python", "-u", "-m", "submitit.core._submit", "/runs/r000/submitit"]
 

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import pytest
 
-from experiments.runtime.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted, Timing
-from experiments.runtime.warm.member import CoordinatorGone, WarmMember
-from experiments.runtime.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line
-from experiments.warm_runner import peer_lost
+from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted, Timing
+from experiments.warm.member import CoordinatorGone, WarmMember
+from experiments.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line
+from experiments.warm.runner import peer_lost
 
 
 class Host:

@@ -1,0 +1,418 @@
+"""The warm strategy's coordinator: one per job, beside its ranks (the local backend's job process;
+on Slurm, the batch script's), never imports a framework.
+
+Every process of the job (the ranks and the warm spares: framework imported, model built, idle)
+holds a connection to it. When a rank's connection ends (its process died) the coordinator waits
+for the survivors to report the step they completed (their collective failed: they dropped the
+broken step and left their group), gives the dead rank's number to a warm spare, and sends every
+member the plan of the next generation: a new rendezvous, the survivor whose state everyone takes
+(the highest step: no rollback), or the newest valid checkpoint when no survivor is left. Then it
+starts a spare in place of the one it used.
+
+TensorFlow and Chainer cannot drop a member from their collectives (``restart_all``): their warm
+spares come as whole sets, one process per rank, each set launched together (one ``mpiexec``, or
+one TF_CONFIG) with its collective formed, its model built and its step traced before any fault.
+A failure retires the whole active set (the host ends its processes) and the next complete spare
+set resumes from the newest valid checkpoint; a new set is started in its place. Slots are numbered
+set by set: slot ``s`` is rank ``s % world_size`` of set ``s // world_size``.
+
+It writes what it saw and did as events of the attempt
+(``warm_failure``, ``warm_plan``, ``warm_formed``; the ranks add the attempt's usual timeline), which the controller turns
+into the recovery's row. It gives up (``CoordinatorGaveUp``: the job fails, the controller's policy
+takes over) when a member stops answering or no spare comes in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from experiments.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line, Plan
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[int, dict[str, Any]], None]  # an event of that attempt
+SpawnSpare = Callable[[int, int, "Placement"], None]  # start a warm spare (a set): slot, attempt, where
+Fence = Callable[[int], None]  # make that attempt the run's current one (in this job)
+ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
+EndSlots = Callable[[list[int]], None]  # restart_all: end these slots' processes (a retired set)
+ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the host should start a spare: ``node`` (one process; None: the host's choice), never
+    on the nodes in ``avoid`` (their every member died at once: the node may be down)."""
+
+    node: str | None = None
+    avoid: frozenset[str] = frozenset()
+
+
+class SpareNotStarted(RuntimeError):
+    """The host cannot start that spare (e.g. too few live nodes for a set): none is on its way."""
+
+
+class CoordinatorGaveUp(RuntimeError):
+    """The job cannot go on warm: a member stopped answering, or no spare came in time."""
+
+
+@dataclass
+class Member:
+    slot: int
+    node: str
+    address: str
+    pid: int
+    line: Line
+    role: str = SPARE
+    rank: int | None = None
+    lost_step: int | None = None  # reported after its collective failed (this re-formation)
+    warm_at: float = field(default_factory=time.time)  # when it said hello: set up and waiting
+
+
+@dataclass
+class Timing:
+    report_s: float = 30.0  # a survivor that has not reported its step by then: the job gives up
+    spare_s: float = 120.0  # no warm spare by then: the job gives up
+    start_s: float = 600.0  # the first generation's members all connected by then
+
+
+@dataclass
+class Coordinator:
+    world_size: int
+    spares_wanted: int
+    first_attempt: int  # generation g is the run's attempt first_attempt + g
+    port_base: int  # generation g rendezvous at port_base + g
+    events: EventSink
+    fence: Fence
+    spawn: SpawnSpare | None = None  # restart_all: starts the whole set whose first slot it is given
+    exit_code: ExitCode | None = None
+    timing: Timing = field(default_factory=Timing)
+    # TensorFlow, Chainer: every rank restarts, in a warm spare set (spares_wanted counts sets).
+    restart_all: bool = False
+    end: EndSlots | None = None
+    generation: int = -1
+    members: dict[int, Member] = field(default_factory=dict)
+    _lock: threading.Condition = field(default_factory=threading.Condition)
+    _failed_at: float | None = None
+    _formed: set[int] = field(default_factory=set)
+    _next_slot: int = 0
+    _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
+    _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
+    _failed_nodes: set[str] = field(default_factory=set)  # the nodes of the active members lost since the last plan
+    _verdict: str | None = None  # "completed" | why it gave up
+    _released: bool = False  # the run is over: a member that says hello now is told to exit
+
+    # --- the server ---------------------------------------------------------------------------------
+
+    def serve(self, listener: socket.socket) -> str:
+        """Accept members on ``listener`` until the run completes; the verdict ("completed")."""
+        self._next_slot = self.world_size + self.spares_wanted * self._spare_unit
+        with self._lock:  # the host started the first spares with the ranks: on their way
+            self._pending |= set(range(self.world_size, self._next_slot)) - set(self.members)
+        threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
+        try:
+            self._drive()
+            return "completed"
+        finally:
+            self._release_spares()
+            _close_listener(listener)
+
+    def abort(self, why: str) -> None:
+        """End ``serve`` with CoordinatorGaveUp (the host saw every process of the job exit)."""
+        with self._lock:
+            self._verdict = why
+            self._lock.notify_all()
+
+    def launch_ended(self, slots: list[int]) -> None:
+        """The host saw the launch of these slots end: those that never said hello are not on their
+        way any more (a launch on a node that is down fails without a word), and a spare set that
+        lost one can never form."""
+        with self._lock:
+            never_came = {slot for slot in slots if slot in self._pending}
+            self._pending -= never_came
+            if self.restart_all:
+                for number in {self._set_of(slot) for slot in never_came}:
+                    self._break_set(number)
+            self._lock.notify_all()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _keepalive(connection)
+            threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
+
+    def _listen(self, line: Line) -> None:
+        hello = line.receive()
+        if hello is None or hello.get("op") != "hello":
+            line.close()
+            return
+        member = Member(slot=int(hello["slot"]), node=str(hello["node"]), address=str(hello["address"]),
+                        pid=int(hello["pid"]), line=line)
+        with self._lock:
+            if self._released:
+                _let_go(line)
+                return
+            self.members[member.slot] = member
+            self._pending.discard(member.slot)
+            if self.restart_all and self._set_of(member.slot) in self._broken_sets:
+                self._retire([member])  # its set lost a member before it was warm
+            self._lock.notify_all()
+        while (message := line.receive()) is not None:
+            with self._lock:
+                self._on_message(member, message)
+                self._lock.notify_all()
+        with self._lock:
+            if member.role in (ACTIVE, SPARE):
+                self._on_gone(member)
+            self._lock.notify_all()
+
+    # --- what members say ----------------------------------------------------------------------------
+
+    def _on_message(self, member: Member, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "formed" and message.get("generation") == self.generation:
+            self._formed.add(member.slot)
+            if self._formed >= self._active_slots():
+                self._event({"event": "warm_formed", "time": time.time(), "generation": self.generation})
+        elif op == "lost":
+            member.lost_step = int(message["step"])
+            if self._failed_at is None:  # a collective failed before any connection ended (a hang)
+                self._failed_at = time.time()
+        elif op == "done":
+            member.role = DONE
+
+    def _on_gone(self, member: Member) -> None:
+        was = member.role
+        member.role = GONE
+        if was == ACTIVE:
+            now = time.time()
+            if self._failed_at is None:
+                self._failed_at = now
+            self._failed_nodes.add(member.node)
+            code = self.exit_code(member.slot) if self.exit_code is not None else None
+            self._event({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
+                         "slot": member.slot, "node": member.node, "pid": member.pid, "exit_code": code})
+        elif was == SPARE and self._verdict is None:
+            if self.restart_all:  # a set that lost a member can never form its collective again
+                self._break_set(self._set_of(member.slot))
+            self._replace_spares()
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        with self._lock:
+            # Rank r is slot r at first: the host placed the ranks' slots on the nodes as the job's
+            # own tasks would be; the spares come after them.
+            self._wait(lambda: all(slot in self.members for slot in range(self.world_size)), self.timing.start_s,
+                       f"the first {self.world_size} member(s) did not connect")
+            self._send_plans({rank: self.members[rank] for rank in range(self.world_size)}, RESUME_START, None, 0)
+            while True:
+                self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None)
+                self._check_aborted()
+                if self._done():
+                    self._verdict = "completed"
+                    return
+                if self.restart_all:
+                    self._restart_all()
+                else:
+                    self._reform()
+
+    def _reform(self) -> None:
+        """Survivors' steps in, a spare for each dead rank, the next generation's plans out."""
+        survivors = self._of_role(ACTIVE)
+        self._wait(lambda: all(m.lost_step is not None or m.role != ACTIVE for m in survivors), self.timing.report_s,
+                   "a survivor did not report the step it completed (is it hung?)")
+        survivors = self._of_role(ACTIVE)
+        dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
+        self._wait(lambda: len(self._of_role(SPARE)) >= len(dead_ranks), self.timing.spare_s,
+                   f"no warm spare for rank(s) {dead_ranks}")
+        spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
+        ranks = {m.rank: m for m in survivors if m.rank is not None}
+        ranks.update(zip(dead_ranks, spares))
+        source = max(survivors, key=lambda m: (m.lost_step or 0, -(m.rank or 0)), default=None)
+        resume = RESUME_PEER if source is not None else RESUME_CHECKPOINT
+        step = (source.lost_step or 0) if source is not None else 0
+        self._send_plans(ranks, resume, source.rank if source is not None else None, step,
+                         spares={m.slot: rank for rank, m in ranks.items() if m in spares})
+        self._replace_spares()
+
+    def _restart_all(self) -> None:
+        """The active set retired (its processes ended), the next complete spare set resumes from the
+        newest valid checkpoint, a new set started in its place."""
+        self._retire(self._of_role(ACTIVE))
+        self._wait(lambda: self._complete_spare_set() is not None or not self._pending, self.timing.spare_s,
+                   f"no complete warm spare set of {self.world_size} process(es)")
+        spare_set = self._complete_spare_set()
+        if spare_set is None:  # none complete and none on its way: no set can form
+            raise CoordinatorGaveUp(f"warm: no warm spare set of {self.world_size} process(es) is left or can start "
+                                    f"(nodes lost: {', '.join(sorted(self._lost_nodes())) or 'none'})")
+        ranks = {member.slot % self.world_size: member for member in spare_set}
+        self._send_plans(ranks, RESUME_CHECKPOINT, None, 0, spares={m.slot: rank for rank, m in ranks.items()})
+        self._replace_spares()
+
+    def _complete_spare_set(self) -> list[Member] | None:
+        """The lowest spare set whose every process is warm and waiting, one clear of the nodes
+        where this failure's ranks died first (a node that crashed: its spare members' connections
+        may end seconds after the rank's)."""
+        sets: dict[int, list[Member]] = {}
+        for member in self._of_role(SPARE):
+            sets.setdefault(self._set_of(member.slot), []).append(member)
+        complete = sorted(number for number, members in sets.items() if len(members) == self.world_size)
+        clear = [number for number in complete if not {m.node for m in sets[number]} & self._failed_nodes]
+        chosen = (clear or complete or [None])[0]
+        return sorted(sets[chosen], key=lambda m: m.slot) if chosen is not None else None
+
+    def _retire(self, members: list[Member]) -> None:
+        """These members leave the job for good (their connections' end is no news): the host ends them."""
+        for member in members:
+            member.role = RETIRED
+        if members and self.end is not None:
+            try:
+                self.end([member.slot for member in members])
+            except Exception as error:  # what cannot be ended now is ended with the job
+                log.warning("ending slots %s failed: %s", [m.slot for m in members], error)
+
+    def _break_set(self, number: int) -> None:
+        """A spare set lost a member: the rest of it is retired, including those still starting."""
+        self._broken_sets.add(number)
+        self._pending -= {slot for slot in self._pending if self._set_of(slot) == number}
+        self._retire([m for m in self._of_role(SPARE) if self._set_of(m.slot) == number])
+
+    def _set_of(self, slot: int) -> int:
+        return slot // self.world_size
+
+    @property
+    def _spare_unit(self) -> int:
+        """Processes per spare: one, or a whole set (restart_all)."""
+        return self.world_size if self.restart_all else 1
+
+    def _send_plans(self, ranks: dict[int, Member], resume: str, source_rank: int | None, step: int,
+                    spares: dict[int, int] | None = None) -> None:
+        """The next generation: the run's next attempt (fenced before anyone hears of it), its plans."""
+        self.generation += 1
+        attempt = self.first_attempt + self.generation
+        if self.generation > 0:
+            self.fence(attempt)
+        master = ranks[0]
+        for rank, member in ranks.items():
+            member.role, member.rank, member.lost_step = ACTIVE, rank, None
+        self._formed = set()
+        now = time.time()
+        plans = {rank: Plan(self.generation, attempt, rank, self.world_size, master.address,
+                            self.port_base + self.generation, resume, source_rank, step, now) for rank in ranks}
+        self._event({"event": "warm_plan", "time": now, "generation": self.generation, "resume": resume,
+                     "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
+                     "spares_used": {str(slot): rank for slot, rank in (spares or {}).items()},
+                     "spares_warm_at": {str(slot): self.members[slot].warm_at for slot in (spares or {})},
+                     "slots": {str(rank): member.slot for rank, member in ranks.items()}})
+        self._failed_at = None
+        self._failed_nodes = set()
+        for rank, member in ranks.items():
+            try:
+                member.line.send(plans[rank].message())
+            except OSError:
+                pass  # it died meanwhile: its connection's end starts the next re-formation
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """An event of the current generation's attempt."""
+        self.events(self.first_attempt + max(self.generation, 0), event)
+
+    def _replace_spares(self) -> None:
+        """Start spares until the job holds as many as it was given (each in new slots; restart_all:
+        whole sets). Those started but not yet connected count: they are on their way."""
+        if self.spawn is None:
+            return
+        unit = self._spare_unit
+        held = len(self._of_role(SPARE)) + len(self._pending)
+        for _ in range(max(0, self.spares_wanted - held // unit)):
+            slot, self._next_slot = self._next_slot, self._next_slot + unit
+            slots = set(range(slot, slot + unit))
+            self._pending |= slots
+            try:
+                self.spawn(slot, self.first_attempt + max(self.generation, 0), self._placement())
+            except Exception as error:  # none is on its way (a launch that fails later is waited for)
+                self._pending -= slots
+                log.warning("starting a warm spare as slot %d failed: %s", slot, error)
+
+    def _placement(self) -> Placement:
+        lost = self._lost_nodes()
+        return Placement(node=None if self.restart_all else self._spare_node(), avoid=lost)
+
+    def _lost_nodes(self) -> frozenset[str]:
+        """Nodes where a member died and none is left alive (a node crash). Retired members say
+        nothing either way (the job ended them): a node with only those is not lost by them."""
+        alive = {m.node for m in self.members.values() if m.role in (ACTIVE, SPARE, DONE)}
+        died = {m.node for m in self.members.values() if m.role == GONE}
+        return frozenset(died - alive)
+
+    def _spare_node(self) -> str | None:
+        """Where a new spare goes: the node with the fewest live members among those that still have
+        one (a node whose members all died may be down)."""
+        live: dict[str, int] = {}
+        for member in self.members.values():
+            if member.role in (ACTIVE, SPARE):
+                live[member.node] = live.get(member.node, 0) + 1
+        return min(live, key=lambda node: (live[node], node)) if live else None
+
+    def _release_spares(self) -> None:
+        with self._lock:
+            self._released = True
+            for member in self.members.values():
+                if member.role == SPARE:
+                    _let_go(member.line)
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def _of_role(self, role: str) -> list[Member]:
+        return [member for member in self.members.values() if member.role == role]
+
+    def _active_slots(self) -> set[int]:
+        return {member.slot for member in self._of_role(ACTIVE)}
+
+    def _done(self) -> bool:
+        done = self._of_role(DONE)
+        return bool(done) and not self._of_role(ACTIVE) and len(done) >= 1 and self._failed_at is None
+
+    def _wait(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        if not self._lock.wait_for(lambda: condition() or self._verdict is not None, timeout=timeout_s):
+            raise CoordinatorGaveUp(f"warm: {what} within {timeout_s:g} s")
+        self._check_aborted()
+
+    def _check_aborted(self) -> None:
+        if self._verdict is not None and self._verdict != "completed":
+            raise CoordinatorGaveUp(f"warm: {self._verdict}")
+
+
+def _let_go(line: Line) -> None:
+    """The run is over for this process (a spare): it exits."""
+    try:
+        line.send({"op": "exit"})
+    except OSError:
+        pass
+
+
+def _close_listener(listener: socket.socket) -> None:
+    """Stop accepting. A bare close leaves a thread blocked in accept() listening on (Linux): the
+    shutdown wakes it."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
+
+
+def _keepalive(connection: socket.socket) -> None:
+    """A member whose node died without a word (link down, then its processes killed) never closes
+    its connection: the kernel's keepalive probes end it within ~4 s instead."""
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            connection.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)

@@ -1,0 +1,69 @@
+"""A member's line to the job's warm coordinator (experiments/warm/coordinator.py).
+
+Opened once the process is warm (framework imported, model built) and held until it exits: the
+connection's end is the coordinator's news of this process's death.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from experiments.warm.protocol import Line, Plan
+
+CONNECT_RETRY_S = 0.05
+
+
+class CoordinatorGone(RuntimeError):
+    """The coordinator's connection ended: the job is ending (or its coordinator died)."""
+
+
+class WarmMember:
+    def __init__(self, coordinator: str, slot: int, node: str, address: str, connect_timeout_s: float = 120.0) -> None:
+        self.slot = slot
+        host, port = coordinator.rsplit(":", 1)
+        self.line = Line(_connect(host, int(port), connect_timeout_s))
+        self.line.send({"op": "hello", "slot": slot, "node": node, "address": address, "pid": os.getpid()})
+
+    def next_plan(self) -> Plan | None:
+        """This member's next part (blocks: a spare waits here); None when the run is over."""
+        message = self.line.receive()
+        if message is None:
+            raise CoordinatorGone(f"warm: slot {self.slot}: the coordinator's connection ended")
+        if message.get("op") == "exit":
+            return None
+        if message.get("op") != "plan":
+            raise CoordinatorGone(f"warm: slot {self.slot}: unexpected message {message!r}")
+        return Plan.from_message(message)
+
+    def formed(self, generation: int, **timings: float) -> None:
+        self._send({"op": "formed", "generation": generation, **timings})
+
+    def lost(self, generation: int, step: int) -> None:
+        self._send({"op": "lost", "generation": generation, "step": step})
+
+    def done(self) -> None:
+        self._send({"op": "done"})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            self.line.send(message)
+        except OSError as error:
+            raise CoordinatorGone(f"warm: slot {self.slot}: the coordinator is gone ({error})") from error
+
+
+def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    """The coordinator may start a moment after its members (Slurm: the batch script starts both)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            connection = socket.create_connection((host, port), timeout=10)
+            connection.settimeout(None)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return connection
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise CoordinatorGone(f"warm: no coordinator at {host}:{port} after {timeout_s:g} s: {error}") from error
+            time.sleep(CONNECT_RETRY_S)

@@ -1,0 +1,1 @@
+"""The local backend (embedded default): ranks as local processes, no cluster."""

@@ -1,0 +1,353 @@
+"""The local backend (embedded default): ranks are local processes started by submitit's local executor."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import submitit
+from submitit.core import utils as submitit_utils
+
+from experiments.entry import run_rank
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_DRILL_ID,
+    ENV_RUN_ID,
+    EVENT_PROCESS_START,
+    RankJob,
+    RunPaths,
+    read_json_lines,
+)
+from experiments.workloads import LAUNCHER_MPI
+from experiments.runtime.identity import start_ticks, ticks_now
+from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.local.controller import ENV_RELAUNCH_WAIT_S, read_step_exit, warm_completed
+from orchestrator.commands import CommandResult, run_command
+from orchestrator.render.scripts import rank_environment
+from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, RunConfig
+from orchestrator.campaign.spec import time_limit_minutes
+from orchestrator.states import JobState
+
+LOCAL_CONTROLLER_MODULE = "orchestrator.backends.local.controller"  # submitit's, recording exit codes
+
+
+class EnvLocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, plus the environment Faultdrill gives every rank.
+
+    Ranks must carry the drill's variables from exec on (the injector reads /proc/PID/environ),
+    which submitit's ``setup`` can only do through a shell; this starts the controller directly.
+    """
+
+    def __init__(self, folder: Path, extra_env: dict[str, str], launcher_prefix: list[str] | None = None) -> None:
+        super().__init__(folder)
+        self.extra_env = extra_env
+        self.launcher_prefix = launcher_prefix or []
+
+    @property
+    def _submitit_command_str(self) -> str:
+        """With an MPI launcher, the launcher is the one task and starts every rank itself."""
+        base = super()._submitit_command_str
+        return shlex.join(self.launcher_prefix) + " " + base if self.launcher_prefix else base
+
+    def _submit_command(self, command: str) -> submitit.local.local.LocalJob[Any]:
+        ntasks = int(self.parameters.get("tasks_per_node", 1))
+        timeout_min = float(self.parameters.get("timeout_min", 60.0))
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "SUBMITIT_LOCAL_NTASKS": str(ntasks),
+            "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * timeout_min)),
+            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": "30",
+            "SUBMITIT_LOCAL_NODEID": "0",
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_STDERR_TO_STDOUT": "",
+            "SUBMITIT_EXECUTOR": "local",
+            "SUBMITIT_LOCAL_WITH_SHELL": "",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+        process = subprocess.Popen([sys.executable, "-m", LOCAL_CONTROLLER_MODULE, str(self.folder)], env=env)
+        return submitit.local.local.LocalJob(
+            folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks))
+        )
+
+
+@dataclass
+class LocalJobRecord:
+    folder: Path
+    ntasks: int
+    process: subprocess.Popen[bytes] | None = None  # None: started by an earlier controller process
+    run_id: str = ""  # an adopted job's environment must name this run before we signal it
+    cancelled: bool = False  # ended by cancel (as a scheduler says CANCELLED, not FAILED)
+
+
+class LocalBackend(Backend):
+    name = "local"
+    poll_interval_s = 0.0  # asking the local processes costs nothing
+
+    def __init__(self, drill_id: str) -> None:
+        self.drill_id = drill_id
+        self._jobs: dict[str, LocalJobRecord] = {}
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
+        tasks = run.local_tasks
+        environment = rank_environment(run, job.attempt, self.drill_id)
+        if run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION:
+            environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
+        executor = EnvLocalExecutor(run.paths.submitit, environment, prefix)
+        executor.update_parameters(tasks_per_node=tasks, timeout_min=_minutes(run))
+        submitted = executor.submit(run_rank, job)
+        process = submitted._process
+        assert process is not None
+        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process, run.run_id)
+        return Submission(job_id=submitted.job_id, accepted_at=time.time())
+
+    def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
+        super().adopt(job_id, run, job)
+        tasks = run.local_tasks
+        self._jobs.setdefault(job_id, LocalJobRecord(run.paths.submitit, tasks, run_id=run.run_id))
+
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """A job of this attempt that an earlier controller started but never recorded: the live
+        submitit controller whose environment names this drill, run and attempt; else the job id
+        the attempt's ranks recorded (the job may have ended since)."""
+        live = [str(process.pid) for process in _local_controllers(ref.run.paths.submitit)
+                if _environment_names(process, ref.run.run_id, ref.attempt, self.drill_id)]
+        if live:
+            return sorted(live, key=int)
+        return _recorded_job_ids(ref.run.paths, ref.attempt)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        return {job_id: self._state(job_id) for job_id in job_ids}
+
+    def _state(self, job_id: str) -> JobState:
+        record = self._jobs.get(job_id)
+        if record is None:
+            return JobState.UNKNOWN
+        if record.process is None:
+            return _adopted_state(job_id, record)
+        code = record.process.poll()
+        if code is None:
+            return JobState.RUNNING
+        if code < 0:
+            return JobState.CANCELLED
+        if _all_tasks_succeeded(record, job_id):
+            return JobState.COMPLETED
+        return JobState.CANCELLED if record.cancelled else JobState.FAILED
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        """End the job like scancel after its grace time: SIGKILL every process below the job's
+        submitit controller (tasks, an MPI launcher and the ranks it started; a stopped or hung
+        rank ignores gentler signals); the controller then exits. ``force`` kills it too."""
+        record = self._jobs.get(job_id)
+        controller = self._verified_controller(job_id, record) if record is not None else None
+        if controller is None:
+            return
+        record.cancelled = True
+        # A job that relaunches its ranks (in-allocation) would wait for a go: it ends with them.
+        kill_tree(controller, include_root=force or _relaunches(controller))
+
+    def _verified_controller(self, job_id: str, record: "LocalJobRecord") -> psutil.Process | None:
+        """The job's submitit controller, if it still runs: the process we started, or for an
+        adopted job a process whose command line and environment prove it is this run's."""
+        try:
+            process = psutil.Process(int(job_id))
+        except (psutil.NoSuchProcess, ValueError):
+            return None
+        if record.process is not None:
+            return process if record.process.poll() is None else None
+        if LOCAL_CONTROLLER_MODULE in _cmdline(process) and str(record.folder) in _cmdline(process) \
+                and record.run_id and _environment_names(process, record.run_id, None, self.drill_id):
+            return process
+        return None
+
+    def exit_code(self, job_id: str) -> int | None:
+        """How the job's tasks ended, as a step exit code: a signal N as 128 + N, else the first failure
+        (a task killed by a signal is the cause; the others' exits are their reaction to it)."""
+        record = self._jobs.get(job_id)
+        return None if record is None else read_step_exit(record.folder, job_id)
+
+    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+        """SIGKILL the job's ranks of ``attempt`` (every process below its controller that belongs
+        to it), not the controller: with in-allocation it starts them again on the controller's go,
+        maybe before this kill is over."""
+        record = self._jobs.get(job_id)
+        controller = self._verified_controller(job_id, record) if record is not None else None
+        if controller is None:
+            return False
+        # Only the ranks already there: the job relaunches once they are dead, and a new rank
+        # between its fork and its exec still shows the controller's environment (the job's
+        # first attempt), which would pass for the hung attempt's.
+        kill_tree(controller, include_root=False, attempt=attempt, born_before=ticks_now())
+        return True
+
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """Every rank is on this machine: the agent is a local process."""
+        return run_command([sys.executable, *argv], timeout_s=timeout_s, check=False)
+
+
+def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
+    """What the local backend runs for an attempt (it has no batch script): ``faultdrill render``."""
+    mpi = run.workload_entry.launcher == LAUNCHER_MPI
+    tasks = 1 if mpi else run.ranks
+    command = [*(mpi_launcher(run.ranks) if mpi else []), sys.executable, "-u", "-m", "submitit.core._submit",
+               str(run.paths.submitit)]
+    lines = [
+        f"# local backend: no batch script. submitit's local executor ({LOCAL_CONTROLLER_MODULE}) runs",
+        f"# {tasks} task(s) of this command in {run.paths.submitit}, {_minutes(run):g} min time limit;",
+        f"# {'mpiexec starts the ' + str(run.ranks) + ' ranks' if mpi else 'each task is one rank'}, "
+        "every one with this environment:",
+        *(f"export {name}={shlex.quote(value)}" for name, value in sorted(rank_environment(run, attempt, drill_id).items())),
+        shlex.join(command),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def mpi_launcher(ranks: int) -> list[str]:
+    """OpenMPI's launcher for ``ranks`` local ranks: more ranks than cores is fine for a drill, and
+    binding would pin every rank of a small machine to the same core. submitit's rank wrapper
+    ignores SIGTERM, so survivors of a dead rank only go at mpiexec's SIGKILL: send it at once
+    (measured: all ranks gone 0.13 s after a SIGKILL instead of 1.1 s)."""
+    return ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
+            "--mca", "odls_base_sigkill_timeout", "0"]
+
+
+def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:
+    if warm_completed(record.folder, job_id):
+        return True  # a warm job: a task that died was replaced, and the run completed
+    for task in range(record.ntasks):
+        result = submitit_utils.JobPaths(record.folder, job_id=job_id, task_id=task).result_pickle
+        if not result.exists():
+            return False
+        outcome, _ = submitit_utils.pickle_load(result)
+        if outcome != "success":
+            return False
+    return True
+
+
+def _adopted_state(job_id: str, record: LocalJobRecord) -> JobState:
+    """A job an earlier controller process started: running while its pid is still submitit's
+    controller for this run's folder; once gone, complete only if every task left a success result."""
+    try:
+        cmdline = _cmdline(psutil.Process(int(job_id)))
+    except (psutil.NoSuchProcess, ValueError):
+        cmdline = []
+    if LOCAL_CONTROLLER_MODULE in cmdline and str(record.folder) in cmdline:
+        return JobState.RUNNING
+    return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.UNKNOWN
+
+
+def _relaunches(controller: psutil.Process) -> bool:
+    try:
+        return ENV_RELAUNCH_WAIT_S in controller.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _minutes(run: RunConfig) -> float:
+    return time_limit_minutes(run.campaign.resources.time)
+
+
+KILL_DEADLINE_S = 2.0  # a launcher may start children while its tree is killed: look again until then
+
+
+def kill_tree(root: psutil.Process, include_root: bool, attempt: int | None = None,
+              born_before: float | None = None) -> None:
+    """SIGKILL every descendant of ``root`` (and ``root`` itself if asked) until none is left
+    alive: zombies count as gone (their parent reaps them), so no time is spent waiting on them.
+    With ``attempt``, only the processes of that attempt (their environment names it): an
+    in-allocation job may already be starting the next attempt's ranks; with ``born_before`` (a
+    ``ticks_now()``), only processes started before then. A root that is to die is stopped first, so that it starts
+    nothing new while its tree is killed."""
+    if include_root:
+        _signal(root, psutil.Process.suspend)
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    while time.monotonic() < deadline:
+        victims = [p for p in _descendants(root) if _alive(p) and (attempt is None or _of_attempt(p, attempt))
+                   and (born_before is None or _born_before(p, born_before))]
+        if not victims:
+            break
+        for victim in victims:
+            _signal(victim, psutil.Process.kill)
+        time.sleep(0.01)
+    if include_root:
+        _signal(root, psutil.Process.kill)
+
+
+def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -> None:
+    try:
+        action(process)
+    except psutil.NoSuchProcess:
+        pass
+
+
+def _born_before(process: psutil.Process, ticks: float) -> bool:
+    """Started no later than ``ticks``: the clock counts in 10 ms ticks, and a rank started in the
+    tick the kill began is one of those it is to kill (the relaunch waits for their death)."""
+    started = start_ticks(process.pid)
+    return started is not None and started <= ticks
+
+
+def _of_attempt(process: psutil.Process, attempt: int) -> bool:
+    return _environ(process).get(ENV_ATTEMPT) == str(attempt)
+
+
+def _descendants(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def _local_controllers(folder: Path) -> list[psutil.Process]:
+    """Live submitit local controllers started for ``folder`` (the run's submitit folder)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if LOCAL_CONTROLLER_MODULE in cmdline and str(folder) in cmdline:
+            found.append(process)
+    return found
+
+
+def _environment_names(process: psutil.Process, run_id: str, attempt: int | None, drill_id: str) -> bool:
+    """The process was started by this drill for this run (and attempt): its environment says so."""
+    environ = _environ(process)
+    return (environ.get(ENV_RUN_ID) == run_id and environ.get(ENV_DRILL_ID) == drill_id
+            and (attempt is None or environ.get(ENV_ATTEMPT) == str(attempt)))
+
+
+def _environ(process: psutil.Process) -> dict[str, str]:
+    """The process's environment; empty if it is gone or cannot be read."""
+    try:
+        return process.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return {}
+
+
+def _recorded_job_ids(paths: RunPaths, attempt: int) -> list[str]:
+    """The job id the attempt's rank 0 recorded when it started (its process_start event)."""
+    ids = {str(event["job_id"]) for event in read_json_lines(paths.events_file(attempt))
+           if event.get("event") == EVENT_PROCESS_START and event.get("job_id")}
+    return sorted(ids, key=lambda job_id: int(job_id) if job_id.isdigit() else 0)

@@ -1,0 +1,164 @@
+"""The local backend's job under ``restart.strategy: warm``: the warm coordinator runs here, in the
+job's own process (as the batch script's would on a cluster), beside the ranks and warm spares it
+started as tasks. A dead task is the coordinator's business, not the end of the step (no
+kill-on-bad-exit): it gives the dead rank's place to a spare and this process starts a new spare.
+The job succeeds when the coordinator says the run completed.
+
+TensorFlow and Chainer (restart-all): the ranks and the spares are sets, each started here as the
+controller would start its tasks (Chainer's one task is its set's ``mpiexec``), each set with its own
+ports; the coordinator's ``end`` retires a set's processes after a failure."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from submitit.core import utils as submitit_utils
+
+from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
+from experiments.runtime.distenv import derive_port
+from experiments.runtime.fence import Fence, write_fence
+from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement
+from experiments.warm.processes import end_members, processes_of
+from experiments.warm.protocol import (ENV_ADDRESS, ENV_COORDINATOR, ENV_RESTART_ALL, ENV_SET, ENV_SLOT,
+                                               ENV_SPARES, ENV_WORLD, set_port)
+from orchestrator.campaign.failure_classes import SIGNAL_EXIT_BASE
+
+log = logging.getLogger(__name__)
+
+WARM_VERDICT = "warm"  # the exit codes file's key for the coordinator's verdict
+COMPLETED = "completed"
+LOOPBACK = "127.0.0.1"
+
+
+def warm_requested() -> bool:
+    return ENV_WORLD in os.environ
+
+
+class LocalWarmJob:
+    """Tasks by slot (the first ones as submitit's controller starts them, spares started later),
+    and the coordinator between them."""
+
+    def __init__(self, controller: Any) -> None:
+        self.controller = controller  # orchestrator.backends.local.controller.RecordingController
+        self.paths = RunPaths(Path(os.environ[ENV_RUN_DIR]))
+        self.first_attempt = int(os.environ[ENV_ATTEMPT])
+        self.world, self.spares = int(os.environ[ENV_WORLD]), int(os.environ[ENV_SPARES])
+        self.restart_all = os.environ.get(ENV_RESTART_ALL) == "1"
+        self.port_base = derive_port(f"warm-{self.controller.pid}")
+        self.slots: dict[int, subprocess.Popen[str]] = {}
+        self._files: list[IO[str]] = []
+
+    def run(self) -> str:
+        """The coordinator's verdict: "completed", or why the job could not go on warm."""
+        listener = socket.create_server((LOOPBACK, 0))
+        os.environ[ENV_COORDINATOR] = f"{LOOPBACK}:{listener.getsockname()[1]}"
+        os.environ[ENV_ADDRESS] = LOOPBACK
+        coordinator = Coordinator(
+            world_size=self.world, spares_wanted=self.spares, first_attempt=self.first_attempt,
+            port_base=self.port_base, events=self._event, fence=self._fence,
+            spawn=self._spawn_set if self.restart_all else self._spawn, exit_code=self._exit_code,
+            restart_all=self.restart_all, end=self._end_slots)
+        verdict: dict[str, str] = {}
+        serving = threading.Thread(target=self._serve, args=(coordinator, listener, verdict), name="warm", daemon=True)
+        if self.restart_all:
+            for number in range(1 + self.spares):  # the ranks' set, then the spare sets
+                self._spawn_set(number * self.world, self.first_attempt)
+        else:
+            self.controller.start_tasks()
+            self.slots.update(enumerate(self.controller.tasks))
+        serving.start()
+        while serving.is_alive():
+            if all(task.poll() is not None for task in list(self.slots.values())):
+                coordinator.abort("every process of the job has exited")
+            serving.join(timeout=0.1)
+        self._end_tasks()
+        return verdict.get("verdict", "the coordinator ended without a verdict")
+
+    def _serve(self, coordinator: Coordinator, listener: socket.socket, verdict: dict[str, str]) -> None:
+        try:
+            verdict["verdict"] = coordinator.serve(listener)
+        except CoordinatorGaveUp as error:
+            verdict["verdict"] = str(error)
+            log.warning("%s", error)
+
+    def _event(self, attempt: int, event: dict[str, Any]) -> None:
+        append_json_line(self.paths.events_file(attempt), event)
+
+    def _fence(self, attempt: int) -> None:
+        write_fence(self.paths, Fence(attempt, self.controller.pid))
+
+    def _spawn(self, slot: int, attempt: int, _where: Placement = Placement()) -> None:
+        """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
+        ``attempt`` (the run's current one: the fence lets it start)."""
+        self.slots[slot] = self._start(slot, {"SUBMITIT_LOCAL_LOCALID": str(slot), "SUBMITIT_LOCAL_GLOBALID": str(slot),
+                                              "SUBMITIT_LOCAL_NTASKS": str(slot + 1), ENV_SLOT: str(slot),
+                                              ENV_ATTEMPT: str(attempt)})
+
+    def _spawn_set(self, first_slot: int, attempt: int, _where: Placement = Placement()) -> None:
+        """restart-all: the set of ranks whose first slot is ``first_slot``, as the controller starts
+        its tasks (TensorFlow: one per rank; Chainer: one ``mpiexec`` that starts them all), with the
+        set's own ports (its collective forms now, beside the others')."""
+        number, tasks = first_slot // self.world, self.controller.ntasks
+        per_task = self.world // tasks
+        for task in range(tasks):
+            process = self._start(first_slot + task * per_task, {
+                "SUBMITIT_LOCAL_LOCALID": str(task), "SUBMITIT_LOCAL_GLOBALID": str(task),
+                "SUBMITIT_LOCAL_NTASKS": str(tasks), ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
+                ENV_MASTER_PORT: str(set_port(self.port_base, number, self.world))})
+            for slot in range(first_slot + task * per_task, first_slot + (task + 1) * per_task):
+                self.slots[slot] = process
+
+    def _start(self, first_slot: int, variables: dict[str, str]) -> "subprocess.Popen[str]":
+        job_paths = submitit_utils.JobPaths(self.controller.folder, self.controller.pid, first_slot)
+        stdout, stderr = job_paths.stdout.open("a"), job_paths.stderr.open("a")
+        self._files += [stdout, stderr]
+        env = {**os.environ, "SUBMITIT_LOCAL_JOB_ID": self.controller.pid, **variables}
+        return subprocess.Popen(self.controller.command, env=env, stdout=stdout, stderr=stderr, encoding="utf-8")
+
+    def _end_slots(self, slots: list[int]) -> None:
+        """A retired set's processes: an ``mpiexec`` is terminated (it ends its ranks; SIGKILL would
+        leave them behind), a rank itself killed."""
+        for process in self._processes(slots):
+            if process.poll() is None:
+                self._stop(process)
+
+    def _stop(self, process: "subprocess.Popen[str]") -> None:
+        if self.restart_all and self.controller.ntasks == 1 and self.world > 1:
+            process.terminate()
+        else:
+            process.kill()
+
+    def _processes(self, slots: list[int]) -> list["subprocess.Popen[str]"]:
+        return processes_of(self.slots, slots)
+
+    def _exit_code(self, slot: int) -> int | None:
+        """How the slot's process ended (its connection ended a moment before: wait for it briefly)."""
+        task = self.slots.get(slot)
+        if task is None:
+            return None
+        try:
+            code = task.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None
+        return SIGNAL_EXIT_BASE - code if code < 0 else code  # a signal N as 128 + N, as a step exit says it
+
+    def _end_tasks(self) -> None:
+        end_members(self._processes(sorted(self.slots)), stop=self._stop)
+        for handle in self._files:
+            handle.close()
+
+    def codes(self) -> list[int | None]:
+        return [process.poll() for process in self._processes(sorted(self.slots))]
+
+
+def record_verdict(path: Path, codes: list[int | None], verdict: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"exit_codes": codes, "first_failed_task": None, WARM_VERDICT: verdict}))
+    os.replace(tmp, path)

@@ -1,0 +1,1 @@
+"""PBS: a submitit executor plugin over qsub, qstat -f, qdel and qrerun."""

@@ -1,0 +1,168 @@
+"""The PBS backend: Faultdrill's template submitted by the submitit PBS plugin (qsub), all jobs
+polled with one ``qstat -f``, ``qdel`` to cancel, ``qrerun`` to rerun, and the fault agent started
+on the target rank's node.
+
+Reaching a rank's node. PBS offers no command that starts a process inside a running job from the
+login node (``pbsdsh`` and ``pbs_attach`` work only from within the job), so on a real PBS server the
+agent goes over ``ssh`` to the node, which PBS sites allow for nodes where the user has a running
+job. Under Slurm's Torque wrappers the job is a Slurm job and ssh is no option, so the agent runs
+as a step of it on that node (``srun --jobid --overlap``), as the Slurm backend does.
+FAULTDRILL_PBS_AGENT_LAUNCH=ssh|srun overrides the choice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+
+from experiments.entry import run_rank
+from experiments.layout import RankJob
+from injectors.actions import WalltimeSet
+from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, PendingArray, Submission, job_timeout_min
+from orchestrator.backends.pbs.commands import (
+    QSTAT_TIMEOUT_S,
+    ServerKind,
+    array_element_id,
+    detect_server,
+    is_element,
+    qdel,
+    qrerun,
+    qstat_all,
+    qstat_records,
+    qstat_states,
+    qsub,
+    scheduler_id,
+)
+from orchestrator.backends.pbs.plugin import PBSExecutor
+from orchestrator.backends.base import NotSupported
+from orchestrator.commands import CommandError, CommandResult, run_command
+from orchestrator.render.scripts import SubmissionScript, array_job_name, render_pbs, render_pbs_array
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import time_limit_minutes
+from orchestrator.states import JobState
+
+
+ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
+
+
+class TemplatePBSExecutor(PBSExecutor):
+    """The plugin's executor, submitting a script Faultdrill rendered."""
+
+    def __init__(self, folder: Path, script: SubmissionScript, python: str = sys.executable) -> None:
+        super().__init__(folder, max_num_timeout=MAX_NUM_TIMEOUT, python=python)
+        self.script = script
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self.script.text
+
+
+class PBSBackend(Backend):
+    name = "pbs"
+    supports_arrays = True
+
+    def __init__(self, drill_id: str, python: str = sys.executable) -> None:
+        self.drill_id = drill_id
+        self.python = python
+        self._folders: dict[str, Path] = {}  # job id -> its submitit folder (where its records are)
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        script = render_pbs(run, job.attempt, self.drill_id, self.python)
+        executor = TemplatePBSExecutor(run.paths.submitit, script, self.python)
+        resources = run.campaign.resources
+        executor.update_parameters(nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
+                                   timeout_min=job_timeout_min(run))
+        submitted = executor.submit(run_rank, job)
+        self._folders[submitted.job_id] = run.paths.submitit
+        return Submission(job_id=submitted.job_id, accepted_at=time.time())
+
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        """The attempts of several runs (same resources) as ONE array job, throttled to the
+        campaign's parallel_runs: element i unpickles items[i]'s job from its own run's folder."""
+        if len(items) <= 1:
+            return [self.submit(run, job) for run, job in items]
+        first = items[0][0]
+        name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
+        script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
+                                  first.campaign.parallel_runs, self.python)
+        pending = PendingArray.prepare(items, script)
+        array_id = qsub(pending.script_path.name, script.text, script.submit_dir)
+        accepted = time.time()
+        elements = pending.submitted(array_id, lambda index: array_element_id(array_id, index))
+        for (run, _), job_id in zip(items, elements):
+            self._folders[job_id] = run.paths.submitit
+        return [Submission(job_id=job_id, accepted_at=accepted) for job_id in elements]
+
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """Jobs named as the attempt, or the element of the array it went out in, oldest first."""
+        if ref.job_name is None:
+            return []
+        ordered = sorted(self._named(ref.job_name), key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0))
+        if ref.array_index is not None:
+            ordered = [array_element_id(job_id, ref.array_index) for job_id in ordered]
+        for job_id in ordered:
+            self._folders.setdefault(job_id, ref.run.paths.submitit)
+        return ordered
+
+    def _named(self, name: str) -> set[str]:
+        """The ids qsub gave the jobs (arrays) of this name. Under Slurm's wrappers qstat lists each
+        started array element under a Slurm id of its own, with the same name and nothing to tell
+        it from the array: Slurm itself names the array (%F: the array's id, a job's own otherwise)."""
+        if detect_server() is ServerKind.SLURM_WRAPPERS:
+            result = run_command(["squeue", "-h", "-t", "all", "-n", name, "-o", "%F"], timeout_s=QSTAT_TIMEOUT_S,
+                                 retries=2)
+            return set(result.stdout.split())
+        return {job_id for job_id, record in qstat_all().items()
+                if record.get("Job_Name") == name and not is_element(job_id)}
+
+    def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
+        super().adopt(job_id, run, job)
+        self._folders.setdefault(job_id, run.paths.submitit)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        """One qstat -f for all ids (raises CommandError when qstat itself fails)."""
+        return qstat_states(job_ids, self._folders) if job_ids else {}
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        qdel(job_id, self._folders.get(job_id), force=force)
+
+    def rerun(self, job_id: str) -> None:
+        """Send a running job back to the queue with qrerun (raises CommandError if refused)."""
+        qrerun(job_id, self._folders.get(job_id))
+
+    def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
+        """PBS moves no running job's walltime (``qalter -l walltime`` is for queued jobs, and the
+        wrappers' qalter takes no ``-l``): the job keeps the walltime its spec gave, and its end is
+        due within that walltime."""
+        server = detect_server()
+        target = scheduler_id(job_id, self._folders.get(job_id), server)
+        try:
+            records = qstat_records([target], server)
+        except CommandError as error:
+            raise NotSupported(f"qstat -f {target} failed: {error}") from None
+        walltime = next(iter(records.values()), {}).get("Resource_List.walltime", "")
+        if not walltime:
+            raise NotSupported(f"qstat -f {target} shows no Resource_List.walltime")
+        return WalltimeSet(f"walltime kept at {walltime} (PBS moves no running job's walltime)",
+                           ends_within_s=time_limit_minutes(walltime) * 60)
+
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """The agent on ``node``: a step of the job under the wrappers, else over ssh (see the module doc)."""
+        return run_command(self._on_node(job_id, node, [self.python, *argv]), timeout_s=timeout_s, check=False)
+
+    def _on_node(self, job_id: str, node: str, agent: list[str]) -> list[str]:
+        launch = os.environ.get(ENV_AGENT_LAUNCH, "auto")
+        server = detect_server()
+        if launch == "srun" or (launch == "auto" and server is ServerKind.SLURM_WRAPPERS):
+            slurm_id = scheduler_id(job_id, self._folders.get(job_id), server)
+            return ["srun", f"--jobid={slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                    "--quiet", *agent]
+        if launch in ("auto", "ssh"):
+            return ["ssh", "-o", "BatchMode=yes", node, shlex.join(agent)]
+        raise ValueError(f"{ENV_AGENT_LAUNCH}={launch!r}: valid are auto, ssh and srun")
+
+

@@ -1,0 +1,1 @@
+"""Slurm: a submitit executor whose submission file is Faultdrill's template."""

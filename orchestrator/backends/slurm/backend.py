@@ -1,0 +1,303 @@
+"""The Slurm backend: a submitit executor whose submission file is Faultdrill's template."""
+
+from __future__ import annotations
+
+import getpass
+import math
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core import utils as submitit_utils
+
+from experiments.entry import run_rank
+from experiments.layout import RankJob
+from experiments.runtime.hostlist import expand_hostlist
+from injectors.actions import WalltimeSet
+from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission
+from orchestrator.commands import CommandError, CommandResult, run_command
+from orchestrator.campaign.directives import cluster_of
+from orchestrator.render.scripts import SubmissionScript, array_job_name, rank_step_name, render_slurm, render_slurm_array
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.states import JobState, from_slurm, parse_sacct
+
+SUBMIT_TIMEOUT_S = 60.0
+POLL_TIMEOUT_S = 20.0
+_CLUSTER = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class TemplateSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's Slurm executor, submitting our rendered script through the command wrapper."""
+
+    def __init__(self, folder: Path, script: SubmissionScript, python: str = sys.executable) -> None:
+        super().__init__(folder, python=python)
+        self.script = script
+        self.cluster: str | None = None  # the cluster sbatch sent the job to (--clusters), if any
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return self.script.text
+
+    def _submit_command(self, command: str) -> submitit.SlurmJob[Any]:
+        folder = submitit_utils.JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        script_path = folder / f".submission_file_{uuid.uuid4().hex}.sh"
+        script_path.write_text(self._make_submission_file_text(command, ""))
+        result = run_command(
+            ["sbatch", "--parsable", str(script_path)], cwd=self.script.submit_dir, timeout_s=SUBMIT_TIMEOUT_S
+        )
+        # submitit names the job's files by the number alone (the job finds them by SLURM_JOB_ID).
+        job_id, self.cluster = split_job_id(parse_sbatch_parsable(result.stdout))
+        job: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+        job.paths.move_temporary_file(script_path, "submission_file", keep_as_symlink=False)
+        return job
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``<id>`` or ``<id>;<cluster>``: Faultdrill's job id is that
+    text (the cluster stays with the id, so every later command can name it with ``-M``)."""
+    text = stdout.strip().splitlines()[-1].strip() if stdout.strip() else ""
+    job_id, _, cluster = text.partition(";")
+    if not job_id.isdigit() or (cluster and not _CLUSTER.match(cluster)):
+        raise CommandError(["sbatch", "--parsable"], 0, stdout, "", "sbatch printed no job id")
+    return text
+
+
+def split_job_id(job_id: str) -> tuple[str, str | None]:
+    """``123;cluster`` -> (``123``, ``cluster``); ``123`` -> (``123``, None)."""
+    number, _, cluster = job_id.partition(";")
+    return number, cluster or None
+
+
+def cluster_args(cluster: str | None) -> list[str]:
+    return ["-M", cluster] if cluster else []
+
+
+def parse_squeue(stdout: str) -> dict[str, JobState]:
+    """Lines of ``squeue -h -o %i|%T`` (with -M, ``CLUSTER: name`` lines are skipped)."""
+    states: dict[str, JobState] = {}
+    for line in stdout.splitlines():
+        if "|" in line:
+            job_id, raw = line.strip().split("|", 1)
+            states[job_id] = from_slurm(raw)
+    return states
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """sacct's ``2026-12-01T07:50:01`` (local time) as epoch seconds; None for Unknown/None."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    can_exclude_nodes = True
+    supports_arrays = True
+
+    def __init__(self, drill_id: str, python: str = sys.executable) -> None:
+        self.drill_id = drill_id
+        self.python = python
+        self.user = getpass.getuser()
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        script = render_slurm(run, job.attempt, self.drill_id, self.python, exclude_nodes=tuple(job.exclude_nodes))
+        executor = TemplateSlurmExecutor(run.paths.submitit, script, python=self.python)
+        resources = run.campaign.resources
+        executor.update_parameters(nodes=resources.nodes, ntasks_per_node=resources.tasks_per_node)
+        submitted = executor.submit(run_rank, job)
+        return Submission(job_id=_with_cluster(submitted.job_id, executor.cluster), accepted_at=time.time())
+
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        """The attempts of several runs (same resources) as ONE array (``--array=0-N%P``, P the
+        campaign's parallel_runs): element i unpickles items[i]'s job from its own run's folder,
+        under submitit's name of the element (``<array>_<i>``), which is also Faultdrill's id of it."""
+        if len(items) <= 1:
+            return [self.submit(run, job) for run, job in items]
+        first = items[0][0]
+        name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
+        script = render_slurm_array([(run, job.attempt) for run, job in items], self.drill_id, name,
+                                    first.campaign.parallel_runs, self.python)
+        pending = PendingArray.prepare(items, script)
+        result = run_command(["sbatch", "--parsable", str(pending.script_path)], cwd=script.submit_dir,
+                             timeout_s=SUBMIT_TIMEOUT_S)
+        accepted = time.time()
+        array_id, cluster = split_job_id(parse_sbatch_parsable(result.stdout))
+        elements = pending.submitted(array_id, lambda index: f"{array_id}_{index}")
+        return [Submission(job_id=_with_cluster(element, cluster), accepted_at=accepted) for element in elements]
+
+    def pickle_id(self, job_id: str) -> str:
+        return split_job_id(job_id)[0]
+
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """Jobs named as the attempt (names carry the drill id): squeue for the ones it still holds,
+        sacct for those it forgot since (MinJobAge), oldest first."""
+        if ref.job_name is None:
+            return []
+        cluster = cluster_of(ref.run.campaign.resources.extra_directives)
+        found = set(run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user,
+                                 "-n", ref.job_name, "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2).stdout.split())
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ref.submitted - 60))
+        accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID", "-u", self.user,
+                                 "--name", ref.job_name, "-S", since], timeout_s=POLL_TIMEOUT_S, retries=2)
+        found |= {line.strip() for line in accounted.stdout.splitlines() if _JOB_OR_ELEMENT.match(line.strip())}
+        if ref.array_index is not None:  # the element the attempt went out as, of each array of that name
+            found = {f"{job_id.split('_', 1)[0]}_{ref.array_index}" for job_id in found}
+        # squeue -M/sacct -M print the bare number; the id carries the cluster sbatch chose.
+        return [_with_cluster(job_id, cluster) for job_id in sorted(found, key=_id_order)]
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
+        forgotten. A failing squeue or sacct raises: it says nothing about the jobs."""
+        states: dict[str, JobState] = {}
+        for cluster, numbers in _by_cluster(job_ids).items():
+            states.update(self._poll_cluster(cluster, numbers))
+        return {job_id: states.get(job_id, JobState.UNKNOWN) for job_id in job_ids}
+
+    def _poll_cluster(self, cluster: str | None, numbers: list[str]) -> dict[str, JobState]:
+        # No retries here: the controller's poller retries with backoff, the states unknown meanwhile.
+        # -r: one line per array element, pending ones too (not 123_[4-9%2]).
+        result = run_command(["squeue", *cluster_args(cluster), "-h", "-r", "-t", "all", "-u", self.user,
+                              "-o", "%i|%T"], timeout_s=POLL_TIMEOUT_S)
+        states = {number: state for number, state in parse_squeue(result.stdout).items() if number in numbers}
+        missing = [number for number in numbers if number not in states]
+        if missing:
+            accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
+                                     "-j", ",".join(missing)], timeout_s=POLL_TIMEOUT_S)
+            states.update({n: s for n, s in parse_sacct(accounted.stdout).items() if n in missing})
+        return {_with_cluster(number, cluster): state for number, state in states.items()}
+
+    def end_time(self, job_id: str) -> float | None:
+        number, cluster = split_job_id(job_id)
+        try:
+            result = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "End", "-j", number],
+                                 timeout_s=POLL_TIMEOUT_S, retries=1)
+        except CommandError:
+            return None
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        return parse_slurm_time(lines[0]) if lines else None
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        number, cluster = split_job_id(job_id)
+        signal = ["-s", "KILL"] if force else []
+        run_command(["scancel", *cluster_args(cluster), *signal, number], timeout_s=POLL_TIMEOUT_S, retries=2)
+
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        """The agent as a step inside the job's allocation, on ``node`` (``srun --overlap``)."""
+        number, cluster = split_job_id(job_id)
+        number = self._own_number(number, cluster)
+        args = ["srun", *cluster_args(cluster), f"--jobid={number}", "--overlap", "--nodes=1", "--ntasks=1",
+                f"--nodelist={node}", "--quiet", self.python, *argv]
+        return run_command(args, timeout_s=timeout_s, check=False)
+
+    def agent_job_id(self, job_id: str) -> str:
+        return split_job_id(job_id)[0]
+
+    def signal_ranks(self, job_id: str, signal_name: str) -> bool:
+        number, cluster = split_job_id(job_id)
+        # Without --full/--batch, scancel signals the job's steps only: the ranks, not the script.
+        run_command(["scancel", *cluster_args(cluster), f"--signal={signal_name.removeprefix('SIG')}", number],
+                    timeout_s=POLL_TIMEOUT_S, retries=1)
+        return True
+
+    def requeue(self, job_id: str) -> None:
+        """``scontrol requeue``: the job (running, or ended but still known) goes back to the queue;
+        Slurm holds it with a BeginTime (about 120 s here) before it may start again."""
+        number, cluster = split_job_id(job_id)
+        run_command(["scontrol", *cluster_args(cluster), "requeue", number], timeout_s=POLL_TIMEOUT_S)
+
+    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+        """The steps named as ``attempt``'s ranks (rank_step_name), each SIGKILLed alone: a signal to
+        a step leaves the job running (SIGKILL to the job would cancel it); the next attempt's step,
+        which the batch script may be starting already, has a name of its own."""
+        number, cluster = split_job_id(job_id)
+        listed = run_command(["squeue", *cluster_args(cluster), "-h", "-s", "-j", number, "-o", "%i|%j"],
+                             timeout_s=POLL_TIMEOUT_S, retries=1).stdout
+        steps = [line.split("|", 1)[0].strip() for line in listed.splitlines()
+                 if line.strip().endswith(f"|{rank_step_name(attempt)}")]
+        for step in steps:
+            run_command(["scancel", *cluster_args(cluster), "--signal=KILL", step], timeout_s=POLL_TIMEOUT_S, retries=1)
+        return True
+
+    def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
+        """Slurm keeps time limits in whole minutes: the new limit is the run time so far plus
+        ``seconds``, rounded up to a minute; slurmctld enforces it (and sends the --signal
+        warning) at its next periodic check."""
+        number, cluster = split_job_id(job_id)
+        run_time_s = parse_duration(self._show_job(number, cluster).get("RunTime", ""))
+        if run_time_s is None:
+            raise CommandError(["scontrol", "show", "job", number], 0, "", "", "no RunTime for the job")
+        minutes = max(1, math.ceil((run_time_s + seconds) / 60))
+        run_command(["scontrol", *cluster_args(cluster), "update", f"JobId={number}", f"TimeLimit={minutes}"],
+                    timeout_s=POLL_TIMEOUT_S, retries=1)
+        return WalltimeSet(f"time limit set to {minutes} min (it had run {run_time_s:.0f} s)",
+                           ends_within_s=max(seconds, minutes * 60 - run_time_s))
+
+    def job_nodes(self, job_id: str) -> list[str]:
+        number, cluster = split_job_id(job_id)
+        node_list = self._show_job(number, cluster).get("NodeList", "")
+        return expand_hostlist(node_list) if node_list and node_list != "(null)" else []
+
+    def _own_number(self, number: str, cluster: str | None) -> str:
+        """An array element's own job number (``srun --jobid`` refuses ``123_4``: measured); a job's is itself."""
+        if "_" not in number:
+            return number
+        own = self._show_job(number, cluster).get("JobId", "")
+        if not own.isdigit():
+            raise CommandError(["scontrol", "show", "job", number], 0, "", "", "no JobId for the array element")
+        return own
+
+    def _show_job(self, number: str, cluster: str | None) -> dict[str, str]:
+        result = run_command(["scontrol", *cluster_args(cluster), "show", "job", "-o", number],
+                             timeout_s=POLL_TIMEOUT_S, retries=1)
+        return parse_scontrol_record(result.stdout)
+
+
+def parse_scontrol_record(stdout: str) -> dict[str, str]:
+    """``scontrol show ... -o``: one line of ``Key=Value`` words (values without spaces)."""
+    fields: dict[str, str] = {}
+    for word in stdout.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; None if it is not one."""
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [int(part) for part in clock.split(":")]
+        total_days = int(days) if days else 0
+    except ValueError:
+        return None
+    if not 1 <= len(parts) <= 3:
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return float(seconds + 86400 * total_days)
+
+
+_JOB_OR_ELEMENT = re.compile(r"^\d+(_\d+)?$")  # 123, or an array element 123_4
+
+
+def _id_order(job_id: str) -> tuple[int, int]:
+    number, _, index = job_id.partition("_")
+    return int(number), int(index or -1)
+
+
+def _with_cluster(number: str, cluster: str | None) -> str:
+    return f"{number};{cluster}" if cluster else number
+
+
+def _by_cluster(job_ids: list[str]) -> dict[str | None, list[str]]:
+    groups: dict[str | None, list[str]] = {}
+    for job_id in job_ids:
+        number, cluster = split_job_id(job_id)
+        groups.setdefault(cluster, []).append(number)
+    return groups

@@ -1,0 +1,216 @@
+"""Expand a campaign into runs: one per sweep point, plus a fault-free baseline twin if asked."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
+from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
+from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
+from orchestrator.campaign.placeholders import fill
+from orchestrator.campaign.spec import Campaign, SpecError, format_errors
+
+PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
+
+STRATEGY_RESUBMIT = "resubmit"
+STRATEGY_IN_ALLOCATION = "in-allocation"
+STRATEGY_REQUEUE = "requeue"
+STRATEGY_WARM = "warm"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run of a campaign, fully resolved: what the controller submits and watches."""
+
+    run_id: str
+    campaign: Campaign
+    sweep_point: tuple[tuple[str, Any], ...]
+    baseline_of: str | None = None  # this run is the fault-free twin of that run (the first to need it)
+    twin: str | None = None  # this run's fault-free twin (shared by runs that differ only in faults)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.baseline_of is not None
+
+    @property
+    def keeps_final_weights(self) -> bool:
+        """Twins keep their final weights, so a digest mismatch can be measured, not just seen."""
+        return self.campaign.baseline or self.is_baseline
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.campaign.workdir / "runs" / self.run_id)
+
+    @property
+    def ranks(self) -> int:
+        return self.campaign.resources.nodes * self.campaign.resources.tasks_per_node
+
+    @property
+    def workload(self) -> WorkloadSpec:
+        w = self.campaign.workload
+        return WorkloadSpec(
+            framework=w.framework, model=w.model, params=w.params, steps=w.steps, seed=w.seed,
+            batch_size=w.batch_size, command=self.command,
+        )
+
+    @property
+    def command(self) -> CommandSpec | None:
+        """The user's script with this run's placeholders filled in (None: a built-in workload)."""
+        w = self.campaign.workload
+        if w.command is None:
+            return None
+        python = w.python or sys.executable
+        values = {**self.campaign.args, "run_id": self.run_id, "run_dir": str(self.paths.root), "steps": w.steps,
+                  "seed": w.seed, "python": python, "checkpoint_every": self.campaign.checkpoint.every_steps}
+        argv = [fill(text, values) for text in w.command]
+        if argv[0] in PYTHON_NAMES:
+            argv[0] = python
+        return CommandSpec(
+            argv=tuple(argv), env=tuple((name, fill(text, values)) for name, text in sorted(w.env.items())),
+            cwd=str(w.cwd or ""), progress=w.progress.mode, step_regex=w.progress.log or "",
+            checkpoint_glob=fill(w.progress.checkpoints or "", values), checkpoint_step_regex=w.progress.step or "",
+            resume_args=tuple(fill(text, values) for text in w.resume_args),
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The built-in model, or the script a command workload runs (its file name)."""
+        command = self.campaign.workload.command
+        if command is None:
+            return self.campaign.workload.model
+        program = command[1] if command[0] in PYTHON_NAMES and len(command) > 1 else command[0]
+        return f"script {program.rsplit('/', 1)[-1]}"
+
+    @property
+    def workload_entry(self) -> WorkloadEntry:
+        w = self.campaign.workload
+        if w.command is None:
+            return entry(w.framework)
+        # A script of a known framework needs what that framework's ranks need (chainer: MPI).
+        known = REGISTRY.get(w.framework, WorkloadEntry(target=""))
+        return WorkloadEntry(target="", launcher=w.launcher or known.launcher, environment=known.environment)
+
+    @property
+    def warm_restarts_all(self) -> bool:
+        """restart.strategy warm on a framework whose collectives cannot drop a member (TensorFlow,
+        Chainer): every rank restarts, in a warm spare set; ``restart.warm_spares`` counts sets."""
+        return self.campaign.restart.strategy == STRATEGY_WARM and self.campaign.workload.framework in RESTART_ALL_FRAMEWORKS
+
+    @property
+    def warm_spares(self) -> int:
+        """Processes per node the job holds beside its ranks (restart.strategy warm), 0 otherwise:
+        ``restart.warm_spares``, or that many whole sets of ``tasks_per_node`` (restart-all)."""
+        restart = self.campaign.restart
+        if restart.strategy != STRATEGY_WARM:
+            return 0
+        return restart.warm_spares * (self.campaign.resources.tasks_per_node if self.warm_restarts_all else 1)
+
+    @property
+    def local_tasks(self) -> int:
+        """The tasks the local backend's job starts: one MPI launcher (it starts the ranks); the
+        ranks and the warm spares; restart-all: one set's (the job starts the others itself)."""
+        if self.workload_entry.launcher == LAUNCHER_MPI:
+            return 1
+        return self.ranks + (0 if self.warm_restarts_all else self.warm_spares)
+
+    @property
+    def scheduler_requeue(self) -> bool:
+        """Whether the scheduler may requeue this run's jobs itself (Slurm's JobRequeue, PBS -r y).
+        Off: a requeued job would run an attempt the controller already replaced. (Fencing stops
+        such a stale attempt anyway; this keeps it from being queued at all.) On for the requeue
+        strategy only, where the requeued job *is* the next attempt (the fence names it first)."""
+        return self.campaign.restart.strategy == STRATEGY_REQUEUE
+
+
+def expand_runs(campaign: Campaign) -> list[RunConfig]:
+    """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
+    runs: list[RunConfig] = []
+    twins: dict[str, str] = {}  # what a fault-free run trains (_twin_key) -> the twin run that trains it
+    points = [(point, _varying(grid)) for grid in campaign.sweep.grids for point in _grid_points(grid)]
+    for index, (point, varying) in enumerate(points):
+        point_campaign = _apply_point(campaign, point)
+        run_id = _run_id(index, tuple((key, value) for key, value in point if key in varying))
+        if not point_campaign.baseline:
+            runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point))
+            continue
+        twin = _fault_free(point_campaign)
+        key = _twin_key(twin)
+        known = key in twins
+        twin_id = twins.setdefault(key, f"{run_id}-baseline")
+        runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point, twin=twin_id))
+        if not known:
+            runs.append(RunConfig(run_id=twin_id, campaign=twin, sweep_point=point, baseline_of=run_id))
+    return runs
+
+
+def _fault_free(campaign: Campaign) -> Campaign:
+    """The run that never fails: no faults, nothing held for a recovery (a new job if it fails naturally)."""
+    return campaign.model_copy(update={
+        "faults": [], "restart": campaign.restart.model_copy(update={"strategy": STRATEGY_RESUBMIT}),
+        "resources": campaign.resources.model_copy(update={"spare_nodes": 0})})
+
+
+def _twin_key(twin: Campaign) -> str:
+    """What a fault-free run trains: runs that differ only in their faults or their restart settings
+    (how they would recover) share one twin; other resources (e.g. nodes held alone, away from
+    another run's node fault) make a twin of its own."""
+    return json.dumps(twin.model_dump(mode="json", exclude={"restart"}), sort_keys=True)
+
+
+def _varying(grid: dict[str, list[Any]]) -> set[str]:
+    """The keys that tell a grid's points apart (and so name its runs)."""
+    return {key for key, values in grid.items() if len(values) > 1}
+
+
+def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]]:
+    if not grid:
+        return [()]
+    keys = list(grid)  # the spec's order: the run names read as the author wrote the grid
+    for key in keys:
+        if not grid[key]:
+            raise SpecError(f"sweep.grid.{key}: empty list of values")
+    return [tuple(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
+
+
+def _apply_point(campaign: Campaign, point: tuple[tuple[str, Any], ...]) -> Campaign:
+    if not point:
+        return campaign
+    data = campaign.model_dump(mode="python")
+    for dotted, value in point:
+        _set_dotted(data, dotted, value)
+    data["sweep"] = {"grid": {}}
+    try:
+        return Campaign.model_validate(data)
+    except ValidationError as error:
+        where = ", ".join(f"{k}={v!r}" for k, v in point)
+        raise SpecError(f"sweep point {where} gives an invalid spec\n" + format_errors(error)) from None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        free_form = depth == 1 and parts[0] == "args"  # the user's own parameters: any key
+        if not isinstance(node, dict) or (part not in node and not free_form):
+            known = ", ".join(sorted(node)) if isinstance(node, dict) else "(not a section)"
+            prefix = ".".join(parts[:depth]) or "top level"
+            raise SpecError(f"sweep.grid: {dotted!r}: no key {part!r} at {prefix}; valid: {known}")
+        if depth == len(parts) - 1:
+            node[part] = value
+        else:
+            node = node[part]
+
+
+def _run_id(index: int, point: tuple[tuple[str, Any], ...]) -> str:
+    """``r<index>`` plus the point's scalar settings (lists and switches make poor names)."""
+    label = "-".join(f"{key.split('.')[-1]}={value}" for key, value in point
+                     if isinstance(value, (int, float, str)) and not isinstance(value, bool))
+    slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)[:60]
+    return f"r{index:03d}" + (f"-{slug}" if slug else "")

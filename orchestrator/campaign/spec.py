@@ -1,0 +1,518 @@
+"""The campaign spec: YAML validated by pydantic, with errors that name the field and what is valid."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+
+from experiments.layout import PROGRESS_API, PROGRESS_CHECKPOINTS, PROGRESS_LOG
+from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
+from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
+from injectors.kinds import get_kind, option_models
+from injectors.kinds.node_faults import node_index_problem
+from orchestrator.campaign.failure_classes import FailureClass
+from orchestrator.campaign.policy import PolicyEntry
+from injectors.ranks import RankFraction, rank_problem
+from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
+from orchestrator.campaign.directives import parse_directive, reserved_problem
+from orchestrator.campaign.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
+from orchestrator.campaign.placeholders import problems as placeholder_problems
+
+FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
+_TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+
+
+def time_limit_minutes(text: str) -> float:
+    """Minutes in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+        hours, minutes, seconds = ([int(p) for p in text.split(":")] + [0, 0])[:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        hours, minutes, seconds = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}[len(parts)]
+    return days * 1440 + hours * 60 + minutes + seconds / 60
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names each bad field and what is valid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+COMMAND_FRAMEWORKS = (*FRAMEWORKS, "other")
+
+
+class ProgressConfig(_Strict):
+    """Zero-code mode: where a script that does not use the rank API shows its steps. Neither key:
+    the script reports through the rank API (``progress: api``, the default)."""
+
+    log: str | None = Field(None, description="regex on the script's output lines; group 1 is the step")
+    checkpoints: str | None = Field(None, description="glob of the script's own checkpoint files")
+    step: str | None = Field(None, description="regex on a checkpoint file's name; group 1 is the step")
+
+    @field_validator("log", "step")
+    @classmethod
+    def _step_group(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                groups = re.compile(value).groups
+            except re.error as error:
+                raise ValueError(f"{value!r} is not a regular expression: {error}") from None
+            if groups < 1:
+                raise ValueError(f"{value!r} has no group: group 1 must hold the step, e.g. 'step (\\d+)'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ProgressConfig":
+        if self.log and self.checkpoints:
+            raise ValueError("progress: give log or checkpoints, not both")
+        if self.checkpoints and not self.step:
+            raise ValueError("progress.checkpoints needs progress.step, a regex whose group 1 is the step in a "
+                             "file's name (e.g. 'ckpt-(\\d+)')")
+        if self.step and not self.checkpoints:
+            raise ValueError("progress.step is for progress.checkpoints (the script's checkpoint files)")
+        return self
+
+    @property
+    def mode(self) -> str:
+        return PROGRESS_LOG if self.log else PROGRESS_CHECKPOINTS if self.checkpoints else PROGRESS_API
+
+
+class WorkloadConfig(_Strict):
+    # A command workload: the user's training script as the ranks, {placeholders} from args and the
+    # built-ins (orchestrator/campaign/placeholders.py). model, params and batch_size are then unused.
+    # First, so that the framework's check sees it.
+    command: list[str] | None = Field(None, min_length=1)
+    framework: str = "torch"
+    model: Literal["mlp", "cnn"] = "mlp"
+    params: int = Field(100_000, ge=1_000, le=2_000_000_000, description="target parameter count")
+    steps: int = Field(200, ge=1)
+    seed: int = Field(0, ge=0)
+    batch_size: int = Field(32, ge=1)
+    launcher: Literal["direct", "mpi"] | None = None  # None: the framework's (chainer: mpi)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Path | None = None  # None: the spec's folder; relative: to the spec's folder
+    python: str | None = None  # the interpreter of argv[0] "python" and of {python}; None: the drill's
+    progress: ProgressConfig = Field(default_factory=ProgressConfig)
+    resume_args: list[str] = Field(default_factory=list)  # appended once the run has trained (zero-code)
+
+    @field_validator("command")
+    @classmethod
+    def _no_empty_program(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value[0].strip():
+            raise ValueError("workload.command[0] is the program to run; it is empty")
+        return value
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("command") is None and value not in FRAMEWORKS:
+            raise ValueError(f"unknown framework {value!r}; valid: {', '.join(FRAMEWORKS)} "
+                             "(or other, for a command workload)")
+        if value not in COMMAND_FRAMEWORKS:
+            raise ValueError(f"unknown framework {value!r} of a command workload; valid: {', '.join(COMMAND_FRAMEWORKS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _command_fields(self) -> "WorkloadConfig":
+        if self.command is None:
+            unused = [name for name in ("launcher", "cwd", "python") if getattr(self, name) is not None]
+            unused += [name for name in ("env", "resume_args") if getattr(self, name)]
+            if self.progress.mode != PROGRESS_API:
+                unused.append("progress")
+            if unused:
+                raise ValueError(f"workload.{', workload.'.join(unused)}: only for a command workload "
+                                 "(set workload.command)")
+        return self
+
+    @property
+    def zero_code(self) -> bool:
+        return self.command is not None and self.progress.mode != PROGRESS_API
+
+
+class CheckpointConfig(_Strict):
+    every_steps: int = Field(50, ge=1)
+    keep: int = Field(2, ge=1)
+
+
+class ResourcesConfig(_Strict):
+    nodes: int = Field(1, ge=1)
+    tasks_per_node: int = Field(1, ge=1)
+    time: str = "00:30:00"
+    partition: str | None = None
+    # restart.strategy in-allocation: the allocation holds this many nodes more than the ranks use;
+    # a dead node's ranks move to a spare without leaving the allocation.
+    spare_nodes: int = Field(0, ge=0, le=64)
+    extra_directives: list[str] = Field(default_factory=list)
+    # PBS only: resource syntax of the directives, Torque (-l nodes=N:ppn=M, -t) or PBS Pro (-l select=, -J).
+    pbs_flavor: Literal["torque", "pro"] = "torque"
+    # The warning before the walltime, this many seconds before it (Slurm: --signal=USR2@N; PBS sends
+    # none, so the batch script sends it): the ranks checkpoint on it. Give it the time a checkpoint takes.
+    warning_s: int = Field(90, ge=1, le=86400)
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not _TIME_RE.match(value):
+            raise ValueError(f"time {value!r} is not [D-]HH:MM:SS, MM:SS or minutes")
+        return value
+
+    @model_validator(mode="after")
+    def _warning_before_the_walltime(self) -> "ResourcesConfig":
+        walltime_s = time_limit_minutes(self.time) * 60
+        if self.warning_s >= walltime_s:
+            raise ValueError(f"resources.warning_s ({self.warning_s} s) must be shorter than resources.time "
+                             f"({self.time}, {walltime_s:.0f} s): the warning comes that long before the walltime")
+        return self
+
+    @field_validator("extra_directives")
+    @classmethod
+    def _options(cls, values: list[str]) -> list[str]:
+        for value in values:
+            parse_directive(value)  # DirectiveError names what is wrong and what is valid
+        return values
+
+
+def _fault_kind(value: Any) -> str:
+    """The kind of a ``faults`` entry (kill-rank when the entry does not say)."""
+    kind = value.get("kind", DEFAULT_FAULT_KIND) if isinstance(value, dict) else getattr(value, "kind", None)
+    return str(kind)
+
+
+DEFAULT_FAULT_KIND = "kill-rank"
+FAULT_MODELS = option_models()
+# One entry of ``faults``: the options model of its kind (each kind's module defines it).
+FaultConfig = Annotated[
+    Union[tuple(Annotated[model, Tag(name)] for name, model in FAULT_MODELS.items())],  # type: ignore[valid-type]
+    Discriminator(_fault_kind, custom_error_type="unknown_fault_kind",
+                  custom_error_message=f"unknown fault kind; valid: {', '.join(FAULT_MODELS)}"),
+]
+
+
+STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation", "warm"),
+                         "slurm": ("resubmit", "in-allocation", "requeue", "warm"),
+                         "pbs": ("resubmit", "in-allocation", "warm")}
+
+
+class RestartConfig(_Strict):
+    # resubmit: a new job from the controller; in-allocation: the batch script keeps its allocation
+    # and launches the ranks again after a failure, on the controller's word; requeue: the
+    # scheduler's own (Slurm: --requeue, scontrol requeue), the same job as the next attempt; warm:
+    # survivors keep their process and state, a warm spare takes a dead rank's place (no cold start,
+    # no rollback), each re-formation the run's next attempt in the same job.
+    strategy: Literal["resubmit", "in-allocation", "requeue", "warm"] = "resubmit"
+    # warm: idle processes per node the job holds beside its ranks (framework imported, model
+    # built). TensorFlow and Chainer restart every rank, so theirs come as whole sets: this many
+    # sets of tasks_per_node processes per node, each with its collective already formed.
+    warm_spares: int = Field(1, ge=0, le=16)
+    # in-allocation: after a failed rank step the batch script waits this long for the controller's
+    # go (the fence naming the next attempt and this job), then ends the job.
+    relaunch_wait_s: float = Field(60.0, gt=0, le=3600)
+    max_restarts: int = Field(3, ge=0)
+    # The fast path: the runs' events, heartbeats and checkpoint logs are read this often.
+    poll_interval_s: float = Field(0.25, gt=0, le=60)
+    # The slow path: one batched scheduler poll for all jobs this often (None: the backend's
+    # default, 5 s for Slurm and PBS, every round for the local backend); earlier only when a
+    # run's files say the scheduler has news, and later when the scheduler is slow.
+    scheduler_poll_s: float | None = Field(None, ge=0, le=600)
+    hang_timeout_s: float = Field(120.0, gt=0, description="no heartbeat for this long: a hang")
+    start_timeout_s: float = Field(600.0, gt=0, description="no training step this long after the job started")
+    # A rank announces its long phases (resume, checkpoint, finish); each may last this long before
+    # it counts as a hang. Ranks also wait this long for each other around a checkpoint.
+    checkpoint_timeout_s: float = Field(300.0, gt=0)
+    submit_retries: int = Field(3, ge=0, description="tries after a failed sbatch/qsub, then the attempt failed")
+    submit_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles each time")
+    scheduler_timeout_s: float = Field(300.0, gt=0, description="the scheduler unanswered this long: the drill stops")
+    cancel_timeout_s: float = Field(120.0, gt=0, description="a cancelled job still not ended after this long is "
+                                                            "killed, and after twice as long left behind")
+    # exclude_node keeps at most this many nodes (the most recent failures') out of the next attempt,
+    # so that a job still fits the cluster.
+    max_excluded_nodes: int = Field(1, ge=0, le=64)
+    # Failure class -> what to do (orchestrator/campaign/policy.py); classes not named keep their default.
+    policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
+
+
+WARM_FRAMEWORKS = ("torch", *RESTART_ALL_FRAMEWORKS)
+
+
+def _warm_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:
+    """What the warm strategy needs: a built-in workload whose process group the drill re-forms."""
+    if restart.strategy != "warm" or workload is None:
+        return []
+    if workload.command is not None:
+        return ["restart.strategy warm re-forms the built-in workloads' process group in place; a command "
+                "workload brings its own: use resubmit or in-allocation"]
+    if workload.framework not in WARM_FRAMEWORKS:
+        return [f"restart.strategy warm runs the {', '.join(WARM_FRAMEWORKS)} workload(s), not "
+                f"{workload.framework}: use resubmit or in-allocation"]
+    if workload.framework in RESTART_ALL_FRAMEWORKS and restart.warm_spares < 1:
+        return [f"restart.warm_spares is 0: {workload.framework} restarts every rank in a warm spare set, "
+                "so warm needs at least 1 (a set of tasks_per_node processes per node)"]
+    return []
+
+
+class SweepConfig(_Strict):
+    """``grid``: dotted keys -> values, expanded as a cartesian product; a list of such grids is the
+    union of their products (e.g. one grid per dimension of a study)."""
+
+    grid: dict[str, list[Any]] | list[dict[str, list[Any]]] = Field(default_factory=dict)
+
+    @property
+    def grids(self) -> list[dict[str, list[Any]]]:
+        return self.grid if isinstance(self.grid, list) else [self.grid]
+
+
+class Campaign(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    backend: Literal["local", "slurm", "pbs"] = "local"
+    workdir: Path
+    template: Path | None = None
+    # The user's experiment parameters: {placeholders} of a command workload, swept as args.<key>.
+    args: dict[str, Any] = Field(default_factory=dict)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    faults: list[FaultConfig] = Field(default_factory=list)
+    restart: RestartConfig = Field(default_factory=RestartConfig, validate_default=True)  # checked against backend
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    baseline: bool = False
+    parallel_runs: int = Field(1, ge=1, le=64)
+    # Submit the runs' first attempts as job arrays (one per set of equal resources), throttled to
+    # parallel_runs by the scheduler; restarts are single jobs.
+    submit_as_array: bool = False
+
+    # Cross-field checks as field validators (they see the fields before them in info.data), so
+    # that they are reported together with every other bad field, not only once the rest is valid.
+    @field_validator("resources")
+    @classmethod
+    def _resources_fit_backend(cls, resources: ResourcesConfig, info: ValidationInfo) -> ResourcesConfig:
+        backend = info.data.get("backend")
+        problems = []
+        if backend == "local" and resources.nodes != 1:
+            problems.append("the local backend runs on one node: set resources.nodes to 1")
+        problems += [problem for directive in resources.extra_directives
+                     if (problem := reserved_problem(directive, str(backend)))]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return resources
+
+    @field_validator("restart")
+    @classmethod
+    def _strategy_fits_backend(cls, restart: RestartConfig, info: ValidationInfo) -> RestartConfig:
+        backend, resources = info.data.get("backend"), info.data.get("resources")
+        problems = []
+        valid = STRATEGIES_BY_BACKEND.get(str(backend), ())
+        if backend is not None and restart.strategy not in valid:
+            problems.append(f"restart.strategy {restart.strategy!r} does not run on the {backend} backend yet; "
+                            f"valid there: {', '.join(valid)}")
+        if backend == "local" and resources is not None and resources.spare_nodes:
+            problems.append("resources.spare_nodes: the local backend has one node, none to spare; set it to 0")
+        elif backend == "pbs" and resources is not None and resources.spare_nodes:
+            problems.append("resources.spare_nodes: the PBS launch (mpiexec) cannot move a dead node's ranks to a "
+                            "spare; spare nodes work on the slurm backend; set it to 0")
+        elif resources is not None and resources.spare_nodes and restart.strategy not in ("in-allocation", "warm"):
+            problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
+                            f"or warm (a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
+        problems += _warm_problems(restart, info.data.get("workload"))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return restart
+
+    @model_validator(mode="after")
+    def _placeholders_known(self) -> "Campaign":
+        """Every {placeholder} of a command workload names an args key (given, or swept as
+        args.<key>) or a built-in."""
+        workload = self.workload
+        if workload.command is None:
+            return self
+        swept = {key.split(".", 1)[1] for grid in self.sweep.grids for key in grid if key.startswith("args.")}
+        texts = [(f"workload.command[{i}]", text) for i, text in enumerate(workload.command)]
+        texts += [(f"workload.env.{name}", text) for name, text in workload.env.items()]
+        texts += [(f"workload.resume_args[{i}]", text) for i, text in enumerate(workload.resume_args)]
+        found = placeholder_problems(texts, [*self.args, *swept, *PLACEHOLDER_BUILTINS])
+        if found:
+            raise ValueError("\n".join(found))
+        return self
+
+    @field_validator("faults")
+    @classmethod
+    def _faults_fit_the_run(cls, faults: list[Any], info: ValidationInfo) -> list[Any]:
+        """Ranks the run has, a step it reaches, a backend the kind works on."""
+        resources, workload, backend = (info.data.get(key) for key in ("resources", "workload", "backend"))
+        problems = []
+        for index, fault in enumerate(faults):
+            if resources is not None and hasattr(fault, "rank"):
+                ranks = resources.nodes * resources.tasks_per_node
+                if problem := rank_problem(fault.rank, ranks):
+                    problems.append(f"fault {index} {problem} ({resources.nodes} node(s) x "
+                                    f"{resources.tasks_per_node} tasks)")
+            if resources is not None and hasattr(fault, "node"):
+                if problem := node_index_problem(fault.node, resources.nodes):
+                    problems.append(f"fault {index} {problem}")
+            step = getattr(fault.after, "at_step", None)
+            if workload is not None and step is not None and step > workload.steps:
+                problems.append(f"fault {index} fires at step {step}, but the run trains {workload.steps} steps")
+            kind = get_kind(fault.kind)
+            if workload is not None and workload.zero_code and kind.needs_rank_api:
+                problems.append(f"fault {index}: {fault.kind} needs the rank API ({kind.needs_rank_api}); "
+                                "this command workload is in zero-code mode (workload.progress)")
+            works_on = kind.works_on
+            if backend is not None and backend not in works_on:
+                problems.append(f"fault {index}: {fault.kind} works on the {', '.join(works_on)} backend(s), "
+                                f"not on {backend}")
+            elif backend is not None and (problem := get_kind(fault.kind).backend_problem(fault, backend)):
+                problems.append(f"fault {index}: {problem}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return faults
+
+
+def load_campaign(path: Path) -> Campaign:
+    """Read and validate a spec file; relative paths in it are relative to the spec's folder."""
+    raw = yaml_mapping(read_spec_text(path), str(path))
+    return parse_campaign(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def read_spec_text(path: Path) -> str:
+    """The spec file as text; a missing, unreadable or non-UTF-8 file is a SpecError."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, not a spec file") from None
+    except OSError as error:
+        raise SpecError(f"{path}: cannot be read: {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SpecError(f"{path}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+                        "a spec is a YAML file in UTF-8") from None
+
+
+def yaml_mapping(text: str, source: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpecError(f"{source}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
+    return raw
+
+
+def parse_campaign(raw: dict[str, Any], *, base_dir: Path, source: str = "spec") -> Campaign:
+    """The validated campaign; every problem of the spec at once (fields, workdir, template)."""
+    problems = _path_problems(raw, base_dir)
+    try:
+        campaign = Campaign.model_validate(raw)
+    except ValidationError as error:
+        raise SpecError(f"{source}: invalid spec\n" + format_errors(error, problems)) from None
+    if problems:
+        raise SpecError(f"{source}: invalid spec\n" + "\n".join(problems))
+    return campaign.model_copy(update=_resolved_paths(campaign, base_dir))
+
+
+def _path_problems(raw: dict[str, Any], base_dir: Path) -> list[str]:
+    """The workdir's parent and the template, checked from the raw values (so they are reported
+    with every other problem, not only once the rest is valid)."""
+    problems = []
+    workdir = raw.get("workdir")
+    if isinstance(workdir, (str, Path)) and str(workdir):
+        parent = _absolute(Path(workdir), base_dir).parent
+        if not parent.is_dir():
+            problems.append(f"  workdir: parent directory {str(parent)!r} does not exist "
+                            "(the workdir itself is created, its parent must exist)")
+    template = raw.get("template")
+    if isinstance(template, (str, Path)) and str(template):
+        path = _absolute(Path(template), base_dir)
+        if not path.is_file():
+            problems.append(f"  template: no such file {str(path)!r}")
+    return problems
+
+
+def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
+    update: dict[str, Any] = {"workdir": _absolute(campaign.workdir, base_dir)}
+    if campaign.template is not None:
+        update["template"] = _absolute(campaign.template, base_dir)
+    if campaign.workload.command is not None:
+        # The script runs where the spec lies, unless the spec says where.
+        cwd = _absolute(campaign.workload.cwd, base_dir) if campaign.workload.cwd else base_dir
+        update["workload"] = campaign.workload.model_copy(update={"cwd": cwd})
+    return update
+
+
+def _absolute(path: Path, base_dir: Path) -> Path:
+    path = path.expanduser()
+    return path if path.is_absolute() else (base_dir / path)
+
+
+def format_errors(error: ValidationError, extra: list[str] | None = None) -> str:
+    """One line per problem: the dotted field, what is wrong, and for unknown keys the valid ones."""
+    lines = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"] if not _is_union_tag(part))
+        if item["type"] == "extra_forbidden":
+            valid = _valid_keys(item["loc"][:-1])
+            lines.append(f"  {location}: unknown key; valid keys here: {', '.join(valid)}")
+        else:
+            lines += [f"  {location}: {part}{_got(item)}" for part in _message(item).splitlines()]
+    return "\n".join(dict.fromkeys(lines + (extra or [])))
+
+
+def _message(item: Any) -> str:
+    message = str(item["msg"])
+    return message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _got(item: Any) -> str:
+    """`` (got X)`` unless the message already shows X or X is a whole section."""
+    value = item.get("input")
+    if isinstance(value, (dict, list)) or repr(value) in _message(item):
+        return ""
+    return f" (got {value!r})"
+
+
+# The names pydantic puts into an error's location for the member of a union it tried.
+_UNION_MEMBERS: dict[str, Any] = {
+    "FixedDelay": FixedDelay, "ExponentialDelay": ExponentialDelay, "WeibullDelay": WeibullDelay, "AtStep": AtStep,
+    "RankFraction": RankFraction, **FAULT_MODELS,
+}
+_UNION_SCALARS = {"int", "literal['random']", "list[int]", "str", "literal['newest']"}
+
+
+def _is_union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in _UNION_MEMBERS or part in _UNION_SCALARS)
+
+
+def _valid_keys(location: tuple[Any, ...]) -> list[str]:
+    model: Any = Campaign
+    for part in location:
+        if isinstance(part, int):
+            continue
+        if part in _UNION_MEMBERS:
+            model = _UNION_MEMBERS[part]
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        model = _model_of(field.annotation)
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None

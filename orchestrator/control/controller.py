@@ -1,0 +1,223 @@
+"""The restart controller: runs a campaign to the end, one batched scheduler poll per interval.
+
+Every decision is written to the ledger before it is acted on, so a controller that is killed and
+started again adopts the jobs its predecessor left running instead of submitting them twice. One
+run's trouble (a submission the scheduler refuses) stays that run's; a scheduler that does not
+answer at all stops the drill after restart.scheduler_timeout_s, its jobs left to a rerun. The
+scheduler is polled at its own, slower pace (orchestrator.observe.scheduler_poll).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from experiments.runtime.fence import sync_filesystem
+from injectors.kinds import get_kind
+from injectors.schedule import PlannedFault, seeded_rng
+from orchestrator.backends import make_backend
+from orchestrator.backends.base import Backend
+from orchestrator.commands import CommandError, one_line
+from orchestrator.faults.job_control import Menders
+from orchestrator.record.ledger import Ledger, RunRow
+from orchestrator.record.measure import record_determinism
+from orchestrator.render.scripts import array_job_name
+from orchestrator.campaign.runs import RunConfig, expand_runs
+from orchestrator.observe.scheduler_poll import SchedulerPoller
+from orchestrator.campaign.spec import Campaign
+from orchestrator.control.tracker import RunTracker
+
+log = logging.getLogger(__name__)
+
+Observer = Callable[[list[RunTracker]], None]
+
+
+def plan_faults(run: RunConfig) -> list[PlannedFault]:
+    """The run's faults with their delays and targets drawn from a generator seeded by the run:
+    the same spec gives the same plan. An entry with ``repeat`` makes that many faults."""
+    rng = seeded_rng(run.campaign.name, run.run_id, run.campaign.workload.seed)
+    plan: list[PlannedFault] = []
+    for fault in run.campaign.faults:
+        kind = get_kind(fault.kind)
+        for _ in range(fault.repeat):
+            ranks = kind.plan_ranks(fault, run.ranks, rng)
+            delay = fault.after.draw(rng, ranks=run.ranks, nodes=run.campaign.resources.nodes)
+            options = fault.kind_options()
+            options.pop("rank", None)  # drawn: the plan names the ranks
+            plan.append(PlannedFault(
+                index=len(plan), kind=fault.kind, delay_s=delay, anchor=fault.anchor, ranks=ranks, options=options,
+                target=kind.describe(ranks, options), at_step=getattr(fault.after, "at_step", None),
+            ))
+    return plan
+
+
+def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]:
+    """Every run and its planned faults; raises SpecError before anything is created."""
+    return [(run, plan_faults(run)) for run in expand_runs(campaign)]
+
+
+def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
+    for run in runs:
+        ledger.add_run(RunRow(
+            run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
+            nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
+            baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
+            model=run.model_name, requested_params=0 if run.command else run.campaign.workload.params, twin=run.twin,
+        ))
+
+
+def _drill_id(ledger: Ledger, campaign: Campaign) -> str:
+    drill_id = ledger.meta("drill_id")
+    if drill_id is None:
+        drill_id = f"{campaign.name}-{secrets.token_hex(4)}"
+        ledger.set_meta("drill_id", drill_id)
+        ledger.set_meta("campaign", campaign.name)
+        ledger.set_meta("backend", campaign.backend)
+        ledger.set_meta("created", time.time())
+        ledger.set_meta("spec", campaign.model_dump(mode="json"))
+    return str(drill_id)
+
+
+class Controller:
+    def __init__(self, campaign: Campaign, backend: Backend | None = None,
+                 plan: list[tuple[RunConfig, list[PlannedFault]]] | None = None) -> None:
+        self.plan = plan if plan is not None else plan_drill(campaign)  # spec errors before any file
+        campaign.workdir.mkdir(parents=True, exist_ok=True)
+        self.campaign = campaign
+        self.ledger = Ledger.in_workdir(campaign.workdir)
+        self.drill_id = _drill_id(self.ledger, campaign)
+        self.backend = backend or make_backend(campaign.backend, self.drill_id)
+        self.runs = [run for run, _ in self.plan]
+        _register_runs(self.ledger, self.runs)
+        restart = campaign.restart
+        interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
+        self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
+        self._cpu_at_start = time.process_time()
+        self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
+
+    def run(self, observer: Observer | None = None) -> bool:
+        """Drive every run to completed, failed or gave_up; False if asked to stop first (``stop``:
+        the jobs are left running for the next controller to adopt)."""
+        menders = Menders(self.campaign.workdir)
+        self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="injector") as pool:
+            trackers = self._trackers(pool)
+            try:
+                self._drive(trackers, observer)
+            finally:
+                pool.shutdown(wait=True)  # a fault still acting may owe a mend
+                self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
+                for tracker in trackers:
+                    if tracker.done:
+                        tracker.finalize()
+        if self.stop_requested.is_set() and not all(tracker.done for tracker in trackers):
+            self.ledger.set_meta(f"stopped-{time.time():.3f}", "the controller was asked to stop; jobs left running")
+            return False
+        record_determinism(self.ledger, self.runs)
+        self.ledger.set_meta("finished", time.time())
+        return True
+
+    def cancel(self) -> dict[str, list[str]]:
+        """``faultdrill cancel``: every unfinished run's jobs cancelled and the runs recorded as
+        cancelled, owed cluster actions run, the drill finished. Run id -> the jobs cancelled."""
+        menders = Menders(self.campaign.workdir)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="injector") as pool:
+            now = time.time()
+            cancelled = {tracker.run.run_id: tracker.cancel_by_user(now) for tracker in self._trackers(pool)}
+        self._mend(menders, "on cancel")
+        self.ledger.set_meta("cancelled", now)
+        self.ledger.set_meta("finished", now)
+        return cancelled
+
+    def _trackers(self, pool: ThreadPoolExecutor) -> list[RunTracker]:
+        return [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id) for run, faults in self.plan]
+
+    def _mend(self, menders: Menders, when: str) -> None:
+        for said in menders.run_all():
+            log.info("cluster action %s: %s", when, said)
+            self.ledger.set_meta(f"mended-{time.time():.3f}", f"{when}: {said}")
+
+    def _drive(self, trackers: list[RunTracker], observer: Observer | None) -> None:
+        waiting = [t for t in trackers if not t.done]
+        active: list[RunTracker] = []
+        if self.campaign.submit_as_array and self.backend.supports_arrays:
+            arrayed = self._submit_arrays([t for t in waiting if t.fresh])
+            active += arrayed
+            waiting = [t for t in waiting if t not in arrayed]
+        while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
+            while waiting and len(active) < self.campaign.parallel_runs:
+                tracker = waiting.pop(0)
+                tracker.start(time.time())
+                active.append(tracker)
+            self._advance(active, trackers)
+            active = [t for t in active if not t.done]
+            if observer is not None:
+                observer(trackers)
+            if waiting or active or any(t.closing for t in trackers):
+                self.stop_requested.wait(self.campaign.restart.poll_interval_s)
+
+    def _submit_arrays(self, fresh: list[RunTracker]) -> list[RunTracker]:
+        """The first attempts of fresh runs, one job array per set of runs with equal resources
+        (the scheduler throttles each to parallel_runs). An array the scheduler did not take is
+        looked up, then its runs are tried again one by one."""
+        groups: dict[str, list[RunTracker]] = {}
+        for tracker in fresh:
+            key = json.dumps([tracker.run.campaign.resources.model_dump(mode="json"),
+                              tracker.run.campaign.workload.framework])
+            groups.setdefault(key, []).append(tracker)
+        now = time.time()
+        for group in groups.values():
+            name = array_job_name([t.run for t in group], 0, self.drill_id) if len(group) > 1 else None
+            # One ledger transaction and one sync of the fences for the whole group, not one per run
+            # (a 1000-run sweep: 4000 fsyncs and 2000 commits took most of its submission time).
+            with self.ledger.transaction():
+                jobs = [tracker.begin_attempt(0, name, index if name else None, durable=False)
+                        for index, tracker in enumerate(group)]
+            sync_filesystem(self.campaign.workdir)
+            try:
+                submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs)])
+            except (CommandError, OSError) as error:
+                log.warning("submitting an array of %d runs failed (%s); each is tried on its own",
+                            len(group), one_line(error))
+                for tracker, job in zip(group, jobs):
+                    tracker.submission_failed(0, job, one_line(error), now)
+                continue
+            with self.ledger.transaction():
+                for tracker, submission in zip(group, submissions):
+                    tracker.accept(0, submission, durable=False)
+            sync_filesystem(self.campaign.workdir)
+        return fresh
+
+    def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
+        """Every run's files at the fast interval; the scheduler's states when a poll was due (a
+        job absent from ``states`` has no news this round)."""
+        job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]
+        states = self.poller.poll(self.backend, job_ids, urgent=any(tracker.awaits_scheduler for tracker in active))
+        now = time.time()
+        for tracker in trackers:
+            tracker.settle_closing(states, now)
+        for tracker in active:
+            tracker.advance(states, now, asked_at=self.poller.answered_as_of)
+
+    def close(self) -> None:
+        self.poller.close()
+        self._record_cost()
+        self.ledger.close()
+
+    def _record_cost(self) -> None:
+        """What the drill cost the scheduler and the login node, summed over the controllers a
+        drill had (one that was stopped and started again)."""
+        stats, before = self.poller.stats, self.ledger.meta("controller_cost") or {}
+        self.ledger.set_meta("controller_cost", {
+            "scheduler_polls": before.get("scheduler_polls", 0) + stats.calls,
+            "scheduler_poll_commands": before.get("scheduler_poll_commands", 0) + stats.commands,
+            "scheduler_poll_failures": before.get("scheduler_poll_failures", 0) + stats.failures,
+            "scheduler_wait_s": round(before.get("scheduler_wait_s", 0.0) + stats.seconds, 3),
+            "controller_cpu_s": round(before.get("controller_cpu_s", 0.0) + time.process_time() - self._cpu_at_start, 3),
+            "scheduler_poll_interval_s": self.poller.interval_s,
+        })

@@ -1,0 +1,124 @@
+"""Getting one attempt of a run to the scheduler: one try at a time, and after a failed try first a
+look for the job (the scheduler may have taken it although the command failed: a reply that timed
+out), then another try after a backoff, until ``restart.submit_retries`` is spent.
+
+The attempt is already in the ledger and the fence (the tracker's ``begin_attempt``) before its
+first try, so a controller that stops at any moment is replaced by one that looks it up instead of
+submitting it twice; a late acceptance of a try given up on is fenced off by its job id.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from experiments.layout import RankJob
+from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.commands import CommandError, one_line
+from orchestrator.record.ledger import AttemptRow, Ledger
+from orchestrator.render.scripts import TemplateError, attempt_job_name
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import RestartConfig
+
+log = logging.getLogger(__name__)
+
+SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
+
+
+@dataclass
+class PendingSubmission:
+    """An attempt recorded but not (known to be) accepted yet: tried again after a failure."""
+
+    attempt: int
+    job: RankJob
+    failures: int = 0
+    next_try_at: float = 0.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SubmissionHooks:
+    """What the tracker does when a submission ends either way, and how it cancels a duplicate."""
+
+    accepted: Callable[[int, Submission], None]  # (attempt, submission)
+    gave_up: Callable[[int, float], None]  # (attempt, now): every try failed; the policy decides
+    cancel: Callable[[str], None]  # a duplicate job found for the attempt
+
+
+class Submitter:
+    def __init__(self, run: RunConfig, backend: Backend, ledger: Ledger, drill_id: str, restart: RestartConfig,
+                 hooks: SubmissionHooks) -> None:
+        self.run, self.backend, self.ledger, self.drill_id, self.restart = run, backend, ledger, drill_id, restart
+        self.hooks = hooks
+        self.pending: PendingSubmission | None = None
+
+    def submit(self, attempt: int, job: RankJob, now: float, not_before: float | None = None) -> None:
+        """The first try of a recorded attempt (at ``not_before``: a policy's backoff)."""
+        self.pending = PendingSubmission(attempt, job, next_try_at=now if not_before is None else not_before)
+        self.try_pending(now)
+
+    def retry(self, attempt: int, job: RankJob, error: str, now: float) -> None:
+        """An attempt whose submission may or may not have reached the scheduler (a failed array,
+        a controller stopped while submitting it): looked up first, then tried again."""
+        self.pending = PendingSubmission(attempt, job, failures=1, next_try_at=now, error=error)
+        self.try_pending(now)
+
+    def try_pending(self, now: float) -> None:
+        """One try of the pending submission, when it is due."""
+        pending = self.pending
+        if pending is None or now < pending.next_try_at:
+            return
+        try:
+            if pending.failures:
+                found = self.backend.find_submitted(self._ref(pending.attempt))
+                if found:
+                    self.pending = None
+                    self._adopt_found(pending, found)
+                    return
+                self._as_single_job(pending.attempt)
+            submission = self.backend.submit(self.run, pending.job)
+        except (CommandError, TemplateError, OSError) as error:
+            self._failed(pending, error, now)
+            return
+        self.pending = None
+        self.hooks.accepted(pending.attempt, submission)
+
+    def _failed(self, pending: PendingSubmission, error: BaseException, now: float) -> None:
+        pending.failures += 1
+        pending.error = one_line(error)
+        if pending.failures <= self.restart.submit_retries:
+            delay = self.restart.submit_backoff_s * 2 ** (pending.failures - 1)
+            pending.next_try_at = now + delay
+            log.warning("%s: submitting attempt %d failed (%s); trying again in %.1f s", self.run.run_id,
+                        pending.attempt, pending.error, delay)
+            return
+        self.pending = None
+        reason = f"submission failed {pending.failures} times: {pending.error}"
+        log.warning("%s: attempt %d: %s", self.run.run_id, pending.attempt, reason)
+        self.ledger.update_attempt(self.run.run_id, pending.attempt, state=SUBMIT_FAILED, ended=now,
+                                   detected=now, reason=reason)
+        self.hooks.gave_up(pending.attempt, now)
+
+    def _ref(self, attempt: int) -> AttemptRef:
+        row = self._row(attempt)
+        return AttemptRef(self.run, attempt, row.job_name, row.array_index, row.submitted)
+
+    def _as_single_job(self, attempt: int) -> None:
+        """An attempt that was to be an array element goes out on its own next time (a late
+        acceptance of the array is then fenced off by the job id)."""
+        if self._row(attempt).array_index is not None:
+            self.ledger.update_attempt(self.run.run_id, attempt, array_index=None,
+                                       job_name=attempt_job_name(self.run, attempt, self.drill_id))
+
+    def _adopt_found(self, pending: PendingSubmission, found: list[str]) -> None:
+        """Adopt the oldest job found for the attempt; any other is a duplicate and is cancelled."""
+        for duplicate in found[1:]:
+            log.warning("%s: attempt %d was submitted twice; cancelling the duplicate job %s",
+                        self.run.run_id, pending.attempt, duplicate)
+            self.hooks.cancel(duplicate)
+        self.backend.adopt(found[0], self.run, pending.job)
+        self.hooks.accepted(pending.attempt, Submission(found[0], accepted_at=self._row(pending.attempt).submitted))
+
+    def _row(self, attempt: int) -> AttemptRow:
+        return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)

@@ -1,0 +1,558 @@
+"""One run's state machine: submit, watch, fault, detect failure, restart (or give up).
+
+Its parts live beside it: getting an attempt to the scheduler (orchestrator.control.submission), the
+facts of a failure (orchestrator.observe.failure_signs, then the class table and the policy), restarts in
+the same job (orchestrator.strategies.same_job), faults (orchestrator.faults.book), failed jobs until they end
+(orchestrator.control.closing).
+
+Every decision is in the ledger before it is acted on, writes that belong together go in one
+transaction, and the fence (experiments.runtime.fence) names the current attempt before its job is
+submitted and the job once it was accepted: a controller stopped at any moment is replaced by one
+that picks up from the ledger (``start``) without submitting twice, and any job that is not the
+current attempt's starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from typing import Any
+
+from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
+from experiments.runtime.fence import Fence, write_fence
+from injectors.schedule import PlannedFault
+from injectors.kinds.base import FaultOutcome
+from orchestrator.backends.base import Backend, Submission
+from orchestrator.control.closing import ClosingJobs
+from orchestrator.commands import CommandError
+from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
+from orchestrator.observe.failure_signs import (
+    blamed_nodes,
+    facts_from_json,
+    facts_json,
+    failure_evidence,
+    failure_sign,
+    requeued,
+)
+from orchestrator.faults.book import FaultBook, OnActed
+from orchestrator.faults.inject import FaultRequest, inject
+from orchestrator.record.ledger import AttemptRow, Ledger
+from orchestrator.record.measure import completion_facts
+from orchestrator.campaign.policy import Decision, decide, policy_entry
+from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
+from orchestrator.render.scripts import attempt_job_name
+from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, STRATEGY_WARM, RunConfig
+from orchestrator.strategies.same_job import REQUEUING, Requeuer, end_rank_launch
+from orchestrator.states import TERMINAL_STATES, JobState
+from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
+from orchestrator.observe.watch import AttemptWatch, FailureSign
+
+log = logging.getLogger(__name__)
+
+DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
+CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
+TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
+STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
+RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
+
+
+class RunTracker:
+    def __init__(
+        self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
+        injector_pool: ThreadPoolExecutor, drill_id: str,
+    ) -> None:
+        self.run = run
+        self.plan = plan
+        self.backend = backend
+        self.ledger = ledger
+        self.drill_id = drill_id
+        self.restart = run.campaign.restart
+        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
+        self.watch: AttemptWatch | None = None
+        self.submitter = Submitter(run, backend, ledger, drill_id, self.restart,
+                                   SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up,
+                                                   cancel=self._cancel))
+        self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
+                                 gave_up=self._give_up)
+        self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s,
+                                   on_final_state=self._final_state)
+        self.status = ledger.run(run.run_id).status
+        self._awaiting_recovery: int | None = None
+        self._started_recorded = False
+        self._finalized = False
+        # Jobs the drill itself cancelled though the next attempt was to run in them (in-allocation),
+        # kept in the ledger (a controller started later must not take that end for a person's cancel);
+        # the thread that cancels hands them to the loop, which records them.
+        self.ended_by_drill: dict[str, DrillEnded] = {
+            row.job_id: DrillEnded(**json.loads(row.ended_by_drill)) for row in ledger.attempts(run.run_id)
+            if row.job_id and row.ended_by_drill}
+        self._ended_unrecorded: queue.SimpleQueue[tuple[int, str, DrillEnded]] = queue.SimpleQueue()
+
+    @property
+    def done(self) -> bool:
+        return self.status in DONE_STATUSES
+
+    @property
+    def job_id(self) -> str | None:
+        return self.watch.job_id if self.watch else None
+
+    @property
+    def fresh(self) -> bool:
+        """Never submitted: can go out in a job array with other fresh runs."""
+        return not self.done and not self.ledger.attempts(self.run.run_id)
+
+    @property
+    def awaits_scheduler(self) -> bool:
+        """The run's files say its job has started while the scheduler last said it was pending
+        (faults wait for RUNNING), or that it is ending (the rank step exited, the final record is
+        written), or a rank fell silent (a hang, unless the job is suspended): the scheduler's word
+        is wanted before the next regular poll."""
+        watch = self.watch
+        if watch is None or self.done or watch.state.is_terminal:
+            return False
+        started_unseen = watch.job_started is not None and watch.state is JobState.PENDING
+        return started_unseen or watch.step_exit is not None or watch.completed or watch.silent_since is not None
+
+    def watched_job_ids(self) -> list[str]:
+        """The current job and the failed ones still finishing: all polled in the same batch."""
+        current = [self.job_id] if self.job_id is not None and not self.done else []
+        return current + self.closing.job_ids
+
+    # starting ---------------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """Pick up where the ledger (and the run directory) says the run is: complete it from its
+        final record, adopt or find the attempt in flight, give up, or submit the next attempt."""
+        if self.done:
+            return
+        attempts = self.ledger.attempts(self.run.run_id)
+        last = attempts[-1] if attempts else None
+        final = _read_final(self.run)
+        in_flight = last is not None and last.ended is None and last.job_id is not None
+        if final is not None and final.step == self.run.workload.steps and not (in_flight and final.attempt == last.attempt):
+            self._complete_from_record(final, last, now)
+            return
+        if last is not None and last.ended is None:
+            self._resume_attempt(last, now)
+            return
+        if last is None:
+            self._submit(0, now)
+            return
+        decision = self._decide(last.attempt)
+        if not decision.restart:
+            self._give_up(decision.reason, now)
+            return
+        self._submit(last.attempt + 1, now)
+
+    def _resume_attempt(self, row: AttemptRow, now: float) -> None:
+        """Adopt the attempt an earlier controller left in flight. One whose job id it never
+        recorded is a submission that may or may not have reached the scheduler: looked up, and
+        adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
+        if row.job_id is not None and row.state == REQUEUING:  # it stopped before the scheduler took it
+            self.requeuer.requeue(row.attempt, row.job_id, now)
+            return
+        if row.job_id is not None:
+            self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
+            write_fence(self.run.paths, Fence(row.attempt, row.job_id))
+            self._watch(row.attempt, row.job_id)
+            return
+        self.submitter.retry(row.attempt, self.rank_job(row.attempt), "a controller stopped while submitting it", now)
+
+    def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
+        """The run's final record shows it reached its last step: a controller stopped before it
+        recorded that. Complete it instead of submitting anything."""
+        if last is not None and last.ended is None and last.job_id is not None:
+            self._cancel(last.job_id)  # an attempt after the one that finished: not needed
+        self._ingest_checkpoints()
+        with self.ledger.transaction():
+            if last is not None and last.ended is None:
+                self.ledger.update_attempt(self.run.run_id, last.attempt, ended=now)
+            self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest,
+                                   **completion_facts(self.run.paths, final.attempt))
+            self._finish("completed", now)
+
+    # submission -------------------------------------------------------------------------------
+    def rank_job(self, attempt: int) -> RankJob:
+        run = self.run
+        row = next((row for row in self.ledger.attempts(run.run_id) if row.attempt == attempt), None)
+        excluded = tuple(row.excluded_nodes.split(",")) if row is not None and row.excluded_nodes else ()
+        return RankJob(
+            run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
+            checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
+            drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights, exclude_nodes=excluded,
+        )
+
+    def _exclusions(self, attempt: int) -> tuple[str, ...]:
+        """The nodes ``attempt`` stays off: those earlier attempts lost in a failure whose policy
+        says exclude_node, the most recent first, at most restart.max_excluded_nodes."""
+        if not self.backend.can_exclude_nodes:
+            return ()
+        nodes: list[str] = []
+        for row in sorted(self.ledger.attempts(self.run.run_id), key=lambda row: -row.attempt):
+            if row.attempt >= attempt or not row.failed_nodes or not row.failure_class:
+                continue
+            if policy_entry(self.restart.policy, FailureClass(row.failure_class)).exclude_node:
+                nodes += [node for node in row.failed_nodes.split(",") if node not in nodes]
+        return tuple(nodes[:self.restart.max_excluded_nodes])
+
+    def begin_attempt(self, attempt: int, job_name: str | None = None, array_index: int | None = None,
+                      durable: bool = True, fence: bool = True) -> RankJob:
+        """Record the attempt and fence the run on it before it is submitted (a restarted
+        controller then knows to look for it, and no older job may start ranks any more).
+        ``durable`` False: the caller makes a batch of fences durable before submitting."""
+        run = self.run
+        with self.ledger.transaction():
+            if self.ledger.run(run.run_id).started is None:
+                self.ledger.update_run(run.run_id, started=time.time())
+            self.ledger.update_run(run.run_id, status="running")
+            self.ledger.add_attempt(run.run_id, attempt, job_name or attempt_job_name(run, attempt, self.drill_id),
+                                    array_index, excluded_nodes=self._exclusions(attempt))
+        self.status = "running"
+        if fence:
+            write_fence(run.paths, Fence(attempt, None), durable)
+        return self.rank_job(attempt)
+
+    def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
+        self.watch = None  # the attempt before is over (its job, if still there, is closing)
+        self.submitter.submit(attempt, self.begin_attempt(attempt), now, not_before)
+
+    def submission_failed(self, attempt: int, job: RankJob, error: str, now: float) -> None:
+        """A first attempt that went out in a job array the scheduler did not take: looked up,
+        then tried on its own."""
+        self.submitter.retry(attempt, job, error, now)
+
+    def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None:
+        self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
+                                   state=JobState.PENDING.value, accepted=submission.accepted_at)
+        if fence:
+            write_fence(self.run.paths, Fence(attempt, submission.job_id), durable)
+        self._watch(attempt, submission.job_id)
+        log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
+
+    def _watch(self, attempt: int, job_id: str) -> None:
+        self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
+        self._started_recorded = False
+        ran_before = any(row.attempt < attempt and _ran(row) for row in self.ledger.attempts(self.run.run_id))
+        self._awaiting_recovery = attempt if ran_before else None
+        self.status = "running"
+
+    def _act(self, attempt: int, job_id: str, fault: PlannedFault, on_acted: OnActed) -> FaultOutcome:
+        return inject(self.backend, FaultRequest(run=self.run, attempt=attempt, job_id=job_id, fault=fault,
+                                                 on_acted=on_acted))
+
+    # one step of the loop ---------------------------------------------------------------------
+    def advance(self, states: dict[str, JobState], now: float, asked_at: float | None = None) -> None:
+        """One round: ``states`` is the scheduler's answer (asked at ``asked_at``), if one came."""
+        if self.done:
+            return
+        self._record_ended_by_drill()
+        watch = self.watch
+        if watch is None:
+            self.faults.collect()
+            self.submitter.try_pending(now)
+            self.requeuer.try_requeue(now)
+            return
+        fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
+        # No poll this round (or a stale one): the last word stands.
+        state = states.get(watch.job_id, watch.state) if fresh else watch.state
+        watch.read()
+        self._note(watch, state, now)
+        self.faults.collect(watch)
+        self._maybe_record_recovery()
+        sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at)
+        if sign is not None and self._final_of(watch) is None:
+            self._on_failure(watch, sign, state, now)
+        elif state is JobState.COMPLETED or sign is not None:
+            # The final record of this attempt is the proof of the work: a job that failed while
+            # its ranks were exiting still trained to the end.
+            self._on_job_completed(watch, state, now)
+        else:
+            self.faults.maybe_fire(watch, now)
+
+    def _note(self, watch: AttemptWatch, state: JobState, now: float) -> None:
+        if watch.observe_state(state, now):
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, state=state.value)
+        if watch.job_started is not None and not self._started_recorded:
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, started=watch.job_started)
+            self._started_recorded = True
+
+    # failure ----------------------------------------------------------------------------------
+    def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
+        # in-allocation: the job outlives its failed rank step and is the next attempt's, unless the
+        # allocation itself has ended (then a new job, as resubmit does).
+        was_requeued = requeued(watch, state)
+        # warm: the job's coordinator already made the next attempt (a spare in the dead rank's place).
+        warm = self.restart.strategy == STRATEGY_WARM and sign.evidence == "warm" and not state.is_terminal
+        keep_allocation = warm or (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
+                                   and not was_requeued)
+        # requeue: the job runs again as the next attempt; scontrol requeue ends whatever of it
+        # still runs (a hang: the job itself), so nothing is cancelled or closed here.
+        same_job = self.restart.strategy == STRATEGY_REQUEUE
+        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
+                                    self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id),
+                                    self.faults.signalled(watch.attempt))
+        classified = classify(evidence)
+        if keep_allocation and not warm and watch.step_exit is None:
+            # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
+            # dead node takes scancel a MessageTimeout, which would hold up every run.
+            why = DrillEnded(classified.failure_class.value,
+                             f"attempt {watch.attempt}'s hung launch could not be ended alone")
+            attempt = watch.attempt
+            threading.Thread(target=end_rank_launch, args=(self.backend, self.run, attempt, watch.job_id,
+                                                           lambda job_id: self._end_allocation(attempt, job_id, why)),
+                             daemon=True, name=f"kill-step-{watch.job_id}").start()
+        elif not state.is_terminal and not keep_allocation and not same_job:
+            cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
+            if cancel:
+                self._cancel(watch.job_id)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
+        failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,
+                                    self.faults.stopped_nodes(watch.attempt))
+        if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
+            self.ledger.update_attempt(self.run.run_id, watch.attempt,
+                                       state=STEP_FAILED if keep_allocation else JobState.REQUEUED.value)
+        detected = sign.at if warm else now  # warm: the coordinator's moment, not this controller's next look
+        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=detected, reason=sign.reason,
+                                   failed_at=sign.at, failure_evidence=sign.evidence,
+                                   failure_class=classified.failure_class.value, class_evidence=classified.evidence,
+                                   class_facts=facts_json(evidence), failed_nodes=",".join(failed_nodes) or None)
+        self._ingest_checkpoints()
+        self.faults.attempt_ended(watch.attempt, sign, completed=False)
+        log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
+        self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation or same_job else None,
+                              already_requeued=was_requeued, warm=warm)
+
+    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None,
+                         already_requeued: bool = False, warm: bool = False) -> None:
+        """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the same
+        job (``in_job``: relaunched in its allocation, or requeued) or as a new job."""
+        decision = self._decide(attempt)
+        if not decision.restart:
+            if in_job is not None:  # it waits for a go (or in the queue) for nothing
+                self._cancel(in_job)
+                self.closing.add(attempt, in_job, now, cancelled=True)
+            self._give_up(decision.reason, now)
+            return
+        log.info("%s: %s%s", self.run.run_id, decision.reason,
+                 f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
+        if warm and in_job is not None:
+            self._follow_warm(attempt + 1, in_job)
+        elif in_job is not None and self.restart.strategy == STRATEGY_REQUEUE:
+            self._requeue(attempt + 1, in_job, now, already=already_requeued)
+        elif in_job is not None:
+            self._relaunch(attempt + 1, in_job)
+        else:
+            self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+
+    def _requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
+        """The next attempt is the same job, requeued: recorded, and named in the fence (job and
+        attempt) before the scheduler is asked, so that the job's next start runs as it."""
+        self.watch = None
+        self._begin_in_same_job(attempt)
+        self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
+        write_fence(self.run.paths, Fence(attempt, job_id))
+        self.requeuer.requeue(attempt, job_id, now, already)
+
+    def _relaunch(self, attempt: int, job_id: str) -> None:
+        """The next attempt in the job that is already running (in-allocation): recorded and
+        fenced like a submission, then the go — the fence naming this attempt and the job, which
+        the batch script waits for — with the nodes to keep off beside it."""
+        self.watch = None
+        job = self._begin_in_same_job(attempt)
+        if job.exclude_nodes:
+            exclude_file = self.run.paths.attempt_dir(attempt) / RELAUNCH_EXCLUDE_NAME
+            exclude_file.parent.mkdir(parents=True, exist_ok=True)
+            exclude_file.write_text(",".join(job.exclude_nodes) + "\n")
+        log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
+                 f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
+        self.accept(attempt, Submission(job_id, accepted_at=time.time()))
+
+    def _follow_warm(self, attempt: int, job_id: str) -> None:
+        """warm: the job's coordinator made ``attempt`` itself (it fenced it and sent its plans, which
+        is its acceptance): recorded and watched here, the fence left to the job (writing it from here
+        could name an attempt the job has already left behind)."""
+        self.watch = None
+        self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name, fence=False)
+        log.info("%s: attempt %d re-forms warm in job %s", self.run.run_id, attempt, job_id)
+        # Accepted when the coordinator planned it: the recovery reads that from its warm_plan event.
+        self.accept(attempt, Submission(job_id, accepted_at=time.time()), fence=False)
+
+    def _begin_in_same_job(self, attempt: int) -> RankJob:
+        """An attempt that runs in the job already there (relaunched or requeued): recorded under
+        that job's name (the first attempt's), so a restarted controller can look it up."""
+        return self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name)
+
+    def _decide(self, attempt: int) -> Decision:
+        """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""
+        history = [FailureClass(row.failure_class or FailureClass.UNKNOWN.value)
+                   for row in self.ledger.attempts(self.run.run_id) if row.attempt <= attempt and row.reason]
+        return decide(self.restart.policy, history or [FailureClass.UNKNOWN], self.restart.max_restarts)
+
+    def _give_up(self, reason: str, now: float) -> None:
+        log.warning("%s: gave up: %s", self.run.run_id, reason)
+        self.ledger.update_run(self.run.run_id, ended_because=reason)
+        self._finish("gave_up", now)
+
+    def failure_of(self, attempt: int) -> Failure | None:
+        """Why ``attempt`` ended: the injected fault that hit it, else a natural failure."""
+        row = self._attempt_row(attempt)
+        if row.detected is None:
+            return None
+        fault = self.faults.credited(attempt)
+        if fault is not None and fault.at is not None:
+            return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault")
+        kind = (row.reason or "failure").split(":")[0]
+        at = row.failed_at if row.failed_at is not None else row.detected
+        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected,
+                       evidence=row.failure_evidence or "detection")
+
+    def _maybe_record_recovery(self) -> None:
+        attempt = self._awaiting_recovery
+        if attempt is None:
+            return
+        rows = {row.attempt: row for row in self.ledger.attempts(self.run.run_id)}
+        ran = sorted(n for n, row in rows.items() if n < attempt and _ran(row))
+        if not ran:
+            return
+        failed = recovering_from(self.run.paths, ran)
+        if not self.faults.settled(failed):
+            return
+        failure = self.failure_of(failed)
+        if failure is None:
+            return
+        between = sum(1 for n in ran if n > failed)
+        recovery = compute_recovery(self.run.paths, failure, rows[failed], rows[attempt], self.run.ranks, between)
+        if recovery is not None:
+            self.ledger.add_recovery(recovery)
+            self._awaiting_recovery = None
+
+    # completion -------------------------------------------------------------------------------
+    def _final_of(self, watch: AttemptWatch) -> FinalRecord | None:
+        """This attempt's final record, if the run reached its target step in it."""
+        if not watch.completed:
+            return None
+        final = _read_final(self.run)
+        if final is None or final.attempt != watch.attempt or final.step != self.run.workload.steps:
+            return None
+        return final
+
+    def _on_job_completed(self, watch: AttemptWatch, state: JobState, now: float) -> None:
+        final = _read_final(self.run)
+        if not state.is_terminal:
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=False, state=state)
+        self._ingest_checkpoints()
+        reached = final is not None and final.step == self.run.workload.steps
+        self.faults.attempt_ended(watch.attempt, None, completed=reached)
+        with self.ledger.transaction():
+            if not reached or final is None:
+                self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now,
+                                           reason="completed without a final record")
+                self._finish("failed", now)
+                return
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now)
+            self.ledger.update_run(self.run.run_id, final_step=final.step, final_digest=final.digest,
+                                   **completion_facts(self.run.paths, watch.attempt))
+            self._finish("completed", now)
+
+    def _finish(self, status: str, now: float) -> None:
+        self._maybe_record_recovery()
+        self.status = status
+        self.ledger.update_run(self.run.run_id, status=status, ended=now)
+        log.info("%s: %s", self.run.run_id, status)
+
+    def finalize(self) -> None:
+        """At the end of the drill: the fault in flight collected, every planned fault accounted for."""
+        if self._finalized:
+            return
+        self._finalized = True
+        attempts = self.ledger.attempts(self.run.run_id)
+        self.faults.finish(self.status, attempts[-1].attempt if attempts else 0)
+        self._maybe_record_recovery()
+
+    def _ingest_checkpoints(self) -> None:
+        records = [CheckpointRecord(**r) for r in read_json_lines(self.run.paths.checkpoint_log)]
+        self.ledger.add_checkpoints(self.run.run_id, records)
+
+    def cancel_by_user(self, now: float) -> list[str]:
+        """``faultdrill cancel``: every job of the run that may still run is cancelled (adopted
+        first: the jobs of an earlier controller), the run ends ``cancelled``; the job ids."""
+        if self.done:
+            return []
+        cancelled = []
+        for row in self.ledger.attempts(self.run.run_id):
+            if row.job_id is None or row.state in TERMINAL_STATE_NAMES:
+                continue
+            self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
+            self._cancel(row.job_id)
+            cancelled.append(row.job_id)
+            if row.ended is None:
+                self.ledger.update_attempt(self.run.run_id, row.attempt, ended=now, detected=now,
+                                           reason=CANCELLED_BY_USER, failure_class=FailureClass.CANCELLED.value,
+                                           class_evidence="faultdrill cancel")
+        self.ledger.update_run(self.run.run_id, ended_because=CANCELLED_BY_USER)
+        self._finish("cancelled", now)
+        self.finalize()
+        return cancelled
+
+    # jobs that are ending ---------------------------------------------------------------------
+    def _final_state(self, attempt: int, state: JobState) -> None:
+        """A failed attempt's job ended: classify it again with the scheduler's final word, if the
+        class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit), and with the
+        injector's record if it came after (an agent's OOM-kill count)."""
+        facts = self._attempt_row(attempt).class_facts
+        if facts is None or not state.is_terminal:
+            return
+        evidence = facts_from_json(facts)
+        refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
+                            oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt))
+        if refreshed == evidence:
+            return
+        classified = classify(refreshed)
+        self.ledger.update_attempt(self.run.run_id, attempt, failure_class=classified.failure_class.value,
+                                   class_evidence=classified.evidence, class_facts=facts_json(refreshed))
+
+    def settle_closing(self, states: dict[str, JobState], now: float) -> None:
+        """Record the final scheduler state of failed attempts' jobs (orchestrator.control.closing)."""
+        self.closing.settle(states, now)
+
+    def _end_allocation(self, attempt: int, job_id: str, why: DrillEnded) -> None:
+        """The drill cancels a job whose next attempt was to run in it: that attempt's end is the
+        drill's doing, not a person's cancel (its class is the failure's that led to it). Called
+        from the thread that tried to end ``attempt``'s launch: the loop records it (before it
+        cancels, so the loop knows it before the scheduler reports the job ended)."""
+        self._ended_unrecorded.put((attempt, job_id, why))
+        self._cancel(job_id)
+
+    def _record_ended_by_drill(self) -> None:
+        while not self._ended_unrecorded.empty():
+            attempt, job_id, why = self._ended_unrecorded.get()
+            self.ended_by_drill[job_id] = why
+            self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
+
+    def _cancel(self, job_id: str, force: bool = False) -> None:
+        try:
+            self.backend.cancel(job_id, force=force)
+        except CommandError as error:
+            log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run.run_id,
+                        job_id, error.summary)
+
+    def _attempt_row(self, attempt: int) -> AttemptRow:
+        return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)
+
+
+def _ran(row: AttemptRow) -> bool:
+    """The attempt reached the scheduler (so a failure of it is one a later attempt recovers from)."""
+    return row.job_id is not None and row.state != SUBMIT_FAILED
+
+
+def _read_final(run: RunConfig) -> FinalRecord | None:
+    try:
+        data: Any = json.loads(run.paths.final.read_text())
+        return FinalRecord(**data)
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return None
+

@@ -1,0 +1,1 @@
+"""The fault book of each run and carrying faults out (backends know no fault kind)."""

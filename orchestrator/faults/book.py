@@ -1,0 +1,261 @@
+"""One run's planned faults: when each may fire, and how each one ended.
+
+Rules (so that every fault is measured against one failure, and every planned fault is accounted
+for):
+- a fault fires only into a healthy attempt (running, not completed, not failing), at its anchor
+  in that attempt plus its delay;
+- the next fault waits until the effect of the previous one is known: one fault in flight at a
+  time, and after a fault that ends its attempt (a kill, a hang) reached it, the next one fires only
+  in a later attempt; after one the attempt is meant to survive (a stall, a damaged checkpoint), once
+  the agent is done and the attempt still healthy;
+- every fault row ends as INJECTED (with what it caused), REFUSED (its target could not be verified;
+  why), ABSORBED (it hit an attempt that was already failing) or NOT_FIRED (why).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from injectors.kinds import get_kind
+from injectors.kinds.base import FaultOutcome, Target
+from injectors.schedule import PlannedFault
+from injectors.targets import TargetRefused
+from orchestrator.commands import one_line
+from orchestrator.record.ledger import FaultRow, Ledger
+from orchestrator.states import JobState
+from orchestrator.observe.watch import AttemptWatch, FailureSign
+
+log = logging.getLogger(__name__)
+
+SENDING = "sending"  # the agent is acting; a controller stopped meanwhile leaves this behind
+INJECTED = "injected"
+REFUSED = "refused"
+ABSORBED = "absorbed"
+NOT_FIRED = "not fired"
+UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
+WENT_ON = "went on: "  # the detail of a fault its attempt survived (it caused no failure)
+ACTED = "acted: "  # what the agent said of a fault whose effect is not known yet
+# Evidence that dates the failure itself (not just the last sign of life), with its resolution in
+# seconds (the scheduler's end time is whole seconds): a fault that acted after it hit an attempt
+# that was already failing.
+FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "warm": 0.0, "scheduler_end": 1.0}
+COLLECT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class InFlight:
+    fault_id: int
+    attempt: int
+    future: Future[FaultOutcome]
+    fault: PlannedFault
+    # Set by the injector thread as soon as a node fault broke its node (one assignment: safe to
+    # read from the controller's thread); written to the ledger at the next round.
+    acted: tuple[float, str] | None = None
+    acted_recorded: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    sign: FailureSign | None  # None: the attempt completed
+    completed: bool
+
+
+OnActed = Callable[[float, str], None]
+Act = Callable[[int, str, PlannedFault, OnActed], FaultOutcome]  # (attempt, job id, fault, on_acted): carry it out
+
+
+class FaultBook:
+    def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act):
+        self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
+        self.in_flight: InFlight | None = None
+        self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
+        rows = ledger.faults(run_id)
+        for row in rows:
+            if row.outcome == SENDING and row.fault_id is not None:
+                ledger.update_fault(row.fault_id, outcome=UNKNOWN,
+                                    detail="the controller stopped while the fault agent was acting")
+        self.next_index = max((row.plan_index for row in rows), default=-1) + 1
+        # After a fault that ends its attempt reached attempt A, the next one waits for a later attempt.
+        reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, UNKNOWN)
+                   and get_kind(row.kind).ends_attempt]
+        self.blocked_through: int | None = max(reached, default=None)
+
+    @property
+    def sent(self) -> int:
+        return self.next_index
+
+    # firing -----------------------------------------------------------------------------------
+    def maybe_fire(self, watch: AttemptWatch, now: float) -> None:
+        if self.in_flight is not None or self.next_index >= len(self.plan):
+            return
+        if self.blocked_through is not None and watch.attempt <= self.blocked_through:
+            return
+        if watch.state is not JobState.RUNNING or watch.completed or watch.failing:
+            return
+        fault = self.plan[self.next_index]
+        if not _due(fault, watch, now):
+            return
+        fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
+        self.next_index += 1
+        pending: Future[FaultOutcome] = Future()
+        flight = InFlight(fault_id, watch.attempt, pending, fault)
+
+        def on_acted(at: float, node: str) -> None:
+            flight.acted = (at, node)
+
+        flight.future = self.pool.submit(self.act, watch.attempt, watch.job_id, fault, on_acted)
+        self.in_flight = flight
+
+    def collect(self, watch: AttemptWatch | None = None, wait: bool = False) -> None:
+        """Record the agent's answer once it is in (``wait``: block for it, at the end of a run).
+        ``watch``: the attempt now watched, to tell whether one the fault was not to end went on."""
+        flight = self.in_flight
+        if flight is not None and flight.acted is not None and not flight.acted_recorded:
+            flight.acted_recorded = True  # in the ledger before the fault ends: a controller that dies knows it
+            self.ledger.update_fault(flight.fault_id, at=flight.acted[0], node=flight.acted[1])
+        if flight is None or not (wait or flight.future.done()):
+            return
+        self.in_flight = None
+        try:
+            outcome = flight.future.result(timeout=COLLECT_TIMEOUT_S if wait else 0)
+        except TargetRefused as error:
+            self._refused(flight, error)
+        except Exception as error:  # the agent could not be started or gave no answer
+            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=one_line(error))
+            log.warning("%s: fault not injected: %s", self.run_id, error)
+        else:
+            self._injected(flight, outcome, watch)
+        self._settle_ready()
+
+    def _injected(self, flight: InFlight, outcome: FaultOutcome, watch: AttemptWatch | None) -> None:
+        self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
+                                 target=outcome.target, signal=outcome.signal, outcome=INJECTED)
+        if get_kind(flight.fault.kind).ends_attempt:
+            self.blocked_through = flight.attempt
+            if outcome.detail:
+                self.ledger.update_fault(flight.fault_id, detail=ACTED + outcome.detail)
+            return
+        healthy = watch is not None and watch.attempt == flight.attempt and not watch.failing
+        if healthy:  # done, and the attempt is still going: it caused no failure (yet, at least)
+            self.ledger.update_fault(flight.fault_id, detail=WENT_ON + (outcome.detail or "acted"))
+
+    def _refused(self, flight: InFlight, error: TargetRefused) -> None:
+        if error.gone:  # the target died first: the attempt was ending; settled once it has ended
+            self.ledger.update_fault(flight.fault_id, outcome=ABSORBED, detail=one_line(error))
+            self.blocked_through = flight.attempt
+        else:
+            self.ledger.update_fault(flight.fault_id, outcome=REFUSED, detail=one_line(error))
+            log.warning("%s: fault refused: %s", self.run_id, error)
+
+    # settling ---------------------------------------------------------------------------------
+    def attempt_ended(self, attempt: int, sign: FailureSign | None, completed: bool) -> None:
+        self.ended[attempt] = AttemptEnd(sign, completed)
+        self._settle_ready()
+
+    def settled(self, attempt: int) -> bool:
+        """Every fault sent into ``attempt`` has its final outcome (the recovery may be credited)."""
+        in_flight = self.in_flight is not None and self.in_flight.attempt == attempt
+        return not in_flight and attempt not in self.ended
+
+    def _settle_ready(self) -> None:
+        for attempt in sorted(self.ended):
+            if self.in_flight is not None and self.in_flight.attempt == attempt:
+                continue
+            end = self.ended.pop(attempt)
+            for row in self.ledger.faults(self.run_id):
+                if row.attempt == attempt and row.fault_id is not None:
+                    self._settle(row, attempt, end)
+
+    def _settle(self, row: FaultRow, attempt: int, end: AttemptEnd) -> None:
+        assert row.fault_id is not None
+        if row.outcome == INJECTED and (row.detail is None or row.detail.startswith(ACTED)):
+            acted = f"; {row.detail.removeprefix(ACTED)}" if row.detail else ""
+            sign = end.sign
+            if end.completed or sign is None:
+                self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed{acted}")
+            elif (sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None
+                  and sign.at + FAILURE_MOMENT_EVIDENCE[sign.evidence] < row.at):
+                self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
+                    f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
+            else:
+                self.ledger.update_fault(row.fault_id, detail=f"caused: attempt {attempt} failed: {sign.reason}{acted}")
+        elif row.outcome == ABSORBED and end.completed:
+            self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
+                                     detail=f"its target had exited: attempt {attempt} completed first")
+
+    def lost_nodes(self, attempt: int) -> tuple[str, ...]:
+        """The nodes a node fault (node-crash, network-partition) broke in ``attempt``, as soon as
+        it acted (the fault itself may still be holding the node down)."""
+        flight = self.in_flight
+        if flight is not None and flight.attempt == attempt and flight.acted is not None:
+            return (flight.acted[1],)
+        return tuple(row.node for row in self.ledger.faults(self.run_id)
+                     if row.attempt == attempt and row.node and row.outcome in (INJECTED, UNKNOWN, SENDING)
+                     and get_kind(row.kind).target is Target.NODE)
+
+    def stopped_nodes(self, attempt: int) -> tuple[str, ...]:
+        """The nodes of the ranks a fault stopped for good in ``attempt`` (hang-rank), by its record."""
+        return tuple(row.node for row in self.ledger.faults(self.run_id)
+                     if row.attempt == attempt and row.node and row.outcome == INJECTED
+                     and get_kind(row.kind).stops_target)
+
+    def oom_killed(self, attempt: int) -> tuple[str, ...]:
+        """The targets the kernel's OOM killer ended in ``attempt``, by the agent's record (oom-rank)."""
+        return tuple(row.target for row in self.ledger.faults(self.run_id)
+                     if row.attempt == attempt and row.outcome == INJECTED and row.target
+                     and get_kind(row.kind).oom_kill_record)
+
+    def signalled(self, attempt: int) -> str | None:
+        """The signal the agent's record says it sent a rank of ``attempt`` last (kill-rank), if any;
+        while its answer is still on its way, the signal it was sent to send (the agent on the node
+        answers after it killed, often after the rank's death has been seen)."""
+        flight = self.in_flight
+        if flight is not None and flight.attempt == attempt and flight.fault.kind == "kill-rank":
+            return flight.fault.signal or "SIGKILL"
+        sent = [row for row in self.ledger.faults(self.run_id)
+                if row.attempt == attempt and row.outcome == INJECTED and row.signal and row.kind == "kill-rank"]
+        return sent[-1].signal if sent else None
+
+    def credited(self, attempt: int) -> FaultRow | None:
+        """The fault that caused ``attempt`` to fail, if one did."""
+        hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome == INJECTED
+                and row.at is not None and not (row.detail or "").startswith(WENT_ON)]
+        return max(hits, key=lambda row: row.at or 0.0) if hits else None
+
+    # the end of the run -----------------------------------------------------------------------
+    def finish(self, status: str, last_attempt: int) -> None:
+        """Collect the fault in flight, settle, and record every planned fault that never fired."""
+        self.collect(wait=True)
+        self._settle_ready()
+        for fault in self.plan[self.next_index:]:
+            self.ledger.add_fault(_row(self.run_id, last_attempt, fault, NOT_FIRED, _not_fired_because(status)))
+        self.next_index = len(self.plan)
+
+
+def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: str | None = None) -> FaultRow:
+    return FaultRow(fault_id=None, run_id=run_id, attempt=attempt, plan_index=fault.index, kind=fault.kind,
+                    target=fault.target, signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
+                    node=None, outcome=outcome, detail=detail)
+
+
+def _due(fault: PlannedFault, watch: AttemptWatch, now: float) -> bool:
+    """At its step in this attempt, or at its anchor in this attempt plus its delay."""
+    if fault.at_step is not None:
+        return watch.last_step >= fault.at_step
+    anchor = {"first_checkpoint": watch.first_checkpoint, "ranks_started": watch.ranks_started}.get(
+        fault.anchor, watch.training_started)
+    return anchor is not None and now >= anchor + fault.delay_s
+
+
+def _not_fired_because(status: str) -> str:
+    return {
+        "completed": "the run completed before the fault was due (or before an attempt it could hit)",
+        "gave_up": "the run gave up (its restart budget was spent) first",
+        "failed": "the run failed first",
+        "cancelled": "the drill was cancelled first (faultdrill cancel)",
+    }.get(status, f"the run ended ({status}) first")
+
+

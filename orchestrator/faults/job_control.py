@@ -1,0 +1,184 @@
+"""What a fault kind acting from the controller may do to the one job it hits (``JobControl``):
+scheduler actions through the backend, cluster actions through the project's cluster script (on
+its own cluster only) or a command the spec names for a site's cluster."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from experiments.layout import write_json_atomic
+
+from injectors.actions import WalltimeSet
+from injectors.targets import TargetRefused
+from orchestrator.backends.base import NotSupported
+from orchestrator.commands import CommandError, run_command
+from orchestrator.states import JobState
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SCRIPT = REPO / "scripts" / "cluster"
+CLUSTER_ENV = Path("/var/lib/faultdrill-cluster/cluster.env")
+CLUSTER_ACTIONS = ("node-crash", "node-restore", "partition", "heal")
+CLUSTER_TIMEOUT_S = 90.0
+MENDS_NAME = "owed-cluster-actions.json"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BackendJobControl:
+    backend_impl: "Backend"
+    job_id: str
+    # Signals every verified rank of the attempt through the fault agent: for a scheduler that
+    # cannot signal a job's steps (the local backend).
+    signal_by_agent: Callable[[str], None]
+    menders: "Menders"
+    on_acted: Callable[[float, str], None] = lambda at, node: None
+    _nodes: list[str] | None = None  # the allocation does not change: asked once
+
+    @property
+    def backend(self) -> str:
+        return self.backend_impl.name
+
+    def verify_running(self) -> None:
+        state = self.backend_impl.poll([self.job_id])[self.job_id]
+        if state is not JobState.RUNNING:
+            raise TargetRefused(f"job {self.job_id} is {state.value}, not running", gone=state.is_terminal)
+
+    def signal_ranks(self, signal_name: str) -> None:
+        if not self.backend_impl.signal_ranks(self.job_id, signal_name):
+            self.signal_by_agent(signal_name)
+
+    def cancel(self) -> None:
+        self.backend_impl.cancel(self.job_id)
+
+    def requeue(self) -> None:
+        try:
+            self.backend_impl.requeue(self.job_id)
+        except NotSupported as error:
+            raise TargetRefused(str(error)) from None
+
+    def set_time_left(self, seconds: float) -> WalltimeSet:
+        try:
+            return self.backend_impl.set_time_left(self.job_id, seconds)
+        except NotSupported as error:
+            raise TargetRefused(str(error)) from None
+
+    def nodes(self) -> list[str]:
+        if self._nodes is None:
+            try:
+                self._nodes = self.backend_impl.job_nodes(self.job_id)
+            except NotSupported as error:
+                raise TargetRefused(str(error)) from None
+        return list(self._nodes)
+
+    def cluster(self, action: str, node: str, command: list[str] | None) -> str:
+        argv = self._cluster_argv(action, node, command)
+        try:
+            return run_command(argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
+        except CommandError as error:
+            raise TargetRefused(f"{action} {node} failed: {error}") from None
+
+    def acted(self, at: float, node: str) -> None:
+        self.on_acted(at, node)
+
+    def mend_at_drill_end(self, action: str, node: str, command: list[str] | None) -> None:
+        self.menders.add(Mend(argv=self._cluster_argv(action, node, command), what=f"{action} {node}"))
+
+    def _cluster_argv(self, action: str, node: str, command: list[str] | None) -> list[str]:
+        if action not in CLUSTER_ACTIONS:
+            raise ValueError(f"unknown cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}")
+        allocation = self.nodes()
+        if node not in allocation:
+            raise TargetRefused(f"node {node!r} is not in job {self.job_id}'s allocation ({', '.join(allocation)})")
+        return [part.replace("{node}", node) for part in command] if command else self._own_cluster(action, node)
+
+    def _own_cluster(self, action: str, node: str) -> list[str]:
+        """The project's cluster script, only on the cluster it made (its nodes, its name)."""
+        facts = _cluster_facts()
+        nodes = facts.get("FAULTDRILL_CLUSTER_NODES", "").split()
+        own_name = facts.get("FAULTDRILL_CLUSTER_NAME", "")
+        if self.backend_impl.name != "slurm" or node not in nodes or not _is_own_slurm(own_name):
+            raise TargetRefused(
+                f"{action} on {node}: this is not the project's own cluster (scripts/cluster up), and the "
+                "fault names no site command for it; give one, e.g. "
+                "`command: {crash: [ipmitool, ..., '{node}'], restore: [...]}`")
+        return [str(CLUSTER_SCRIPT), action, node]
+
+
+@dataclass(frozen=True)
+class Mend:
+    argv: list[str]
+    what: str
+
+
+class Menders:
+    """Cluster actions owed at the end of the drill (a node down "for the rest of the drill"), kept
+    in a file of the workdir so that a controller that died leaves them to the next one, which
+    runs them first. A drill never leaves a node broken behind it."""
+
+    _lock = threading.Lock()  # one file per workdir; injector threads add, the controller runs
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / MENDS_NAME
+
+    def add(self, mend: Mend) -> None:
+        with self._lock:
+            write_json_atomic(self.path, [*self._read(), asdict(mend)])
+
+    def run_all(self) -> list[str]:
+        """Every owed action, each once; what each said (or why it failed)."""
+        with self._lock:
+            said = []
+            for entry in self._read():
+                mend = Mend(**entry)
+                try:
+                    said.append(f"{mend.what}: {run_command(mend.argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()}")
+                except CommandError as error:
+                    said.append(f"{mend.what}: FAILED: {error}")
+                    log.error("could not %s at the end of the drill: %s", mend.what, error)
+            self.path.unlink(missing_ok=True)
+            return said
+
+    def _read(self) -> list[dict[str, Any]]:
+        try:
+            return list(json.loads(self.path.read_text()))
+        except FileNotFoundError:
+            return []
+
+
+def _cluster_facts() -> dict[str, str]:
+    try:
+        text = CLUSTER_ENV.read_text()
+    except OSError:
+        return {}
+    facts = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            facts[key.strip()] = value.strip().strip('"')
+    return facts
+
+
+_SLURM_CLUSTER_NAME: list[str] = []  # Slurm's ClusterName, once it answered
+
+
+def _is_own_slurm(own_name: str) -> bool:
+    """Slurm's ClusterName is the one the cluster script wrote (asked once per controller)."""
+    if not own_name:
+        return False
+    if not _SLURM_CLUSTER_NAME:
+        try:
+            config = run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
+        except CommandError:
+            return False
+        _SLURM_CLUSTER_NAME.extend(line.split("=", 1)[1].strip() for line in config.splitlines()
+                                   if line.split("=", 1)[0].strip() == "ClusterName" and "=" in line)
+    return bool(_SLURM_CLUSTER_NAME) and _SLURM_CLUSTER_NAME[0] == own_name

@@ -1,0 +1,1 @@
+"""Watching a running attempt: scheduler polls, event and heartbeat tails, failure signs."""

@@ -1,0 +1,201 @@
+"""What the controller sees of one running attempt: its events, checkpoints and heartbeats as they
+are appended, the scheduler's state, and from these whether the attempt is alive, hung or failing.
+
+Liveness is the ranks' heartbeats: a rank is alive while its last beat is younger than the silence
+it allows, which is the hang timeout, or the timeout of the long phase (resume, checkpoint, finish)
+the rank announced in that beat (if longer). The attempt is hung as soon as one rank is not alive:
+ranks of a data-parallel job move in step, so a rank silent past its allowance is stuck even while
+the others wait for it inside a long phase. Time spent SUSPENDED by the scheduler is not silence:
+the clock starts again when the job resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from experiments.layout import (
+    EVENT_COMPLETED,
+    EVENT_FIRST_STEP,
+    EVENT_JOB_START,
+    EVENT_PROCESS_START,
+    EVENT_STEP_EXIT,
+    EVENT_WARM_FAILURE,
+    EVENT_WARNED,
+    RunPaths,
+)
+from orchestrator.campaign.failure_classes import is_peer_loss
+from orchestrator.states import JobState
+from orchestrator.observe.tails import JsonlTail
+
+
+@dataclass(frozen=True)
+class RankBeat:
+    time: float
+    allowed_s: float | None  # silence the rank announced it may keep (a long phase); None: hang timeout
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class FailureSign:
+    """Why an attempt is taken as failed, and the best evidence of when it failed."""
+
+    reason: str
+    at: float
+    evidence: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running
+    rank: int | None = None  # the rank it names (the silent one of a hang)
+
+
+@dataclass
+class AttemptWatch:
+    attempt: int
+    job_id: str
+    paths: RunPaths
+    ranks: int
+    events: JsonlTail = field(init=False)
+    checkpoint_tail: JsonlTail = field(init=False)
+    heartbeat_tails: list[JsonlTail] = field(init=False)
+    job_started: float | None = None  # batch script's first line (or rank 0's start on the local backend)
+    ranks_started: float | None = None  # every rank had registered (its identity file): start-up under way
+    training_started: float | None = None
+    first_checkpoint: float | None = None
+    last_step: int = 0
+    step_exit: dict[str, float] | None = None
+    warm_failure: dict[str, float] | None = None  # the warm coordinator saw a rank of this attempt die
+    completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
+    warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
+    state: JobState = JobState.PENDING
+    running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
+    resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED
+    beats: dict[int, RankBeat] = field(default_factory=dict)
+    since: float = field(default_factory=time.time)  # when the controller began to watch it
+    silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
+
+    def __post_init__(self) -> None:
+        self.events = JsonlTail(self.paths.events_file(self.attempt))
+        self.checkpoint_tail = JsonlTail(self.paths.checkpoint_log)
+        self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(rank)) for rank in range(self.ranks)]
+
+    @property
+    def last_heartbeat(self) -> float | None:
+        return max((beat.time for beat in self.beats.values()), default=None)
+
+    @property
+    def failing(self) -> bool:
+        """The step already ended badly or the scheduler ended the job: no fault should land here."""
+        exit_code = self.step_exit["exit_code"] if self.step_exit else 0
+        return exit_code != 0 or self.warm_failure is not None or (self.state.is_terminal and not self.state.is_success)
+
+    def read(self) -> None:
+        """Take in what was appended since the last call."""
+        for event in self.events.read_new():
+            self._event(event)
+        for record in self.checkpoint_tail.read_new():
+            if record.get("attempt") == self.attempt and self.first_checkpoint is None:
+                self.first_checkpoint = float(record["time"])
+        for rank, tail in enumerate(self.heartbeat_tails):
+            for beat in tail.read_new():
+                if beat.get("attempt") == self.attempt:
+                    self._beat(rank, beat)
+        if self.ranks_started is None:
+            self.ranks_started = self._registered()
+
+    def _registered(self) -> float | None:
+        """When the last rank wrote its identity file, once every rank has; None before."""
+        newest = 0.0
+        for rank in range(self.ranks):
+            try:
+                newest = max(newest, self.paths.rank_file(self.attempt, rank).stat().st_mtime)
+            except FileNotFoundError:
+                return None
+        return newest
+
+    def _event(self, event: dict[str, object]) -> None:
+        name, when = event.get("event"), float(event.get("time", 0.0))  # type: ignore[arg-type]
+        if name in (EVENT_JOB_START, EVENT_PROCESS_START) and self.job_started is None:
+            self.job_started = when
+        elif name == EVENT_FIRST_STEP and self.training_started is None:
+            self.training_started = when
+        elif name == EVENT_COMPLETED:
+            self.completed = True
+        elif name == EVENT_WARNED:
+            self.warned = True
+        elif name == EVENT_STEP_EXIT:
+            self.step_exit = {"time": when, "exit_code": float(event["exit_code"])}  # type: ignore[arg-type]
+        elif name == EVENT_WARM_FAILURE and self.warm_failure is None:
+            code = event.get("exit_code")
+            self.warm_failure = {"time": when, "rank": float(event.get("rank") or 0),  # type: ignore[arg-type]
+                                 "exit_code": float(code) if code is not None else -1.0}  # type: ignore[arg-type]
+
+    def _beat(self, rank: int, beat: dict[str, object]) -> None:
+        when = float(beat["time"])  # type: ignore[arg-type]
+        previous = self.beats.get(rank)
+        if previous is None or when >= previous.time:
+            allowed = beat.get("timeout_s")
+            self.beats[rank] = RankBeat(when, float(allowed) if allowed is not None else None,  # type: ignore[arg-type]
+                                        beat.get("phase"))  # type: ignore[arg-type]
+        self.last_step = max(self.last_step, int(beat["step"]))  # type: ignore[arg-type]
+
+    def observe_state(self, state: JobState, now: float) -> bool:
+        """Note the scheduler's state; True when it changed."""
+        if state is JobState.RUNNING and self.running_since is None:
+            self.running_since = now
+        if self.state is JobState.SUSPENDED and state is not JobState.SUSPENDED:
+            self.resumed_at = now
+        changed = state is not self.state
+        self.state = state
+        return changed
+
+    def hang(self, now: float, hang_timeout_s: float) -> FailureSign | None:
+        """A rank silent for longer than it allows (see the module doc); the most overdue one."""
+        if not self.beats or self.state is JobState.SUSPENDED:
+            return None
+        origin = self.resumed_at or 0.0
+
+        def overdue(item: tuple[int, RankBeat]) -> float:
+            beat = item[1]
+            return now - (max(beat.time, origin) + max(hang_timeout_s, beat.allowed_s or 0.0))
+
+        rank, beat = max(self.beats.items(), key=overdue)
+        if overdue((rank, beat)) <= 0:
+            return None
+        silent = now - max(beat.time, origin)
+        where = f" in its {beat.phase} phase" if beat.phase else ""
+        return FailureSign(f"hang: no heartbeat from rank {rank} for {silent:.0f} s{where}", beat.time,
+                           "last_heartbeat", rank=rank)
+
+    def stuck_start(self, now: float, start_timeout_s: float) -> FailureSign | None:
+        started = self.running_since
+        if self.training_started is not None or started is None or self.state is JobState.SUSPENDED:
+            return None
+        if now - started <= start_timeout_s:
+            return None
+        return FailureSign(f"no training step within {start_timeout_s:.0f} s of the job starting", started,
+                           "job_running")
+
+
+def rank_errors(watch: AttemptWatch) -> list[tuple[float, int, str]]:
+    """(time, rank, what it died of) for every rank that recorded its error, earliest first."""
+    errors = []
+    for rank in range(watch.ranks):
+        path = watch.paths.rank_error_file(watch.attempt, rank)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        errors.append((float(record.get("time", 0.0)), rank, str(record.get("error", ""))))
+    return sorted(errors)
+
+
+def rank_error_suffix(watch: AttemptWatch) -> str:
+    """``; rank R: <what it died of>`` for the first rank whose error is a cause, else ``; rank R
+    lost a peer: ...`` (a survivor's word: the rank that died first said nothing), or nothing."""
+    errors = rank_errors(watch)
+    causes = [(rank, error) for _, rank, error in errors if not is_peer_loss(error)]
+    if causes:
+        return f"; rank {causes[0][0]}: {causes[0][1]}"
+    if errors:
+        _, rank, error = errors[0]
+        return f"; rank {rank} lost a peer: {error}"
+    return ""

@@ -1,0 +1,172 @@
+"""Time to recover and work lost, from the ledger and the files a run's ranks wrote.
+
+Phases (DESIGN.md): fault -> detected -> new job accepted -> job started -> framework ready ->
+checkpoint loaded -> first step done. Each phase is a difference of two of these wall times, so the
+phases add up to ttr_s exactly.
+
+The times come from two kinds of clock: the controller's (detected, accepted) and the compute
+nodes' (the fault agent's, the batch script's and the ranks'). Each moment happens after the one
+before it, so under clock skew a later moment may read earlier: it is then moved up to the one
+before it (no phase is ever negative), and the largest such move is recorded as
+``clock_correction_s``, a lower bound of the skew between the clocks involved (0 on one clock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.layout import (
+    EVENT_CHECKPOINT_LOADED,
+    EVENT_WARM_PLAN,
+    EVENT_FIRST_STEP,
+    EVENT_FRAMEWORK_READY,
+    EVENT_JOB_START,
+    EVENT_PROCESS_START,
+    RunPaths,
+    read_json_lines,
+)
+from orchestrator.record.ledger import AttemptRow, RecoveryRow
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What ended an attempt: an injected fault (kind, time it acted) or a natural failure, with
+    the evidence its time comes from (fault, step_exit, scheduler_end, last_heartbeat, poll, ...)."""
+
+    kind: str
+    at: float
+    detected: float
+    evidence: str = "fault"
+
+
+@dataclass(frozen=True)
+class AttemptTimeline:
+    job_start: float
+    framework_ready: float
+    checkpoint_loaded: float
+    resumed_from_step: int
+    first_step: float
+    skipped_steps: tuple[int, ...] = ()  # newer checkpoints rank 0 could not use (a fallback)
+
+
+def first_event(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    return next((event for event in events if event.get("event") == name), None)
+
+
+def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
+    """The start-up timeline of an attempt, or None until its first training step is done."""
+    events = read_json_lines(paths.events_file(attempt))
+    first = first_event(events, EVENT_FIRST_STEP)
+    ready = first_event(events, EVENT_FRAMEWORK_READY)
+    loaded = first_event(events, EVENT_CHECKPOINT_LOADED)
+    start = first_event(events, EVENT_JOB_START) or first_event(events, EVENT_PROCESS_START)
+    if first is None or ready is None or loaded is None or start is None:
+        return None
+    return AttemptTimeline(
+        job_start=float(start["time"]),
+        framework_ready=float(ready["time"]),
+        checkpoint_loaded=float(loaded["time"]),
+        resumed_from_step=int(loaded["step"]),
+        first_step=float(first["time"]),
+        skipped_steps=tuple(int(step) for step in loaded.get("skipped") or ()),
+    )
+
+
+def recovering_from(paths: RunPaths, ran: list[int]) -> int:
+    """The failed attempt a recovery counts from, of the attempts that ``ran`` before it (in
+    order): the last one, unless it failed before its first step — a restart that recovered
+    nothing — so the recovery spans back to the failure before it, which gets its row."""
+    failed = ran[-1]
+    for earlier in reversed(ran[:-1]):
+        if attempt_timeline(paths, failed) is not None:
+            break
+        failed = earlier
+    return failed
+
+
+def compute_recovery(
+    paths: RunPaths, failure: Failure, failed: AttemptRow, resumed: AttemptRow, ranks: int, failed_restarts: int = 0
+) -> RecoveryRow | None:
+    timeline = attempt_timeline(paths, resumed.attempt)
+    if timeline is None or resumed.accepted is None:
+        return None
+    last_step, last_time = last_progress(paths, ranks, failed.attempt, failure.at)
+    resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
+    lost_steps = max(0, last_step - timeline.resumed_from_step)
+    lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
+    plan = first_event(read_json_lines(paths.events_file(resumed.attempt)), EVENT_WARM_PLAN)
+    # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later)
+    accepted = float(plan["time"]) if plan is not None else resumed.accepted
+    moments, correction = ordered([failure.at, failure.detected, accepted, timeline.job_start,
+                                   timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
+    detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:]))
+    return RecoveryRow(
+        run_id=failed.run_id,
+        attempt=resumed.attempt,
+        fault_kind=failure.kind,
+        fault_at=failure.at,
+        detect_s=detect,
+        resubmit_s=resubmit,
+        queue_s=queue,
+        startup_s=startup,
+        load_s=load,
+        first_step_s=first_step,
+        ttr_s=moments[-1] - moments[0],
+        lost_steps=lost_steps,
+        lost_s=lost_s,
+        lost_rank_s=lost_s * ranks,
+        resumed_from_step=timeline.resumed_from_step,
+        failure_evidence=failure.evidence,
+        clock_correction_s=correction,
+        failure_class=failed.failure_class or "",
+        class_evidence=failed.class_evidence or "",
+        fallback_from_step=max(timeline.skipped_steps, default=None),
+        fallback_lost_steps=max(timeline.skipped_steps, default=timeline.resumed_from_step)
+        - timeline.resumed_from_step,
+        failed_restarts=failed_restarts,
+        **warm_recovery(plan),
+    )
+
+
+def warm_recovery(plan: dict[str, Any] | None) -> dict[str, str | None]:
+    """What the warm coordinator did to make an attempt (its plan): the spare used, the state's source."""
+    if plan is None:
+        return {}
+    spares = ",".join(f"slot {slot} as rank {rank}" for slot, rank in sorted(plan.get("spares_used", {}).items()))
+    return {"spare": spares or None, "state_source": str(plan.get("resume"))}
+
+
+def ordered(moments: list[float]) -> tuple[list[float], float]:
+    """Each moment no earlier than the one before it, and the largest move that took."""
+    fixed = [moments[0]]
+    correction = 0.0
+    for moment in moments[1:]:
+        correction = max(correction, fixed[-1] - moment)
+        fixed.append(max(moment, fixed[-1]))
+    return fixed, correction
+
+
+def _heartbeats(paths: RunPaths, ranks: int) -> list[dict[str, Any]]:
+    beats: list[dict[str, Any]] = []
+    for rank in range(ranks):
+        beats.extend(read_json_lines(paths.heartbeat_file(rank)))
+    return beats
+
+
+def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> tuple[int, float]:
+    """The highest step any rank of ``attempt`` reported before ``before``, and when."""
+    beats = [b for b in _heartbeats(paths, ranks) if b["attempt"] == attempt and b["time"] <= before]
+    if not beats:
+        return 0, before
+    best = max(beats, key=lambda beat: (beat["step"], -beat["time"]))
+    return int(best["step"]), float(best["time"])
+
+
+def step_reached_at(paths: RunPaths, ranks: int, step: int, before: float) -> float:
+    """When the run first reached ``step`` on its way to the failure (latest attempt that did)."""
+    beats = [b for b in _heartbeats(paths, ranks) if b["step"] <= step and b["time"] <= before]
+    if not beats:
+        return before
+    best = max(beats, key=lambda beat: (beat["attempt"], beat["step"], beat["time"]))
+    return float(best["time"])

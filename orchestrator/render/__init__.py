@@ -1,0 +1,1 @@
+"""Batch scripts from templates/: the request each backend needs, rendered (dry run stops here)."""

@@ -1,0 +1,346 @@
+"""Render batch scripts from the Jinja templates in ``templates/`` (or a user template by path)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_TIMEOUT_S,
+    ENV_DRILL_ID,
+    ENV_JOB_ID,
+    ENV_MASTER_ADDR,
+    ENV_RANK_HOSTS,
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
+)
+from experiments.warm.protocol import ENV_RESTART_ALL as WARM_RESTART_ALL
+from experiments.warm.protocol import ENV_SPARES as WARM_SPARES, ENV_WORLD as WARM_WORLD
+from experiments.workloads import LAUNCHER_MPI
+from orchestrator.campaign.directives import parse_directive, slurm_line
+from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_WARM, RunConfig
+from orchestrator.campaign.spec import time_limit_minutes
+
+SLURM_TEMPLATE = "slurm.sbatch.j2"
+
+
+class TemplateError(ValueError):
+    """A template could not be rendered: names the template and the problem."""
+
+
+def shell_quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def directive_value(value: Any) -> str:
+    """A value for a ``#SBATCH``/``#PBS`` line: one line; quoted when it holds blanks or quotes."""
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise TemplateError(f"directive value {text!r} holds a line break; directives are one line")
+    if any(char in text for char in " \t'\"\\"):
+        if '"' in text:
+            raise TemplateError(f"directive value {text!r} holds a double quote, which sbatch cannot parse")
+        return f'"{text}"'
+    return text
+
+
+def _environment(user_template: Path | None) -> jinja2.Environment:
+    loaders: list[jinja2.BaseLoader] = [jinja2.PackageLoader("templates", ".")]
+    if user_template is not None:
+        loaders.insert(0, jinja2.FileSystemLoader(str(user_template.parent)))
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = shell_quote
+    env.filters["directive"] = directive_value
+    return env
+
+
+def render_template(name: str, context: dict[str, Any], user_template: Path | None = None) -> str:
+    env = _environment(user_template)
+    template_name = user_template.name if user_template is not None else name
+    try:
+        return env.get_template(template_name).render(**context)
+    except jinja2.UndefinedError as error:
+        raise TemplateError(f"template {template_name}: {error.message} (variables: {sorted(context)})") from None
+    except jinja2.TemplateError as error:
+        raise TemplateError(f"template {template_name}: {error}") from None
+
+
+@dataclass(frozen=True)
+class SubmissionScript:
+    """A rendered batch script and what it needs to run: submit it from ``submit_dir``."""
+
+    text: str
+    submit_dir: Path
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+# OpenMPI refuses to start as root without these; the local cluster runs jobs as root.
+MPI_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, str]:
+    """What every rank process of the attempt is started with (the injector checks the first two)."""
+    environment = {
+        ENV_RUN_ID: run.run_id,
+        ENV_RUN_DIR: str(run.paths.root),
+        ENV_ATTEMPT: str(attempt),
+        ENV_DRILL_ID: drill_id,
+        ENV_CHECKPOINT_TIMEOUT_S: f"{run.campaign.restart.checkpoint_timeout_s:g}",
+        **dict(run.workload_entry.environment),
+    }
+    if run.workload_entry.launcher == LAUNCHER_MPI:
+        environment.update(MPI_ENVIRONMENT)
+    if run.campaign.restart.strategy == STRATEGY_WARM:
+        environment.update({WARM_WORLD: str(run.ranks), WARM_SPARES: str(run.campaign.restart.warm_spares)})
+        if run.warm_restarts_all:
+            environment[WARM_RESTART_ALL] = "1"
+    return environment
+
+
+JOB_NAME_LIMIT = 120  # characters; PBS Pro allows 236, Slurm more; shorter reads better in squeue
+
+
+def attempt_job_name(run: RunConfig, attempt: int, drill_id: str) -> str:
+    """Unique per drill, run and attempt: a restarted controller finds an unrecorded job by it."""
+    return unique_job_name(f"fd-{drill_id}-{run.run_id}", f"-a{attempt}")
+
+
+def array_job_name(runs: list[RunConfig], attempt: int, drill_id: str) -> str:
+    """The name of one array of ``runs`` (their first attempts): unique per drill and set of runs."""
+    members = hashlib.sha256("/".join(run.run_id for run in runs).encode()).hexdigest()[:8]
+    return unique_job_name(f"fd-{drill_id}-{runs[0].run_id}-x{len(runs)}-{members}", f"-a{attempt}")
+
+
+def unique_job_name(stem: str, suffix: str) -> str:
+    """``stem + suffix``, or, past JOB_NAME_LIMIT, the stem cut short with a digest of all of it (so
+    two long names that share their start, such as a run and its -baseline twin, stay apart)."""
+    name = stem + suffix
+    if len(name) <= JOB_NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:10]
+    tail = f"-{digest}{suffix}"
+    return stem[: JOB_NAME_LIMIT - len(tail)] + tail
+
+
+def submitit_command(python: str = sys.executable) -> list[str]:
+    """What a task runs (its submitit folder follows: the batch script gives it)."""
+    return [python, "-u", "-m", "submitit.core._submit"]
+
+
+RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
+
+
+def rank_step_name(attempt: int) -> str:
+    """The name of ``attempt``'s rank step under in-allocation (the batch script appends the attempt)."""
+    return f"{RANK_STEP_NAME}-{attempt}"
+
+
+def _relaunch_context(run: RunConfig) -> dict[str, Any]:
+    """What a batch template's relaunch loop needs (templates/relaunch.sh.j2)."""
+    return {"in_allocation": run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION,
+            "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s))}
+
+
+def _slurm_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> dict[str, Any]:
+    """What one job (or one array element) of a Slurm script runs: its run's variables and folder."""
+    return {"index": index, "attempt": attempt, "fence_file": str(run.paths.current_attempt),
+            "attempts_root": str(run.paths.root / "attempts"), "folder": str(run.paths.submitit),
+            "environment": {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}}
+
+
+def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]], python: str,
+                   exclude_nodes: tuple[str, ...], array: str | None) -> dict[str, Any]:
+    resources = run.campaign.resources
+    # An array's script and logs sit in the campaign's arrays folder; an element works in its run's.
+    stem = "%A_%a" if array else "%j"
+    return {
+        "job_name": job_name,
+        "array": array,
+        "elements": elements,
+        "requeue": run.scheduler_requeue,
+        "nodes": resources.nodes + resources.spare_nodes,
+        "tasks_per_node": resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
+        "warm": _warm_context(run),
+        "python": python,
+        "step_nodes": resources.nodes,
+        "step_tasks": resources.nodes * resources.tasks_per_node,
+        **_relaunch_context(run),
+        "rank_step_name": RANK_STEP_NAME,
+        "time": resources.time,
+        "warning_s": resources.warning_s,
+        "partition": resources.partition,
+        "exclude": ",".join(exclude_nodes),
+        "extra_directives": [slurm_line(parse_directive(text)) for text in resources.extra_directives],
+        "stdout_name": f"{stem}_batch.out",
+        "stderr_name": f"{stem}_batch.err",
+        "rank_output": f"{stem}_%t_log.out",
+        "rank_error": f"{stem}_%t_log.err",
+        "command": submitit_command(python),
+        "mpi": run.workload_entry.launcher == LAUNCHER_MPI,
+    }
+
+
+def _warm_context(run: RunConfig) -> dict[str, int] | None:
+    """restart.strategy warm: the ranks and spares per node the job's coordinator launches, and the
+    spare sets (TensorFlow, Chainer); None under the other strategies."""
+    if run.campaign.restart.strategy != STRATEGY_WARM:
+        return None
+    return {"ranks_per_node": run.campaign.resources.tasks_per_node, "spares_per_node": run.warm_spares,
+            "spare_sets": run.campaign.restart.warm_spares if run.warm_restarts_all else 0}
+
+
+def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
+                 exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
+    element = _slurm_element(run, attempt, drill_id, None)
+    context = _slurm_context(run, attempt_job_name(run, attempt, drill_id), [element], python, exclude_nodes, None)
+    text = render_template(SLURM_TEMPLATE, context, run.campaign.template)
+    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=element["environment"])
+
+
+def render_slurm_array(attempts: list[tuple[RunConfig, int]], drill_id: str, job_name: str, parallelism: int,
+                       python: str = sys.executable) -> SubmissionScript:
+    """One Slurm array whose element i runs attempt ``attempts[i]`` (same resources for all)."""
+    first = _same_resources(attempts)
+    elements = [_slurm_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
+    array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
+    context = _slurm_context(first, job_name, elements, python, (), array)
+    text = render_template(SLURM_TEMPLATE, context, first.campaign.template)
+    return SubmissionScript(text=text, submit_dir=first.campaign.workdir / "arrays")
+
+
+def _same_resources(attempts: list[tuple[RunConfig, int]]) -> RunConfig:
+    first = attempts[0][0]
+    for run, _ in attempts[1:]:
+        if run.campaign.resources != first.campaign.resources or run.campaign.template != first.campaign.template:
+            raise TemplateError(f"run {run.run_id} needs other resources than {first.run_id}: not one array")
+    return first
+
+
+# --- PBS (Torque, PBS Pro) -----------------------------------------------------------------------
+
+PBS_TEMPLATE = "pbs.j2"
+
+
+def pbs_walltime(time_text: str) -> str:
+    """A spec time limit ([D-]HH:MM:SS, MM:SS or minutes) as PBS's walltime HH:MM:SS."""
+    seconds = round(time_limit_minutes(time_text) * 60)
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def pbs_directive(extra: str) -> tuple[str, str]:
+    """``-l mem=4gb`` -> (``-l``, ``mem=4gb``): a PBS option is one letter, then its value."""
+    directive = parse_directive(extra)
+    if directive.is_long:
+        raise TemplateError(f"PBS directive {extra!r} is not a one-letter option such as '-l mem=4gb'")
+    return directive.flag, directive.value or ""
+
+
+@dataclass(frozen=True)
+class PBSElement:
+    """What one job (or one element of an array) runs: its submitit folder and its variables."""
+
+    folder: Path
+    environment: dict[str, str] = field(default_factory=dict)
+    events_file: Path | None = None
+    index: int | None = None
+    attempt: int | None = None  # with fence_file: the attempt this element runs (stale ones start nothing)
+    fence_file: Path | None = None
+
+
+def pbs_context(
+    *, job_name: str, nodes: int, tasks_per_node: int, walltime: str, elements: list[PBSElement], python: str,
+    flavor: str = "torque", queue: str | None = None, mem: str | None = None, array: str | None = None,
+    extra_directives: tuple[str, ...] | list[str] = (), common_environment: dict[str, str] | None = None,
+    rerunnable: bool = True, output_stem: str | None = None, cpus_per_task: int = 1, gpus_per_node: int = 0,
+    in_allocation: bool = False, relaunch_wait_s: int = 60, warning_s: int | None = None,
+    warm: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i;
+    ``in_allocation``: the job launches its ranks again for the controller's next attempt;
+    ``warning_s``: the batch script sends the ranks the warning signal this long before the walltime;
+    ``warm``: the warm coordinator launches the ranks and the spares (``_warm_context``), whose
+    processes take CPUs of each node beside the ranks'."""
+    single = len(elements) == 1 and elements[0].index is None
+    if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
+        raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
+    common = {**MPI_ENVIRONMENT, **(common_environment or {}), "SUBMITIT_EXECUTOR": "pbs"}
+    names = set(common) | {ENV_MASTER_ADDR, ENV_RANK_HOSTS, ENV_JOB_ID} | {n for e in elements for n in e.environment}
+    stem = output_stem or job_name
+    return {
+        "job_name": job_name, "flavor": flavor, "nodes": nodes, "tasks_per_node": tasks_per_node,
+        "cpus_per_node": (tasks_per_node + (warm or {}).get("spares_per_node", 0)) * cpus_per_task,
+        "gpus_per_node": gpus_per_node, "warm": warm,
+        "ranks": nodes * tasks_per_node, "walltime": walltime, "queue": queue, "mem": mem, "array": array,
+        "rerunnable": rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
+        "in_allocation": in_allocation, "relaunch_wait_s": relaunch_wait_s,
+        "warning_at_s": _warning_at_s(walltime, warning_s),
+        "extra_directives": [pbs_directive(extra) for extra in extra_directives],
+        "common_environment": common, "python": python, "forwarded": sorted(names),
+        "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
+                      "attempt": "" if e.attempt is None else e.attempt, "fence_file": str(e.fence_file or ""),
+                      "environment": {k: v for k, v in e.environment.items() if k not in common}}
+                     for e in elements],
+    }
+
+
+def _warning_at_s(walltime: str, warning_s: int | None) -> int | None:
+    """Seconds after the job's start when the warning is due (None: no warning)."""
+    if warning_s is None:
+        return None
+    return max(0, round(time_limit_minutes(walltime) * 60) - warning_s)
+
+
+def _pbs_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> PBSElement:
+    return PBSElement(folder=run.paths.submitit, environment=rank_environment(run, attempt, drill_id),
+                      events_file=run.paths.events_file(attempt), index=index, attempt=attempt,
+                      fence_file=run.paths.current_attempt)
+
+
+def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], python: str,
+                     array: str | None) -> dict[str, Any]:
+    resources = run.campaign.resources
+    return pbs_context(
+        job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
+        walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
+        queue=resources.partition, array=array, extra_directives=resources.extra_directives,
+        rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_context(run),
+        **_relaunch_context(run),
+    )
+
+
+def render_pbs(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable) -> SubmissionScript:
+    element = _pbs_element(run, attempt, drill_id, None)
+    context = _pbs_run_context(run, attempt_job_name(run, attempt, drill_id), [element], python, None)
+    text = render_template(PBS_TEMPLATE, context, run.campaign.template)
+    environment = {**context["common_environment"], **element.environment}
+    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)
+
+
+def render_pbs_array(
+    attempts: list[tuple[RunConfig, int]], drill_id: str, job_name: str, parallelism: int,
+    python: str = sys.executable,
+) -> SubmissionScript:
+    """One PBS array whose element i runs attempt ``attempts[i]`` (same resources for all): each
+    element exports its own run's variables and runs from its own run's submitit folder."""
+    first = _same_resources(attempts)
+    elements = [_pbs_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
+    array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
+    context = _pbs_run_context(first, job_name, elements, python, array)
+    text = render_template(PBS_TEMPLATE, context, first.campaign.template)
+    return SubmissionScript(text=text, submit_dir=first.campaign.workdir / "arrays",
+                            environment=context["common_environment"])

@@ -1,0 +1,1 @@
+"""The report: JSON contract, the study, terminal tables, the HTML page, advice."""

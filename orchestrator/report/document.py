@@ -1,0 +1,164 @@
+"""The report: ledger -> one JSON document (the contract) and tables for people."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from orchestrator.record.ledger import Ledger, RunRow
+from orchestrator.report.study import checkpoint_study
+
+LEDGER_RECOVERY_FIELDS = (
+    "attempt", "fault_at", "fault_kind", "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+    "lost_steps", "lost_s", "lost_rank_s", "resumed_from_step", "failure_evidence", "clock_correction_s",
+    "failure_class", "class_evidence", "fallback_from_step", "fallback_lost_steps", "failed_restarts",
+    "spare", "state_source",
+)
+RECOVERY_FIELDS = (*LEDGER_RECOVERY_FIELDS, "strategy")  # a report's recovery: the ledger's, and the run's strategy
+
+
+class ReportError(RuntimeError):
+    pass
+
+
+def build_report(workdir: Path) -> dict[str, Any]:
+    if not (workdir / "ledger.sqlite").exists():
+        raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
+    ledger = Ledger.in_workdir(workdir)
+    try:
+        runs = ledger.runs()
+        digests = {run.run_id: run.final_digest for run in runs}
+        run_reports = [_run_report(ledger, run, digests) for run in runs]
+        return {
+            "campaign": ledger.meta("campaign", ""),
+            "backend": ledger.meta("backend", ""),
+            "drill_id": ledger.meta("drill_id", ""),
+            "controller_cost": ledger.meta("controller_cost", {}),
+            "runs": run_reports,
+            "strategies": strategy_summary(run_reports),
+            "study": checkpoint_study(run_reports),
+        }
+    finally:
+        ledger.close()
+
+
+def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str, Any]:
+    baseline_digest = _baseline_digest(run, digests)
+    identical = None
+    if baseline_digest and run.final_digest:
+        identical = baseline_digest == run.final_digest
+    checkpoints = _checkpoint_summary(ledger, run.run_id, run)
+    recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy}
+                  for r in ledger.recoveries(run.run_id)]
+    return {
+        "run_id": run.run_id,
+        "framework": run.framework,
+        "model": run.model,
+        "params": run.params or run.requested_params,
+        "step_time_s": run.step_time_s,
+        "ranks": run.ranks,
+        "nodes": run.nodes,
+        "strategy": run.strategy,
+        "status": run.status,
+        "ended_because": run.ended_because,
+        "is_baseline": run.baseline_of is not None,
+        "target_steps": run.target_steps,
+        "checkpoint_every_steps": json.loads(run.config).get("checkpoint", {}).get("every_steps"),
+        "final_step": run.final_step,
+        "attempts": [
+            # started: the job's first line ran (batch script, or rank 0 on the local backend);
+            # None if it never started. accepted: the scheduler took it.
+            {"job_id": a.job_id or "", "state": a.state, "submitted": a.submitted, "accepted": a.accepted,
+             "started": a.started, "ended": a.ended, "reason": a.reason,
+             "failure_class": a.failure_class, "class_evidence": a.class_evidence,
+             "failed_nodes": _nodes(a.failed_nodes), "excluded_nodes": _nodes(a.excluded_nodes)}
+            for a in ledger.attempts(run.run_id)
+        ],
+        "checkpoints": checkpoints,
+        "faults": [
+            {"kind": f.kind, "target": f.target, "at": f.at, "signal": f.signal, "outcome": f.outcome,
+             "detail": f.detail, "attempt": f.attempt, "planned_delay_s": f.planned_delay_s}
+            for f in ledger.faults(run.run_id)
+        ],
+        "recoveries": recoveries,
+        # A resumed run is one that restarted from a checkpoint: only those say anything about
+        # deterministic resume (a run that never failed is trivially identical to its twin).
+        "resumed": any(r["resumed_from_step"] > 0 for r in recoveries),
+        "final_digest": run.final_digest,
+        "baseline_digest": baseline_digest,
+        "identical_to_baseline": identical,
+        "max_abs_weight_diff": run.max_abs_weight_diff,
+        "first_divergent_step": run.first_divergent_step,
+        "determinism_switches": run.determinism,
+        "progress": progress_figures(run),
+    }
+
+
+# Zero-code mode: what the drill can only infer from a script's logs or files (the rest is measured).
+INFERRED_IN_ZERO_CODE = ("startup_s", "load_s", "first_step_s", "resumed_from_step", "lost_steps", "lost_s",
+                         "lost_rank_s", "final_digest")
+
+
+def progress_figures(run: RunRow) -> dict[str, Any]:
+    """Where the run's progress came from (built-in, the rank API, a script's logs or files) and
+    which of its figures are therefore inferred, not measured."""
+    workload = json.loads(run.config or "{}").get("workload", {})
+    if not workload.get("command"):
+        return {"source": "built-in", "inferred": []}
+    progress = workload.get("progress") or {}
+    source = "log" if progress.get("log") else "checkpoints" if progress.get("checkpoints") else "api"
+    return {"source": source, "inferred": [] if source == "api" else list(INFERRED_IN_ZERO_CODE)}
+
+
+STRATEGY_PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
+                   "lost_steps", "lost_s")
+
+
+def strategy_summary(run_reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per restart strategy x failure class: how many recoveries, the mean of each phase
+    and of the work lost (the strategies compared on the same faults)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in run_reports:
+        for recovery in run["recoveries"]:
+            groups.setdefault((recovery["strategy"], recovery["failure_class"] or "-"), []).append(recovery)
+    return [{"strategy": strategy, "failure_class": failure_class, "recoveries": len(recoveries),
+             **{key: sum(r[key] for r in recoveries) / len(recoveries) for key in STRATEGY_PHASES}}
+            for (strategy, failure_class), recoveries in sorted(groups.items())]
+
+
+def _nodes(joined: str | None) -> list[str]:
+    return joined.split(",") if joined else []
+
+
+def _baseline_digest(run: RunRow, digests: dict[str, str]) -> str | None:
+    if run.baseline_of is not None:
+        return None
+    twin = digests.get(run.twin or f"{run.run_id}-baseline")  # ledgers older than shared twins
+    return twin or None
+
+
+def _checkpoint_summary(ledger: Ledger, run_id: str, run: RunRow) -> dict[str, Any]:
+    """Per-checkpoint cost and size; shares are of one training step, overhead is over the raw
+    float32 parameter bytes (weights alone: optimizer state and RNG are what it adds)."""
+    records = ledger.checkpoints(run_id)
+    raw_bytes = 4 * (run.params or run.requested_params)
+    summary: dict[str, Any] = {
+        "count": len(records), "bytes": 0, "format": "", "writers": "", "files_per_checkpoint": 0,
+        "mean_blocking_s": 0.0, "mean_persist_s": 0.0, "raw_param_bytes": raw_bytes,
+        "overhead_vs_raw": None, "blocking_share_of_step": None, "persist_share_of_step": None,
+    }
+    if not records:
+        return summary
+    blocking = statistics.fmean(r.blocking_s for r in records)
+    persist = statistics.fmean(r.persist_s for r in records)
+    summary.update(
+        bytes=records[-1].bytes, format=records[-1].format, writers=records[-1].writers,
+        files_per_checkpoint=len(records[-1].files), mean_blocking_s=blocking, mean_persist_s=persist,
+        overhead_vs_raw=records[-1].bytes / raw_bytes if raw_bytes else None,
+    )
+    if run.step_time_s:
+        summary.update(blocking_share_of_step=blocking / run.step_time_s, persist_share_of_step=persist / run.step_time_s)
+    return summary

@@ -1,0 +1,86 @@
+"""Restarts in the job that is already there, the scheduler's side: the requeue strategy's
+``scontrol requeue`` (tried again while the job is still completing), and in-allocation's end of a
+hung attempt's ranks that keeps the allocation. What the tracker records for such an attempt (the
+ledger row under the first attempt's job name, the fence naming the attempt and the job) comes
+before; these only talk to the scheduler and the ranks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from injectors.targets import TargetRefused
+from orchestrator.backends.base import Backend, NotSupported, Submission
+from orchestrator.commands import CommandError
+from orchestrator.faults.inject import kill_every_rank
+from orchestrator.campaign.runs import RunConfig
+
+log = logging.getLogger(__name__)
+
+REQUEUING = "REQUEUING"  # requeue: the job is being put back in the queue as this attempt
+REQUEUE_RETRY_S = 2.0
+
+
+@dataclass
+class PendingRequeue:
+    """The next attempt is the same job, to be requeued (restart.strategy requeue): tried until
+    the scheduler takes it (a job still completing is refused for a moment)."""
+
+    attempt: int
+    job_id: str
+    first_try: float
+    next_try_at: float
+    already: bool = False  # the scheduler requeued it itself (a preemption that requeues)
+    error: str = ""
+
+
+class Requeuer:
+    def __init__(self, run: RunConfig, backend: Backend, timeout_s: float,
+                 accepted: Callable[[int, Submission], None], gave_up: Callable[[str, float], None]) -> None:
+        self.run, self.backend, self.timeout_s = run, backend, timeout_s
+        self.accepted, self.gave_up = accepted, gave_up
+        self.pending: PendingRequeue | None = None
+
+    def requeue(self, attempt: int, job_id: str, now: float, already: bool = False) -> None:
+        """Ask the scheduler to run ``job_id`` again as ``attempt`` (recorded and fenced already)."""
+        self.pending = PendingRequeue(attempt, job_id, first_try=now, next_try_at=now, already=already)
+        self.try_requeue(now)
+
+    def try_requeue(self, now: float) -> None:
+        pending = self.pending
+        if pending is None or now < pending.next_try_at:
+            return
+        if not pending.already:
+            try:
+                self.backend.requeue(pending.job_id)
+            except (CommandError, NotSupported) as error:
+                pending.error = error.summary if isinstance(error, CommandError) else str(error)
+                if now - pending.first_try > self.timeout_s:
+                    self.pending = None
+                    self.gave_up(f"the scheduler would not requeue job {pending.job_id}: {pending.error}", now)
+                    return
+                pending.next_try_at = now + REQUEUE_RETRY_S
+                return
+        self.pending = None
+        log.info("%s: attempt %d is job %s, requeued", self.run.run_id, pending.attempt, pending.job_id)
+        self.accepted(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
+
+
+def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str,
+                    cancel: Callable[[str], None]) -> None:
+    """End the rank launch of a hung attempt and keep its allocation for the next one: through
+    the scheduler (Slurm: the ranks' step), else every verified rank SIGKILLed by the agent; if
+    neither works, the job is cancelled (the next attempt then finds the allocation ended: a new
+    job). Runs in a thread of its own: a step on a dead node takes scancel a MessageTimeout."""
+    try:
+        if not backend.kill_rank_step(job_id, attempt):
+            kill_every_rank(backend, run, attempt, job_id)
+        return
+    except (TargetRefused, CommandError) as error:
+        if isinstance(error, TargetRefused) and error.gone:
+            return  # the launch ended them first (the batch script ends it on the controller's go)
+        log.warning("%s: killing the ranks of attempt %d (job %s) failed: %s", run.run_id, attempt, job_id,
+                    error.summary if isinstance(error, CommandError) else error)
+    cancel(job_id)
