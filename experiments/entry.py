@@ -17,15 +17,23 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from experiments.layout import (ENV_ASYNC_PERSIST, ENV_ATTEMPT, RankJob, RunPaths, rank_job_from_dict,  # noqa: F401
-                                rank_job_to_dict, write_json_atomic)
-from experiments.warm.protocol import ENV_COORDINATOR
+from experiments.layout import (  # noqa: F401
+    ENV_ASYNC_PERSIST,
+    ENV_ATTEMPT,
+    RankJob,
+    RunPaths,
+    rank_job_from_dict,
+    rank_job_to_dict,
+    write_json_atomic,
+)
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
+from experiments.warm.protocol import ENV_COORDINATOR
 
 if TYPE_CHECKING:  # the rank's modules load late: a rank's start-up time is measured
     from experiments.runtime.distenv import DistEnv
+    from experiments.workloads.torch_workload import TorchWorkload
 
 # One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -118,7 +126,8 @@ def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, 
     if job.workload.framework in RESTART_ALL_FRAMEWORKS:
         return _run_warm_set(job, env, paths, started_at, warning)
     slot = int(os.environ.get(ENV_SLOT, env.rank))
-    workload = get_workload(job.workload.framework)
+    # One warm process per rank: PyTorch alone (the frameworks above restart all, as spare sets).
+    workload = cast("TorchWorkload", get_workload(job.workload.framework))
     workload.build(job.workload)
     member = WarmMember(os.environ[ENV_COORDINATOR], slot, env.node, os.environ.get(ENV_ADDRESS, env.node))
     options = RunnerOptions(timeouts=Timeouts.from_environ(), async_persist=False, warning=warning,

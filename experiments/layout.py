@@ -278,7 +278,7 @@ def read_json_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, record: dict[str, Any] | list[Any]) -> None:
     """Write a JSON file durably: temporary name, fsync, rename, fsync of the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

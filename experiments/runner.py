@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
 from experiments.layout import RankJob
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.session import RankSession, SessionOptions, save_weights  # noqa: F401

@@ -12,18 +12,22 @@ import time
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from injectors.schedule import PlannedFault
-from orchestrator.report.advise import AdviceError
-from orchestrator.control.detach import ControllerBusy, live_controller
-from orchestrator.report.html import REPORT_DIR
-from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
-from orchestrator.report.document import ReportError, build_report
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
+from orchestrator.control.detach import ControllerBusy, live_controller
+from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
+from orchestrator.report.advise import AdviceError
+from orchestrator.report.document import ReportError, build_report
+from orchestrator.report.html import REPORT_DIR
 from orchestrator.report.tables import REPORT_WIDTH, print_report
+
+if TYPE_CHECKING:
+    from orchestrator.control.tracker import RunTracker
 
 EXIT_SPEC = 2  # the spec (or the workdir) cannot be used; nothing was submitted
 EXIT_SCHEDULER = 3  # the scheduler stopped answering; the drill stopped, its jobs left as they are
@@ -195,7 +199,11 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     previous = signal.signal(signal.SIGTERM, lambda *_: controller.stop_requested.set())
     try:
         with Progress() as progress:
-            finished = controller.run(observer=lambda trackers: (progress(trackers), progress_file(trackers)))
+            def observe(trackers: list[RunTracker]) -> None:
+                progress(trackers)
+                progress_file(trackers)
+
+            finished = controller.run(observer=observe)
     except SchedulerUnavailable as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SCHEDULER, "the scheduler stopped answering"
@@ -237,8 +245,8 @@ def _status(workdir: Path, output_format: str) -> int:
     identity = live_controller(workdir)
     ended = read_exit(workdir) if identity is None else None
     progress = read_progress(workdir)
-    controller = ({"running": True, "pid": identity.pid, "started": identity.started} if identity else
-                  {"running": False, "last_exit": ended})
+    controller: dict[str, Any] = ({"running": True, "pid": identity.pid, "started": identity.started} if identity else
+                                  {"running": False, "last_exit": ended})
     if output_format == "json":
         print(json.dumps({"workdir": str(workdir), "controller": controller,
                           "updated": progress[0] if progress else None,
@@ -247,7 +255,7 @@ def _status(workdir: Path, output_format: str) -> int:
     if identity is not None:
         print(f"controller: running, pid {identity.pid}, since {time.ctime(identity.started)}")
     elif ended is not None:
-        print(f"controller: not running; the last one ended {time.ctime(float(ended['ended']))}: {ended['how']} "  # type: ignore[arg-type]
+        print(f"controller: not running; the last one ended {time.ctime(float(ended['ended']))}: {ended['how']} "  # type: ignore[arg-type]  # the exit record is JSON read back as dict[str, object]
               f"(exit code {ended['code']})")
     else:
         print("controller: not running (the last one was killed or never started here); "

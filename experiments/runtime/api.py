@@ -119,7 +119,10 @@ class Rank:
         if self._resumed:
             raise RuntimeError("resume() is called once per process")
         self._resumed = True
-        self._session.ready(**({"params": float(params)} if params is not None else {}))
+        if params is not None:
+            self._session.ready(params=float(params))
+        else:
+            self._session.ready()
         found = self._session.resume(load)
         self._since = time.monotonic()
         return found

@@ -49,11 +49,11 @@ from experiments.layout import (
     PROGRESS_LOG,
     CommandSpec,
     FinalRecord,
-    RankJob,
     RankIdentity,
+    RankJob,
     RunPaths,
-    read_json_lines,
     rank_job_to_dict,
+    read_json_lines,
     record_dict,
     write_json_atomic,
 )

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 from experiments.layout import ENV_JOB_ID, RunPaths, fsync_dir
 

@@ -24,12 +24,12 @@ import psutil
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
-    CheckpointRecord,
     EVENT_COMPLETED,
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
     EVENT_PROCESS_START,
     EVENT_WARNED,
+    CheckpointRecord,
     FinalRecord,
     RankJob,
     RunPaths,

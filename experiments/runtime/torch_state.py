@@ -13,7 +13,7 @@ import random
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator, cast
 
 import numpy as np
 import torch
@@ -118,7 +118,8 @@ def _open(target: Path | FileSink, name: str) -> Iterator[BinaryIO]:
 
 def rng_state() -> dict[str, Any]:
     # numpy's state as plain tensors/ints so the file loads with weights_only=True (no pickle code).
-    _, key, pos, has_gauss, cached = np.random.get_state()
+    # numpy 1.x's stubs type get_state() as its dict form; called so, it returns the legacy tuple.
+    _, key, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}

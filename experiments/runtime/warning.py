@@ -18,6 +18,7 @@ import signal
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import Mapping
 
 ENV_WARNING_SIGNAL = "FAULTDRILL_WARNING_SIGNAL"
 ENV_WARNING_HOLD_S = "FAULTDRILL_WARNING_HOLD_S"
@@ -57,7 +58,7 @@ class WarningNote:
         return self.received_at is not None
 
 
-def hold_seconds(environ: dict[str, str] | os._Environ[str] | None = None) -> float:
+def hold_seconds(environ: Mapping[str, str] | None = None) -> float:
     env = os.environ if environ is None else environ
     raw = env.get(ENV_WARNING_HOLD_S)
     return float(raw) if raw else DEFAULT_HOLD_S

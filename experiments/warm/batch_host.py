@@ -42,7 +42,7 @@ from typing import BinaryIO, Iterator, Mapping
 from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
-from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
+from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
 from experiments.warm.processes import end_members, processes_of
 from experiments.warm.protocol import ENV_COORDINATOR, ENV_SET, ENV_SLOT, set_port
 
@@ -184,7 +184,7 @@ class BatchWarmJob:
                                       self.args.command, env)
         self._start(launch, env, [slot])
 
-    def _spawn_set(self, first_slot: int, attempt: int, where: Placement = Placement()) -> None:
+    def _spawn_set(self, first_slot: int, attempt: int, where: Placement = ANYWHERE) -> None:
         """restart-all: the set whose first slot is ``first_slot``, one launch of all its tasks
         (ranks_per_node on each of its nodes: ``set_nodes``), on its own block of ports."""
         number = first_slot // self.world

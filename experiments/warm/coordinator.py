@@ -52,6 +52,9 @@ class Placement:
     avoid: frozenset[str] = frozenset()
 
 
+ANYWHERE = Placement()  # the host's choice of node, none avoided (a default argument: Placement is frozen)
+
+
 class SpareNotStarted(RuntimeError):
     """The host cannot start that spare (e.g. too few live nodes for a set): none is on its way."""
 
@@ -236,7 +239,7 @@ class Coordinator:
                    f"no warm spare for rank(s) {dead_ranks}")
         spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
         ranks = {m.rank: m for m in survivors if m.rank is not None}
-        ranks.update(zip(dead_ranks, spares))
+        ranks.update(zip(dead_ranks, spares, strict=False))
         source = max(survivors, key=lambda m: (m.lost_step or 0, -(m.rank or 0)), default=None)
         resume = RESUME_PEER if source is not None else RESUME_CHECKPOINT
         step = (source.lost_step or 0) if source is not None else 0
@@ -267,7 +270,7 @@ class Coordinator:
             sets.setdefault(self._set_of(member.slot), []).append(member)
         complete = sorted(number for number, members in sets.items() if len(members) == self.world_size)
         clear = [number for number in complete if not {m.node for m in sets[number]} & self._failed_nodes]
-        chosen = (clear or complete or [None])[0]
+        chosen = next(iter(clear or complete), None)
         return sorted(sets[chosen], key=lambda m: m.slot) if chosen is not None else None
 
     def _retire(self, members: list[Member]) -> None:

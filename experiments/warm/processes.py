@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 Process = TypeVar("Process")
+Launch = TypeVar("Launch", bound="subprocess.Popen[Any]")  # a host's launches: bytes (batch host) or text (local)
 
 EXIT_S = 30.0  # after the coordinator's verdict, the members' time to leave on their own
 
 
-def end_members(processes: Iterable["subprocess.Popen[bytes] | subprocess.Popen[str]"],
-                stop: Callable[["subprocess.Popen[bytes] | subprocess.Popen[str]"], None], grace_s: float = EXIT_S) -> None:
+def end_members(processes: Iterable[Launch], stop: Callable[[Launch], None], grace_s: float = EXIT_S) -> None:
     """Wait up to ``grace_s`` for every process to exit (the spares leave on the coordinator's word),
     then ``stop`` the rest (Popen.kill, or terminate for an srun that ends its step) and reap them."""
     members = list(processes)

@@ -20,10 +20,11 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from experiments.layout import RankJob
-from experiments.runner import RunOutcome, RunnerOptions
+from experiments.runner import RunnerOptions, RunOutcome
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.identity import write_identity
 from experiments.runtime.session import RankSession
+from experiments.runtime.snapshot import Snapshot
 from experiments.warm.member import WarmMember
 from experiments.warm.protocol import RESUME_PEER, Plan
 from experiments.workloads.torch_workload import TorchWorkload
@@ -111,7 +112,7 @@ class WarmRunner:
                 self.completed = step
                 session.stepped(step, loss, step_s=time.monotonic() - step_started)
                 if session.checkpoint_due(step):
-                    session.checkpoint(step, lambda sink, at=step: self.workload.snapshot(sink, at))
+                    session.checkpoint(step, self._snapshot(step))
             final = max(self.completed, total)
             digest = session.finish(final, self.workload.digest, self.workload.named_weights)
         except Exception as error:
@@ -119,3 +120,6 @@ class WarmRunner:
         self.member.done()
         self.workload.leave()
         return RunOutcome(rank=plan.rank, final_step=final, resumed_from=plan.step, digest=digest)
+
+    def _snapshot(self, step: int) -> Snapshot:
+        return lambda sink: self.workload.snapshot(sink, step)

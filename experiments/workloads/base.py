@@ -42,7 +42,7 @@ class Workload(ABC):
         ``framework_ready`` event. Must fail (raise) rather than wait forever for a peer.
         """
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> None:  # noqa: B027 (an optional hook: a no-op unless a framework overrides it)
         """Pay now what the first step after a set-up costs beyond a step (a warm spare set calls it
         while it waits), leaving the state exactly as set-up left it. Nothing, unless a framework
         has such a cost."""

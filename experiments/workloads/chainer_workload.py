@@ -20,7 +20,7 @@ import time
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -301,7 +301,7 @@ def write_npz(handle: Any, arrays: dict[str, np.ndarray]) -> None:
             contiguous = np.ascontiguousarray(array)
             with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
                 np.lib.format.write_array_header_2_0(member, np.lib.format.header_data_from_array_1_0(contiguous))
-                member.write(memoryview(contiguous).cast("B"))
+                member.write(memoryview(contiguous).cast("B"))  # type: ignore[arg-type]  # numpy 1.x's stubs give ndarray __buffer__ on Python 3.12+ only
 
 
 class _RngState:
@@ -311,7 +311,8 @@ class _RngState:
         self.rng = rng
 
     def serialize(self, serializer: chainer.AbstractSerializer) -> None:
-        name, key, pos, has_gauss, cached = self.rng.get_state()
+        # numpy 1.x's stubs type get_state() as its dict form; called so, it returns the legacy tuple.
+        name, key, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", self.rng.get_state())
         key = serializer("key", key)
         pos = serializer("pos", int(pos))
         has_gauss = serializer("has_gauss", int(has_gauss))
@@ -348,7 +349,7 @@ def packed_communicator_class() -> type:
     """
     from chainermn.communicators.naive_communicator import NaiveCommunicator
 
-    class PackedCommunicator(NaiveCommunicator):  # type: ignore[misc]
+    class PackedCommunicator(NaiveCommunicator):
         """``create_communicator("naive")`` all-reduces each parameter array on its own; "flat",
         which packs them, needs CuPy. Each all-reduce is a point where every rank must hold a core,
         and on shared, oversubscribed cores those waits cost more than the bytes (measured once, 2
@@ -367,8 +368,9 @@ def packed_communicator_class() -> type:
                       if param.array is not None and (zero_fill or param.grad is not None)]
             for param in params:
                 if param.grad is None:  # zero_fill: a parameter this rank's loss did not reach
-                    param.grad = np.zeros_like(param.array)
-            grads = [param.grad.ravel() for param in params]
+                    param.grad = np.zeros_like(param.array)  # type: ignore[misc]  # Variable.grad has a setter, which mypy misses (not next to its getter)
+            # Every grad is set now (a property: mypy cannot narrow it).
+            grads = [cast(np.ndarray, param.grad).ravel() for param in params]
             if not grads:
                 return
             if {grad.dtype for grad in grads} != {np.dtype(np.float32)}:
@@ -379,8 +381,9 @@ def packed_communicator_class() -> type:
             np.concatenate(grads, out=self._buffer)
             self._multi_node_mean(None, self._buffer)  # in place: MPI_Allreduce(SUM), then * 1/size
             offset = 0
-            for param, grad in zip(params, grads):
-                param.grad[...] = self._buffer[offset:offset + grad.size].reshape(param.grad.shape)
+            for param, grad in zip(params, grads, strict=False):
+                target = cast(np.ndarray, param.grad)
+                target[...] = self._buffer[offset:offset + grad.size].reshape(target.shape)
                 offset += grad.size
 
     return PackedCommunicator

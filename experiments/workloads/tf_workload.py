@@ -38,6 +38,7 @@ from experiments.layout import WorkloadSpec  # noqa: E402
 from experiments.runtime.checkpoint import CheckpointMeta  # noqa: E402
 from experiments.runtime.distenv import DistEnv, Timeouts, task_addresses  # noqa: E402
 from experiments.runtime.sink import FileSink  # noqa: E402
+from experiments.runtime.snapshot import ShareWriter  # noqa: E402
 from experiments.workloads.base import Workload  # noqa: E402
 from experiments.workloads.synthetic import (  # noqa: E402
     DROPOUT,
@@ -140,7 +141,7 @@ class TensorFlowWorkload(Workload):
         self.checkpoint: tf.train.Checkpoint | None = None
         self.counters: dict[str, tf.Variable] = {}
         self.width = 0
-        self._step_fn: Callable[..., Any] | None = None
+        self._step_fn: tf.types.experimental.PolymorphicFunction | None = None
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
@@ -175,7 +176,7 @@ class TensorFlowWorkload(Workload):
                 "trace_s": time.monotonic() - built, "params": float(param_count),
                 "hidden_width": float(self.width)}
 
-    def _make_step_fn(self) -> Callable[..., Any]:
+    def _make_step_fn(self) -> tf.types.experimental.PolymorphicFunction:
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
         assert strategy is not None and model is not None
         variables = model.variables_in_order
@@ -187,7 +188,7 @@ class TensorFlowWorkload(Workload):
                 # Keras' optimizer SUM-all-reduces the gradients under the strategy: scaling by
                 # 1/replicas makes that DDP's mean of the ranks' gradients.
                 scaled = loss / replicas
-            optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
+            optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=False))
             return loss
 
         @tf.function
@@ -221,7 +222,7 @@ class TensorFlowWorkload(Workload):
         variables = self._state_variables()
         saved = [variable.numpy() for variable in variables]
         self.train_step(1)
-        for variable, value in zip(variables, saved):
+        for variable, value in zip(variables, saved, strict=False):
             variable.assign(value)
 
     def _state_variables(self) -> list[tf.Variable]:

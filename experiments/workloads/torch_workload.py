@@ -40,7 +40,6 @@ from experiments.workloads.synthetic import (
 )
 
 
-
 def build_mlp(width: int) -> nn.Module:
     return nn.Sequential(
         nn.Linear(IN_FEATURES, width), nn.ReLU(), nn.Dropout(DROPOUT),

@@ -13,12 +13,15 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from injectors.actions import WalltimeSet
 from injectors.schedule import AtStep, Delay, ExponentialDelay
+
+if TYPE_CHECKING:  # signals.py imports this module
+    from injectors.kinds.signals import RankFaultOptions
 
 
 class Target(str, Enum):
@@ -104,7 +107,10 @@ class JobControl(Protocol):
     hits: a kind cannot name another."""
 
     job_id: str
-    backend: str  # "local" | "slurm" | "pbs"
+
+    @property
+    def backend(self) -> str:
+        """"local" | "slurm" | "pbs" (read-only: the job's backend does not change)."""
 
     def verify_running(self) -> None:
         """The job is the drill's attempt and the scheduler runs it; TargetRefused(gone) if it ended."""
@@ -189,7 +195,8 @@ class RankKind(FaultKind, ABC):
     def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
         from injectors.ranks import choose_ranks
 
-        return choose_ranks(getattr(options, "rank"), world_size, rng)
+        # Every rank kind's options are RankFaultOptions (they carry ``rank``).
+        return choose_ranks(cast("RankFaultOptions", options).rank, world_size, rng)
 
     @abstractmethod
     def act_on_node(self, task: FaultTask) -> FaultOutcome: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+
 from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask
 from injectors.ranks import RankSelector
 from injectors.targets import VerifiedTarget, verify_rank

@@ -14,10 +14,10 @@ from submitit.core import utils as submitit_utils
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.actions import WalltimeSet
-from orchestrator.commands import CommandResult
-from orchestrator.render.scripts import SubmissionScript
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
+from orchestrator.commands import CommandResult
+from orchestrator.render.scripts import SubmissionScript
 from orchestrator.states import JobState
 
 MAX_NUM_TIMEOUT = 3  # submitit's default: how often a job that timed out may requeue itself
@@ -187,7 +187,7 @@ class PendingArray:
         it); the element ids, in the items' order."""
         self.script_path.rename(self.script_path.with_name(f"{array_id}_submission.sh"))
         elements = []
-        for index, (run, pickle) in enumerate(zip(self.runs, self.pickles)):
+        for index, (run, pickle) in enumerate(zip(self.runs, self.pickles, strict=False)):
             elements.append(element_id(index))
             submitit_utils.JobPaths(run.paths.submitit, job_id=elements[-1]).move_temporary_file(pickle, "submitted_pickle")
         return elements

@@ -176,7 +176,7 @@ def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]
     for key in keys:
         if not grid[key]:
             raise SpecError(f"sweep.grid.{key}: empty list of values")
-    return [tuple(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
+    return [tuple(zip(keys, values, strict=False)) for values in itertools.product(*(grid[key] for key in keys))]
 
 
 def _apply_point(campaign: Campaign, point: tuple[tuple[str, Any], ...]) -> Campaign:

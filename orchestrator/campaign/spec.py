@@ -4,24 +4,34 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from experiments.layout import PROGRESS_API, PROGRESS_CHECKPOINTS, PROGRESS_LOG
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import REGISTRY as WORKLOAD_REGISTRY
 from injectors.kinds import get_kind, option_models
+from injectors.kinds.base import FaultOptions
 from injectors.kinds.node_faults import node_index_problem
-from orchestrator.campaign.failure_classes import FailureClass
-from orchestrator.campaign.policy import PolicyEntry
 from injectors.ranks import RankFraction, rank_problem
 from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
 from orchestrator.campaign.directives import parse_directive, reserved_problem
+from orchestrator.campaign.failure_classes import FailureClass
 from orchestrator.campaign.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
 from orchestrator.campaign.placeholders import problems as placeholder_problems
+from orchestrator.campaign.policy import PolicyEntry
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -191,11 +201,14 @@ def _fault_kind(value: Any) -> str:
 DEFAULT_FAULT_KIND = "kill-rank"
 FAULT_MODELS = option_models()
 # One entry of ``faults``: the options model of its kind (each kind's module defines it).
-FaultConfig = Annotated[
-    Union[tuple(Annotated[model, Tag(name)] for name, model in FAULT_MODELS.items())],  # type: ignore[valid-type]
-    Discriminator(_fault_kind, custom_error_type="unknown_fault_kind",
-                  custom_error_message=f"unknown fault kind; valid: {', '.join(FAULT_MODELS)}"),
-]
+if TYPE_CHECKING:  # the union below is built at run time: statically, what every kind's options model is
+    FaultConfig = FaultOptions
+else:
+    FaultConfig = Annotated[
+        Union[tuple(Annotated[model, Tag(name)] for name, model in FAULT_MODELS.items())],
+        Discriminator(_fault_kind, custom_error_type="unknown_fault_kind",
+                      custom_error_message=f"unknown fault kind; valid: {', '.join(FAULT_MODELS)}"),
+    ]
 
 
 STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation", "warm"),
@@ -264,7 +277,8 @@ class SweepConfig(_Strict):
     """``grid``: dotted keys -> values, expanded as a cartesian product; a list of such grids is the
     union of their products (e.g. one grid per dimension of a study)."""
 
-    grid: dict[str, list[Any]] | list[dict[str, list[Any]]] = Field(default_factory=dict)
+    # No grid. A lambda, not dict: against this union mypy infers no type for dict as a factory.
+    grid: dict[str, list[Any]] | list[dict[str, list[Any]]] = Field(default_factory=lambda: {})
 
     @property
     def grids(self) -> list[dict[str, list[Any]]]:

@@ -22,15 +22,15 @@ from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
+from orchestrator.campaign.runs import RunConfig, expand_runs
+from orchestrator.campaign.spec import Campaign
 from orchestrator.commands import CommandError, one_line
+from orchestrator.control.tracker import RunTracker
 from orchestrator.faults.job_control import Menders
+from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.measure import record_determinism
 from orchestrator.render.scripts import array_job_name
-from orchestrator.campaign.runs import RunConfig, expand_runs
-from orchestrator.observe.scheduler_poll import SchedulerPoller
-from orchestrator.campaign.spec import Campaign
-from orchestrator.control.tracker import RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -180,15 +180,15 @@ class Controller:
                         for index, tracker in enumerate(group)]
             sync_filesystem(self.campaign.workdir)
             try:
-                submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs)])
+                submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs, strict=False)])
             except (CommandError, OSError) as error:
                 log.warning("submitting an array of %d runs failed (%s); each is tried on its own",
                             len(group), one_line(error))
-                for tracker, job in zip(group, jobs):
+                for tracker, job in zip(group, jobs, strict=False):
                     tracker.submission_failed(0, job, one_line(error), now)
                 continue
             with self.ledger.transaction():
-                for tracker, submission in zip(group, submissions):
+                for tracker, submission in zip(group, submissions, strict=False):
                     tracker.accept(0, submission, durable=False)
             sync_filesystem(self.campaign.workdir)
         return fresh

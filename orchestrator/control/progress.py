@@ -13,8 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from orchestrator.report.tables import Table
 from orchestrator.control.tracker import RunTracker
+from orchestrator.report.tables import Table
 
 REDRAW_INTERVAL_S = 0.25
 PROGRESS_NAME = "progress.json"

@@ -15,11 +15,11 @@ from typing import Callable
 
 from experiments.layout import RankJob
 from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import RestartConfig
 from orchestrator.commands import CommandError, one_line
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.render.scripts import TemplateError, attempt_job_name
-from orchestrator.campaign.runs import RunConfig
-from orchestrator.campaign.spec import RestartConfig
 
 log = logging.getLogger(__name__)
 

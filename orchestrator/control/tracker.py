@@ -25,12 +25,17 @@ from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
-from injectors.schedule import PlannedFault
 from injectors.kinds.base import FaultOutcome
+from injectors.schedule import PlannedFault
 from orchestrator.backends.base import Backend, Submission
-from orchestrator.control.closing import ClosingJobs
-from orchestrator.commands import CommandError
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
+from orchestrator.campaign.policy import Decision, decide, policy_entry
+from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, STRATEGY_WARM, RunConfig
+from orchestrator.commands import CommandError
+from orchestrator.control.closing import ClosingJobs
+from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
+from orchestrator.faults.book import FaultBook, OnActed
+from orchestrator.faults.inject import FaultRequest, inject
 from orchestrator.observe.failure_signs import (
     blamed_nodes,
     facts_from_json,
@@ -39,18 +44,13 @@ from orchestrator.observe.failure_signs import (
     failure_sign,
     requeued,
 )
-from orchestrator.faults.book import FaultBook, OnActed
-from orchestrator.faults.inject import FaultRequest, inject
+from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.measure import completion_facts
-from orchestrator.campaign.policy import Decision, decide, policy_entry
 from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
 from orchestrator.render.scripts import attempt_job_name
-from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, STRATEGY_WARM, RunConfig
-from orchestrator.strategies.same_job import REQUEUING, Requeuer, end_rank_launch
 from orchestrator.states import TERMINAL_STATES, JobState
-from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
-from orchestrator.observe.watch import AttemptWatch, FailureSign
+from orchestrator.strategies.same_job import REQUEUING, Requeuer, end_rank_launch
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class RunTracker:
         last = attempts[-1] if attempts else None
         final = _read_final(self.run)
         in_flight = last is not None and last.ended is None and last.job_id is not None
-        if final is not None and final.step == self.run.workload.steps and not (in_flight and final.attempt == last.attempt):
+        if final is not None and final.step == self.run.workload.steps and not (in_flight and last is not None and final.attempt == last.attempt):
             self._complete_from_record(final, last, now)
             return
         if last is not None and last.ended is None:

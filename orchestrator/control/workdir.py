@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from orchestrator.record.ledger import LEDGER_NAME, Ledger
 from orchestrator.campaign.spec import Campaign, SpecError
+from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
 
 def prepare_workdir(campaign: Campaign) -> Path | None:

@@ -24,9 +24,9 @@ from injectors.kinds.base import FaultOutcome, Target
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused
 from orchestrator.commands import one_line
+from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.ledger import FaultRow, Ledger
 from orchestrator.states import JobState
-from orchestrator.observe.watch import AttemptWatch, FailureSign
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from injectors.kinds import get_kind
 from injectors.kinds.base import FaultOutcome, FaultTask, Site
 from injectors.schedule import PlannedFault
 from injectors.targets import TargetRefused, read_identity
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, CommandResult
 from orchestrator.faults.job_control import BackendJobControl, Menders
-from orchestrator.campaign.runs import RunConfig
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend

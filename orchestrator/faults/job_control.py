@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from experiments.layout import write_json_atomic
-
 from injectors.actions import WalltimeSet
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported

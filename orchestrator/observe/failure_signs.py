@@ -13,8 +13,8 @@ from injectors.targets import TargetRefused, read_identity
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, FailureEvidence
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import RestartConfig
-from orchestrator.states import JobState
 from orchestrator.observe.watch import AttemptWatch, FailureSign, rank_error_suffix, rank_errors
+from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend

@@ -26,8 +26,8 @@ from experiments.layout import (
     RunPaths,
 )
 from orchestrator.campaign.failure_classes import is_peer_loss
-from orchestrator.states import JobState
 from orchestrator.observe.tails import JsonlTail
+from orchestrator.states import JobState
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class AttemptWatch:
         return newest
 
     def _event(self, event: dict[str, object]) -> None:
-        name, when = event.get("event"), float(event.get("time", 0.0))  # type: ignore[arg-type]
+        name, when = event.get("event"), float(event.get("time", 0.0))  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
         if name in (EVENT_JOB_START, EVENT_PROCESS_START) and self.job_started is None:
             self.job_started = when
         elif name == EVENT_FIRST_STEP and self.training_started is None:
@@ -122,20 +122,20 @@ class AttemptWatch:
         elif name == EVENT_WARNED:
             self.warned = True
         elif name == EVENT_STEP_EXIT:
-            self.step_exit = {"time": when, "exit_code": float(event["exit_code"])}  # type: ignore[arg-type]
+            self.step_exit = {"time": when, "exit_code": float(event["exit_code"])}  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
         elif name == EVENT_WARM_FAILURE and self.warm_failure is None:
             code = event.get("exit_code")
-            self.warm_failure = {"time": when, "rank": float(event.get("rank") or 0),  # type: ignore[arg-type]
-                                 "exit_code": float(code) if code is not None else -1.0}  # type: ignore[arg-type]
+            self.warm_failure = {"time": when, "rank": float(event.get("rank") or 0),  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+                                 "exit_code": float(code) if code is not None else -1.0}  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
 
     def _beat(self, rank: int, beat: dict[str, object]) -> None:
-        when = float(beat["time"])  # type: ignore[arg-type]
+        when = float(beat["time"])  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
         previous = self.beats.get(rank)
         if previous is None or when >= previous.time:
             allowed = beat.get("timeout_s")
-            self.beats[rank] = RankBeat(when, float(allowed) if allowed is not None else None,  # type: ignore[arg-type]
-                                        beat.get("phase"))  # type: ignore[arg-type]
-        self.last_step = max(self.last_step, int(beat["step"]))  # type: ignore[arg-type]
+            self.beats[rank] = RankBeat(when, float(allowed) if allowed is not None else None,  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+                                        beat.get("phase"))  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+        self.last_step = max(self.last_step, int(beat["step"]))  # type: ignore[call-overload]  # records are JSON read back as dict[str, object]
 
     def observe_state(self, state: JobState, now: float) -> bool:
         """Note the scheduler's state; True when it changed."""

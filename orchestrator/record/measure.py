@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from experiments.layout import EVENT_COMPLETED, EVENT_FRAMEWORK_READY, RunPaths, read_json_lines
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.record.ledger import Ledger
 from orchestrator.record.recovery import first_event
-from orchestrator.campaign.runs import RunConfig
 
 
 def completion_facts(paths: RunPaths, attempt: int) -> dict[str, Any]:

@@ -18,11 +18,11 @@ from typing import Any
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
-    EVENT_WARM_PLAN,
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
     EVENT_JOB_START,
     EVENT_PROCESS_START,
+    EVENT_WARM_PLAN,
     RunPaths,
     read_json_lines,
 )
@@ -100,7 +100,7 @@ def compute_recovery(
     accepted = float(plan["time"]) if plan is not None else resumed.accepted
     moments, correction = ordered([failure.at, failure.detected, accepted, timeline.job_start,
                                    timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
-    detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:]))
+    detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:], strict=False))
     return RecoveryRow(
         run_id=failed.run_id,
         attempt=resumed.attempt,

@@ -169,7 +169,7 @@ def _ttr_section(runs: list[dict[str, Any]], out_dir: Path) -> Section:
         for phase in PHASES:
             heights = [means[key][phase] for key in groups]
             axes.barh(labels, heights, left=bottom, label=phase.removesuffix("_s"))
-            bottom = [b + h for b, h in zip(bottom, heights)]
+            bottom = [b + h for b, h in zip(bottom, heights, strict=False)]
         axes.set_xlabel("seconds (mean per recovery)")
         axes.set_title("Time to recover, by phase: framework / strategy / failure class")
         axes.legend(fontsize="small", ncols=len(PHASES), loc="upper center", bbox_to_anchor=(0.5, -0.45 if len(groups) < 3 else -0.15))
@@ -278,8 +278,8 @@ def _interval_section(runs: list[dict[str, Any]], out_dir: Path) -> Section | No
     ttrs = [r["ttr_s"] for run in faulted for r in run["recoveries"]]
     restart = statistics.fmean(ttrs) if ttrs else 0.0
     mtbf, mtbf_source = _mtbf(faulted)
-    measured = {every: statistics.fmean(measured_goodput[run["run_id"]] for run in faulted
-                                        if run["checkpoint_every_steps"] == every)
+    measured = {every: statistics.fmean(value for run in faulted if run["checkpoint_every_steps"] == every
+                                        if (value := measured_goodput[run["run_id"]]) is not None)  # each faulted has one
                 for every in intervals}
 
     best = max(intervals, key=lambda every: measured[every])

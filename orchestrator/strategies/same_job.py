@@ -13,9 +13,9 @@ from typing import Callable
 
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import Backend, NotSupported, Submission
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
 from orchestrator.faults.inject import kill_every_rank
-from orchestrator.campaign.runs import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import psutil
 import submitit
@@ -25,14 +25,14 @@ from experiments.layout import (
     RunPaths,
     read_json_lines,
 )
-from experiments.workloads import LAUNCHER_MPI
 from experiments.runtime.identity import start_ticks, ticks_now
+from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.backends.local.controller import ENV_RELAUNCH_WAIT_S, read_step_exit, warm_completed
-from orchestrator.commands import CommandResult, run_command
-from orchestrator.render.scripts import rank_environment
 from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
+from orchestrator.commands import CommandResult, run_command
+from orchestrator.render.scripts import rank_environment
 from orchestrator.states import JobState
 
 LOCAL_CONTROLLER_MODULE = "orchestrator.backends.local.controller"  # submitit's, recording exit codes
@@ -104,7 +104,7 @@ class LocalBackend(Backend):
             environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
         executor = EnvLocalExecutor(run.paths.submitit, environment, prefix)
         executor.update_parameters(tasks_per_node=tasks, timeout_min=_minutes(run))
-        submitted = executor.submit(run_rank, job)
+        submitted = cast("submitit.LocalJob[Any]", executor.submit(run_rank, job))  # typed as the base Job
         process = submitted._process
         assert process is not None
         self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process, run.run_id)
@@ -148,7 +148,9 @@ class LocalBackend(Backend):
         submitit controller (tasks, an MPI launcher and the ranks it started; a stopped or hung
         rank ignores gentler signals); the controller then exits. ``force`` kills it too."""
         record = self._jobs.get(job_id)
-        controller = self._verified_controller(job_id, record) if record is not None else None
+        if record is None:
+            return
+        controller = self._verified_controller(job_id, record)
         if controller is None:
             return
         record.cancelled = True

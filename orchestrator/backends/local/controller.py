@@ -61,8 +61,9 @@ def warm_completed(folder: Path, job_id: str) -> bool:
 def step_exit_code(codes: Sequence[int | None], first_failed: int | None = None) -> int:
     """The tasks' exits as one step exit code, a signal N as 128 + N: the first failed task's (the
     others' exits are the step's end, not its cause); without that record, a signal, else the first failure."""
-    if first_failed is not None and codes[first_failed]:
-        return _as_exit_code(codes[first_failed])
+    first = codes[first_failed] if first_failed is not None else None
+    if first:
+        return _as_exit_code(first)
     signals = [code for code in codes if code is not None and code < 0]
     if signals:
         return _as_exit_code(signals[0])

@@ -24,10 +24,18 @@ from submitit.core import utils as submitit_utils
 from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
-from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement
+from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement
 from experiments.warm.processes import end_members, processes_of
-from experiments.warm.protocol import (ENV_ADDRESS, ENV_COORDINATOR, ENV_RESTART_ALL, ENV_SET, ENV_SLOT,
-                                               ENV_SPARES, ENV_WORLD, set_port)
+from experiments.warm.protocol import (
+    ENV_ADDRESS,
+    ENV_COORDINATOR,
+    ENV_RESTART_ALL,
+    ENV_SET,
+    ENV_SLOT,
+    ENV_SPARES,
+    ENV_WORLD,
+    set_port,
+)
 from orchestrator.campaign.failure_classes import SIGNAL_EXIT_BASE
 
 log = logging.getLogger(__name__)
@@ -94,14 +102,14 @@ class LocalWarmJob:
     def _fence(self, attempt: int) -> None:
         write_fence(self.paths, Fence(attempt, self.controller.pid))
 
-    def _spawn(self, slot: int, attempt: int, _where: Placement = Placement()) -> None:
+    def _spawn(self, slot: int, attempt: int, _where: Placement = ANYWHERE) -> None:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
         ``attempt`` (the run's current one: the fence lets it start)."""
         self.slots[slot] = self._start(slot, {"SUBMITIT_LOCAL_LOCALID": str(slot), "SUBMITIT_LOCAL_GLOBALID": str(slot),
                                               "SUBMITIT_LOCAL_NTASKS": str(slot + 1), ENV_SLOT: str(slot),
                                               ENV_ATTEMPT: str(attempt)})
 
-    def _spawn_set(self, first_slot: int, attempt: int, _where: Placement = Placement()) -> None:
+    def _spawn_set(self, first_slot: int, attempt: int, _where: Placement = ANYWHERE) -> None:
         """restart-all: the set of ranks whose first slot is ``first_slot``, as the controller starts
         its tasks (TensorFlow: one per rank; Chainer: one ``mpiexec`` that starts them all), with the
         set's own ports (its collective forms now, beside the others')."""

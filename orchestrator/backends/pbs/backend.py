@@ -19,11 +19,18 @@ import sys
 import time
 from pathlib import Path
 
-
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.actions import WalltimeSet
-from orchestrator.backends.base import MAX_NUM_TIMEOUT, AttemptRef, Backend, PendingArray, Submission, job_timeout_min
+from orchestrator.backends.base import (
+    MAX_NUM_TIMEOUT,
+    AttemptRef,
+    Backend,
+    NotSupported,
+    PendingArray,
+    Submission,
+    job_timeout_min,
+)
 from orchestrator.backends.pbs.commands import (
     QSTAT_TIMEOUT_S,
     ServerKind,
@@ -39,13 +46,11 @@ from orchestrator.backends.pbs.commands import (
     scheduler_id,
 )
 from orchestrator.backends.pbs.plugin import PBSExecutor
-from orchestrator.backends.base import NotSupported
-from orchestrator.commands import CommandError, CommandResult, run_command
-from orchestrator.render.scripts import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
+from orchestrator.commands import CommandError, CommandResult, run_command
+from orchestrator.render.scripts import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.states import JobState
-
 
 ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
 
@@ -93,7 +98,7 @@ class PBSBackend(Backend):
         array_id = qsub(pending.script_path.name, script.text, script.submit_dir)
         accepted = time.time()
         elements = pending.submitted(array_id, lambda index: array_element_id(array_id, index))
-        for (run, _), job_id in zip(items, elements):
+        for (run, _), job_id in zip(items, elements, strict=False):
             self._folders[job_id] = run.paths.submitit
         return [Submission(job_id=job_id, accepted_at=accepted) for job_id in elements]
 
@@ -101,7 +106,7 @@ class PBSBackend(Backend):
         """Jobs named as the attempt, or the element of the array it went out in, oldest first."""
         if ref.job_name is None:
             return []
-        ordered = sorted(self._named(ref.job_name), key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0))
+        ordered = sorted(self._named(ref.job_name), key=lambda job_id: int(re.match(r"\d*", job_id).group() or 0))  # type: ignore[union-attr]  # \d* matches every string
         if ref.array_index is not None:
             ordered = [array_element_id(job_id, ref.array_index) for job_id in ordered]
         for job_id in ordered:

@@ -25,8 +25,8 @@ from submitit.slurm.slurm import _parse_node_list
 from orchestrator.backends.pbs.commands import (
     QSTAT_TIMEOUT_S,
     array_element_id,
-    parse_qsub,
     parse_qstat_full,
+    parse_qsub,
     qdel,
     qstat_states,
     qsub,
@@ -301,7 +301,7 @@ class PBSExecutor(core.PicklingExecutor):
         first = array._submit_command(self._submitit_command_str)
         jobs: list[core.Job[Any]] = [PBSJob(folder=self.folder, job_id=array_element_id(first.job_id, index),
                                             tasks=list(range(first.num_tasks))) for index in range(len(pickles))]
-        for job, path in zip(jobs, pickles):
+        for job, path in zip(jobs, pickles, strict=False):
             job.paths.move_temporary_file(path, "submitted_pickle")
         return jobs
 

@@ -19,10 +19,16 @@ from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission
-from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.campaign.directives import cluster_of
-from orchestrator.render.scripts import SubmissionScript, array_job_name, rank_step_name, render_slurm, render_slurm_array
 from orchestrator.campaign.runs import RunConfig
+from orchestrator.commands import CommandError, CommandResult, run_command
+from orchestrator.render.scripts import (
+    SubmissionScript,
+    array_job_name,
+    rank_step_name,
+    render_slurm,
+    render_slurm_array,
+)
 from orchestrator.states import JobState, from_slurm, parse_sacct
 
 SUBMIT_TIMEOUT_S = 60.0
