@@ -1,5 +1,5 @@
-"""The faultdrill command as a user types it, for the tests of both suites (unit: the local
-backend; integration: the real cluster)."""
+"""The faultdrill command as a user types it, for the drill and cluster tiers (drill: the local
+backend; cluster: the real cluster)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What a run under restart.strategy warm must show — PyTorch's spares taking dead ranks' places
 with a survivor's state, TensorFlow's and Chainer's whole spare sets restarting every rank — and
 that a recovery's phases add up: shared by the local drills (tests/unit) and the Slurm and PBS
-drills (tests/integration)."""
+drills (tests/cluster)."""
 
 from __future__ import annotations
 

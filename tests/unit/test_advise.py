@@ -10,8 +10,14 @@ import subprocess
 import pytest
 
 from drills import FAULTDRILL
-from orchestrator.report.advise import (AdviceError, AdviceInputs, advise, daly_interval, predicted_goodput,
-                                 young_interval)
+from orchestrator.report.advise import (
+    AdviceError,
+    AdviceInputs,
+    advise,
+    daly_interval,
+    predicted_goodput,
+    young_interval,
+)
 
 
 def _best_interval(checkpoint_s: float, mtbf_s: float, restart_s: float) -> float:
@@ -67,6 +73,7 @@ def test_bad_inputs_are_named(given: dict, named: str) -> None:
         AdviceInputs(**given)
 
 
+@pytest.mark.drill
 def test_the_command_needs_a_workdir_or_a_cost_and_says_so() -> None:
     done = subprocess.run([*FAULTDRILL, "advise", "--mtbf", "600"], capture_output=True, text=True)
     assert done.returncode == 2 and "WORKDIR" in done.stderr and "--cost" in done.stderr

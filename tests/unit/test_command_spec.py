@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.render.scripts import render_slurm
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import SpecError, parse_campaign
+from orchestrator.render.scripts import render_slurm
 
 HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "{{literal}}"]
 

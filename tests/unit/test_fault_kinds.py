@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from experiments.layout import RankIdentity, RunPaths, write_json_atomic
-from experiments.runtime.identity import start_ticks
 from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+from experiments.runtime.identity import start_ticks
 from injectors.kinds import REGISTRY, get_kind
 from injectors.kinds.base import FaultTask, Site
 from injectors.targets import TargetRefused
@@ -56,6 +56,7 @@ def _status(proc: subprocess.Popen[bytes]) -> str:
     return psutil.Process(proc.pid).status()
 
 
+@pytest.mark.drill
 def test_kill_rank_hits_several_ranks_at_one_instant(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
     moment = time.time() + 0.3
     task = FaultTask(**{**_task(tmp_path, "kill-rank", (0, 1), signal="SIGKILL").__dict__, "not_before": moment})
@@ -64,6 +65,7 @@ def test_kill_rank_hits_several_ranks_at_one_instant(tmp_path: Path, ranks: list
     assert [proc.wait(timeout=10) for proc in ranks] == [-9, -9]
 
 
+@pytest.mark.drill
 def test_hang_rank_stops_the_rank_and_leaves_it_stopped(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
     outcome = get_kind("hang-rank").act_on_node(_task(tmp_path, "hang-rank", (1,)))
     assert outcome.signal == "SIGSTOP" and outcome.pid == ranks[1].pid
@@ -71,6 +73,7 @@ def test_hang_rank_stops_the_rank_and_leaves_it_stopped(tmp_path: Path, ranks: l
     assert _status(ranks[0]) != psutil.STATUS_STOPPED
 
 
+@pytest.mark.drill
 def test_stall_rank_stops_the_rank_for_its_duration_then_lets_it_go_on(tmp_path: Path,
                                                                         ranks: list[subprocess.Popen[bytes]]) -> None:
     tick = tmp_path / "tick-0"
@@ -85,6 +88,7 @@ def test_stall_rank_stops_the_rank_for_its_duration_then_lets_it_go_on(tmp_path:
     assert tick.stat().st_size > before, "the rank did not go on after its stall"
 
 
+@pytest.mark.drill
 def test_rank_kinds_refuse_what_is_not_the_drills(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
     for kind in ("kill-rank", "hang-rank", "stall-rank"):
         task = FaultTask(**{**_task(tmp_path, kind, (1,), signal="SIGKILL", duration_s=1).__dict__, "job_id": "1"})

@@ -15,9 +15,9 @@ from experiments.entry import run_rank
 from experiments.layout import RankJob, RunPaths, WorkloadSpec
 from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
 from experiments.runtime.fence import Fence, StaleAttemptError, check_current, read_fence, sync_filesystem, write_fence
-from orchestrator.render.scripts import render_pbs, render_slurm
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import Campaign
+from orchestrator.render.scripts import render_pbs, render_slurm
 
 META = CheckpointMeta("test", "raw", "all")
 
@@ -43,6 +43,7 @@ def _fake_launchers(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("backend", ["slurm", "pbs"])
+@pytest.mark.drill
 def test_a_stale_attempts_batch_script_starts_no_rank_and_writes_nothing(tmp_path: Path, backend: str) -> None:
     run = _run(tmp_path, backend)
     render = render_slurm if backend == "slurm" else render_pbs
@@ -59,6 +60,7 @@ def test_a_stale_attempts_batch_script_starts_no_rank_and_writes_nothing(tmp_pat
     assert not run.paths.events_file(0).exists(), "the stale attempt wrote into the run's files"
 
 
+@pytest.mark.drill
 def test_the_current_attempt_runs_and_a_duplicate_job_of_it_does_not(tmp_path: Path) -> None:
     run = _run(tmp_path, "slurm")
     script = render_slurm(run, attempt=1, drill_id="fence-1")

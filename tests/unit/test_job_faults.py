@@ -2,7 +2,7 @@
 acted on only if the scheduler lists it in the job's allocation; the project's cluster script only
 on its own cluster (a site needs its own command); the mending always runs; disk-full refuses a big
 filesystem; a failed checkpoint write on a full disk is named as such; the warning signal parses.
-The real thing: tests/unit/test_fault_catalogue_local.py and tests/integration/test_fault_catalogue.py."""
+The real thing: tests/drill/test_fault_catalogue_local.py and tests/cluster/test_fault_catalogue.py."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def test_the_cluster_script_acts_only_on_its_own_cluster(tmp_path: Path, monkeyp
         _control(RecordingBackend()).cluster("node-crash", "fd-n2", None)
 
 
+@pytest.mark.drill
 def test_a_site_command_is_run_with_the_node_filled_in_and_the_mending_always_runs(tmp_path: Path) -> None:
     log = tmp_path / "log"
     write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
@@ -83,6 +84,7 @@ def test_a_site_command_is_run_with_the_node_filled_in_and_the_mending_always_ru
     assert acted == [("fd-n2", False)], "the node is recorded before the site command acts"
 
 
+@pytest.mark.drill
 def test_a_failed_mend_is_told_but_the_fault_stands(tmp_path: Path) -> None:
     task = _task(tmp_path, "network-partition", node=0, duration_s=0.01,
                  command={"act": [sys.executable, "-c", "print('cut')"], "mend": [sys.executable, "-c", "exit(3)"]})
@@ -145,6 +147,7 @@ def test_the_warning_signal_is_named_by_the_environment(monkeypatch: pytest.Monk
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
+@pytest.mark.drill
 def test_a_node_down_for_the_rest_of_the_drill_is_owed_a_mend_that_survives_the_controller(tmp_path: Path) -> None:
     log = tmp_path / "log"
     write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]

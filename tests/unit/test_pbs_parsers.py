@@ -21,7 +21,7 @@ from orchestrator.backends.pbs.commands import (
 from orchestrator.commands import CommandError
 from orchestrator.states import PBS_STATES, JobState, from_pbs
 
-RECORDED = Path(__file__).parent / "recorded"
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
 
 
 def _records(name: str) -> dict[str, dict[str, str]]:

@@ -34,11 +34,13 @@ def environ(monkeypatch: pytest.MonkeyPatch):
     return set_variables
 
 
+@pytest.mark.drill
 def test_registered_through_submitits_entry_points() -> None:
     assert plugins.get_executors()["pbs"] is PBSExecutor
     assert isinstance(plugins.get_job_environments()["pbs"], PBSJobEnvironment)
 
 
+@pytest.mark.drill
 def test_auto_executor_translates_generic_and_prefixed_parameters(tmp_path: Path) -> None:
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="pbs")
     executor.update_parameters(name="sweep", timeout_min=30, tasks_per_node=2, nodes=2, pbs_flavor="pro",
@@ -49,6 +51,7 @@ def test_auto_executor_translates_generic_and_prefixed_parameters(tmp_path: Path
                                 "flavor": "pro", "queue": "debug"}
 
 
+@pytest.mark.drill
 def test_loading_the_plugin_in_a_job_stays_cheap() -> None:
     """submitit loads it in every rank of every backend: no pydantic, no spec, no templates."""
     code = ("import sys; import orchestrator.backends.pbs.plugin; "

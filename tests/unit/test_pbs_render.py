@@ -11,6 +11,8 @@ import pytest
 
 from orchestrator.backends.pbs.commands import array_element_id, output_options
 from orchestrator.backends.pbs.plugin import PBSJobEnvironment
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import Campaign
 from orchestrator.render.scripts import (
     TemplateError,
     pbs_directive,
@@ -19,8 +21,6 @@ from orchestrator.render.scripts import (
     render_pbs_array,
     render_template,
 )
-from orchestrator.campaign.runs import expand_runs
-from orchestrator.campaign.spec import Campaign
 
 GOLDEN = Path(__file__).parent / "golden"
 PYTHON = "/opt/faultdrill/.venv/bin/python"
@@ -49,6 +49,7 @@ def _directives(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("#PBS")]
 
 
+@pytest.mark.drill
 def test_torque_script_matches_golden() -> None:
     run = expand_runs(_campaign("/scratch/drills/golden", partition="debug",
                                 extra_directives=["-l mem=4gb", "-A fault drill", "-V"]))[0]
@@ -59,6 +60,7 @@ def test_torque_script_matches_golden() -> None:
     subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
 
 
+@pytest.mark.drill
 def test_pro_array_matches_golden() -> None:
     runs = expand_runs(_campaign("/scratch/drills/golden", {"workload.seed": [1, 2, 3]}, pbs_flavor="pro"))
     script = render_pbs_array([(run, 0) for run in runs], "golden-0003", "fd-golden-sweep", 2, PYTHON)
@@ -69,6 +71,7 @@ def test_pro_array_matches_golden() -> None:
     subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
 
 
+@pytest.mark.drill
 def test_in_allocation_launches_mpiexec_again_on_the_controllers_go() -> None:
     campaign = _campaign("/scratch/drills/golden").model_copy(
         update={"restart": _campaign("/w").restart.model_copy(update={"strategy": "in-allocation",
@@ -88,6 +91,7 @@ def test_in_allocation_launches_mpiexec_again_on_the_controllers_go() -> None:
     ("tensorflow", 4, "--restart-all --spare-sets 2 \\"),  # whole sets: 2 sets of 2 a node, one mpiexec each
     ("chainer", 4, "--restart-all --spare-sets 2 \\"),
 ])
+@pytest.mark.drill
 def test_warm_runs_the_coordinator_with_mpiexec_and_the_spares_cpus(framework: str, spares_per_node: int,
                                                                     sets_flags: str | None) -> None:
     campaign = Campaign.model_validate({
@@ -110,6 +114,7 @@ def test_warm_runs_the_coordinator_with_mpiexec_and_the_spares_cpus(framework: s
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
+@pytest.mark.drill
 def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
     run = expand_runs(_campaign(HOSTILE))[0]
     script = render_pbs(run, attempt=0, drill_id="golden-0002", python=PYTHON)
@@ -194,6 +199,7 @@ JOB_ID_CASES = [
 
 
 @pytest.mark.parametrize(("environ", "expected"), JOB_ID_CASES)
+@pytest.mark.drill
 def test_script_and_job_environment_agree_on_the_job_id(
     environ: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

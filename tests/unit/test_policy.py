@@ -59,6 +59,7 @@ def test_a_policy_for_an_unknown_class_is_a_spec_error(tmp_path: Path) -> None:
 KILL = [{"kind": "kill-rank", "after": {"at_step": 60}, "rank": 1}]
 
 
+@pytest.mark.drill
 def test_a_class_the_policy_gives_up_on_ends_the_run_with_the_class_and_why(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, faults=KILL, restart={"max_restarts": 3, "poll_interval_s": 0.05,
                                                       "policy": {"RANK_SIGNAL": {"action": "give_up"}}})
@@ -67,6 +68,7 @@ def test_a_class_the_policy_gives_up_on_ends_the_run_with_the_class_and_why(tmp_
     assert len(run["attempts"]) == 1 and run["attempts"][0]["failure_class"] == "RANK_SIGNAL"
 
 
+@pytest.mark.drill
 def test_a_backoff_delays_the_next_attempt_and_is_part_of_the_time_to_recover(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, faults=KILL, restart={"max_restarts": 3, "poll_interval_s": 0.05,
                                                       "policy": {"RANK_SIGNAL": {"backoff_s": 2.5}}})
@@ -76,6 +78,7 @@ def test_a_backoff_delays_the_next_attempt_and_is_part_of_the_time_to_recover(tm
     assert recovery["resubmit_s"] >= 2.5
 
 
+@pytest.mark.drill
 def test_a_preemption_restarts_even_with_no_failure_budget_left(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, workload={"framework": "torch", "params": 20000, "steps": 2000, "seed": 3,
                                           "batch_size": 16},

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.layout import ENV_RANK_JOB, RankJob, RunPaths, WorkloadSpec, read_json_lines, rank_job_to_dict
+from experiments.layout import ENV_RANK_JOB, RankJob, RunPaths, WorkloadSpec, rank_job_to_dict, read_json_lines
 from experiments.runtime import api
 from experiments.runtime.checkpoint import CheckpointStore
 from experiments.workloads.base import digest_arrays
@@ -65,7 +65,7 @@ def test_a_checkpoint_that_raises_or_holds_no_file_is_not_published(tmp_path: Pa
     with pytest.raises(ZeroDivisionError):
         with rank.checkpoint(2) as directory:
             (directory / "half").write_bytes(b"x")
-            1 / 0
+            raise ZeroDivisionError("the script's own error, mid-checkpoint")
     with pytest.raises(RuntimeError) as error:
         with rank.checkpoint(4):
             pass

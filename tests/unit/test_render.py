@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.render.scripts import TemplateError, directive_value, render_slurm, render_template
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import Campaign
+from orchestrator.render.scripts import TemplateError, directive_value, render_slurm, render_template
 
 GOLDEN = Path(__file__).parent / "golden"
 PYTHON = "/opt/faultdrill/.venv/bin/python"
@@ -49,6 +49,7 @@ def test_nodes_an_earlier_attempt_lost_are_excluded() -> None:
     assert "--exclude" not in render_slurm(run, attempt=2, drill_id="golden-0001", python=PYTHON).text
 
 
+@pytest.mark.drill
 def test_hostile_workdir_matches_golden_and_survives_the_shell() -> None:
     run = expand_runs(_campaign(HOSTILE))[0]
     script = render_slurm(run, attempt=0, drill_id="golden-0002", python=PYTHON)
@@ -99,6 +100,7 @@ def test_user_template_override_by_path(tmp_path: Path) -> None:
     assert "#SBATCH --nodes=2" in text
 
 
+@pytest.mark.drill
 def test_in_allocation_keeps_the_allocation_and_relaunches_on_the_controllers_go(tmp_path: Path) -> None:
     campaign = Campaign.model_validate({
         "name": "golden", "backend": "slurm", "workdir": "/scratch/drills/golden",
@@ -122,6 +124,7 @@ def test_in_allocation_keeps_the_allocation_and_relaunches_on_the_controllers_go
     ("tensorflow", "--restart-all --spare-sets 2 \\"),  # whole sets, one step each
     ("chainer", "--restart-all --spare-sets 2 --mpi pmix \\"),  # each set an MPI world of its own
 ])
+@pytest.mark.drill
 def test_warm_runs_the_coordinator_with_the_spares_task_slots(tmp_path: Path, framework: str,
                                                                sets_flags: str | None) -> None:
     campaign = Campaign.model_validate({

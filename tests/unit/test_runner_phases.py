@@ -14,8 +14,8 @@ from experiments.layout import RankJob, RunPaths, WorkloadSpec, read_json_lines
 from experiments.runner import RunnerOptions, run_training
 from experiments.runtime.distenv import DistEnv, Timeouts
 from numpy_workload import NumpyWorkload
-from orchestrator.states import JobState
 from orchestrator.observe.watch import AttemptWatch, RankBeat
+from orchestrator.states import JobState
 
 HANG_TIMEOUT_S = 0.5
 SAVE_S = 1.5  # three hang timeouts

@@ -12,9 +12,9 @@ import pytest
 
 from injectors.ranks import RankFraction, choose_ranks
 from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay, seeded_rng
-from orchestrator.control.controller import plan_faults
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import SpecError, parse_campaign
+from orchestrator.control.controller import plan_faults
 
 DRAWS = 10_000
 # alpha = 0.001: a wrong formula (a rate not scaled by the ranks) gives D of 0.3 and more.

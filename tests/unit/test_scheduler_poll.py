@@ -86,7 +86,7 @@ def test_a_failing_scheduler_is_retried_with_a_growing_wait_then_named_at_its_de
             break
         tries.append(clock.now) if scheduler.calls > len(tries) else None
         clock.now += 0.1
-    gaps = [later - earlier for earlier, later in zip(tries, tries[1:])]
+    gaps = [later - earlier for earlier, later in zip(tries, tries[1:], strict=False)]
     assert gaps[:3] == pytest.approx([1.0, 2.0, 4.0], abs=0.11), gaps
     assert clock.now - 1000.0 == pytest.approx(20.0, abs=0.2), "the deadline is kept, not overshot by a wait"
 
@@ -167,6 +167,7 @@ class TwoCommandScheduler:
 
 
 @pytest.mark.parametrize("background", [False, True])
+@pytest.mark.drill
 def test_the_commands_each_poll_ran_are_counted(background: bool) -> None:
     slow_path = SchedulerPoller(0.0, 60.0, background=background)
     scheduler = TwoCommandScheduler()

@@ -53,6 +53,7 @@ def test_command_wrapper_refuses_shell_strings() -> None:
         run_command("echo hi")  # type: ignore[arg-type]
 
 
+@pytest.mark.drill
 def test_command_wrapper_error_carries_command_code_and_streams() -> None:
     with pytest.raises(CommandError) as error:
         run_command(["bash", "-c", "echo out; echo err >&2; exit 7"])
@@ -61,6 +62,7 @@ def test_command_wrapper_error_carries_command_code_and_streams() -> None:
     assert error.value.command[0] == "bash"
 
 
+@pytest.mark.drill
 def test_command_wrapper_times_out_and_retries(tmp_path) -> None:
     counter = tmp_path / "count"
     script = f'echo x >> "{counter}"; sleep 5'
@@ -69,6 +71,7 @@ def test_command_wrapper_times_out_and_retries(tmp_path) -> None:
     assert counter.read_text().count("x") == 2
 
 
+@pytest.mark.drill
 def test_command_not_found_is_a_command_error() -> None:
     with pytest.raises(CommandError, match="command not found"):
         run_command(["/nonexistent/sbatch"])

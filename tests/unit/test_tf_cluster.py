@@ -125,7 +125,7 @@ def _rank_hosts_from_the_pbs_script(tmp_path: Path, nodefile_lines: list[str], n
     """Run the rendered PBS script's own lines that compute FAULTDRILL_RANK_HOSTS, for real."""
     import subprocess
 
-    from orchestrator.render.scripts import pbs_context, PBSElement, render_template
+    from orchestrator.render.scripts import PBSElement, pbs_context, render_template
 
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("".join(f"{line}\n" for line in nodefile_lines))
@@ -137,6 +137,7 @@ def _rank_hosts_from_the_pbs_script(tmp_path: Path, nodefile_lines: list[str], n
     return shown.stdout
 
 
+@pytest.mark.drill
 def test_pbs_ranks_on_other_nodes_get_every_ranks_host_from_the_launch(tmp_path: Path) -> None:
     # Torque with ppn = tasks x cpus_per_task: one node file line per CPU, not per rank.
     lines = ["fd-n1"] * 4 + ["fd-n2"] * 4

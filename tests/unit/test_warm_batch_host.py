@@ -1,6 +1,6 @@
 """The warm coordinator's host in a batch job (experiments/warm/batch_host.py): where a
 spare set goes (spare nodes taken in turn, lost nodes never), and what each launcher runs for a
-member and for a set (the drills on Slurm and PBS run them for real: tests/integration/test_warm_*)."""
+member and for a set (the drills on Slurm and PBS run them for real: tests/cluster/test_warm_*)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ import pytest
 from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted, Timing
 from experiments.warm.member import CoordinatorGone, WarmMember
 from experiments.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line
-from experiments.warm.runner import peer_lost
 
 
 class Host:
@@ -285,11 +284,17 @@ def test_a_survivor_that_never_reports_its_step_ends_the_job() -> None:
     "Application timeout caused pair closure",
     "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation",
 ])
+@pytest.mark.drill  # the warm runner imports torch
 def test_what_gloo_says_of_a_lost_peer_re_forms_the_group(message: str) -> None:
+    from experiments.warm.runner import peer_lost
+
     assert peer_lost(RuntimeError(message))
 
 
 @pytest.mark.parametrize("error", [RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x3 and 4x8)"),
                                    ValueError("Application timeout caused pair closure")])
+@pytest.mark.drill  # the warm runner imports torch
 def test_a_ranks_own_error_is_not_taken_for_a_lost_peer(error: Exception) -> None:
+    from experiments.warm.runner import peer_lost
+
     assert not peer_lost(error)

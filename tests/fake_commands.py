@@ -1,5 +1,5 @@
 """Scheduler commands that answer with recorded output: for unit tests of the argument lists a
-backend builds and of how it reads what the scheduler prints (the real ones run in integration)."""
+backend builds and of how it reads what the scheduler prints (the real ones run in tests/cluster)."""
 
 from __future__ import annotations
 

@@ -16,11 +16,9 @@ import submitit
 
 from experiments.layout import RankJob
 from orchestrator.backends.pbs.backend import PBSBackend
-from orchestrator.backends.pbs.commands import SCHEDULER_ID_FILE, qstat_records, read_job_file, ServerKind
+from orchestrator.backends.pbs.commands import SCHEDULER_ID_FILE, ServerKind, qstat_records, read_job_file
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import Campaign
-
-pytestmark = pytest.mark.integration
 
 POINTS = 20
 THROTTLE = 5

@@ -10,12 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from experiments.layout import RunPaths, read_json_lines
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_TIMEOUT_S = 600

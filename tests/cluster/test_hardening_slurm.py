@@ -16,18 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from experiments.layout import RunPaths, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
-from orchestrator.control.controller import Controller
-from orchestrator.render.scripts import attempt_job_name, render_slurm
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign, parse_campaign
+from orchestrator.control.controller import Controller
 from orchestrator.control.tracker import RunTracker
-
-pytestmark = pytest.mark.integration
+from orchestrator.render.scripts import attempt_job_name, render_slurm
 
 DRILL_TIMEOUT_S = 600
 CLUSTER_NAME = "faultdrill"  # scripts/cluster's ClusterName

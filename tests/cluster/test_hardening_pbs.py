@@ -11,16 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from orchestrator.backends.pbs.commands import qdel
-from orchestrator.control.controller import Controller
-from orchestrator.render.scripts import array_job_name
 from orchestrator.campaign.spec import load_campaign
+from orchestrator.control.controller import Controller
 from orchestrator.control.tracker import RunTracker
-
-pytestmark = pytest.mark.integration
+from orchestrator.render.scripts import array_job_name
 
 DRILL_TIMEOUT_S = 600
 
@@ -56,7 +53,7 @@ def test_an_array_submitted_by_a_stopped_controller_is_adopted_not_submitted_aga
         trackers = [RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
                     for run in runs]
         jobs = [tracker.begin_attempt(0, name, index) for index, tracker in enumerate(trackers)]
-        submitted = controller.backend.submit_array([(run, job) for run, job in zip(runs, jobs)])
+        submitted = controller.backend.submit_array([(run, job) for run, job in zip(runs, jobs, strict=False)])
     controller.close()
     array_ids = {submission.job_id.split("[")[0] for submission in submitted}
     try:

@@ -16,10 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-
-pytestmark = pytest.mark.integration
 
 DRILL = [sys.executable, "-m", "orchestrator.cli", "drill"]
 DRILL_TIMEOUT_S = 600

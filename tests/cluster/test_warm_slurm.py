@@ -11,13 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from campaigns import campaign_copy, drill_report, full_campaigns, keep_sweep_points
 from experiments.layout import RunPaths
 from warm_checks import assert_peer_recoveries, assert_spare_sets_recovered
-
-pytestmark = pytest.mark.integration
 
 
 def _by_kind(report: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -52,8 +48,8 @@ def test_warm_spare_sets_restart_every_tensorflow_and_chainer_rank(shared_tmp: P
     """warm-slurm-frameworks.yaml: each of two rank SIGKILLs answered by a spare set (one step of
     both nodes' tasks) from the newest valid checkpoint, in the same job; a node crash answered by
     the spare set on the spare node. Every run ends as its twin. CI drills Chainer's runs
-    (TensorFlow's sets: tests/unit/test_warm_frameworks_local.py, ~2.5 min less here); all of them
-    with FAULTDRILL_FULL_CAMPAIGNS=1."""
+    (TensorFlow's sets: tests/drill/test_warm_frameworks_local.py, ~2.5 min less here); all of them
+    with FAULTDRILL_FULL=1."""
     spec = campaign_copy("warm-slurm-frameworks", shared_tmp)
     frameworks = ["chainer", "tensorflow"] if full_campaigns() else ["chainer"]
     keep_sweep_points(spec, lambda point: point["workload.framework"][0] in frameworks)

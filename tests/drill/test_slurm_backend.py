@@ -1,7 +1,7 @@
 """The Slurm backend's commands and how it reads their output (issue 7, items 2 and 10), with
 recorded scheduler output: multi-cluster ids keep their cluster (-M on every command), a failing
 sacct is a failed poll (never "vanished"), cancel errors surface, retries apply with check=False,
-and duplicates of a submission are listed oldest first. The real commands: tests/integration."""
+and duplicates of a submission are listed oldest first. The real commands: tests/cluster."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from fake_commands import FakeCommands, install
 from orchestrator.backends.base import AttemptRef
 from orchestrator.backends.slurm.backend import SlurmBackend, parse_duration, parse_scontrol_record, parse_slurm_time
-from orchestrator.commands import CommandError, run_command
-from orchestrator.render.scripts import attempt_job_name
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import Campaign
+from orchestrator.commands import CommandError, run_command
+from orchestrator.render.scripts import attempt_job_name
 from orchestrator.states import JobState
 
 
@@ -163,7 +163,7 @@ def test_runs_go_out_as_one_throttled_array_whose_elements_are_their_attempts(fa
     jobs = [RankJob(run_id=run.run_id, run_dir=str(run.paths.root), attempt=0, workload=run.workload,
                     checkpoint_every=5, checkpoint_keep=2) for run in runs]
     fake.answer("sbatch", "900\n")
-    submissions = SlurmBackend("d-1", python="/opt/py").submit_array(list(zip(runs, jobs)))
+    submissions = SlurmBackend("d-1", python="/opt/py").submit_array(list(zip(runs, jobs, strict=False)))
     assert [s.job_id for s in submissions] == ["900_0", "900_1", "900_2"]
     script = (tmp_path / "work" / "arrays" / "900_submission.sh").read_text()
     assert "#SBATCH --array=0-2%2" in script and "#SBATCH --output=%A_%a_batch.out" in script

@@ -38,7 +38,7 @@ def write_spec(tmp_path: Path, **overrides: Any) -> Path:
 def drill(spec: Path, timeout: float = 300, expect: int | None = 0, html: bool = False) -> dict[str, Any]:
     """``faultdrill drill SPEC --format json`` (exit code ``expect``; None: 0, or 1 when a run did not
     complete, for tests that each look at their own run), its report. The report page (matplotlib,
-    ~2 s a drill) only if asked: tests/unit/test_html_report.py checks it."""
+    ~2 s a drill) only if asked: tests/drill/test_html_report.py checks it."""
     done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json", *([] if html else ["--no-html"])],
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode in ((0, 1) if expect is None else (expect,)), done.stderr[-4000:]

@@ -9,10 +9,9 @@ import pytest
 
 from experiments.layout import RankJob
 from fake_commands import FAKE, FakeCommands, install
-from orchestrator.backends.pbs import commands as pbs_commands
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import AttemptRef
-from orchestrator.faults.inject import FaultRequest, inject
+from orchestrator.backends.pbs import commands as pbs_commands
 from orchestrator.backends.pbs.backend import PBSBackend
 from orchestrator.backends.pbs.commands import (
     SCHEDULER_ID_FILE,
@@ -23,13 +22,14 @@ from orchestrator.backends.pbs.commands import (
     qstat_states,
 )
 from orchestrator.backends.pbs.plugin import PBSExecutor, PBSInfoWatcher
-from orchestrator.commands import CommandError
-from orchestrator.render.scripts import attempt_job_name
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import Campaign
+from orchestrator.commands import CommandError
+from orchestrator.faults.inject import FaultRequest, inject
+from orchestrator.render.scripts import attempt_job_name
 from orchestrator.states import JobState, from_pbs
 
-RECORDED = Path(__file__).parent / "recorded"
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
 FakePBS = FakeCommands
 
 
@@ -202,7 +202,7 @@ def test_backend_array_of_first_attempts(fake_pbs: FakePBS, tmp_path: Path) -> N
     backend = PBSBackend("unit-1", python="/opt/py/bin/python")
     submissions = backend.submit_array([(run, _rank_job(run.run_id, run.paths.root)) for run in runs])
     assert [s.job_id for s in submissions] == ["88[0]", "88[1]", "88[2]"]
-    for run, submission in zip(runs, submissions):
+    for run, submission in zip(runs, submissions, strict=False):
         assert (run.paths.submitit / f"{submission.job_id}_submitted.pkl").exists()
     script = (tmp_path / "work" / "arrays" / "88_submission.sh").read_text()
     assert "#PBS -t 0-2%2" in script and script.count("submitit.core._submit") == 1

@@ -4,7 +4,7 @@ script, or the run's files), each run recovered (the stall: went on without a re
 for bit as its fault-free twin, and the recoveries carry the fault's kind. disk-full gets a small
 filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory.
 
-The whole catalogue runs with FAULTDRILL_FULL_CAMPAIGNS=1 (by hand, ~7 min here). Without it (CI)
+The whole catalogue runs with FAULTDRILL_FULL=1 (by hand, ~7 min here). Without it (CI)
 the kinds that other real-cluster tests in CI drill on Slurm are left out of this drill, and their
 tests here say where they are covered.
 """
@@ -26,8 +26,6 @@ from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_TIMEOUT_S = 1500
@@ -35,8 +33,8 @@ SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-fu
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
 COVERED_ELSEWHERE = {
-    "preempt": "tests/integration/test_strategies.py (requeue) and test_pbs_drill.py",
-    "node-crash": "tests/integration/test_strategies.py (resubmit, in-allocation with a spare)",
+    "preempt": "tests/cluster/test_strategies.py (requeue) and test_pbs_drill.py",
+    "node-crash": "tests/cluster/test_strategies.py (resubmit, in-allocation with a spare)",
 }
 
 
@@ -82,7 +80,7 @@ def _run(report: dict[str, Any], kind: str, steps: int = 3000, twin: bool = True
     """The run whose first fault is of ``kind``: completed, bit for bit as its twin (if it has one)."""
     if kind not in report["run_ids"]:
         pytest.skip(f"{kind} is drilled on Slurm in CI by {COVERED_ELSEWHERE[kind]}; all kinds here with "
-                    "FAULTDRILL_FULL_CAMPAIGNS=1")
+                    "FAULTDRILL_FULL=1")
     run = next(run for run in report["runs"] if run["run_id"] == report["run_ids"][kind])
     assert run["status"] == "completed" and run["final_step"] == steps
     assert run["identical_to_baseline"] is (True if twin else None) and bool(run["baseline_digest"]) is twin

@@ -26,8 +26,6 @@ from conftest import wait_until
 from faultdrill_cli import faultdrill, report, status
 from orchestrator.control.detach import live_controller
 
-pytestmark = pytest.mark.integration
-
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_DEADLINE_S = 900
 CANCELLED_RUN = "r001"

@@ -1,7 +1,7 @@
 """The local test cluster itself (scripts/cluster): real Slurm, real accounting, real PBS
 wrappers, three nodes in separate network namespaces. No mocks.
 
-Run: scripts/cluster up && .venv/bin/python -m pytest tests/integration/test_cluster.py -m integration
+Run: scripts/cluster up && .venv/bin/python -m pytest tests/cluster/test_cluster.py -m cluster
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.integration
 
 CLUSTER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 
@@ -51,14 +49,12 @@ def _python() -> str:
     return sys.executable
 
 
-@pytest.mark.integration
 def test_status_reports_up():
     proc = run([CLUSTER_SCRIPT, "status"], check=False, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cluster: up" in proc.stdout
 
 
-@pytest.mark.integration
 def test_every_node_idle_or_allocatable(cluster):
     assert len(cluster) == 3 and len(set(cluster)) == 3, "scripts/cluster up makes 3 nodes by default"
     proc = run(["sinfo", "-h", "-N", "-p", cluster.partition, "-o", "%N %t %c"], timeout=15)
@@ -78,7 +74,6 @@ def test_every_node_idle_or_allocatable(cluster):
         assert socket.gethostbyname(name) == cluster.addresses[name]
 
 
-@pytest.mark.integration
 def test_two_node_batch_job_puts_ranks_on_both_nodes(cluster, slurm, shared_tmp):
     script = _write_script(
         shared_tmp / "job.sh",
@@ -102,7 +97,6 @@ def test_two_node_batch_job_puts_ranks_on_both_nodes(cluster, slurm, shared_tmp)
     assert all(count == 2 for count in per_host.values()), per_host
 
 
-@pytest.mark.integration
 def test_srun_python_across_nodes_has_distinct_hostnames(cluster, shared_tmp):
     code = (
         "import os, socket; "
@@ -153,7 +147,6 @@ else:
 """
 
 
-@pytest.mark.integration
 def test_tcp_connection_from_second_node_to_listener_on_first(cluster, shared_tmp):
     first, second = cluster[0], cluster[1]
     script = shared_tmp / "tcp_pair.py"
@@ -172,7 +165,6 @@ def test_tcp_connection_from_second_node_to_listener_on_first(cluster, shared_tm
     assert f"client {second} got [pong from {first}]" in out, out
 
 
-@pytest.mark.integration
 def test_each_node_has_a_private_tmp(cluster, shared_tmp):
     first, second = cluster[0], cluster[1]
     marker = f"/tmp/fd-private-tmp-{uuid.uuid4().hex}"
@@ -190,7 +182,6 @@ def test_each_node_has_a_private_tmp(cluster, shared_tmp):
             check=False, timeout=JOB_TIMEOUT)
 
 
-@pytest.mark.integration
 def test_sacct_shows_finished_jobs_state(slurm, shared_tmp):
     ok = slurm.sbatch("-N1", "-J", "fd-ok", "-D", shared_tmp, "-o", shared_tmp / "ok.out",
                       "--wrap", "true")
@@ -208,7 +199,6 @@ def test_sacct_shows_finished_jobs_state(slurm, shared_tmp):
     assert ok in listing.stdout and bad in listing.stdout, listing.stdout
 
 
-@pytest.mark.integration
 def test_killed_rank_with_kill_on_bad_exit_fails_job_quickly(cluster, slurm, shared_tmp, wait_until):
     killed_at = shared_tmp / "killed_at"
     task = _write_script(
@@ -243,7 +233,6 @@ srun hostname
 """
 
 
-@pytest.mark.integration
 def test_qsub_two_nodes_runs_on_both_and_qstat_reports_it(cluster, slurm, shared_tmp):
     name = f"fdpbs{uuid.uuid4().hex[:6]}"
     script = _write_script(shared_tmp / "pbs_job.sh", PBS_TWO_NODES.format(name=name))
@@ -269,7 +258,6 @@ def test_qsub_two_nodes_runs_on_both_and_qstat_reports_it(cluster, slurm, shared
     assert re.search(rf"^{jobid}\s+{name}\s", listing, re.M), listing
 
 
-@pytest.mark.integration
 def test_qdel_cancels_a_running_pbs_job(slurm, shared_tmp, wait_until):
     script = _write_script(
         shared_tmp / "sleep.sh",
@@ -314,7 +302,6 @@ def _mpi4py_available() -> bool:
     return proc.returncode == 0
 
 
-@pytest.mark.integration
 def test_mpi_over_pmix_across_nodes(cluster, shared_tmp):
     if not _pmix_available():
         pytest.skip("Slurm has no mpi/pmix plugin here")

@@ -22,14 +22,14 @@ import pytest
 from drills import drill, drill_processes, kill_verified, ledger_sql, phases_ok, run_of, write_spec
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.backends.local.backend import EnvLocalExecutor, LocalBackend, LocalJobRecord
-from orchestrator.commands import CommandError
-from orchestrator.control.controller import Controller
-from orchestrator.observe.scheduler_poll import SchedulerUnavailable
-from orchestrator.record.ledger import Ledger
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import load_campaign
-from orchestrator.states import JobState
+from orchestrator.commands import CommandError
+from orchestrator.control.controller import Controller
 from orchestrator.control.tracker import RunTracker
+from orchestrator.observe.scheduler_poll import SchedulerUnavailable
+from orchestrator.record.ledger import Ledger
+from orchestrator.states import JobState
 from rank_launch import wait_for
 
 # --- item 2: no double submission after a controller restart ------------------------------------
@@ -159,7 +159,7 @@ def test_every_planned_fault_is_accounted_for_and_credited_to_the_failure_it_cau
     assert len(run["attempts"]) == 4
     assert [rec["fault_kind"] for rec in run["recoveries"]] == ["kill-rank"] * 3
     assert all(phases_ok(rec) for rec in run["recoveries"])
-    for rec, fault in zip(run["recoveries"], injected):
+    for rec in run["recoveries"]:
         assert rec["failure_evidence"] == "fault" and rec["detect_s"] >= 0
     # attempts[].started is when the job really started (its rank 0's first line here), not acceptance.
     paths = RunPaths(tmp_path / "work" / "runs" / "r000")
@@ -300,7 +300,7 @@ def test_submit_as_array_on_a_backend_without_arrays_honours_parallel_runs(tmp_p
     report = drill(spec)
     spans = sorted((a["started"], a["ended"]) for run in report["runs"] for a in run["attempts"])
     assert len(spans) == 3 and all(run["status"] == "completed" for run in report["runs"])
-    for (_, ended), (started, _) in zip(spans, spans[1:]):
+    for (_, ended), (started, _) in zip(spans, spans[1:], strict=False):
         assert started >= ended, f"two runs ran at once with parallel_runs 1: {spans}"
 
 

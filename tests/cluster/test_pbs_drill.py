@@ -13,15 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from campaigns import drill_report
 from experiments.layout import RunPaths, read_json_lines
 from orchestrator.backends.pbs.commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
 from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_TIMEOUT_S = 600

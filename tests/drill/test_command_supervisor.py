@@ -13,8 +13,16 @@ from pathlib import Path
 
 import psutil
 
-from experiments.layout import (PROGRESS_CHECKPOINTS, PROGRESS_LOG, CommandSpec, RankJob, RunPaths, WorkloadSpec, read_json_lines,
-                                rank_job_to_dict)
+from experiments.layout import (
+    PROGRESS_CHECKPOINTS,
+    PROGRESS_LOG,
+    CommandSpec,
+    RankJob,
+    RunPaths,
+    WorkloadSpec,
+    rank_job_to_dict,
+    read_json_lines,
+)
 
 HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "*"]
 

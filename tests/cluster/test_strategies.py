@@ -20,8 +20,6 @@ from campaigns import campaign_copy, drill_report
 from experiments.runtime.hostlist import expand_hostlist
 from report_page import every_image_loaded, open_page
 
-pytestmark = pytest.mark.integration
-
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
 DRILL_TIMEOUT_S = 1200
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")

@@ -2,7 +2,7 @@
 experiments/campaigns/warm-pbs.yaml: the batch script runs the job's warm coordinator, which
 launches every rank and spare with an mpiexec of its own (Chainer: every spare set one mpiexec, an
 MPI world of its own). PyTorch: each of two rank SIGKILLs answered in the same job by a spare and a
-survivor's state; Chainer (and TensorFlow, with FAULTDRILL_FULL_CAMPAIGNS=1: its sets are drilled
+survivor's state; Chainer (and TensorFlow, with FAULTDRILL_FULL=1: its sets are drilled
 locally in CI, ~1.5 min less here): by a whole spare set from the newest valid checkpoint. Every
 run ends bit for bit as its twin."""
 
@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from campaigns import campaign_copy, drill_report, full_campaigns, keep_sweep_points
 from warm_checks import assert_peer_recoveries, assert_spare_sets_recovered
-
-pytestmark = pytest.mark.integration
 
 
 def test_warm_spares_and_spare_sets_through_pbs_mpiexec(shared_tmp: Path, cluster, slurm) -> None:

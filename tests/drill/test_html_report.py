@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from drills import FAULTDRILL, write_spec
 from report_page import every_image_loaded, open_page
 

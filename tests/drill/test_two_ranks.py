@@ -4,7 +4,7 @@ and resumed, which must end bit for bit where the uninterrupted run ended.
 (a) goes through submitit's LocalExecutor, as the local backend runs ranks; (b) starts the ranks as
 plain subprocesses with the same SUBMITIT_LOCAL_* variables, so the test sees each rank's exit code
 and can time the survivor's exit. Every wait is a poll with a deadline. (Chainer's ranks come from
-mpiexec: tests/unit/test_chainer_two_ranks.py.)
+mpiexec: tests/drill/test_chainer_two_ranks.py.)
 """
 
 from __future__ import annotations

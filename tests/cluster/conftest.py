@@ -1,4 +1,4 @@
-"""Shared fixtures for integration tests that run against the real local cluster.
+"""Shared fixtures for the cluster tier: tests that run against the real local cluster.
 
 The cluster is started by ``scripts/cluster up`` (three Slurm nodes, fd-n1 to fd-n3, each in
 its own network namespace with a private /tmp; slurmdbd accounting; PBS/Torque wrappers).
@@ -44,7 +44,6 @@ DEFAULT_NODES = ("fd-n1", "fd-n2", "fd-n3")
 DEFAULT_ADDRESSES = {"fd-n1": "10.213.77.11", "fd-n2": "10.213.77.12", "fd-n3": "10.213.77.13"}
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
 SKIP_REASON = "cluster not up: run scripts/cluster up"
-THIS_DIR = Path(__file__).resolve().parent
 
 # Slurm job states after which a job no longer runs.
 TERMINAL_STATES = frozenset(
@@ -180,20 +179,6 @@ def cluster_up_status() -> tuple[bool, str]:
     return proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# ------------------------------------------------------------------ hooks -----------------
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests in this directory are integration tests: make sure they carry the marker."""
-    for item in items:
-        try:
-            in_dir = Path(str(item.path)).resolve().is_relative_to(THIS_DIR)
-        except (AttributeError, OSError):
-            in_dir = False
-        if in_dir and item.get_closest_marker("integration") is None:
-            item.add_marker(pytest.mark.integration)
-
-
 # ------------------------------------------------------------------ fixtures --------------
 
 
@@ -295,7 +280,7 @@ class Slurm:
             parts = line.split("|")
             if len(parts) == 5 and parts[0] == str(jobid):
                 keys = ("JobID", "JobName", "State", "ExitCode", "NodeList")
-                return dict(zip(keys, parts))
+                return dict(zip(keys, parts, strict=False))
         return None
 
     def wait_sacct_state(

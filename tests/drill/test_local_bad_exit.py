@@ -49,7 +49,7 @@ def _ended_within(process: subprocess.Popen[bytes], seconds: float) -> float:
     except subprocess.TimeoutExpired:
         kill_tree(psutil.Process(process.pid), include_root=True)  # its tasks too: the test started them
         process.wait()
-        raise AssertionError(f"the job still ran {seconds:g} s after one of its tasks was SIGKILLed")
+        raise AssertionError(f"the job still ran {seconds:g} s after one of its tasks was SIGKILLed") from None
     return time.monotonic() - started
 
 

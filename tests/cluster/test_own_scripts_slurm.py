@@ -9,12 +9,8 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from campaigns import campaign_copy, drill_report
 from experiments.layout import RunPaths
-
-pytestmark = pytest.mark.integration
 
 
 def _drill(name: str, shared_tmp: Path, slurm) -> dict:

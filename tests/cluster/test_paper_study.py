@@ -8,10 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 FRAMEWORKS = {"torch", "tensorflow", "chainer"}

@@ -29,8 +29,8 @@ def drill_report(spec: Path, timeout_s: float, html: bool = False) -> dict[str, 
 
 
 def full_campaigns() -> bool:
-    """FAULTDRILL_FULL_CAMPAIGNS=1: the campaigns at full size (by hand); CI runs their cut."""
-    return bool(os.environ.get("FAULTDRILL_FULL_CAMPAIGNS"))
+    """FAULTDRILL_FULL=1: the campaigns at full size (by hand); CI runs their cut."""
+    return bool(os.environ.get("FAULTDRILL_FULL"))
 
 
 def keep_sweep_points(spec: Path, keep: "Callable[[dict[str, Any]], bool]") -> None:
