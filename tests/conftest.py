@@ -37,6 +37,7 @@ def tier_of(item: pytest.Item) -> str:
     return marked[0] if marked else folder_tier(item)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)

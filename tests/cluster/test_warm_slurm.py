@@ -47,12 +47,13 @@ def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, c
 def test_warm_spare_sets_restart_every_tensorflow_and_chainer_rank(shared_tmp: Path, cluster, slurm) -> None:
     """warm-slurm-frameworks.yaml: each of two rank SIGKILLs answered by a spare set (one step of
     both nodes' tasks) from the newest valid checkpoint, in the same job; a node crash answered by
-    the spare set on the spare node. Every run ends as its twin. CI drills Chainer's runs
-    (TensorFlow's sets: tests/drill/test_warm_frameworks_local.py, ~2.5 min less here); all of them
+    the spare set on the spare node. Every run ends as its twin. CI drills the node crash (Chainer):
+    spare sets answering SIGKILLs on a real cluster are CI's in tests/cluster/test_warm_pbs.py
+    (Chainer) and tests/drill/test_warm_frameworks_local.py (both frameworks); the kills here run
     with FAULTDRILL_FULL=1."""
     spec = campaign_copy("warm-slurm-frameworks", shared_tmp)
-    frameworks = ["chainer", "tensorflow"] if full_campaigns() else ["chainer"]
-    keep_sweep_points(spec, lambda point: point["workload.framework"][0] in frameworks)
+    frameworks = ["chainer", "tensorflow"] if full_campaigns() else []
+    keep_sweep_points(spec, lambda point: "faults" in point or point["workload.framework"][0] in frameworks)
     report = drill_report(spec, timeout_s=900)
     for run in report["runs"]:
         for attempt in run["attempts"]:
