@@ -204,6 +204,31 @@ class Heartbeat:
     phase: str | None = None
     timeout_s: float | None = None
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Heartbeat":
+        """A heartbeat line read back (a field the writer left out is None)."""
+        timeout_s = data.get("timeout_s")
+        return cls(attempt=int(data["attempt"]), step=int(data["step"]), time=float(data["time"]),
+                   phase=data.get("phase"), timeout_s=float(timeout_s) if timeout_s is not None else None)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One line of an attempt's events.jsonl read back: its name, its time and what else it says."""
+
+    name: str
+    time: float
+    fields: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "EventRecord":
+        return cls(name=str(data.get("event", "")), time=float(data.get("time", 0.0)), fields=data)
+
+    def number(self, key: str, default: float) -> float:
+        """A numeric field of the event, ``default`` when it is absent or null."""
+        value = self.fields.get(key)
+        return float(value) if value is not None else default
+
 
 @dataclass(frozen=True)
 class RankIdentity:
