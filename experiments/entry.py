@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING, Any, cast
 from experiments.layout import (  # noqa: F401
     ENV_ASYNC_PERSIST,
     ENV_ATTEMPT,
+    ENV_WARM_COORDINATOR,
     RankJob,
     RunPaths,
     rank_job_from_dict,
     rank_job_to_dict,
     write_json_atomic,
 )
+from experiments.runtime.rank_error import record_rank_error
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
-from experiments.warm.protocol import ENV_COORDINATOR
 
 if TYPE_CHECKING:  # the rank's modules load late: a rank's start-up time is measured
     from experiments.runtime.distenv import DistEnv
@@ -76,7 +77,7 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}")
     if job.workload.command is not None:
         return _run_command(job, env, paths, started_at)
-    if os.environ.get(ENV_COORDINATOR):
+    if os.environ.get(ENV_WARM_COORDINATOR):
         return _run_warm(job, env, paths, started_at, warning)
     # Before the rank registers (the agent only acts on registered ranks): faults it acts out itself.
     FaultRequests(paths.fault_request_file(job.attempt, env.rank)).install()
@@ -116,20 +117,21 @@ def _run_command(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: floa
 def _run_warm(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float, warning: WarningNote) -> dict[str, Any]:
     """restart.strategy warm (experiments/warm/runner.py): this process builds its model, tells the
     job's coordinator it is warm, and trains as a rank or waits as a spare."""
+    from experiments.layout import ENV_WARM_ADDRESS, ENV_WARM_SLOT
     from experiments.runner import RunnerOptions
     from experiments.runtime.distenv import Timeouts
     from experiments.warm.member import WarmMember
-    from experiments.warm.protocol import ENV_ADDRESS, ENV_SLOT, RESTART_ALL_FRAMEWORKS
+    from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
     from experiments.warm.runner import WarmRunner
     from experiments.workloads import get_workload
 
     if job.workload.framework in RESTART_ALL_FRAMEWORKS:
         return _run_warm_set(job, env, paths, started_at, warning)
-    slot = int(os.environ.get(ENV_SLOT, env.rank))
+    slot = int(os.environ.get(ENV_WARM_SLOT, env.rank))
     # One warm process per rank: PyTorch alone (the frameworks above restart all, as spare sets).
     workload = cast("TorchWorkload", get_workload(job.workload.framework))
     workload.build(job.workload)
-    member = WarmMember(os.environ[ENV_COORDINATOR], slot, env.node, os.environ.get(ENV_ADDRESS, env.node))
+    member = WarmMember(os.environ[ENV_WARM_COORDINATOR], slot, env.node, os.environ.get(ENV_WARM_ADDRESS, env.node))
     options = RunnerOptions(timeouts=Timeouts.from_environ(), async_persist=False, warning=warning,
                             warning_hold_s=hold_seconds())
     runner = WarmRunner(job, env, workload, member, options, started_at)
@@ -167,18 +169,6 @@ def attempt_from_environment(job: RankJob) -> RankJob:
     if named is None or not named.isdigit() or int(named) == job.attempt:
         return job
     return replace(job, attempt=int(named))
-
-
-def record_rank_error(paths: RunPaths, attempt: int, rank: int, error: BaseException) -> None:
-    """What this rank died of, for the ledger's reason (best effort: the disk may be what failed)."""
-    text = f"{type(error).__name__}: {error}"
-    cause = error.__cause__
-    if cause is not None and str(cause) not in text:
-        text += f"; caused by {type(cause).__name__}: {cause}"
-    try:
-        write_json_atomic(paths.rank_error_file(attempt, rank), {"rank": rank, "time": time.time(), "error": text[:2000]})
-    except OSError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,28 @@ ENV_RANK = "FAULTDRILL_RANK"
 ENV_LOCAL_RANK = "FAULTDRILL_LOCAL_RANK"
 ENV_WORLD_SIZE = "FAULTDRILL_WORLD_SIZE"
 ENV_CHECKPOINT_DIR = "FAULTDRILL_CHECKPOINT_DIR"  # the run's checkpoint store (the API writes into it)
+ENV_PROCESS_STARTED_AT = "FAULTDRILL_PROCESS_STARTED_AT"  # set by the command supervisor: when the rank started
+# The walltime warning (experiments/runtime/warning.py): which signal the ranks get, how long they hold.
+ENV_WARNING_SIGNAL = "FAULTDRILL_WARNING_SIGNAL"
+ENV_WARNING_HOLD_S = "FAULTDRILL_WARNING_HOLD_S"
+# restart.strategy warm (experiments/warm/protocol.py): what a job's members are started with.
+ENV_WARM_WORLD = "FAULTDRILL_WARM_WORLD"  # the run's ranks (the job's tasks are these and the spares)
+ENV_WARM_SPARES = "FAULTDRILL_WARM_SPARES"  # the warm spares the job holds beside them
+ENV_WARM_COORDINATOR = "FAULTDRILL_WARM_COORDINATOR"  # host:port of the job's coordinator
+ENV_WARM_SLOT = "FAULTDRILL_WARM_SLOT"  # a spare started later: its slot (the launcher's tasks: their task id)
+ENV_WARM_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a rendezvous on
+# TensorFlow, Chainer: "1" when every rank restarts in a warm spare set (their collectives cannot
+# drop a member); the job's spares (ENV_WARM_SPARES) are then whole sets, launched set by set.
+ENV_WARM_RESTART_ALL = "FAULTDRILL_WARM_RESTART_ALL"
+ENV_WARM_SET = "FAULTDRILL_WARM_SET"  # restart-all: the set this process belongs to (its slot: set * world + rank)
+
+# Settings read on the login side and in the local backend's job (not set for the ranks).
+ENV_PBS_SERVER = "FAULTDRILL_PBS_SERVER"  # torque | pro | slurm-wrappers: skips detection
+ENV_PBS_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
+ENV_RELAUNCH_WAIT_S = "FAULTDRILL_RELAUNCH_WAIT_S"  # local in-allocation: how long a relaunch waits for its go
+# What the project's cluster script (scripts/cluster) records of the cluster it made, in cluster.env.
+CLUSTER_NODES_KEY = "FAULTDRILL_CLUSTER_NODES"
+CLUSTER_NAME_KEY = "FAULTDRILL_CLUSTER_NAME"
 
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_PREFIX = "step-"
@@ -182,6 +204,31 @@ class Heartbeat:
     phase: str | None = None
     timeout_s: float | None = None
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Heartbeat":
+        """A heartbeat line read back (a field the writer left out is None)."""
+        timeout_s = data.get("timeout_s")
+        return cls(attempt=int(data["attempt"]), step=int(data["step"]), time=float(data["time"]),
+                   phase=data.get("phase"), timeout_s=float(timeout_s) if timeout_s is not None else None)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One line of an attempt's events.jsonl read back: its name, its time and what else it says."""
+
+    name: str
+    time: float
+    fields: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "EventRecord":
+        return cls(name=str(data.get("event", "")), time=float(data.get("time", 0.0)), fields=data)
+
+    def number(self, key: str, default: float) -> float:
+        """A numeric field of the event, ``default`` when it is absent or null."""
+        value = self.fields.get(key)
+        return float(value) if value is not None else default
+
 
 @dataclass(frozen=True)
 class RankIdentity:
@@ -231,10 +278,11 @@ EVENT_FIRST_STEP = "first_step"  # rank 0: {"step"} first step finished in this 
 EVENT_COMPLETED = "completed"  # rank 0, target step reached and final digest written
 EVENT_WARNED = "warned"  # rank 0: {"step", "signal", "received_at", "checkpoint_s"}: saved on the warning
 EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launch returns
-# The warm coordinator (experiments/runtime/warm): a rank of this attempt died {"rank", "exit_code", ...};
+# The warm coordinator (experiments/warm/): a rank of this attempt died {"rank", "exit_code", ...};
 # the plan of this attempt (a re-formation: {"resume", "source_rank", "step", "spares_used", ...}).
 EVENT_WARM_FAILURE = "warm_failure"
 EVENT_WARM_PLAN = "warm_plan"
+EVENT_WARM_FORMED = "warm_formed"  # the coordinator: every member of this attempt said hello
 
 
 def rank_job_to_dict(job: RankJob) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 
 from experiments.layout import ENV_JOB_ID, ENV_RUN_ID, RankIdentity, RunPaths
+from experiments.layout import ENV_WARM_WORLD as WARM_WORLD
 from experiments.runtime.identity import start_ticks
-from experiments.warm.protocol import ENV_WORLD as WARM_WORLD
 
 # Which environment variables name the job and the rank, per launcher.
 # FAULTDRILL_JOB_ID is the job as the controller names it (set by the batch script): an element

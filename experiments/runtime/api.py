@@ -42,6 +42,7 @@ import numpy as np
 
 from experiments.layout import (
     ENV_ASYNC_PERSIST,
+    ENV_PROCESS_STARTED_AT,
     ENV_RANK_JOB,
     RankJob,
     RunPaths,
@@ -52,6 +53,7 @@ from experiments.runtime.checkpoint import CheckpointMeta, ValidCheckpoint
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.fault_requests import FaultRequests
 from experiments.runtime.meeting import FileCollectives
+from experiments.runtime.rank_error import record_rank_error
 from experiments.runtime.session import Collectives, RankSession, SessionOptions
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
 
@@ -60,7 +62,6 @@ __all__ = ["Checkpoint", "Rank", "init"]
 # What resume() hands back: .step, .path (the checkpoint's directory), .manifest (its files and hashes).
 Checkpoint = ValidCheckpoint
 
-ENV_STARTED_AT = "FAULTDRILL_PROCESS_STARTED_AT"  # set by the command supervisor: when the rank started
 STANDALONE_RUN_DIR = "faultdrill-run"
 
 
@@ -243,9 +244,9 @@ def init(*, steps: int | None = None, checkpoint_every: int | None = None, keep:
                              warning=warning, warning_hold_s=hold_seconds(env_map))
     meta = CheckpointMeta(framework=job.workload.framework or framework, format=file_format,
                           writers="all" if env.world_size > 1 else "rank0")
-    started_at = float(env_map.get(ENV_STARTED_AT) or time.time())
+    started_at = float(env_map.get(ENV_PROCESS_STARTED_AT) or time.time())
     session = RankSession(job, env, meet, meta, options, started_at)
-    if ENV_STARTED_AT in env_map:
+    if ENV_PROCESS_STARTED_AT in env_map:
         session.clear_stale()  # the supervisor noted the process's start
     else:
         session.started()
@@ -271,8 +272,6 @@ def _record_uncaught(paths: RunPaths, attempt: int, rank: int) -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-        from experiments.entry import record_rank_error
-
         record_rank_error(paths, attempt, rank, error)
         previous(kind, error, trace)
 

@@ -34,6 +34,7 @@ from experiments.layout import (
     ENV_LOCAL_RANK,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
+    ENV_PROCESS_STARTED_AT,
     ENV_RANK,
     ENV_RANK_JOB,
     ENV_RUN_DIR,
@@ -57,7 +58,6 @@ from experiments.layout import (
     record_dict,
     write_json_atomic,
 )
-from experiments.runtime.api import ENV_STARTED_AT
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.events import EventLog
 from experiments.runtime.fence import check_current, own_job_id
@@ -86,7 +86,7 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
         ENV_ATTEMPT: str(job.attempt), ENV_CHECKPOINT_DIR: str(paths.checkpoints),
         ENV_RUN_DIR: str(paths.root), ENV_RUN_ID: job.run_id,
         ENV_MASTER_ADDR: env.master_addr, ENV_MASTER_PORT: str(env.master_port),
-        ENV_STARTED_AT: repr(started_at),
+        ENV_PROCESS_STARTED_AT: repr(started_at),
     }
     conventional = {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
                     "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port)}

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Mapping
 
-ENV_WARNING_SIGNAL = "FAULTDRILL_WARNING_SIGNAL"
-ENV_WARNING_HOLD_S = "FAULTDRILL_WARNING_HOLD_S"
+from experiments.layout import ENV_WARNING_HOLD_S, ENV_WARNING_SIGNAL
+
 DEFAULT_WARNING_SIGNAL = "SIGUSR2"
 DEFAULT_HOLD_S = 300.0
 WARNING_POLL_STEPS = 10

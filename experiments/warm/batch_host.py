@@ -39,17 +39,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping
 
-from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_MASTER_PORT,
+    ENV_RUN_DIR,
+    ENV_WARM_COORDINATOR,
+    ENV_WARM_SET,
+    ENV_WARM_SLOT,
+    RunPaths,
+    append_json_line,
+)
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
 from experiments.warm.processes import end_members, processes_of
-from experiments.warm.protocol import ENV_COORDINATOR, ENV_SET, ENV_SLOT, set_port
+from experiments.warm.protocol import set_port
 
 log = logging.getLogger("faultdrill.warm")
 
 # What a member needs from this process's environment beyond the batch script's variables.
-WARM_VARIABLES = (ENV_COORDINATOR, ENV_SLOT, ENV_SET, ENV_ATTEMPT, ENV_MASTER_PORT)
+WARM_VARIABLES = (ENV_WARM_COORDINATOR, ENV_WARM_SLOT, ENV_WARM_SET, ENV_ATTEMPT, ENV_MASTER_PORT)
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,7 @@ class BatchWarmJob:
 
     def run(self) -> str:
         listener = socket.create_server(("", 0))
-        os.environ[ENV_COORDINATOR] = f"{socket.gethostname()}:{listener.getsockname()[1]}"
+        os.environ[ENV_WARM_COORDINATOR] = f"{socket.gethostname()}:{listener.getsockname()[1]}"
         os.environ.update(self.launcher.environment())
         signal.signal(signal.SIGUSR2, self._forward_warning)
         restart_all = self.args.restart_all
@@ -179,7 +188,7 @@ class BatchWarmJob:
         def named(pattern: str) -> str:
             return pattern.replace("%t", str(slot))
 
-        env = {**os.environ, ENV_SLOT: str(slot), ENV_ATTEMPT: str(attempt)}
+        env = {**os.environ, ENV_WARM_SLOT: str(slot), ENV_ATTEMPT: str(attempt)}
         launch = self.launcher.member(slot, where.node or self.nodes[0], named(self.args.output), named(self.args.error),
                                       self.args.command, env)
         self._start(launch, env, [slot])
@@ -189,7 +198,7 @@ class BatchWarmJob:
         (ranks_per_node on each of its nodes: ``set_nodes``), on its own block of ports."""
         number = first_slot // self.world
         nodes = set_nodes(self.nodes, self.rank_nodes, number, where.avoid)
-        env = {**os.environ, ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
+        env = {**os.environ, ENV_WARM_SET: str(number), ENV_ATTEMPT: str(attempt),
                ENV_MASTER_PORT: str(set_port(self.port_base, number, self.world))}
         launch = self.launcher.spare_set(number, nodes, self.args.ranks_per_node,
                                          self.args.output, self.args.error, self.args.command, env)

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from experiments.layout import EVENT_WARM_FAILURE, EVENT_WARM_FORMED, EVENT_WARM_PLAN
 from experiments.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line, Plan
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ class Coordinator:
         if op == "formed" and message.get("generation") == self.generation:
             self._formed.add(member.slot)
             if self._formed >= self._active_slots():
-                self._event({"event": "warm_formed", "time": time.time(), "generation": self.generation})
+                self._event({"event": EVENT_WARM_FORMED, "time": time.time(), "generation": self.generation})
         elif op == "lost":
             member.lost_step = int(message["step"])
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
@@ -201,7 +202,7 @@ class Coordinator:
                 self._failed_at = now
             self._failed_nodes.add(member.node)
             code = self.exit_code(member.slot) if self.exit_code is not None else None
-            self._event({"event": "warm_failure", "time": now, "generation": self.generation, "rank": member.rank,
+            self._event({"event": EVENT_WARM_FAILURE, "time": now, "generation": self.generation, "rank": member.rank,
                          "slot": member.slot, "node": member.node, "pid": member.pid, "exit_code": code})
         elif was == SPARE and self._verdict is None:
             if self.restart_all:  # a set that lost a member can never form its collective again
@@ -311,7 +312,7 @@ class Coordinator:
         now = time.time()
         plans = {rank: Plan(self.generation, attempt, rank, self.world_size, master.address,
                             self.port_base + self.generation, resume, source_rank, step, now) for rank in ranks}
-        self._event({"event": "warm_plan", "time": now, "generation": self.generation, "resume": resume,
+        self._event({"event": EVENT_WARM_PLAN, "time": now, "generation": self.generation, "resume": resume,
                      "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
                      "spares_used": {str(slot): rank for slot, rank in (spares or {}).items()},
                      "spares_warm_at": {str(slot): self.members[slot].warm_at for slot in (spares or {})},

@@ -19,15 +19,6 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
-ENV_WORLD = "FAULTDRILL_WARM_WORLD"  # the run's ranks (the job's tasks are these and the spares)
-ENV_SPARES = "FAULTDRILL_WARM_SPARES"  # the warm spares the job holds beside them
-ENV_COORDINATOR = "FAULTDRILL_WARM_COORDINATOR"  # host:port of the job's coordinator
-ENV_SLOT = "FAULTDRILL_WARM_SLOT"  # a spare started later: its slot (the launcher's tasks: their task id)
-ENV_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a rendezvous on
-# TensorFlow, Chainer: "1" when every rank restarts in a warm spare set (their collectives cannot
-# drop a member); the job's spares (ENV_SPARES) are then whole sets, launched set by set.
-ENV_RESTART_ALL = "FAULTDRILL_WARM_RESTART_ALL"
-ENV_SET = "FAULTDRILL_WARM_SET"  # restart-all: the set this process belongs to (its slot: set * world + rank)
 RESTART_ALL_FRAMEWORKS = ("tensorflow", "chainer")
 SET_PORT_OFFSET = 64  # restart-all: set n's ports start here above the job's port base, world_size each
 

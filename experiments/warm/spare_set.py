@@ -17,13 +17,12 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from experiments.layout import RankJob, RunPaths
+from experiments.layout import ENV_WARM_ADDRESS, ENV_WARM_COORDINATOR, ENV_WARM_SET, RankJob, RunPaths
 from experiments.runner import Runner, RunnerOptions
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.identity import write_identity
 from experiments.warm.member import WarmMember
-from experiments.warm.protocol import ENV_ADDRESS, ENV_COORDINATOR, ENV_SET
 from experiments.workloads import get_workload
 
 
@@ -31,7 +30,7 @@ class WarmSetMember:
     def __init__(self, job: RankJob, env: DistEnv, paths: RunPaths, options: RunnerOptions, started_at: float) -> None:
         self.job, self.env, self.paths, self.options = job, env, paths, options
         self.started_at = started_at
-        self.slot = int(os.environ.get(ENV_SET, "0")) * env.world_size + env.rank
+        self.slot = int(os.environ.get(ENV_WARM_SET, "0")) * env.world_size + env.rank
         # The attempt this process works for, for its error report: the first set's from the start,
         # a spare set's once it is handed one (a spare set never used has none to blame).
         self.attempt: int | None = job.attempt if self.slot < env.world_size else None
@@ -44,8 +43,8 @@ class WarmSetMember:
         if self.slot >= self.env.world_size:  # a spare set: what a first step costs beyond a step, now
             workload.warm_up()
         timings["set_setup_s"] = time.monotonic() - prepared_at
-        member = WarmMember(os.environ[ENV_COORDINATOR], self.slot, self.env.node,
-                            os.environ.get(ENV_ADDRESS, self.env.node))
+        member = WarmMember(os.environ[ENV_WARM_COORDINATOR], self.slot, self.env.node,
+                            os.environ.get(ENV_WARM_ADDRESS, self.env.node))
         plan = member.next_plan()
         if plan is None:
             workload.shutdown()

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from experiments.layout import write_json_atomic
+from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, write_json_atomic
 from injectors.actions import WalltimeSet
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
@@ -102,8 +102,8 @@ class BackendJobControl:
     def _own_cluster(self, action: str, node: str) -> list[str]:
         """The project's cluster script, only on the cluster it made (its nodes, its name)."""
         facts = _cluster_facts()
-        nodes = facts.get("FAULTDRILL_CLUSTER_NODES", "").split()
-        own_name = facts.get("FAULTDRILL_CLUSTER_NAME", "")
+        nodes = facts.get(CLUSTER_NODES_KEY, "").split()
+        own_name = facts.get(CLUSTER_NAME_KEY, "")
         if self.backend_impl.name != "slurm" or node not in nodes or not _is_own_slurm(own_name):
             raise TargetRefused(
                 f"{action} on {node}: this is not the project's own cluster (scripts/cluster up), and the "

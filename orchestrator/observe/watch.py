@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from experiments.layout import (
     EVENT_COMPLETED,
@@ -23,6 +24,8 @@ from experiments.layout import (
     EVENT_STEP_EXIT,
     EVENT_WARM_FAILURE,
     EVENT_WARNED,
+    EventRecord,
+    Heartbeat,
     RunPaths,
 )
 from orchestrator.campaign.failure_classes import is_peer_loss
@@ -111,8 +114,9 @@ class AttemptWatch:
                 return None
         return newest
 
-    def _event(self, event: dict[str, object]) -> None:
-        name, when = event.get("event"), float(event.get("time", 0.0))  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+    def _event(self, raw: dict[str, Any]) -> None:
+        event = EventRecord.from_json(raw)
+        name, when = event.name, event.time
         if name in (EVENT_JOB_START, EVENT_PROCESS_START) and self.job_started is None:
             self.job_started = when
         elif name == EVENT_FIRST_STEP and self.training_started is None:
@@ -122,20 +126,17 @@ class AttemptWatch:
         elif name == EVENT_WARNED:
             self.warned = True
         elif name == EVENT_STEP_EXIT:
-            self.step_exit = {"time": when, "exit_code": float(event["exit_code"])}  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+            self.step_exit = {"time": when, "exit_code": event.number("exit_code", -1.0)}
         elif name == EVENT_WARM_FAILURE and self.warm_failure is None:
-            code = event.get("exit_code")
-            self.warm_failure = {"time": when, "rank": float(event.get("rank") or 0),  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
-                                 "exit_code": float(code) if code is not None else -1.0}  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+            self.warm_failure = {"time": when, "rank": event.number("rank", 0.0),
+                                 "exit_code": event.number("exit_code", -1.0)}
 
-    def _beat(self, rank: int, beat: dict[str, object]) -> None:
-        when = float(beat["time"])  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
+    def _beat(self, rank: int, raw: dict[str, Any]) -> None:
+        beat = Heartbeat.from_json(raw)
         previous = self.beats.get(rank)
-        if previous is None or when >= previous.time:
-            allowed = beat.get("timeout_s")
-            self.beats[rank] = RankBeat(when, float(allowed) if allowed is not None else None,  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
-                                        beat.get("phase"))  # type: ignore[arg-type]  # records are JSON read back as dict[str, object]
-        self.last_step = max(self.last_step, int(beat["step"]))  # type: ignore[call-overload]  # records are JSON read back as dict[str, object]
+        if previous is None or beat.time >= previous.time:
+            self.beats[rank] = RankBeat(beat.time, beat.timeout_s, beat.phase)
+        self.last_step = max(self.last_step, beat.step)
 
     def observe_state(self, state: JobState, now: float) -> bool:
         """Note the scheduler's state; True when it changed."""

@@ -22,9 +22,9 @@ from experiments.layout import (
     ENV_RUN_DIR,
     ENV_RUN_ID,
 )
-from experiments.warm.protocol import ENV_RESTART_ALL as WARM_RESTART_ALL
-from experiments.warm.protocol import ENV_SPARES as WARM_SPARES
-from experiments.warm.protocol import ENV_WORLD as WARM_WORLD
+from experiments.layout import ENV_WARM_RESTART_ALL as WARM_RESTART_ALL
+from experiments.layout import ENV_WARM_SPARES as WARM_SPARES
+from experiments.layout import ENV_WARM_WORLD as WARM_WORLD
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.campaign.directives import parse_directive, slurm_line
 from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_WARM, RunConfig

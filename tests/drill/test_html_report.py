@@ -65,7 +65,6 @@ def test_report_html_writes_the_page_elsewhere(drilled: dict[str, Any], tmp_path
 def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(tmp_path: Path) -> None:
     """The interval section from report rows (as the interval campaign's runs give them): measured
     goodput per interval beside the model's, the mean lost work beside interval / 2."""
-    from orchestrator.report.advise import predicted_goodput
     from orchestrator.report.html import _interval_row, _interval_section
     from report_page import not_blank
 
@@ -86,10 +85,11 @@ def test_runs_that_differ_in_their_interval_get_the_interval_plot_against_daly(t
     assert [row[6] for row in rows] == [pytest.approx(1.0), pytest.approx(1.0)] and [row[7] for row in rows] == ["yes"] * 2
     assert "measured optimum: every 50 steps (0.5 s)" in section.note
     assert _interval_row(100, 0.01, 0.5, None, 0.8)[6:] == [pytest.approx(1.6), "no"]
-    mtbf = 30.0 / 4  # elapsed over failures, measured
-    assert rows[1][3] == pytest.approx(predicted_goodput(4.0, 0.05, mtbf, 2.0))
+    # Daly's goodput tau / (M e^(R/M) (e^((tau + delta)/M) - 1)) for run b: tau = 400 steps x 0.01 s,
+    # delta = 0.05 s, R = 2 s, M = 30 s elapsed / 4 failures = 7.5 s (worked by hand).
+    assert rows[1][3] == pytest.approx(0.570518, rel=1e-5)
     assert _interval_section(runs[:1], tmp_path) is None, "one interval: nothing to compare"
     for each in runs:  # faults that fired with their drawn delays: the MTBF is their mean
         each["faults"] = [{"at": 1.0, "planned_delay_s": 3.0}, {"at": 2.0, "planned_delay_s": 5.0}]
     [(_, rows)] = _interval_section(runs, tmp_path).tables
-    assert rows[1][3] == pytest.approx(predicted_goodput(4.0, 0.05, 4.0, 2.0))
+    assert rows[1][3] == pytest.approx(0.346100, rel=1e-5)  # the same with M = (3 + 5) / 2 = 4 s

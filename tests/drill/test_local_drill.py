@@ -58,11 +58,13 @@ def _advice_reads_the_drills_measured_costs(workdir: Path, report: dict[str, Any
                           capture_output=True, text=True, check=True)
     advice = json.loads(done.stdout)
     runs = report["runs"]
-    cost = sum(run["checkpoints"]["mean_blocking_s"] for run in runs) / len(runs)
-    ttrs = [recovery["ttr_s"] for run in runs for recovery in run["recoveries"]]
-    assert advice["inputs"]["checkpoint_s"] == pytest.approx(cost) and cost > 0
-    assert advice["inputs"]["restart_s"] == pytest.approx(sum(ttrs) / len(ttrs))
-    assert advice["inputs"]["step_s"] == pytest.approx(sum(run["step_time_s"] for run in runs) / len(runs))
+    blocking = [run["checkpoints"]["mean_blocking_s"] for run in runs]
+    [ttr] = [recovery["ttr_s"] for run in runs for recovery in run["recoveries"]]
+    step_times = [run["step_time_s"] for run in runs]
+    cost = advice["inputs"]["checkpoint_s"]  # the mean of these runs' (tests/unit/test_advise.py checks how)
+    assert min(blocking) <= cost <= max(blocking) and cost > 0
+    assert advice["inputs"]["restart_s"] == pytest.approx(ttr)  # the drill's one recovery
+    assert min(step_times) <= advice["inputs"]["step_s"] <= max(step_times)
     assert advice["inputs"]["every_steps"] == 20
     young, daly, in_use = advice["intervals"]
     assert young["seconds"] == pytest.approx((2 * cost * 600) ** 0.5)

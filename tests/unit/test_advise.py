@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,23 @@ def test_bad_inputs_are_named(given: dict, named: str) -> None:
 def test_the_command_needs_a_workdir_or_a_cost_and_says_so() -> None:
     done = subprocess.run([*FAULTDRILL, "advise", "--mtbf", "600"], capture_output=True, text=True)
     assert done.returncode == 2 and "WORKDIR" in done.stderr and "--cost" in done.stderr
+
+
+def test_a_workdirs_inputs_are_the_means_over_the_runs_that_measured_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs that wrote no checkpoint or measured no step time do not pull the means down; every
+    recovery counts, twins' included; one interval for all runs is the one in use."""
+    from orchestrator.report import advise as advise_module
+
+    def run(count: int, blocking: float, step_s: float | None, ttrs: list[float]) -> dict:
+        return {"checkpoint_every_steps": 50, "step_time_s": step_s,
+                "checkpoints": {"count": count, "mean_blocking_s": blocking},
+                "recoveries": [{"ttr_s": ttr} for ttr in ttrs]}
+
+    report = {"runs": [run(4, 0.2, 0.01, [3.0]), run(0, 0.0, None, [5.0]), run(2, 0.4, 0.03, [])]}
+    monkeypatch.setattr(advise_module, "build_report", lambda workdir: report)
+    inputs = advise_module.inputs_from_workdir(Path("/drill"), mtbf_s=600)
+    assert inputs.checkpoint_s == pytest.approx(0.3)  # (0.2 + 0.4) / 2: the run without checkpoints is left out
+    assert inputs.step_s == pytest.approx(0.02)  # (0.01 + 0.03) / 2
+    assert inputs.restart_s == pytest.approx(4.0)  # (3 + 5) / 2
+    assert inputs.every_steps == 50 and "2 run(s) with checkpoints, 2 recovery(ies)" in inputs.source
+    assert advise_module.inputs_from_workdir(Path("/drill"), mtbf_s=600, restart_s=9.0).restart_s == 9.0

@@ -21,13 +21,19 @@ from typing import Sequence
 
 from submitit.local.local import Controller, LocalJobEnvironment
 
-from experiments.layout import ENV_ATTEMPT, ENV_RUN_DIR, EVENT_STEP_EXIT, RunPaths, append_json_line
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_RELAUNCH_WAIT_S,
+    ENV_RUN_DIR,
+    EVENT_STEP_EXIT,
+    RunPaths,
+    append_json_line,
+)
 from experiments.runtime.fence import StaleAttemptError, read_fence, same_job
 from orchestrator.backends.local.warm import COMPLETED as WARM_COMPLETED
 from orchestrator.backends.local.warm import WARM_VERDICT, LocalWarmJob, record_verdict, warm_requested
 from orchestrator.campaign.failure_classes import SIGNAL_EXIT_BASE
 
-ENV_RELAUNCH_WAIT_S = "FAULTDRILL_RELAUNCH_WAIT_S"
 GO_POLL_S = 0.1
 KILL_WAIT_S = 2.0  # Slurm's KillWait (30 s by default) for a local job: SIGTERM to SIGKILL
 

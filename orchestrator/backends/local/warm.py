@@ -21,21 +21,25 @@ from typing import IO, Any
 
 from submitit.core import utils as submitit_utils
 
-from experiments.layout import ENV_ATTEMPT, ENV_MASTER_PORT, ENV_RUN_DIR, RunPaths, append_json_line
+from experiments.layout import (
+    ENV_ATTEMPT,
+    ENV_MASTER_PORT,
+    ENV_RUN_DIR,
+    ENV_WARM_ADDRESS,
+    ENV_WARM_COORDINATOR,
+    ENV_WARM_RESTART_ALL,
+    ENV_WARM_SET,
+    ENV_WARM_SLOT,
+    ENV_WARM_SPARES,
+    ENV_WARM_WORLD,
+    RunPaths,
+    append_json_line,
+)
 from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence, write_fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement
 from experiments.warm.processes import end_members, processes_of
-from experiments.warm.protocol import (
-    ENV_ADDRESS,
-    ENV_COORDINATOR,
-    ENV_RESTART_ALL,
-    ENV_SET,
-    ENV_SLOT,
-    ENV_SPARES,
-    ENV_WORLD,
-    set_port,
-)
+from experiments.warm.protocol import set_port
 from orchestrator.campaign.failure_classes import SIGNAL_EXIT_BASE
 
 log = logging.getLogger(__name__)
@@ -46,7 +50,7 @@ LOOPBACK = "127.0.0.1"
 
 
 def warm_requested() -> bool:
-    return ENV_WORLD in os.environ
+    return ENV_WARM_WORLD in os.environ
 
 
 class LocalWarmJob:
@@ -57,8 +61,8 @@ class LocalWarmJob:
         self.controller = controller  # orchestrator.backends.local.controller.RecordingController
         self.paths = RunPaths(Path(os.environ[ENV_RUN_DIR]))
         self.first_attempt = int(os.environ[ENV_ATTEMPT])
-        self.world, self.spares = int(os.environ[ENV_WORLD]), int(os.environ[ENV_SPARES])
-        self.restart_all = os.environ.get(ENV_RESTART_ALL) == "1"
+        self.world, self.spares = int(os.environ[ENV_WARM_WORLD]), int(os.environ[ENV_WARM_SPARES])
+        self.restart_all = os.environ.get(ENV_WARM_RESTART_ALL) == "1"
         self.port_base = derive_port(f"warm-{self.controller.pid}")
         self.slots: dict[int, subprocess.Popen[str]] = {}
         self._files: list[IO[str]] = []
@@ -66,8 +70,8 @@ class LocalWarmJob:
     def run(self) -> str:
         """The coordinator's verdict: "completed", or why the job could not go on warm."""
         listener = socket.create_server((LOOPBACK, 0))
-        os.environ[ENV_COORDINATOR] = f"{LOOPBACK}:{listener.getsockname()[1]}"
-        os.environ[ENV_ADDRESS] = LOOPBACK
+        os.environ[ENV_WARM_COORDINATOR] = f"{LOOPBACK}:{listener.getsockname()[1]}"
+        os.environ[ENV_WARM_ADDRESS] = LOOPBACK
         coordinator = Coordinator(
             world_size=self.world, spares_wanted=self.spares, first_attempt=self.first_attempt,
             port_base=self.port_base, events=self._event, fence=self._fence,
@@ -106,7 +110,7 @@ class LocalWarmJob:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
         ``attempt`` (the run's current one: the fence lets it start)."""
         self.slots[slot] = self._start(slot, {"SUBMITIT_LOCAL_LOCALID": str(slot), "SUBMITIT_LOCAL_GLOBALID": str(slot),
-                                              "SUBMITIT_LOCAL_NTASKS": str(slot + 1), ENV_SLOT: str(slot),
+                                              "SUBMITIT_LOCAL_NTASKS": str(slot + 1), ENV_WARM_SLOT: str(slot),
                                               ENV_ATTEMPT: str(attempt)})
 
     def _spawn_set(self, first_slot: int, attempt: int, _where: Placement = ANYWHERE) -> None:
@@ -118,7 +122,7 @@ class LocalWarmJob:
         for task in range(tasks):
             process = self._start(first_slot + task * per_task, {
                 "SUBMITIT_LOCAL_LOCALID": str(task), "SUBMITIT_LOCAL_GLOBALID": str(task),
-                "SUBMITIT_LOCAL_NTASKS": str(tasks), ENV_SET: str(number), ENV_ATTEMPT: str(attempt),
+                "SUBMITIT_LOCAL_NTASKS": str(tasks), ENV_WARM_SET: str(number), ENV_ATTEMPT: str(attempt),
                 ENV_MASTER_PORT: str(set_port(self.port_base, number, self.world))})
             for slot in range(first_slot + task * per_task, first_slot + (task + 1) * per_task):
                 self.slots[slot] = process

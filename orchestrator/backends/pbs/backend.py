@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from experiments.entry import run_rank
-from experiments.layout import RankJob
+from experiments.layout import ENV_PBS_AGENT_LAUNCH, RankJob
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import (
     MAX_NUM_TIMEOUT,
@@ -52,7 +52,7 @@ from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.render.scripts import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.states import JobState
 
-ENV_AGENT_LAUNCH = "FAULTDRILL_PBS_AGENT_LAUNCH"  # auto | ssh | srun
+ENV_AGENT_LAUNCH = ENV_PBS_AGENT_LAUNCH  # auto | ssh | srun
 
 
 class TemplatePBSExecutor(PBSExecutor):

@@ -21,10 +21,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from experiments.layout import ENV_PBS_SERVER
 from orchestrator.commands import CommandError, run_command
 from orchestrator.states import PBS_FINISHED_LETTERS, JobState, from_pbs, parse_sacct
 
-ENV_SERVER = "FAULTDRILL_PBS_SERVER"  # torque | pro | slurm-wrappers: skips detection
+ENV_SERVER = ENV_PBS_SERVER  # torque | pro | slurm-wrappers: skips detection
 QSTAT_TIMEOUT_S = 20.0
 QSUB_TIMEOUT_S = 60.0
 SCHEDULER_ID_FILE = "{job}_scheduler_id"
