@@ -7,9 +7,9 @@
 * ``tests/drill``   marker ``drill``: local drills, real rank processes, the frameworks;
 * ``tests/cluster`` marker ``cluster``: the real local Slurm cluster and the PBS wrappers.
 
-``scripts/test`` runs the tiers in two pytest-xdist lanes (``--dist loadgroup``): the cluster tests
-in one (they share the cluster's nodes, one drill at a time), unit and drill tests in the other
-(most of the cluster lane's time is spent waiting on Slurm, not on the CPUs).
+``scripts/test`` runs two pytest processes side by side: ``-m cluster`` (the cluster's nodes are
+shared, one drill at a time) and ``-m "not cluster"`` (most of the cluster lane's time is spent
+waiting on Slurm, not on the CPUs).
 """
 
 from __future__ import annotations
@@ -37,10 +37,8 @@ def tier_of(item: pytest.Item) -> str:
     return marked[0] if marked else folder_tier(item)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers (--dist loadgroup)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        tier = tier_of(item)
-        if item.get_closest_marker(tier) is None:
-            item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group("cluster" if tier == "cluster" else "local"))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each test's tier marker, as it is collected (before ``-m`` selects by marker)."""
+    tier = tier_of(item)
+    if item.get_closest_marker(tier) is None:
+        item.add_marker(getattr(pytest.mark, tier))
