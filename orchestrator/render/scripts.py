@@ -176,7 +176,7 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
         "requeue": run.scheduler_requeue,
         "nodes": resources.nodes + resources.spare_nodes,
         "tasks_per_node": resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
-        "warm": _warm_context(run),
+        "warm": _warm_launch(run),
         "python": python,
         "step_nodes": resources.nodes,
         "step_tasks": resources.nodes * resources.tasks_per_node,
@@ -196,13 +196,22 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
     }
 
 
-def _warm_context(run: RunConfig) -> dict[str, int] | None:
-    """restart.strategy warm: the ranks and spares per node the job's coordinator launches, and the
-    spare sets (TensorFlow, Chainer); None under the other strategies."""
+@dataclass(frozen=True)
+class WarmLaunch:
+    """restart.strategy warm: what the job's coordinator launches on each node, and the spare sets
+    (TensorFlow, Chainer; 0 for PyTorch, whose spares replace single ranks)."""
+
+    ranks_per_node: int
+    spares_per_node: int
+    spare_sets: int
+
+
+def _warm_launch(run: RunConfig) -> WarmLaunch | None:
+    """The warm launch of ``run``; None under the other strategies."""
     if run.campaign.restart.strategy != STRATEGY_WARM:
         return None
-    return {"ranks_per_node": run.campaign.resources.tasks_per_node, "spares_per_node": run.warm_spares,
-            "spare_sets": run.campaign.restart.warm_spares if run.warm_restarts_all else 0}
+    return WarmLaunch(ranks_per_node=run.campaign.resources.tasks_per_node, spares_per_node=run.warm_spares,
+                      spare_sets=run.campaign.restart.warm_spares if run.warm_restarts_all else 0)
 
 
 def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
@@ -263,40 +272,65 @@ class PBSElement:
     fence_file: Path | None = None
 
 
-def pbs_context(
-    *, job_name: str, nodes: int, tasks_per_node: int, walltime: str, elements: list[PBSElement], python: str,
-    flavor: str = "torque", queue: str | None = None, mem: str | None = None, array: str | None = None,
-    extra_directives: tuple[str, ...] | list[str] = (), common_environment: dict[str, str] | None = None,
-    rerunnable: bool = True, output_stem: str | None = None, cpus_per_task: int = 1, gpus_per_node: int = 0,
-    in_allocation: bool = False, relaunch_wait_s: int = 60, warning_s: int | None = None,
-    warm: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """The variables of ``pbs.j2``; an ``array`` ("0-19%4") runs element i at index i;
-    ``in_allocation``: the job launches its ranks again for the controller's next attempt;
+@dataclass(frozen=True)
+class PBSScriptRequest:
+    """Everything ``pbs.j2`` is rendered from, typed: an ``array`` ("0-19%4") runs element i at
+    index i; ``in_allocation``: the job launches its ranks again for the controller's next attempt;
     ``warning_s``: the batch script sends the ranks the warning signal this long before the walltime;
-    ``warm``: the warm coordinator launches the ranks and the spares (``_warm_context``), whose
-    processes take CPUs of each node beside the ranks'."""
-    single = len(elements) == 1 and elements[0].index is None
-    if single != (array is None) or (array is not None and any(e.index is None for e in elements)):
-        raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
-    common = {**MPI_ENVIRONMENT, **(common_environment or {}), "SUBMITIT_EXECUTOR": "pbs"}
-    names = set(common) | {ENV_MASTER_ADDR, ENV_RANK_HOSTS, ENV_JOB_ID} | {n for e in elements for n in e.environment}
-    stem = output_stem or job_name
-    return {
-        "job_name": job_name, "flavor": flavor, "nodes": nodes, "tasks_per_node": tasks_per_node,
-        "cpus_per_node": (tasks_per_node + (warm or {}).get("spares_per_node", 0)) * cpus_per_task,
-        "gpus_per_node": gpus_per_node, "warm": warm,
-        "ranks": nodes * tasks_per_node, "walltime": walltime, "queue": queue, "mem": mem, "array": array,
-        "rerunnable": rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
-        "in_allocation": in_allocation, "relaunch_wait_s": relaunch_wait_s,
-        "warning_at_s": _warning_at_s(walltime, warning_s),
-        "extra_directives": [pbs_directive(extra) for extra in extra_directives],
-        "common_environment": common, "python": python, "forwarded": sorted(names),
-        "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
-                      "attempt": "" if e.attempt is None else e.attempt, "fence_file": str(e.fence_file or ""),
-                      "environment": {k: v for k, v in e.environment.items() if k not in common}}
-                     for e in elements],
-    }
+    ``warm``: the warm coordinator launches the ranks and the spares, whose processes take CPUs of
+    each node beside the ranks'."""
+
+    job_name: str
+    nodes: int
+    tasks_per_node: int
+    walltime: str
+    elements: tuple[PBSElement, ...]
+    python: str
+    flavor: str = "torque"
+    queue: str | None = None
+    mem: str | None = None
+    array: str | None = None
+    extra_directives: tuple[str, ...] = ()
+    common_environment: dict[str, str] = field(default_factory=dict)
+    rerunnable: bool = True
+    output_stem: str | None = None
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    in_allocation: bool = False
+    relaunch_wait_s: int = 60
+    warning_s: int | None = None
+    warm: WarmLaunch | None = None
+
+    def __post_init__(self) -> None:
+        elements = self.elements
+        single = len(elements) == 1 and elements[0].index is None
+        if single != (self.array is None) or (self.array is not None and any(e.index is None for e in elements)):
+            raise TemplateError("a PBS job has one element without an index; an array has indexed elements")
+
+    def context(self) -> dict[str, Any]:
+        """The template's variables."""
+        common = {**MPI_ENVIRONMENT, **self.common_environment, "SUBMITIT_EXECUTOR": "pbs"}
+        names = set(common) | {ENV_MASTER_ADDR, ENV_RANK_HOSTS, ENV_JOB_ID} | {n for e in self.elements
+                                                                              for n in e.environment}
+        stem = self.output_stem or self.job_name
+        spares_per_node = self.warm.spares_per_node if self.warm else 0
+        return {
+            "job_name": self.job_name, "flavor": self.flavor, "nodes": self.nodes,
+            "tasks_per_node": self.tasks_per_node,
+            "cpus_per_node": (self.tasks_per_node + spares_per_node) * self.cpus_per_task,
+            "gpus_per_node": self.gpus_per_node, "warm": self.warm,
+            "ranks": self.nodes * self.tasks_per_node, "walltime": self.walltime, "queue": self.queue,
+            "mem": self.mem, "array": self.array,
+            "rerunnable": self.rerunnable, "stdout_name": f"{stem}.pbs.out", "stderr_name": f"{stem}.pbs.err",
+            "in_allocation": self.in_allocation, "relaunch_wait_s": self.relaunch_wait_s,
+            "warning_at_s": _warning_at_s(self.walltime, self.warning_s),
+            "extra_directives": [pbs_directive(extra) for extra in self.extra_directives],
+            "common_environment": common, "python": self.python, "forwarded": sorted(names),
+            "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
+                          "attempt": "" if e.attempt is None else e.attempt, "fence_file": str(e.fence_file or ""),
+                          "environment": {k: v for k, v in e.environment.items() if k not in common}}
+                         for e in self.elements],
+        }
 
 
 def _warning_at_s(walltime: str, warning_s: int | None) -> int | None:
@@ -312,21 +346,22 @@ def _pbs_element(run: RunConfig, attempt: int, drill_id: str, index: int | None)
                       fence_file=run.paths.current_attempt)
 
 
-def _pbs_run_context(run: RunConfig, job_name: str, elements: list[PBSElement], python: str,
-                     array: str | None) -> dict[str, Any]:
+def _pbs_request(run: RunConfig, job_name: str, elements: list[PBSElement], python: str,
+                 array: str | None) -> PBSScriptRequest:
     resources = run.campaign.resources
-    return pbs_context(
+    relaunch = _relaunch_context(run)
+    return PBSScriptRequest(
         job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
-        walltime=pbs_walltime(resources.time), elements=elements, python=python, flavor=resources.pbs_flavor,
-        queue=resources.partition, array=array, extra_directives=resources.extra_directives,
-        rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_context(run),
-        **_relaunch_context(run),
+        walltime=pbs_walltime(resources.time), elements=tuple(elements), python=python, flavor=resources.pbs_flavor,
+        queue=resources.partition, array=array, extra_directives=tuple(resources.extra_directives),
+        rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_launch(run),
+        in_allocation=relaunch["in_allocation"], relaunch_wait_s=relaunch["relaunch_wait_s"],
     )
 
 
 def render_pbs(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable) -> SubmissionScript:
     element = _pbs_element(run, attempt, drill_id, None)
-    context = _pbs_run_context(run, attempt_job_name(run, attempt, drill_id), [element], python, None)
+    context = _pbs_request(run, attempt_job_name(run, attempt, drill_id), [element], python, None).context()
     text = render_template(PBS_TEMPLATE, context, run.campaign.template)
     environment = {**context["common_environment"], **element.environment}
     return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=environment)
@@ -341,7 +376,7 @@ def render_pbs_array(
     first = _same_resources(attempts)
     elements = [_pbs_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
     array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
-    context = _pbs_run_context(first, job_name, elements, python, array)
+    context = _pbs_request(first, job_name, elements, python, array).context()
     text = render_template(PBS_TEMPLATE, context, first.campaign.template)
     return SubmissionScript(text=text, submit_dir=first.campaign.workdir / "arrays",
                             environment=context["common_environment"])

@@ -125,12 +125,13 @@ def _rank_hosts_from_the_pbs_script(tmp_path: Path, nodefile_lines: list[str], n
     """Run the rendered PBS script's own lines that compute FAULTDRILL_RANK_HOSTS, for real."""
     import subprocess
 
-    from orchestrator.render.scripts import PBSElement, pbs_context, render_template
+    from orchestrator.render.scripts import PBSElement, PBSScriptRequest, render_template
 
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("".join(f"{line}\n" for line in nodefile_lines))
-    text = render_template("pbs.j2", pbs_context(job_name="t", nodes=nodes, tasks_per_node=per_node, walltime="00:01:00",
-                                                 elements=[PBSElement(folder=tmp_path)], python="python", cpus_per_task=2))
+    request = PBSScriptRequest(job_name="t", nodes=nodes, tasks_per_node=per_node, walltime="00:01:00",
+                               elements=(PBSElement(folder=tmp_path),), python="python", cpus_per_task=2)
+    text = render_template("pbs.j2", request.context())
     snippet = text[text.index("rank_hosts=$("):text.index("export FAULTDRILL_RANK_HOSTS")]
     shown = subprocess.run(["bash", "-c", snippet + 'printf %s "$rank_hosts"'], capture_output=True, text=True,
                            check=True, env={"PBS_NODEFILE": str(nodefile), "PATH": "/usr/bin:/bin"})

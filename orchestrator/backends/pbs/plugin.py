@@ -243,23 +243,23 @@ class PBSExecutor(core.PicklingExecutor):
         return self.parameters.get(name, PBS_DEFAULTS[name])
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        from orchestrator.render.scripts import PBS_TEMPLATE, PBSElement, pbs_context, render_template
+        from orchestrator.render.scripts import PBS_TEMPLATE, PBSElement, PBSScriptRequest, render_template
 
         get = self._parameter
         count = self.parameters.get("map_count")
         minutes = int(get("timeout_min"))
         mem = f"{int(get('mem_gb') * 1024)}mb" if get("mem_gb") else None
-        context = pbs_context(
+        request = PBSScriptRequest(
             job_name=re.sub(r"[^A-Za-z0-9_.-]", "_", str(get("job_name"))), nodes=int(get("nodes")),
             tasks_per_node=int(get("tasks_per_node")), walltime=f"{minutes // 60:02d}:{minutes % 60:02d}:00",
-            elements=[PBSElement(folder=self.folder, index=index) for index in (range(count) if count else [None])],
+            elements=tuple(PBSElement(folder=self.folder, index=index) for index in (range(count) if count else [None])),
             python=self.python, flavor=get("flavor"), queue=get("queue"), mem=mem, rerunnable=bool(get("rerunnable")),
             array=f"0-{count - 1}%{min(count, int(get('array_parallelism')))}" if count else None,
-            extra_directives=list(get("extra_directives")), cpus_per_task=int(get("cpus_per_task")),
+            extra_directives=tuple(get("extra_directives")), cpus_per_task=int(get("cpus_per_task")),
             gpus_per_node=int(get("gpus_per_node")),
             output_stem=f"pbs-{uid}",
         )
-        return render_template(PBS_TEMPLATE, context)
+        return render_template(PBS_TEMPLATE, request.context())
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         return ["qsub", submission_file_path.name]
