@@ -7,9 +7,10 @@
 * ``tests/drill``   marker ``drill``: local drills, real rank processes, the frameworks;
 * ``tests/cluster`` marker ``cluster``: the real local Slurm cluster and the PBS wrappers.
 
-``scripts/test`` runs two pytest processes side by side: ``-m cluster`` (the cluster's nodes are
-shared, one drill at a time) and ``-m "not cluster"`` (most of the cluster lane's time is spent
-waiting on Slurm, not on the CPUs).
+``scripts/test`` runs the unit tier first, in a process of its own (no drill module may have loaded
+a framework before it), then two pytest processes side by side: ``-m cluster`` (the cluster's nodes
+are shared, one drill at a time) and ``-m drill`` (most of the cluster lane's time is spent waiting
+on Slurm, not on the CPUs).
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ def folder_tier(item: pytest.Item) -> str:
 
 
 def tier_of(item: pytest.Item) -> str:
-    marked = [tier for tier in TIERS if item.get_closest_marker(tier) is not None]
-    if len(marked) > 1:
-        raise pytest.UsageError(f"{item.nodeid}: one tier a test, not {marked}")
-    return marked[0] if marked else folder_tier(item)
+    """The folder's tier; a unit file's test may be marked ``drill`` (the one override allowed: a
+    test marked ``unit`` elsewhere would escape the unit tier's guard in tests/unit/conftest.py)."""
+    folder = folder_tier(item)
+    marked = {tier for tier in TIERS if item.get_closest_marker(tier) is not None} - {folder}
+    if not marked:
+        return folder
+    if folder == "unit" and marked == {"drill"}:
+        return "drill"
+    raise pytest.UsageError(f"{item.nodeid}: a test in tests/{folder}/ is marked {sorted(marked)}; "
+                            "only a test in tests/unit/ may be marked drill")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

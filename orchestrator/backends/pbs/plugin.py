@@ -4,7 +4,7 @@ batched ``qstat -f`` watcher, and the job environment inside a PBS job.
 Registered in pyproject.toml, so ``submitit.AutoExecutor(folder, cluster="pbs")`` finds it. submitit
 loads this module in every job of every executor (to pick a job environment), so it imports only the
 standard library, submitit and the PBS command layer; the template renderer is imported when a
-script is made, on the login node. Ids and the wrappers' quirks: see ``pbs_commands``.
+script is made, on the login node. Ids and the wrappers' quirks: see ``orchestrator.backends.pbs.commands``.
 """
 
 from __future__ import annotations
