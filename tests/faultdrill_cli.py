@@ -4,10 +4,11 @@ backend; cluster: the real cluster)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -44,3 +45,15 @@ def status(workdir: Path) -> dict[str, Any]:
 def report(workdir: Path) -> dict[str, Any]:
     """``faultdrill report WORKDIR --format json``."""
     return json.loads(faultdrill("report", str(workdir), "--format", "json"))
+
+
+def full_campaigns() -> bool:
+    """FAULTDRILL_FULL=1: the campaigns at full size (by hand); CI runs their cut."""
+    return bool(os.environ.get("FAULTDRILL_FULL"))
+
+
+def keep_sweep_points(spec: Path, keep: "Callable[[dict[str, Any]], bool]") -> None:
+    """The campaign copy at ``spec`` without the sweep grid's points that ``keep`` refuses."""
+    data = yaml.safe_load(spec.read_text())
+    data["sweep"]["grid"] = [point for point in data["sweep"]["grid"] if keep(point)]
+    spec.write_text(yaml.safe_dump(data))

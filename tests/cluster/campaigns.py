@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import yaml
-
-from faultdrill_cli import campaign_copy  # noqa: F401  (the campaign tests import both from here)
+from faultdrill_cli import (  # noqa: F401  (the campaign tests import them from here)
+    campaign_copy,
+    full_campaigns,
+    keep_sweep_points,
+)
 
 
 def drill_report(spec: Path, timeout_s: float, html: bool = False) -> dict[str, Any]:
@@ -26,15 +28,3 @@ def drill_report(spec: Path, timeout_s: float, html: bool = False) -> dict[str, 
         Path(keep).write_text(done.stdout)
         Path(keep + ".stderr").write_text(done.stderr)  # the controller's warnings
     return json.loads(done.stdout)
-
-
-def full_campaigns() -> bool:
-    """FAULTDRILL_FULL=1: the campaigns at full size (by hand); CI runs their cut."""
-    return bool(os.environ.get("FAULTDRILL_FULL"))
-
-
-def keep_sweep_points(spec: Path, keep: "Callable[[dict[str, Any]], bool]") -> None:
-    """The campaign copy at ``spec`` without the sweep grid's points that ``keep`` refuses."""
-    data = yaml.safe_load(spec.read_text())
-    data["sweep"]["grid"] = [point for point in data["sweep"]["grid"] if keep(point)]
-    spec.write_text(yaml.safe_dump(data))
