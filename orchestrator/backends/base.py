@@ -7,13 +7,14 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.actions import WalltimeSet
+from orchestrator.campaign.capabilities import BackendCapabilities, Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandResult
@@ -42,22 +43,26 @@ class AttemptRef:
 
 class Backend(abc.ABC):
     name: str = ""
-    # Whether submit_array makes one scheduler array that the scheduler throttles itself; without
-    # that, the controller submits runs one by one within parallel_runs.
-    supports_arrays: bool = False
+    # What it can do (orchestrator/campaign/capabilities.py): callers ask before they call; the
+    # actions a backend lacks raise NotSupported with the reason.
+    capabilities: ClassVar[BackendCapabilities]
     # The default scheduler poll interval (restart.scheduler_poll_s): a real scheduler is polled
     # at a respectful pace; the local backend's poll costs nothing.
     poll_interval_s: float = 5.0
-    # Can keep an attempt off named nodes (restart.policy exclude_node: sbatch --exclude).
-    can_exclude_nodes: bool = False
+
+    def offers(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+    def not_supported(self, capability: Capability) -> "NotSupported":
+        return NotSupported(self.capabilities.why_not(capability) or f"{capability} is offered")
 
     @abc.abstractmethod
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         """Submit one attempt of ``run``; returns once the scheduler has accepted it."""
 
     def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
-        """Submit several runs' attempts together (a job array where the scheduler has them);
-        runs in one call share their resources. Without arrays: one submission each."""
+        """Submit several runs' attempts together (a job array where the scheduler has them:
+        Capability.ARRAYS); runs in one call share their resources. Without arrays: one each."""
         return [self.submit(run, job) for run, job in items]
 
     @abc.abstractmethod
@@ -103,30 +108,32 @@ class Backend(abc.ABC):
         """The job's id as its ranks carry it in their environment (what the agent verifies)."""
         return job_id
 
-    # Scheduler-side actions a fault kind may need (preempt, timeout, node faults). -------------
-    def signal_ranks(self, job_id: str, signal_name: str) -> bool:
-        """Have the scheduler send ``signal_name`` to every task of the job's steps (not the batch
-        script), as its warning does; False: this scheduler has no such command here (the
-        caller signals the verified ranks through the agent instead)."""
-        return False
+    # Actions of one capability each (a fault kind's, a strategy's): ask ``offers`` first. --------
+    def signal_ranks(self, job_id: str, signal_name: str) -> None:
+        """Capability.SIGNAL_RANKS: have the scheduler send ``signal_name`` to every task of the
+        job's steps (not the batch script), as its warning does."""
+        raise self.not_supported(Capability.SIGNAL_RANKS)
 
     def requeue(self, job_id: str) -> None:
-        """Have the scheduler run the same job again (restart.strategy requeue)."""
-        raise NotSupported(f"the {self.name} backend cannot requeue a job")
+        """Capability.REQUEUE: have the scheduler run the same job again (restart.strategy requeue)."""
+        raise self.not_supported(Capability.REQUEUE)
 
-    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
-        """SIGKILL the ranks' step of the job (``attempt``'s, not a relaunch's) and leave the job (its
-        allocation) running; False if this backend cannot (the caller then cancels the job)."""
-        return False
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
+        """Capability.KILL_RANK_STEP: SIGKILL the ranks' launch of the job (``attempt``'s, not a
+        relaunch's: nothing started after ``started_before``, the ``ticks_now()`` of the decision,
+        before the next attempt's go) and leave the job (its allocation) running; False if it could
+        not be found this time (the caller then kills the verified ranks, or cancels the job)."""
+        raise self.not_supported(Capability.KILL_RANK_STEP)
 
     def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
-        """Move the job's walltime to about ``seconds`` from now (or, where the scheduler moves no
-        running job's walltime, leave it); what was set, in words, and when the end is due."""
-        raise NotSupported(f"the {self.name} backend cannot change a running job's walltime")
+        """Capability.SET_TIME_LEFT: move the job's walltime to about ``seconds`` from now (or, where
+        the scheduler moves no running job's walltime, leave it); what was set, in words, and when
+        the end is due."""
+        raise self.not_supported(Capability.SET_TIME_LEFT)
 
     def job_nodes(self, job_id: str) -> list[str]:
-        """The job's nodes, according to the scheduler, in allocation order."""
-        raise NotSupported(f"the {self.name} backend cannot list a job's nodes")
+        """Capability.JOB_NODES: the job's nodes, according to the scheduler, in allocation order."""
+        raise self.not_supported(Capability.JOB_NODES)
 
 
 class NotSupported(RuntimeError):

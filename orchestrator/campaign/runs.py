@@ -16,13 +16,10 @@ from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
 from orchestrator.campaign.placeholders import fill
 from orchestrator.campaign.spec import Campaign, SpecError, format_errors
+from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
 
 PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
 
-STRATEGY_RESUBMIT = "resubmit"
-STRATEGY_IN_ALLOCATION = "in-allocation"
-STRATEGY_REQUEUE = "requeue"
-STRATEGY_WARM = "warm"
 
 
 @dataclass(frozen=True)
@@ -98,17 +95,21 @@ class RunConfig:
         return WorkloadEntry(target="", launcher=w.launcher or known.launcher, environment=known.environment)
 
     @property
+    def strategy_traits(self) -> StrategyTraits:
+        return traits_of(self.campaign.restart.strategy)
+
+    @property
     def warm_restarts_all(self) -> bool:
         """restart.strategy warm on a framework whose collectives cannot drop a member (TensorFlow,
         Chainer): every rank restarts, in a warm spare set; ``restart.warm_spares`` counts sets."""
-        return self.campaign.restart.strategy == STRATEGY_WARM and self.campaign.workload.framework in RESTART_ALL_FRAMEWORKS
+        return self.strategy_traits.warm and self.campaign.workload.framework in RESTART_ALL_FRAMEWORKS
 
     @property
     def warm_spares(self) -> int:
         """Processes per node the job holds beside its ranks (restart.strategy warm), 0 otherwise:
         ``restart.warm_spares``, or that many whole sets of ``tasks_per_node`` (restart-all)."""
         restart = self.campaign.restart
-        if restart.strategy != STRATEGY_WARM:
+        if not self.strategy_traits.warm:
             return 0
         return restart.warm_spares * (self.campaign.resources.tasks_per_node if self.warm_restarts_all else 1)
 
@@ -126,7 +127,7 @@ class RunConfig:
         Off: a requeued job would run an attempt the controller already replaced. (Fencing stops
         such a stale attempt anyway; this keeps it from being queued at all.) On for the requeue
         strategy only, where the requeued job *is* the next attempt (the fence names it first)."""
-        return self.campaign.restart.strategy == STRATEGY_REQUEUE
+        return self.strategy_traits.scheduler_requeues
 
 
 def expand_runs(campaign: Campaign) -> list[RunConfig]:
@@ -153,7 +154,7 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
 def _fault_free(campaign: Campaign) -> Campaign:
     """The run that never fails: no faults, nothing held for a recovery (a new job if it fails naturally)."""
     return campaign.model_copy(update={
-        "faults": [], "restart": campaign.restart.model_copy(update={"strategy": STRATEGY_RESUBMIT}),
+        "faults": [], "restart": campaign.restart.model_copy(update={"strategy": StrategyName.RESUBMIT}),
         "resources": campaign.resources.model_copy(update={"spare_nodes": 0})})
 
 

@@ -27,11 +27,13 @@ from injectors.kinds.base import FaultOptions
 from injectors.kinds.node_faults import node_index_problem
 from injectors.ranks import RankFraction, rank_problem
 from injectors.schedule import AtStep, ExponentialDelay, FixedDelay, WeibullDelay
+from orchestrator.campaign.capabilities import BACKENDS, Capability
 from orchestrator.campaign.directives import parse_directive, reserved_problem
 from orchestrator.campaign.failure_classes import FailureClass
 from orchestrator.campaign.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
 from orchestrator.campaign.placeholders import problems as placeholder_problems
 from orchestrator.campaign.policy import PolicyEntry
+from orchestrator.campaign.strategies import TRAITS, StrategyName, strategies_on, traits_of
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -211,18 +213,14 @@ else:
     ]
 
 
-STRATEGIES_BY_BACKEND = {"local": ("resubmit", "in-allocation", "warm"),
-                         "slurm": ("resubmit", "in-allocation", "requeue", "warm"),
-                         "pbs": ("resubmit", "in-allocation", "warm")}
-
-
 class RestartConfig(_Strict):
     # resubmit: a new job from the controller; in-allocation: the batch script keeps its allocation
     # and launches the ranks again after a failure, on the controller's word; requeue: the
     # scheduler's own (Slurm: --requeue, scontrol requeue), the same job as the next attempt; warm:
     # survivors keep their process and state, a warm spare takes a dead rank's place (no cold start,
     # no rollback), each re-formation the run's next attempt in the same job.
-    strategy: Literal["resubmit", "in-allocation", "requeue", "warm"] = "resubmit"
+    # (orchestrator/campaign/strategies.py: what each needs; orchestrator/strategies/: what each does).
+    strategy: StrategyName = StrategyName.RESUBMIT
     # warm: idle processes per node the job holds beside its ranks (framework imported, model
     # built). TensorFlow and Chainer restart every rank, so theirs come as whole sets: this many
     # sets of tasks_per_node processes per node, each with its collective already formed.
@@ -259,7 +257,7 @@ WARM_FRAMEWORKS = ("torch", *RESTART_ALL_FRAMEWORKS)
 
 def _warm_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:
     """What the warm strategy needs: a built-in workload whose process group the drill re-forms."""
-    if restart.strategy != "warm" or workload is None:
+    if not traits_of(restart.strategy).warm or workload is None:
         return []
     if workload.command is not None:
         return ["restart.strategy warm re-forms the built-in workloads' process group in place; a command "
@@ -311,8 +309,8 @@ class Campaign(_Strict):
     def _resources_fit_backend(cls, resources: ResourcesConfig, info: ValidationInfo) -> ResourcesConfig:
         backend = info.data.get("backend")
         problems = []
-        if backend == "local" and resources.nodes != 1:
-            problems.append("the local backend runs on one node: set resources.nodes to 1")
+        if backend is not None and resources.nodes != 1 and (why := BACKENDS[backend].why_not(Capability.MULTI_NODE)):
+            problems.append(f"resources.nodes ({resources.nodes}): {why}; set it to 1")
         problems += [problem for directive in resources.extra_directives
                      if (problem := reserved_problem(directive, str(backend)))]
         if problems:
@@ -324,18 +322,17 @@ class Campaign(_Strict):
     def _strategy_fits_backend(cls, restart: RestartConfig, info: ValidationInfo) -> RestartConfig:
         backend, resources = info.data.get("backend"), info.data.get("resources")
         problems = []
-        valid = STRATEGIES_BY_BACKEND.get(str(backend), ())
-        if backend is not None and restart.strategy not in valid:
-            problems.append(f"restart.strategy {restart.strategy!r} does not run on the {backend} backend yet; "
-                            f"valid there: {', '.join(valid)}")
-        if backend == "local" and resources is not None and resources.spare_nodes:
-            problems.append("resources.spare_nodes: the local backend has one node, none to spare; set it to 0")
-        elif backend == "pbs" and resources is not None and resources.spare_nodes:
-            problems.append("resources.spare_nodes: the PBS launch (mpiexec) cannot move a dead node's ranks to a "
-                            "spare; spare nodes work on the slurm backend; set it to 0")
-        elif resources is not None and resources.spare_nodes and restart.strategy not in ("in-allocation", "warm"):
-            problems.append(f"resources.spare_nodes ({resources.spare_nodes}) is for restart.strategy in-allocation "
-                            f"or warm (a {restart.strategy} run would hold them idle); set it to 0 or change the strategy")
+        traits = traits_of(restart.strategy)
+        if backend is not None and (why := traits.why_not_on(backend)):
+            problems.append(f"restart.strategy {restart.strategy.value!r} does not run on the {backend} backend: {why}; "
+                            f"valid there: {', '.join(strategies_on(backend))}")
+        spare_nodes = resources.spare_nodes if resources is not None else 0
+        if spare_nodes and backend is not None and (why := BACKENDS[backend].why_not(Capability.SPARE_NODES)):
+            problems.append(f"resources.spare_nodes: {why}; set it to 0")
+        elif spare_nodes and not traits.uses_spare_nodes:
+            users = " or ".join(name for name, other in TRAITS.items() if other.uses_spare_nodes)
+            problems.append(f"resources.spare_nodes ({spare_nodes}) is for restart.strategy {users} "
+                            f"(a {restart.strategy.value} run would hold them idle); set it to 0 or change the strategy")
         problems += _warm_problems(restart, info.data.get("workload"))
         if problems:
             raise ValueError("\n".join(problems))

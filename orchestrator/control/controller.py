@@ -22,6 +22,7 @@ from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
+from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign
 from orchestrator.commands import CommandError, one_line
@@ -145,7 +146,7 @@ class Controller:
     def _drive(self, trackers: list[RunTracker], observer: Observer | None) -> None:
         waiting = [t for t in trackers if not t.done]
         active: list[RunTracker] = []
-        if self.campaign.submit_as_array and self.backend.supports_arrays:
+        if self.campaign.submit_as_array and self.backend.offers(Capability.ARRAYS):
             arrayed = self._submit_arrays([t for t in waiting if t.fresh])
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]

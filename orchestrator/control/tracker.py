@@ -25,12 +25,14 @@ from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
+from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import Backend, Submission
+from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.campaign.policy import Decision, decide, policy_entry
-from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_REQUEUE, STRATEGY_WARM, RunConfig
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
 from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
@@ -50,6 +52,8 @@ from orchestrator.record.measure import completion_facts
 from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
 from orchestrator.render.scripts import attempt_job_name
 from orchestrator.states import TERMINAL_STATES, JobState
+from orchestrator.strategies.base import Continuation, FailedJob, FailureFacts
+from orchestrator.strategies.registry import strategy_for
 from orchestrator.strategies.same_job import REQUEUING, Requeuer, end_rank_launch
 
 log = logging.getLogger(__name__)
@@ -72,6 +76,7 @@ class RunTracker:
         self.ledger = ledger
         self.drill_id = drill_id
         self.restart = run.campaign.restart
+        self.strategy = strategy_for(self.restart.strategy)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
         self.submitter = Submitter(run, backend, ledger, drill_id, self.restart,
@@ -189,7 +194,7 @@ class RunTracker:
     def _exclusions(self, attempt: int) -> tuple[str, ...]:
         """The nodes ``attempt`` stays off: those earlier attempts lost in a failure whose policy
         says exclude_node, the most recent first, at most restart.max_excluded_nodes."""
-        if not self.backend.can_exclude_nodes:
+        if not self.backend.offers(Capability.EXCLUDE_NODES):
             return ()
         nodes: list[str] = []
         for row in sorted(self.ledger.attempts(self.run.run_id), key=lambda row: -row.attempt):
@@ -282,40 +287,23 @@ class RunTracker:
 
     # failure ----------------------------------------------------------------------------------
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
-        # in-allocation: the job outlives its failed rank step and is the next attempt's, unless the
-        # allocation itself has ended (then a new job, as resubmit does).
-        was_requeued = requeued(watch, state)
-        # warm: the job's coordinator already made the next attempt (a spare in the dead rank's place).
-        warm = self.restart.strategy == STRATEGY_WARM and sign.evidence == "warm" and not state.is_terminal
-        keep_allocation = warm or (self.restart.strategy == STRATEGY_IN_ALLOCATION and not state.is_terminal
-                                   and not was_requeued)
-        # requeue: the job runs again as the next attempt; scontrol requeue ends whatever of it
-        # still runs (a hang: the job itself), so nothing is cancelled or closed here.
-        same_job = self.restart.strategy == STRATEGY_REQUEUE
+        """Record the failed attempt and carry out its strategy's answer: what becomes of its job,
+        and how the run goes on (orchestrator/strategies/)."""
+        facts = FailureFacts(job_ended=state.is_terminal, requeued=requeued(watch, state),
+                             warm_reformed=sign.evidence == "warm", launch_exited=watch.step_exit is not None)
+        answer = self.strategy.on_failure(facts)
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
                                     self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id),
                                     self.faults.signalled(watch.attempt))
         classified = classify(evidence)
-        if keep_allocation and not warm and watch.step_exit is None:
-            # A hang or a stuck start: end the rank step, keep the nodes. From a thread: a step on a
-            # dead node takes scancel a MessageTimeout, which would hold up every run.
-            why = DrillEnded(classified.failure_class.value,
-                             f"attempt {watch.attempt}'s hung launch could not be ended alone")
-            attempt = watch.attempt
-            threading.Thread(target=end_rank_launch, args=(self.backend, self.run, attempt, watch.job_id,
-                                                           lambda job_id: self._end_allocation(attempt, job_id, why)),
-                             daemon=True, name=f"kill-step-{watch.job_id}").start()
-        elif not state.is_terminal and not keep_allocation and not same_job:
-            cancel = watch.step_exit is None  # a hang or a stuck start: the job would hold its nodes
-            if cancel:
-                self._cancel(watch.job_id)
-            self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
+        self._dispose_of_failed_job(watch, answer.failed_job, classified.failure_class, state, now)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,
                                     self.faults.stopped_nodes(watch.attempt))
-        if keep_allocation or same_job:  # the job goes on as the next attempt: this one's state is its own
-            self.ledger.update_attempt(self.run.run_id, watch.attempt,
-                                       state=STEP_FAILED if keep_allocation else JobState.REQUEUED.value)
-        detected = sign.at if warm else now  # warm: the coordinator's moment, not this controller's next look
+        if answer.continuation.in_same_job:  # the job goes on as the next attempt: this one's state is its own
+            self.ledger.update_attempt(self.run.run_id, watch.attempt, state=JobState.REQUEUED.value
+                                       if answer.continuation is Continuation.REQUEUE else STEP_FAILED)
+        # warm: the coordinator's moment, not this controller's next look
+        detected = sign.at if answer.continuation is Continuation.FOLLOW_WARM else now
         self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=detected, reason=sign.reason,
                                    failed_at=sign.at, failure_evidence=sign.evidence,
                                    failure_class=classified.failure_class.value, class_evidence=classified.evidence,
@@ -323,14 +311,34 @@ class RunTracker:
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
-        self._next_or_give_up(watch.attempt, now, in_job=watch.job_id if keep_allocation or same_job else None,
-                              already_requeued=was_requeued, warm=warm)
+        self._next_or_give_up(watch.attempt, now, answer.continuation, watch.job_id, already_requeued=facts.requeued)
 
-    def _next_or_give_up(self, attempt: int, now: float, in_job: str | None = None,
-                         already_requeued: bool = False, warm: bool = False) -> None:
-        """The policy's answer to ``attempt``'s failure: give up, or the next attempt — in the same
-        job (``in_job``: relaunched in its allocation, or requeued) or as a new job."""
+    def _dispose_of_failed_job(self, watch: AttemptWatch, failed_job: FailedJob, failure_class: FailureClass,
+                               state: JobState, now: float) -> None:
+        """What the strategy's answer says of the failed attempt's job: closed (cancelled first if
+        its ranks hold its nodes), its hung launch ended alone, or left as it is."""
+        if failed_job is FailedJob.STEP_ENDED:
+            # From a thread: a step on a dead node takes scancel a MessageTimeout, which would hold
+            # up every run.
+            why = DrillEnded(failure_class.value, f"attempt {watch.attempt}'s hung launch could not be ended alone")
+            attempt = watch.attempt
+            # Processes started from now on are the next attempt's (its go is given after this).
+            started_before = ticks_now()
+            threading.Thread(target=end_rank_launch, args=(self.backend, self.run, attempt, watch.job_id, started_before,
+                                                           lambda job_id: self._end_allocation(attempt, job_id, why)),
+                             daemon=True, name=f"kill-step-{watch.job_id}").start()
+        elif failed_job in (FailedJob.CLOSED, FailedJob.CANCELLED):
+            cancel = failed_job is FailedJob.CANCELLED
+            if cancel:
+                self._cancel(watch.job_id)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
+
+    def _next_or_give_up(self, attempt: int, now: float, continuation: Continuation = Continuation.NEW_JOB,
+                         job_id: str | None = None, already_requeued: bool = False) -> None:
+        """The policy's answer to ``attempt``'s failure: give up, or the next attempt as the
+        strategy goes on — a new job, or in ``job_id`` (relaunched, requeued, re-formed warm)."""
         decision = self._decide(attempt)
+        in_job = job_id if continuation.in_same_job else None
         if not decision.restart:
             if in_job is not None:  # it waits for a go (or in the queue) for nothing
                 self._cancel(in_job)
@@ -339,14 +347,14 @@ class RunTracker:
             return
         log.info("%s: %s%s", self.run.run_id, decision.reason,
                  f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
-        if warm and in_job is not None:
-            self._follow_warm(attempt + 1, in_job)
-        elif in_job is not None and self.restart.strategy == STRATEGY_REQUEUE:
-            self._requeue(attempt + 1, in_job, now, already=already_requeued)
-        elif in_job is not None:
-            self._relaunch(attempt + 1, in_job)
-        else:
+        if in_job is None:
             self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+        elif continuation is Continuation.FOLLOW_WARM:
+            self._follow_warm(attempt + 1, in_job)
+        elif continuation is Continuation.REQUEUE:
+            self._requeue(attempt + 1, in_job, now, already=already_requeued)
+        else:
+            self._relaunch(attempt + 1, in_job)
 
     def _requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and

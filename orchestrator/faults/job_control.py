@@ -15,6 +15,7 @@ from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, write_json_a
 from injectors.actions import WalltimeSet
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
+from orchestrator.campaign.capabilities import Capability
 from orchestrator.commands import CommandError, run_command
 from orchestrator.states import JobState
 
@@ -52,7 +53,9 @@ class BackendJobControl:
             raise TargetRefused(f"job {self.job_id} is {state.value}, not running", gone=state.is_terminal)
 
     def signal_ranks(self, signal_name: str) -> None:
-        if not self.backend_impl.signal_ranks(self.job_id, signal_name):
+        if self.backend_impl.offers(Capability.SIGNAL_RANKS):
+            self.backend_impl.signal_ranks(self.job_id, signal_name)
+        else:
             self.signal_by_agent(signal_name)
 
     def cancel(self) -> None:

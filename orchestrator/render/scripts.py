@@ -27,7 +27,7 @@ from experiments.layout import ENV_WARM_SPARES as WARM_SPARES
 from experiments.layout import ENV_WARM_WORLD as WARM_WORLD
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.campaign.directives import parse_directive, slurm_line
-from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, STRATEGY_WARM, RunConfig
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
@@ -106,7 +106,7 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
     }
     if run.workload_entry.launcher == LAUNCHER_MPI:
         environment.update(MPI_ENVIRONMENT)
-    if run.campaign.restart.strategy == STRATEGY_WARM:
+    if run.strategy_traits.warm:
         environment.update({WARM_WORLD: str(run.ranks), WARM_SPARES: str(run.campaign.restart.warm_spares)})
         if run.warm_restarts_all:
             environment[WARM_RESTART_ALL] = "1"
@@ -153,7 +153,7 @@ def rank_step_name(attempt: int) -> str:
 
 def _relaunch_context(run: RunConfig) -> dict[str, Any]:
     """What a batch template's relaunch loop needs (templates/relaunch.sh.j2)."""
-    return {"in_allocation": run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION,
+    return {"in_allocation": run.strategy_traits.relaunches_in_job,
             "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s))}
 
 
@@ -208,7 +208,7 @@ class WarmLaunch:
 
 def _warm_launch(run: RunConfig) -> WarmLaunch | None:
     """The warm launch of ``run``; None under the other strategies."""
-    if run.campaign.restart.strategy != STRATEGY_WARM:
+    if not run.strategy_traits.warm:
         return None
     return WarmLaunch(ranks_per_node=run.campaign.resources.tasks_per_node, spares_per_node=run.warm_spares,
                       spare_sets=run.campaign.restart.warm_spares if run.warm_restarts_all else 0)

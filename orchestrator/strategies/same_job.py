@@ -13,6 +13,7 @@ from typing import Callable
 
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import Backend, NotSupported, Submission
+from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
 from orchestrator.faults.inject import kill_every_rank
@@ -68,14 +69,14 @@ class Requeuer:
         self.accepted(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
 
 
-def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str,
+def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str, started_before: float,
                     cancel: Callable[[str], None]) -> None:
     """End the rank launch of a hung attempt and keep its allocation for the next one: through
     the scheduler (Slurm: the ranks' step), else every verified rank SIGKILLed by the agent; if
     neither works, the job is cancelled (the next attempt then finds the allocation ended: a new
     job). Runs in a thread of its own: a step on a dead node takes scancel a MessageTimeout."""
     try:
-        if not backend.kill_rank_step(job_id, attempt):
+        if not (backend.offers(Capability.KILL_RANK_STEP) and backend.kill_rank_step(job_id, attempt, started_before)):
             kill_every_rank(backend, run, attempt, job_id)
         return
     except (TargetRefused, CommandError) as error:

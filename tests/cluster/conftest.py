@@ -284,20 +284,21 @@ class Slurm:
         return None
 
     def wait_sacct_state(
-        self, jobid: str, timeout: float = 60, name: str | None = None
+        self, jobid: str, timeout: float = 60, name_prefix: str | None = None
     ) -> dict[str, str]:
         """Wait until accounting shows the job in a terminal state; return the record.
 
-        With ``name``, also wait until the record carries that job name: a job that starts
-        and ends within a second can show JobName "allocation" (and sometimes an early
-        state) for a moment before slurmdbd has the complete record.
+        With ``name_prefix``, also wait until the record's job name starts with it: a job that
+        starts and ends within a second can show JobName "allocation" (and sometimes an early
+        state) for a moment before slurmdbd has the complete record. Every check of a job's
+        name goes through here, never through a record taken before the name arrived.
         """
 
         def check():
             rec = self.sacct_state(jobid)
             if not rec or rec["State"].split()[0] not in TERMINAL_STATES:
                 return None
-            if name is not None and rec["JobName"] != name:
+            if name_prefix is not None and not rec["JobName"].startswith(name_prefix):
                 return None
             return rec
 

@@ -189,8 +189,8 @@ def test_sacct_shows_finished_jobs_state(slurm, shared_tmp):
                        "--wrap", "exit 3")
     # A job that starts and ends within a second can briefly show JobName "allocation" in
     # sacct before slurmdbd has the full record: wait for the name as well.
-    rec_ok = slurm.wait_sacct_state(ok, JOB_TIMEOUT, name="fd-ok")
-    rec_bad = slurm.wait_sacct_state(bad, JOB_TIMEOUT, name="fd-bad")
+    rec_ok = slurm.wait_sacct_state(ok, JOB_TIMEOUT, name_prefix="fd-ok")
+    rec_bad = slurm.wait_sacct_state(bad, JOB_TIMEOUT, name_prefix="fd-bad")
     assert rec_ok["State"] == "COMPLETED" and rec_ok["ExitCode"] == "0:0", rec_ok
     assert rec_ok["JobName"] == "fd-ok" and rec_ok["NodeList"], rec_ok
     assert rec_bad["State"] == "FAILED" and rec_bad["ExitCode"] == "3:0", rec_bad

@@ -24,7 +24,7 @@ def _drill(name: str, shared_tmp: Path, slurm) -> dict:
 def _accounted(run: dict, name: str, slurm) -> None:
     """Every attempt is one job in Slurm's accounting; the one the fault hit ended as a failure."""
     for attempt in run["attempts"]:
-        assert slurm.wait_sacct_state(attempt["job_id"], timeout=60)["JobName"].startswith(f"fd-{name}-")
+        slurm.wait_sacct_state(attempt["job_id"], timeout=60, name_prefix=f"fd-{name}-")
     assert slurm.wait_sacct_state(run["attempts"][0]["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
 
 

@@ -56,8 +56,7 @@ def test_slurm_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster, slur
 
     for run in report["runs"]:
         for attempt in run["attempts"]:
-            record = slurm.wait_sacct_state(attempt["job_id"], timeout=60)
-            assert record["JobName"].startswith("fd-slurm-quick-")
+            slurm.wait_sacct_state(attempt["job_id"], timeout=60, name_prefix="fd-slurm-quick-")
     failed_attempt = faulted["attempts"][0]
     assert slurm.wait_sacct_state(failed_attempt["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
     assert read_json_lines(paths.events_file(0))[0]["event"] == "job_start"

@@ -21,7 +21,9 @@ import pytest
 
 from drills import drill, drill_processes, kill_verified, ledger_sql, phases_ok, run_of, write_spec
 from experiments.layout import RankJob, RunPaths, read_json_lines
+from orchestrator.backends.base import Submission
 from orchestrator.backends.local.backend import EnvLocalExecutor, LocalBackend, LocalJobRecord
+from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.commands import CommandError
@@ -407,3 +409,61 @@ def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tm
         later = RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
         assert later.ended_by_drill == {"4242": why}
     controller.close()
+
+
+class GoWatchingBackend(LocalBackend):
+    """A local backend whose hung-launch kill waits until the next attempt's go was given (the
+    kill's thread late, as under load) and notes the moment it was told to kill before."""
+
+    def __init__(self, drill_id: str, go_given: threading.Event) -> None:
+        super().__init__(drill_id)
+        self.go_given = go_given
+        self.started_before: list[float] = []
+
+    def offers(self, capability: Capability) -> bool:
+        if capability is Capability.KILL_RANK_STEP:  # the kill's thread runs late: after the go
+            self.go_given.wait(timeout=10)
+            time.sleep(0.05)  # and later still: five ticks of the process clock past it
+        return super().offers(capability)
+
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
+        self.started_before.append(started_before)
+        return True
+
+
+def test_a_hung_launchs_kill_spares_ranks_started_after_the_next_attempts_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """in-allocation, a hang: the kill of the hung launch runs in a thread, and the job relaunches
+    on the go (the fence naming the next attempt). A new rank between its fork and its exec still
+    shows the first attempt's environment: the kill must spare whatever started after the moment the
+    controller decided, before the go, however late its thread runs (it once took that moment itself:
+    a relaunch under load lost a rank to it and the run took a third attempt)."""
+    from experiments.runtime.fence import write_fence
+    from experiments.runtime.identity import ticks_now
+    from orchestrator.observe.watch import AttemptWatch, FailureSign
+
+    spec = write_spec(tmp_path, restart={"strategy": "in-allocation", "max_restarts": 2})
+    controller = Controller(load_campaign(spec))
+    run = controller.runs[0]
+    go_given, go_ticks = threading.Event(), []
+
+    def fence_then_note(paths: RunPaths, fence: Any, *args: Any) -> None:
+        write_fence(paths, fence, *args)
+        if fence.attempt == 1 and fence.job_id is not None:  # the go: the attempt and its job
+            go_ticks.append(ticks_now())
+            go_given.set()
+
+    monkeypatch.setattr("orchestrator.control.tracker.write_fence", fence_then_note)
+    backend = GoWatchingBackend(controller.drill_id, go_given)
+    with ThreadPoolExecutor(1) as pool:
+        tracker = RunTracker(run, [], backend, controller.ledger, pool, controller.drill_id)
+        tracker.begin_attempt(0)
+        tracker.accept(0, Submission("4243", accepted_at=time.time()))
+        watch = AttemptWatch(attempt=0, job_id="4243", paths=run.paths, ranks=run.ranks, state=JobState.RUNNING)
+        now = time.time()
+        tracker._on_failure(watch, FailureSign("hang: no heartbeat from rank 1 for 6 s", now - 6, "last_heartbeat",
+                                               rank=1), JobState.RUNNING, now)
+        wait_for(lambda: backend.started_before, timeout_s=10, what="the hung launch's kill")
+        assert [row.attempt for row in controller.ledger.attempts(run.run_id)] == [0, 1]
+    controller.close()
+    assert backend.started_before[0] <= go_ticks[0], "the kill would take ranks the next attempt started"

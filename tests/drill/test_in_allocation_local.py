@@ -31,6 +31,7 @@ def test_the_ranks_start_again_in_the_same_job(tmp_path: Path, fault: dict[str, 
     report = _drill(tmp_path, fault)
     run = run_of(report, "r000")
     assert run["status"] == "completed" and run["identical_to_baseline"] is True
+    assert len(run["attempts"]) == 2, [(a["state"], a["reason"]) for a in run["attempts"]]
     failed, relaunched = run["attempts"]
     assert failed["job_id"] == relaunched["job_id"], "no new job: the same job started its ranks again"
     assert failed["state"] == "STEP_FAILED" and failed["failure_class"] == failure_class

@@ -1,7 +1,7 @@
 """A resume whose checkpoint takes rank 0 longer to verify than the collective timeout (issue 7,
 item 9): the other ranks wait for it with the checkpoint timeout, as TensorFlow's already did, and
 the run resumes. Two real torch ranks on this machine; the slow verification is real too (rank 0
-hashes a 1.5 GB file, sparse so it costs no disk, before it finds the newest checkpoint invalid)."""
+hashes a 4 GiB file, sparse so it costs no disk, before it finds the newest checkpoint invalid)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from rank_launch import REPO, free_port_pair, logs
 
 pytest.importorskip("torch")
 
-COLLECTIVE_TIMEOUT_S = 1.0
-PADDING_BYTES = 1536 << 20
+# Short enough that rank 0's verification outlasts it, long enough that no other collective of two
+# ranks on a loaded 2-core machine does (1 s flaked under CI's load); the padding hashes in ~3.5 s here.
+COLLECTIVE_TIMEOUT_S = 2.5
+PADDING_BYTES = 4096 << 20
 SPEC = WorkloadSpec(params=2000, steps=60, batch_size=16, seed=5)
 EVERY = 20
 

@@ -194,5 +194,5 @@ def test_a_hung_attempts_rank_step_is_killed_never_the_next_attempts(fake: FakeC
     each step is named with its attempt, and only the hung attempt's is signalled."""
     backend = SlurmBackend("d-1", python="/opt/py")
     fake.answer("squeue", "15.batch|batch\n15.0|faultdrill-ranks-0\n15.1|faultdrill-ranks-1\n")
-    assert backend.kill_rank_step("15", attempt=0) is True
+    assert backend.kill_rank_step("15", attempt=0, started_before=0.0) is True
     assert fake.calls == ["squeue -h -s -j 15 -o %i|%j", "scancel --signal=KILL 15.0"]

@@ -19,13 +19,16 @@ from experiments.runtime.warning import WarningNote, warning_signal
 from injectors.kinds import get_kind
 from injectors.kinds.base import FaultTask
 from injectors.targets import TargetRefused
-from orchestrator.backends.base import Backend, NotSupported
+from orchestrator.backends.base import Backend
+from orchestrator.campaign.capabilities import LOCAL, SLURM
 from orchestrator.faults.job_control import BackendJobControl, Menders
 
 
 @dataclass
 class RecordingBackend(Backend):
     """Answers like a scheduler with a two-node job 7 (recorded), and notes what it was asked."""
+
+    capabilities = SLURM
 
     name: str = "slurm"
     asked: list[str] = field(default_factory=list)
@@ -94,10 +97,9 @@ def test_a_failed_mend_is_told_but_the_fault_stands(tmp_path: Path) -> None:
 
 def test_a_backend_without_a_walltime_action_refuses_timeout(tmp_path: Path) -> None:
     class Local(RecordingBackend):
-        def set_time_left(self, job_id: str, seconds: float) -> str:
-            raise NotSupported("the local backend cannot change a running job's walltime")
+        capabilities = LOCAL
 
-    with pytest.raises(TargetRefused, match="cannot change a running job's walltime"):
+    with pytest.raises(TargetRefused, match="the local backend cannot move a running job's time limit"):
         get_kind("timeout").act_on_controller(_task(tmp_path, "timeout", in_s=1), _control(Local(name="local")))
 
 

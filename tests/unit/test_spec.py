@@ -174,11 +174,13 @@ def test_shipped_campaigns_are_valid(name: str) -> None:
 
 
 def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the local backend yet; "
+    with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the local backend: the local "
+                                        r"backend has no scheduler queue to put a job back in; "
                                         r"valid there: resubmit, in-allocation, warm"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "requeue"}), base_dir=tmp_path)
-    with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the pbs backend yet; "
-                                        r"valid there: resubmit, in-allocation"):
+    with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the pbs backend: the pbs "
+                                        r"backend cannot requeue a job \(the PBS wrappers' qrerun does not work\); "
+                                        r"valid there: resubmit, in-allocation, warm"):
         parse_campaign(_spec(tmp_path, backend="pbs", restart={"strategy": "requeue"}), base_dir=tmp_path)
     with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation', 'requeue' or 'warm'"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "hot"}), base_dir=tmp_path)
@@ -207,7 +209,8 @@ def test_spare_nodes_are_for_in_allocation_and_warm_only(tmp_path: Path) -> None
     assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
     spec["restart"] = {"strategy": "warm"}  # spare sets placed on the spare node outlive a node crash
     assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
-    with pytest.raises(SpecError, match=r"the PBS launch \(mpiexec\) cannot move a dead node's ranks to a spare"):
+    with pytest.raises(SpecError, match=r"resources.spare_nodes: the pbs backend launches with "
+                                        r"mpiexec, which cannot move a dead node's ranks to a spare; set it to 0"):
         parse_campaign({**spec, "backend": "pbs"}, base_dir=tmp_path)
 
 

@@ -25,11 +25,12 @@ from experiments.layout import (
     RunPaths,
     read_json_lines,
 )
-from experiments.runtime.identity import start_ticks, ticks_now
+from experiments.runtime.identity import start_ticks
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.backends.local.controller import ENV_RELAUNCH_WAIT_S, read_step_exit, warm_completed
-from orchestrator.campaign.runs import STRATEGY_IN_ALLOCATION, RunConfig
+from orchestrator.campaign.capabilities import LOCAL
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandResult, run_command
 from orchestrator.render.scripts import rank_environment
@@ -89,6 +90,7 @@ class LocalJobRecord:
 
 
 class LocalBackend(Backend):
+    capabilities = LOCAL
     name = "local"
     poll_interval_s = 0.0  # asking the local processes costs nothing
 
@@ -100,7 +102,7 @@ class LocalBackend(Backend):
         prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
         tasks = run.local_tasks
         environment = rank_environment(run, job.attempt, self.drill_id)
-        if run.campaign.restart.strategy == STRATEGY_IN_ALLOCATION:
+        if run.strategy_traits.relaunches_in_job:
             environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
         executor = EnvLocalExecutor(run.paths.submitit, environment, prefix)
         executor.update_parameters(tasks_per_node=tasks, timeout_min=_minutes(run))
@@ -177,7 +179,7 @@ class LocalBackend(Backend):
         record = self._jobs.get(job_id)
         return None if record is None else read_step_exit(record.folder, job_id)
 
-    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
         """SIGKILL the job's ranks of ``attempt`` (every process below its controller that belongs
         to it), not the controller: with in-allocation it starts them again on the controller's go,
         maybe before this kill is over."""
@@ -185,10 +187,11 @@ class LocalBackend(Backend):
         controller = self._verified_controller(job_id, record) if record is not None else None
         if controller is None:
             return False
-        # Only the ranks already there: the job relaunches once they are dead, and a new rank
-        # between its fork and its exec still shows the controller's environment (the job's
-        # first attempt), which would pass for the hung attempt's.
-        kill_tree(controller, include_root=False, attempt=attempt, born_before=ticks_now())
+        # Only the ranks there when the controller decided, before it gave the next attempt's go:
+        # the job relaunches on that go, and a new rank between its fork and its exec still shows
+        # the controller's environment (the job's first attempt), which would pass for the hung
+        # attempt's. (Taken here, in the kill's thread, the moment could come after the go.)
+        kill_tree(controller, include_root=False, attempt=attempt, born_before=started_before)
         return True
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
@@ -292,10 +295,11 @@ def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -
 
 
 def _born_before(process: psutil.Process, ticks: float) -> bool:
-    """Started no later than ``ticks``: the clock counts in 10 ms ticks, and a rank started in the
-    tick the kill began is one of those it is to kill (the relaunch waits for their death)."""
+    """Started in a tick before ``ticks`` (the clock counts in 10 ms ticks): ``ticks`` is when the
+    controller decided, before the next attempt's go, so a process started within that tick may
+    already be the relaunch's; the ranks to kill had been running for seconds."""
     started = start_ticks(process.pid)
-    return started is not None and started <= ticks
+    return started is not None and started < ticks
 
 
 def _of_attempt(process: psutil.Process, attempt: int) -> bool:

@@ -1,5 +1,5 @@
 """The PBS backend: Faultdrill's template submitted by the submitit PBS plugin (qsub), all jobs
-polled with one ``qstat -f``, ``qdel`` to cancel, ``qrerun`` to rerun, and the fault agent started
+polled with one ``qstat -f``, ``qdel`` to cancel, and the fault agent started
 on the target rank's node.
 
 Reaching a rank's node. PBS offers no command that starts a process inside a running job from the
@@ -38,7 +38,6 @@ from orchestrator.backends.pbs.commands import (
     detect_server,
     is_element,
     qdel,
-    qrerun,
     qstat_all,
     qstat_records,
     qstat_states,
@@ -46,6 +45,7 @@ from orchestrator.backends.pbs.commands import (
     scheduler_id,
 )
 from orchestrator.backends.pbs.plugin import PBSExecutor
+from orchestrator.campaign.capabilities import PBS
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandError, CommandResult, run_command
@@ -68,7 +68,7 @@ class TemplatePBSExecutor(PBSExecutor):
 
 class PBSBackend(Backend):
     name = "pbs"
-    supports_arrays = True
+    capabilities = PBS
 
     def __init__(self, drill_id: str, python: str = sys.executable) -> None:
         self.drill_id = drill_id
@@ -134,10 +134,6 @@ class PBSBackend(Backend):
 
     def cancel(self, job_id: str, force: bool = False) -> None:
         qdel(job_id, self._folders.get(job_id), force=force)
-
-    def rerun(self, job_id: str) -> None:
-        """Send a running job back to the queue with qrerun (raises CommandError if refused)."""
-        qrerun(job_id, self._folders.get(job_id))
 
     def set_time_left(self, job_id: str, seconds: float) -> WalltimeSet:
         """PBS moves no running job's walltime (``qalter -l walltime`` is for queued jobs, and the

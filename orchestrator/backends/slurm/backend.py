@@ -19,6 +19,7 @@ from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission
+from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, CommandResult, run_command
@@ -102,8 +103,7 @@ def parse_slurm_time(text: str) -> float | None:
 
 class SlurmBackend(Backend):
     name = "slurm"
-    can_exclude_nodes = True
-    supports_arrays = True
+    capabilities = SLURM
 
     def __init__(self, drill_id: str, python: str = sys.executable) -> None:
         self.drill_id = drill_id
@@ -203,12 +203,11 @@ class SlurmBackend(Backend):
     def agent_job_id(self, job_id: str) -> str:
         return split_job_id(job_id)[0]
 
-    def signal_ranks(self, job_id: str, signal_name: str) -> bool:
+    def signal_ranks(self, job_id: str, signal_name: str) -> None:
         number, cluster = split_job_id(job_id)
         # Without --full/--batch, scancel signals the job's steps only: the ranks, not the script.
         run_command(["scancel", *cluster_args(cluster), f"--signal={signal_name.removeprefix('SIG')}", number],
                     timeout_s=POLL_TIMEOUT_S, retries=1)
-        return True
 
     def requeue(self, job_id: str) -> None:
         """``scontrol requeue``: the job (running, or ended but still known) goes back to the queue;
@@ -216,7 +215,7 @@ class SlurmBackend(Backend):
         number, cluster = split_job_id(job_id)
         run_command(["scontrol", *cluster_args(cluster), "requeue", number], timeout_s=POLL_TIMEOUT_S)
 
-    def kill_rank_step(self, job_id: str, attempt: int) -> bool:
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
         """The steps named as ``attempt``'s ranks (rank_step_name), each SIGKILLed alone: a signal to
         a step leaves the job running (SIGKILL to the job would cancel it); the next attempt's step,
         which the batch script may be starting already, has a name of its own."""

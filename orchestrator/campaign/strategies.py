@@ -1,0 +1,54 @@
+"""The restart strategies as the spec and the batch scripts see them: a name, what each needs from
+its backend, and the few facts a script or a resource check reads. What each does when an attempt
+fails is its object's (orchestrator/strategies/); this table is the one place both start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from orchestrator.campaign.capabilities import BACKENDS, Capability
+
+
+class StrategyName(StrEnum):
+    RESUBMIT = "resubmit"  # a new job from the controller
+    IN_ALLOCATION = "in-allocation"  # the batch script keeps its allocation and relaunches the ranks
+    REQUEUE = "requeue"  # the scheduler's own: the same job again as the next attempt
+    WARM = "warm"  # survivors keep their processes and state, a warm spare takes a dead rank's place
+
+
+@dataclass(frozen=True)
+class StrategyTraits:
+    name: StrategyName
+    summary: str
+    needs: frozenset[Capability] = frozenset()  # the backend must offer these
+    uses_spare_nodes: bool = False  # resources.spare_nodes gives it somewhere to go (else held idle)
+    scheduler_requeues: bool = False  # the scheduler may requeue its jobs itself: the requeued job is the next attempt
+    relaunches_in_job: bool = False  # the batch script waits for the controller's go and launches the ranks again
+    warm: bool = False  # a coordinator in the job, spares beside the ranks
+
+    def why_not_on(self, backend: str) -> str | None:
+        """Why this strategy cannot run on ``backend``; None if it can."""
+        capabilities = BACKENDS[backend]
+        missing = [reason for need in sorted(self.needs) if (reason := capabilities.why_not(need))]
+        return "; ".join(missing) or None
+
+
+TRAITS: dict[StrategyName, StrategyTraits] = {traits.name: traits for traits in (
+    StrategyTraits(StrategyName.RESUBMIT, "a new job from the controller after every failure"),
+    StrategyTraits(StrategyName.IN_ALLOCATION, "the job keeps its nodes; its ranks start again on the controller's go",
+                   uses_spare_nodes=True, relaunches_in_job=True),
+    StrategyTraits(StrategyName.REQUEUE, "the scheduler requeues the same job as the next attempt",
+                   needs=frozenset({Capability.REQUEUE}), scheduler_requeues=True),
+    StrategyTraits(StrategyName.WARM, "survivors keep their state; warm spares take the dead ranks' places",
+                   uses_spare_nodes=True, warm=True),
+)}
+
+
+def traits_of(name: str) -> StrategyTraits:
+    return TRAITS[StrategyName(name)]
+
+
+def strategies_on(backend: str) -> tuple[StrategyName, ...]:
+    """The strategies that run on ``backend``, in the table's order."""
+    return tuple(name for name, traits in TRAITS.items() if traits.why_not_on(backend) is None)

@@ -1,0 +1,63 @@
+"""What a restart strategy decides when an attempt fails: how the run goes on (a new job, the ranks
+launched again in the job, the job requeued, or the re-formation the job's warm coordinator already
+made) and what becomes of the failed attempt's job. The tracker (orchestrator/control/tracker.py)
+journals and carries out the answer; each strategy's module says only the answer."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from enum import Enum
+
+from orchestrator.campaign.strategies import StrategyTraits
+
+
+class Continuation(Enum):
+    NEW_JOB = "new job"  # the controller submits the next attempt
+    RELAUNCH = "relaunch"  # the job's batch script launches the ranks again on the controller's go
+    REQUEUE = "requeue"  # the scheduler runs the same job again as the next attempt
+    FOLLOW_WARM = "follow warm"  # the job's coordinator already made the next attempt: watch it
+
+    @property
+    def in_same_job(self) -> bool:
+        return self is not Continuation.NEW_JOB
+
+
+class FailedJob(Enum):
+    """What becomes of the failed attempt's job."""
+
+    LEFT = "left"  # it ended, or goes on as the next attempt: nothing to do
+    CLOSED = "closed"  # its ranks exited and the job is ending by itself: watched until it has ended
+    CANCELLED = "cancelled"  # a hang or a stuck start would hold its nodes: cancelled, then watched
+    STEP_ENDED = "step ended"  # a hung launch ended alone; the job keeps its allocation for the next
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    """The facts about the failed attempt's job that a strategy's answer depends on."""
+
+    job_ended: bool  # the scheduler says the job is over
+    requeued: bool  # the scheduler requeued the job itself (a preemption that requeues)
+    warm_reformed: bool  # the job's warm coordinator reported the failure (and re-formed)
+    launch_exited: bool  # the ranks' launch ended (its exit was seen): nothing of it still runs
+
+    def leave_or_close(self) -> FailedJob:
+        """A job that is not the next attempt's: left if it ended, else closed (cancelled first
+        if its ranks still hold its nodes)."""
+        if self.job_ended:
+            return FailedJob.LEFT
+        return FailedJob.CLOSED if self.launch_exited else FailedJob.CANCELLED
+
+
+@dataclass(frozen=True)
+class Answer:
+    continuation: Continuation
+    failed_job: FailedJob
+
+
+class RestartStrategy(abc.ABC):
+    traits: StrategyTraits
+
+    @abc.abstractmethod
+    def on_failure(self, facts: FailureFacts) -> Answer:
+        """How the run goes on after a failed attempt, and what becomes of its job."""
