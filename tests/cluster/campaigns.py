@@ -15,6 +15,7 @@ from faultdrill_cli import (  # noqa: F401  (the campaign tests import them from
     campaign_copy,
     full_campaigns,
     keep_sweep_points,
+    leave_out_fault_kinds,
 )
 
 

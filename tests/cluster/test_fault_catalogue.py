@@ -5,7 +5,7 @@ for bit as its fault-free twin, and the recoveries carry the fault's kind. disk-
 filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory.
 
 The whole catalogue runs with FAULTDRILL_FULL=1 (by hand, ~7 min here). Without it (CI)
-the kinds that other real-cluster tests in CI drill on Slurm are left out of this drill, and their
+the kinds another real-cluster test in CI drills (on Slurm; the timeout on PBS) are left out of this drill, and their
 tests here say where they are covered.
 """
 
@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import yaml
 
-from campaigns import campaign_copy, drill_report, full_campaigns
+from campaigns import campaign_copy, drill_report, full_campaigns, leave_out_fault_kinds
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
@@ -32,9 +31,11 @@ DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
-COVERED_ELSEWHERE = {
-    "preempt": "tests/cluster/test_strategies.py (requeue) and test_pbs_drill.py",
-    "node-crash": "tests/cluster/test_strategies.py (resubmit, in-allocation with a spare)",
+COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
+    "preempt": "drilled on Slurm by tests/cluster/test_strategies.py (requeue) and on PBS by test_pbs_drill.py",
+    "node-crash": "drilled on Slurm by tests/cluster/test_strategies.py (resubmit, in-allocation with a spare)",
+    "timeout": "drilled on PBS by tests/cluster/test_pbs_drill.py; Slurm's walltime move (scontrol update "
+               "TimeLimit) on recorded output in tests/drill/test_slurm_backend.py",
 }
 
 
@@ -47,7 +48,7 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     shared.mkdir(parents=True)
     path = campaign_copy("fault-catalogue", shared)
     if not full_campaigns():
-        _leave_out(path, set(COVERED_ELSEWHERE))
+        leave_out_fault_kinds(path, set(COVERED_ELSEWHERE))
     small_fs = f"catalogue-{shared.name}"
     run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(path))
                if run.campaign.faults}
@@ -62,15 +63,6 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def _leave_out(spec: Path, kinds: set[str]) -> None:
-    """The campaign copy without the sweep's runs whose first fault is of one of ``kinds``."""
-    data = yaml.safe_load(spec.read_text())
-    for grid in data["sweep"]["grid"]:
-        grid["faults"] = [faults for faults in grid["faults"] if faults[0]["kind"] not in kinds]
-    data["sweep"]["grid"] = [grid for grid in data["sweep"]["grid"] if grid["faults"]]
-    spec.write_text(yaml.safe_dump(data))
-
-
 def _cluster(*args: str) -> str:
     return subprocess.run([str(REPO / "scripts" / "cluster"), *args], capture_output=True, text=True, check=True,
                           timeout=120).stdout.strip()
@@ -79,8 +71,7 @@ def _cluster(*args: str) -> str:
 def _run(report: dict[str, Any], kind: str, steps: int = 3000, twin: bool = True) -> dict[str, Any]:
     """The run whose first fault is of ``kind``: completed, bit for bit as its twin (if it has one)."""
     if kind not in report["run_ids"]:
-        pytest.skip(f"{kind} is drilled on Slurm in CI by {COVERED_ELSEWHERE[kind]}; all kinds here with "
-                    "FAULTDRILL_FULL=1")
+        pytest.skip(f"{kind} is {COVERED_ELSEWHERE[kind]} in CI; every kind here with FAULTDRILL_FULL=1")
     run = next(run for run in report["runs"] if run["run_id"] == report["run_ids"][kind])
     assert run["status"] == "completed" and run["final_step"] == steps
     assert run["identical_to_baseline"] is (True if twin else None) and bool(run["baseline_digest"]) is twin
