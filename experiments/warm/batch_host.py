@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping
 
+from experiments.launchers import Launch, Mpiexec, Srun, argv
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_MASTER_PORT,
@@ -62,8 +63,9 @@ WARM_VARIABLES = (ENV_WARM_COORDINATOR, ENV_WARM_SLOT, ENV_WARM_SET, ENV_ATTEMPT
 
 
 @dataclass(frozen=True)
-class Launch:
-    """One launch: its command line, and where its output goes when the launcher does not name it."""
+class MemberLaunch:
+    """One member's launch: its command line, and where its output goes when the launcher does not
+    write it itself (mpiexec)."""
 
     argv: list[str]
     stdout: str | None = None
@@ -71,61 +73,60 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Srun:
-    """Slurm: each launch a job step; srun writes its tasks' output itself (``%t``: the task)."""
+class SrunMembers:
+    """Slurm: each launch a job step sharing the job's CPUs with the others (``--overlap``); srun
+    writes its tasks' output itself (``%t``: the task)."""
 
     mpi: str = ""
 
-    def member(self, slot: int, node: str, output: str, error: str, command: list[str], env: Mapping[str, str]) -> Launch:
-        return Launch(["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=0",
-                       f"--job-name=faultdrill-warm-{slot}", "--unbuffered", f"--output={output}",
-                       f"--error={error}", *command])
+    def member(self, slot: int, node: str, output: str, error: str, command: list[str],
+               env: Mapping[str, str]) -> MemberLaunch:
+        launch = Launch(command, tasks=1, nodes=1, hosts=[node], name=f"faultdrill-warm-{slot}", output=output,
+                        error=error, overlap=True, kill_on_bad_exit=False)
+        return MemberLaunch(argv(Srun().words(launch)))
 
     def spare_set(self, number: int, nodes: list[str], per_node: int, output: str, error: str,
-                  command: list[str], env: Mapping[str, str]) -> Launch:
+                  command: list[str], env: Mapping[str, str]) -> MemberLaunch:
         def named(pattern: str) -> str:  # set 0's tasks write the ranks' usual files
             return pattern if number == 0 else pattern.replace("%t", f"set{number}-%t")
 
-        output, error = named(output), named(error)
-        return Launch(["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes) * per_node}",
-                       f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1",
-                       *([f"--mpi={self.mpi}"] if self.mpi else []), f"--job-name=faultdrill-warm-set-{number}",
-                       "--unbuffered", f"--output={output}", f"--error={error}", *command])
+        launch = Launch(command, tasks=len(nodes) * per_node, nodes=len(nodes), tasks_per_node=per_node, hosts=nodes,
+                        name=f"faultdrill-warm-set-{number}", output=named(output), error=named(error),
+                        mpi=self.mpi, overlap=True)
+        return MemberLaunch(argv(Srun().words(launch)))
 
     def environment(self) -> dict[str, str]:
         return {}
 
 
 @dataclass(frozen=True)
-class Mpiexec:
-    """PBS: each launch an Open MPI mpiexec; one dead task ends its launch at once (no grace for
-    the rest of a set); the output of a launch goes to one file (``%t``: its first slot)."""
+class MpiexecMembers:
+    """PBS: each launch an Open MPI mpiexec with the variables a member needs exported (-x) and a
+    session directory of its own; the output of a launch goes to one file (``%t``: its first slot)."""
 
     forwarded: tuple[str, ...]
     session_dir: str
 
-    def member(self, slot: int, node: str, output: str, error: str, command: list[str], env: Mapping[str, str]) -> Launch:
-        return Launch([*self._mpiexec(f"slot-{slot}", env), "-n", "1", "--host", node, *command],
-                      stdout=output, stderr=error)
+    def member(self, slot: int, node: str, output: str, error: str, command: list[str],
+               env: Mapping[str, str]) -> MemberLaunch:
+        words = self._mpiexec(f"slot-{slot}", env).words(Launch(command, tasks=1, hosts=[node]))
+        return MemberLaunch(argv(words), stdout=output, stderr=error)
 
     def spare_set(self, number: int, nodes: list[str], per_node: int, output: str, error: str,
-                  command: list[str], env: Mapping[str, str]) -> Launch:
+                  command: list[str], env: Mapping[str, str]) -> MemberLaunch:
         def named(pattern: str) -> str:  # one file for the whole set
             return pattern.replace("%t", f"set{number}")
 
-        return Launch([*self._mpiexec(f"set-{number}", env), "-n", str(len(nodes) * per_node),
-                       "--map-by", f"ppr:{per_node}:node", "--host", ",".join(f"{node}:{per_node}" for node in nodes),
-                       *command], stdout=named(output), stderr=named(error))
+        launch = Launch(command, tasks=len(nodes) * per_node, tasks_per_node=per_node, hosts=nodes)
+        return MemberLaunch(argv(self._mpiexec(f"set-{number}", env).words(launch)),
+                            stdout=named(output), stderr=named(error))
 
-    def _mpiexec(self, launch: str, env: Mapping[str, str]) -> list[str]:
-        """mpiexec with the variables of ``env`` that a member needs exported (-x), and a session
-        directory of this launch's own: launches that start together on a node otherwise race to
-        create the same one, and all but one fail in orte_init."""
-        exported = [item for name in sorted({*self.forwarded, *WARM_VARIABLES}) if name in env for item in ("-x", name)]
+    def _mpiexec(self, launch: str, env: Mapping[str, str]) -> Mpiexec:
+        """The variables of ``env`` that a member needs, and this launch's own session directory."""
         session_dir = Path(self.session_dir) / launch
         session_dir.mkdir(parents=True, exist_ok=True)
-        return ["mpiexec", "--oversubscribe", "--bind-to", "none", "--mca", "odls_base_sigkill_timeout", "0",
-                "--mca", "orte_tmpdir_base", str(session_dir), *exported]
+        forwarded = tuple(name for name in sorted({*self.forwarded, *WARM_VARIABLES}) if name in env)
+        return Mpiexec(forwarded=forwarded, session_dir=str(session_dir))
 
     def environment(self) -> dict[str, str]:
         # Under Slurm's Torque wrappers mpiexec starts its remote daemons with srun: each launch's
@@ -133,11 +134,11 @@ class Mpiexec:
         return {"OMPI_MCA_plm_slurm_args": "--overlap"} if os.environ.get("SLURM_JOB_ID") else {}
 
 
-Launcher = Srun | Mpiexec
+MemberLauncher = SrunMembers | MpiexecMembers
 
 
 class BatchWarmJob:
-    def __init__(self, args: argparse.Namespace, launcher: Launcher) -> None:
+    def __init__(self, args: argparse.Namespace, launcher: MemberLauncher) -> None:
         self.args = args
         self.launcher = launcher
         self.paths = RunPaths(Path(os.environ[ENV_RUN_DIR]))
@@ -204,7 +205,7 @@ class BatchWarmJob:
                                          self.args.output, self.args.error, self.args.command, env)
         self._start(launch, env, list(range(first_slot, first_slot + self.world)))
 
-    def _start(self, launch: Launch, env: dict[str, str], slots: list[int]) -> None:
+    def _start(self, launch: MemberLaunch, env: dict[str, str], slots: list[int]) -> None:
         with _output(launch.stdout) as stdout, _output(launch.stderr) as stderr:
             process = subprocess.Popen(launch.argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
         with self._lock:
@@ -265,11 +266,11 @@ def _output(path: str | None) -> Iterator[BinaryIO | None]:
         yield file
 
 
-def launcher_of(args: argparse.Namespace) -> Launcher:
+def launcher_of(args: argparse.Namespace) -> MemberLauncher:
     if args.launcher == "srun":
-        return Srun(mpi=args.mpi)
+        return SrunMembers(mpi=args.mpi)
     forwarded = tuple(name for name in args.forward.split(",") if name)
-    return Mpiexec(forwarded=forwarded, session_dir=args.session_dir or tempfile.gettempdir())
+    return MpiexecMembers(forwarded=forwarded, session_dir=args.session_dir or tempfile.gettempdir())
 
 
 def main(argv: list[str] | None = None) -> int:

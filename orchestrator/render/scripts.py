@@ -12,6 +12,7 @@ from typing import Any
 
 import jinja2
 
+from experiments.launchers import Launch, Mpiexec, Shell, Srun, Word, script_line
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_TIMEOUT_S,
@@ -164,12 +165,31 @@ def _slurm_element(run: RunConfig, attempt: int, drill_id: str, index: int | Non
             "environment": {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}}
 
 
+FOLDER = Shell('"$folder"')  # the batch script's variable: the submitit folder its task runs from
+
+
+def _slurm_rank_launch(run: RunConfig, python: str, output: str, error: str) -> str:
+    """The ranks' srun (experiments/launchers.py): one step of the job's tasks; under in-allocation
+    named with its attempt (the controller ends a hung one alone), sharing the CPUs of a failed step
+    still held (``--overlap``: a dead node's), off the nodes in ``$exclude``."""
+    mpi = "pmix" if run.workload_entry.launcher == LAUNCHER_MPI else ""
+    command: list[Word] = [*submitit_command(python), FOLDER]
+    if not run.strategy_traits.relaunches_in_job:
+        return script_line(Srun(), Launch(command, output=output, error=error, mpi=mpi))
+    resources = run.campaign.resources
+    launch = Launch(command, tasks=resources.nodes * resources.tasks_per_node, nodes=resources.nodes,
+                    name=Shell(f'{shlex.quote(RANK_STEP_NAME)}-"$attempt"'), output=output, error=error, mpi=mpi,
+                    overlap=True, exclude_from="exclude")
+    return script_line(Srun(), launch, indent="  ")
+
+
 def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]], python: str,
                    exclude_nodes: tuple[str, ...], array: str | None) -> dict[str, Any]:
     resources = run.campaign.resources
     # An array's script and logs sit in the campaign's arrays folder; an element works in its run's.
     stem = "%A_%a" if array else "%j"
     return {
+        "rank_launch": _slurm_rank_launch(run, python, f"{stem}_%t_log.out", f"{stem}_%t_log.err"),
         "job_name": job_name,
         "array": array,
         "elements": elements,
@@ -179,9 +199,7 @@ def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]]
         "warm": _warm_launch(run),
         "python": python,
         "step_nodes": resources.nodes,
-        "step_tasks": resources.nodes * resources.tasks_per_node,
         **_relaunch_context(run),
-        "rank_step_name": RANK_STEP_NAME,
         "time": resources.time,
         "warning_s": resources.warning_s,
         "partition": resources.partition,
@@ -314,7 +332,13 @@ class PBSScriptRequest:
                                                                               for n in e.environment}
         stem = self.output_stem or self.job_name
         spares_per_node = self.warm.spares_per_node if self.warm else 0
+        # The ranks' mpiexec (experiments/launchers.py): every rank of the allocation, each -x
+        # variable exported, its own session directory base ($ompi_tmp).
+        launcher = Mpiexec(forwarded=sorted(names), session_dir=Shell('"$ompi_tmp"'))
+        launch = Launch([*submitit_command(self.python), FOLDER], tasks=self.nodes * self.tasks_per_node,
+                        tasks_per_node=self.tasks_per_node)
         return {
+            "rank_launch": script_line(launcher, launch, indent="  " if self.in_allocation else ""),
             "job_name": self.job_name, "flavor": self.flavor, "nodes": self.nodes,
             "tasks_per_node": self.tasks_per_node,
             "cpus_per_node": (self.tasks_per_node + spares_per_node) * self.cpus_per_task,

@@ -132,3 +132,12 @@ def test_no_module_imports_itself_back_at_run_time() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_test_module_has_a_basename_of_its_own() -> None:
+    """pytest imports test modules by basename (rootdir-relative, no packages): two tiers' files of
+    one name stop the collection of the second ("import file mismatch": seen in CI)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

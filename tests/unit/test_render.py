@@ -111,7 +111,8 @@ def test_in_allocation_keeps_the_allocation_and_relaunches_on_the_controllers_go
     text = render_slurm(expand_runs(campaign)[0], attempt=0, drill_id="golden-0001", python=PYTHON).text
     assert "#SBATCH --nodes=3\n" in text, "the allocation holds the spare node"
     assert "#SBATCH --no-kill\n" in text, "a node that fails does not end the job"
-    assert "--overlap --kill-on-bad-exit=1 --nodes=2 --ntasks=4" in text, "the ranks' step uses 2 of the 3 nodes"
+    assert "--overlap --nodes=2 --ntasks=4" in text, "the ranks' step uses 2 of the 3 nodes"
+    assert "--kill-on-bad-exit=1" in text.split("launch_ranks() {")[1], "one dead rank ends the step"
     assert "waited_until=$(( SECONDS + 45 ))" in text and 'export FAULTDRILL_ATTEMPT="$attempt"' in text
     assert '--job-name=faultdrill-ranks-"$attempt"' in text, "each attempt's step has a name of its own"
     script = tmp_path / "in-allocation.sh"

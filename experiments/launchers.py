@@ -1,0 +1,148 @@
+"""The one place a launch of ranks is written as a command line: ``srun`` (Slurm) and Open MPI's
+``mpiexec`` (PBS, and the local backend's MPI frameworks). What a launch starts is a ``Launch``;
+a launcher turns it into words. The batch templates get those words as a shell line
+(``script_line``: the words the script expands itself, such as ``"$folder"``, are ``Shell``), the warm
+coordinator's host (experiments/warm/batch_host.py) and the local backend run them as an argument
+list (``argv``)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+# mpiexec everywhere: more ranks than cores is fine for a drill, binding would pin every rank of a
+# small machine to one core, and survivors of a dead rank go at once (submitit's rank wrapper
+# ignores SIGTERM, so they only go at mpiexec's SIGKILL: measured, all ranks gone 0.13 s after a
+# SIGKILL instead of 1.1 s).
+MPIEXEC_OPTIONS = ("--oversubscribe", "--bind-to", "none", "--mca", "odls_base_sigkill_timeout", "0")
+
+
+@dataclass(frozen=True)
+class Shell:
+    """A word the batch script expands itself (``"$folder"``): written into the script as is."""
+
+    text: str
+
+
+Word = Union[str, Shell]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: ``tasks`` copies of ``command``. Unset fields are the launcher's default (srun:
+    the job's tasks and nodes; mpiexec: every slot of the allocation)."""
+
+    command: Sequence[Word]
+    tasks: int | None = None
+    nodes: int | None = None
+    tasks_per_node: int | None = None
+    hosts: Sequence[str] = ()  # the nodes it runs on, tasks_per_node (or one) each
+    name: Word | None = None  # srun: the step's name
+    output: Word | None = None  # srun: its tasks' stdout (%t: the task); mpiexec's goes where the caller sends it
+    error: Word | None = None
+    mpi: str = ""  # srun: --mpi=<this> (an MPI world for the launch: pmix)
+    overlap: bool = False  # srun: shares the CPUs of steps still running (a warm member, a relaunch)
+    kill_on_bad_exit: bool = True  # one dead task ends the launch (mpiexec always does)
+    exclude_from: str | None = None  # srun: the shell variable naming nodes to keep off (may be empty)
+
+
+def _option(flag: str, value: Word) -> Word:
+    return Shell(f"{flag}={value.text}") if isinstance(value, Shell) else f"{flag}={value}"
+
+
+@dataclass(frozen=True)
+class Srun:
+    """Slurm: a launch is a job step; srun writes its tasks' output itself."""
+
+    def words(self, launch: Launch) -> list[Word]:
+        words: list[Word] = ["srun"]
+        if launch.name is not None:
+            words.append(_option("--job-name", launch.name))
+        if launch.overlap:
+            words.append("--overlap")
+        words += [f"--{flag}={value}" for flag, value in (("nodes", launch.nodes), ("ntasks", launch.tasks),
+                                                            ("ntasks-per-node", launch.tasks_per_node))
+                  if value is not None]
+        if launch.hosts:
+            words.append(f"--nodelist={','.join(launch.hosts)}")
+        if launch.exclude_from:
+            words.append(Shell(f'${{{launch.exclude_from}:+"--exclude=${launch.exclude_from}"}}'))
+        words.append(f"--kill-on-bad-exit={int(launch.kill_on_bad_exit)}")
+        if launch.mpi:
+            words.append(f"--mpi={launch.mpi}")
+        words.append("--unbuffered")
+        words += [_option(flag, value) for flag, value in (("--output", launch.output), ("--error", launch.error))
+                  if value is not None]
+        return [*words, *launch.command]
+
+
+@dataclass(frozen=True)
+class Mpiexec:
+    """Open MPI: one dead task ends the launch at once. ``forwarded``: the variables exported to
+    every task (-x; a remote node does not inherit the caller's environment); ``session_dir``: this
+    launch's own session directory base (launches that start together on a node otherwise race to
+    create the shared one, and all but one fail in orte_init: seen)."""
+
+    forwarded: Sequence[str] = ()
+    session_dir: Word | None = None
+
+    def words(self, launch: Launch) -> list[Word]:
+        words: list[Word] = ["mpiexec"]
+        if launch.tasks is not None:
+            words += ["-n", str(launch.tasks)]
+        if launch.tasks_per_node is not None:
+            words += ["--map-by", f"ppr:{launch.tasks_per_node}:node"]
+        words += MPIEXEC_OPTIONS
+        if self.session_dir is not None:
+            words += ["--mca", "orte_tmpdir_base", self.session_dir]
+        for name in self.forwarded:
+            words += ["-x", name]
+        if launch.hosts:
+            per_node = f":{launch.tasks_per_node}" if launch.tasks_per_node else ""
+            words += ["--host", ",".join(f"{host}{per_node}" for host in launch.hosts)]
+        return [*words, *launch.command]
+
+
+Launcher = Union[Srun, Mpiexec]
+
+
+def argv(words: Sequence[Word]) -> list[str]:
+    """The words as an argument list (none may be for a shell to expand)."""
+    shell = [word.text for word in words if isinstance(word, Shell)]
+    if shell:
+        raise ValueError(f"a launch run directly cannot expand {shell}")
+    return [str(word) for word in words]
+
+
+def script_line(launcher: Launcher, launch: Launch, indent: str = "", width: int = 100) -> str:
+    """``launch`` as one shell command for a batch script: quoted (``Shell`` words as they are),
+    continued over lines of at most ``width`` characters where it can, an option with its values
+    never split, the command on a line of its own."""
+    words = launcher.words(launch)
+    options = words[:len(words) - len(launch.command)]
+    groups: list[list[str]] = []
+    for word in options:
+        text = _quoted(word)
+        if groups and not text.startswith("-") and not text.startswith("${"):
+            groups[-1].append(text)
+        else:
+            groups.append([text])
+    lines = [indent + " ".join(groups[0])] if groups else []
+    for group in groups[1:]:
+        text = " ".join(group)
+        if len(lines[-1]) + 1 + len(text) + 2 > width:
+            lines[-1] += " \\"
+            lines.append(f"{indent}  {text}")
+        else:
+            lines[-1] += f" {text}"
+    command = " ".join(_quoted(word) for word in launch.command)
+    if not lines:
+        return indent + command
+    lines[-1] += " \\"
+    lines.append(f"{indent}  {command}")
+    return "\n".join(lines)
+
+
+def _quoted(word: Word) -> str:
+    return word.text if isinstance(word, Shell) else shlex.quote(word)
