@@ -22,6 +22,8 @@ from experiments.layout import (
     ENV_RANK_HOSTS,
     ENV_RUN_DIR,
     ENV_RUN_ID,
+    EVENT_JOB_START,
+    EVENT_STEP_EXIT,
 )
 from experiments.layout import ENV_WARM_RESTART_ALL as WARM_RESTART_ALL
 from experiments.layout import ENV_WARM_SPARES as WARM_SPARES
@@ -71,11 +73,18 @@ def _environment(user_template: Path | None) -> jinja2.Environment:
     return env
 
 
+# The contract's names a batch script writes (experiments/layout.py), as every template gets them.
+TEMPLATE_CONTRACT = {
+    "env": {"ATTEMPT": ENV_ATTEMPT, "JOB_ID": ENV_JOB_ID, "MASTER_ADDR": ENV_MASTER_ADDR, "RANK_HOSTS": ENV_RANK_HOSTS},
+    "event": {"job_start": EVENT_JOB_START, "step_exit": EVENT_STEP_EXIT},
+}
+
+
 def render_template(name: str, context: dict[str, Any], user_template: Path | None = None) -> str:
     env = _environment(user_template)
     template_name = user_template.name if user_template is not None else name
     try:
-        return env.get_template(template_name).render(**context)
+        return env.get_template(template_name).render(**{"contract": TEMPLATE_CONTRACT, **context})
     except jinja2.UndefinedError as error:
         raise TemplateError(f"template {template_name}: {error.message} (variables: {sorted(context)})") from None
     except jinja2.TemplateError as error:

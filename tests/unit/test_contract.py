@@ -141,3 +141,14 @@ def test_every_test_module_has_a_basename_of_its_own() -> None:
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_the_batch_templates_take_the_contracts_names_from_it() -> None:
+    """The templates write variables and events too: by the names render gives them (``contract``)."""
+    import re
+
+    spelled = [f"{path.relative_to(REPO)}:{number} {line.strip()}"
+               for path in sorted((REPO / "templates").glob("*.j2"))
+               for number, line in enumerate(path.read_text().splitlines(), start=1)
+               if "FAULTDRILL_" in line or re.search(r'"event": "[a-z_]+"', line)]
+    assert not spelled, "contract names spelled in a template (use {{ contract.env/event }}):\n" + "\n".join(spelled)
