@@ -167,60 +167,100 @@ def _relaunch_context(run: RunConfig) -> dict[str, Any]:
             "relaunch_wait_s": int(math.ceil(run.campaign.restart.relaunch_wait_s))}
 
 
-def _slurm_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SlurmElement:
     """What one job (or one array element) of a Slurm script runs: its run's variables and folder."""
-    return {"index": index, "attempt": attempt, "fence_file": str(run.paths.current_attempt),
-            "attempts_root": str(run.paths.root / "attempts"), "folder": str(run.paths.submitit),
-            "environment": {**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"}}
+
+    attempt: int
+    fence_file: Path
+    attempts_root: Path
+    folder: Path
+    environment: dict[str, str]
+    index: int | None = None
+
+
+def _slurm_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> SlurmElement:
+    return SlurmElement(attempt=attempt, fence_file=run.paths.current_attempt, attempts_root=run.paths.root / "attempts",
+                        folder=run.paths.submitit, index=index,
+                        environment={**rank_environment(run, attempt, drill_id), "SUBMITIT_EXECUTOR": "slurm"})
 
 
 FOLDER = Shell('"$folder"')  # the batch script's variable: the submitit folder its task runs from
 
 
-def _slurm_rank_launch(run: RunConfig, python: str, output: str, error: str) -> str:
-    """The ranks' srun (experiments/launchers.py): one step of the job's tasks; under in-allocation
-    named with its attempt (the controller ends a hung one alone), sharing the CPUs of a failed step
-    still held (``--overlap``: a dead node's), off the nodes in ``$exclude``."""
-    mpi = "pmix" if run.workload_entry.launcher == LAUNCHER_MPI else ""
-    command: list[Word] = [*submitit_command(python), FOLDER]
-    if not run.strategy_traits.relaunches_in_job:
-        return script_line(Srun(), Launch(command, output=output, error=error, mpi=mpi))
-    resources = run.campaign.resources
-    launch = Launch(command, tasks=resources.nodes * resources.tasks_per_node, nodes=resources.nodes,
-                    name=Shell(f'{shlex.quote(RANK_STEP_NAME)}-"$attempt"'), output=output, error=error, mpi=mpi,
-                    overlap=True, exclude_from="exclude")
-    return script_line(Srun(), launch, indent="  ")
+@dataclass(frozen=True)
+class SlurmScriptRequest:
+    """Everything ``slurm.sbatch.j2`` is rendered from, typed: ``nodes`` and ``tasks_per_node`` are
+    the allocation's (spare nodes, warm spares' slots included), ``step_nodes`` and ``ranks`` the
+    ranks' own; an ``array`` ("0-19%4") runs element i at index i; ``in_allocation``: the job
+    launches its ranks again for the controller's next attempt; ``warm``: the warm coordinator
+    launches the ranks and the spares."""
+
+    job_name: str
+    elements: tuple[SlurmElement, ...]
+    python: str
+    nodes: int
+    tasks_per_node: int
+    step_nodes: int
+    ranks: int
+    time: str
+    warning_s: int
+    partition: str | None = None
+    array: str | None = None
+    requeue: bool = False
+    exclude: tuple[str, ...] = ()
+    extra_directives: tuple[str, ...] = ()
+    mpi: bool = False
+    in_allocation: bool = False
+    relaunch_wait_s: int = 60
+    warm: WarmLaunch | None = None
+
+    def context(self) -> dict[str, Any]:
+        """The template's variables."""
+        # An array's script and logs sit in the campaign's arrays folder; an element works in its run's.
+        stem = "%A_%a" if self.array else "%j"
+        rank_output, rank_error = f"{stem}_%t_log.out", f"{stem}_%t_log.err"
+        return {
+            "rank_launch": self._rank_launch(rank_output, rank_error),
+            "job_name": self.job_name, "array": self.array, "elements": list(self.elements),
+            "requeue": self.requeue, "nodes": self.nodes, "tasks_per_node": self.tasks_per_node,
+            "warm": self.warm, "python": self.python, "step_nodes": self.step_nodes,
+            "in_allocation": self.in_allocation, "relaunch_wait_s": self.relaunch_wait_s,
+            "time": self.time, "warning_s": self.warning_s, "partition": self.partition,
+            "exclude": ",".join(self.exclude),
+            "extra_directives": [slurm_line(parse_directive(text)) for text in self.extra_directives],
+            "stdout_name": f"{stem}_batch.out", "stderr_name": f"{stem}_batch.err",
+            "rank_output": rank_output, "rank_error": rank_error,
+            "command": submitit_command(self.python), "mpi": self.mpi,
+        }
+
+    def _rank_launch(self, output: str, error: str) -> str:
+        """The ranks' srun (experiments/launchers.py): one step of the job's tasks; under in-allocation
+        named with its attempt (the controller ends a hung one alone), sharing the CPUs of a failed
+        step still held (``--overlap``: a dead node's), off the nodes in ``$exclude``."""
+        command: list[Word] = [*submitit_command(self.python), FOLDER]
+        mpi = "pmix" if self.mpi else ""
+        if not self.in_allocation:
+            return script_line(Srun(), Launch(command, output=output, error=error, mpi=mpi))
+        launch = Launch(command, tasks=self.ranks, nodes=self.step_nodes,
+                        name=Shell(f'{shlex.quote(RANK_STEP_NAME)}-"$attempt"'), output=output, error=error, mpi=mpi,
+                        overlap=True, exclude_from="exclude")
+        return script_line(Srun(), launch, indent="  ")
 
 
-def _slurm_context(run: RunConfig, job_name: str, elements: list[dict[str, Any]], python: str,
-                   exclude_nodes: tuple[str, ...], array: str | None) -> dict[str, Any]:
+def _slurm_request(run: RunConfig, job_name: str, elements: list[SlurmElement], python: str,
+                   exclude_nodes: tuple[str, ...], array: str | None) -> SlurmScriptRequest:
     resources = run.campaign.resources
-    # An array's script and logs sit in the campaign's arrays folder; an element works in its run's.
-    stem = "%A_%a" if array else "%j"
-    return {
-        "rank_launch": _slurm_rank_launch(run, python, f"{stem}_%t_log.out", f"{stem}_%t_log.err"),
-        "job_name": job_name,
-        "array": array,
-        "elements": elements,
-        "requeue": run.scheduler_requeue,
-        "nodes": resources.nodes + resources.spare_nodes,
-        "tasks_per_node": resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
-        "warm": _warm_launch(run),
-        "python": python,
-        "step_nodes": resources.nodes,
-        **_relaunch_context(run),
-        "time": resources.time,
-        "warning_s": resources.warning_s,
-        "partition": resources.partition,
-        "exclude": ",".join(exclude_nodes),
-        "extra_directives": [slurm_line(parse_directive(text)) for text in resources.extra_directives],
-        "stdout_name": f"{stem}_batch.out",
-        "stderr_name": f"{stem}_batch.err",
-        "rank_output": f"{stem}_%t_log.out",
-        "rank_error": f"{stem}_%t_log.err",
-        "command": submitit_command(python),
-        "mpi": run.workload_entry.launcher == LAUNCHER_MPI,
-    }
+    relaunch = _relaunch_context(run)
+    return SlurmScriptRequest(
+        job_name=job_name, elements=tuple(elements), python=python, array=array,
+        nodes=resources.nodes + resources.spare_nodes,
+        tasks_per_node=resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
+        step_nodes=resources.nodes, ranks=resources.nodes * resources.tasks_per_node, time=resources.time,
+        warning_s=resources.warning_s, partition=resources.partition, requeue=run.scheduler_requeue,
+        exclude=exclude_nodes, extra_directives=tuple(resources.extra_directives),
+        mpi=run.workload_entry.launcher == LAUNCHER_MPI, in_allocation=relaunch["in_allocation"],
+        relaunch_wait_s=relaunch["relaunch_wait_s"], warm=_warm_launch(run))
 
 
 @dataclass(frozen=True)
@@ -244,9 +284,9 @@ def _warm_launch(run: RunConfig) -> WarmLaunch | None:
 def render_slurm(run: RunConfig, attempt: int, drill_id: str, python: str = sys.executable,
                  exclude_nodes: tuple[str, ...] = ()) -> SubmissionScript:
     element = _slurm_element(run, attempt, drill_id, None)
-    context = _slurm_context(run, attempt_job_name(run, attempt, drill_id), [element], python, exclude_nodes, None)
-    text = render_template(SLURM_TEMPLATE, context, run.campaign.template)
-    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=element["environment"])
+    request = _slurm_request(run, attempt_job_name(run, attempt, drill_id), [element], python, exclude_nodes, None)
+    text = render_template(SLURM_TEMPLATE, request.context(), run.campaign.template)
+    return SubmissionScript(text=text, submit_dir=run.paths.submitit, environment=element.environment)
 
 
 def render_slurm_array(attempts: list[tuple[RunConfig, int]], drill_id: str, job_name: str, parallelism: int,
@@ -255,8 +295,8 @@ def render_slurm_array(attempts: list[tuple[RunConfig, int]], drill_id: str, job
     first = _same_resources(attempts)
     elements = [_slurm_element(run, attempt, drill_id, index) for index, (run, attempt) in enumerate(attempts)]
     array = f"0-{len(attempts) - 1}%{max(1, min(parallelism, len(attempts)))}"
-    context = _slurm_context(first, job_name, elements, python, (), array)
-    text = render_template(SLURM_TEMPLATE, context, first.campaign.template)
+    request = _slurm_request(first, job_name, elements, python, (), array)
+    text = render_template(SLURM_TEMPLATE, request.context(), first.campaign.template)
     return SubmissionScript(text=text, submit_dir=first.campaign.workdir / "arrays")
 
 
