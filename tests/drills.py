@@ -14,7 +14,6 @@ import psutil
 import yaml
 
 from faultdrill_cli import FAULTDRILL
-from warm_checks import phases_ok  # noqa: F401  (the drills here check it too; one definition for both suites)
 
 
 def write_spec(tmp_path: Path, **overrides: Any) -> Path:

@@ -252,20 +252,14 @@ class RestartConfig(_Strict):
     policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
 
 
-WARM_FRAMEWORKS = ("torch", *RESTART_ALL_FRAMEWORKS)
-
-
-def _warm_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:
-    """What the warm strategy needs: a built-in workload whose process group the drill re-forms."""
-    if not traits_of(restart.strategy).warm or workload is None:
+def _workload_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:
+    """What the strategy needs of the workload (the strategy's own word), and warm's spare sets."""
+    if workload is None:
         return []
-    if workload.command is not None:
-        return ["restart.strategy warm re-forms the built-in workloads' process group in place; a command "
-                "workload brings its own: use resubmit or in-allocation"]
-    if workload.framework not in WARM_FRAMEWORKS:
-        return [f"restart.strategy warm runs the {', '.join(WARM_FRAMEWORKS)} workload(s), not "
-                f"{workload.framework}: use resubmit or in-allocation"]
-    if workload.framework in RESTART_ALL_FRAMEWORKS and restart.warm_spares < 1:
+    traits = traits_of(restart.strategy)
+    if why := traits.why_not_for(workload.framework, command=workload.command is not None):
+        return [why]
+    if traits.warm and workload.framework in RESTART_ALL_FRAMEWORKS and restart.warm_spares < 1:
         return [f"restart.warm_spares is 0: {workload.framework} restarts every rank in a warm spare set, "
                 "so warm needs at least 1 (a set of tasks_per_node processes per node)"]
     return []
@@ -333,7 +327,7 @@ class Campaign(_Strict):
             users = " or ".join(name for name, other in TRAITS.items() if other.uses_spare_nodes)
             problems.append(f"resources.spare_nodes ({spare_nodes}) is for restart.strategy {users} "
                             f"(a {restart.strategy.value} run would hold them idle); set it to 0 or change the strategy")
-        problems += _warm_problems(restart, info.data.get("workload"))
+        problems += _workload_problems(restart, info.data.get("workload"))
         if problems:
             raise ValueError("\n".join(problems))
         return restart

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from orchestrator.campaign.capabilities import BACKENDS, Capability
 
 
@@ -26,12 +27,29 @@ class StrategyTraits:
     scheduler_requeues: bool = False  # the scheduler may requeue its jobs itself: the requeued job is the next attempt
     relaunches_in_job: bool = False  # the batch script waits for the controller's go and launches the ranks again
     warm: bool = False  # a coordinator in the job, spares beside the ranks
+    # The built-in workloads it runs (None: every workload, the user's command too).
+    frameworks: tuple[str, ...] | None = None
 
     def why_not_on(self, backend: str) -> str | None:
         """Why this strategy cannot run on ``backend``; None if it can."""
         capabilities = BACKENDS[backend]
         missing = [reason for need in sorted(self.needs) if (reason := capabilities.why_not(need))]
         return "; ".join(missing) or None
+
+    def why_not_for(self, framework: str, command: bool) -> str | None:
+        """Why this strategy cannot run a workload of ``framework`` (``command``: the user's own
+        script); None if it can."""
+        if self.frameworks is None:
+            return None
+        # What runs any workload on every backend.
+        instead = " or ".join(name for name, traits in TRAITS.items() if traits.frameworks is None and not traits.needs)
+        if command:
+            return (f"restart.strategy {self.name} re-forms the built-in workloads' process group in place; a "
+                    f"command workload brings its own: use {instead}")
+        if framework not in self.frameworks:
+            return (f"restart.strategy {self.name} runs the {', '.join(self.frameworks)} workload(s), not "
+                    f"{framework}: use {instead}")
+        return None
 
 
 TRAITS: dict[StrategyName, StrategyTraits] = {traits.name: traits for traits in (
@@ -41,7 +59,7 @@ TRAITS: dict[StrategyName, StrategyTraits] = {traits.name: traits for traits in 
     StrategyTraits(StrategyName.REQUEUE, "the scheduler requeues the same job as the next attempt",
                    needs=frozenset({Capability.REQUEUE}), scheduler_requeues=True),
     StrategyTraits(StrategyName.WARM, "survivors keep their state; warm spares take the dead ranks' places",
-                   uses_spare_nodes=True, warm=True),
+                   uses_spare_nodes=True, warm=True, frameworks=("torch", *RESTART_ALL_FRAMEWORKS)),
 )}
 
 

@@ -349,12 +349,12 @@ class RunTracker:
                  f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
         if in_job is None:
             self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
-        elif continuation is Continuation.FOLLOW_WARM:
-            self._follow_warm(attempt + 1, in_job)
+        elif continuation is Continuation.RELAUNCH:
+            self._relaunch(attempt + 1, in_job)
         elif continuation is Continuation.REQUEUE:
             self._requeue(attempt + 1, in_job, now, already=already_requeued)
         else:
-            self._relaunch(attempt + 1, in_job)
+            self._follow_warm(attempt + 1, in_job)
 
     def _requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and

@@ -13,10 +13,23 @@ from orchestrator.campaign.strategies import StrategyTraits
 
 
 class Continuation(Enum):
-    NEW_JOB = "new job"  # the controller submits the next attempt
-    RELAUNCH = "relaunch"  # the job's batch script launches the ranks again on the controller's go
-    REQUEUE = "requeue"  # the scheduler runs the same job again as the next attempt
-    FOLLOW_WARM = "follow warm"  # the job's coordinator already made the next attempt: watch it
+    """How the run goes on, and so how the next attempt is named and fenced (the fence,
+    experiments/runtime/fence.py, names the current attempt and then its job):
+
+    - NEW_JOB: the controller submits it under a name of its own; fenced before the submission,
+      with its job once the scheduler accepted it.
+    - RELAUNCH: the job's batch script launches the ranks again; recorded under the first attempt's
+      job name; the fence naming the attempt and the job is the go the script waits for.
+    - REQUEUE: the scheduler runs the same job again; recorded like a relaunch; fenced with the job
+      before the scheduler is asked, so the job's next start runs as it.
+    - FOLLOW_WARM: the job's coordinator already made it and fenced it; the controller records and
+      watches it, and writes no fence (it could name an attempt the job has left behind).
+    """
+
+    NEW_JOB = "new job"
+    RELAUNCH = "relaunch"
+    REQUEUE = "requeue"
+    FOLLOW_WARM = "follow warm"
 
     @property
     def in_same_job(self) -> bool:

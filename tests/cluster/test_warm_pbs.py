@@ -25,7 +25,7 @@ def test_warm_spares_and_spare_sets_through_pbs_mpiexec(shared_tmp: Path, cluste
             slurm.track(attempt["job_id"].split(".")[0])
     faulted = {run["framework"]: run for run in report["runs"] if not run["is_baseline"]}
     assert sorted(faulted) == sorted(["torch", *sets])
-    assert_peer_recoveries(faulted["torch"], faults=2)
+    assert_peer_recoveries(faulted["torch"], shared_tmp / "work" / "runs" / faulted["torch"]["run_id"], faults=2)
     for framework in sets:
         run_dir = shared_tmp / "work" / "runs" / faulted[framework]["run_id"]
         assert_spare_sets_recovered(faulted[framework], run_dir, faults=2)

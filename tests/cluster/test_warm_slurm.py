@@ -30,12 +30,12 @@ def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, c
             slurm.track(attempt["job_id"])
 
     killed = _by_kind(report, "kill-rank")
-    assert_peer_recoveries(killed)
+    assert_peer_recoveries(killed, shared_tmp / "work" / "runs" / killed["run_id"])
     assert len(killed["recoveries"]) == 3 and all(f["outcome"] == "injected" for f in killed["faults"])
     assert all(r["failure_class"] == "RANK_SIGNAL" for r in killed["recoveries"]), killed["attempts"]
 
     crashed = _by_kind(report, "node-crash")
-    assert_peer_recoveries(crashed)
+    assert_peer_recoveries(crashed, shared_tmp / "work" / "runs" / crashed["run_id"])
     [recovery] = crashed["recoveries"]
     assert recovery["failure_class"] == "NODE_FAIL", recovery
     lost = crashed["faults"][0]["target"].removeprefix("node ")

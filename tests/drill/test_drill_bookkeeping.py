@@ -18,8 +18,9 @@ from typing import Any
 import cloudpickle
 import psutil
 import pytest
+from recovery_checks import assert_phases_follow_the_moments
 
-from drills import drill, drill_processes, kill_verified, ledger_sql, phases_ok, run_of, write_spec
+from drills import drill, drill_processes, kill_verified, ledger_sql, run_of, write_spec
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.backends.base import Submission
 from orchestrator.backends.local.backend import EnvLocalExecutor, LocalBackend, LocalJobRecord
@@ -160,7 +161,8 @@ def test_every_planned_fault_is_accounted_for_and_credited_to_the_failure_it_cau
     assert run["faults"][3]["outcome"] == "not fired" and "completed before" in run["faults"][3]["detail"]
     assert len(run["attempts"]) == 4
     assert [rec["fault_kind"] for rec in run["recoveries"]] == ["kill-rank"] * 3
-    assert all(phases_ok(rec) for rec in run["recoveries"])
+    for recovery in run["recoveries"]:
+        assert_phases_follow_the_moments(run, recovery, tmp_path / "work" / "runs" / "r000")
     for rec in run["recoveries"]:
         assert rec["failure_evidence"] == "fault" and rec["detect_s"] >= 0
     # attempts[].started is when the job really started (its rank 0's first line here), not acceptance.
@@ -210,7 +212,7 @@ def test_a_natural_hang_is_timed_from_the_last_heartbeat(tmp_path: Path) -> None
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "natural (hang)" and recovery["failure_evidence"] == "last_heartbeat"
     assert recovery["detect_s"] >= hang_timeout, "a hang's detection is its silence, not 0"
-    assert phases_ok(recovery)
+    assert_phases_follow_the_moments(run, recovery, paths.root)
 
 
 # --- item 10: a scheduler that stops answering, a job that does not end ---------------------------

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from recovery_checks import assert_phases_follow_the_moments
 
-from drills import FAULTDRILL, drill, phases_ok, run_of, write_spec
+from drills import FAULTDRILL, drill, run_of, write_spec
 from experiments.layout import RunPaths, read_json_lines
 from faultdrill_cli import campaign_copy, full_campaigns, leave_out_fault_kinds
 from orchestrator.campaign.runs import expand_runs
@@ -51,7 +52,8 @@ class Catalogue:
         assert run["status"] == "completed" and run["final_step"] == STEPS, run["attempts"]
         assert run["identical_to_baseline"] is True, "the drill's run did not end as its fault-free twin"
         assert all(fault["outcome"] != "sending" for fault in run["faults"])
-        assert all(phases_ok(rec) for rec in run["recoveries"])
+        for recovery in run["recoveries"]:
+            assert_phases_follow_the_moments(run, recovery, self.workdir / "runs" / self.run_ids[kind])
         return run
 
     def paths(self, kind: str) -> RunPaths:

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recovery_checks import assert_phases_follow_the_moments
 
-from drills import drill, drill_processes, phases_ok, run_of, write_spec
+from drills import drill, drill_processes, run_of, write_spec
 
 WORKLOAD = {"framework": "torch", "params": 200000, "steps": 2000, "seed": 5, "batch_size": 16}
 RESTART = {"strategy": "in-allocation", "max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0,
@@ -36,7 +37,8 @@ def test_the_ranks_start_again_in_the_same_job(tmp_path: Path, fault: dict[str, 
     assert failed["job_id"] == relaunched["job_id"], "no new job: the same job started its ranks again"
     assert failed["state"] == "STEP_FAILED" and failed["failure_class"] == failure_class
     [recovery] = run["recoveries"]
-    assert recovery["strategy"] == "in-allocation" and recovery["resumed_from_step"] == 500 and phases_ok(recovery)
+    assert recovery["strategy"] == "in-allocation" and recovery["resumed_from_step"] == 500
+    assert_phases_follow_the_moments(run, recovery, tmp_path / "work" / "runs" / "r000")
     assert [row["strategy"] for row in report["strategies"]] == ["in-allocation"]
 
 

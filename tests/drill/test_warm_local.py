@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from recovery_checks import assert_phases_follow_the_moments
 
-from drills import drill, drill_processes, phases_ok
+from drills import drill, drill_processes
 from faultdrill_cli import campaign_copy, full_campaigns
 
 
@@ -34,5 +35,6 @@ def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twi
         for recovery in run["recoveries"]:
             assert recovery["strategy"] == "warm" and recovery["failure_class"] == "RANK_SIGNAL", recovery
             assert recovery["state_source"] == "peer" and recovery["spare"].startswith("slot "), recovery
-            assert recovery["lost_steps"] <= 1 and recovery["queue_s"] < 0.5 and phases_ok(recovery), recovery
+            assert recovery["lost_steps"] <= 1 and recovery["queue_s"] < 0.5, recovery
+            assert_phases_follow_the_moments(run, recovery, tmp_path / "work" / "runs" / run["run_id"])
         assert not drill_processes(tmp_path / "work" / "runs" / run["run_id"]), "a warm process outlived its job"

@@ -90,3 +90,13 @@ def test_the_strategies_each_backend_runs_follow_from_its_capabilities() -> None
     assert strategies_on("local") == strategies_on("pbs") == (
         StrategyName.RESUBMIT, StrategyName.IN_ALLOCATION, StrategyName.WARM)
     assert TRAITS[StrategyName.REQUEUE].why_not_on("local") == "the local backend has no scheduler queue to put a job back in"
+
+
+def test_a_strategy_says_which_workloads_it_runs_and_what_to_use_instead() -> None:
+    warm = TRAITS[StrategyName.WARM]
+    assert warm.why_not_for("torch", command=False) is None and warm.why_not_for("chainer", command=False) is None
+    assert warm.why_not_for("torch", command=True) == (
+        "restart.strategy warm re-forms the built-in workloads' process group in place; a command workload "
+        "brings its own: use resubmit or in-allocation")
+    assert "runs the torch, tensorflow, chainer workload(s), not other" in warm.why_not_for("other", command=False)
+    assert all(TRAITS[name].why_not_for("other", command=True) is None for name in StrategyName if name != "warm")
