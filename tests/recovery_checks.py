@@ -18,13 +18,20 @@ def _event_time(paths: RunPaths, attempt: int, event: str) -> float | None:
     return next((float(e["time"]) for e in read_json_lines(paths.events_file(attempt)) if e["event"] == event), None)
 
 
+def _failed_attempt(attempts: list[dict[str, Any]], resumed: int, failed_restarts: int) -> dict[str, Any]:
+    """The attempt whose failure ``resumed`` recovers from: back past the restarts that failed before
+    their first step; attempts that never reached the scheduler are no restarts (the tracker's count)."""
+    ran = [attempt for attempt in attempts[:resumed] if attempt["job_id"] and attempt["state"] != "SUBMIT_FAILED"]
+    return ran[-1 - failed_restarts]
+
+
 def assert_phases_follow_the_moments(run: dict[str, Any], recovery: dict[str, Any], run_dir: Path) -> None:
     """Each phase boundary of ``recovery`` is the moment recorded for it (or, where a clock put that
     moment before the previous boundary, the previous boundary: the correction the report names)."""
     paths = RunPaths(run_dir)
     attempts = run["attempts"]
     resumed = recovery["attempt"]
-    failed = attempts[resumed - 1 - recovery["failed_restarts"]]
+    failed = _failed_attempt(attempts, resumed, recovery["failed_restarts"])
     start = recovery["fault_at"]
     if recovery["failure_evidence"] == "fault":
         injected = [f["at"] for f in run["faults"] if f["outcome"] == "injected"]

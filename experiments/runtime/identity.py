@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from decimal import Decimal
 from pathlib import Path
 
 import psutil
@@ -43,12 +44,17 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] == "Z" else int(fields[19])
 
 
-def ticks_now() -> float:
+def ticks_now() -> int:
     """Now, on the clock of ``start_ticks`` (clock ticks since boot): a process started later has
     more. psutil's create_time adds the boot time in whole seconds, so it cannot be set against
     time.time()."""
-    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime_s * os.sysconf("SC_CLK_TCK")
+    return uptime_ticks(Path("/proc/uptime").read_text().split()[0], os.sysconf("SC_CLK_TCK"))
+
+
+def uptime_ticks(uptime: str, ticks_per_s: int) -> int:
+    """``/proc/uptime``'s seconds (two decimals) in whole clock ticks, exactly: as a float product,
+    20000.06 s x 100 is 2000006.0000000002, one tick past a process started at 2000006."""
+    return int(Decimal(uptime) * ticks_per_s)
 
 
 def write_identity(paths: RunPaths, env: DistEnv, attempt: int) -> RankIdentity:

@@ -118,7 +118,7 @@ class Backend(abc.ABC):
         """Capability.REQUEUE: have the scheduler run the same job again (restart.strategy requeue)."""
         raise self.not_supported(Capability.REQUEUE)
 
-    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: int) -> bool:
         """Capability.KILL_RANK_STEP: SIGKILL the ranks' launch of the job (``attempt``'s, not a
         relaunch's: nothing started after ``started_before``, the ``ticks_now()`` of the decision,
         before the next attempt's go) and leave the job (its allocation) running; False if it could

@@ -1,7 +1,7 @@
 """What each backend can do, said once: a typed set per backend, and for every capability it lacks,
 why. The spec checks strategies and resources against it (a campaign that needs what its backend
 lacks is refused with the reason), the backends declare it as theirs (``Backend.capabilities``),
-and the callers ask it before they call (tests/unit/test_capabilities.py checks that each backend
+and the callers ask it before they call (tests/unit/test_strategy_objects.py checks that each backend
 class implements exactly the actions of its set)."""
 
 from __future__ import annotations

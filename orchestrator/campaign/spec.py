@@ -322,7 +322,8 @@ class Campaign(_Strict):
                             f"valid there: {', '.join(strategies_on(backend))}")
         spare_nodes = resources.spare_nodes if resources is not None else 0
         if spare_nodes and backend is not None and (why := BACKENDS[backend].why_not(Capability.SPARE_NODES)):
-            problems.append(f"resources.spare_nodes: {why}; set it to 0")
+            where = ", ".join(name for name, caps in BACKENDS.items() if Capability.SPARE_NODES in caps)
+            problems.append(f"resources.spare_nodes: {why}; set it to 0 (spare nodes work on the {where} backend)")
         elif spare_nodes and not traits.uses_spare_nodes:
             users = " or ".join(name for name, other in TRAITS.items() if other.uses_spare_nodes)
             problems.append(f"resources.spare_nodes ({spare_nodes}) is for restart.strategy {users} "

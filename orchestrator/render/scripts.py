@@ -225,6 +225,8 @@ class SlurmScriptRequest:
             "job_name": self.job_name, "array": self.array, "elements": list(self.elements),
             "requeue": self.requeue, "nodes": self.nodes, "tasks_per_node": self.tasks_per_node,
             "warm": self.warm, "python": self.python, "step_nodes": self.step_nodes,
+            # A user template's own launch block may still want these (ours takes rank_launch).
+            "step_tasks": self.ranks, "rank_step_name": RANK_STEP_NAME,
             "in_allocation": self.in_allocation, "relaunch_wait_s": self.relaunch_wait_s,
             "time": self.time, "warning_s": self.warning_s, "partition": self.partition,
             "exclude": ",".join(self.exclude),

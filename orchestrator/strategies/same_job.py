@@ -69,7 +69,7 @@ class Requeuer:
         self.accepted(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
 
 
-def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str, started_before: float,
+def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str, started_before: int,
                     cancel: Callable[[str], None]) -> None:
     """End the rank launch of a hung attempt and keep its allocation for the next one: through
     the scheduler (Slurm: the ranks' step), else every verified rank SIGKILLed by the agent; if

@@ -193,3 +193,12 @@ def test_bare_mpiexec_names_the_job_after_the_launch() -> None:
 def test_mpi_rank_beyond_world_names_the_mpi_variable() -> None:
     with pytest.raises(DistEnvError, match="OMPI_COMM_WORLD_RANK"):
         DistEnv.from_environ({**MPIEXEC_UNDER_LOCAL_RANK1, "OMPI_COMM_WORLD_RANK": "2"}, hostname="vm")
+
+
+def test_uptime_is_counted_in_whole_ticks_exactly() -> None:
+    """A process's start and "now" compare tick for tick (a kill spares what started in its tick)."""
+    from experiments.runtime.identity import uptime_ticks
+
+    assert 20000.06 * 100 != 2000006  # the float product the clock once was
+    assert uptime_ticks("20000.06", 100) == 2000006 and uptime_ticks("0.07", 100) == 7
+    assert uptime_ticks("1234.5", 250) == 308625

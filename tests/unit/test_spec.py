@@ -210,7 +210,8 @@ def test_spare_nodes_are_for_in_allocation_and_warm_only(tmp_path: Path) -> None
     spec["restart"] = {"strategy": "warm"}  # spare sets placed on the spare node outlive a node crash
     assert parse_campaign(spec, base_dir=tmp_path).resources.spare_nodes == 1
     with pytest.raises(SpecError, match=r"resources.spare_nodes: the pbs backend launches with "
-                                        r"mpiexec, which cannot move a dead node's ranks to a spare; set it to 0"):
+                                        r"mpiexec, which cannot move a dead node's ranks to a spare; set it to 0 \(spare nodes work "
+                                        r"on the slurm backend\)"):
         parse_campaign({**spec, "backend": "pbs"}, base_dir=tmp_path)
 
 

@@ -180,7 +180,7 @@ class LocalBackend(Backend):
         record = self._jobs.get(job_id)
         return None if record is None else read_step_exit(record.folder, job_id)
 
-    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: int) -> bool:
         """SIGKILL the job's ranks of ``attempt`` (every process below its controller that belongs
         to it), not the controller: with in-allocation it starts them again on the controller's go,
         maybe before this kill is over."""
@@ -263,7 +263,7 @@ KILL_DEADLINE_S = 2.0  # a launcher may start children while its tree is killed:
 
 
 def kill_tree(root: psutil.Process, include_root: bool, attempt: int | None = None,
-              born_before: float | None = None) -> None:
+              born_before: int | None = None) -> None:
     """SIGKILL every descendant of ``root`` (and ``root`` itself if asked) until none is left
     alive: zombies count as gone (their parent reaps them), so no time is spent waiting on them.
     With ``attempt``, only the processes of that attempt (their environment names it): an
@@ -292,7 +292,7 @@ def _signal(process: psutil.Process, action: Callable[[psutil.Process], None]) -
         pass
 
 
-def _born_before(process: psutil.Process, ticks: float) -> bool:
+def _born_before(process: psutil.Process, ticks: int) -> bool:
     """Started in a tick before ``ticks`` (the clock counts in 10 ms ticks): ``ticks`` is when the
     controller decided, before the next attempt's go, so a process started within that tick may
     already be the relaunch's; the ranks to kill had been running for seconds."""

@@ -215,7 +215,7 @@ class SlurmBackend(Backend):
         number, cluster = split_job_id(job_id)
         run_command(["scontrol", *cluster_args(cluster), "requeue", number], timeout_s=POLL_TIMEOUT_S)
 
-    def kill_rank_step(self, job_id: str, attempt: int, started_before: float) -> bool:
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: int) -> bool:
         """The steps named as ``attempt``'s ranks (rank_step_name), each SIGKILLed alone: a signal to
         a step leaves the job running (SIGKILL to the job would cancel it); the next attempt's step,
         which the batch script may be starting already, has a name of its own."""
