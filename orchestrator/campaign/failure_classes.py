@@ -57,6 +57,9 @@ class FailureEvidence:
     oom_killed: tuple[str, ...] = ()  # ranks the injector's record says the kernel's OOM killer ended (oom-rank)
     ended_by_drill: DrillEnded | None = None  # the drill cancelled the job (not a person)
     signalled: str | None = None  # the signal the injector's record says it sent a rank of the attempt
+    # The attempt failed at its job's walltime (its start plus its time limit, on the job's clock)
+    # or later: a walltime, even before the scheduler says TIMEOUT.
+    walltime_reached: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,14 @@ def _oom_killed(known: FailureEvidence) -> Classified | None:
     if known.oom_killed:
         return Classified(FailureClass.OUT_OF_MEMORY, f"the kernel's OOM killer ended {', '.join(known.oom_killed)} "
                                                       "(its memory cgroup's count, the injector's record)")
+    return None
+
+
+def _at_walltime(known: FailureEvidence) -> Classified | None:
+    """The job ended when its walltime was up: the scheduler's TIMEOUT, which it may not have
+    reported yet when the rank launch's exit is seen (PBS under load: seen first)."""
+    if known.walltime_reached:
+        return Classified(FailureClass.TIMEOUT, "ended at the job's walltime (its start plus its time limit)")
     return None
 
 
@@ -182,4 +193,5 @@ def _signalled(known: FailureEvidence) -> Classified | None:
     return None
 
 
-_RULES = (_node_lost, _oom_killed, _silence, _scheduler, _rank_errors, _warned, _cancelled, _exit, _signalled)
+_RULES = (_node_lost, _oom_killed, _silence, _scheduler, _at_walltime, _rank_errors, _warned, _cancelled, _exit,
+          _signalled)

@@ -33,6 +33,7 @@ from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.campaign.policy import Decision, decide, policy_entry
 from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandError
 from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
@@ -294,7 +295,8 @@ class RunTracker:
         answer = self.strategy.on_failure(facts)
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
                                     self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id),
-                                    self.faults.signalled(watch.attempt))
+                                    self.faults.signalled(watch.attempt),
+                                    time_limit_s=time_limit_minutes(self.run.campaign.resources.time) * 60)
         classified = classify(evidence)
         self._dispose_of_failed_job(watch, answer.failed_job, classified.failure_class, state, now)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,

@@ -19,6 +19,11 @@ from orchestrator.states import JobState
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
 
+# A launch that exits this close to its walltime or after ended at it: the scheduler's kill comes at
+# the limit (Slurm checks limits every ~30 s: later, never earlier) and the batch script's clock
+# reads its start a moment after the job's.
+WALLTIME_SLACK_S = 5.0
+
 
 def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: RestartConfig, backend: "Backend",
                  asked_at: float | None = None) -> FailureSign | None:
@@ -66,14 +71,26 @@ def requeued(watch: AttemptWatch, state: JobState) -> bool:
 
 def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, backend: "Backend",
                      lost_nodes: tuple[str, ...] = (), oom_killed: tuple[str, ...] = (),
-                     ended_by_drill: DrillEnded | None = None, signalled: str | None = None) -> FailureEvidence:
+                     ended_by_drill: DrillEnded | None = None, signalled: str | None = None,
+                     time_limit_s: float | None = None) -> FailureEvidence:
+    """What is known of the failure. ``time_limit_s``: the job's walltime as its spec gave it (a
+    fault that moved it is the scheduler's to report)."""
     exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
                  else _warm_exit_code(watch) if watch.warm_failure is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,
                            rank_errors=tuple(error for _, _, error in rank_errors(watch)), warned=watch.warned,
                            lost_nodes=lost_nodes, oom_killed=oom_killed, ended_by_drill=ended_by_drill,
-                           signalled=signalled)
+                           signalled=signalled, walltime_reached=walltime_reached(watch, sign, time_limit_s))
+
+
+def walltime_reached(watch: AttemptWatch, sign: FailureSign, time_limit_s: float | None) -> bool:
+    """The failure came when the job's time was up: its start (the batch script's first line) plus
+    its time limit, both on the job's clock as the launch's exit is (a step exit, here only: other
+    evidence comes from the login node's clock, and the scheduler says TIMEOUT itself)."""
+    if time_limit_s is None or watch.job_started is None or sign.evidence != "step_exit":
+        return False
+    return sign.at >= watch.job_started + time_limit_s - WALLTIME_SLACK_S
 
 
 def blamed_nodes(run: RunConfig, watch: AttemptWatch, sign: FailureSign, evidence: FailureEvidence,

@@ -30,6 +30,9 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
     (FailureEvidence(JobState.PREEMPTED, "scheduler_end"), C.PREEMPTED, "PREEMPTED"),
     (FailureEvidence(JobState.CANCELLED, "scheduler_end", warned=True), C.PREEMPTED, "warning, then cancelled"),
     (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=143, warned=True), C.PREEMPTED, "warning"),
+    # The launch exited at the walltime before the scheduler said TIMEOUT (PBS under load): a walltime.
+    (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=143, warned=True, walltime_reached=True), C.TIMEOUT,
+     "walltime"),
     (FailureEvidence(JobState.FAILED, "poll", exit_code=137, warned=True), C.PREEMPTED, "warning, then failed"),
     (FailureEvidence(JobState.RUNNING, "step_exit", exit_code=1, rank_errors=(ENOSPC,), warned=True),
      C.CHECKPOINT_WRITE_FAILED, "no space"),
@@ -121,3 +124,18 @@ def test_a_job_the_drill_cancelled_itself_is_not_a_persons_cancel() -> None:
                                                  "ended alone")
     assert facts_from_json(facts_json(taken)) == taken
     assert classify(replace(taken, ended_by_drill=None)).failure_class is C.CANCELLED
+
+
+def test_a_launch_that_exits_at_its_walltime_reached_it_on_the_jobs_clock() -> None:
+    from orchestrator.observe.failure_signs import walltime_reached
+    from orchestrator.observe.watch import AttemptWatch, FailureSign
+
+    watch = AttemptWatch.__new__(AttemptWatch)  # only the job's start is read
+    watch.job_started = 1000.0
+    at_limit, early = FailureSign("rank launch exited", 1058.0, "step_exit"), FailureSign("x", 1030.0, "step_exit")
+    assert walltime_reached(watch, at_limit, time_limit_s=60)  # within the slack of the limit
+    assert not walltime_reached(watch, early, time_limit_s=60), "a preemption half way is no walltime"
+    login_clock = FailureSign("job failed", 1070.0, "poll")
+    assert not walltime_reached(watch, login_clock, time_limit_s=60), "only the job's own clock is set against it"
+    watch.job_started = None
+    assert not walltime_reached(watch, at_limit, time_limit_s=60)
