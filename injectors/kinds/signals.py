@@ -8,7 +8,7 @@ import time
 
 from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask
 from injectors.ranks import RankSelector
-from injectors.targets import VerifiedTarget, verify_rank
+from injectors.targets import TargetRefused, VerifiedTarget, verify_rank
 
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGSEGV", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT")
 
@@ -38,11 +38,21 @@ def wait_until(moment: float) -> None:
 
 
 def send(targets: list[VerifiedTarget], name: str) -> float:
-    """Signal every target at once (one instant, as near as the kernel allows); when it happened."""
+    """Signal every target at once (one instant, as near as the kernel allows); when it happened.
+    A target that ended since it was verified gets nothing (the agent once died of the
+    ProcessLookupError, which the controller took for a failed kill); if every target ended, they are
+    gone (TargetRefused, gone): their launch ended them first."""
     number = signal.Signals[name]
     at = time.time()
+    ended = []
     for target in targets:
-        os.kill(target.pid, number)
+        try:
+            os.kill(target.pid, number)
+        except ProcessLookupError:
+            ended.append(target)
+    if targets and len(ended) == len(targets):
+        ranks = ",".join(str(target.rank) for target in ended)
+        raise TargetRefused(f"rank(s) {ranks} ended after they were verified, before the {name}", gone=True)
     return at
 
 

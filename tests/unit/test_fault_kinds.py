@@ -145,3 +145,18 @@ def test_every_kind_in_the_registry_says_what_it_targets_and_where_it_acts() -> 
         assert kind.name == name and kind.options.model_fields["kind"].default == name
         assert kind.site in (Site.NODE, Site.CONTROLLER) and kind.describe((1,), {})
     assert json.dumps(_task(Path("/w"), "kill-rank", (1,), signal="SIGKILL").to_json_dict())
+
+
+def test_a_target_that_ended_after_its_verification_is_gone_not_a_crash() -> None:
+    """In-allocation on PBS: the agent verifies a hung rank, then the batch script ends the launch on
+    the controller's go; the SIGKILL finds no process. The agent must say "gone", not die of it."""
+    from injectors.kinds.signals import send
+    from injectors.targets import TargetRefused, VerifiedTarget
+
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    unused = next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
+    ended = VerifiedTarget(pid=unused, rank=3, node="n1", job_id="7")
+    with pytest.raises(TargetRefused, match=r"rank\(s\) 3 ended after they were verified") as refused:
+        send([ended], "SIGKILL")
+    assert refused.value.gone
+    assert send([], "SIGCONT") > 0  # nothing to signal (a stall whose ranks all ended): no error
