@@ -15,6 +15,7 @@ on Slurm, not on the CPUs).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,38 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     tier = tier_of(item)
     if item.get_closest_marker(tier) is None:
         item.add_marker(getattr(pytest.mark, tier))
+
+
+# What each test costs the machine: all processes' CPU (/proc/stat) while it ran, its fixtures'
+# set-up included. On 2 cores CI time follows CPU, not each test's wall time: the 30 dearest are
+# printed beside --durations, to choose what CI leaves to FAULTDRILL_FULL.
+CPU_REPORTED = 30
+_machine_cpu_s: dict[str, float] = {}
+
+
+def machine_cpu_seconds() -> float | None:
+    """CPU seconds every process of the machine has used since boot (None where /proc is absent)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    busy = [int(value) for index, value in enumerate(fields[:8]) if index not in (3, 4)]  # not idle, iowait
+    return sum(busy) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 - a hook wrapper
+    before = machine_cpu_seconds()
+    yield
+    after = machine_cpu_seconds()
+    if before is not None and after is not None:
+        _machine_cpu_s[item.nodeid] = after - before
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    dearest = sorted(_machine_cpu_s.items(), key=lambda item: -item[1])[:CPU_REPORTED]
+    if not dearest or sum(seconds for _, seconds in dearest) < 1.0:
+        return
+    terminalreporter.write_sep("=", f"{len(dearest)} dearest tests in machine CPU (all processes, set-up included)")
+    for nodeid, seconds in dearest:
+        terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
