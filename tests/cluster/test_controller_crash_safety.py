@@ -23,7 +23,7 @@ DRILL_TIMEOUT_S = 600
 CLUSTER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 
 
-def _spec(shared_tmp: Path, **overrides: Any) -> Path:
+def _spec(shared_tmp: Path, file: str = "spec.yaml", **overrides: Any) -> Path:
     spec: dict[str, Any] = {
         "name": "slurm-crash-safety", "backend": "slurm", "workdir": str(shared_tmp / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 1200, "seed": 5, "batch_size": 16},
@@ -32,7 +32,7 @@ def _spec(shared_tmp: Path, **overrides: Any) -> Path:
         "restart": {"max_restarts": 3, "poll_interval_s": 0.2},
     }
     spec.update(overrides)
-    path = shared_tmp / "spec.yaml"
+    path = shared_tmp / file
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -136,41 +136,57 @@ def _cluster(action: str) -> str:
 
 # Long enough that the rank step ends well after slurmctld is back: a step that ends while it is
 # down leaves a slurmstepd retrying its completion message, and Slurm drains the node ("Kill task
-# failed") when the job's end comes first.
-LONG = {"framework": "torch", "params": 2000, "steps": 10000, "seed": 5, "batch_size": 16}  # ~50 s here
+# failed") when the job's end comes first. ~30 s alone here, ~60 s beside the other drill's.
+LONG = {"framework": "torch", "params": 2000, "steps": 6000, "seed": 5, "batch_size": 16}
+OUTAGE_S = 20
 
 
 def test_slurmctld_down_for_20_s_is_waited_out_and_past_its_deadline_named(shared_tmp: Path, slurm) -> None:
-    spec = _spec(shared_tmp, workload=LONG, restart={"max_restarts": 1, "poll_interval_s": 0.2, "scheduler_poll_s": 2,
-                                      "scheduler_timeout_s": 60})
-    workdir, log = shared_tmp / "work", shared_tmp / "drill.log"
-    drill = _start(spec, log)
+    """Two drills through one outage: one whose scheduler_timeout_s (60 s) outlasts it waits it out;
+    one whose deadline (6 s) passes stops, names the scheduler, and leaves its job to the next
+    drill, which adopts it."""
+    waits = _spec(shared_tmp, workload=LONG, restart={"max_restarts": 1, "poll_interval_s": 0.2,
+                                                      "scheduler_poll_s": 2, "scheduler_timeout_s": 60})
+    gives_up = _spec(shared_tmp, name="slurm-ctld-deadline", workdir=str(shared_tmp / "work2"), workload=LONG,
+                     restart={"max_restarts": 1, "poll_interval_s": 0.2, "scheduler_poll_s": 2,
+                              "scheduler_timeout_s": 6}, file="deadline.yaml")
+    workdir, workdir2 = shared_tmp / "work", shared_tmp / "work2"
+    log, log2 = shared_tmp / "drill.log", shared_tmp / "deadline.log"
+    waiting, stopping = _start(waits, log), _start(gives_up, log2)
+    drills = [waiting, stopping]
     try:
-        _wait(lambda: _training(workdir), "the run trains", 120)
-        _cluster("ctld-stop")
-        time.sleep(20)  # the outage itself: the scheduler is gone this long
-    finally:
-        _cluster("ctld-start")
-    report = _finish(drill)
-    [run] = report["runs"]
-    assert run["status"] == "completed" and run["final_step"] == LONG["steps"]
-    assert len(run["attempts"]) == 1 and not run["attempts"][0]["reason"], "an outage is no failure"
-    assert report["controller_cost"]["scheduler_poll_failures"] >= 1
+        _outage_through(workdir, workdir2, stopping)
+        adopting = _start(gives_up, log2)  # the next drill, while the job it adopts still trains
+        drills.append(adopting)
+        report = _finish(waiting)
+        [run] = report["runs"]
+        assert run["status"] == "completed" and run["final_step"] == LONG["steps"]
+        assert len(run["attempts"]) == 1 and not run["attempts"][0]["reason"], "an outage is no failure"
+        assert report["controller_cost"]["scheduler_poll_failures"] >= 1
 
-    # Past the deadline: the drill stops, names the scheduler, and leaves its job to the next drill.
-    spec = _spec(shared_tmp, name="slurm-ctld-deadline", workdir=str(shared_tmp / "work2"), workload=LONG,
-                 restart={"max_restarts": 1, "poll_interval_s": 0.2, "scheduler_poll_s": 2, "scheduler_timeout_s": 6})
-    workdir = shared_tmp / "work2"
-    drill = _start(spec, log)
+        # Past the deadline: the drill stopped, named the scheduler, and left its job to the next drill.
+        said = log2.read_text()
+        assert "slurm) has not answered for" in said and "scheduler_timeout_s = 6" in said, said[-2000:]
+        report = _finish(adopting)
+        [(_, _, job_id)] = _ledger_attempts(workdir2)
+        slurm.track(job_id)
+        [run] = report["runs"]
+        assert run["status"] == "completed" and [a["job_id"] for a in run["attempts"]] == [job_id]
+    finally:
+        for drill in drills:  # the controllers this test started, when an assertion left them running
+            if drill.poll() is None:
+                drill.kill()
+                drill.wait(timeout=30)
+
+
+def _outage_through(workdir: Path, workdir2: Path, stopping: subprocess.Popen[bytes]) -> None:
+    """slurmctld down OUTAGE_S once both drills train; the deadline drill stops within it."""
     try:
-        _wait(lambda: _training(workdir), "the run trains", 120)
+        _wait(lambda: _training(workdir) and _training(workdir2), "both drills' runs train", 120)
         _cluster("ctld-stop")
-        _finish(drill, expect=3)
+        outage_end = time.monotonic() + OUTAGE_S
+        _finish(stopping, expect=3)  # within the outage: its deadline is 6 s
+        assert time.monotonic() < outage_end, "the deadline drill stopped only after the outage"
+        time.sleep(max(0.0, outage_end - time.monotonic()))  # the rest of the outage: the scheduler is gone
     finally:
         _cluster("ctld-start")
-    assert "slurm) has not answered for" in log.read_text() and "scheduler_timeout_s = 6" in log.read_text()
-    [(_, _, job_id)] = _ledger_attempts(workdir)
-    slurm.track(job_id)
-    report = _finish(_start(spec, log))
-    [run] = report["runs"]
-    assert run["status"] == "completed" and [a["job_id"] for a in run["attempts"]] == [job_id]

@@ -31,11 +31,16 @@ RESTART = {"max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0, "c
 WORKLOAD = {"framework": "torch", "params": 200000, "steps": STEPS, "seed": 5, "batch_size": 16}
 
 
-# CI's cut: kinds whose act does not depend on the backend (the controller filling the checkpoint
-# filesystem; the agent's SIGSTOP and SIGCONT) are drilled on Slurm by
-# tests/cluster/test_fault_catalogue.py in CI. (corrupt-checkpoint stays: its flip mode is drilled here only.)
-BACKEND_NEUTRAL_KINDS = {"stall-rank", "disk-full"}
-DRILLED_ON_SLURM_IN_CI = "drilled on Slurm in CI by tests/cluster/test_fault_catalogue.py"
+# CI's cut: kinds another test in CI drills the same way (kind -> where); every kind here with
+# FAULTDRILL_FULL=1. corrupt-checkpoint stays: its flip mode is drilled here only.
+COVERED_ELSEWHERE_IN_CI = {
+    "stall-rank": "drilled on Slurm by tests/cluster/test_fault_catalogue.py (the agent's SIGSTOP and SIGCONT)",
+    "disk-full": "drilled on Slurm by tests/cluster/test_fault_catalogue.py (the controller fills the filesystem)",
+    "kill-rank": "every rank at one instant: drilled on Slurm, on both nodes, by tests/cluster/test_fault_catalogue.py; "
+                 "a local rank's SIGKILL by tests/drill/test_local_drill.py",
+    "preempt": "the local warning and cancel: drilled by tests/drill/test_examples_local.py (the rank API saves "
+               "on the warning) and the warning checkpoint of every framework below; on PBS by test_pbs_drill.py",
+}
 
 
 @dataclass
@@ -47,7 +52,7 @@ class Catalogue:
     def run(self, kind: str) -> dict[str, Any]:
         """The run of ``kind``: completed, bit for bit its twin, every fault accounted for."""
         if kind not in self.run_ids:
-            pytest.skip(f"{kind}: {DRILLED_ON_SLURM_IN_CI}; every kind here with FAULTDRILL_FULL=1")
+            pytest.skip(f"{kind}: {COVERED_ELSEWHERE_IN_CI[kind]} in CI; every kind here with FAULTDRILL_FULL=1")
         run = run_of(self.report, self.run_ids[kind])
         assert run["status"] == "completed" and run["final_step"] == STEPS, run["attempts"]
         assert run["identical_to_baseline"] is True, "the drill's run did not end as its fault-free twin"
@@ -68,7 +73,7 @@ def catalogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalogue]:
     root = tmp_path_factory.mktemp("catalogue")
     spec = campaign_copy(CAMPAIGN, root)
     if not full_campaigns():
-        leave_out_fault_kinds(spec, BACKEND_NEUTRAL_KINDS)
+        leave_out_fault_kinds(spec, set(COVERED_ELSEWHERE_IN_CI))
     run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(spec))
                if run.campaign.faults}
     workdir = root / "work"

@@ -18,32 +18,45 @@ RESTART = {"strategy": "in-allocation", "max_restarts": 3, "poll_interval_s": 0.
            "checkpoint_timeout_s": 10.0, "relaunch_wait_s": 30}
 
 
-def _drill(tmp_path: Path, fault: dict[str, Any], expect: int = 0, **restart: Any) -> dict[str, Any]:
-    spec = write_spec(tmp_path, workload=WORKLOAD, faults=[fault], baseline=True, parallel_runs=2,
-                      restart={**RESTART, **restart}, checkpoint={"every_steps": 500, "keep": 3})
-    return drill(spec, timeout=600, expect=expect)
+FAULTS = {  # the failure class -> the fault that causes it; one run each, in one drill, sharing one twin
+    "RANK_SIGNAL": {"kind": "kill-rank", "after": {"at_step": 700}, "rank": 1, "signal": "SIGKILL"},
+    "HANG": {"kind": "hang-rank", "after": {"at_step": 700}, "rank": 1},
+}
 
 
-@pytest.mark.parametrize("fault,failure_class", [
-    ({"kind": "kill-rank", "after": {"at_step": 700}, "rank": 1, "signal": "SIGKILL"}, "RANK_SIGNAL"),
-    ({"kind": "hang-rank", "after": {"at_step": 700}, "rank": 1}, "HANG"),
-])
-def test_the_ranks_start_again_in_the_same_job(tmp_path: Path, fault: dict[str, Any], failure_class: str) -> None:
-    report = _drill(tmp_path, fault)
-    run = run_of(report, "r000")
+def _spec(tmp_path: Path, **overrides: Any) -> Path:
+    sections = {"workload": WORKLOAD, "restart": RESTART, "checkpoint": {"every_steps": 500, "keep": 3}}
+    return write_spec(tmp_path, **{**sections, **overrides})
+
+
+@pytest.fixture(scope="module")
+def relaunched(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """One drill: a run per fault of FAULTS (r000, r001, in that order) and their fault-free twin."""
+    tmp_path = tmp_path_factory.mktemp("in-allocation")
+    spec = _spec(tmp_path, baseline=True, parallel_runs=3, sweep={"grid": {"faults": [[f] for f in FAULTS.values()]}})
+    return drill(spec, timeout=600), tmp_path / "work"
+
+
+@pytest.mark.parametrize("run_id,failure_class", [("r000", "RANK_SIGNAL"), ("r001", "HANG")])
+def test_the_ranks_start_again_in_the_same_job(relaunched: tuple[dict[str, Any], Path], run_id: str,
+                                               failure_class: str) -> None:
+    report, workdir = relaunched
+    run = run_of(report, run_id)
+    assert run["faults"][0]["kind"] == FAULTS[failure_class]["kind"], run["faults"]
     assert run["status"] == "completed" and run["identical_to_baseline"] is True
     assert len(run["attempts"]) == 2, [(a["state"], a["reason"]) for a in run["attempts"]]
-    failed, relaunched = run["attempts"]
-    assert failed["job_id"] == relaunched["job_id"], "no new job: the same job started its ranks again"
+    failed, relaunched_attempt = run["attempts"]
+    assert failed["job_id"] == relaunched_attempt["job_id"], "no new job: the same job started its ranks again"
     assert failed["state"] == "STEP_FAILED" and failed["failure_class"] == failure_class
     [recovery] = run["recoveries"]
     assert recovery["strategy"] == "in-allocation" and recovery["resumed_from_step"] == 500
-    assert_phases_follow_the_moments(run, recovery, tmp_path / "work" / "runs" / "r000")
-    assert [row["strategy"] for row in report["strategies"]] == ["in-allocation"]
+    assert_phases_follow_the_moments(run, recovery, workdir / "runs" / run_id)
+    rows = {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
+    assert rows == {("in-allocation", failure_class) for failure_class in FAULTS}, report["strategies"]
 
 
 def test_a_run_that_gives_up_ends_its_job(tmp_path: Path) -> None:
-    report = _drill(tmp_path, {"kind": "kill-rank", "after": {"at_step": 700}, "rank": 1, "signal": "SIGKILL"},
-                    expect=1, max_restarts=0)
+    restart = {**RESTART, "max_restarts": 0}
+    report = drill(_spec(tmp_path, faults=[FAULTS["RANK_SIGNAL"]], restart=restart), timeout=600, expect=1)
     assert run_of(report, "r000")["status"] == "gave_up"
     assert not drill_processes(tmp_path / "work" / "runs" / "r000"), "the job waited for a go that never came"
