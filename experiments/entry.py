@@ -104,13 +104,17 @@ def run_rank(job: RankJob) -> dict[str, Any]:
 
 def _run_command(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float) -> dict[str, Any]:
     """The user's script as this rank (experiments/runtime/command.py): its child registers as the rank."""
-    from experiments.runtime.command import run_command
+    from experiments.runtime.command import CommandFailed, run_command
 
     try:
         return run_command(job, env, started_at)
     except Exception as error:
         if not paths.rank_error_file(job.attempt, env.rank).exists():  # the script's own account wins
             record_rank_error(paths, job.attempt, env.rank, error)
+        if isinstance(error, CommandFailed) and error.exit_code != 1:
+            # The rank ends with the script's own code (an exception would make it 1), and says why.
+            print(f"faultdrill: rank {env.rank}: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(error.exit_code) from error
         raise
 
 

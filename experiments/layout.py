@@ -142,8 +142,10 @@ class RunPaths:
 
     @property
     def quarantine(self) -> Path:
-        """Checkpoints taken out of the choice (unreadable, corrupt, failed to load): never deleted."""
-        return self.root / "quarantine"
+        """Checkpoints taken out of the choice (unreadable, corrupt, failed to load): never deleted.
+        Inside the checkpoint directory, so on its filesystem (scratch, when the run directory is in
+        home): moving a checkpoint aside is one rename, never a copy across filesystems (EXDEV)."""
+        return self.checkpoints / "quarantine"
 
     @property
     def checkpoint_rejections(self) -> Path:

@@ -6,8 +6,9 @@ checks that every rank delivered, hashes the files, writes ``manifest.json`` and
 partial directory to its final name. A crash at any moment therefore leaves either a complete
 checkpoint or a hidden partial directory that the next attempt removes. Readers still verify sizes
 and sha256 ("newest valid"), because storage can lose or tear data after the fact, and skip a
-checkpoint a rank failed to load. What cannot be used is moved aside to ``<run>/quarantine``,
-never deleted: a read error may be the storage's, not the checkpoint's.
+checkpoint a rank failed to load. What cannot be used is moved aside to
+``<run>/checkpoints/quarantine`` (on the checkpoints' filesystem: one rename), never deleted: a
+read error may be the storage's, not the checkpoint's.
 
 No framework is imported here, so the login node can ask for the newest valid checkpoint too.
 """

@@ -71,7 +71,13 @@ TAIL_LINES = 20
 
 
 class CommandFailed(RuntimeError):
-    """The script could not be started, or ended without finishing the run: says why."""
+    """The script could not be started, or ended without finishing the run: says why. ``exit_code``:
+    the rank's exit code, the script's own when it exited non-zero (a wrapper's 137 stays 137: a
+    child lost to SIGKILL, which the controller classes as a signal)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str, str]:
@@ -268,7 +274,8 @@ class Supervisor:
             die_of(signal.Signals(-returncode))
         if returncode != 0:
             tail = "; ".join(line for line in self.stderr_tail[-3:] if line)
-            raise CommandFailed(f"the script exited with code {returncode}" + (f": {tail}" if tail else ""))
+            raise CommandFailed(f"the script exited with code {returncode}" + (f": {tail}" if tail else ""),
+                                exit_code=returncode)
         if self.progress is not None:
             self._finish_inferred()
         elif self.env.is_main and not self._final_written():

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 URGENT_MIN_S = 1.0  # at most one early poll per this interval
 SLOW_FACTOR = 10.0  # a poll that took d seconds waits at least SLOW_FACTOR * d for the next
-MAX_INTERVAL_S = 60.0
+MAX_INTERVAL_S = 60.0  # a slow scheduler stretches the interval up to this (or the spec's interval, if longer)
 FAILED_RETRY_MAX_S = 30.0
 
 
@@ -50,7 +50,10 @@ class SchedulerPoller:
     interval_s: float  # the respectful interval (0: every round, for a backend whose poll is free)
     timeout_s: float  # unanswered this long: SchedulerUnavailable
     stats: PollStats = field(default_factory=PollStats)
-    clock: Callable[[], float] = time.time
+    # Scheduling and deadlines on the monotonic clock: a step of the wall clock (NTP) neither ends
+    # the drill as a silence nor stops the polls. The wall clock only dates the answers.
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
     # A real scheduler is asked from a thread of its own: a squeue that hangs (slurmctld gone: 9 s
     # per try) never holds up the fast path. A free one (the local backend) is asked inline.
     background: bool = False
@@ -60,6 +63,7 @@ class SchedulerPoller:
     _failures_in_row: int = 0
     _in_flight: Future[tuple[dict[str, JobState], int]] | None = None
     _in_flight_since: float = 0.0
+    _in_flight_asked_at: float = 0.0  # the wall clock's time of that ask
     _executor: ThreadPoolExecutor | None = None
     # When the poll whose answer was last returned was asked: a job's state from before its
     # attempt was accepted (a requeued job's old FAILED) says nothing about that attempt.
@@ -79,12 +83,13 @@ class SchedulerPoller:
             return self._collect(backend.name, now)
         if not job_ids or not self.due(now, urgent):
             return {}
+        self._in_flight_since, self._in_flight_asked_at = now, self.wall()
         if not self.background:
-            self._in_flight, self._in_flight_since = _run_now(backend, job_ids), now
+            self._in_flight = _run_now(backend, job_ids)
             return self._collect(backend.name, now)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-poll")
-        self._in_flight, self._in_flight_since = self._executor.submit(_counted_poll, backend, job_ids), now
+        self._in_flight = self._executor.submit(_counted_poll, backend, job_ids)
         return {}
 
     def _collect(self, scheduler: str, now: float) -> dict[str, JobState]:
@@ -106,8 +111,8 @@ class SchedulerPoller:
             return {}
         self.stats.commands += commands
         self._failing_since, self._failures_in_row = None, 0
-        self._last_at = self.answered_as_of = started
-        self._next_at = started + min(MAX_INTERVAL_S, max(self.interval_s, SLOW_FACTOR * took))
+        self._last_at, self.answered_as_of = started, self._in_flight_asked_at
+        self._next_at = started + min(max(MAX_INTERVAL_S, self.interval_s), max(self.interval_s, SLOW_FACTOR * took))
         return states
 
     def close(self) -> None:

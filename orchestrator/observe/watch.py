@@ -71,6 +71,8 @@ class AttemptWatch:
     state: JobState = JobState.PENDING
     running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
     resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED
+    suspended_at: float | None = None  # when the scheduler suspended it, while it is
+    suspended_s: float = 0.0  # time spent suspended before the last resume (no start clock runs then)
     beats: dict[int, RankBeat] = field(default_factory=dict)
     since: float = field(default_factory=time.time)  # when the controller began to watch it
     silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
@@ -142,8 +144,12 @@ class AttemptWatch:
         """Note the scheduler's state; True when it changed."""
         if state is JobState.RUNNING and self.running_since is None:
             self.running_since = now
+        if self.state is not JobState.SUSPENDED and state is JobState.SUSPENDED:
+            self.suspended_at = now
         if self.state is JobState.SUSPENDED and state is not JobState.SUSPENDED:
             self.resumed_at = now
+            self.suspended_s += now - (self.suspended_at if self.suspended_at is not None else now)
+            self.suspended_at = None
         changed = state is not self.state
         self.state = state
         return changed
@@ -170,7 +176,7 @@ class AttemptWatch:
         started = self.running_since
         if self.training_started is not None or started is None or self.state is JobState.SUSPENDED:
             return None
-        if now - started <= start_timeout_s:
+        if now - started - self.suspended_s <= start_timeout_s:  # time suspended is no start-up
             return None
         return FailureSign(f"no training step within {start_timeout_s:.0f} s of the job starting", started,
                            "job_running")

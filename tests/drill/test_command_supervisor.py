@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from experiments.layout import (
     PROGRESS_CHECKPOINTS,
@@ -76,6 +77,17 @@ def test_an_exit_code_is_passed_on_with_the_scripts_last_words(tmp_path: Path) -
     assert done.returncode == 1
     error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
     assert "exited with code 1: cuda is not here" in error
+
+
+@pytest.mark.parametrize("code", [3, 75, 137])
+def test_the_rank_exits_with_the_scripts_own_code(tmp_path: Path, code: int) -> None:
+    """Issue 21, item 13: 3 stays 3 (not 1); 137, a wrapper's word for a child it lost to SIGKILL,
+    stays 137, which the controller classes RANK_SIGNAL, not RANK_EXIT."""
+    wrapper = ["bash", "-c", f'python3 -c "import sys; print(\'step 1\', flush=True); sys.exit({code})"; exit $?']
+    done, paths = _run(tmp_path, wrapper)
+    assert done.returncode == code, done.stderr[-2000:]
+    error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
+    assert f"exited with code {code}" in error
 
 
 def test_a_program_that_does_not_exist_is_named(tmp_path: Path) -> None:

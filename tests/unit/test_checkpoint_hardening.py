@@ -7,9 +7,12 @@ from __future__ import annotations
 import builtins
 import errno
 import logging
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -176,3 +179,35 @@ def test_retention_deletes_the_last_valid_checkpoint_only_after_a_newer_one_is_v
     _write(store, 30)  # verified (every rank's receipt, every size) and published: now 10 may go
     assert [step for step, _ in store.published()] == [30]
     assert store.newest_valid().step == 30  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A directory on another filesystem than tmp_path's (/dev/shm, a tmpfs): checkpoints on scratch,
+    the run directory in home, the usual HPC layout."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here")
+    directory = Path(tempfile.mkdtemp(prefix="faultdrill-scratch-", dir=shm))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_damaged_checkpoint_on_another_filesystem_is_moved_aside_there(tmp_path: Path, scratch: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if os.stat(run_dir).st_dev == os.stat(scratch).st_dev:
+        pytest.skip("/dev/shm is on tmp_path's filesystem here")
+    (run_dir / "checkpoints").symlink_to(scratch)  # as the disk-full drills and a site's scratch do
+    store = CheckpointStore(run_dir, keep=2)
+    _write(store, 10)
+    _write(store, 20)
+    (store.step_dir(20) / "rank1.bin").write_bytes(b"torn")
+    assert store.newest_valid().step == 10
+    [aside] = store.discard_newer_than(10)  # EXDEV into <run>/quarantine before: the resume died every attempt
+    assert not store.step_dir(20).exists() and (aside / "rank1.bin").read_bytes() == b"torn"
+    assert os.stat(aside).st_dev == os.stat(scratch).st_dev, "moved aside on the checkpoints' filesystem"
+    [entry] = read_json_lines(store.paths.quarantine / "index.jsonl")
+    assert entry["to"] == str(aside)

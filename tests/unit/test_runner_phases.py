@@ -89,3 +89,17 @@ def test_start_up_is_known_once_every_rank_registered_and_a_stuck_one_is_a_start
     assert watch.stuck_start(50.0 + 20.0, 20.0) is None, "within start_timeout_s"
     stuck = watch.stuck_start(50.0 + 20.5, 20.0)
     assert stuck is not None and stuck.evidence == "job_running" and stuck.reason.startswith("no training step within 20 s")
+
+
+def test_time_suspended_does_not_count_toward_the_start_timeout(tmp_path: Path) -> None:
+    """Issue 21, item 6: suspended for 100 s during its start-up, resumed, a job is not stuck 1 s
+    later; it is once it has run start_timeout_s in all."""
+    watch = AttemptWatch(attempt=0, job_id="j", paths=RunPaths(tmp_path), ranks=1)
+    watch.observe_state(JobState.RUNNING, 50.0)
+    watch.observe_state(JobState.SUSPENDED, 55.0)  # 5 s of start-up so far
+    assert watch.stuck_start(150.0, 20.0) is None, "suspended: no clock runs"
+    watch.observe_state(JobState.RUNNING, 155.0)
+    assert watch.stuck_start(156.0, 20.0) is None, "6 s of start-up, not 106"
+    assert watch.stuck_start(170.0, 20.0) is None, "20 s of start-up: within start_timeout_s"
+    stuck = watch.stuck_start(170.5, 20.0)
+    assert stuck is not None and stuck.reason.startswith("no training step within 20 s")

@@ -178,3 +178,35 @@ def test_the_commands_each_poll_ran_are_counted(background: bool) -> None:
         time.sleep(0.01)
     slow_path.close()
     assert answers == 3 and slow_path.stats.calls == 3 and slow_path.stats.commands == 6
+
+
+def test_an_interval_longer_than_a_minute_is_kept() -> None:
+    """Issue 21, item 10: scheduler_poll_s allows 600 s (a site that asks for it); it was cut to 60."""
+    clock = Clock()
+    scheduler, slow_path = CountingScheduler(clock), poller(clock, interval_s=300.0, timeout_s=3600.0)
+    for _ in range(900):  # 15 minutes of a 1 s loop
+        slow_path.poll(scheduler, ["1"])
+        clock.now += 1.0
+    assert scheduler.calls == 3
+
+
+def test_a_step_of_the_wall_clock_neither_ends_the_drill_nor_stops_the_polls() -> None:
+    """Issue 21, item 10: the poller schedules on the monotonic clock; the wall clock only dates
+    the answers (a job's state from before its attempt was accepted says nothing of it)."""
+    clock, wall = Clock(), Clock()
+    scheduler = CountingScheduler(clock)
+    slow_path = SchedulerPoller(5.0, 60.0, clock=clock, wall=wall)
+    assert slow_path.poll(scheduler, ["1"]) and slow_path.answered_as_of == wall.now
+    scheduler.down = True
+    clock.now += 5.0
+    assert slow_path.poll(scheduler, ["1"]) == {}  # failing since now
+    wall.now += 3600.0  # NTP steps the wall clock an hour forward: no silence of an hour
+    clock.now += 10.0
+    scheduler.down = False
+    assert slow_path.poll(scheduler, ["1"]) == {"1": JobState.RUNNING}
+    wall.now -= 7200.0  # and two hours back: the polls go on at their interval
+    calls = scheduler.calls
+    for _ in range(60):  # 12 s: polls at ~5 and ~10 s
+        slow_path.poll(scheduler, ["1"])
+        clock.now += 0.2
+    assert scheduler.calls == calls + 2
