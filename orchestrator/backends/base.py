@@ -65,6 +65,10 @@ class Backend(abc.ABC):
         Capability.ARRAYS); runs in one call share their resources. Without arrays: one each."""
         return [self.submit(run, job) for run, job in items]
 
+    def max_array_size(self) -> int:
+        """The most elements one array may have here (a larger sweep goes out in parts)."""
+        return 1 << 31
+
     @abc.abstractmethod
     def find_submitted(self, ref: AttemptRef) -> list[str]:
         """The jobs of attempt ``ref`` the scheduler accepted although their id was never recorded

@@ -164,35 +164,39 @@ class Controller:
 
     def _submit_arrays(self, fresh: list[RunTracker]) -> list[RunTracker]:
         """The first attempts of fresh runs, one job array per set of runs with equal resources
-        (the scheduler throttles each to parallel_runs). An array the scheduler did not take is
-        looked up, then its runs are tried again one by one."""
+        (the scheduler throttles each to parallel_runs), in parts of at most the site's
+        MaxArraySize. Returns the runs that went out; those of an array the scheduler did not take
+        wait their turn with the others (started, each is looked up, then submitted on its own:
+        parallel_runs at a time, not all at once)."""
         groups: dict[str, list[RunTracker]] = {}
         for tracker in fresh:
             key = json.dumps([tracker.run.campaign.resources.model_dump(mode="json"),
                               tracker.run.campaign.workload.framework])
             groups.setdefault(key, []).append(tracker)
-        now = time.time()
-        for group in groups.values():
-            name = array_job_name([t.run for t in group], 0, self.drill_id) if len(group) > 1 else None
-            # One ledger transaction and one sync of the fences for the whole group, not one per run
-            # (a 1000-run sweep: 4000 fsyncs and 2000 commits took most of its submission time).
-            with self.ledger.transaction():
-                jobs = [tracker.begin_attempt(0, name, index if name else None, durable=False)
-                        for index, tracker in enumerate(group)]
-            sync_filesystem(self.campaign.workdir)
-            try:
-                submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs, strict=False)])
-            except (CommandError, OSError) as error:
-                log.warning("submitting an array of %d runs failed (%s); each is tried on its own",
-                            len(group), one_line(error))
-                for tracker, job in zip(group, jobs, strict=False):
-                    tracker.submission_failed(0, job, one_line(error), now)
-                continue
-            with self.ledger.transaction():
-                for tracker, submission in zip(group, submissions, strict=False):
-                    tracker.accept(0, submission, durable=False)
-            sync_filesystem(self.campaign.workdir)
-        return fresh
+        size = max(1, self.backend.max_array_size())
+        parts = [group[start:start + size] for group in groups.values() for start in range(0, len(group), size)]
+        return [tracker for part in parts for tracker in self._submit_array(part)]
+
+    def _submit_array(self, group: list[RunTracker]) -> list[RunTracker]:
+        """One array of ``group``'s first attempts; the runs that went out (none if it was refused)."""
+        name = array_job_name([t.run for t in group], 0, self.drill_id) if len(group) > 1 else None
+        # One ledger transaction and one sync of the fences for the whole group, not one per run
+        # (a 1000-run sweep: 4000 fsyncs and 2000 commits took most of its submission time).
+        with self.ledger.transaction():
+            jobs = [tracker.begin_attempt(0, name, index if name else None, durable=False)
+                    for index, tracker in enumerate(group)]
+        sync_filesystem(self.campaign.workdir)
+        try:
+            submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs, strict=True)])
+        except (CommandError, OSError) as error:
+            log.warning("submitting an array of %d runs failed (%s); each is looked up, then tried on its own, "
+                        "parallel_runs at a time", len(group), one_line(error))
+            return []
+        with self.ledger.transaction():
+            for tracker, submission in zip(group, submissions, strict=True):
+                tracker.accept(0, submission, durable=False)
+        sync_filesystem(self.campaign.workdir)
+        return group
 
     def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
         """Every run's files at the fast interval; the scheduler's states when a poll was due (a

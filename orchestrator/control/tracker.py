@@ -166,7 +166,8 @@ class RunTracker:
             write_fence(self.run.paths, Fence(row.attempt, row.job_id))
             self._watch(row.attempt, row.job_id)
             return
-        self.submitter.retry(row.attempt, self.rank_job(row.attempt), "a controller stopped while submitting it", now)
+        self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
+                             now)
 
     def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
         """The run's final record shows it reached its last step: a controller stopped before it
@@ -225,11 +226,6 @@ class RunTracker:
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
         self.watch = None  # the attempt before is over (its job, if still there, is closing)
         self.submitter.submit(attempt, self.begin_attempt(attempt), now, not_before)
-
-    def submission_failed(self, attempt: int, job: RankJob, error: str, now: float) -> None:
-        """A first attempt that went out in a job array the scheduler did not take: looked up,
-        then tried on its own."""
-        self.submitter.retry(attempt, job, error, now)
 
     def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,

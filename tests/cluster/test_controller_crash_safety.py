@@ -42,8 +42,8 @@ def _start(spec: Path, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([*DRILL, str(spec), "--format", "json"], stdout=subprocess.PIPE, stderr=out)
 
 
-def _finish(drill: subprocess.Popen[bytes], expect: int = 0) -> dict[str, Any]:
-    stdout, _ = drill.communicate(timeout=DRILL_TIMEOUT_S)
+def _finish(drill: subprocess.Popen[bytes], expect: int = 0, timeout_s: float = DRILL_TIMEOUT_S) -> dict[str, Any]:
+    stdout, _ = drill.communicate(timeout=timeout_s)
     assert drill.returncode == expect, f"drill exited {drill.returncode}"
     return json.loads(stdout) if expect == 0 else {}
 
@@ -136,8 +136,8 @@ def _cluster(action: str) -> str:
 
 # Long enough that the rank step ends well after slurmctld is back: a step that ends while it is
 # down leaves a slurmstepd retrying its completion message, and Slurm drains the node ("Kill task
-# failed") when the job's end comes first. ~30 s alone here, ~60 s beside the other drill's.
-LONG = {"framework": "torch", "params": 2000, "steps": 6000, "seed": 5, "batch_size": 16}
+# failed") when the job's end comes first. ~40 s alone here, ~70 s beside the other drill's.
+LONG = {"framework": "torch", "params": 2000, "steps": 8000, "seed": 5, "batch_size": 16}
 OUTAGE_S = 20
 
 
@@ -169,7 +169,6 @@ def test_slurmctld_down_for_20_s_is_waited_out_and_past_its_deadline_named(share
         assert "slurm) has not answered for" in said and "scheduler_timeout_s = 6" in said, said[-2000:]
         report = _finish(adopting)
         [(_, _, job_id)] = _ledger_attempts(workdir2)
-        slurm.track(job_id)
         [run] = report["runs"]
         assert run["status"] == "completed" and [a["job_id"] for a in run["attempts"]] == [job_id]
     finally:
@@ -177,6 +176,11 @@ def test_slurmctld_down_for_20_s_is_waited_out_and_past_its_deadline_named(share
             if drill.poll() is None:
                 drill.kill()
                 drill.wait(timeout=30)
+        for ledger_dir in (workdir, workdir2):  # and their jobs, cancelled at the end if still there
+            if (ledger_dir / "ledger.sqlite").exists():
+                for _, _, job in _ledger_attempts(ledger_dir):
+                    if job:
+                        slurm.track(job)
 
 
 def _outage_through(workdir: Path, workdir2: Path, stopping: subprocess.Popen[bytes]) -> None:
@@ -185,8 +189,7 @@ def _outage_through(workdir: Path, workdir2: Path, stopping: subprocess.Popen[by
         _wait(lambda: _training(workdir) and _training(workdir2), "both drills' runs train", 120)
         _cluster("ctld-stop")
         outage_end = time.monotonic() + OUTAGE_S
-        _finish(stopping, expect=3)  # within the outage: its deadline is 6 s
-        assert time.monotonic() < outage_end, "the deadline drill stopped only after the outage"
+        _finish(stopping, expect=3, timeout_s=OUTAGE_S)  # within the outage: its deadline is 6 s
         time.sleep(max(0.0, outage_end - time.monotonic()))  # the rest of the outage: the scheduler is gone
     finally:
         _cluster("ctld-start")

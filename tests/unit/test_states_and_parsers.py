@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.slurm.backend import parse_sacct, parse_sbatch_parsable, parse_squeue
+from orchestrator.backends.slurm.backend import (
+    DEFAULT_MAX_ARRAY_SIZE,
+    parse_max_array_size,
+    parse_sacct,
+    parse_sbatch_parsable,
+    parse_squeue,
+)
 from orchestrator.commands import CommandError, run_command
 from orchestrator.states import JobState, from_slurm
 
@@ -75,3 +81,10 @@ def test_command_wrapper_times_out_and_retries(tmp_path) -> None:
 def test_command_not_found_is_a_command_error() -> None:
     with pytest.raises(CommandError, match="command not found"):
         run_command(["/nonexistent/sbatch"])
+
+
+def test_max_array_size_is_read_from_scontrol_show_config_or_slurms_default() -> None:
+    config = "MaxArraySize            = 40001\nMaxJobCount             = 10000\n"
+    assert parse_max_array_size(config) == 40001
+    assert parse_max_array_size("MaxJobCount = 10000\n") == DEFAULT_MAX_ARRAY_SIZE == 1001
+    assert parse_max_array_size("") == DEFAULT_MAX_ARRAY_SIZE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import logging
 import math
 import re
 import sys
@@ -31,6 +32,8 @@ from orchestrator.render.scripts import (
     render_slurm_array,
 )
 from orchestrator.states import JobState, from_slurm, parse_sacct
+
+log = logging.getLogger(__name__)
 
 SUBMIT_TIMEOUT_S = 60.0
 POLL_TIMEOUT_S = 20.0
@@ -101,6 +104,15 @@ def parse_slurm_time(text: str) -> float | None:
         return None
 
 
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default of MaxArraySize
+
+
+def parse_max_array_size(config: str) -> int:
+    """``MaxArraySize = N`` of ``scontrol show config``; Slurm's default when absent or unreadable."""
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else DEFAULT_MAX_ARRAY_SIZE
+
+
 class SlurmBackend(Backend):
     name = "slurm"
     capabilities = SLURM
@@ -109,6 +121,20 @@ class SlurmBackend(Backend):
         self.drill_id = drill_id
         self.python = python
         self.user = getpass.getuser()
+        self._max_array_size: int | None = None
+
+    def max_array_size(self) -> int:
+        """The site's MaxArraySize (``scontrol show config``; asked once): an array's indices run
+        below it. Slurm's default (1001) if the site does not say."""
+        if self._max_array_size is None:
+            try:
+                config = run_command(["scontrol", "show", "config"], timeout_s=POLL_TIMEOUT_S, retries=2).stdout
+            except CommandError as error:
+                log.warning("scontrol show config failed (%s): arrays of at most %d runs", error.summary,
+                            DEFAULT_MAX_ARRAY_SIZE)
+                config = ""
+            self._max_array_size = parse_max_array_size(config)
+        return self._max_array_size
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         script = render_slurm(run, job.attempt, self.drill_id, self.python, exclude_nodes=tuple(job.exclude_nodes))

@@ -1,0 +1,74 @@
+"""A scheduler that records every call the controller makes and answers from a table: for unit tests
+of the controller's side effects (no process, no cluster). Jobs stay where the test puts them; a
+call named in ``refuse`` raises CommandError as a scheduler that said no."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from experiments.layout import RankJob
+from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.campaign.capabilities import SLURM
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.commands import CommandError, CommandResult
+from orchestrator.states import JobState
+
+
+@dataclass
+class FakeScheduler(Backend):
+    name: str = "slurm"
+    max_array: int = 1001
+    refuse: set[str] = field(default_factory=set)  # calls that fail: "submit", "submit_array", "cancel", ...
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    states: dict[str, JobState] = field(default_factory=dict)
+    _next_id: int = 100
+
+    capabilities = SLURM
+    poll_interval_s = 0.0
+
+    def _called(self, name: str, what: Any) -> None:
+        self.calls.append((name, what))
+        if name in self.refuse:
+            raise CommandError([name], 1, "", f"{name}: refused by the test", "command failed")
+
+    def _new_job(self) -> str:
+        self._next_id += 1
+        self.states[str(self._next_id)] = JobState.PENDING
+        return str(self._next_id)
+
+    def called(self, name: str) -> list[Any]:
+        return [what for call, what in self.calls if call == name]
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        self._called("submit", (run.run_id, job.attempt))
+        return Submission(self._new_job(), time.time())
+
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        self._called("submit_array", [run.run_id for run, _ in items])
+        array = self._new_job()
+        elements = [f"{array}_{index}" for index in range(len(items))]
+        self.states.update(dict.fromkeys(elements, JobState.PENDING))
+        return [Submission(element, time.time()) for element in elements]
+
+    def max_array_size(self) -> int:
+        return self.max_array
+
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        self._called("find_submitted", (ref.run.run_id, ref.attempt))
+        return []
+
+    def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
+        self._called("adopt", job_id)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        self._called("poll", list(job_ids))
+        return {job_id: self.states.get(job_id, JobState.UNKNOWN) for job_id in job_ids}
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        self._called("cancel", job_id)
+        self.states[job_id] = JobState.CANCELLED
+
+    def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
+        raise AssertionError("no fault agent in these tests")

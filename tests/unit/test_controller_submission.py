@@ -1,0 +1,61 @@
+"""The controller's submissions against a scheduler that records every call (tests/unit/fake_scheduler.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fake_scheduler import FakeScheduler
+
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.control.controller import Controller
+
+pytestmark = pytest.mark.unit
+
+
+def _sweep(tmp_path: Path, runs: int, parallel_runs: int) -> Path:
+    spec = {
+        "name": "array-sweep", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "checkpoint": {"every_steps": 50, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+        "restart": {"max_restarts": 1, "poll_interval_s": 0.01},
+        "parallel_runs": parallel_runs, "submit_as_array": True,
+        "sweep": {"grid": {"workload.seed": list(range(runs))}},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _first_round(controller: Controller) -> None:
+    """The controller's loop, stopped after its first round."""
+    controller.run(observer=lambda trackers: controller.stop_requested.set())
+
+
+def test_a_refused_array_does_not_flood_the_scheduler_past_parallel_runs(tmp_path: Path) -> None:
+    """Issue 21, item 4: the array of 8 runs is refused; its runs are looked up and submitted one
+    by one, parallel_runs (2) at a time, not all 8 in one round."""
+    scheduler = FakeScheduler(refuse={"submit_array"})
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=2)), backend=scheduler)
+    try:
+        _first_round(controller)
+    finally:
+        controller.close()
+    assert len(scheduler.called("submit_array")) == 1
+    assert len(scheduler.called("submit")) == 2, scheduler.calls
+
+
+def test_an_array_larger_than_the_sites_max_array_size_goes_out_in_parts(tmp_path: Path) -> None:
+    """Issue 21, item 4: MaxArraySize 3 and 8 runs: arrays of 3, 3 and 2, every run in one."""
+    scheduler = FakeScheduler(max_array=3)
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=2)), backend=scheduler)
+    try:
+        _first_round(controller)
+    finally:
+        controller.close()
+    arrays = scheduler.called("submit_array")
+    assert [len(array) for array in arrays] == [3, 3, 2], arrays
+    assert sorted(run for array in arrays for run in array) == sorted(run.run_id for run in controller.runs)
+    assert not scheduler.called("submit")
