@@ -189,14 +189,17 @@ def _drill(campaign: Campaign, output_format: str, html: bool = True) -> int:
 
 
 def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]]) -> tuple[int, str]:
-    """The controller to the end (or until SIGTERM: ``faultdrill stop``); (exit code, how it ended)."""
+    """The controller to the end (or until SIGTERM, ``faultdrill stop``, or SIGHUP, a session that
+    hung up: both stop it at its next round, never in the middle of a side effect); (exit code, how
+    it ended)."""
     from orchestrator.control.controller import Controller
     from orchestrator.control.progress import Progress, ProgressFile
     from orchestrator.observe.scheduler_poll import SchedulerUnavailable
 
     controller = Controller(campaign, plan=plan)
     progress_file = ProgressFile(campaign.workdir)
-    previous = signal.signal(signal.SIGTERM, lambda *_: controller.stop_requested.set())
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, lambda *_: controller.stop_requested.set()) for signum in stops}
     try:
         with Progress() as progress:
             def observe(trackers: list[RunTracker]) -> None:
@@ -208,7 +211,8 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SCHEDULER, "the scheduler stopped answering"
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         controller.close()
     if not finished:
         print(f"faultdrill: stopped; the drill's jobs keep running. `faultdrill drill SPEC` picks them up, "

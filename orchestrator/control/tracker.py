@@ -85,7 +85,7 @@ class RunTracker:
                                                    cancel=self._cancel))
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
                                  gave_up=self._give_up)
-        self.closing = ClosingJobs(run.run_id, ledger, self._cancel, self.restart.cancel_timeout_s,
+        self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
         self._awaiting_recovery: int | None = None
@@ -328,7 +328,8 @@ class RunTracker:
         elif failed_job in (FailedJob.CLOSED, FailedJob.CANCELLED):
             cancel = failed_job is FailedJob.CANCELLED
             if cancel:
-                self._cancel(watch.job_id)
+                self._drill_cancels(watch.attempt, watch.job_id, DrillEnded(
+                    failure_class.value, f"attempt {watch.attempt} failed; its job was cancelled"))
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
 
     def _next_or_give_up(self, attempt: int, now: float, continuation: Continuation = Continuation.NEW_JOB,
@@ -339,7 +340,9 @@ class RunTracker:
         in_job = job_id if continuation.in_same_job else None
         if not decision.restart:
             if in_job is not None:  # it waits for a go (or in the queue) for nothing
-                self._cancel(in_job)
+                failed = self._attempt_row(attempt).failure_class or FailureClass.UNKNOWN.value
+                self._drill_cancels(attempt, in_job, DrillEnded(failed, "the run gave up; the job its next "
+                                                                        "attempt would have run in was cancelled"))
                 self.closing.add(attempt, in_job, now, cancelled=True)
             self._give_up(decision.reason, now)
             return
@@ -513,8 +516,10 @@ class RunTracker:
         if facts is None or not state.is_terminal:
             return
         evidence = facts_from_json(facts)
+        job_id = self._attempt_row(attempt).job_id
         refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
-                            oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt))
+                            oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt),
+                            ended_by_drill=evidence.ended_by_drill or (self.ended_by_drill.get(job_id) if job_id else None))
         if refreshed == evidence:
             return
         classified = classify(refreshed)
@@ -532,6 +537,21 @@ class RunTracker:
         cancels, so the loop knows it before the scheduler reports the job ended)."""
         self._ended_unrecorded.put((attempt, job_id, why))
         self._cancel(job_id)
+
+    def _drill_cancels(self, attempt: int, job_id: str, why: DrillEnded, force: bool = False) -> None:
+        """The drill cancels a failed attempt's job: recorded first (the scheduler's CANCELLED that
+        follows is then the drill's doing, for this controller and one started later), then asked."""
+        if job_id not in self.ended_by_drill:
+            self.ended_by_drill[job_id] = why
+            self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
+        self._cancel(job_id, force=force)
+
+    def _cancel_failed_job(self, job_id: str, force: bool) -> None:
+        """A failed attempt's job that did not end in time (orchestrator.control.closing)."""
+        row = next(row for row in self.ledger.attempts(self.run.run_id) if row.job_id == job_id)
+        why = DrillEnded(row.failure_class or FailureClass.UNKNOWN.value,
+                         f"attempt {row.attempt}'s job did not end after its failure; the drill cancelled it")
+        self._drill_cancels(row.attempt, job_id, why, force=force)
 
     def _record_ended_by_drill(self) -> None:
         while not self._ended_unrecorded.empty():

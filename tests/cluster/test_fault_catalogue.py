@@ -34,8 +34,6 @@ PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_ste
 COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
     "preempt": "drilled on Slurm by tests/cluster/test_strategies.py (requeue) and on PBS by test_pbs_drill.py",
     "node-crash": "drilled on Slurm by tests/cluster/test_strategies.py (resubmit, in-allocation with a spare)",
-    "hang-rank": "drilled on Slurm by tests/cluster/test_failure_classes_slurm.py (a SIGSTOP in start-up), on PBS "
-                 "by test_pbs_drill.py (in-allocation) and locally by tests/drill/test_fault_catalogue_local.py",
     "timeout": "drilled on PBS by tests/cluster/test_pbs_drill.py; Slurm's walltime move (scontrol update "
                "TimeLimit) on recorded output in tests/drill/test_slurm_backend.py",
 }

@@ -4,13 +4,15 @@ controller runs on, ``status`` shows it, a second controller on the same workdir
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from drills import drill, drill_processes, kill_verified, run_of, write_spec
+from drills import FAULTDRILL, drill, drill_processes, kill_verified, run_of, write_spec
 from faultdrill_cli import faultdrill, report, status
 from orchestrator.control.detach import live_controller
 
@@ -90,3 +92,27 @@ def test_cancel_stops_the_controller_ends_the_jobs_and_records_it(tmp_path: Path
     finally:
         for run in ("r000", "r000-baseline"):
             kill_verified(drill_processes(workdir / "runs" / run))
+
+
+def test_a_foreground_drill_whose_session_hangs_up_stops_cleanly(tmp_path: Path) -> None:
+    """Issue 21, item 2: SIGHUP (a dropped ssh session) is a stop, as SIGTERM is: the controller
+    ends at its next round with the jobs left running for the next drill, not in the middle of a
+    side effect."""
+    spec = write_spec(tmp_path, workload={**SLOW, "steps": 10**6})  # still training when the test ends it
+    workdir = tmp_path / "work"
+    log = tmp_path / "drill.log"  # a file, not a pipe: the job's processes hold what they inherit
+    with open(log, "wb") as stderr:
+        controller = subprocess.Popen([*FAULTDRILL, "drill", str(spec), "--format", "json"],
+                                      stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        wait_for(lambda: (workdir / "ledger.sqlite").exists() and training(workdir), "the drill trains")
+        controller.send_signal(signal.SIGHUP)
+        controller.wait(timeout=60)
+        said = log.read_text()
+        assert controller.returncode == 4, said[-2000:]
+        assert "keep running" in said and drill_processes(workdir / "runs" / "r000"), "the job is left running"
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait(timeout=30)
+        kill_verified(drill_processes(workdir / "runs" / "r000"))

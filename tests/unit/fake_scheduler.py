@@ -16,11 +16,16 @@ from orchestrator.commands import CommandError, CommandResult
 from orchestrator.states import JobState
 
 
+class ControllerCrash(BaseException):
+    """The controller's process ends here (a SIGKILL, a dropped session): nothing after it runs."""
+
+
 @dataclass
 class FakeScheduler(Backend):
     name: str = "slurm"
     max_array: int = 1001
     refuse: set[str] = field(default_factory=set)  # calls that fail: "submit", "submit_array", "cancel", ...
+    crash_after: set[str] = field(default_factory=set)  # calls after whose effect the controller dies
     calls: list[tuple[str, Any]] = field(default_factory=list)
     states: dict[str, JobState] = field(default_factory=dict)
     _next_id: int = 100
@@ -69,6 +74,35 @@ class FakeScheduler(Backend):
     def cancel(self, job_id: str, force: bool = False) -> None:
         self._called("cancel", job_id)
         self.states[job_id] = JobState.CANCELLED
+        self._maybe_crash("cancel")
+
+    def _maybe_crash(self, name: str) -> None:
+        if name in self.crash_after:
+            self.crash_after.discard(name)
+            raise ControllerCrash(f"the controller died right after {name}")
 
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         raise AssertionError("no fault agent in these tests")
+
+
+def launch_exited(run_dir: Any, attempt: int, exit_code: int) -> None:
+    """What the batch script records when its rank launch returns (templates/events.sh.j2)."""
+    from experiments.layout import EVENT_JOB_START, EVENT_STEP_EXIT, RunPaths, append_json_line
+
+    events = RunPaths(run_dir).events_file(attempt)
+    events.parent.mkdir(parents=True, exist_ok=True)
+    append_json_line(events, {"event": EVENT_JOB_START, "time": time.time() - 1.0})
+    append_json_line(events, {"event": EVENT_STEP_EXIT, "time": time.time(), "exit_code": exit_code})
+
+
+def rank_fell_silent(run_dir: Any, attempt: int, silent_s: float) -> None:
+    """Rank 0 of ``attempt`` took its first step and then nothing for ``silent_s`` (a hang)."""
+    from experiments.layout import EVENT_FIRST_STEP, EVENT_JOB_START, RunPaths, append_json_line
+
+    paths = RunPaths(run_dir)
+    paths.events_file(attempt).parent.mkdir(parents=True, exist_ok=True)
+    paths.heartbeats.mkdir(parents=True, exist_ok=True)
+    then = time.time() - silent_s
+    append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": then - 1.0})
+    append_json_line(paths.events_file(attempt), {"event": EVENT_FIRST_STEP, "time": then, "step": 1})
+    append_json_line(paths.heartbeat_file(0), {"attempt": attempt, "step": 1, "time": then})

@@ -1,0 +1,87 @@
+"""What the controller records of the jobs it cancels itself, against a scheduler that records every
+call (tests/unit/fake_scheduler.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fake_scheduler import ControllerCrash, FakeScheduler, launch_exited, rank_fell_silent
+
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.control.controller import Controller
+from orchestrator.states import JobState
+
+pytestmark = pytest.mark.unit
+
+
+def _spec(tmp_path: Path, strategy: str, max_restarts: int = 0, hang_timeout_s: float = 600.0) -> Path:
+    spec = {
+        "name": "gives-up", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "checkpoint": {"every_steps": 50, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+        "restart": {"strategy": strategy, "max_restarts": max_restarts, "poll_interval_s": 0.01,
+                    "hang_timeout_s": hang_timeout_s},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("strategy", ["in-allocation", "requeue"])
+def test_the_drills_own_give_up_cancel_keeps_the_failures_class(tmp_path: Path, strategy: str) -> None:
+    """Issue 21, item 7: the rank launch dies of SIGKILL (137), the policy gives up and the drill
+    cancels the job the next attempt would have run in; the scheduler's CANCELLED that follows is
+    the drill's doing, not "cancelled outside the drill": the attempt stays RANK_SIGNAL."""
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(_spec(tmp_path, strategy)), backend=scheduler)
+    [run] = controller.runs
+
+    def ranks_die_once_running(trackers: list) -> None:
+        [job] = list(scheduler.states)
+        if scheduler.states[job] is JobState.PENDING:
+            scheduler.states[job] = JobState.RUNNING
+            launch_exited(run.paths.root, 0, 137)
+
+    try:
+        assert controller.run(observer=ranks_die_once_running)
+        [attempt] = controller.ledger.attempts(run.run_id)
+        status = controller.ledger.run(run.run_id).status
+    finally:
+        controller.close()
+    assert scheduler.called("cancel") == [attempt.job_id]
+    assert attempt.state == JobState.CANCELLED.value
+    assert attempt.failure_class == "RANK_SIGNAL", (attempt.failure_class, attempt.class_evidence)
+    assert status == "gave_up"
+
+
+def test_a_controller_that_dies_right_after_cancelling_a_failed_job_restarts_the_run(tmp_path: Path) -> None:
+    """Issue 21, item 2: a rank hangs; the drill cancels the job and dies before it records the
+    failure. The next controller sees CANCELLED: the drill's own doing (journaled before the
+    cancel), so the run restarts; no person cancelled it."""
+    spec = load_campaign(_spec(tmp_path, "resubmit", max_restarts=2, hang_timeout_s=1.0))
+    scheduler = FakeScheduler(crash_after={"cancel"})
+    first = Controller(spec, backend=scheduler)
+    [run] = first.runs
+
+    def rank_hangs_once_running(trackers: list) -> None:
+        job = next(iter(scheduler.states))
+        if scheduler.states[job] is JobState.PENDING:
+            scheduler.states[job] = JobState.RUNNING
+            rank_fell_silent(run.paths.root, 0, silent_s=30.0)
+
+    with pytest.raises(ControllerCrash):
+        first.run(observer=rank_hangs_once_running)
+    first.close()
+
+    second = Controller(spec, backend=scheduler)
+    try:
+        second.run(observer=lambda trackers: len(scheduler.called("submit")) == 2 and second.stop_requested.set())
+        attempts = second.ledger.attempts(run.run_id)
+        status = second.ledger.run(run.run_id).status
+    finally:
+        second.close()
+    assert status == "running" and [a.attempt for a in attempts] == [0, 1], (status, attempts)
+    assert attempts[0].failure_class == "HANG", (attempts[0].failure_class, attempts[0].class_evidence)
