@@ -74,7 +74,7 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     paths = RunPaths(Path(job.run_dir))
     # Before this rank touches any of the run's files: a stale attempt (a scheduler's requeue, a
     # duplicate, an orphan) must leave them to the current one.
-    check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}")
+    check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}", drill_id=job.drill_id or None)
     if job.workload.command is not None:
         return _run_command(job, env, paths, started_at)
     if os.environ.get(ENV_WARM_COORDINATOR):

@@ -310,12 +310,17 @@ def _cancel(workdir: Path) -> int:
     with ControllerLock(workdir):
         controller = Controller(campaign)
         try:
-            cancelled = controller.cancel()
+            outcome = controller.cancel()
         finally:
             controller.close()
-    for run_id, job_ids in cancelled.items():
+    for run_id, job_ids in outcome.cancelled.items():
         if job_ids:
             print(f"{run_id}: cancelled job(s) {', '.join(job_ids)}")
+    if outcome.alive:
+        print(f"faultdrill: job(s) {', '.join(outcome.alive)} may still run: the scheduler refused to cancel them or "
+              f"did not show them ended; their runs are not recorded cancelled. Run `faultdrill cancel {workdir}` "
+              "again once it answers", file=sys.stderr)
+        return EXIT_SCHEDULER
     print(f"faultdrill: drill cancelled; `faultdrill report {workdir}` shows it")
     return 0
 

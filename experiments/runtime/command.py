@@ -297,7 +297,8 @@ class Supervisor:
             raise CommandFailed(f"the script exited 0 at step {self.progress.last_step} of {steps} (as its "
                                 f"{'logs' if self.command.progress == PROGRESS_LOG else 'checkpoints'} show): "
                                 "the run did not reach its last step")
-        check_current(self.paths, self.job.attempt, own_job_id(self.env.job_id), "writing the final record")
+        check_current(self.paths, self.job.attempt, own_job_id(self.env.job_id), "writing the final record",
+                      drill_id=self.job.drill_id or None)
         record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt)
         write_json_atomic(self.paths.final, record_dict(record))
         self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)

@@ -35,14 +35,18 @@ class StaleAttemptError(RuntimeError):
 class Fence:
     attempt: int
     job_id: str | None  # None until the scheduler accepted the attempt
+    # The drill whose attempt it is: a job of an earlier drill in the same run directory (its
+    # workdir archived, the path reused) is refused whatever its attempt. None: any drill's.
+    drill_id: str | None = None
 
-    def admits(self, attempt: int, job_id: str | None) -> bool:
-        if attempt != self.attempt:
+    def admits(self, attempt: int, job_id: str | None, drill_id: str | None = None) -> bool:
+        if attempt != self.attempt or (self.drill_id and drill_id and drill_id != self.drill_id):
             return False
         return self.job_id is None or job_id is None or same_job(self.job_id, job_id)
 
     def render(self) -> str:
-        return f"{self.attempt} {self.job_id or NO_JOB}\n"
+        drill = f" {self.drill_id}" if self.drill_id else ""
+        return f"{self.attempt} {self.job_id or NO_JOB}{drill}\n"
 
 
 def same_job(recorded: str, own: str) -> bool:
@@ -56,9 +60,10 @@ def read_fence(paths: RunPaths) -> Fence | None:
     except FileNotFoundError:
         return None
     parts = text.split()
-    if len(parts) != 2 or not parts[0].isdigit():
-        raise StaleAttemptError(f"{paths.current_attempt} holds {text!r}, not '<attempt> <job id>': refusing to run")
-    return Fence(int(parts[0]), None if parts[1] == NO_JOB else parts[1])
+    if len(parts) not in (2, 3) or not parts[0].isdigit():
+        raise StaleAttemptError(f"{paths.current_attempt} holds {text!r}, not '<attempt> <job id> [<drill id>]': "
+                                "refusing to run")
+    return Fence(int(parts[0]), None if parts[1] == NO_JOB else parts[1], parts[2] if len(parts) == 3 else None)
 
 
 def write_fence(paths: RunPaths, fence: Fence, durable: bool = True) -> None:
@@ -99,13 +104,21 @@ def own_job_id(scheduler_job_id: str) -> str:
     return os.environ.get(ENV_JOB_ID) or scheduler_job_id
 
 
-def check_current(paths: RunPaths, attempt: int, job_id: str | None, doing: str) -> None:
-    """Raise StaleAttemptError unless ``attempt`` (of ``job_id``) is the run's current attempt."""
+def check_current(paths: RunPaths, attempt: int, job_id: str | None, doing: str, drill_id: str | None = None) -> None:
+    """Raise StaleAttemptError unless ``attempt`` (of ``job_id``, of drill ``drill_id``) is the run's
+    current attempt. A drill's rank (``drill_id`` given) needs a fence: a run directory without one
+    names no attempt of any drill (the controller writes it before it submits anything)."""
     fence = read_fence(paths)
-    if fence is None or fence.admits(attempt, job_id):
+    if fence is None and not drill_id:
         return
-    current = f"attempt {fence.attempt}" + (f" (job {fence.job_id})" if fence.job_id else "")
+    if fence is None:
+        raise StaleAttemptError(f"faultdrill: stale attempt: {paths.root} names no attempt (no fence): attempt "
+                                f"{attempt} (job {job_id or '?'}) of drill {drill_id} is not its: {doing} refused")
+    if fence.admits(attempt, job_id, drill_id or None):
+        return
+    current = (f"attempt {fence.attempt}" + (f" (job {fence.job_id})" if fence.job_id else "")
+               + (f" of drill {fence.drill_id}" if fence.drill_id else ""))
     raise StaleAttemptError(
-        f"faultdrill: stale attempt: attempt {attempt} (job {job_id or '?'}) of {paths.root} is not the run's "
-        f"current one, {current}: {doing} refused"
+        f"faultdrill: stale attempt: attempt {attempt} (job {job_id or '?'}) of drill {drill_id or '?'} of "
+        f"{paths.root} is not the run's current one, {current}: {doing} refused"
     )

@@ -242,7 +242,7 @@ class RankSession:
             self.collectives.barrier(self.checkpoint_s)
 
     def _check_fence(self, doing: str = "publishing a checkpoint") -> None:
-        check_current(self.paths, self.job.attempt, self.job_id, doing)
+        check_current(self.paths, self.job.attempt, self.job_id, doing, drill_id=self.job.drill_id or None)
 
     # --- the scheduler's warning ----------------------------------------------------------------------
 

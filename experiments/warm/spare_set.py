@@ -54,7 +54,8 @@ class WarmSetMember:
                                f"the plan made it rank {plan.rank} of {plan.world_size}")
         self.attempt = plan.attempt
         job = replace(self.job, attempt=plan.attempt)
-        check_current(self.paths, plan.attempt, own_job_id(self.env.job_id), f"warm set rank {self.env.rank}")
+        check_current(self.paths, plan.attempt, own_job_id(self.env.job_id), f"warm set rank {self.env.rank}",
+                      drill_id=self.job.drill_id or None)
         write_identity(self.paths, self.env, plan.attempt)  # the injector may aim at this process now
         # Generation 0 is the job's first attempt: its start-up is the process's, as a cold start's.
         runner = Runner(job, self.env, workload, self.options, time.time() if plan.generation else self.started_at)

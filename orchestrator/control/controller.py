@@ -15,6 +15,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 from experiments.runtime.fence import sync_filesystem
@@ -32,6 +33,7 @@ from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.measure import record_determinism
 from orchestrator.render.scripts import array_job_name
+from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,20 @@ def _drill_id(ledger: Ledger, campaign: Campaign) -> str:
     return str(drill_id)
 
 
+CANCEL_POLL_S = 1.0  # how often ``cancel`` asks the scheduler whether the cancelled jobs ended
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    cancelled: dict[str, list[str]]  # run id -> the jobs the scheduler was asked to cancel
+    alive: list[str]  # jobs it refused to cancel or did not show ended: their runs are not recorded cancelled
+
+
+def _gone(state: JobState | None) -> bool:
+    """The scheduler shows the job ended, or no longer knows it."""
+    return state is not None and (state.is_terminal or state is JobState.UNKNOWN)
+
+
 class Controller:
     def __init__(self, campaign: Campaign, backend: Backend | None = None,
                  plan: list[tuple[RunConfig, list[PlannedFault]]] | None = None) -> None:
@@ -123,17 +139,47 @@ class Controller:
         self.ledger.set_meta("finished", time.time())
         return True
 
-    def cancel(self) -> dict[str, list[str]]:
-        """``faultdrill cancel``: every unfinished run's jobs cancelled and the runs recorded as
-        cancelled, owed cluster actions run, the drill finished. Run id -> the jobs cancelled."""
+    def cancel(self, confirm_timeout_s: float | None = None) -> CancelOutcome:
+        """``faultdrill cancel``: every unfinished run's jobs cancelled, owed cluster actions run.
+        A run is recorded cancelled, and the drill finished, only once the scheduler confirms that
+        its jobs ended (or no longer knows them) within ``confirm_timeout_s`` (default
+        restart.cancel_timeout_s); a job it refused to cancel, or could not account for, is named
+        in ``alive`` and nothing of its run is recorded (``cancel`` again to retry)."""
         menders = Menders(self.campaign.workdir)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="injector") as pool:
+            trackers = self._trackers(pool)
+            asked = {tracker.run.run_id: tracker.ask_cancel() for tracker in trackers}
+            refused = [job for _, jobs in asked.values() for job in jobs]
+            unconfirmed = self._not_ended([job for jobs, _ in asked.values() for job in jobs if job not in refused],
+                                          confirm_timeout_s if confirm_timeout_s is not None
+                                          else self.campaign.restart.cancel_timeout_s)
+            alive = refused + unconfirmed
             now = time.time()
-            cancelled = {tracker.run.run_id: tracker.cancel_by_user(now) for tracker in self._trackers(pool)}
+            for tracker in trackers:
+                if not set(asked[tracker.run.run_id][0]) & set(alive):
+                    tracker.record_cancelled(now)
         self._mend(menders, "on cancel")
-        self.ledger.set_meta("cancelled", now)
-        self.ledger.set_meta("finished", now)
-        return cancelled
+        if not alive:
+            self.ledger.set_meta("cancelled", now)
+            self.ledger.set_meta("finished", now)
+        return CancelOutcome({run_id: jobs for run_id, (jobs, _) in asked.items()}, alive)
+
+    def _not_ended(self, job_ids: list[str], timeout_s: float) -> list[str]:
+        """Of ``job_ids``, those the scheduler has not shown ended (or forgotten) by the deadline:
+        all of them while it does not answer."""
+        deadline = time.monotonic() + timeout_s
+        waiting = list(job_ids)
+        while waiting:
+            try:
+                states = self.backend.poll(waiting)
+            except CommandError as error:
+                log.warning("the scheduler did not answer whether the cancelled jobs ended: %s", one_line(error))
+                states = {}
+            waiting = [job for job in waiting if not _gone(states.get(job))]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
+        return waiting
 
     def _trackers(self, pool: ThreadPoolExecutor) -> list[RunTracker]:
         return [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id) for run, faults in self.plan]

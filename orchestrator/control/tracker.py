@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -138,6 +139,14 @@ class RunTracker:
         attempts = self.ledger.attempts(self.run.run_id)
         last = attempts[-1] if attempts else None
         final = _read_final(self.run)
+        if final is not None and not any(row.attempt == final.attempt for row in attempts):
+            # No attempt of this drill wrote it (an earlier drill's job, in a run directory reused
+            # after its workdir was archived): no proof of this drill's work.
+            aside = self.run.paths.final.with_name(f"{self.run.paths.final.name}.foreign-{time.time_ns()}")
+            os.replace(self.run.paths.final, aside)
+            log.warning("%s: %s names attempt %d, which this drill never ran: moved aside to %s", self.run.run_id,
+                        self.run.paths.final, final.attempt, aside.name)
+            final = None
         in_flight = last is not None and last.ended is None and last.job_id is not None
         if final is not None and final.step == self.run.workload.steps and not (in_flight and last is not None and final.attempt == last.attempt):
             self._complete_from_record(final, last, now)
@@ -163,7 +172,7 @@ class RunTracker:
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
-            write_fence(self.run.paths, Fence(row.attempt, row.job_id))
+            write_fence(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
             self._watch(row.attempt, row.job_id)
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
@@ -220,7 +229,7 @@ class RunTracker:
                                     array_index, excluded_nodes=self._exclusions(attempt))
         self.status = "running"
         if fence:
-            write_fence(run.paths, Fence(attempt, None), durable)
+            write_fence(run.paths, Fence(attempt, None, self.drill_id), durable)
         return self.rank_job(attempt)
 
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
@@ -231,7 +240,7 @@ class RunTracker:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
                                    state=JobState.PENDING.value, accepted=submission.accepted_at)
         if fence:
-            write_fence(self.run.paths, Fence(attempt, submission.job_id), durable)
+            write_fence(self.run.paths, Fence(attempt, submission.job_id, self.drill_id), durable)
         self._watch(attempt, submission.job_id)
         log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
 
@@ -363,7 +372,7 @@ class RunTracker:
         self.watch = None
         self._begin_in_same_job(attempt)
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
-        write_fence(self.run.paths, Fence(attempt, job_id))
+        write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
         self.requeuer.requeue(attempt, job_id, now, already)
 
     def _relaunch(self, attempt: int, job_id: str) -> None:
@@ -486,26 +495,38 @@ class RunTracker:
         records = [CheckpointRecord(**r) for r in read_json_lines(self.run.paths.checkpoint_log)]
         self.ledger.add_checkpoints(self.run.run_id, records)
 
-    def cancel_by_user(self, now: float) -> list[str]:
-        """``faultdrill cancel``: every job of the run that may still run is cancelled (adopted
-        first: the jobs of an earlier controller), the run ends ``cancelled``; the job ids."""
+    def ask_cancel(self) -> tuple[list[str], list[str]]:
+        """``faultdrill cancel``, first half: every job of the run that may still run is adopted
+        (an earlier controller's) and the scheduler asked to cancel it. (The jobs asked, the jobs
+        whose cancel it refused.) Nothing is recorded until the scheduler confirms the end."""
         if self.done:
-            return []
-        cancelled = []
+            return [], []
+        asked, refused = [], []
         for row in self.ledger.attempts(self.run.run_id):
             if row.job_id is None or row.state in TERMINAL_STATE_NAMES:
                 continue
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
-            self._cancel(row.job_id)
-            cancelled.append(row.job_id)
-            if row.ended is None:
+            try:
+                self.backend.cancel(row.job_id)
+            except CommandError as error:
+                log.warning("%s: cancelling job %s failed: %s", self.run.run_id, row.job_id, error.summary)
+                refused.append(row.job_id)
+            asked.append(row.job_id)
+        return asked, refused
+
+    def record_cancelled(self, now: float) -> None:
+        """``faultdrill cancel``, second half, once the scheduler confirmed that the run's jobs
+        ended: the attempt in flight and the run end ``cancelled``."""
+        if self.done:
+            return
+        for row in self.ledger.attempts(self.run.run_id):
+            if row.job_id is not None and row.state not in TERMINAL_STATE_NAMES and row.ended is None:
                 self.ledger.update_attempt(self.run.run_id, row.attempt, ended=now, detected=now,
                                            reason=CANCELLED_BY_USER, failure_class=FailureClass.CANCELLED.value,
                                            class_evidence="faultdrill cancel")
         self.ledger.update_run(self.run.run_id, ended_because=CANCELLED_BY_USER)
         self._finish("cancelled", now)
         self.finalize()
-        return cancelled
 
     # jobs that are ending ---------------------------------------------------------------------
     def _final_state(self, attempt: int, state: JobState) -> None:

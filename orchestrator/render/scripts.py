@@ -75,7 +75,8 @@ def _environment(user_template: Path | None) -> jinja2.Environment:
 
 # The contract's names a batch script writes (experiments/layout.py), as every template gets them.
 TEMPLATE_CONTRACT = {
-    "env": {"ATTEMPT": ENV_ATTEMPT, "JOB_ID": ENV_JOB_ID, "MASTER_ADDR": ENV_MASTER_ADDR, "RANK_HOSTS": ENV_RANK_HOSTS},
+    "env": {"ATTEMPT": ENV_ATTEMPT, "JOB_ID": ENV_JOB_ID, "MASTER_ADDR": ENV_MASTER_ADDR, "RANK_HOSTS": ENV_RANK_HOSTS,
+            "DRILL_ID": ENV_DRILL_ID},
     "event": {"job_start": EVENT_JOB_START, "step_exit": EVENT_STEP_EXIT},
 }
 

@@ -85,3 +85,72 @@ def test_a_controller_that_dies_right_after_cancelling_a_failed_job_restarts_the
         second.close()
     assert status == "running" and [a.attempt for a in attempts] == [0, 1], (status, attempts)
     assert attempts[0].failure_class == "HANG", (attempts[0].failure_class, attempts[0].class_evidence)
+
+
+def _in_flight(tmp_path: Path, scheduler: FakeScheduler) -> Path:
+    """A drill stopped with its run's first job accepted (and running): the workdir's spec path."""
+    path = _spec(tmp_path, "resubmit", max_restarts=2)
+    controller = Controller(load_campaign(path), backend=scheduler)
+    try:
+        controller.run(observer=lambda trackers: scheduler.called("submit") and controller.stop_requested.set())
+    finally:
+        controller.close()
+    for job in scheduler.states:
+        scheduler.states[job] = JobState.RUNNING
+    return path
+
+
+@pytest.mark.parametrize("unreachable", ["cancel", "poll"])
+def test_a_cancel_the_scheduler_does_not_confirm_records_nothing_as_cancelled(tmp_path: Path,
+                                                                              unreachable: str) -> None:
+    """Issue 21, item 1: the scheduler refuses the cancel, or cannot say whether the job ended:
+    the job is named as still alive, the run is not recorded cancelled, the drill not finished."""
+    scheduler = FakeScheduler()
+    spec = load_campaign(_in_flight(tmp_path, scheduler))
+    [job] = list(scheduler.states)
+    scheduler.refuse = {unreachable}
+    controller = Controller(spec, backend=scheduler)
+    try:
+        outcome = controller.cancel(confirm_timeout_s=0.5)
+        [run] = controller.runs
+        status, finished = controller.ledger.run(run.run_id).status, controller.ledger.meta("finished")
+        [attempt] = controller.ledger.attempts(run.run_id)
+    finally:
+        controller.close()
+    assert outcome.alive == [job] and status == "running" and finished is None
+    assert attempt.ended is None and attempt.failure_class is None
+
+
+def test_a_cancel_the_scheduler_confirms_ends_the_run_and_the_drill(tmp_path: Path) -> None:
+    scheduler = FakeScheduler()
+    spec = load_campaign(_in_flight(tmp_path, scheduler))
+    [job] = list(scheduler.states)
+    controller = Controller(spec, backend=scheduler)
+    try:
+        outcome = controller.cancel(confirm_timeout_s=5.0)
+        [run] = controller.runs
+        status, finished = controller.ledger.run(run.run_id).status, controller.ledger.meta("finished")
+    finally:
+        controller.close()
+    assert outcome.alive == [] and outcome.cancelled == {run.run_id: [job]}
+    assert status == "cancelled" and finished is not None
+
+
+def test_a_final_record_no_attempt_of_this_drill_wrote_does_not_complete_its_run(tmp_path: Path) -> None:
+    """Issue 21, item 1: an orphan of an archived drill wrote final.json into the run directory the
+    new drill reuses; the new drill submits its run instead of recording it completed with no
+    attempt and no job."""
+    from experiments.layout import FinalRecord, record_dict, write_json_atomic
+
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(_spec(tmp_path, "resubmit")), backend=scheduler)
+    [run] = controller.runs
+    run.paths.root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run.paths.final, record_dict(FinalRecord(step=100, digest="orphan", time=0.0, attempt=0)))
+    try:
+        controller.run(observer=lambda trackers: controller.stop_requested.set())
+        status = controller.ledger.run(run.run_id).status
+    finally:
+        controller.close()
+    assert scheduler.called("submit") == [(run.run_id, 0)] and status == "running"
+    assert not run.paths.final.exists() and list(run.paths.root.glob("final.json.foreign-*")), "kept aside"

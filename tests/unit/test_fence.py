@@ -131,3 +131,34 @@ def test_a_batch_of_fences_is_made_durable_with_one_sync_of_the_file_system(tmp_
     assert not list(tmp_path.rglob(".current*tmp*")), "no temporary fence left behind"
     with pytest.raises(FileNotFoundError):
         sync_filesystem(tmp_path / "missing")
+
+
+def test_a_rank_of_another_drill_is_refused_and_a_run_without_a_fence_admits_no_drills_rank(tmp_path: Path) -> None:
+    """Issue 21, item 1: an orphan of an earlier drill (its workdir archived, the same path now a new
+    drill's) carries its own drill id: the new drill's fence refuses it, whatever its attempt; a
+    run directory with no fence names no attempt of any drill, so a drill's rank may not start."""
+    paths = RunPaths(tmp_path / "run")
+    with pytest.raises(StaleAttemptError, match="no attempt"):
+        check_current(paths, 0, "41", "starting rank 0", drill_id="old-drill")
+    check_current(paths, 0, "41", "a rank outside any drill", drill_id=None)  # no drill, no fence to keep
+    write_fence(paths, Fence(0, None, drill_id="new-drill"))
+    with pytest.raises(StaleAttemptError, match="drill old-drill"):
+        check_current(paths, 0, "41", "starting rank 0", drill_id="old-drill")
+    check_current(paths, 0, "42", "starting rank 0", drill_id="new-drill")
+    assert read_fence(paths) == Fence(0, None, drill_id="new-drill")
+    write_fence(paths, Fence(3, "77"))  # a fence written without its drill (the warm coordinator's): as before
+    check_current(paths, 3, "77", "starting rank 0", drill_id="any-drill")
+
+
+@pytest.mark.drill
+def test_a_batch_script_of_another_drill_starts_no_rank(tmp_path: Path) -> None:
+    run = _run(tmp_path, "slurm")
+    script = render_slurm(run, attempt=0, drill_id="old-drill")
+    write_fence(run.paths, Fence(0, None, drill_id="new-drill"))  # the same run path, a new drill's attempt 0
+    run.paths.submitit.mkdir(parents=True)
+    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit,
+                          env={**_fake_launchers(tmp_path), "SLURM_JOB_ID": "4141"}, capture_output=True, text=True,
+                          timeout=30)
+    logged = done.stderr + "".join(p.read_text() for p in run.paths.submitit.glob("*_log.err"))
+    assert done.returncode == 0 and "stale attempt" in logged and "drill new-drill" in logged, logged
+    assert not (tmp_path / "launched").exists(), "another drill's attempt launched its ranks"
