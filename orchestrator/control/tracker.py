@@ -394,15 +394,17 @@ class RunTracker:
         is its acceptance): recorded and watched here, the fence left to the job (writing it from here
         could name an attempt the job has already left behind)."""
         self.watch = None
-        self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name, fence=False)
+        self._begin_in_same_job(attempt, fence=False)
         log.info("%s: attempt %d re-forms warm in job %s", self.run.run_id, attempt, job_id)
         # Accepted when the coordinator planned it: the recovery reads that from its warm_plan event.
         self.accept(attempt, Submission(job_id, accepted_at=time.time()), fence=False)
 
-    def _begin_in_same_job(self, attempt: int) -> RankJob:
-        """An attempt that runs in the job already there (relaunched or requeued): recorded under
-        that job's name (the first attempt's), so a restarted controller can look it up."""
-        return self.begin_attempt(attempt, job_name=self.ledger.attempts(self.run.run_id)[0].job_name)
+    def _begin_in_same_job(self, attempt: int, fence: bool = True) -> RankJob:
+        """An attempt that runs in the job already there (relaunched, requeued, re-formed warm):
+        recorded under that job's name and array element (the first attempt's), so a restarted
+        controller looks up that element, not every element of the array."""
+        first = self.ledger.attempts(self.run.run_id)[0]
+        return self.begin_attempt(attempt, job_name=first.job_name, array_index=first.array_index, fence=fence)
 
     def _decide(self, attempt: int) -> Decision:
         """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""

@@ -59,3 +59,36 @@ def test_an_array_larger_than_the_sites_max_array_size_goes_out_in_parts(tmp_pat
     assert [len(array) for array in arrays] == [3, 3, 2], arrays
     assert sorted(run for array in arrays for run in array) == sorted(run.run_id for run in controller.runs)
     assert not scheduler.called("submit")
+
+
+def test_an_attempt_in_the_same_job_is_looked_up_as_its_array_element(tmp_path: Path) -> None:
+    """Issue 21, item 3: in-allocation relaunches attempt 1 in the job attempt 0 went out in, an
+    element of an array: recorded as that element (its index), so that a restarted controller's
+    lookup finds that element, not every element of the array (other runs' jobs)."""
+    from fake_scheduler import launch_exited
+
+    from orchestrator.states import JobState
+
+    data = yaml.safe_load(_sweep(tmp_path, runs=2, parallel_runs=2).read_text())
+    data["restart"].update(strategy="in-allocation", max_restarts=2)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(path), backend=scheduler)
+    second = controller.runs[1]
+
+    def second_runs_ranks_die(trackers: list) -> None:
+        element = "101_1"
+        if scheduler.states.get(element) is JobState.PENDING:
+            scheduler.states = {job: JobState.RUNNING for job in scheduler.states}
+            launch_exited(second.paths.root, 0, 137)
+        elif len(controller.ledger.attempts(second.run_id)) == 2:
+            controller.stop_requested.set()
+
+    try:
+        controller.run(observer=second_runs_ranks_die)
+        first, relaunched = controller.ledger.attempts(second.run_id)
+    finally:
+        controller.close()
+    assert (first.job_id, first.array_index) == ("101_1", 1)
+    assert relaunched.job_name == first.job_name and relaunched.array_index == 1, relaunched

@@ -6,6 +6,7 @@ import pytest
 
 from orchestrator.backends.slurm.backend import (
     DEFAULT_MAX_ARRAY_SIZE,
+    attempt_jobs,
     parse_max_array_size,
     parse_sacct,
     parse_sbatch_parsable,
@@ -88,3 +89,14 @@ def test_max_array_size_is_read_from_scontrol_show_config_or_slurms_default() ->
     assert parse_max_array_size(config) == 40001
     assert parse_max_array_size("MaxJobCount = 10000\n") == DEFAULT_MAX_ARRAY_SIZE == 1001
     assert parse_max_array_size("") == DEFAULT_MAX_ARRAY_SIZE
+
+
+def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_array() -> None:
+    """Issue 21, item 3: squeue lists a throttled array's pending elements as one line
+    (``123_[2-9%2]``); it ended the drill (ValueError) when sorted. An element's attempt maps each
+    array of its name to its own element; a job that is no array element ignores ranges."""
+    squeue = "123_[2-9%2]\n123_0\n123_1\n"
+    sacct = "123_0\n123_1\n120\n"
+    assert attempt_jobs(squeue, sacct, array_index=4) == ["120_4", "123_4"]
+    assert attempt_jobs(squeue, sacct, array_index=None) == ["120", "123_0", "123_1"]
+    assert attempt_jobs("", "", array_index=None) == []

@@ -171,16 +171,14 @@ class SlurmBackend(Backend):
         if ref.job_name is None:
             return []
         cluster = cluster_of(ref.run.campaign.resources.extra_directives)
-        found = set(run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user,
-                                 "-n", ref.job_name, "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2).stdout.split())
+        held = run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user,
+                            "-n", ref.job_name, "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2)
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ref.submitted - 60))
         accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID", "-u", self.user,
                                  "--name", ref.job_name, "-S", since], timeout_s=POLL_TIMEOUT_S, retries=2)
-        found |= {line.strip() for line in accounted.stdout.splitlines() if _JOB_OR_ELEMENT.match(line.strip())}
-        if ref.array_index is not None:  # the element the attempt went out as, of each array of that name
-            found = {f"{job_id.split('_', 1)[0]}_{ref.array_index}" for job_id in found}
         # squeue -M/sacct -M print the bare number; the id carries the cluster sbatch chose.
-        return [_with_cluster(job_id, cluster) for job_id in sorted(found, key=_id_order)]
+        return [_with_cluster(job_id, cluster) for job_id in attempt_jobs(held.stdout, accounted.stdout,
+                                                                          ref.array_index)]
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
@@ -315,6 +313,19 @@ def parse_duration(text: str) -> float | None:
 
 
 _JOB_OR_ELEMENT = re.compile(r"^\d+(_\d+)?$")  # 123, or an array element 123_4
+
+
+def attempt_jobs(squeue_ids: str, sacct_ids: str, array_index: int | None) -> list[str]:
+    """The jobs of one attempt, oldest first, from squeue's and sacct's ids of its name. An array
+    element's attempt: the element ``array_index`` of each array of that name (squeue lists a
+    throttled array's pending elements as one range, ``123_[2-9%2]``). Else: jobs and elements as
+    listed, ranges left out (no single job)."""
+    listed = {word.strip() for word in (*squeue_ids.split(), *sacct_ids.split())}
+    if array_index is not None:
+        found = {f"{job_id.split('_', 1)[0]}_{array_index}" for job_id in listed if job_id[:1].isdigit()}
+    else:
+        found = {job_id for job_id in listed if _JOB_OR_ELEMENT.match(job_id)}
+    return sorted(found, key=_id_order)
 
 
 def _id_order(job_id: str) -> tuple[int, int]:
