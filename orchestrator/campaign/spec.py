@@ -245,6 +245,9 @@ class RestartConfig(_Strict):
     scheduler_timeout_s: float = Field(300.0, gt=0, description="the scheduler unanswered this long: the drill stops")
     cancel_timeout_s: float = Field(120.0, gt=0, description="a cancelled job still not ended after this long is "
                                                             "killed, and after twice as long left behind")
+    finish_timeout_s: float = Field(120.0, gt=0, description="the final record written, a job not ended after this "
+                                                            "long (ranks hung in their exit) is cancelled; the run "
+                                                            "stays completed")
     # exclude_node keeps at most this many nodes (the most recent failures') out of the next attempt,
     # so that a job still fits the cluster.
     max_excluded_nodes: int = Field(1, ge=0, le=64)

@@ -277,9 +277,9 @@ class RunTracker:
         sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at)
         if sign is not None and self._final_of(watch) is None:
             self._on_failure(watch, sign, state, now)
-        elif state is JobState.COMPLETED or sign is not None:
+        elif state is JobState.COMPLETED or sign is not None or self._finish_overdue(watch, now):
             # The final record of this attempt is the proof of the work: a job that failed while
-            # its ranks were exiting still trained to the end.
+            # its ranks were exiting (or hung there) still trained to the end.
             self._on_job_completed(watch, state, now)
         else:
             self.faults.maybe_fire(watch, now)
@@ -460,9 +460,25 @@ class RunTracker:
             return None
         return final
 
+    def _finish_overdue(self, watch: AttemptWatch, now: float) -> bool:
+        """Rank 0 wrote the final record restart.finish_timeout_s ago (this controller's clock) and
+        the job runs on: its ranks hang in their exit (teardown, MPI finalize)."""
+        if not watch.completed:
+            return False
+        if watch.completed_seen_at is None:
+            watch.completed_seen_at = now
+        return now - watch.completed_seen_at > self.restart.finish_timeout_s
+
     def _on_job_completed(self, watch: AttemptWatch, state: JobState, now: float) -> None:
         final = _read_final(self.run)
-        if not state.is_terminal:
+        if not state.is_terminal and self._finish_overdue(watch, now):
+            # No failure to class (a completed attempt has no class facts): the record says why it was cancelled.
+            why = DrillEnded(FailureClass.UNKNOWN.value,
+                             f"attempt {watch.attempt} wrote its final record; its ranks did not exit within "
+                             f"restart.finish_timeout_s = {self.restart.finish_timeout_s:g}")
+            self._drill_cancels(watch.attempt, watch.job_id, why)
+            self.closing.add(watch.attempt, watch.job_id, now, cancelled=True, state=state)
+        elif not state.is_terminal:
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=False, state=state)
         self._ingest_checkpoints()
         reached = final is not None and final.step == self.run.workload.steps
@@ -573,7 +589,7 @@ class RunTracker:
         """A failed attempt's job that did not end in time (orchestrator.control.closing)."""
         row = next(row for row in self.ledger.attempts(self.run.run_id) if row.job_id == job_id)
         why = DrillEnded(row.failure_class or FailureClass.UNKNOWN.value,
-                         f"attempt {row.attempt}'s job did not end after its failure; the drill cancelled it")
+                         f"attempt {row.attempt}'s job did not end in time; the drill cancelled it")
         self._drill_cancels(row.attempt, job_id, why, force=force)
 
     def _record_ended_by_drill(self) -> None:

@@ -67,6 +67,7 @@ class AttemptWatch:
     step_exit: dict[str, float] | None = None
     warm_failure: dict[str, float] | None = None  # the warm coordinator saw a rank of this attempt die
     completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
+    completed_seen_at: float | None = None  # when this controller first saw that (its clock)
     warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
     state: JobState = JobState.PENDING
     running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time

@@ -8,7 +8,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from experiments.layout import RankJob
+from experiments.layout import (
+    EVENT_COMPLETED,
+    EVENT_FIRST_STEP,
+    EVENT_JOB_START,
+    EVENT_STEP_EXIT,
+    FinalRecord,
+    RankJob,
+    RunPaths,
+    append_json_line,
+    record_dict,
+    write_json_atomic,
+)
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.runs import RunConfig
@@ -87,7 +98,6 @@ class FakeScheduler(Backend):
 
 def launch_exited(run_dir: Any, attempt: int, exit_code: int) -> None:
     """What the batch script records when its rank launch returns (templates/events.sh.j2)."""
-    from experiments.layout import EVENT_JOB_START, EVENT_STEP_EXIT, RunPaths, append_json_line
 
     events = RunPaths(run_dir).events_file(attempt)
     events.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +107,6 @@ def launch_exited(run_dir: Any, attempt: int, exit_code: int) -> None:
 
 def rank_fell_silent(run_dir: Any, attempt: int, silent_s: float) -> None:
     """Rank 0 of ``attempt`` took its first step and then nothing for ``silent_s`` (a hang)."""
-    from experiments.layout import EVENT_FIRST_STEP, EVENT_JOB_START, RunPaths, append_json_line
 
     paths = RunPaths(run_dir)
     paths.events_file(attempt).parent.mkdir(parents=True, exist_ok=True)
@@ -106,3 +115,13 @@ def rank_fell_silent(run_dir: Any, attempt: int, silent_s: float) -> None:
     append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": then - 1.0})
     append_json_line(paths.events_file(attempt), {"event": EVENT_FIRST_STEP, "time": then, "step": 1})
     append_json_line(paths.heartbeat_file(0), {"attempt": attempt, "step": 1, "time": then})
+
+
+def run_completed(run_dir: Any, attempt: int, steps: int) -> None:
+    """Rank 0 of ``attempt`` reached the last step: its final record and its completed event."""
+
+    paths = RunPaths(run_dir)
+    paths.events_file(attempt).parent.mkdir(parents=True, exist_ok=True)
+    append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": time.time() - 2.0})
+    write_json_atomic(paths.final, record_dict(FinalRecord(step=steps, digest="d", time=time.time(), attempt=attempt)))
+    append_json_line(paths.events_file(attempt), {"event": EVENT_COMPLETED, "time": time.time()})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_scheduler import ControllerCrash, FakeScheduler, launch_exited, rank_fell_silent
+from fake_scheduler import ControllerCrash, FakeScheduler, launch_exited, rank_fell_silent, run_completed
 
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
@@ -16,14 +16,15 @@ from orchestrator.states import JobState
 pytestmark = pytest.mark.unit
 
 
-def _spec(tmp_path: Path, strategy: str, max_restarts: int = 0, hang_timeout_s: float = 600.0) -> Path:
+def _spec(tmp_path: Path, strategy: str, max_restarts: int = 0, hang_timeout_s: float = 600.0,
+          **restart: float) -> Path:
     spec = {
         "name": "gives-up", "backend": "slurm", "workdir": str(tmp_path / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
         "checkpoint": {"every_steps": 50, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
         "restart": {"strategy": strategy, "max_restarts": max_restarts, "poll_interval_s": 0.01,
-                    "hang_timeout_s": hang_timeout_s},
+                    "hang_timeout_s": hang_timeout_s, **restart},
     }
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -154,3 +155,27 @@ def test_a_final_record_no_attempt_of_this_drill_wrote_does_not_complete_its_run
         controller.close()
     assert scheduler.called("submit") == [(run.run_id, 0)] and status == "running"
     assert not run.paths.final.exists() and list(run.paths.root.glob("final.json.foreign-*")), "kept aside"
+
+
+def test_ranks_that_hang_after_the_final_record_are_ended_and_the_run_stays_completed(tmp_path: Path) -> None:
+    """Issue 21, item 5: rank 0 wrote the final record, then the ranks hang in their exit (a
+    process group's teardown, MPI finalize): past finish_timeout_s the run is completed and the
+    drill cancels the job, which held its nodes to its walltime before."""
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(_spec(tmp_path, "resubmit", finish_timeout_s=0.5)), backend=scheduler)
+    [run] = controller.runs
+
+    def ranks_finish_and_hang(trackers: list) -> None:
+        job = next(iter(scheduler.states))
+        if scheduler.states[job] is JobState.PENDING:
+            scheduler.states[job] = JobState.RUNNING
+            run_completed(run.paths.root, 0, steps=100)
+
+    try:
+        assert controller.run(observer=ranks_finish_and_hang)
+        [attempt] = controller.ledger.attempts(run.run_id)
+        status = controller.ledger.run(run.run_id).status
+    finally:
+        controller.close()
+    assert status == "completed" and scheduler.called("cancel") == [attempt.job_id]
+    assert attempt.state == JobState.CANCELLED.value and attempt.failure_class is None
