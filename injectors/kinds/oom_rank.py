@@ -40,9 +40,10 @@ class OomRank(RankKind):
         headroom = int(task.options.get("headroom_mb", 64))
         deadline_s = float(task.options.get("deadline_s", 30.0))
         ticks = live_ticks(targets)
-        caps = [MemoryCap.create(target.pid, _cgroup_name(task, target), headroom * MB) for target in targets]
+        caps: list[MemoryCap] = []
         ending = JobEnding()  # the job ends when the rank dies: finish the record first
-        try:
+        try:  # every cap made is removed again, whatever happens after it (a later target gone too)
+            caps.extend(_cap(task, target, headroom * MB) for target in targets)
             wait_until(task.not_before)
             at = ask(task, targets, {"action": ACTION_LEAK})
             ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
@@ -59,6 +60,15 @@ class OomRank(RankKind):
         return outcome(self.name, targets, "SIGKILL", at, detail=(
             f"memory capped at +{headroom} MB, the rank made to grow: the kernel's OOM killer ended it "
             f"{took:.2f} s later (oom_kill {sum(kills.values())}, peak +{peak:.0f} MB)"))
+
+
+def _cap(task: FaultTask, target: VerifiedTarget, headroom_bytes: int) -> MemoryCap:
+    """``target``'s memory cap; TargetRefused(gone) if it ended after its verification."""
+    try:
+        return MemoryCap.create(target.pid, _cgroup_name(task, target), headroom_bytes)
+    except (FileNotFoundError, ProcessLookupError):
+        raise TargetRefused(f"rank {target.rank} (pid {target.pid}) ended before its memory cap was made",
+                            gone=True) from None
 
 
 def _cgroup_name(task: FaultTask, target: VerifiedTarget) -> str:

@@ -67,3 +67,28 @@ def test_a_process_that_does_not_grow_goes_back_unharmed(tmp_path: Path) -> None
         process.kill()
         process.wait()
         cap.remove()
+
+
+def test_a_target_that_ends_before_its_cap_leaves_no_other_rank_capped(tmp_path: Path, monkeypatch) -> None:
+    """Issue 21, item 18: two ranks verified; the second ends before its cap is made. The fault is
+    refused as gone (no traceback, a verdict) and the first rank's cap is removed again."""
+    from injectors.kinds import oom_rank
+    from injectors.kinds.base import FaultTask
+    from injectors.targets import VerifiedTarget
+
+    live = _start("import time; print('ready', flush=True); time.sleep(60)", tmp_path / "none")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # reaped: its pid names no process now
+    parent = own_memory_cgroup(live.pid)
+    targets = [VerifiedTarget(live.pid, 0, "n", "1"), VerifiedTarget(ended.pid, 1, "n", "1")]
+    monkeypatch.setattr(oom_rank, "verify_all", lambda task: targets)
+    task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0, 1))
+    try:
+        with pytest.raises(TargetRefused) as refused:
+            oom_rank.OomRank().act_on_node(task)
+        assert refused.value.gone, refused.value
+        assert own_memory_cgroup(live.pid) == parent, "the first rank was left under its cap"
+        assert not list(parent.glob(f"faultdrill-oom-r-*-{live.pid}")), "a cap was left behind"
+    finally:
+        live.kill()
+        live.wait()
