@@ -140,6 +140,10 @@ class JobControl(Protocol):
         """Owe ``cluster(action, node, command)`` to the end of the drill (a node down for the rest
         of it): the controller runs it then, or the next controller if this one dies."""
 
+    def owe_removal(self, path: Path) -> None:
+        """Owe the removal of ``path`` (a disk-full ballast) to the end of the drill, before the
+        file is made: a controller that dies while it fills the filesystem leaves it to the next."""
+
     def acted(self, at: float, node: str) -> None:
         """The fault has broken ``node`` at ``at`` (before it waits to mend it): the controller
         knows at once which node its attempt lost, and records it."""

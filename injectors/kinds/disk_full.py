@@ -55,6 +55,7 @@ class DiskFull(FaultKind):
                 f"({limit / MB:g}): disk-full fills only a small filesystem mounted for the run's checkpoints "
                 "(scripts/cluster small-fs, a tmpfs); nothing was written")
         ballast = directory / f"{BALLAST_PREFIX}{uuid.uuid4().hex[:8]}"
+        control.owe_removal(ballast)  # before the file: a controller killed while it is there leaves it owed
         at = time.time()
         filled = _fill(ballast, free - int(float(task.options.get("leave_mb", 0.5)) * MB))
         try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, write_json_atomic
 from injectors.actions import WalltimeSet
+from injectors.kinds.disk_full import BALLAST_PREFIX
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
 from orchestrator.campaign.capabilities import Capability
@@ -94,6 +95,11 @@ class BackendJobControl:
     def mend_at_drill_end(self, action: str, node: str, command: list[str] | None) -> None:
         self.menders.add(Mend(argv=self._cluster_argv(action, node, command), what=f"{action} {node}"))
 
+    def owe_removal(self, path: Path) -> None:
+        """``path`` (a disk-full ballast) is removed at the end of the drill if nothing did before
+        (a controller that died while it filled the checkpoint filesystem)."""
+        self.menders.add(Mend(argv=[], what=f"remove {path}", remove=str(path)))
+
     def _cluster_argv(self, action: str, node: str, command: list[str] | None) -> list[str]:
         if action not in CLUSTER_ACTIONS:
             raise ValueError(f"unknown cluster action {action!r}; valid: {', '.join(CLUSTER_ACTIONS)}")
@@ -117,14 +123,16 @@ class BackendJobControl:
 
 @dataclass(frozen=True)
 class Mend:
-    argv: list[str]
+    argv: list[str]  # a cluster action to run (empty: none)
     what: str
+    remove: str | None = None  # a file to remove: a disk-full fault's ballast, only that
 
 
 class Menders:
-    """Cluster actions owed at the end of the drill (a node down "for the rest of the drill"), kept
-    in a file of the workdir so that a controller that died leaves them to the next one, which
-    runs them first. A drill never leaves a node broken behind it."""
+    """Actions owed at the end of the drill (a node down "for the rest of the drill", a ballast
+    that fills the checkpoint filesystem until removed), kept in a file of the workdir so that a
+    controller that died leaves them to the next one, which runs them first. One that fails stays
+    owed and is tried again. A drill never leaves a node broken or a filesystem full behind it."""
 
     _lock = threading.Lock()  # one file per workdir; injector threads add, the controller runs
 
@@ -136,17 +144,22 @@ class Menders:
             write_json_atomic(self.path, [*self._read(), asdict(mend)])
 
     def run_all(self) -> list[str]:
-        """Every owed action, each once; what each said (or why it failed)."""
+        """Every owed action, each once; what each said (or why it failed). The failed ones stay owed."""
         with self._lock:
-            said = []
+            said, failed = [], []
             for entry in self._read():
                 mend = Mend(**entry)
                 try:
-                    said.append(f"{mend.what}: {run_command(mend.argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()}")
-                except CommandError as error:
+                    if (done := _carry_out(mend)) is not None:
+                        said.append(f"{mend.what}: {done}")
+                except (CommandError, OSError) as error:
                     said.append(f"{mend.what}: FAILED: {error}")
-                    log.error("could not %s at the end of the drill: %s", mend.what, error)
-            self.path.unlink(missing_ok=True)
+                    log.error("could not %s at the end of the drill (owed until it works): %s", mend.what, error)
+                    failed.append(entry)
+            if failed:
+                write_json_atomic(self.path, failed)
+            else:
+                self.path.unlink(missing_ok=True)
             return said
 
     def _read(self) -> list[dict[str, Any]]:
@@ -154,6 +167,19 @@ class Menders:
             return list(json.loads(self.path.read_text()))
         except FileNotFoundError:
             return []
+
+
+def _carry_out(mend: Mend) -> str | None:
+    """What the action said; None for a removal with nothing left to remove (the fault removed it)."""
+    if mend.remove is not None:
+        path = Path(mend.remove)
+        if not path.name.startswith(BALLAST_PREFIX):
+            raise OSError(f"{path} is no disk-full ballast ({BALLAST_PREFIX}*): not removed")
+        if not path.exists():
+            return None
+        path.unlink()
+        return "removed"
+    return run_command(mend.argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
 
 
 def _cluster_facts() -> dict[str, str]:

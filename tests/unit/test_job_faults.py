@@ -21,7 +21,7 @@ from injectors.kinds.base import FaultTask
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.capabilities import LOCAL, SLURM
-from orchestrator.faults.job_control import BackendJobControl, Menders
+from orchestrator.faults.job_control import BackendJobControl, Mend, Menders
 
 
 @dataclass
@@ -163,3 +163,43 @@ def test_a_node_down_for_the_rest_of_the_drill_is_owed_a_mend_that_survives_the_
     said = Menders(tmp_path).run_all()
     assert said == ["node-restore fd-n1: "] and log.read_text().splitlines() == ["off fd-n1", "on fd-n1"]
     assert Menders(tmp_path).run_all() == []
+
+
+@pytest.mark.drill
+def test_a_mend_that_fails_stays_owed_and_is_tried_again(tmp_path: Path) -> None:
+    """Issue 21, item 10: a node whose restore failed was dropped from the owed actions and never
+    retried; it stays owed until it works."""
+    flag = tmp_path / "works"
+    attempt = [sys.executable, "-c", f"import pathlib, sys; sys.exit(0 if pathlib.Path({str(flag)!r}).exists() else 1)"]
+    Menders(tmp_path).add(Mend(argv=attempt, what="node-restore fd-n1"))
+    [said] = Menders(tmp_path).run_all()
+    assert "FAILED" in said
+    flag.touch()
+    assert Menders(tmp_path).run_all() == ["node-restore fd-n1: "]
+    assert Menders(tmp_path).run_all() == []
+
+
+def test_disk_full_owes_the_ballasts_removal_before_it_fills_the_filesystem(tmp_path: Path, monkeypatch) -> None:
+    """Issue 21, item 19: a controller killed while the checkpoint filesystem is full left the
+    ballast behind (every later checkpoint hit ENOSPC). Its removal is owed before the fill, and
+    the next controller removes it."""
+    from injectors.kinds import disk_full
+
+    class Died(BaseException):
+        pass
+
+    def fill_then_die(path: Path, size: int) -> int:
+        path.write_bytes(b"x" * 1024)
+        raise Died()
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    monkeypatch.setattr(disk_full, "_fill", fill_then_die)
+    control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path))
+    monkeypatch.setattr(control, "verify_running", lambda: None)
+    task = FaultTask(kind="disk-full", run_dir=run_dir, run_id="r", attempt=0, job_id="7", options={"max_fill_mb": 1e9})
+    with pytest.raises(Died):
+        get_kind("disk-full").act_on_controller(task, control)
+    [ballast] = (run_dir / "checkpoints").glob(f"{disk_full.BALLAST_PREFIX}*")
+    [said] = Menders(tmp_path).run_all()
+    assert not ballast.exists() and said.startswith(f"remove {ballast}")
