@@ -85,7 +85,7 @@ class RunTracker:
                                    SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up,
                                                    cancel=self._cancel))
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
-                                 gave_up=self._give_up)
+                                 refused=self._requeue_refused)
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
@@ -374,6 +374,15 @@ class RunTracker:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
         self.requeuer.requeue(attempt, job_id, now, already)
+
+    def _requeue_refused(self, attempt: int, job_id: str, why: str, now: float) -> None:
+        """The scheduler would not requeue the job as ``attempt``: that attempt never runs, the job
+        (which holds its nodes, and which the fence names) is cancelled as the drill's, the run
+        gives up."""
+        failed = self._attempt_row(attempt - 1).failure_class or FailureClass.UNKNOWN.value
+        self._drill_cancels(attempt - 1, job_id, DrillEnded(failed, why))
+        self.ledger.update_attempt(self.run.run_id, attempt, state=JobState.CANCELLED.value, ended=now, reason=why)
+        self._give_up(why, now)
 
     def _relaunch(self, attempt: int, job_id: str) -> None:
         """The next attempt in the job that is already running (in-allocation): recorded and

@@ -39,9 +39,9 @@ class PendingRequeue:
 
 class Requeuer:
     def __init__(self, run: RunConfig, backend: Backend, timeout_s: float,
-                 accepted: Callable[[int, Submission], None], gave_up: Callable[[str, float], None]) -> None:
+                 accepted: Callable[[int, Submission], None], refused: Callable[[int, str, str, float], None]) -> None:
         self.run, self.backend, self.timeout_s = run, backend, timeout_s
-        self.accepted, self.gave_up = accepted, gave_up
+        self.accepted, self.refused = accepted, refused  # refused(attempt, job id, why, now)
         self.pending: PendingRequeue | None = None
 
     def requeue(self, attempt: int, job_id: str, now: float, already: bool = False) -> None:
@@ -60,7 +60,8 @@ class Requeuer:
                 pending.error = error.summary if isinstance(error, CommandError) else str(error)
                 if now - pending.first_try > self.timeout_s:
                     self.pending = None
-                    self.gave_up(f"the scheduler would not requeue job {pending.job_id}: {pending.error}", now)
+                    self.refused(pending.attempt, pending.job_id,
+                                 f"the scheduler would not requeue job {pending.job_id}: {pending.error}", now)
                     return
                 pending.next_try_at = now + REQUEUE_RETRY_S
                 return

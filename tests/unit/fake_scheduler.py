@@ -87,6 +87,10 @@ class FakeScheduler(Backend):
         self.states[job_id] = JobState.CANCELLED
         self._maybe_crash("cancel")
 
+    def requeue(self, job_id: str) -> None:
+        self._called("requeue", job_id)
+        self.states[job_id] = JobState.PENDING
+
     def _maybe_crash(self, name: str) -> None:
         if name in self.crash_after:
             self.crash_after.discard(name)

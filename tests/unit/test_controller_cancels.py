@@ -179,3 +179,29 @@ def test_ranks_that_hang_after_the_final_record_are_ended_and_the_run_stays_comp
         controller.close()
     assert status == "completed" and scheduler.called("cancel") == [attempt.job_id]
     assert attempt.state == JobState.CANCELLED.value and attempt.failure_class is None
+
+
+def test_a_requeue_the_scheduler_refuses_ends_the_job_it_would_have_run_in(tmp_path: Path) -> None:
+    """Issue 21, item 10: scontrol requeue refused past cancel_timeout_s: the run gives up and the
+    job is cancelled (it held its nodes, its next attempt REQUEUING, the fence admitting it)."""
+    scheduler = FakeScheduler(refuse={"requeue"})
+    spec = load_campaign(_spec(tmp_path, "requeue", max_restarts=2, cancel_timeout_s=0.2))
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+
+    def ranks_die_once_running(trackers: list) -> None:
+        job = next(iter(scheduler.states))
+        if scheduler.states[job] is JobState.PENDING and not scheduler.called("requeue"):
+            scheduler.states[job] = JobState.RUNNING
+            launch_exited(run.paths.root, 0, 137)
+
+    try:
+        assert controller.run(observer=ranks_die_once_running)
+        attempts = controller.ledger.attempts(run.run_id)
+        status = controller.ledger.run(run.run_id).status
+    finally:
+        controller.close()
+    [job] = list(scheduler.states)
+    assert status == "gave_up" and scheduler.called("cancel") == [job], scheduler.calls
+    assert attempts[0].failure_class == "RANK_SIGNAL", attempts[0]
+    assert all(row.ended is not None for row in attempts), attempts
