@@ -86,6 +86,7 @@ def _drill_id(ledger: Ledger, campaign: Campaign) -> str:
     return str(drill_id)
 
 
+INJECTORS_PER_RUN = 4  # faults of one run acting at once (a corrupt-checkpoint beside a kill, ...)
 CANCEL_POLL_S = 1.0  # how often ``cancel`` asks the scheduler whether the cancelled jobs ended
 
 
@@ -122,16 +123,17 @@ class Controller:
         the jobs are left running for the next controller to adopt)."""
         menders = Menders(self.campaign.workdir)
         self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="injector") as pool:
-            trackers = self._trackers(pool)
-            try:
-                self._drive(trackers, observer)
-            finally:
+        pools = self.injector_pools()
+        trackers = self.trackers(pools)
+        try:
+            self._drive(trackers, observer)
+        finally:
+            for pool in pools.values():
                 pool.shutdown(wait=True)  # a fault still acting may owe a mend
-                self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
-                for tracker in trackers:
-                    if tracker.done:
-                        tracker.finalize()
+            self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
+            for tracker in trackers:
+                if tracker.done:
+                    tracker.finalize()
         if self.stop_requested.is_set() and not all(tracker.done for tracker in trackers):
             self.ledger.set_meta(f"stopped-{time.time():.3f}", "the controller was asked to stop; jobs left running")
             return False
@@ -146,8 +148,9 @@ class Controller:
         restart.cancel_timeout_s); a job it refused to cancel, or could not account for, is named
         in ``alive`` and nothing of its run is recorded (``cancel`` again to retry)."""
         menders = Menders(self.campaign.workdir)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="injector") as pool:
-            trackers = self._trackers(pool)
+        pools = self.injector_pools()
+        try:
+            trackers = self.trackers(pools)
             asked = {tracker.run.run_id: tracker.ask_cancel() for tracker in trackers}
             refused = [job for _, jobs in asked.values() for job in jobs]
             unconfirmed = self._not_ended([job for jobs, _ in asked.values() for job in jobs if job not in refused],
@@ -158,6 +161,9 @@ class Controller:
             for tracker in trackers:
                 if not set(asked[tracker.run.run_id][0]) & set(alive):
                     tracker.record_cancelled(now)
+        finally:
+            for pool in pools.values():
+                pool.shutdown(wait=True)
         self._mend(menders, "on cancel")
         if not alive:
             self.ledger.set_meta("cancelled", now)
@@ -181,8 +187,15 @@ class Controller:
             time.sleep(min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
         return waiting
 
-    def _trackers(self, pool: ThreadPoolExecutor) -> list[RunTracker]:
-        return [RunTracker(run, faults, self.backend, self.ledger, pool, self.drill_id) for run, faults in self.plan]
+    def injector_pools(self) -> dict[str, ThreadPoolExecutor]:
+        """A pool of fault threads per run (threads start only when a fault acts): no fault waits
+        behind another run's long one (a node crash's hold, a stall, a disk-full)."""
+        return {run.run_id: ThreadPoolExecutor(max_workers=INJECTORS_PER_RUN, thread_name_prefix=f"injector-{run.run_id}")
+                for run in self.runs}
+
+    def trackers(self, pools: dict[str, ThreadPoolExecutor]) -> list[RunTracker]:
+        return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id)
+                for run, faults in self.plan]
 
     def _mend(self, menders: Menders, when: str) -> None:
         for said in menders.run_all():

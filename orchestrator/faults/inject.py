@@ -46,7 +46,8 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
     if kind.site is Site.CONTROLLER:
         control = BackendJobControl(backend, request.job_id,
                                     signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name),
-                                    menders=Menders(request.run.campaign.workdir), on_acted=request.on_acted)
+                                    menders=Menders(request.run.campaign.workdir), on_acted=request.on_acted,
+                                    fence=(request.run.paths, request.attempt))
         return kind.act_on_controller(task, control)
     return _on_rank_nodes(backend, request, task)
 

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, write_json_atomic
+from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, RunPaths, write_json_atomic
+from experiments.runtime.fence import read_fence
 from injectors.actions import WalltimeSet
 from injectors.kinds.disk_full import BALLAST_PREFIX
 from injectors.targets import TargetRefused
@@ -42,6 +43,9 @@ class BackendJobControl:
     signal_by_agent: Callable[[str], None]
     menders: "Menders"
     on_acted: Callable[[float, str], None] = lambda at, node: None
+    # The run's files and the attempt the fault is aimed at: under a same-job strategy the job runs
+    # on as the next attempt, which a late fault must not hit. None: the job alone is checked.
+    fence: tuple[RunPaths, int] | None = None
     _nodes: list[str] | None = None  # the allocation does not change: asked once
 
     @property
@@ -52,6 +56,13 @@ class BackendJobControl:
         state = self.backend_impl.poll([self.job_id])[self.job_id]
         if state is not JobState.RUNNING:
             raise TargetRefused(f"job {self.job_id} is {state.value}, not running", gone=state.is_terminal)
+        if self.fence is not None:
+            paths, attempt = self.fence
+            current = read_fence(paths)
+            if current is None or current.attempt != attempt:
+                now = f"attempt {current.attempt}" if current is not None else "no attempt"
+                raise TargetRefused(f"job {self.job_id} runs {now} of the run now, not attempt {attempt}: "
+                                    "the fault came after its attempt", gone=True)
 
     def signal_ranks(self, signal_name: str) -> None:
         if self.backend_impl.offers(Capability.SIGNAL_RANKS):

@@ -92,3 +92,18 @@ def test_an_attempt_in_the_same_job_is_looked_up_as_its_array_element(tmp_path: 
         controller.close()
     assert (first.job_id, first.array_index) == ("101_1", 1)
     assert relaunched.job_name == first.job_name and relaunched.array_index == 1, relaunched
+
+
+def test_every_run_has_injector_threads_of_its_own(tmp_path: Path) -> None:
+    """Issue 21, item 8: one 4-thread pool served every run, so a fifth run's fault waited behind
+    four long ones (a node crash's hold, a stall, a disk-full) and acted seconds late. Each run's
+    faults now go to a pool of its own: eight runs, eight pools."""
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=8)), backend=FakeScheduler())
+    try:
+        pools = controller.injector_pools()
+        trackers = controller.trackers(pools)
+        assert len({id(tracker.faults.pool) for tracker in trackers}) == 8
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+        controller.close()

@@ -203,3 +203,21 @@ def test_disk_full_owes_the_ballasts_removal_before_it_fills_the_filesystem(tmp_
     [ballast] = (run_dir / "checkpoints").glob(f"{disk_full.BALLAST_PREFIX}*")
     [said] = Menders(tmp_path).run_all()
     assert not ballast.exists() and said.startswith(f"remove {ballast}")
+
+
+def test_a_job_level_fault_that_comes_after_its_attempt_is_refused_as_gone(tmp_path: Path) -> None:
+    """Issue 21, item 8: under a same-job strategy the job runs on as the next attempt; a fault
+    aimed at the attempt before it, acting late, must not hit it (and be credited to the old one):
+    it checks the fence, not only that the job runs."""
+    from experiments.layout import RunPaths
+    from experiments.runtime.fence import Fence, write_fence
+
+    paths = RunPaths(tmp_path / "run")
+    control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None,
+                                menders=Menders(tmp_path), fence=(paths, 0))
+    write_fence(paths, Fence(0, "7"))
+    control.verify_running()  # attempt 0 runs in job 7
+    write_fence(paths, Fence(1, "7"))  # relaunched in the same job as attempt 1
+    with pytest.raises(TargetRefused, match="attempt 1") as refused:
+        control.verify_running()
+    assert refused.value.gone
