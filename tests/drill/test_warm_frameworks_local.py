@@ -3,7 +3,7 @@ the real CLI with experiments/campaigns/warm-frameworks.yaml: every rank SIGKILL
 same job by a warm spare set (its collective formed before the fault) that resumes from the newest
 valid checkpoint; a new set replaces it; each run ends bit for bit as its fault-free twin and no
 process of the drill is left behind. CI drills TensorFlow's sets here (Chainer's are CI's on a real
-cluster: tests/cluster/test_warm_pbs.py and test_warm_slurm.py); both with FAULTDRILL_FULL=1."""
+cluster: tests/cluster/test_warm_pbs.py); both with FAULTDRILL_FULL=1."""
 
 from __future__ import annotations
 
