@@ -1,0 +1,129 @@
+"""A scheduler whose jobs run, in the controller's own process: each poll moves every job a step on and
+writes what its batch script and ranks would (events, heartbeats, the final record), so that the
+controller drives whole drills in the unit tier (no process, no framework). A job checks the run's
+fence when it starts, as the batch script does (templates/fence.sh.j2): a stale one ends without
+touching the run. The world outlives the controller: a test kills one (ControllerCrash at a seam)
+and starts the next on the same workdir and the same scheduler.
+
+What it records for the invariants of the crash-point harness: which jobs ever ran for each
+attempt, which started against the fence (never allowed), and which are still alive."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fake_scheduler import FakeScheduler
+
+from experiments.layout import (
+    EVENT_COMPLETED,
+    EVENT_FIRST_STEP,
+    EVENT_JOB_START,
+    EVENT_STEP_EXIT,
+    FinalRecord,
+    RankJob,
+    RunPaths,
+    append_json_line,
+    record_dict,
+    write_json_atomic,
+)
+from experiments.runtime.fence import read_fence
+from orchestrator.backends.base import AttemptRef, Submission
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.states import JobState
+
+KILL = "kill"  # the ranks die of SIGKILL at the job's second poll while running (launch exit 137)
+HANG = "hang"  # the ranks stop at the job's second poll while running: no more heartbeats, the job runs on
+
+
+@dataclass
+class SimJob:
+    job_id: str
+    run: RunConfig
+    job: RankJob
+    running_polls: int = 0
+    stale: bool = False  # started against the fence and ended without touching the run
+
+
+@dataclass
+class SimulatedCluster(FakeScheduler):
+    polls_to_finish: int = 3  # polls a running job takes to train to its last step
+    failures: dict[tuple[str, int], str] = field(default_factory=dict)  # (run id, attempt) -> KILL
+    jobs: dict[str, SimJob] = field(default_factory=dict)
+    ran: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (run, attempt) -> jobs that trained
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        submission = super().submit(run, job)
+        self.jobs[submission.job_id] = SimJob(submission.job_id, run, job)
+        return submission
+
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+        submissions = super().submit_array(items)
+        for (run, job), submission in zip(items, submissions, strict=True):
+            self.jobs[submission.job_id] = SimJob(submission.job_id, run, job)
+        return submissions
+
+    def find_submitted(self, ref: AttemptRef) -> list[str]:
+        """The jobs submitted as ``ref``'s attempt (what a lookup by the attempt's job name finds)."""
+        self._called("find_submitted", (ref.run.run_id, ref.attempt))
+        return [sim.job_id for sim in self.jobs.values()
+                if (sim.run.run_id, sim.job.attempt) == (ref.run.run_id, ref.attempt)]
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        """Every job moves on (the scheduler runs them all, asked about or not), then the answer."""
+        self.tick()
+        return super().poll(job_ids)
+
+    def tick(self) -> None:
+        """Time passes on the cluster: every job a step on (also while no controller watches)."""
+        for sim in list(self.jobs.values()):
+            self._advance(sim)
+
+    def alive(self) -> list[str]:
+        return [job_id for job_id, state in self.states.items() if not state.is_terminal]
+
+    def _advance(self, sim: SimJob) -> None:
+        state = self.states[sim.job_id]
+        if state is JobState.PENDING:
+            self._start(sim)
+        elif state is JobState.RUNNING:
+            self._train(sim)
+
+    def _start(self, sim: SimJob) -> None:
+        paths = RunPaths(sim.run.paths.root)
+        fence = read_fence(paths)
+        if fence is None or not fence.admits(sim.job.attempt, sim.job_id, sim.job.drill_id or None):
+            sim.stale = True  # the batch script's fence check: no rank started, nothing written
+            self.states[sim.job_id] = JobState.COMPLETED
+            return
+        self.states[sim.job_id] = JobState.RUNNING
+        self.ran.setdefault((sim.run.run_id, sim.job.attempt), []).append(sim.job_id)
+        events = paths.events_file(sim.job.attempt)
+        events.parent.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        append_json_line(events, {"event": EVENT_JOB_START, "time": now})
+        append_json_line(events, {"event": EVENT_FIRST_STEP, "time": now, "step": 1})
+        paths.heartbeats.mkdir(parents=True, exist_ok=True)
+        append_json_line(paths.heartbeat_file(0), {"attempt": sim.job.attempt, "step": 1, "time": now})
+
+    def _train(self, sim: SimJob) -> None:
+        paths = RunPaths(sim.run.paths.root)
+        failure = self.failures.get((sim.run.run_id, sim.job.attempt))
+        if failure == HANG and sim.running_polls >= 1:
+            return  # stopped: silent until the scheduler ends it
+        sim.running_polls += 1
+        now = time.time()
+        append_json_line(paths.heartbeat_file(0), {"attempt": sim.job.attempt, "step": 1 + sim.running_polls,
+                                                   "time": now})
+        if failure == KILL and sim.running_polls == 2:
+            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
+                                                                  "exit_code": 137})
+            self.states[sim.job_id] = JobState.FAILED
+        elif sim.running_polls >= self.polls_to_finish:
+            steps = sim.run.workload.steps
+            write_json_atomic(paths.final, record_dict(FinalRecord(step=steps, digest=f"digest-{sim.run.run_id}",
+                                                                   time=now, attempt=sim.job.attempt)))
+            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_COMPLETED, "time": now})
+            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
+                                                                  "exit_code": 0})
+            self.states[sim.job_id] = JobState.COMPLETED

@@ -1,0 +1,170 @@
+"""The crash-point harness (issue 21): a drill of several runs against a simulated cluster
+(tests/unit/simulated_cluster.py), its controller killed right after each side effect in turn —
+every submission, cancel and requeue it asks of the scheduler, every fence it writes, every ledger
+write — and a second controller started on the same workdir. N crossings in the drill without a
+crash -> N drills, each checked against the invariants:
+
+- every run ends as it would have without the crash;
+- no attempt ever ran two jobs, and no job ran against the fence;
+- no run is given up or classed CANCELLED because of the drill's own action;
+- the final record and digest come from the run's last attempt;
+- nothing is left on the scheduler.
+
+Not yet here (issue 21, next): same-job strategies, warm, arrays, hangs, preemptions, give-ups and a
+user's cancel in the drill; the SIGKILL mode against a real process; the warm coordinator's
+message-loss harness."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import yaml
+from fake_scheduler import ControllerCrash
+from simulated_cluster import HANG, KILL, SimulatedCluster
+
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.control import tracker as tracker_module
+from orchestrator.control.controller import Controller
+from orchestrator.record.ledger import Ledger
+
+pytestmark = pytest.mark.unit
+
+LEDGER_WRITES = ("add_attempt", "update_attempt", "update_run", "set_meta", "add_checkpoints")
+SCHEDULER_ACTS = ("submit", "submit_array", "cancel", "requeue")
+
+
+@dataclass
+class Crossings:
+    """Counts the controller's side effects; raises ControllerCrash right after the ``crash_at``-th."""
+
+    crash_at: int | None = None
+    seen: list[str] = field(default_factory=list)
+
+    def crossed(self, seam: str) -> None:
+        self.seen.append(seam)
+        if len(self.seen) == self.crash_at:
+            raise ControllerCrash(f"killed right after crossing {len(self.seen)}: {seam}")
+
+    def after(self, seam: str, act: Callable[..., Any]) -> Callable[..., Any]:
+        def crossing(*args: Any, **kwargs: Any) -> Any:
+            result = act(*args, **kwargs)
+            self.crossed(seam)
+            return result
+        return crossing
+
+
+def _spec(tmp_path: Path) -> Path:
+    spec = {
+        "name": "crash-points", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "checkpoint": {"every_steps": 50, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.002, "hang_timeout_s": 0.1},
+        "parallel_runs": 2,
+        "sweep": {"grid": {"workload.seed": [0, 1, 2]}},
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _world(spec: Path) -> SimulatedCluster:
+    """r001's first attempt is killed (its launch exits 137), r002's hangs (cancelled by the drill)."""
+    _, killed, hung = sorted(run.run_id for run in expand_runs(load_campaign(spec)))
+    return SimulatedCluster(failures={(killed, 0): KILL, (hung, 0): HANG})
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, crossings: Crossings, world: SimulatedCluster) -> None:
+    for name in LEDGER_WRITES:
+        monkeypatch.setattr(Ledger, name, crossings.after(f"ledger.{name}", getattr(Ledger, name)))
+    monkeypatch.setattr(tracker_module, "write_fence", crossings.after("fence", tracker_module.write_fence))
+    for name in SCHEDULER_ACTS:
+        monkeypatch.setattr(world, name, crossings.after(f"scheduler.{name}", getattr(world, name)))
+
+
+def _drive(spec: Path, world: SimulatedCluster) -> None:
+    """One controller on the workdir until the drill ends (or a crossing kills it)."""
+    controller = None
+    try:
+        controller = Controller(load_campaign(spec), backend=world)
+        assert controller.run()
+    finally:
+        if controller is not None:
+            controller.close()
+
+
+def _outcome(spec: Path) -> dict[str, tuple[str, str | None, int | None, list[str | None]]]:
+    """Run id -> (status, final digest, the attempt the final record names, each attempt's class)."""
+    ledger = Ledger.in_workdir(load_campaign(spec).workdir)
+    try:
+        return {row.run_id: (row.status, row.final_digest, _final_attempt(spec, row.run_id),
+                             [attempt.failure_class for attempt in ledger.attempts(row.run_id)])
+                for row in ledger.runs()}
+    finally:
+        ledger.close()
+
+
+def _final_attempt(spec: Path, run_id: str) -> int | None:
+    final = load_campaign(spec).workdir / "runs" / run_id / "final.json"
+    return json.loads(final.read_text())["attempt"] if final.exists() else None
+
+
+def _check(world: SimulatedCluster, outcome: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+    assert outcome == expected, where
+    assert all(len(jobs) == 1 for jobs in world.ran.values()), f"an attempt ran two jobs: {world.ran} {where}"
+    assert not world.alive(), f"left on the scheduler: {world.alive()} {where}"
+
+
+@pytest.fixture
+def workdirs(tmp_path: Path) -> Iterator[Path]:
+    """Where the drills' workdirs go: a tmpfs if there is one (the ledger's and the fences' fsyncs,
+    ~150 drills of them, cost nothing there), else tmp_path."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        yield tmp_path
+        return
+    directory = Path(tempfile.mkdtemp(prefix="faultdrill-crash-points-", dir=shm))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_the_drill_the_same(
+        workdirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = workdirs
+    spec = _spec(tmp_path / "clean")
+    world, crossings = _world(spec), Crossings()
+    with monkeypatch.context() as patch:
+        _install(patch, crossings, world)
+        _drive(spec, world)
+    expected = _outcome(spec)
+    _check(world, expected, expected, "(no crash)")
+    assert {status for status, *_ in expected.values()} == {"completed"}
+    assert sorted(str(classes) for *_, classes in expected.values()) == [
+        "['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]
+    total = len(crossings.seen)
+    assert total > 20, crossings.seen
+    print(f"crash-point harness: {total} crossings ({', '.join(sorted(set(crossings.seen)))})")
+
+    for crash_at in range(1, total + 1):
+        spec = _spec(tmp_path / f"crash-{crash_at}")
+        world, crossings = _world(spec), Crossings(crash_at=crash_at)
+        where = f"(killed after crossing {crash_at} of {total})"
+        with monkeypatch.context() as patch:
+            _install(patch, crossings, world)
+            try:
+                _drive(spec, world)
+            except ControllerCrash as crash:
+                where = f"({crash}; crossings before it: {crossings.seen[-6:]})"
+        world.tick()  # the cluster goes on while no controller is there: a pending job starts
+        _drive(spec, world)  # the next controller, on the same workdir and the same scheduler
+        _check(world, _outcome(spec), expected, where)
