@@ -162,3 +162,54 @@ def test_a_batch_script_of_another_drill_starts_no_rank(tmp_path: Path) -> None:
     logged = done.stderr + "".join(p.read_text() for p in run.paths.submitit.glob("*_log.err"))
     assert done.returncode == 0 and "stale attempt" in logged and "drill new-drill" in logged, logged
     assert not (tmp_path / "launched").exists(), "another drill's attempt launched its ranks"
+
+
+def _strategy_run(tmp_path: Path, strategy: str):  # noqa: ANN202 - a RunConfig
+    campaign = Campaign.model_validate({
+        "name": "fence", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 10},
+        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:05:00"},
+        "restart": {"strategy": strategy, "relaunch_wait_s": 3},
+    })
+    return expand_runs(campaign)[0]
+
+
+@pytest.mark.drill
+def test_a_requeued_job_runs_as_the_attempt_the_fence_names_with_its_drill(tmp_path: Path) -> None:
+    """The fence's third field (the drill) must not spoil the batch script's reading of its job."""
+    run = _strategy_run(tmp_path, "requeue")
+    script = render_slurm(run, attempt=0, drill_id="fence-1")
+    run.paths.submitit.mkdir(parents=True)
+    write_fence(run.paths, Fence(1, "77", drill_id="fence-1"))  # requeued as attempt 1
+    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit,
+                          env={**_fake_launchers(tmp_path), "SLURM_JOB_ID": "77"}, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and (tmp_path / "launched").read_text() == "srun\n", done.stderr[-2000:]
+    assert run.paths.events_file(1).exists() and not run.paths.events_file(0).exists()
+
+
+@pytest.mark.drill
+def test_an_in_allocation_job_relaunches_on_a_go_that_names_its_drill(tmp_path: Path) -> None:
+    run = _strategy_run(tmp_path, "in-allocation")
+    script = render_slurm(run, attempt=0, drill_id="fence-1")
+    run.paths.submitit.mkdir(parents=True)
+    env = _fake_launchers(tmp_path)
+    srun = Path(env["PATH"].split(":")[0]) / "srun"  # the first launch fails, the next succeeds
+    srun.write_text(f"#!/bin/sh\necho srun >> {tmp_path / 'launched'}\n"
+                    f"[ -f {tmp_path / 'once'} ] && exit 0\ntouch {tmp_path / 'once'}\nexit 1\n")
+    write_fence(run.paths, Fence(0, "77", drill_id="fence-1"))
+
+    def go_when_the_first_launch_failed() -> None:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "once").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        write_fence(run.paths, Fence(1, "77", drill_id="fence-1"))
+
+    import threading
+    go = threading.Thread(target=go_when_the_first_launch_failed)
+    go.start()
+    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env={**env, "SLURM_JOB_ID": "77"},
+                          capture_output=True, text=True, timeout=60)
+    go.join()
+    assert (tmp_path / "launched").read_text() == "srun\nsrun\n", done.stderr[-2000:]
+    assert run.paths.events_file(1).exists(), "relaunched as attempt 1"
