@@ -104,12 +104,16 @@ def run_rank(job: RankJob) -> dict[str, Any]:
 
 def _run_command(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: float) -> dict[str, Any]:
     """The user's script as this rank (experiments/runtime/command.py): its child registers as the rank."""
+    from experiments.layout import SIGNAL_EXIT_BASE
     from experiments.runtime.command import CommandFailed, run_command
 
     try:
         return run_command(job, env, started_at)
     except Exception as error:
-        if not paths.rank_error_file(job.attempt, env.rank).exists():  # the script's own account wins
+        signalled = isinstance(error, CommandFailed) and error.exit_code > SIGNAL_EXIT_BASE
+        # The script's own account wins; a script that ended as a signal's victim (a wrapper's 137)
+        # said nothing of its own: its exit code is the evidence, not an error it raised.
+        if not signalled and not paths.rank_error_file(job.attempt, env.rank).exists():
             record_rank_error(paths, job.attempt, env.rank, error)
         if isinstance(error, CommandFailed) and error.exit_code != 1:
             # The rank ends with the script's own code (an exception would make it 1), and says why.

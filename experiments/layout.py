@@ -59,6 +59,8 @@ ENV_RELAUNCH_WAIT_S = "FAULTDRILL_RELAUNCH_WAIT_S"  # local in-allocation: how l
 CLUSTER_NODES_KEY = "FAULTDRILL_CLUSTER_NODES"
 CLUSTER_NAME_KEY = "FAULTDRILL_CLUSTER_NAME"
 
+SIGNAL_EXIT_BASE = 128  # srun and shells: a task killed by signal N exits 128 + N
+
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_PREFIX = "step-"
 

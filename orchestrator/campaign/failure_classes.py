@@ -13,9 +13,9 @@ import signal
 from dataclasses import dataclass
 from enum import Enum
 
+from experiments.layout import SIGNAL_EXIT_BASE
 from orchestrator.states import JobState
 
-SIGNAL_EXIT_BASE = 128  # srun and shells: a task killed by signal N exits 128 + N
 # What a rank's error says when the checkpoint filesystem was full (experiments/runtime/checkpoint).
 CHECKPOINT_WRITE_MARKERS = ("could not be written: no space left on device", "[Errno 28]", "[Errno 122]")
 OUT_OF_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory")

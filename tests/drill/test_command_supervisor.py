@@ -24,6 +24,8 @@ from experiments.layout import (
     rank_job_to_dict,
     read_json_lines,
 )
+from orchestrator.campaign.failure_classes import FailureClass, FailureEvidence, classify
+from orchestrator.states import JobState
 
 HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "*"]
 
@@ -86,8 +88,14 @@ def test_the_rank_exits_with_the_scripts_own_code(tmp_path: Path, code: int) -> 
     wrapper = ["bash", "-c", f'python3 -c "import sys; print(\'step 1\', flush=True); sys.exit({code})"; exit $?']
     done, paths = _run(tmp_path, wrapper)
     assert done.returncode == code, done.stderr[-2000:]
-    error = json.loads(paths.rank_error_file(0, 0).read_text())["error"]
-    assert f"exited with code {code}" in error
+    assert f"exited with code {code}" in done.stderr
+    # The class the controller takes from this rank's exit and its words (a killed process says
+    # nothing of its own: 137 is a signal, not an error the script raised).
+    rank_errors = (json.loads(paths.rank_error_file(0, 0).read_text())["error"],) \
+        if paths.rank_error_file(0, 0).exists() else ()
+    classified = classify(FailureEvidence(state=JobState.FAILED, noticed_by="step_exit", exit_code=code,
+                                          rank_errors=rank_errors))
+    assert classified.failure_class is (FailureClass.RANK_SIGNAL if code > 128 else FailureClass.RANK_EXIT), classified
 
 
 def test_a_program_that_does_not_exist_is_named(tmp_path: Path) -> None:

@@ -26,13 +26,13 @@ from experiments.layout import (
     ENV_RELAUNCH_WAIT_S,
     ENV_RUN_DIR,
     EVENT_STEP_EXIT,
+    SIGNAL_EXIT_BASE,
     RunPaths,
     append_json_line,
 )
 from experiments.runtime.fence import StaleAttemptError, read_fence, same_job
 from orchestrator.backends.local.warm import COMPLETED as WARM_COMPLETED
 from orchestrator.backends.local.warm import WARM_VERDICT, LocalWarmJob, record_verdict, warm_requested
-from orchestrator.campaign.failure_classes import SIGNAL_EXIT_BASE
 
 GO_POLL_S = 0.1
 KILL_WAIT_S = 2.0  # Slurm's KillWait (30 s by default) for a local job: SIGTERM to SIGKILL

@@ -32,6 +32,7 @@ from experiments.layout import (
     ENV_WARM_SLOT,
     ENV_WARM_SPARES,
     ENV_WARM_WORLD,
+    SIGNAL_EXIT_BASE,
     RunPaths,
     append_json_line,
 )
@@ -40,7 +41,6 @@ from experiments.runtime.fence import Fence, write_fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement
 from experiments.warm.processes import end_members, processes_of
 from experiments.warm.protocol import set_port
-from orchestrator.campaign.failure_classes import SIGNAL_EXIT_BASE
 
 log = logging.getLogger(__name__)
 
