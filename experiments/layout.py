@@ -271,6 +271,7 @@ class FinalRecord:
     digest: str
     time: float
     attempt: int
+    drill_id: str = ""  # the drill whose rank wrote it ("" in records older than the field)
 
 
 # Event names in an attempt's events.jsonl, in the order they happen.

@@ -299,7 +299,8 @@ class Supervisor:
                                 "the run did not reach its last step")
         check_current(self.paths, self.job.attempt, own_job_id(self.env.job_id), "writing the final record",
                       drill_id=self.job.drill_id or None)
-        record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt)
+        record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt,
+                             drill_id=self.job.drill_id)
         write_json_atomic(self.paths.final, record_dict(record))
         self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
 

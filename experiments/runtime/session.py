@@ -301,7 +301,8 @@ class RankSession:
         self._check_fence("writing the final record")
         if self.job.keep_final_weights and named_weights is not None:
             save_weights(self.paths.final_weights, named_weights())
-        record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt)
+        record = FinalRecord(step=final_step, digest=digest, time=time.time(), attempt=self.job.attempt,
+                             drill_id=self.job.drill_id)
         write_json_atomic(self.paths.final, record_dict(record))
         step_time_s = self.train_time_s / self.steps_trained if self.steps_trained and self.train_time_s else 0.0
         self.events.emit(EVENT_COMPLETED, step=final_step, digest=digest, step_time_s=step_time_s)

@@ -42,6 +42,7 @@ from typing import BinaryIO, Iterator, Mapping
 from experiments.launchers import Launch, Mpiexec, Srun, argv
 from experiments.layout import (
     ENV_ATTEMPT,
+    ENV_DRILL_ID,
     ENV_MASTER_PORT,
     ENV_RUN_DIR,
     ENV_WARM_COORDINATOR,
@@ -161,7 +162,7 @@ class BatchWarmJob:
             spares_wanted=self.args.spare_sets if restart_all else len(self.nodes) * self.args.spares_per_node,
             first_attempt=self.args.attempt, port_base=self.port_base,
             events=lambda attempt, event: append_json_line(self.paths.events_file(attempt), event),
-            fence=lambda attempt: write_fence(self.paths, Fence(attempt, self.args.job)),
+            fence=lambda attempt: write_fence(self.paths, Fence(attempt, self.args.job, os.environ.get(ENV_DRILL_ID))),
             spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots)
         if restart_all:
             for number in range(1 + self.args.spare_sets):

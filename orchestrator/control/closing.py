@@ -24,7 +24,7 @@ class ClosingJob:
 
 
 class ClosingJobs:
-    def __init__(self, run_id: str, ledger: Ledger, cancel: Callable[[str, bool], None], timeout_s: float,
+    def __init__(self, run_id: str, ledger: Ledger, cancel: Callable[[int, str, bool], None], timeout_s: float,
                  on_final_state: Callable[[int, JobState], None] | None = None) -> None:
         self.run_id, self.ledger, self.cancel, self.timeout_s = run_id, ledger, cancel, timeout_s
         self.on_final_state = on_final_state
@@ -55,11 +55,11 @@ class ClosingJobs:
     def _escalate(self, attempt: int, closing: ClosingJob, state: JobState, now: float) -> None:
         if not closing.cancelled:
             closing.cancelled = True
-            self.cancel(closing.job_id, False)
+            self.cancel(attempt, closing.job_id, False)
         elif not closing.forced:
             closing.forced = True
             log.warning("%s: job %s still %s after its cancel; killing it", self.run_id, closing.job_id, state.value)
-            self.cancel(closing.job_id, True)
+            self.cancel(attempt, closing.job_id, True)
         else:
             row = next(row for row in self.ledger.attempts(self.run_id) if row.attempt == attempt)
             note = f"job still {state.value} after a forced cancel: left behind"

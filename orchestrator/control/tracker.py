@@ -139,13 +139,14 @@ class RunTracker:
         attempts = self.ledger.attempts(self.run.run_id)
         last = attempts[-1] if attempts else None
         final = _read_final(self.run)
-        if final is not None and not any(row.attempt == final.attempt for row in attempts):
-            # No attempt of this drill wrote it (an earlier drill's job, in a run directory reused
-            # after its workdir was archived): no proof of this drill's work.
+        if final is not None and final.drill_id and final.drill_id != self.drill_id:
+            # An earlier drill's job wrote it (its workdir archived, this run directory's path
+            # reused): no proof of this drill's work. (An attempt the ledger has not seen may be
+            # this drill's: a warm job numbers its re-formations itself.)
             aside = self.run.paths.final.with_name(f"{self.run.paths.final.name}.foreign-{time.time_ns()}")
             os.replace(self.run.paths.final, aside)
-            log.warning("%s: %s names attempt %d, which this drill never ran: moved aside to %s", self.run.run_id,
-                        self.run.paths.final, final.attempt, aside.name)
+            log.warning("%s: %s was written by drill %s, not this one: moved aside to %s", self.run.run_id,
+                        self.run.paths.final, final.drill_id, aside.name)
             final = None
         in_flight = last is not None and last.ended is None and last.job_id is not None
         if final is not None and final.step == self.run.workload.steps and not (in_flight and last is not None and final.attempt == last.attempt):
@@ -370,7 +371,7 @@ class RunTracker:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and
         attempt) before the scheduler is asked, so that the job's next start runs as it."""
         self.watch = None
-        self._begin_in_same_job(attempt)
+        self._begin_in_same_job(attempt, job_id)
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
         self.requeuer.requeue(attempt, job_id, now, already)
@@ -382,6 +383,8 @@ class RunTracker:
         failed = self._attempt_row(attempt - 1).failure_class or FailureClass.UNKNOWN.value
         self._drill_cancels(attempt - 1, job_id, DrillEnded(failed, why))
         self.ledger.update_attempt(self.run.run_id, attempt, state=JobState.CANCELLED.value, ended=now, reason=why)
+        # Until the scheduler shows it ended: the cancel escalated (killed, then left behind), not fire-and-forget.
+        self.closing.add(attempt - 1, job_id, now, cancelled=True)
         self._give_up(why, now)
 
     def _relaunch(self, attempt: int, job_id: str) -> None:
@@ -389,7 +392,7 @@ class RunTracker:
         fenced like a submission, then the go — the fence naming this attempt and the job, which
         the batch script waits for — with the nodes to keep off beside it."""
         self.watch = None
-        job = self._begin_in_same_job(attempt)
+        job = self._begin_in_same_job(attempt, job_id)
         if job.exclude_nodes:
             exclude_file = self.run.paths.attempt_dir(attempt) / RELAUNCH_EXCLUDE_NAME
             exclude_file.parent.mkdir(parents=True, exist_ok=True)
@@ -403,16 +406,17 @@ class RunTracker:
         is its acceptance): recorded and watched here, the fence left to the job (writing it from here
         could name an attempt the job has already left behind)."""
         self.watch = None
-        self._begin_in_same_job(attempt, fence=False)
+        self._begin_in_same_job(attempt, job_id, fence=False)
         log.info("%s: attempt %d re-forms warm in job %s", self.run.run_id, attempt, job_id)
         # Accepted when the coordinator planned it: the recovery reads that from its warm_plan event.
         self.accept(attempt, Submission(job_id, accepted_at=time.time()), fence=False)
 
-    def _begin_in_same_job(self, attempt: int, fence: bool = True) -> RankJob:
-        """An attempt that runs in the job already there (relaunched, requeued, re-formed warm):
-        recorded under that job's name and array element (the first attempt's), so a restarted
-        controller looks up that element, not every element of the array."""
-        first = self.ledger.attempts(self.run.run_id)[0]
+    def _begin_in_same_job(self, attempt: int, job_id: str, fence: bool = True) -> RankJob:
+        """An attempt that runs in ``job_id``, already there (relaunched, requeued, re-formed warm):
+        recorded under that job's name and array element (those of the first attempt that ran in
+        it), so a restarted controller looks up that job, not another attempt's nor every element
+        of its array."""
+        first = next(row for row in self.ledger.attempts(self.run.run_id) if row.job_id == job_id)
         return self.begin_attempt(attempt, job_name=first.job_name, array_index=first.array_index, fence=fence)
 
     def _decide(self, attempt: int) -> Decision:
@@ -594,9 +598,10 @@ class RunTracker:
             self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
         self._cancel(job_id, force=force)
 
-    def _cancel_failed_job(self, job_id: str, force: bool) -> None:
-        """A failed attempt's job that did not end in time (orchestrator.control.closing)."""
-        row = next(row for row in self.ledger.attempts(self.run.run_id) if row.job_id == job_id)
+    def _cancel_failed_job(self, attempt: int, job_id: str, force: bool) -> None:
+        """``attempt``'s job, which did not end in time (orchestrator.control.closing): recorded
+        with that attempt's class (several attempts may have run in the job)."""
+        row = self._attempt_row(attempt)
         why = DrillEnded(row.failure_class or FailureClass.UNKNOWN.value,
                          f"attempt {row.attempt}'s job did not end in time; the drill cancelled it")
         self._drill_cancels(row.attempt, job_id, why, force=force)

@@ -147,7 +147,8 @@ def test_a_final_record_no_attempt_of_this_drill_wrote_does_not_complete_its_run
     controller = Controller(load_campaign(_spec(tmp_path, "resubmit")), backend=scheduler)
     [run] = controller.runs
     run.paths.root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run.paths.final, record_dict(FinalRecord(step=100, digest="orphan", time=0.0, attempt=0)))
+    write_json_atomic(run.paths.final, record_dict(FinalRecord(step=100, digest="orphan", time=0.0, attempt=0,
+                                                               drill_id="an-earlier-drill")))
     try:
         controller.run(observer=lambda trackers: controller.stop_requested.set())
         status = controller.ledger.run(run.run_id).status
@@ -205,3 +206,53 @@ def test_a_requeue_the_scheduler_refuses_ends_the_job_it_would_have_run_in(tmp_p
     assert status == "gave_up" and scheduler.called("cancel") == [job], scheduler.calls
     assert attempts[0].failure_class == "RANK_SIGNAL", attempts[0]
     assert all(row.ended is not None for row in attempts), attempts
+
+
+def test_a_final_record_of_this_drill_from_an_attempt_the_ledger_has_not_seen_completes_the_run(
+        tmp_path: Path) -> None:
+    """Review of item 1: a warm job numbers its re-formed attempts itself; stopped while one ran on,
+    the controller never recorded attempt 1, which completed. Its final record is this drill's: the
+    next controller completes the run from it (it moved it aside as foreign before)."""
+    from experiments.layout import FinalRecord, record_dict, write_json_atomic
+
+    scheduler = FakeScheduler()
+    spec = load_campaign(_spec(tmp_path, "resubmit"))
+    first = Controller(spec, backend=scheduler)
+    [run] = first.runs
+    try:
+        first.run(observer=lambda trackers: scheduler.called("submit") and first.stop_requested.set())
+        drill_id = first.drill_id
+    finally:
+        first.close()
+    [job] = list(scheduler.states)
+    scheduler.states[job] = JobState.COMPLETED
+    write_json_atomic(run.paths.final, record_dict(FinalRecord(step=100, digest="warm", time=0.0, attempt=1,
+                                                               drill_id=drill_id)))
+    second = Controller(spec, backend=scheduler)
+    try:
+        assert second.run()
+        row = second.ledger.run(run.run_id)
+    finally:
+        second.close()
+    assert (row.status, row.final_digest) == ("completed", "warm") and run.paths.final.exists()
+
+
+def test_a_cancel_after_a_refused_requeue_is_escalated_until_the_job_ends(tmp_path: Path) -> None:
+    """Review of item 10: in a brownout the scheduler refuses the requeue and then the cancel too:
+    the cancel is followed (tried again, forced) like every failed job's, not asked once."""
+    scheduler = FakeScheduler(refuse={"requeue", "cancel"})
+    spec = load_campaign(_spec(tmp_path, "requeue", max_restarts=2, cancel_timeout_s=0.2))
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+
+    def ranks_die_once_running(trackers: list) -> None:
+        job = next(iter(scheduler.states))
+        if scheduler.states[job] is JobState.PENDING and not scheduler.called("requeue"):
+            scheduler.states[job] = JobState.RUNNING
+            launch_exited(run.paths.root, 0, 137)
+
+    try:
+        assert controller.run(observer=ranks_die_once_running)
+    finally:
+        controller.close()
+    assert len(scheduler.called("cancel")) >= 2, scheduler.calls

@@ -107,3 +107,40 @@ def test_every_run_has_injector_threads_of_its_own(tmp_path: Path) -> None:
         for pool in pools.values():
             pool.shutdown()
         controller.close()
+
+
+def test_a_relaunch_in_a_later_job_is_looked_up_under_that_jobs_name(tmp_path: Path) -> None:
+    """Review of item 3: attempt 0's job ended (a new job for attempt 1), then attempt 1's ranks die
+    in that job and attempt 2 relaunches there: attempt 2 is that job's, recorded under its name."""
+    from fake_scheduler import launch_exited
+
+    from orchestrator.states import JobState
+
+    data = yaml.safe_load(_sweep(tmp_path, runs=1, parallel_runs=1).read_text())
+    data["restart"].update(strategy="in-allocation", max_restarts=3)
+    data["submit_as_array"] = False
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(path), backend=scheduler)
+    [run] = controller.runs
+
+    def two_failures(trackers: list) -> None:
+        attempts = controller.ledger.attempts(run.run_id)
+        job = attempts[-1].job_id
+        if job is None or len(attempts) > 2:
+            controller.stop_requested.set()
+        elif scheduler.states[job] is JobState.PENDING:
+            scheduler.states[job] = JobState.RUNNING
+            launch_exited(run.paths.root, len(attempts) - 1, 137)
+            if len(attempts) == 1:
+                scheduler.states[job] = JobState.FAILED  # the first job ends with its ranks
+
+    try:
+        controller.run(observer=two_failures)
+        attempts = controller.ledger.attempts(run.run_id)
+    finally:
+        controller.close()
+    first, second, relaunched = attempts
+    assert first.job_id != second.job_id == relaunched.job_id, attempts
+    assert relaunched.job_name == second.job_name != first.job_name, attempts

@@ -23,6 +23,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.layout import (
     ENV_ATTEMPT,
+    ENV_DRILL_ID,
     ENV_MASTER_PORT,
     ENV_RUN_DIR,
     ENV_WARM_ADDRESS,
@@ -104,7 +105,7 @@ class LocalWarmJob:
         append_json_line(self.paths.events_file(attempt), event)
 
     def _fence(self, attempt: int) -> None:
-        write_fence(self.paths, Fence(attempt, self.controller.pid))
+        write_fence(self.paths, Fence(attempt, self.controller.pid, os.environ.get(ENV_DRILL_ID)))
 
     def _spawn(self, slot: int, attempt: int, _where: Placement = ANYWHERE) -> None:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
