@@ -50,6 +50,9 @@ class Preempt(FaultKind):
         control.signal_ranks(DEFAULT_WARNING_SIGNAL)
         warned = wait_for_warned(task.run_dir, task.attempt, at - 1.0, float(task.options.get("grace_s", 30.0)))
         then = str(task.options.get("then", "cancel"))
+        # Still this attempt's job? In the grace time the ranks may have exited and the job gone on
+        # as the next attempt (in-allocation, warm): that one is not the preemption's to end.
+        control.verify_running()
         control.requeue() if then == "requeue" else control.cancel()
         waited = time.time() - at
         done = "requeued" if then == "requeue" else "cancelled"

@@ -221,3 +221,26 @@ def test_a_job_level_fault_that_comes_after_its_attempt_is_refused_as_gone(tmp_p
     with pytest.raises(TargetRefused, match="attempt 1") as refused:
         control.verify_running()
     assert refused.value.gone
+
+
+def test_a_preemption_whose_attempt_moved_on_in_its_grace_time_ends_nothing(tmp_path: Path, monkeypatch) -> None:
+    """Review of item 8: the ranks exited in the grace time and the job went on as attempt 1 (in
+    the same job): the preemption aimed at attempt 0 must not cancel it."""
+    from experiments.layout import RunPaths
+    from experiments.runtime.fence import Fence, write_fence
+    from injectors.kinds import preempt
+
+    paths = RunPaths(tmp_path / "run")
+    write_fence(paths, Fence(0, "7"))
+    backend = RecordingBackend()
+    control = BackendJobControl(backend, "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path),
+                                fence=(paths, 0))
+    monkeypatch.setattr(control, "signal_ranks", lambda name: None)
+
+    def relaunched_meanwhile(*args: object) -> None:
+        write_fence(paths, Fence(1, "7"))
+
+    monkeypatch.setattr(preempt, "wait_for_warned", relaunched_meanwhile)
+    with pytest.raises(TargetRefused, match="attempt 1") as refused:
+        get_kind("preempt").act_on_controller(_task(tmp_path, "preempt", grace_s=1.0), control)
+    assert refused.value.gone and not any(asked.startswith("cancel") for asked in backend.asked), backend.asked
