@@ -125,6 +125,9 @@ class Controller:
         self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
         pools = self.injector_pools()
         trackers = self.trackers(pools)
+        now = time.time()
+        for tracker in trackers:
+            tracker.reclaim_cancels(now)
         try:
             self._drive(trackers, observer)
         finally:

@@ -164,6 +164,22 @@ class RunTracker:
             return
         self._submit(last.attempt + 1, now)
 
+    def reclaim_cancels(self, now: float) -> None:
+        """The jobs the drill journaled as its own to cancel (``ended_by_drill``) whose end no
+        controller saw: a controller died between the journal and the cancel, or before the
+        scheduler showed the end. Cancelled again, and followed to their end like every failed job's."""
+        rows = self.ledger.attempts(self.run.run_id)
+        in_flight = rows[-1].job_id if rows and rows[-1].ended is None else None
+        reclaimed: set[str] = set()
+        for row in rows:
+            if (row.ended_by_drill and row.job_id and row.job_id not in reclaimed | {in_flight}
+                    and row.state not in TERMINAL_STATE_NAMES and row.attempt not in self.closing.jobs):
+                reclaimed.add(row.job_id)
+                log.info("%s: job %s of attempt %d was to be cancelled by the drill: cancelled again", self.run.run_id,
+                         row.job_id, row.attempt)
+                self._cancel(row.job_id)
+                self.closing.add(row.attempt, row.job_id, now, cancelled=True)
+
     def _resume_attempt(self, row: AttemptRow, now: float) -> None:
         """Adopt the attempt an earlier controller left in flight. One whose job id it never
         recorded is a submission that may or may not have reached the scheduler: looked up, and

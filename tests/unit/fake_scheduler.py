@@ -37,6 +37,7 @@ class FakeScheduler(Backend):
     max_array: int = 1001
     refuse: set[str] = field(default_factory=set)  # calls that fail: "submit", "submit_array", "cancel", ...
     crash_after: set[str] = field(default_factory=set)  # calls after whose effect the controller dies
+    crash_before: set[str] = field(default_factory=set)  # calls the controller dies right before
     calls: list[tuple[str, Any]] = field(default_factory=list)
     states: dict[str, JobState] = field(default_factory=dict)
     _next_id: int = 100
@@ -83,6 +84,9 @@ class FakeScheduler(Backend):
         return {job_id: self.states.get(job_id, JobState.UNKNOWN) for job_id in job_ids}
 
     def cancel(self, job_id: str, force: bool = False) -> None:
+        if "cancel" in self.crash_before:
+            self.crash_before.discard("cancel")
+            raise ControllerCrash("the controller died right before its cancel")
         self._called("cancel", job_id)
         self.states[job_id] = JobState.CANCELLED
         self._maybe_crash("cancel")

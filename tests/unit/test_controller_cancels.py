@@ -256,3 +256,34 @@ def test_a_cancel_after_a_refused_requeue_is_escalated_until_the_job_ends(tmp_pa
     finally:
         controller.close()
     assert len(scheduler.called("cancel")) >= 2, scheduler.calls
+
+
+def test_a_cancel_journaled_by_a_controller_that_died_before_it_is_carried_out_by_the_next(tmp_path: Path) -> None:
+    """Review of item 2: the give-up's cancel is journaled (ended_by_drill), then the controller
+    dies before it asks the scheduler. The next controller gives the run up again and cancels the
+    job too (it kept training into a run recorded as given up)."""
+    scheduler = FakeScheduler(crash_before={"cancel"})
+    spec = load_campaign(_spec(tmp_path, "in-allocation"))
+    first = Controller(spec, backend=scheduler)
+    [run] = first.runs
+
+    def ranks_die_once_running(trackers: list) -> None:
+        job = next(iter(scheduler.states))
+        if scheduler.states[job] is JobState.PENDING:
+            scheduler.states[job] = JobState.RUNNING
+            launch_exited(run.paths.root, 0, 137)
+
+    with pytest.raises(ControllerCrash):
+        first.run(observer=ranks_die_once_running)
+    first.close()
+    [job] = list(scheduler.states)
+    assert scheduler.states[job] is JobState.RUNNING and not scheduler.called("cancel")
+    second = Controller(spec, backend=scheduler)
+    try:
+        assert second.run()
+        status = second.ledger.run(run.run_id).status
+        [attempt] = second.ledger.attempts(run.run_id)
+    finally:
+        second.close()
+    assert scheduler.called("cancel") == [job] and scheduler.states[job] is JobState.CANCELLED
+    assert status == "gave_up" and attempt.failure_class == "RANK_SIGNAL", (status, attempt)
