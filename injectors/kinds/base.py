@@ -140,6 +140,9 @@ class JobControl(Protocol):
         """Owe ``cluster(action, node, command)`` to the end of the drill (a node down for the rest
         of it): the controller runs it then, or the next controller if this one dies."""
 
+    def mended(self, action: str, node: str, command: list[str] | None) -> None:
+        """What ``mend_at_drill_end`` owed was carried out by the fault itself: no longer owed."""
+
     def owe_removal(self, path: Path) -> None:
         """Owe the removal of ``path`` (a disk-full ballast) to the end of the drill, before the
         file is made: a controller that dies while it fills the filesystem leaves it to the next."""

@@ -78,6 +78,9 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
         broke = control.cluster(actions[0], node, site.get("act"))
         return FaultOutcome(kind=kind, target=f"node {node}", at=at, node=node,
                             detail=f"{broke}; for the rest of the drill ({actions[1]} when it ends)")
+    # Owed before it is broken, as above: a controller killed while it holds, or a mend that fails,
+    # leaves the mend to the end of the drill (or to the next controller), not a node down for good.
+    control.mend_at_drill_end(actions[1], node, site.get("mend"))
     # Recorded as it acts, not once the command returns: the job's step fails within a tenth of a
     # second of the crash, before the cluster script is done, and the class needs the node then.
     control.acted(at, node)
@@ -85,7 +88,8 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
     time.sleep(hold_s)
     try:
         mended = control.cluster(actions[1], node, site.get("mend"))
-    except TargetRefused as error:  # it did act: the fault stands, the failure to mend is told
-        mended = f"NOT MENDED: {error}"
+        control.mended(actions[1], node, site.get("mend"))
+    except TargetRefused as error:  # it did act: the fault stands; the mend stays owed
+        mended = f"NOT MENDED (owed to the end of the drill): {error}"
     return FaultOutcome(kind=kind, target=f"node {node}", at=at, node=node,
                         detail=f"{broke}; {hold_s:g} s later: {mended}")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 from orchestrator.campaign.spec import Campaign, SpecError
+from orchestrator.faults.job_control import MENDS_NAME
 from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
 
 def prepare_workdir(campaign: Campaign) -> Path | None:
     """Archive a finished drill found in the workdir (renamed, never deleted); return where it went.
+    What it still owes (orchestrator.faults.job_control: a mend that failed) stays in the workdir.
 
     An unfinished drill is resumed by the controller, but only with the spec it was started with.
     """
@@ -37,4 +40,8 @@ def prepare_workdir(campaign: Campaign) -> Path | None:
         archive = campaign.workdir.with_name(f"{campaign.workdir.name}.{stamp}-{suffix}")
         suffix += 1
     campaign.workdir.rename(archive)
+    owed = archive / MENDS_NAME
+    if owed.exists():  # actions the finished drill still owes (a failed mend): its successor tries them first
+        campaign.workdir.mkdir(parents=True)
+        os.replace(owed, campaign.workdir / MENDS_NAME)
     return archive

@@ -104,7 +104,13 @@ class BackendJobControl:
         self.on_acted(at, node)
 
     def mend_at_drill_end(self, action: str, node: str, command: list[str] | None) -> None:
-        self.menders.add(Mend(argv=self._cluster_argv(action, node, command), what=f"{action} {node}"))
+        self.menders.add(self._mend(action, node, command))
+
+    def mended(self, action: str, node: str, command: list[str] | None) -> None:
+        self.menders.discharge(self._mend(action, node, command))
+
+    def _mend(self, action: str, node: str, command: list[str] | None) -> Mend:
+        return Mend(argv=self._cluster_argv(action, node, command), what=f"{action} {node}")
 
     def owe_removal(self, path: Path) -> None:
         """``path`` (a disk-full ballast) is removed at the end of the drill if nothing did before
@@ -153,6 +159,17 @@ class Menders:
     def add(self, mend: Mend) -> None:
         with self._lock:
             write_json_atomic(self.path, [*self._read(), asdict(mend)])
+
+    def discharge(self, mend: Mend) -> None:
+        """``mend`` was carried out by the fault itself (a timed node crash mended on time)."""
+        with self._lock:
+            owed = self._read()
+            if asdict(mend) in owed:
+                owed.remove(asdict(mend))
+                if owed:
+                    write_json_atomic(self.path, owed)
+                else:
+                    self.path.unlink(missing_ok=True)
 
     def run_all(self) -> list[str]:
         """Every owed action, each once; what each said (or why it failed). The failed ones stay owed."""

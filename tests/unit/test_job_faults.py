@@ -7,6 +7,7 @@ The real thing: tests/drill/test_fault_catalogue_local.py and tests/cluster/test
 from __future__ import annotations
 
 import errno
+import json
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -244,3 +245,54 @@ def test_a_preemption_whose_attempt_moved_on_in_its_grace_time_ends_nothing(tmp_
     with pytest.raises(TargetRefused, match="attempt 1") as refused:
         get_kind("preempt").act_on_controller(_task(tmp_path, "preempt", grace_s=1.0), control)
     assert refused.value.gone and not any(asked.startswith("cancel") for asked in backend.asked), backend.asked
+
+
+@pytest.mark.drill
+def test_a_timed_node_crash_owes_its_restore_while_it_holds_and_not_after(tmp_path: Path, monkeypatch) -> None:
+    """Review of items 10 and 19: a controller killed while a node is down for down_s left it down
+    (its restore was owed only for the rest of the drill's faults); owed before it breaks, the
+    restore is discharged once the fault carried it out."""
+    from injectors.kinds import node_faults
+
+    log = tmp_path / "log"
+    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
+    task = _task(tmp_path, "node-crash", node=0, down_s=0.1,
+                 command={"act": [*write, "off", "{node}"], "mend": [*write, "on", "{node}"]})
+    control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path))
+    owed_while_down = []
+    real_sleep = node_faults.time.sleep
+    monkeypatch.setattr(node_faults.time, "sleep", lambda s: (owed_while_down.append(
+        (tmp_path / "owed-cluster-actions.json").exists()), real_sleep(s)))
+    get_kind("node-crash").act_on_controller(task, control)
+    assert owed_while_down == [True], "the restore was not owed while the node was down"
+    assert log.read_text().splitlines() == ["off fd-n1", "on fd-n1"]
+    assert Menders(tmp_path).run_all() == [], "mended by the fault: nothing owed after it"
+
+
+def test_owed_actions_of_a_finished_drill_follow_its_workdir_to_the_next_drill(tmp_path: Path) -> None:
+    """Review of item 10: a mend that failed stayed owed in the workdir, but the next drill archived
+    the workdir with it and never tried it again. The owed actions move to the new workdir, whose
+    controller runs them first."""
+    import time as clock
+
+    import yaml
+
+    from orchestrator.campaign.spec import load_campaign
+    from orchestrator.control.workdir import prepare_workdir
+    from orchestrator.faults.job_control import MENDS_NAME
+    from orchestrator.record.ledger import Ledger
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "owed", "backend": "local", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 10},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:05:00"}}))
+    campaign = load_campaign(spec)
+    campaign.workdir.mkdir()
+    ledger = Ledger.in_workdir(campaign.workdir)
+    ledger.set_meta("finished", clock.time())
+    ledger.close()
+    Menders(campaign.workdir).add(Mend(argv=["true"], what="node-restore fd-n1"))
+    archive = prepare_workdir(campaign)
+    assert archive is not None and not (archive / MENDS_NAME).exists()
+    assert [mend["what"] for mend in json.loads((campaign.workdir / MENDS_NAME).read_text())] == ["node-restore fd-n1"]
