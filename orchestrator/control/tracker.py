@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
@@ -36,6 +35,7 @@ from orchestrator.campaign.policy import Decision, decide, policy_entry
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandError
+from orchestrator.control.cancels import DrillCancels
 from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
 from orchestrator.faults.book import FaultBook, OnActed
@@ -81,9 +81,10 @@ class RunTracker:
         self.strategy = strategy_for(self.restart.strategy)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
+        self.cancels = DrillCancels(run.run_id, ledger, backend)  # the drill's own, journaled first
         self.submitter = Submitter(run, backend, ledger, drill_id, self.restart,
                                    SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up,
-                                                   cancel=self._cancel))
+                                                   cancel=self.cancels.ask))
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
                                  refused=self._requeue_refused)
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
@@ -92,13 +93,6 @@ class RunTracker:
         self._awaiting_recovery: int | None = None
         self._started_recorded = False
         self._finalized = False
-        # Jobs the drill itself cancelled though the next attempt was to run in them (in-allocation),
-        # kept in the ledger (a controller started later must not take that end for a person's cancel);
-        # the thread that cancels hands them to the loop, which records them.
-        self.ended_by_drill: dict[str, DrillEnded] = {
-            row.job_id: DrillEnded(**json.loads(row.ended_by_drill)) for row in ledger.attempts(run.run_id)
-            if row.job_id and row.ended_by_drill}
-        self._ended_unrecorded: queue.SimpleQueue[tuple[int, str, DrillEnded]] = queue.SimpleQueue()
 
     @property
     def done(self) -> bool:
@@ -177,7 +171,7 @@ class RunTracker:
                 reclaimed.add(row.job_id)
                 log.info("%s: job %s of attempt %d was to be cancelled by the drill: cancelled again", self.run.run_id,
                          row.job_id, row.attempt)
-                self._cancel(row.job_id)
+                self.cancels.ask(row.job_id)
                 self.closing.add(row.attempt, row.job_id, now, cancelled=True)
 
     def _resume_attempt(self, row: AttemptRow, now: float) -> None:
@@ -199,7 +193,7 @@ class RunTracker:
         """The run's final record shows it reached its last step: a controller stopped before it
         recorded that. Complete it instead of submitting anything."""
         if last is not None and last.ended is None and last.job_id is not None:
-            self._cancel(last.job_id)  # an attempt after the one that finished: not needed
+            self.cancels.ask(last.job_id)  # an attempt after the one that finished: not needed
         self._ingest_checkpoints()
         with self.ledger.transaction():
             if last is not None and last.ended is None:
@@ -277,7 +271,7 @@ class RunTracker:
         """One round: ``states`` is the scheduler's answer (asked at ``asked_at``), if one came."""
         if self.done:
             return
-        self._record_ended_by_drill()
+        self.cancels.record_threads()
         watch = self.watch
         if watch is None:
             self.faults.collect()
@@ -316,7 +310,7 @@ class RunTracker:
                              warm_reformed=sign.evidence == "warm", launch_exited=watch.step_exit is not None)
         answer = self.strategy.on_failure(facts)
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
-                                    self.faults.oom_killed(watch.attempt), self.ended_by_drill.get(watch.job_id),
+                                    self.faults.oom_killed(watch.attempt), self.cancels.why(watch.job_id),
                                     self.faults.signalled(watch.attempt),
                                     time_limit_s=time_limit_minutes(self.run.campaign.resources.time) * 60)
         classified = classify(evidence)
@@ -349,12 +343,12 @@ class RunTracker:
             # Processes started from now on are the next attempt's (its go is given after this).
             started_before = ticks_now()
             threading.Thread(target=end_rank_launch, args=(self.backend, self.run, attempt, watch.job_id, started_before,
-                                                           lambda job_id: self._end_allocation(attempt, job_id, why)),
+                                                           lambda job_id: self.cancels.from_thread(attempt, job_id, why)),
                              daemon=True, name=f"kill-step-{watch.job_id}").start()
         elif failed_job in (FailedJob.CLOSED, FailedJob.CANCELLED):
             cancel = failed_job is FailedJob.CANCELLED
             if cancel:
-                self._drill_cancels(watch.attempt, watch.job_id, DrillEnded(
+                self.cancels.journaled(watch.attempt, watch.job_id, DrillEnded(
                     failure_class.value, f"attempt {watch.attempt} failed; its job was cancelled"))
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
 
@@ -367,7 +361,7 @@ class RunTracker:
         if not decision.restart:
             if in_job is not None:  # it waits for a go (or in the queue) for nothing
                 failed = self._attempt_row(attempt).failure_class or FailureClass.UNKNOWN.value
-                self._drill_cancels(attempt, in_job, DrillEnded(failed, "the run gave up; the job its next "
+                self.cancels.journaled(attempt, in_job, DrillEnded(failed, "the run gave up; the job its next "
                                                                         "attempt would have run in was cancelled"))
                 self.closing.add(attempt, in_job, now, cancelled=True)
             self._give_up(decision.reason, now)
@@ -397,7 +391,7 @@ class RunTracker:
         (which holds its nodes, and which the fence names) is cancelled as the drill's, the run
         gives up."""
         failed = self._attempt_row(attempt - 1).failure_class or FailureClass.UNKNOWN.value
-        self._drill_cancels(attempt - 1, job_id, DrillEnded(failed, why))
+        self.cancels.journaled(attempt - 1, job_id, DrillEnded(failed, why))
         self.ledger.update_attempt(self.run.run_id, attempt, state=JobState.CANCELLED.value, ended=now, reason=why)
         # Until the scheduler shows it ended: the cancel escalated (killed, then left behind), not fire-and-forget.
         self.closing.add(attempt - 1, job_id, now, cancelled=True)
@@ -505,7 +499,7 @@ class RunTracker:
             why = DrillEnded(FailureClass.UNKNOWN.value,
                              f"attempt {watch.attempt} wrote its final record; its ranks did not exit within "
                              f"restart.finish_timeout_s = {self.restart.finish_timeout_s:g}")
-            self._drill_cancels(watch.attempt, watch.job_id, why)
+            self.cancels.journaled(watch.attempt, watch.job_id, why)
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=True, state=state)
         elif not state.is_terminal:
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=False, state=state)
@@ -587,7 +581,7 @@ class RunTracker:
         job_id = self._attempt_row(attempt).job_id
         refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
                             oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt),
-                            ended_by_drill=evidence.ended_by_drill or (self.ended_by_drill.get(job_id) if job_id else None))
+                            ended_by_drill=evidence.ended_by_drill or self.cancels.why(job_id))
         if refreshed == evidence:
             return
         classified = classify(refreshed)
@@ -598,42 +592,13 @@ class RunTracker:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.control.closing)."""
         self.closing.settle(states, now)
 
-    def _end_allocation(self, attempt: int, job_id: str, why: DrillEnded) -> None:
-        """The drill cancels a job whose next attempt was to run in it: that attempt's end is the
-        drill's doing, not a person's cancel (its class is the failure's that led to it). Called
-        from the thread that tried to end ``attempt``'s launch: the loop records it (before it
-        cancels, so the loop knows it before the scheduler reports the job ended)."""
-        self._ended_unrecorded.put((attempt, job_id, why))
-        self._cancel(job_id)
-
-    def _drill_cancels(self, attempt: int, job_id: str, why: DrillEnded, force: bool = False) -> None:
-        """The drill cancels a failed attempt's job: recorded first (the scheduler's CANCELLED that
-        follows is then the drill's doing, for this controller and one started later), then asked."""
-        if job_id not in self.ended_by_drill:
-            self.ended_by_drill[job_id] = why
-            self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
-        self._cancel(job_id, force=force)
-
     def _cancel_failed_job(self, attempt: int, job_id: str, force: bool) -> None:
-        """``attempt``'s job, which did not end in time (orchestrator.control.closing): recorded
-        with that attempt's class (several attempts may have run in the job)."""
+        """``attempt``'s job, which did not end in time (orchestrator.control.closing): cancelled as
+        the drill's with that attempt's class (several attempts may have run in the job)."""
         row = self._attempt_row(attempt)
         why = DrillEnded(row.failure_class or FailureClass.UNKNOWN.value,
                          f"attempt {row.attempt}'s job did not end in time; the drill cancelled it")
-        self._drill_cancels(row.attempt, job_id, why, force=force)
-
-    def _record_ended_by_drill(self) -> None:
-        while not self._ended_unrecorded.empty():
-            attempt, job_id, why = self._ended_unrecorded.get()
-            self.ended_by_drill[job_id] = why
-            self.ledger.update_attempt(self.run.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
-
-    def _cancel(self, job_id: str, force: bool = False) -> None:
-        try:
-            self.backend.cancel(job_id, force=force)
-        except CommandError as error:
-            log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run.run_id,
-                        job_id, error.summary)
+        self.cancels.journaled(row.attempt, job_id, why, force=force)
 
     def _attempt_row(self, attempt: int) -> AttemptRow:
         return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)

@@ -401,15 +401,15 @@ def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tm
         tracker.begin_attempt(0)
         controller.ledger.update_attempt(run.run_id, 0, job_id="4242")
         cancelled: list[str] = []
-        tracker._cancel = lambda job_id, force=False: cancelled.append(job_id)  # type: ignore[method-assign]
-        worker = threading.Thread(target=tracker._end_allocation, args=(0, "4242", why))
+        tracker.cancels.ask = lambda job_id, force=False: cancelled.append(job_id)  # type: ignore[method-assign]
+        worker = threading.Thread(target=tracker.cancels.from_thread, args=(0, "4242", why))
         worker.start()
         worker.join(timeout=10)
         assert cancelled == ["4242"]
-        tracker._record_ended_by_drill()  # what the next round of the loop does first
-        assert tracker.ended_by_drill == {"4242": why}
+        tracker.cancels.record_threads()  # what the next round of the loop does first
+        assert tracker.cancels.ended_by_drill == {"4242": why}
         later = RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
-        assert later.ended_by_drill == {"4242": why}
+        assert later.cancels.ended_by_drill == {"4242": why}
     controller.close()
 
 

@@ -1,0 +1,59 @@
+"""The drill's own cancels of a run's jobs. Each is journaled first — ``ended_by_drill`` in the
+ledger with the failure that led to it — and then asked of the scheduler, so that the job's
+CANCELLED is never taken for a person's, by this controller or by one started after it died. A job
+so journaled whose end no controller saw is cancelled again by the next (``RunTracker.reclaim_cancels``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+from dataclasses import asdict
+
+from orchestrator.backends.base import Backend
+from orchestrator.campaign.failure_classes import DrillEnded
+from orchestrator.commands import CommandError
+from orchestrator.record.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+class DrillCancels:
+    def __init__(self, run_id: str, ledger: Ledger, backend: Backend) -> None:
+        self.run_id, self.ledger, self.backend = run_id, ledger, backend
+        self.ended_by_drill: dict[str, DrillEnded] = {  # job id -> why the drill ended it
+            row.job_id: DrillEnded(**json.loads(row.ended_by_drill)) for row in ledger.attempts(run_id)
+            if row.job_id and row.ended_by_drill}
+        # A thread's cancels (a hung launch's end), recorded by the loop's next round.
+        self._from_threads: queue.SimpleQueue[tuple[int, str, DrillEnded]] = queue.SimpleQueue()
+
+    def why(self, job_id: str | None) -> DrillEnded | None:
+        return self.ended_by_drill.get(job_id) if job_id is not None else None
+
+    def journaled(self, attempt: int, job_id: str, why: DrillEnded, force: bool = False) -> None:
+        """Cancel ``attempt``'s job as the drill's: recorded first, then asked."""
+        self._record(attempt, job_id, why)
+        self.ask(job_id, force)
+
+    def from_thread(self, attempt: int, job_id: str, why: DrillEnded) -> None:
+        """``journaled`` for a thread that may not write the ledger: the loop records it at its next
+        round (``record_threads``); the scheduler is asked now."""
+        self._from_threads.put((attempt, job_id, why))
+        self.ask(job_id)
+
+    def record_threads(self) -> None:
+        while not self._from_threads.empty():
+            self._record(*self._from_threads.get())
+
+    def ask(self, job_id: str, force: bool = False) -> None:
+        """The scheduler asked to end the job; a refusal is logged (whoever follows the job asks again)."""
+        try:
+            self.backend.cancel(job_id, force=force)
+        except CommandError as error:
+            log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run_id, job_id,
+                        error.summary)
+
+    def _record(self, attempt: int, job_id: str, why: DrillEnded) -> None:
+        if job_id not in self.ended_by_drill:
+            self.ended_by_drill[job_id] = why
+            self.ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
