@@ -11,7 +11,7 @@ attempt, which started against the fence (never allowed), and which are still al
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fake_scheduler import FakeScheduler
 
@@ -30,6 +30,7 @@ from experiments.layout import (
 from experiments.runtime.fence import read_fence
 from orchestrator.backends.base import AttemptRef, Submission
 from orchestrator.campaign.runs import RunConfig
+from orchestrator.render.scripts import array_job_name, attempt_job_name
 from orchestrator.states import JobState
 
 KILL = "kill"  # the ranks die of SIGKILL at the job's second poll while running (launch exit 137)
@@ -41,8 +42,10 @@ class SimJob:
     job_id: str
     run: RunConfig
     job: RankJob
+    name: str = ""  # the scheduler's name of it (an array's, for an element), as the real backends give it
     running_polls: int = 0
     stale: bool = False  # started against the fence and ended without touching the run
+    awaiting_go: bool = False  # in-allocation: its ranks died, the job waits for the controller's go
 
 
 @dataclass
@@ -54,20 +57,22 @@ class SimulatedCluster(FakeScheduler):
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         submission = super().submit(run, job)
-        self.jobs[submission.job_id] = SimJob(submission.job_id, run, job)
+        self.jobs[submission.job_id] = SimJob(submission.job_id, run, job,
+                                              name=attempt_job_name(run, job.attempt, job.drill_id))
         return submission
 
     def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
         submissions = super().submit_array(items)
+        name = array_job_name([run for run, _ in items], items[0][1].attempt, items[0][1].drill_id)
         for (run, job), submission in zip(items, submissions, strict=True):
-            self.jobs[submission.job_id] = SimJob(submission.job_id, run, job)
+            self.jobs[submission.job_id] = SimJob(submission.job_id, run, job, name=name)
         return submissions
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:
-        """The jobs submitted as ``ref``'s attempt (what a lookup by the attempt's job name finds)."""
+        """The jobs of ``ref``'s name (and array element), as squeue and sacct find them."""
         self._called("find_submitted", (ref.run.run_id, ref.attempt))
-        return [sim.job_id for sim in self.jobs.values()
-                if (sim.run.run_id, sim.job.attempt) == (ref.run.run_id, ref.attempt)]
+        return [sim.job_id for sim in self.jobs.values() if sim.name == ref.job_name
+                and (ref.array_index is None or sim.job_id.endswith(f"_{ref.array_index}"))]
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """Every job moves on (the scheduler runs them all, asked about or not), then the answer."""
@@ -86,8 +91,22 @@ class SimulatedCluster(FakeScheduler):
         state = self.states[sim.job_id]
         if state is JobState.PENDING:
             self._start(sim)
+        elif state is JobState.RUNNING and sim.awaiting_go:
+            self._await_go(sim)
         elif state is JobState.RUNNING:
             self._train(sim)
+
+    def _await_go(self, sim: SimJob) -> None:
+        """templates/relaunch.sh.j2: the fence naming a later attempt and this job is the go; one
+        naming another job ends this one."""
+        fence = read_fence(RunPaths(sim.run.paths.root))
+        if fence is None:
+            return
+        if fence.job_id == sim.job_id and fence.attempt > sim.job.attempt:
+            sim.job, sim.running_polls, sim.awaiting_go = replace(sim.job, attempt=fence.attempt), 0, False
+            self._begin(sim)
+        elif fence.job_id is not None and fence.job_id != sim.job_id:
+            self.states[sim.job_id] = JobState.COMPLETED
 
     def _start(self, sim: SimJob) -> None:
         paths = RunPaths(sim.run.paths.root)
@@ -97,6 +116,11 @@ class SimulatedCluster(FakeScheduler):
             self.states[sim.job_id] = JobState.COMPLETED
             return
         self.states[sim.job_id] = JobState.RUNNING
+        self._begin(sim)
+
+    def _begin(self, sim: SimJob) -> None:
+        """Its ranks start as ``sim.job``'s attempt: the batch script's and rank 0's first records."""
+        paths = RunPaths(sim.run.paths.root)
         self.ran.setdefault((sim.run.run_id, sim.job.attempt), []).append(sim.job_id)
         events = paths.events_file(sim.job.attempt)
         events.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +142,10 @@ class SimulatedCluster(FakeScheduler):
         if failure == KILL and sim.running_polls == 2:
             append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
                                                                   "exit_code": 137})
-            self.states[sim.job_id] = JobState.FAILED
+            if sim.run.campaign.restart.strategy == "in-allocation":
+                sim.awaiting_go = True  # the job keeps its allocation for the controller's go
+            else:
+                self.states[sim.job_id] = JobState.FAILED
         elif sim.running_polls >= self.polls_to_finish:
             steps = sim.run.workload.steps
             write_json_atomic(paths.final, record_dict(FinalRecord(step=steps, digest=f"digest-{sim.run.run_id}",

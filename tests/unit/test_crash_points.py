@@ -10,9 +10,10 @@ crash -> N drills, each checked against the invariants:
 - the final record and digest come from the run's last attempt;
 - nothing is left on the scheduler.
 
-Not yet here (issue 21, next): same-job strategies, warm, arrays, hangs, preemptions, give-ups and a
-user's cancel in the drill; the SIGKILL mode against a real process; the warm coordinator's
-message-loss harness."""
+Drilled: resubmit (a kill, a hang the drill cancels) and in-allocation (a kill, the relaunch in the
+same job on the controller's go). Not yet here (issue 21, next): requeue, warm, arrays,
+preemptions, give-ups and a user's cancel; the SIGKILL mode against a real process; the warm
+coordinator's message-loss harness."""
 
 from __future__ import annotations
 
@@ -60,13 +61,13 @@ class Crossings:
         return crossing
 
 
-def _spec(tmp_path: Path) -> Path:
+def _spec(tmp_path: Path, strategy: str) -> Path:
     spec = {
         "name": "crash-points", "backend": "slurm", "workdir": str(tmp_path / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
         "checkpoint": {"every_steps": 50, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
-        "restart": {"max_restarts": 2, "poll_interval_s": 0.002, "hang_timeout_s": 0.1},
+        "restart": {"strategy": strategy, "max_restarts": 2, "poll_interval_s": 0.002, "hang_timeout_s": 0.1},
         "parallel_runs": 2,
         "sweep": {"grid": {"workload.seed": [0, 1, 2]}},
     }
@@ -76,10 +77,19 @@ def _spec(tmp_path: Path) -> Path:
     return path
 
 
-def _world(spec: Path) -> SimulatedCluster:
-    """r001's first attempt is killed (its launch exits 137), r002's hangs (cancelled by the drill)."""
-    _, killed, hung = sorted(run.run_id for run in expand_runs(load_campaign(spec)))
-    return SimulatedCluster(failures={(killed, 0): KILL, (hung, 0): HANG})
+# The drill of each strategy: which run's first attempt fails how (r000 completes), and the failure
+# classes of the three runs' attempts that follow.
+DRILLS = {
+    # r001's launch exits 137 (a new job); r002 hangs (its job cancelled by the drill, a new job).
+    "resubmit": ({1: KILL, 2: HANG}, ["['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]),
+    # r001's launch exits 137; its job waits for the go and runs attempt 1.
+    "in-allocation": ({1: KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
+}
+
+
+def _world(spec: Path, strategy: str) -> SimulatedCluster:
+    runs = sorted(run.run_id for run in expand_runs(load_campaign(spec)))
+    return SimulatedCluster(failures={(runs[index], 0): failure for index, failure in DRILLS[strategy][0].items()})
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, crossings: Crossings, world: SimulatedCluster) -> None:
@@ -138,26 +148,26 @@ def workdirs(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.parametrize("strategy", sorted(DRILLS))
 def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_the_drill_the_same(
-        workdirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        workdirs: Path, monkeypatch: pytest.MonkeyPatch, strategy: str) -> None:
     tmp_path = workdirs
-    spec = _spec(tmp_path / "clean")
-    world, crossings = _world(spec), Crossings()
+    spec = _spec(tmp_path / "clean", strategy)
+    world, crossings = _world(spec, strategy), Crossings()
     with monkeypatch.context() as patch:
         _install(patch, crossings, world)
         _drive(spec, world)
     expected = _outcome(spec)
     _check(world, expected, expected, "(no crash)")
     assert {status for status, *_ in expected.values()} == {"completed"}
-    assert sorted(str(classes) for *_, classes in expected.values()) == [
-        "['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]
+    assert sorted(str(classes) for *_, classes in expected.values()) == DRILLS[strategy][1]
     total = len(crossings.seen)
     assert total > 20, crossings.seen
-    print(f"crash-point harness: {total} crossings ({', '.join(sorted(set(crossings.seen)))})")
+    print(f"crash-point harness, {strategy}: {total} crossings ({', '.join(sorted(set(crossings.seen)))})")
 
     for crash_at in range(1, total + 1):
-        spec = _spec(tmp_path / f"crash-{crash_at}")
-        world, crossings = _world(spec), Crossings(crash_at=crash_at)
+        spec = _spec(tmp_path / f"crash-{crash_at}", strategy)
+        world, crossings = _world(spec, strategy), Crossings(crash_at=crash_at)
         where = f"(killed after crossing {crash_at} of {total})"
         with monkeypatch.context() as patch:
             _install(patch, crossings, world)
