@@ -178,8 +178,9 @@ class RunTracker:
         """Adopt the attempt an earlier controller left in flight. One whose job id it never
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
-        if row.job_id is not None and row.state == REQUEUING:  # it stopped before the scheduler took it
-            self.requeuer.requeue(row.attempt, row.job_id, now)
+        if row.job_id is not None and row.state == REQUEUING:  # it stopped around its requeue
+            write_fence(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))  # it may have died before this
+            self.requeuer.requeue(row.attempt, row.job_id, now, already=self._requeue_took(row.attempt, row.job_id))
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
@@ -381,10 +382,25 @@ class RunTracker:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and
         attempt) before the scheduler is asked, so that the job's next start runs as it."""
         self.watch = None
-        self._begin_in_same_job(attempt, job_id)
-        self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
+        # One transaction: an attempt recorded without its job would be looked up by name after a
+        # crash, and the lookup finds the failed job of the attempt before (not yet requeued).
+        with self.ledger.transaction():
+            self._begin_in_same_job(attempt, job_id, fence=False)
+            self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
         self.requeuer.requeue(attempt, job_id, now, already)
+
+    def _requeue_took(self, attempt: int, job_id: str) -> bool:
+        """Did the scheduler requeue ``job_id`` as ``attempt`` before the controller that asked died?
+        Yes if the job is queued again or has started as that attempt: asking again would kill the
+        attempt's run and start it over. (A job still in the failed state it had: no.)"""
+        if self.run.paths.events_file(attempt).exists():
+            return True
+        try:
+            state = self.backend.poll([job_id]).get(job_id, JobState.UNKNOWN)
+        except CommandError:
+            return False  # asked again: a requeue of a job that is already queued again is refused, then seen
+        return state is JobState.PENDING or state is JobState.REQUEUED
 
     def _requeue_refused(self, attempt: int, job_id: str, why: str, now: float) -> None:
         """The scheduler would not requeue the job as ``attempt``: that attempt never runs, the job

@@ -111,6 +111,10 @@ class SimulatedCluster(FakeScheduler):
     def _start(self, sim: SimJob) -> None:
         paths = RunPaths(sim.run.paths.root)
         fence = read_fence(paths)
+        if (sim.run.campaign.restart.strategy == "requeue" and fence is not None and fence.job_id == sim.job_id
+                and fence.attempt > sim.job.attempt):
+            # templates/slurm.sbatch.j2: a requeued job runs as the attempt the fence names for it
+            sim.job, sim.running_polls = replace(sim.job, attempt=fence.attempt), 0
         if fence is None or not fence.admits(sim.job.attempt, sim.job_id, sim.job.drill_id or None):
             sim.stale = True  # the batch script's fence check: no rank started, nothing written
             self.states[sim.job_id] = JobState.COMPLETED

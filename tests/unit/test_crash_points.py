@@ -10,8 +10,9 @@ crash -> N drills, each checked against the invariants:
 - the final record and digest come from the run's last attempt;
 - nothing is left on the scheduler.
 
-Drilled: resubmit (a kill, a hang the drill cancels) and in-allocation (a kill, the relaunch in the
-same job on the controller's go). Not yet here (issue 21, next): requeue, warm, arrays,
+Drilled: resubmit (a kill, a hang the drill cancels), in-allocation (a kill, the relaunch in the
+same job on the controller's go) and requeue (a kill, the same job requeued as the next attempt).
+Not yet here (issue 21, next): warm, arrays,
 preemptions, give-ups and a user's cancel; the SIGKILL mode against a real process; the warm
 coordinator's message-loss harness."""
 
@@ -84,6 +85,8 @@ DRILLS = {
     "resubmit": ({1: KILL, 2: HANG}, ["['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]),
     # r001's launch exits 137; its job waits for the go and runs attempt 1.
     "in-allocation": ({1: KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
+    # r001's launch exits 137; the scheduler requeues the job, which runs again as attempt 1.
+    "requeue": ({1: KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
 }
 
 
