@@ -61,6 +61,7 @@ from orchestrator.strategies.same_job import REQUEUING, Requeuer, end_rank_launc
 log = logging.getLogger(__name__)
 
 DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
+FINISH_NEWS_S = 10.0  # after the final record, the job's end is polled early this long
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
@@ -117,7 +118,11 @@ class RunTracker:
         if watch is None or self.done or watch.state.is_terminal:
             return False
         started_unseen = watch.job_started is not None and watch.state is JobState.PENDING
-        return started_unseen or watch.step_exit is not None or watch.completed or watch.silent_since is not None
+        # The final record is written: the job's end is news for a few seconds; an exit that
+        # lingers past them (a hung teardown) waits at the regular pace for finish_timeout_s.
+        ending = watch.completed and (watch.completed_seen_at is None
+                                      or time.time() - watch.completed_seen_at < FINISH_NEWS_S)
+        return started_unseen or watch.step_exit is not None or ending or watch.silent_since is not None
 
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""

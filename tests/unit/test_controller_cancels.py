@@ -287,3 +287,27 @@ def test_a_cancel_journaled_by_a_controller_that_died_before_it_is_carried_out_b
         second.close()
     assert scheduler.called("cancel") == [job] and scheduler.states[job] is JobState.CANCELLED
     assert status == "gave_up" and attempt.failure_class == "RANK_SIGNAL", (status, attempt)
+
+
+def test_a_finish_that_lingers_is_polled_at_the_regular_pace(tmp_path: Path) -> None:
+    """Review of item 5: after rank 0's final record the job's end is news (polled early, at most
+    once a second); ranks that hang in their exit kept squeue polled once a second until
+    finish_timeout_s. A few seconds on, the regular pace."""
+    import time as clock
+
+    from orchestrator.observe.watch import AttemptWatch
+
+    controller = Controller(load_campaign(_spec(tmp_path, "resubmit")), backend=FakeScheduler())
+    pools = controller.injector_pools()
+    try:
+        [tracker] = controller.trackers(pools)
+        tracker.status = "running"
+        tracker.watch = watch = AttemptWatch(attempt=0, job_id="1", paths=tracker.run.paths, ranks=1)
+        watch.state, watch.completed = JobState.RUNNING, True
+        assert tracker.awaits_scheduler, "the job's end is news right after the final record"
+        watch.completed_seen_at = clock.time() - 60.0
+        assert not tracker.awaits_scheduler, "a minute on, a hung exit is polled at the regular pace"
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+        controller.close()
