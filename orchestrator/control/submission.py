@@ -58,10 +58,10 @@ class Submitter:
         self.pending = PendingSubmission(attempt, job, next_try_at=now if not_before is None else not_before)
         self.try_pending(now)
 
-    def retry(self, attempt: int, job: RankJob, error: str, now: float) -> None:
+    def retry(self, attempt: int, job: RankJob, error: str, now: float, not_before: float | None = None) -> None:
         """An attempt whose submission may or may not have reached the scheduler (a failed array,
         a controller stopped while submitting it): looked up first, then tried again."""
-        self.pending = PendingSubmission(attempt, job, failures=1, next_try_at=now, error=error)
+        self.pending = PendingSubmission(attempt, job, failures=1, next_try_at=max(now, not_before or now), error=error)
         self.try_pending(now)
 
     def try_pending(self, now: float) -> None:

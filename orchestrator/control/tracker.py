@@ -193,7 +193,7 @@ class RunTracker:
             self._watch(row.attempt, row.job_id)
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
-                             now)
+                             now, not_before=row.not_before)
 
     def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
         """The run's final record shows it reached its last step: a controller stopped before it
@@ -251,7 +251,11 @@ class RunTracker:
 
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
         self.watch = None  # the attempt before is over (its job, if still there, is closing)
-        self.submitter.submit(attempt, self.begin_attempt(attempt), now, not_before)
+        with self.ledger.transaction():  # the backoff with the attempt: a controller started later keeps it
+            job = self.begin_attempt(attempt)
+            if not_before is not None and not_before > now:
+                self.ledger.update_attempt(self.run.run_id, attempt, not_before=not_before)
+        self.submitter.submit(attempt, job, now, not_before)
 
     def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,

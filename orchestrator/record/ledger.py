@@ -58,7 +58,7 @@ ADDED_COLUMNS = {
     "runs": {"twin": "TEXT", "ended_because": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
                  "failure_class": "TEXT", "class_evidence": "TEXT", "failed_nodes": "TEXT",
-                 "excluded_nodes": "TEXT", "class_facts": "TEXT", "ended_by_drill": "TEXT"},
+                 "excluded_nodes": "TEXT", "class_facts": "TEXT", "ended_by_drill": "TEXT", "not_before": "REAL"},
     "faults": {"detail": "TEXT"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
@@ -117,6 +117,7 @@ class AttemptRow:
     # JSON (orchestrator.campaign.failure_classes.DrillEnded): after this attempt failed the drill cancelled
     # its job, which the next attempt was to run in (in-allocation: a hung launch it could not end).
     ended_by_drill: str | None = None
+    not_before: float | None = None  # not submitted before this (wall time): the restart policy's backoff
 
 
 @dataclass(frozen=True)

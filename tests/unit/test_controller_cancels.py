@@ -311,3 +311,43 @@ def test_a_finish_that_lingers_is_polled_at_the_regular_pace(tmp_path: Path) -> 
         for pool in pools.values():
             pool.shutdown()
         controller.close()
+
+
+def test_a_policy_backoff_outlives_the_controller(tmp_path: Path) -> None:
+    """Issue 21, item 10: the policy's backoff before the next submission was kept in memory: a
+    controller stopped during it was followed by one that submitted at once."""
+    path = _spec(tmp_path, "resubmit", max_restarts=2)
+    data = yaml.safe_load(path.read_text())
+    data["restart"]["policy"] = {"RANK_SIGNAL": {"backoff_s": 30}}
+    path.write_text(yaml.safe_dump(data))
+    spec = load_campaign(path)
+    scheduler = FakeScheduler()
+    first = Controller(spec, backend=scheduler)
+    [run] = first.runs
+
+    def ranks_die_then_stop(trackers: list) -> None:
+        job = next(iter(scheduler.states))
+        if scheduler.states[job] is JobState.PENDING:
+            scheduler.states[job] = JobState.RUNNING
+            launch_exited(run.paths.root, 0, 137)
+            scheduler.states[job] = JobState.FAILED
+        elif len(first.ledger.attempts(run.run_id)) == 2:
+            first.stop_requested.set()  # stopped during the backoff
+
+    try:
+        first.run(observer=ranks_die_then_stop)
+    finally:
+        first.close()
+    second = Controller(spec, backend=scheduler)
+    rounds: list[int] = []
+
+    def twenty_rounds(trackers: list) -> None:
+        rounds.append(1)
+        if len(rounds) >= 20:
+            second.stop_requested.set()
+
+    try:
+        second.run(observer=twenty_rounds)
+    finally:
+        second.close()
+    assert scheduler.called("submit") == [(run.run_id, 0)], "attempt 1 went out before its backoff ended"
