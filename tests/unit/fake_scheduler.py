@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from experiments.layout import (
     EVENT_COMPLETED,
@@ -133,3 +133,19 @@ def run_completed(run_dir: Any, attempt: int, steps: int) -> None:
     append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": time.time() - 2.0})
     write_json_atomic(paths.final, record_dict(FinalRecord(step=steps, digest="d", time=time.time(), attempt=attempt)))
     append_json_line(paths.events_file(attempt), {"event": EVENT_COMPLETED, "time": time.time()})
+
+
+def when_first_job_runs(scheduler: FakeScheduler, act: Callable[[str], None]) -> Callable[[list[Any]], None]:
+    """An observer for ``Controller.run``: the first time the drill's first job is pending, it starts
+    running and ``act(job)`` happens to it (its ranks die, hang or finish); never again (a requeue
+    puts it back in the queue)."""
+    acted: list[str] = []
+
+    def observe(trackers: list[Any]) -> None:
+        job = next(iter(scheduler.states), None)
+        if job is not None and not acted and scheduler.states[job] is JobState.PENDING:
+            acted.append(job)
+            scheduler.states[job] = JobState.RUNNING
+            act(job)
+
+    return observe

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_scheduler import ControllerCrash, FakeScheduler, launch_exited, rank_fell_silent, run_completed
+from fake_scheduler import (
+    ControllerCrash,
+    FakeScheduler,
+    launch_exited,
+    rank_fell_silent,
+    run_completed,
+    when_first_job_runs,
+)
 
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
@@ -40,11 +47,7 @@ def test_the_drills_own_give_up_cancel_keeps_the_failures_class(tmp_path: Path, 
     controller = Controller(load_campaign(_spec(tmp_path, strategy)), backend=scheduler)
     [run] = controller.runs
 
-    def ranks_die_once_running(trackers: list) -> None:
-        [job] = list(scheduler.states)
-        if scheduler.states[job] is JobState.PENDING:
-            scheduler.states[job] = JobState.RUNNING
-            launch_exited(run.paths.root, 0, 137)
+    ranks_die_once_running = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
 
     try:
         assert controller.run(observer=ranks_die_once_running)
@@ -67,11 +70,7 @@ def test_a_controller_that_dies_right_after_cancelling_a_failed_job_restarts_the
     first = Controller(spec, backend=scheduler)
     [run] = first.runs
 
-    def rank_hangs_once_running(trackers: list) -> None:
-        job = next(iter(scheduler.states))
-        if scheduler.states[job] is JobState.PENDING:
-            scheduler.states[job] = JobState.RUNNING
-            rank_fell_silent(run.paths.root, 0, silent_s=30.0)
+    rank_hangs_once_running = when_first_job_runs(scheduler, lambda job: rank_fell_silent(run.paths.root, 0, silent_s=30.0))
 
     with pytest.raises(ControllerCrash):
         first.run(observer=rank_hangs_once_running)
@@ -166,11 +165,7 @@ def test_ranks_that_hang_after_the_final_record_are_ended_and_the_run_stays_comp
     controller = Controller(load_campaign(_spec(tmp_path, "resubmit", finish_timeout_s=0.5)), backend=scheduler)
     [run] = controller.runs
 
-    def ranks_finish_and_hang(trackers: list) -> None:
-        job = next(iter(scheduler.states))
-        if scheduler.states[job] is JobState.PENDING:
-            scheduler.states[job] = JobState.RUNNING
-            run_completed(run.paths.root, 0, steps=100)
+    ranks_finish_and_hang = when_first_job_runs(scheduler, lambda job: run_completed(run.paths.root, 0, steps=100))
 
     try:
         assert controller.run(observer=ranks_finish_and_hang)
@@ -190,11 +185,7 @@ def test_a_requeue_the_scheduler_refuses_ends_the_job_it_would_have_run_in(tmp_p
     controller = Controller(spec, backend=scheduler)
     [run] = controller.runs
 
-    def ranks_die_once_running(trackers: list) -> None:
-        job = next(iter(scheduler.states))
-        if scheduler.states[job] is JobState.PENDING and not scheduler.called("requeue"):
-            scheduler.states[job] = JobState.RUNNING
-            launch_exited(run.paths.root, 0, 137)
+    ranks_die_once_running = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
 
     try:
         assert controller.run(observer=ranks_die_once_running)
@@ -245,11 +236,7 @@ def test_a_cancel_after_a_refused_requeue_is_escalated_until_the_job_ends(tmp_pa
     controller = Controller(spec, backend=scheduler)
     [run] = controller.runs
 
-    def ranks_die_once_running(trackers: list) -> None:
-        job = next(iter(scheduler.states))
-        if scheduler.states[job] is JobState.PENDING and not scheduler.called("requeue"):
-            scheduler.states[job] = JobState.RUNNING
-            launch_exited(run.paths.root, 0, 137)
+    ranks_die_once_running = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
 
     try:
         assert controller.run(observer=ranks_die_once_running)
@@ -267,11 +254,7 @@ def test_a_cancel_journaled_by_a_controller_that_died_before_it_is_carried_out_b
     first = Controller(spec, backend=scheduler)
     [run] = first.runs
 
-    def ranks_die_once_running(trackers: list) -> None:
-        job = next(iter(scheduler.states))
-        if scheduler.states[job] is JobState.PENDING:
-            scheduler.states[job] = JobState.RUNNING
-            launch_exited(run.paths.root, 0, 137)
+    ranks_die_once_running = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
 
     with pytest.raises(ControllerCrash):
         first.run(observer=ranks_die_once_running)
@@ -325,13 +308,15 @@ def test_a_policy_backoff_outlives_the_controller(tmp_path: Path) -> None:
     first = Controller(spec, backend=scheduler)
     [run] = first.runs
 
+    def ranks_die(job: str) -> None:
+        launch_exited(run.paths.root, 0, 137)
+        scheduler.states[job] = JobState.FAILED
+
+    start = when_first_job_runs(scheduler, ranks_die)
+
     def ranks_die_then_stop(trackers: list) -> None:
-        job = next(iter(scheduler.states))
-        if scheduler.states[job] is JobState.PENDING:
-            scheduler.states[job] = JobState.RUNNING
-            launch_exited(run.paths.root, 0, 137)
-            scheduler.states[job] = JobState.FAILED
-        elif len(first.ledger.attempts(run.run_id)) == 2:
+        start(trackers)
+        if len(first.ledger.attempts(run.run_id)) == 2:
             first.stop_requested.set()  # stopped during the backoff
 
     try:

@@ -42,6 +42,15 @@ def _fake_launchers(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
+def _batch(script, run, env: dict[str, str], job_id: str) -> subprocess.CompletedProcess[str]:  # noqa: ANN001
+    """The rendered batch script run with bash as job ``job_id`` (the launchers of ``env``); what
+    it said on stderr and in its job's log."""
+    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env={**env, "SLURM_JOB_ID": job_id},
+                          capture_output=True, text=True, timeout=60)
+    done.stderr += "".join(path.read_text() for path in run.paths.submitit.glob("*_log.err"))
+    return done
+
+
 @pytest.mark.parametrize("backend", ["slurm", "pbs"])
 @pytest.mark.drill
 def test_a_stale_attempts_batch_script_starts_no_rank_and_writes_nothing(tmp_path: Path, backend: str) -> None:
@@ -50,10 +59,8 @@ def test_a_stale_attempts_batch_script_starts_no_rank_and_writes_nothing(tmp_pat
     script = render(run, attempt=0, drill_id="fence-1")
     write_fence(run.paths, Fence(1, "4242"))  # the controller moved on to attempt 1
     run.paths.submitit.mkdir(parents=True)
-    env = {**_fake_launchers(tmp_path), "SLURM_JOB_ID": "4141"}
-    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env=env, capture_output=True,
-                          text=True, timeout=30)
-    logged = done.stderr + "".join(p.read_text() for p in run.paths.submitit.glob("*_log.err"))
+    done = _batch(script, run, _fake_launchers(tmp_path), "4141")
+    logged = done.stderr
     assert done.returncode == 0, logged
     assert "stale attempt: attempt 0 (job 4141)" in logged and "no rank started" in logged
     assert not (tmp_path / "launched").exists(), "the stale attempt launched its ranks"
@@ -156,10 +163,8 @@ def test_a_batch_script_of_another_drill_starts_no_rank(tmp_path: Path) -> None:
     script = render_slurm(run, attempt=0, drill_id="old-drill")
     write_fence(run.paths, Fence(0, None, drill_id="new-drill"))  # the same run path, a new drill's attempt 0
     run.paths.submitit.mkdir(parents=True)
-    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit,
-                          env={**_fake_launchers(tmp_path), "SLURM_JOB_ID": "4141"}, capture_output=True, text=True,
-                          timeout=30)
-    logged = done.stderr + "".join(p.read_text() for p in run.paths.submitit.glob("*_log.err"))
+    done = _batch(script, run, _fake_launchers(tmp_path), "4141")
+    logged = done.stderr
     assert done.returncode == 0 and "stale attempt" in logged and "drill new-drill" in logged, logged
     assert not (tmp_path / "launched").exists(), "another drill's attempt launched its ranks"
 
@@ -181,9 +186,7 @@ def test_a_requeued_job_runs_as_the_attempt_the_fence_names_with_its_drill(tmp_p
     script = render_slurm(run, attempt=0, drill_id="fence-1")
     run.paths.submitit.mkdir(parents=True)
     write_fence(run.paths, Fence(1, "77", drill_id="fence-1"))  # requeued as attempt 1
-    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit,
-                          env={**_fake_launchers(tmp_path), "SLURM_JOB_ID": "77"}, capture_output=True, text=True,
-                          timeout=30)
+    done = _batch(script, run, _fake_launchers(tmp_path), "77")
     assert done.returncode == 0 and (tmp_path / "launched").read_text() == "srun\n", done.stderr[-2000:]
     assert run.paths.events_file(1).exists() and not run.paths.events_file(0).exists()
 
@@ -208,8 +211,7 @@ def test_an_in_allocation_job_relaunches_on_a_go_that_names_its_drill(tmp_path: 
     import threading
     go = threading.Thread(target=go_when_the_first_launch_failed)
     go.start()
-    done = subprocess.run(["bash", "-c", script.text], cwd=run.paths.submitit, env={**env, "SLURM_JOB_ID": "77"},
-                          capture_output=True, text=True, timeout=60)
+    done = _batch(script, run, env, "77")
     go.join()
     assert (tmp_path / "launched").read_text() == "srun\nsrun\n", done.stderr[-2000:]
     assert run.paths.events_file(1).exists(), "relaunched as attempt 1"
