@@ -599,11 +599,11 @@ class RunTracker:
         """A failed attempt's job ended: classify it again with the scheduler's final word, if the
         class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit), and with the
         injector's record if it came after (an agent's OOM-kill count)."""
-        facts = self._attempt_row(attempt).class_facts
-        if facts is None or not state.is_terminal:
+        row = self._attempt_row(attempt)
+        if row.class_facts is None or not state.is_terminal:
             return
-        evidence = facts_from_json(facts)
-        job_id = self._attempt_row(attempt).job_id
+        evidence = facts_from_json(row.class_facts)
+        job_id = row.job_id
         refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
                             oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt),
                             ended_by_drill=evidence.ended_by_drill or self.cancels.why(job_id))
