@@ -15,6 +15,7 @@ import pytest
 import submitit
 
 from experiments.layout import RankJob
+from experiments.runtime.fence import Fence, write_fence
 from orchestrator.backends.pbs.backend import PBSBackend
 from orchestrator.backends.pbs.commands import SCHEDULER_ID_FILE, ServerKind, qstat_records, read_job_file
 from orchestrator.campaign.runs import expand_runs
@@ -98,6 +99,9 @@ def test_backend_submits_first_attempts_as_one_array(shared_tmp: Path, cluster, 
     })
     runs = expand_runs(campaign)
     backend = PBSBackend("pbs-array-test")
+    for run in runs:  # as the tracker does before it submits: a drill's rank with no fence refuses to run
+        run.paths.root.mkdir(parents=True, exist_ok=True)
+        write_fence(run.paths, Fence(0, None, "pbs-array-test"))
     items = [(run, RankJob(run_id=run.run_id, run_dir=str(run.paths.root), attempt=0, workload=run.workload,
                            checkpoint_every=10, checkpoint_keep=2, drill_id="pbs-array-test")) for run in runs]
     submissions = backend.submit_array(items)

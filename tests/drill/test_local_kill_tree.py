@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from experiments.layout import ENV_ATTEMPT
-from experiments.runtime.identity import ticks_now
+from experiments.runtime.identity import start_ticks, ticks_now
 from orchestrator.backends.local.backend import kill_tree
 
 # A stand-in for submitit's local controller: starts ranks with the attempt in their environment,
@@ -60,6 +60,16 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _wait_past_the_tick_of(pid: int) -> None:
+    """A drill decides a kill seconds after its ranks started; here the rank may be milliseconds old,
+    and one started within the decision's 10 ms tick is spared by design (stop 31's CI)."""
+    born = start_ticks(pid)
+    deadline = time.monotonic() + 5
+    while born is not None and ticks_now() <= born and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert born is None or ticks_now() > born
 
 
 def _stop(root: subprocess.Popen, out: Path) -> None:
@@ -108,6 +118,7 @@ def test_a_rank_started_after_the_kill_began_is_spared_whatever_its_environment_
     again as attempt 0."""
     root, out = started("0", respawn=True, ranks=1, again="0")
     [(_, hung)] = _ranks(out)
+    _wait_past_the_tick_of(hung)
     kill_tree(psutil.Process(root.pid), include_root=False, attempt=0, born_before=ticks_now())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(_ranks(out)) < 2:
