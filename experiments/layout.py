@@ -103,6 +103,7 @@ class WorkloadSpec:
     steps: int = 200
     seed: int = 0
     batch_size: int = 32
+    step_s: float = 0.0  # the built-in workloads' least step time (workload.step_s)
     command: CommandSpec | None = None
 
 

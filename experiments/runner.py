@@ -62,7 +62,7 @@ class Runner:
         session, total = self.session, self.job.workload.steps
         for step in range(start_step + 1, total + 1):
             step_started = time.monotonic()
-            loss = self.workload.train_step(step)
+            loss = self.workload.paced_step(step, self.job.workload.step_s)
             session.stepped(step, loss, step_s=time.monotonic() - step_started)
             checkpoint_due = session.checkpoint_due(step)
             if checkpoint_due:

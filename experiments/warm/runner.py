@@ -108,7 +108,7 @@ class WarmRunner:
         try:
             for step in range(self.completed + 1, total + 1):
                 step_started = time.monotonic()
-                loss = self.workload.train_step(step)
+                loss = self.workload.paced_step(step, self.job.workload.step_s)
                 self.completed = step
                 session.stepped(step, loss, step_s=time.monotonic() - step_started)
                 if session.checkpoint_due(step):

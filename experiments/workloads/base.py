@@ -8,6 +8,7 @@ module implementing ``Workload`` plus one line in ``experiments.workloads.REGIST
 from __future__ import annotations
 
 import hashlib
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Iterable
@@ -51,6 +52,15 @@ class Workload(ABC):
     def train_step(self, step: int) -> float:
         """One update on the batch of global step ``step`` (a pure function of seed, step and
         rank, so the data order survives a restart); returns this rank's loss."""
+
+    def paced_step(self, step: int, least_s: float) -> float:
+        """``train_step``, then what is left of ``least_s`` waited out (workload.step_s: a small
+        model standing in for one whose steps take that long)."""
+        started = time.monotonic()
+        loss = self.train_step(step)
+        if (left := least_s - (time.monotonic() - started)) > 0:
+            time.sleep(left)
+        return loss
 
     @abstractmethod
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:

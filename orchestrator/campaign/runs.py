@@ -54,7 +54,7 @@ class RunConfig:
         w = self.campaign.workload
         return WorkloadSpec(
             framework=w.framework, model=w.model, params=w.params, steps=w.steps, seed=w.seed,
-            batch_size=w.batch_size, command=self.command,
+            batch_size=w.batch_size, step_s=w.step_s, command=self.command,
         )
 
     @property

@@ -29,7 +29,7 @@ from orchestrator.control.detach import live_controller
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_DEADLINE_S = 900
 CANCELLED_RUN = "r001"
-STEPS = 3000
+STEPS, EVERY, START_TIMEOUT_S = 900, 300, 30  # the campaign's
 
 
 def _stepping_job(workdir: Path, run_id: str) -> str | None:
@@ -83,10 +83,10 @@ def test_a_rank_stuck_in_its_start_up_is_a_start_timeout(drilled: tuple[dict[str
     recovery = _recovered(drilled[0], "r000")
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGSTOP", fault
-    assert run["attempts"][0]["reason"].startswith("no training step within 60 s"), run["attempts"][0]
+    assert run["attempts"][0]["reason"].startswith(f"no training step within {START_TIMEOUT_S} s"), run["attempts"][0]
     assert recovery["failure_class"] == "START_TIMEOUT" and recovery["resumed_from_step"] == 0, recovery
     stuck = run["attempts"][0]
-    assert stuck["ended"] - stuck["started"] >= 59, "a start-up is stuck only after start_timeout_s"
+    assert stuck["ended"] - stuck["started"] >= START_TIMEOUT_S - 1, "a start-up is stuck only after start_timeout_s"
 
 
 def test_a_persons_scancel_is_cancelled_and_the_run_gives_up(drilled: tuple[dict[str, Any], str], slurm) -> None:
@@ -107,7 +107,7 @@ def test_a_rank_the_oom_killer_ends_is_out_of_memory_and_recovers(drilled: tuple
     assert run["attempts"][0]["failure_class"] == "OUT_OF_MEMORY", run["attempts"][0]
     assert "OOM killer" in run["attempts"][0]["class_evidence"]
     assert recovery["fault_kind"] == "oom-rank" and recovery["failure_class"] == "OUT_OF_MEMORY", recovery
-    assert recovery["resumed_from_step"] == 1000, recovery
+    assert recovery["resumed_from_step"] == EVERY, recovery
     # The agent removed the memory cgroup it made.
     assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*"))
 
@@ -121,4 +121,4 @@ def test_a_rank_that_raises_is_a_rank_exit_and_recovers(drilled: tuple[dict[str,
     assert failed["failure_class"] == "RANK_EXIT" and "InjectedRankError" in failed["class_evidence"], failed
     assert "InjectedRankError" in failed["reason"], "the attempt's reason is the cause, not a survivor's word"
     assert recovery["fault_kind"] == "rank-error" and recovery["failure_class"] == "RANK_EXIT", recovery
-    assert recovery["resumed_from_step"] == 1000, recovery
+    assert recovery["resumed_from_step"] == EVERY, recovery

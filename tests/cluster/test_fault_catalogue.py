@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
+STEPS, EVERY, FAULT_STEP = 900, 300, 400  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
 COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
@@ -68,7 +69,7 @@ def _cluster(*args: str) -> str:
                           timeout=120).stdout.strip()
 
 
-def _run(report: dict[str, Any], kind: str, steps: int = 3000, twin: bool = True) -> dict[str, Any]:
+def _run(report: dict[str, Any], kind: str, steps: int = STEPS, twin: bool = True) -> dict[str, Any]:
     """The run whose first fault is of ``kind``: completed, bit for bit as its twin (if it has one)."""
     if kind not in report["run_ids"]:
         pytest.skip(f"{kind} is {COVERED_ELSEWHERE[kind]} in CI; every kind here with FAULTDRILL_FULL=1")
@@ -116,14 +117,14 @@ def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
 def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]) -> None:
     run = _run(report, "corrupt-checkpoint")
     corrupt, kill = run["faults"]
-    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00002000/")
+    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith(f"checkpoint step-{2 * EVERY:08d}/")
     assert kill["outcome"] == "injected"
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 1000
-    assert recovery["fallback_from_step"] == 2000 and recovery["fallback_lost_steps"] == 1000
+    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == EVERY
+    assert recovery["fallback_from_step"] == 2 * EVERY and recovery["fallback_lost_steps"] == EVERY
     paths = RunPaths(Path(report["workdir"]) / "runs" / report["run_ids"]["corrupt-checkpoint"])
     assert [entry["from"].rsplit("/", 1)[-1] for entry in read_json_lines(paths.quarantine / "index.jsonl")] == [
-        "step-00002000"]
+        f"step-{2 * EVERY:08d}"]
 
 
 def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[str, Any]) -> None:
@@ -131,7 +132,7 @@ def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2", fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
-    assert 1200 <= saved < 2000 and saved % 10 == 0
+    assert FAULT_STEP <= saved < 2 * EVERY and saved % 10 == 0
     assert run["attempts"][0]["state"] == "CANCELLED"
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
@@ -143,17 +144,17 @@ def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) ->
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and "filled" in fault["detail"], fault
     reason = run["attempts"][0]["reason"]
-    assert "no space left on device" in reason and "checkpoint step 2000" in reason, reason
+    assert "no space left on device" in reason and f"checkpoint step {2 * EVERY}" in reason, reason
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 1000
+    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == EVERY
     assert recovery["failure_class"] == "CHECKPOINT_WRITE_FAILED"
     # The failed write left nothing in sight, and the ballast is gone.
     assert sorted(path.name for path in report["small_fs"].iterdir()) == [
-        "step-00001000", "step-00002000", "step-00003000"]
+        f"step-{step:08d}" for step in (EVERY, 2 * EVERY, 3 * EVERY)]
 
 
 def test_timeout_ends_the_job_at_its_walltime_after_a_warning_checkpoint(report: dict[str, Any]) -> None:
-    run = _run(report, "timeout", steps=12000, twin=False)
+    run = _run(report, "timeout", steps=4000, twin=False)
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and "time limit set to" in fault["detail"], fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
@@ -175,7 +176,7 @@ def test_a_node_fault_hits_the_last_node_and_the_run_recovers_once_it_is_back(
     assert fault["outcome"] == "injected" and lost in cluster, fault
     assert acted in fault["detail"] and mended in fault["detail"], fault["detail"]
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == kind and recovery["resumed_from_step"] == 1000
+    assert recovery["fault_kind"] == kind and recovery["resumed_from_step"] == EVERY
     # The injector's record names the node at once (Slurm would notice only after SlurmdTimeout),
     # and the policy keeps the next attempt off it (exclude_node: NODE_FAIL's default).
     assert recovery["failure_class"] == "NODE_FAIL"

@@ -25,10 +25,10 @@ from orchestrator.campaign.spec import load_campaign
 # The shipped campaign experiments/campaigns/fault-catalogue-local.yaml: each kind in a run of its
 # own, all sharing one fault-free twin, drilled once for this module's tests.
 CAMPAIGN = "fault-catalogue-local"
-STEPS = 2000
+STEPS, EVERY, FAULT_STEP = 900, 300, 400  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = 0.05
 RESTART = {"max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0, "checkpoint_timeout_s": 10.0}
-WORKLOAD = {"framework": "torch", "params": 200000, "steps": STEPS, "seed": 5, "batch_size": 16}
+WORKLOAD = {"framework": "torch", "params": 200000, "steps": 2000, "seed": 5, "batch_size": 16}
 
 
 # CI's cut: kinds another test in CI drills the same way (kind -> where); every kind here with
@@ -97,7 +97,7 @@ def test_hang_rank_is_detected_by_its_silence_and_recovered(catalogue: Catalogue
     # Silence counts from the last heartbeat, just before the SIGSTOP.
     assert recovery["fault_kind"] == "hang-rank" and recovery["detect_s"] >= 3.0 - HEARTBEAT_S
     assert recovery["failure_class"] == "HANG"
-    assert recovery["resumed_from_step"] == 500
+    assert recovery["resumed_from_step"] == EVERY
 
 
 def test_a_stall_shorter_than_the_hang_timeout_costs_no_restart(catalogue: Catalogue) -> None:
@@ -115,7 +115,7 @@ def test_oom_rank_caps_a_rank_whose_leak_the_kernels_oom_killer_ends(catalogue: 
     assert run["attempts"][0]["failure_class"] == "OUT_OF_MEMORY", run["attempts"][0]
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "oom-rank" and recovery["failure_class"] == "OUT_OF_MEMORY"
-    assert recovery["resumed_from_step"] == 500
+    assert recovery["resumed_from_step"] == EVERY
     assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*")), "the agent left its cgroup"
 
 
@@ -128,18 +128,18 @@ def test_kill_rank_can_hit_every_rank_at_one_instant(catalogue: Catalogue) -> No
 
 
 def test_a_corrupted_newest_checkpoint_is_skipped_and_the_run_resumes_from_the_one_before(catalogue: Catalogue) -> None:
-    # Checkpoints at 500 and 1000; at 1100 the newest (1000) is damaged, right after a rank is killed.
+    # Checkpoints at EVERY and 2 x EVERY; then the newest is damaged, right before a rank is killed.
     run = catalogue.run("corrupt-checkpoint")
     corrupt, kill = run["faults"]
-    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith("checkpoint step-00001000/")
+    assert corrupt["outcome"] == "injected" and corrupt["target"].startswith(f"checkpoint step-{2 * EVERY:08d}/")
     assert kill["outcome"] == "injected" and kill["attempt"] == corrupt["attempt"] == 0
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == 500
+    assert recovery["fault_kind"] == "kill-rank" and recovery["resumed_from_step"] == EVERY
     assert recovery["failure_class"] == "RANK_SIGNAL"
-    # The fallback past the damaged 1000 is recorded with what it cost on top.
-    assert recovery["fallback_from_step"] == 1000 and recovery["fallback_lost_steps"] == 500
+    # The fallback past the damaged one is recorded with what it cost on top.
+    assert recovery["fallback_from_step"] == 2 * EVERY and recovery["fallback_lost_steps"] == EVERY
     [aside] = read_json_lines(catalogue.paths("corrupt-checkpoint").quarantine / "index.jsonl")
-    assert aside["from"].endswith("step-00001000"), "the damaged checkpoint was not kept aside"
+    assert aside["from"].endswith(f"step-{2 * EVERY:08d}"), "the damaged checkpoint was not kept aside"
 
 
 def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(catalogue: Catalogue) -> None:
@@ -147,7 +147,7 @@ def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(catal
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["signal"] == "SIGUSR2", fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
-    assert 700 <= saved < 1000 and saved % 10 == 0  # between checkpoints, at an agreed step
+    assert FAULT_STEP <= saved < 2 * EVERY and saved % 10 == 0  # between checkpoints, at an agreed step
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
     assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "PREEMPTED"
@@ -162,13 +162,13 @@ def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_t
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["detail"].startswith("caused: attempt 0 failed"), fault
     reason = run["attempts"][0]["reason"]
-    assert "no space left on device" in reason and "checkpoint step 1000" in reason, reason
+    assert "no space left on device" in reason and f"checkpoint step {2 * EVERY}" in reason, reason
     [recovery] = run["recoveries"]
-    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == 500
+    assert recovery["fault_kind"] == "disk-full" and recovery["resumed_from_step"] == EVERY
     assert recovery["failure_class"] == "CHECKPOINT_WRITE_FAILED"
     # No ballast left, no partial checkpoint in sight; the three published ones are all valid.
     names = sorted(path.name for path in catalogue.paths("disk-full").checkpoints.iterdir())
-    assert names == ["step-00001000", "step-00001500", "step-00002000"], names
+    assert names == [f"step-{step:08d}" for step in (EVERY, 2 * EVERY, 3 * EVERY)], names
 
 
 @pytest.mark.parametrize("framework,steps,every", [("tensorflow", 800, 400), ("chainer", 3000, 1500)])

@@ -103,3 +103,10 @@ def test_hostile_arguments_never_reach_a_shell(tmp_path: Path) -> None:
         assert text not in script
     assert run.command.argv[2:] == (*HOSTILE[:-1], "{literal}")
     assert dict(run.command.env) == {"X": "$HOME `id`"}
+
+
+def test_a_least_step_time_is_for_the_built_in_workloads_only(tmp_path: Path) -> None:
+    message = _error(_spec(tmp_path, {"command": ["./train"], "step_s": 0.02}), tmp_path)
+    assert "workload.step_s: only for the built-in workloads" in message
+    campaign = parse_campaign(_spec(tmp_path, {"step_s": 0.02}), base_dir=tmp_path)
+    assert expand_runs(campaign)[0].workload.step_s == 0.02
