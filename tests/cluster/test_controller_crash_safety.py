@@ -136,8 +136,9 @@ def _cluster(action: str) -> str:
 
 # Long enough that the rank step ends well after slurmctld is back: a step that ends while it is
 # down leaves a slurmstepd retrying its completion message, and Slurm drains the node ("Kill task
-# failed") when the job's end comes first. ~40 s alone here, ~70 s beside the other drill's.
-LONG = {"framework": "torch", "params": 2000, "steps": 8000, "seed": 5, "batch_size": 16}
+# failed") when the job's end comes first: 3000 steps of at least 15 ms (step_s), 45 s or more
+# whatever the machine's load, at a third of 8000 unpaced steps' CPU.
+LONG = {"framework": "torch", "params": 2000, "steps": 3000, "step_s": 0.015, "seed": 5, "batch_size": 16}
 OUTAGE_S = 20
 
 
