@@ -13,19 +13,20 @@ from recovery_checks import assert_phases_follow_the_moments
 
 from drills import drill, drill_processes, run_of, write_spec
 
-WORKLOAD = {"framework": "torch", "params": 200000, "steps": 2000, "seed": 5, "batch_size": 16}
+EVERY = 300  # checkpoints; the faults come at step 400, a paced step (step_s) before the next
+WORKLOAD = {"framework": "torch", "params": 200000, "steps": 900, "step_s": 0.02, "seed": 5, "batch_size": 16}
 RESTART = {"strategy": "in-allocation", "max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0,
            "checkpoint_timeout_s": 10.0, "relaunch_wait_s": 30}
 
 
 FAULTS = {  # the failure class -> the fault that causes it; one run each, in one drill, sharing one twin
-    "RANK_SIGNAL": {"kind": "kill-rank", "after": {"at_step": 700}, "rank": 1, "signal": "SIGKILL"},
-    "HANG": {"kind": "hang-rank", "after": {"at_step": 700}, "rank": 1},
+    "RANK_SIGNAL": {"kind": "kill-rank", "after": {"at_step": 400}, "rank": 1, "signal": "SIGKILL"},
+    "HANG": {"kind": "hang-rank", "after": {"at_step": 400}, "rank": 1},
 }
 
 
 def _spec(tmp_path: Path, **overrides: Any) -> Path:
-    sections = {"workload": WORKLOAD, "restart": RESTART, "checkpoint": {"every_steps": 500, "keep": 3}}
+    sections = {"workload": WORKLOAD, "restart": RESTART, "checkpoint": {"every_steps": EVERY, "keep": 3}}
     return write_spec(tmp_path, **{**sections, **overrides})
 
 
@@ -49,7 +50,7 @@ def test_the_ranks_start_again_in_the_same_job(relaunched: tuple[dict[str, Any],
     assert failed["job_id"] == relaunched_attempt["job_id"], "no new job: the same job started its ranks again"
     assert failed["state"] == "STEP_FAILED" and failed["failure_class"] == failure_class
     [recovery] = run["recoveries"]
-    assert recovery["strategy"] == "in-allocation" and recovery["resumed_from_step"] == 500
+    assert recovery["strategy"] == "in-allocation" and recovery["resumed_from_step"] == EVERY
     assert_phases_follow_the_moments(run, recovery, workdir / "runs" / run_id)
     rows = {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
     assert rows == {("in-allocation", failure_class) for failure_class in FAULTS}, report["strategies"]
