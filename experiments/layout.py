@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 # Environment variables Faultdrill sets for the ranks of a job (in the batch script / executor).
 ENV_RUN_DIR = "FAULTDRILL_RUN_DIR"
@@ -159,8 +159,16 @@ class RunPaths:
     def heartbeats(self) -> Path:
         return self.root / "heartbeats"
 
-    def heartbeat_file(self, rank: int) -> Path:
-        return self.heartbeats / f"rank-{rank}.jsonl"
+    def heartbeat_file(self, attempt: int, rank: int) -> Path:
+        """A file per attempt and rank: a new attempt's watch reads its own attempt's lines, never
+        the run's whole history."""
+        return self.heartbeats / str(attempt) / f"rank-{rank}.jsonl"
+
+    def heartbeat_attempts(self) -> list[int]:
+        """The attempts that wrote heartbeats, oldest first."""
+        if not self.heartbeats.is_dir():
+            return []
+        return sorted(int(path.name) for path in self.heartbeats.iterdir() if path.name.isdigit())
 
     @property
     def loss_log(self) -> Path:
@@ -317,6 +325,38 @@ def append_json_line(path: Path, record: dict[str, Any]) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def read_json_lines_backwards(path: Path, chunk_bytes: int = 1 << 16) -> Iterator[dict[str, Any]]:
+    """A JSON-lines file's records from the last to the first, read in chunks from its end: a
+    reader that wants the newest lines pays for those, not for the file's age. A torn or broken
+    line is skipped, as by read_json_lines."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        end = handle.seek(0, os.SEEK_END)
+        tail = b""
+        while end > 0:
+            start = max(0, end - chunk_bytes)
+            handle.seek(start)
+            lines = (handle.read(end - start) + tail).split(b"\n")
+            end = start
+            tail = lines.pop(0) if end > 0 else b""  # the first may continue in the chunk before
+            for line in reversed(lines):
+                if record := _json_record(line):
+                    yield record
+        if record := _json_record(tail):
+            yield record
+
+
+def _json_record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ from experiments.layout import (
     RankJob,
     RunPaths,
     rank_job_to_dict,
-    read_json_lines,
+    read_json_lines_backwards,
     record_dict,
     write_json_atomic,
 )
@@ -100,11 +100,11 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
 
 
 def trained_before(paths: RunPaths, attempt: int) -> bool:
-    """An earlier attempt of the run reported a step (so the script has something to resume)."""
-    if not paths.heartbeats.is_dir():
-        return False
-    return any(beat.get("attempt", attempt) < attempt and beat.get("step", 0) > 0
-               for file in paths.heartbeats.glob("rank-*.jsonl") for beat in read_json_lines(file))
+    """An earlier attempt of the run reported a step (so the script has something to resume): an
+    attempt's steps only grow, so each earlier file's last line says."""
+    return any(next(read_json_lines_backwards(file), {}).get("step", 0) > 0
+               for earlier in paths.heartbeat_attempts() if earlier < attempt
+               for file in paths.heartbeats.joinpath(str(earlier)).glob("rank-*.jsonl"))
 
 
 def command_argv(command: CommandSpec, paths: RunPaths, attempt: int) -> list[str]:
@@ -192,7 +192,7 @@ class Supervisor:
         return self._end(returncode)
 
     def _inferred_progress(self) -> InferredProgress:
-        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.env.rank), self.job.attempt,
+        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.job.attempt, self.env.rank), self.job.attempt,
                                     self.job.heartbeat_interval_s)
         resumed_from = None
         if self.command.checkpoint_glob:

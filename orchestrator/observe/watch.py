@@ -81,7 +81,7 @@ class AttemptWatch:
     def __post_init__(self) -> None:
         self.events = JsonlTail(self.paths.events_file(self.attempt))
         self.checkpoint_tail = JsonlTail(self.paths.checkpoint_log)
-        self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(rank)) for rank in range(self.ranks)]
+        self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(self.attempt, rank)) for rank in range(self.ranks)]
 
     @property
     def last_heartbeat(self) -> float | None:

@@ -25,6 +25,7 @@ from experiments.layout import (
     EVENT_WARM_PLAN,
     RunPaths,
     read_json_lines,
+    read_json_lines_backwards,
 )
 from orchestrator.record.ledger import AttemptRow, RecoveryRow
 
@@ -147,16 +148,26 @@ def ordered(moments: list[float]) -> tuple[list[float], float]:
     return fixed, correction
 
 
-def _heartbeats(paths: RunPaths, ranks: int) -> list[dict[str, Any]]:
-    beats: list[dict[str, Any]] = []
-    for rank in range(ranks):
-        beats.extend(read_json_lines(paths.heartbeat_file(rank)))
-    return beats
+def _newest_beat(paths: RunPaths, attempt: int, rank: int, before: float, step: int | None = None,
+                 earliest_of_its_step: bool = False) -> dict[str, Any] | None:
+    """The rank's beat of ``attempt`` with the highest step (at most ``step``) at or before
+    ``before``: the latest beat of that step, or the earliest. Read from the file's end back: a
+    recovery pays for the beats since that step, never for the attempt's age."""
+    found: dict[str, Any] | None = None
+    for beat in read_json_lines_backwards(paths.heartbeat_file(attempt, rank)):
+        if beat.get("attempt") != attempt or beat["time"] > before or (step is not None and beat["step"] > step):
+            continue
+        if found is not None and beat["step"] != found["step"]:
+            break
+        found = beat
+        if not earliest_of_its_step:
+            break
+    return found
 
 
 def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> tuple[int, float]:
     """The highest step any rank of ``attempt`` reported before ``before``, and when."""
-    beats = [b for b in _heartbeats(paths, ranks) if b["attempt"] == attempt and b["time"] <= before]
+    beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, earliest_of_its_step=True))]
     if not beats:
         return 0, before
     best = max(beats, key=lambda beat: (beat["step"], -beat["time"]))
@@ -164,9 +175,9 @@ def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> t
 
 
 def step_reached_at(paths: RunPaths, ranks: int, step: int, before: float) -> float:
-    """When the run first reached ``step`` on its way to the failure (latest attempt that did)."""
-    beats = [b for b in _heartbeats(paths, ranks) if b["step"] <= step and b["time"] <= before]
-    if not beats:
-        return before
-    best = max(beats, key=lambda beat: (beat["attempt"], beat["step"], beat["time"]))
-    return float(best["time"])
+    """When the run reached ``step`` on its way to the failure (the newest attempt that did)."""
+    for attempt in reversed(paths.heartbeat_attempts()):
+        beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, step))]
+        if beats:
+            return float(max(beats, key=lambda beat: (beat["step"], beat["time"]))["time"])
+    return before

@@ -93,7 +93,9 @@ def _timeline_sections(workdir: Path, runs: list[dict[str, Any]], out_dir: Path)
 def _attempt_curves(workdir: Path, run_id: str) -> dict[int, list[tuple[float, int]]]:
     """(time, step) of each attempt, from rank 0's heartbeats."""
     curves: dict[int, list[tuple[float, int]]] = {}
-    for beat in read_json_lines(RunPaths(workdir / "runs" / run_id).heartbeat_file(0)):
+    paths = RunPaths(workdir / "runs" / run_id)
+    beats = [beat for attempt in paths.heartbeat_attempts() for beat in read_json_lines(paths.heartbeat_file(attempt, 0))]
+    for beat in beats:
         if "step" in beat and "time" in beat and "attempt" in beat and "phase" not in beat:  # training beats only
             curves.setdefault(int(beat["attempt"]), []).append((float(beat["time"]), int(beat["step"])))
     return {attempt: sorted(points) for attempt, points in sorted(curves.items())}

@@ -111,7 +111,7 @@ def test_zero_code_progress_from_log_lines_and_a_short_run_is_not_complete(tmp_p
     done, paths = _run(tmp_path, _script(body), steps=10)
     assert done.returncode == 1
     assert "exited 0 at step 3 of 10" in json.loads(paths.rank_error_file(0, 0).read_text())["error"]
-    assert [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0))][-1] == 3
+    assert [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0, 0))][-1] == 3
     events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
     assert events["first_step"]["step"] == 1 and events["first_step"]["inferred"] is True
     assert events["checkpoint_loaded"]["step"] == 0 and events["checkpoint_loaded"]["inferred"] is True
@@ -142,7 +142,7 @@ def test_zero_code_progress_from_the_scripts_own_checkpoint_files(tmp_path: Path
             "    pathlib.Path('own', f'ckpt-{s}.pt').write_bytes(b'x')\ntime.sleep(0.8)")
     done, paths = _run(tmp_path, _script(body), steps=6, progress=PROGRESS_CHECKPOINTS)
     assert done.returncode == 0, done.stderr
-    beats = [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0))]
+    beats = [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0, 0))]
     assert set(beats) == {4, 6} and beats == sorted(beats), "each new checkpoint file is a step, in order; the old one none"
     events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
     assert events["checkpoint_loaded"]["step"] == 2 and events["checkpoint_loaded"]["source"] == "script's checkpoints"

@@ -89,7 +89,7 @@ def test_controller_killed_mid_drill_resumes_without_duplicate_submission(tmp_pa
                        workload={"framework": "torch", "params": 20000, "steps": 400, "seed": 3})
     first = subprocess.Popen([*FAULTDRILL, "drill", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
-    heartbeat = tmp_path / "work" / "runs" / "r000" / "heartbeats" / "rank-0.jsonl"
+    heartbeat = tmp_path / "work" / "runs" / "r000" / "heartbeats" / "0" / "rank-0.jsonl"
     deadline = time.monotonic() + 120
     while not heartbeat.exists() and time.monotonic() < deadline:
         time.sleep(0.05)

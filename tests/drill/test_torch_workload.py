@@ -69,7 +69,7 @@ def test_resume_reproduces_uninterrupted_digest(tmp_path: Path) -> None:
     assert read_json_lines(paths.final)[0]["digest"] == straight
     losses = [line for line in read_json_lines(paths.loss_log) if line["attempt"] == 1]
     assert [line["step"] for line in losses] == list(range(11, 31))
-    beats = read_json_lines(paths.heartbeat_file(0))
+    beats = read_json_lines(paths.heartbeat_file(1, 0))
     assert beats[-1] == {"attempt": 1, "step": 30, "time": beats[-1]["time"]}
     assert sorted(p.name for p in paths.checkpoints.iterdir()) == ["step-00000020", "step-00000030"]
 

@@ -122,7 +122,7 @@ def rank_fell_silent(run_dir: Any, attempt: int, silent_s: float) -> None:
     then = time.time() - silent_s
     append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": then - 1.0})
     append_json_line(paths.events_file(attempt), {"event": EVENT_FIRST_STEP, "time": then, "step": 1})
-    append_json_line(paths.heartbeat_file(0), {"attempt": attempt, "step": 1, "time": then})
+    append_json_line(paths.heartbeat_file(attempt, 0), {"attempt": attempt, "step": 1, "time": then})
 
 
 def run_completed(run_dir: Any, attempt: int, steps: int) -> None:

@@ -132,7 +132,7 @@ class SimulatedCluster(FakeScheduler):
         append_json_line(events, {"event": EVENT_JOB_START, "time": now})
         append_json_line(events, {"event": EVENT_FIRST_STEP, "time": now, "step": 1})
         paths.heartbeats.mkdir(parents=True, exist_ok=True)
-        append_json_line(paths.heartbeat_file(0), {"attempt": sim.job.attempt, "step": 1, "time": now})
+        append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1, "time": now})
 
     def _train(self, sim: SimJob) -> None:
         paths = RunPaths(sim.run.paths.root)
@@ -141,7 +141,7 @@ class SimulatedCluster(FakeScheduler):
             return  # stopped: silent until the scheduler ends it
         sim.running_polls += 1
         now = time.time()
-        append_json_line(paths.heartbeat_file(0), {"attempt": sim.job.attempt, "step": 1 + sim.running_polls,
+        append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1 + sim.running_polls,
                                                    "time": now})
         if failure == KILL and sim.running_polls == 2:
             append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,

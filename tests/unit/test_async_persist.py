@@ -56,7 +56,7 @@ def test_a_write_that_fails_in_the_background_fails_the_rank_within_a_step_and_p
         tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="publishing a checkpoint failed: .*checkpoint step 30 could not be written"):
         _train(tmp_path, NumpyWorkload(WRITE_S, fail_at=30), asynchronous=True)
-    beats = read_json_lines(RunPaths(tmp_path).heartbeat_file(0))
+    beats = read_json_lines(RunPaths(tmp_path).heartbeat_file(0, 0))
     steps_after = max(beat["step"] for beat in beats) - 30
     assert steps_after <= WRITE_S / 0.01 + 5, f"trained {steps_after} steps past the failed write"
     assert not read_json_lines(RunPaths(tmp_path).checkpoint_log)

@@ -12,7 +12,7 @@ from orchestrator.record.recovery import Failure, compute_recovery, last_progres
 
 
 def _beat(paths: RunPaths, rank: int, attempt: int, step: int, at: float) -> None:
-    append_json_line(paths.heartbeat_file(rank), {"attempt": attempt, "step": step, "time": at})
+    append_json_line(paths.heartbeat_file(attempt, rank), {"attempt": attempt, "step": step, "time": at})
 
 
 def _event(paths: RunPaths, attempt: int, name: str, at: float, **extra: object) -> None:
@@ -101,3 +101,4 @@ def test_a_restart_that_failed_before_its_first_step_is_part_of_the_recovery(pat
     rec = compute_recovery(paths, failure, failed, resumed, ranks=2, failed_restarts=1)
     assert rec is not None and rec.failed_restarts == 1 and rec.attempt == 3
     assert rec.ttr_s == pytest.approx(131.75 - 114.0) and rec.resubmit_s == pytest.approx(125.5 - 114.2)
+

@@ -71,7 +71,7 @@ def test_time_suspended_by_the_scheduler_is_not_silence(tmp_path: Path) -> None:
 
 
 def _beats(run_dir: Path) -> list[dict]:
-    return read_json_lines(RunPaths(run_dir).heartbeat_file(0))
+    return read_json_lines(RunPaths(run_dir).heartbeat_file(0, 0))
 
 
 def test_start_up_is_known_once_every_rank_registered_and_a_stuck_one_is_a_start_timeout(tmp_path: Path) -> None:
