@@ -236,6 +236,7 @@ class Coordinator:
                    "a survivor did not report the step it completed (is it hung?)")
         survivors = self._of_role(ACTIVE)
         dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
+        self._replace_spares(waiting_for=len(dead_ranks))
         self._wait(lambda: len(self._of_role(SPARE)) >= len(dead_ranks), self.timing.spare_s,
                    f"no warm spare for rank(s) {dead_ranks}")
         spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
@@ -252,6 +253,7 @@ class Coordinator:
         """The active set retired (its processes ended), the next complete spare set resumes from the
         newest valid checkpoint, a new set started in its place."""
         self._retire(self._of_role(ACTIVE))
+        self._replace_spares(waiting_for=1)
         self._wait(lambda: self._complete_spare_set() is not None or not self._pending, self.timing.spare_s,
                    f"no complete warm spare set of {self.world_size} process(es)")
         spare_set = self._complete_spare_set()
@@ -329,14 +331,17 @@ class Coordinator:
         """An event of the current generation's attempt."""
         self.events(self.first_attempt + max(self.generation, 0), event)
 
-    def _replace_spares(self) -> None:
+    def _replace_spares(self, waiting_for: int | None = None) -> None:
         """Start spares until the job holds as many as it was given (each in new slots; restart_all:
-        whole sets). Those started but not yet connected count: they are on their way."""
+        whole sets). Those started but not yet connected count: they are on their way. A
+        re-formation ``waiting_for`` more spares than the job holds (more deaths than spares) starts
+        the missing ones at once; the others are replaced after its plans (the recovery first)."""
         if self.spawn is None:
             return
         unit = self._spare_unit
         held = len(self._of_role(SPARE)) + len(self._pending)
-        for _ in range(max(0, self.spares_wanted - held // unit)):
+        wanted = self.spares_wanted if waiting_for is None else waiting_for
+        for _ in range(max(0, wanted - held // unit)):
             slot, self._next_slot = self._next_slot, self._next_slot + unit
             slots = set(range(slot, slot + unit))
             self._pending |= slots

@@ -298,3 +298,23 @@ def test_a_ranks_own_error_is_not_taken_for_a_lost_peer(error: Exception) -> Non
     from experiments.warm.runner import peer_lost
 
     assert not peer_lost(error)
+
+
+def test_more_deaths_than_spares_start_the_missing_spares_at_once_and_the_job_goes_on() -> None:
+    """Hardening issue, item 16: two ranks of three die with one spare held. The missing spare is
+    started at once (before any plan: the re-formation waits for it), not after spare_s."""
+    host = Host()
+    _, address, outcome = _start(host, world=3, spares=1, timing=Timing(report_s=5, spare_s=60, start_s=5))
+    rank0, rank1, rank2, spare = (_member(address, slot) for slot in (0, 1, 2, 3))
+    assert [m.next_plan().rank for m in (rank0, rank1, rank2)] == [0, 1, 2]
+    rank1.line.close()
+    rank2.line.close()
+    rank0.lost(0, 40)
+    assert _within(5, lambda: host.spawned[:1] == [(4, 3)]), f"no spare started for the second death: {host.spawned}"
+    assert not [e for _, e in host.named("warm_plan") if e["generation"] == 1], "a plan before the spares were warm"
+    late = _member(address, 4, node="n2")
+    plans = [m.next_plan() for m in (rank0, spare, late)]
+    assert [(p.generation, p.rank, p.resume) for p in plans] == [(1, 0, RESUME_PEER), (1, 1, RESUME_PEER),
+                                                                 (1, 2, RESUME_PEER)]
+    assert _within(5, lambda: len(host.spawned) == 2), "the spare held is started again after the plan"
+    _complete(outcome, rank0, spare, late)
