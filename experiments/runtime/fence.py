@@ -18,13 +18,17 @@ claims the run (ranks started by hand, tests), and nothing is fenced.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from experiments.layout import ENV_JOB_ID, RunPaths, fsync_dir
 
 NO_JOB = "-"
+FENCE_LOCK = ".current-attempt.lock"
 
 
 class StaleAttemptError(RuntimeError):
@@ -70,8 +74,42 @@ def write_fence(paths: RunPaths, fence: Fence, durable: bool = True) -> None:
     """Atomically (temporary name, fsync, rename): a reader sees the old line or the new one.
     ``durable`` False: no fsync here; the caller makes a batch of fences durable at once
     (``sync_filesystem``) before anything depends on them."""
+    paths.current_attempt.parent.mkdir(parents=True, exist_ok=True)
+    with _writers_lock(paths):
+        _replace(paths, fence, durable)
+
+
+def advance_fence(paths: RunPaths, held: Fence, new: Fence) -> None:
+    """``new`` over ``held`` only (compare, then set, under the writers' lock): a warm job's
+    coordinator moves its run to the next attempt only while the fence still names the attempt it
+    holds. One the controller moved on (the job was taken for hung and replaced, or cancelled) is
+    left as it is: StaleAttemptError, and the job ends instead of fencing out the controller's."""
+    with _writers_lock(paths):
+        current = read_fence(paths)
+        if current is None or not current.admits(held.attempt, held.job_id, held.drill_id):
+            raise StaleAttemptError(f"{paths.current_attempt} names {current.render().strip() if current else 'nothing'}, "
+                                    f"not attempt {held.attempt} of job {held.job_id}: this job is not the run's")
+        _replace(paths, new, durable=True)
+
+
+@contextmanager
+def _writers_lock(paths: RunPaths) -> Iterator[None]:
+    """The fence's writers one at a time (an advisory lock beside it: the controller's writes and a
+    warm coordinator's compare-and-set). A filesystem without locks (some NFS mounts) gives none:
+    the writes stay atomic, the comparison is then only as fresh as its read."""
+    fd = os.open(paths.root / FENCE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _replace(paths: RunPaths, fence: Fence, durable: bool) -> None:
     target = paths.current_attempt
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as handle:
         handle.write(fence.render())

@@ -52,8 +52,9 @@ from experiments.layout import (
     append_json_line,
 )
 from experiments.runtime.distenv import derive_port
-from experiments.runtime.fence import Fence, write_fence
+from experiments.runtime.fence import Fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
+from experiments.warm.held_fence import HeldFence
 from experiments.warm.processes import end_members, processes_of
 from experiments.warm.protocol import set_port
 
@@ -162,7 +163,7 @@ class BatchWarmJob:
             spares_wanted=self.args.spare_sets if restart_all else len(self.nodes) * self.args.spares_per_node,
             first_attempt=self.args.attempt, port_base=self.port_base,
             events=lambda attempt, event: append_json_line(self.paths.events_file(attempt), event),
-            fence=lambda attempt: write_fence(self.paths, Fence(attempt, self.args.job, os.environ.get(ENV_DRILL_ID))),
+            fence=HeldFence(self.paths, Fence(self.args.attempt, self.args.job, os.environ.get(ENV_DRILL_ID))).advance,
             spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots)
         if restart_all:
             for number in range(1 + self.args.spare_sets):

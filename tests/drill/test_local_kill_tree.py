@@ -125,3 +125,27 @@ def test_a_rank_started_after_the_kill_began_is_spared_whatever_its_environment_
         time.sleep(0.02)
     relaunched = [pid for _, pid in _ranks(out)][1:]
     assert not _alive(hung) and relaunched and all(_alive(pid) for pid in relaunched), _ranks(out)
+
+
+def test_a_cancelled_warm_job_ends_with_its_coordinator(tmp_path: Path) -> None:
+    """Hardening issue, item 17: a warm job's controller hosts its coordinator, which starts spares
+    when members die: a cancel that spared it left a job that planned a new generation after the
+    controller had moved on. Stood in for by a controller that starts a task again whenever one ends."""
+    from experiments.layout import ENV_WARM_WORLD
+    from orchestrator.backends.local.backend import LocalBackend, LocalJobRecord
+
+    out = tmp_path / "ranks.txt"
+    root = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(out), "0", "1", "0"],
+                            env={**os.environ, ENV_WARM_WORLD: "1"}, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (out.exists() and out.read_text().strip()):
+            time.sleep(0.02)
+        backend = LocalBackend("d1")
+        backend._jobs[str(root.pid)] = LocalJobRecord(tmp_path, 1, root, "r000")
+        backend.cancel(str(root.pid))
+        root.wait(timeout=10)
+        assert not [pid for _, pid in _ranks(out) if _alive(pid)], "a task outlived its cancelled job"
+    finally:
+        if root.poll() is None:
+            _stop(root, out)

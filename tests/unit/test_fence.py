@@ -215,3 +215,21 @@ def test_an_in_allocation_job_relaunches_on_a_go_that_names_its_drill(tmp_path: 
     go.join()
     assert (tmp_path / "launched").read_text() == "srun\nsrun\n", done.stderr[-2000:]
     assert run.paths.events_file(1).exists(), "relaunched as attempt 1"
+
+
+def test_a_warm_coordinator_moves_the_fence_only_over_the_attempt_it_holds(tmp_path: Path) -> None:
+    """Hardening issue, item 17: the controller moved the fence on (it replaced the job); the warm
+    job's coordinator, planning its next generation, must not write over it."""
+    from experiments.warm.coordinator import CoordinatorGaveUp
+    from experiments.warm.held_fence import HeldFence
+
+    paths = RunPaths(tmp_path)
+    write_fence(paths, Fence(3, "700", "d1"))  # the controller fenced the warm job's first attempt
+    held = HeldFence(paths, Fence(3, "700", "d1"))
+    held.advance(4)  # a generation of the same job: the fence still names it
+    assert read_fence(paths) == Fence(4, "700", "d1")
+    write_fence(paths, Fence(5, "800", "d1"))  # the controller took the job for hung and replaced it
+    with pytest.raises(CoordinatorGaveUp, match="moved on"):
+        held.advance(5)
+    assert read_fence(paths) == Fence(5, "800", "d1"), "the controller's fence was written over"
+    assert read_fence(paths).admits(5, "800", "d1") and not read_fence(paths).admits(5, "700", "d1")

@@ -21,6 +21,7 @@ from experiments.layout import (
     ENV_ATTEMPT,
     ENV_DRILL_ID,
     ENV_RUN_ID,
+    ENV_WARM_WORLD,
     EVENT_PROCESS_START,
     RankJob,
     RunPaths,
@@ -157,8 +158,9 @@ class LocalBackend(Backend):
         if controller is None:
             return
         record.cancelled = True
-        # A job that relaunches its ranks (in-allocation) would wait for a go: it ends with them.
-        kill_tree(controller, include_root=force or _relaunches(controller))
+        # A job that relaunches its ranks (in-allocation) would wait for a go, a warm job's coordinator
+        # would start spares and fence a new attempt: it ends with them.
+        kill_tree(controller, include_root=force or _outlives_its_tasks(controller))
 
     def _verified_controller(self, job_id: str, record: "LocalJobRecord") -> psutil.Process | None:
         """The job's submitit controller, if it still runs: the process we started, or for an
@@ -248,11 +250,11 @@ def _adopted_state(job_id: str, record: LocalJobRecord) -> JobState:
     return JobState.COMPLETED if _all_tasks_succeeded(record, job_id) else JobState.UNKNOWN
 
 
-def _relaunches(controller: psutil.Process) -> bool:
-    try:
-        return ENV_RELAUNCH_WAIT_S in controller.environ()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+def _outlives_its_tasks(controller: psutil.Process) -> bool:
+    """A job controller that starts processes after its tasks end: in-allocation's, which relaunches
+    on a go; warm's, whose coordinator starts spares and plans generations. A cancel ends it too."""
+    environment = _environ(controller)
+    return ENV_RELAUNCH_WAIT_S in environment or ENV_WARM_WORLD in environment
 
 
 def _minutes(run: RunConfig) -> float:

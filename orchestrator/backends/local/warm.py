@@ -38,8 +38,9 @@ from experiments.layout import (
     append_json_line,
 )
 from experiments.runtime.distenv import derive_port
-from experiments.runtime.fence import Fence, write_fence
+from experiments.runtime.fence import Fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement
+from experiments.warm.held_fence import HeldFence
 from experiments.warm.processes import end_members, processes_of
 from experiments.warm.protocol import set_port
 
@@ -75,7 +76,8 @@ class LocalWarmJob:
         os.environ[ENV_WARM_ADDRESS] = LOOPBACK
         coordinator = Coordinator(
             world_size=self.world, spares_wanted=self.spares, first_attempt=self.first_attempt,
-            port_base=self.port_base, events=self._event, fence=self._fence,
+            port_base=self.port_base, events=self._event,
+            fence=HeldFence(self.paths, Fence(self.first_attempt, str(self.controller.pid), os.environ.get(ENV_DRILL_ID))).advance,
             spawn=self._spawn_set if self.restart_all else self._spawn, exit_code=self._exit_code,
             restart_all=self.restart_all, end=self._end_slots)
         verdict: dict[str, str] = {}
@@ -103,9 +105,6 @@ class LocalWarmJob:
 
     def _event(self, attempt: int, event: dict[str, Any]) -> None:
         append_json_line(self.paths.events_file(attempt), event)
-
-    def _fence(self, attempt: int) -> None:
-        write_fence(self.paths, Fence(attempt, self.controller.pid, os.environ.get(ENV_DRILL_ID)))
 
     def _spawn(self, slot: int, attempt: int, _where: Placement = ANYWHERE) -> None:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
