@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, NoReturn, Protocol
 
 import numpy as np
 import psutil
@@ -274,7 +274,7 @@ class RankSession:
         self.events.emit(EVENT_WARNED, step=step, signal=note.signal.name, received_at=note.received_at,
                          checkpoint_s=time.monotonic() - started)
 
-    def hold(self, step: int) -> None:
+    def hold(self, step: int) -> NoReturn:
         """Train no more: wait for the scheduler to end the job; if it never does, exit EXIT_WARNED."""
         hold_s = self.options.warning_hold_s
         with self.phase("warned", step, hold_s + 60.0):

@@ -55,7 +55,7 @@ from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
 from experiments.warm.held_fence import HeldFence
-from experiments.warm.processes import end_members, processes_of
+from experiments.warm.processes import end_members, processes_of, retire
 from experiments.warm.protocol import set_port
 
 log = logging.getLogger("faultdrill.warm")
@@ -223,10 +223,9 @@ class BatchWarmJob:
             self.coordinator.launch_ended(slots)
 
     def _end_slots(self, slots: list[int]) -> None:
-        """A retired set: its launch ended (srun and mpiexec forward SIGTERM to their tasks, then kill)."""
-        for process in self._processes(slots):
-            if process.poll() is None:
-                process.terminate()
+        """A retired set: its launch ended (srun and mpiexec forward SIGTERM to their tasks, then
+        kill), and waited for."""
+        retire(self._processes(slots), stop=lambda process: process.terminate())
 
     def _processes(self, slots: list[int]) -> list["subprocess.Popen[bytes]"]:
         with self._lock:

@@ -42,6 +42,10 @@ Fence = Callable[[int], None]  # make that attempt the run's current one (in thi
 ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
 EndSlots = Callable[[list[int]], None]  # restart_all: end these slots' processes (a retired set)
 ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired"
+# Spares whose launches end before their hello are started again, this many in a row (a launch onto
+# a node that is down fails at once, again and again).
+FAILED_LAUNCHES_REPLACED = 3
+WARNED = "warned"  # a rank that saved on the scheduler's warning and holds until the job ends
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class Member:
 @dataclass
 class Timing:
     report_s: float = 30.0  # a survivor that has not reported its step by then: the job gives up
+    # A re-formation's rendezvous, in each member: one whose planned spare died before it joined
+    # gives up by then and reports lost (well within report_s), so another spare is planned in.
+    reform_s: float = 15.0
     spare_s: float = 120.0  # no warm spare by then: the job gives up
     start_s: float = 600.0  # the first generation's members all connected by then
 
@@ -109,6 +116,9 @@ class Coordinator:
     _failed_nodes: set[str] = field(default_factory=set)  # the nodes of the active members lost since the last plan
     _verdict: str | None = None  # "completed" | why it gave up
     _released: bool = False  # the run is over: a member that says hello now is told to exit
+    _warned_step: int | None = None  # the ranks saved this step on the scheduler's warning: no re-formation
+    _spares_awaited: int | None = None  # a re-formation waits for this many spares (sets) now
+    _failed_launches: int = 0  # spares (sets) whose launch ended before they said hello, since one did
 
     # --- the server ---------------------------------------------------------------------------------
 
@@ -120,7 +130,7 @@ class Coordinator:
         threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
         try:
             self._drive()
-            return "completed"
+            return self._verdict or "completed"
         finally:
             self._release_spares()
             _close_listener(listener)
@@ -141,6 +151,12 @@ class Coordinator:
             if self.restart_all:
                 for number in {self._set_of(slot) for slot in never_came}:
                     self._break_set(number)
+            # A single spare is started again (a few times in a row at most); a set's failed launch
+            # broke it: none of it is on its way, the job gives up now if no other set can take over.
+            self._failed_launches += len(never_came)
+            if never_came and not self.restart_all and self._verdict is None and not self._released \
+                    and self._failed_launches <= FAILED_LAUNCHES_REPLACED:
+                self._replace_spares(waiting_for=self._spares_awaited)
             self._lock.notify_all()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -166,6 +182,7 @@ class Coordinator:
                 return
             self.members[member.slot] = member
             self._pending.discard(member.slot)
+            self._failed_launches = 0
             if self.restart_all and self._set_of(member.slot) in self._broken_sets:
                 self._retire([member])  # its set lost a member before it was warm
             self._lock.notify_all()
@@ -176,6 +193,8 @@ class Coordinator:
         with self._lock:
             if member.role in (ACTIVE, SPARE):
                 self._on_gone(member)
+            elif member.role == WARNED:
+                member.role = GONE  # it held after the warning, then ended: no failure
             self._lock.notify_all()
 
     # --- what members say ----------------------------------------------------------------------------
@@ -190,6 +209,9 @@ class Coordinator:
             member.lost_step = int(message["step"])
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
+        elif op == "warned":
+            member.role = WARNED
+            self._warned_step = int(message["step"])
         elif op == "done":
             member.role = DONE
 
@@ -219,15 +241,27 @@ class Coordinator:
                        f"the first {self.world_size} member(s) did not connect")
             self._send_plans({rank: self.members[rank] for rank in range(self.world_size)}, RESUME_START, None, 0)
             while True:
-                self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None)
+                self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None
+                                    or self._warned_step is not None)
                 self._check_aborted()
                 if self._done():
                     self._verdict = "completed"
+                    return
+                if self._warned_step is not None:
+                    self._hold_warned()
                     return
                 if self.restart_all:
                     self._restart_all()
                 else:
                     self._reform()
+
+    def _hold_warned(self) -> None:
+        """The scheduler's warning: the ranks saved a step and hold until the job ends. Nothing
+        re-forms now (a rank's end is the job's); the verdict once every rank has ended."""
+        self._lock.wait_for(lambda: not self._of_role(ACTIVE) and not self._of_role(WARNED)
+                            or (self._verdict is not None and self._verdict != "completed"))
+        self._check_aborted()
+        self._verdict = f"warned: the ranks saved step {self._warned_step} on the scheduler's warning"
 
     def _reform(self) -> None:
         """Survivors' steps in, a spare for each dead rank, the next generation's plans out."""
@@ -236,13 +270,18 @@ class Coordinator:
                    "a survivor did not report the step it completed (is it hung?)")
         survivors = self._of_role(ACTIVE)
         dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
-        self._replace_spares(waiting_for=len(dead_ranks))
+        self._spares_awaited = len(dead_ranks)
+        self._replace_spares(waiting_for=self._spares_awaited)
         self._wait(lambda: len(self._of_role(SPARE)) >= len(dead_ranks), self.timing.spare_s,
                    f"no warm spare for rank(s) {dead_ranks}")
+        self._spares_awaited = None
         spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
         ranks = {m.rank: m for m in survivors if m.rank is not None}
         ranks.update(zip(dead_ranks, spares, strict=False))
-        source = max(survivors, key=lambda m: (m.lost_step or 0, -(m.rank or 0)), default=None)
+        # The state comes from a survivor that trained; a spare planned in whose generation never
+        # formed reports step 0 (it took no state): with no other, the newest valid checkpoint.
+        holders = [m for m in survivors if m.lost_step]
+        source = max(holders, key=lambda m: (m.lost_step or 0, -(m.rank or 0)), default=None)
         resume = RESUME_PEER if source is not None else RESUME_CHECKPOINT
         step = (source.lost_step or 0) if source is not None else 0
         self._send_plans(ranks, resume, source.rank if source is not None else None, step,
@@ -253,9 +292,11 @@ class Coordinator:
         """The active set retired (its processes ended), the next complete spare set resumes from the
         newest valid checkpoint, a new set started in its place."""
         self._retire(self._of_role(ACTIVE))
+        self._spares_awaited = 1
         self._replace_spares(waiting_for=1)
         self._wait(lambda: self._complete_spare_set() is not None or not self._pending, self.timing.spare_s,
                    f"no complete warm spare set of {self.world_size} process(es)")
+        self._spares_awaited = None
         spare_set = self._complete_spare_set()
         if spare_set is None:  # none complete and none on its way: no set can form
             raise CoordinatorGaveUp(f"warm: no warm spare set of {self.world_size} process(es) is left or can start "
@@ -312,8 +353,10 @@ class Coordinator:
             member.role, member.rank, member.lost_step = ACTIVE, rank, None
         self._formed = set()
         now = time.time()
+        join_timeout_s = self.timing.reform_s if self.generation > 0 else None
         plans = {rank: Plan(self.generation, attempt, rank, self.world_size, master.address,
-                            self.port_base + self.generation, resume, source_rank, step, now) for rank in ranks}
+                            self.port_base + self.generation, resume, source_rank, step, now, join_timeout_s)
+                 for rank in ranks}
         self._event({"event": EVENT_WARM_PLAN, "time": now, "generation": self.generation, "resume": resume,
                      "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
                      "spares_used": {str(slot): rank for slot, rank in (spares or {}).items()},

@@ -44,6 +44,10 @@ class WarmMember:
     def lost(self, generation: int, step: int) -> None:
         self._send({"op": "lost", "generation": generation, "step": step})
 
+    def warned(self, generation: int, step: int) -> None:
+        """This rank saved ``step`` on the scheduler's warning and holds until the job ends."""
+        self._send({"op": "warned", "generation": generation, "step": step})
+
     def done(self) -> None:
         self._send({"op": "done"})
 

@@ -10,6 +10,7 @@ Process = TypeVar("Process")
 Launch = TypeVar("Launch", bound="subprocess.Popen[Any]")  # a host's launches: bytes (batch host) or text (local)
 
 EXIT_S = 30.0  # after the coordinator's verdict, the members' time to leave on their own
+RETIRE_S = 10.0  # a retired set's time to exit once stopped, before it is killed
 
 
 def end_members(processes: Iterable[Launch], stop: Callable[[Launch], None], grace_s: float = EXIT_S) -> None:
@@ -25,6 +26,22 @@ def end_members(processes: Iterable[Launch], stop: Callable[[Launch], None], gra
     for member in members:
         try:
             member.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            member.kill()
+            member.wait()
+
+
+def retire(processes: Iterable[Launch], stop: Callable[[Launch], None], wait_s: float = RETIRE_S) -> None:
+    """``stop`` each live process and wait until it has exited (SIGKILL after ``wait_s``): a retired
+    set's rank 0 may still be publishing or pruning a checkpoint in the background, and the next
+    set is fenced and planned only once nothing of the old one can write."""
+    members = [member for member in processes if member.poll() is None]
+    for member in members:
+        stop(member)
+    deadline = time.monotonic() + wait_s
+    for member in members:
+        try:
+            member.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             member.kill()
             member.wait()

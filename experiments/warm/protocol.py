@@ -46,6 +46,9 @@ class Plan:
     source_rank: int | None  # RESUME_PEER: the rank whose state everyone takes
     step: int  # RESUME_PEER: the step that state holds
     planned_at: float  # when the coordinator sent it (the recovery's "accepted" moment)
+    # A re-formed group's rendezvous gives up after this (its members are all warm: seconds do); a
+    # member that died meanwhile voids the generation: the others report lost and a new plan comes.
+    join_timeout_s: float | None = None
 
     def message(self) -> dict[str, Any]:
         return {"op": "plan", **asdict(self)}

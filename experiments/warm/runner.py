@@ -81,9 +81,12 @@ class WarmRunner:
                               self.started_at if plan.generation == 0 else time.time())
         write_identity(session.paths, env, plan.attempt)  # the injector may aim at this process now
         session.started()
+        timeouts = self.options.timeouts
+        if plan.join_timeout_s is not None:  # a re-formation: every member is warm, a dead one voids it
+            timeouts = replace(timeouts, rendezvous_s=min(timeouts.rendezvous_s, plan.join_timeout_s))
         try:
             joined = time.monotonic()
-            self.workload.join(env, self.options.timeouts)
+            self.workload.join(env, timeouts)
             session.ready(determinism=self.workload.determinism, rendezvous_s=time.monotonic() - joined)
             self._resume(plan, session)
             self.workload.wrap()
@@ -111,8 +114,11 @@ class WarmRunner:
                 loss = self.workload.paced_step(step, self.job.workload.step_s)
                 self.completed = step
                 session.stepped(step, loss, step_s=time.monotonic() - step_started)
-                if session.checkpoint_due(step):
+                checkpoint_due = session.checkpoint_due(step)
+                if checkpoint_due:
                     session.checkpoint(step, self._snapshot(step))
+                if step < total and session.warning_agreed(step):
+                    self._hold_on_warning(plan, session, step, checkpoint_due)
             final = max(self.completed, total)
             digest = session.finish(final, self.workload.digest, self.workload.named_weights)
         except Exception as error:
@@ -120,6 +126,13 @@ class WarmRunner:
         self.member.done()
         self.workload.leave()
         return RunOutcome(rank=plan.rank, final_step=final, resumed_from=plan.step, digest=digest)
+
+    def _hold_on_warning(self, plan: Plan, session: RankSession, step: int, saved: bool) -> NoReturn:
+        """The scheduler's warning, agreed at ``step``: save it, tell the coordinator (this rank's
+        end is then no failure to re-form from), wait for the scheduler to end the job."""
+        session.checkpoint_on_warning(step, None if saved else self._snapshot(step))
+        self.member.warned(plan.generation, step)
+        session.hold(step)
 
     def _snapshot(self, step: int) -> Snapshot:
         return lambda sink: self.workload.snapshot(sink, step)

@@ -9,12 +9,16 @@ each with FAULTDRILL_FULL=1."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from recovery_checks import assert_phases_follow_the_moments
 
-from drills import drill, drill_processes
+from drills import drill, drill_processes, write_spec
+from experiments.layout import RunPaths, read_json_lines
 from faultdrill_cli import campaign_copy, full_campaigns
 
 
@@ -42,3 +46,54 @@ def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twi
             assert recovery["lost_steps"] <= 1 and recovery["queue_s"] < 0.5, recovery
             assert_phases_follow_the_moments(run, recovery, tmp_path / "work" / "runs" / run["run_id"])
         assert not drill_processes(tmp_path / "work" / "runs" / run["run_id"]), "a warm process outlived its job"
+
+
+
+# The hardening issue's warm items, in one drill of two 2-rank runs: a preemption (item 14) and a
+# kill followed by a second one while the next generation forms (item 15).
+EDGES = {
+    "preempt": [{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 10}],
+    "reform": [{"kind": "kill-rank", "after": {"fixed": 1.0}, "rank": 1},
+               {"kind": "kill-rank", "after": {"fixed": 0}, "anchor": "ranks_started", "rank": "random"}],
+}
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    tmp_path = tmp_path_factory.mktemp("warm-edges")
+    spec = write_spec(tmp_path, baseline=False, parallel_runs=2, sweep={"grid": {"faults": list(EDGES.values())}},
+                      workload={"framework": "torch", "params": 20000, "steps": 500, "step_s": 0.02, "seed": 4},
+                      checkpoint={"every_steps": 100, "keep": 2}, resources={"nodes": 1, "tasks_per_node": 2},
+                      restart={"strategy": "warm", "warm_spares": 2, "max_restarts": 4, "poll_interval_s": 0.05})
+    return drill(spec, timeout=600), tmp_path / "work"
+
+
+def _edge(edges: tuple[dict[str, Any], Path], name: str) -> dict[str, Any]:
+    [run] = [run for run in edges[0]["runs"] if run["faults"][0]["kind"] == EDGES[name][0]["kind"]]
+    assert run["status"] == "completed" and run["final_step"] == 500, run["attempts"]
+    assert not drill_processes(edges[1] / "runs" / run["run_id"]), "a warm process outlived its job"
+    return run
+
+
+def test_a_warm_jobs_ranks_save_on_the_preemption_warning_and_lose_no_work(edges) -> None:
+    """Under warm, PyTorch's ranks checkpoint on the scheduler's warning (a preempt's SIGUSR2),
+    hold without a re-formation, and the next job resumes from that step."""
+    run = _edge(edges, "preempt")
+    [fault] = run["faults"]
+    saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+    assert fault["outcome"] == "injected" and 200 <= saved < 500, fault
+    [recovery] = run["recoveries"]
+    assert recovery["failure_class"] == "PREEMPTED" and recovery["resumed_from_step"] == saved, recovery
+    assert recovery["lost_steps"] == 0, recovery
+    events = read_json_lines(RunPaths(edges[1] / "runs" / run["run_id"]).events_file(0))
+    assert [event["step"] for event in events if event["event"] == "warned"] == [saved]
+    assert not [event for event in events if event["event"] == "warm_failure"], "the warned ranks' end re-formed"
+
+
+def test_a_kill_while_the_next_generation_forms_is_recovered_by_another_spare(edges) -> None:
+    """The second kill lands as the re-formed generation's ranks start (its rendezvous, its state
+    transfer): that generation is void, and the job goes on with another warm spare."""
+    run = _edge(edges, "reform")
+    assert [fault["outcome"] for fault in run["faults"]] == ["injected", "injected"], run["faults"]
+    assert len({attempt["job_id"] for attempt in run["attempts"]}) == 1, "every re-formation in the same job"
+    assert len(run["recoveries"]) == 2 and all(r["strategy"] == "warm" for r in run["recoveries"]), run["recoveries"]

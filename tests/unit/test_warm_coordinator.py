@@ -318,3 +318,74 @@ def test_more_deaths_than_spares_start_the_missing_spares_at_once_and_the_job_go
                                                                  (1, 2, RESUME_PEER)]
     assert _within(5, lambda: len(host.spawned) == 2), "the spare held is started again after the plan"
     _complete(outcome, rank0, spare, late)
+
+
+def test_ranks_that_saved_on_the_schedulers_warning_hold_and_nothing_re_forms() -> None:
+    """Hardening issue, item 14: a warm job's ranks save on the warning and hold; their ends (the
+    scheduler ends the job, or their hold runs out) are no failure: no spare takes a rank."""
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=1)
+    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    assert [rank0.next_plan().rank, rank1.next_plan().rank] == [0, 1]
+    rank0.warned(0, 120)
+    rank1.warned(0, 120)
+    rank0.line.close()
+    time.sleep(0.3)
+    assert outcome["thread"].is_alive(), "the coordinator ended while a warned rank still held"
+    rank1.line.close()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict") == "warned: the ranks saved step 120 on the scheduler's warning", outcome
+    assert spare.next_plan() is None, "a spare was planned in after the warning"
+    assert host.named("warm_failure") == [] and len(host.named("warm_plan")) == 1 and host.fences == []
+
+
+def test_a_spare_that_dies_before_its_generation_formed_voids_it_and_another_is_planned_in() -> None:
+    """Hardening issue, item 15: the spare planned in for a dead rank dies in the rendezvous. The
+    survivor's join gives up after the plan's join timeout and reports lost; the next plan takes
+    the other warm spare (the job does not give up with a spare idle)."""
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=2, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1, first, second = (_member(address, slot) for slot in (0, 1, 2, 3))
+    assert [rank0.next_plan().join_timeout_s, rank1.next_plan().join_timeout_s] == [None, None]
+    rank1.line.close()
+    rank0.lost(0, 30)
+    survivor, taken = rank0.next_plan(), first.next_plan()
+    assert (survivor.generation, taken.rank, survivor.join_timeout_s) == (1, 1, 2)
+    first.line.close()  # died before the group formed
+    rank0.lost(1, 30)  # its join gave up after join_timeout_s
+    again, second_taken = rank0.next_plan(), second.next_plan()
+    assert (again.generation, again.attempt, second_taken.rank, second_taken.resume) == (2, 5, 1, RESUME_PEER)
+    assert second_taken.source_rank == 0 and second_taken.step == 30
+    _complete(outcome, rank0, second)
+
+
+def test_a_spare_that_never_took_the_state_is_no_source_the_checkpoint_is() -> None:
+    """The survivor dies in the rendezvous of the generation that planned a spare in: the spare
+    holds nothing (it reports step 0), so the next plan resumes from the newest checkpoint."""
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=2, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1, first, second = (_member(address, slot) for slot in (0, 1, 2, 3))
+    rank0.next_plan(), rank1.next_plan()
+    rank1.line.close()
+    rank0.lost(0, 30)
+    assert (rank0.next_plan().generation, first.next_plan().rank) == (1, 1)
+    rank0.line.close()  # the survivor died before the group formed
+    first.lost(1, 0)  # the spare's join gave up; it never took the state
+    plans = [first.next_plan(), second.next_plan()]
+    assert {(p.generation, p.resume, p.source_rank) for p in plans} == {(2, RESUME_CHECKPOINT, None)}, plans
+    _complete(outcome, first, second)
+
+
+def test_a_spare_whose_launch_ended_before_its_hello_is_started_again_a_bounded_number_of_times() -> None:
+    """Hardening issue, item 20: a spare that died before it said hello was never replaced (the job
+    held fewer spares than it was given); one whose node is down fails at once: not forever."""
+    host = Host()
+    coordinator, address, outcome = _start(host, world=1, spares=1)
+    rank0 = _member(address, 0)
+    assert rank0.next_plan().rank == 0
+    coordinator.launch_ended([1])  # the first spare (slot 1) died before its hello
+    assert host.spawned == [(2, 3)]
+    for slot in (2, 3, 4):
+        coordinator.launch_ended([slot])
+    assert [slot for slot, _ in host.spawned] == [2, 3, 4], "replaced without end"
+    _complete(outcome, rank0)

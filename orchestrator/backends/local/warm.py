@@ -41,7 +41,7 @@ from experiments.runtime.distenv import derive_port
 from experiments.runtime.fence import Fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement
 from experiments.warm.held_fence import HeldFence
-from experiments.warm.processes import end_members, processes_of
+from experiments.warm.processes import end_members, processes_of, retire
 from experiments.warm.protocol import set_port
 
 log = logging.getLogger(__name__)
@@ -89,12 +89,22 @@ class LocalWarmJob:
             self.controller.start_tasks()
             self.slots.update(enumerate(self.controller.tasks))
         serving.start()
+        ended: set[int] = set()
         while serving.is_alive():
             if all(task.poll() is not None for task in list(self.slots.values())):
                 coordinator.abort("every process of the job has exited")
+            ended |= self._report_ended(coordinator, ended)
             serving.join(timeout=0.1)
         self._end_tasks()
         return verdict.get("verdict", "the coordinator ended without a verdict")
+
+    def _report_ended(self, coordinator: Coordinator, reported: set[int]) -> set[int]:
+        """Slots whose process ended since the last look, told to the coordinator (as the batch host
+        tells it of a launch that ended): one that never said hello is none on its way."""
+        ended = {slot for slot, task in list(self.slots.items()) if task.poll() is not None} - reported
+        if ended:
+            coordinator.launch_ended(sorted(ended))
+        return ended
 
     def _serve(self, coordinator: Coordinator, listener: socket.socket, verdict: dict[str, str]) -> None:
         try:
@@ -135,11 +145,9 @@ class LocalWarmJob:
         return subprocess.Popen(self.controller.command, env=env, stdout=stdout, stderr=stderr, encoding="utf-8")
 
     def _end_slots(self, slots: list[int]) -> None:
-        """A retired set's processes: an ``mpiexec`` is terminated (it ends its ranks; SIGKILL would
-        leave them behind), a rank itself killed."""
-        for process in self._processes(slots):
-            if process.poll() is None:
-                self._stop(process)
+        """A retired set's processes, waited for: an ``mpiexec`` is terminated (it ends its ranks;
+        SIGKILL would leave them behind), a rank itself killed."""
+        retire(self._processes(slots), stop=self._stop)
 
     def _stop(self, process: "subprocess.Popen[str]") -> None:
         if self.restart_all and self.controller.ntasks == 1 and self.world > 1:
