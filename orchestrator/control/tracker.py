@@ -291,7 +291,7 @@ class RunTracker:
         fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
         # No poll this round (or a stale one): the last word stands.
         state = states.get(watch.job_id, watch.state) if fresh else watch.state
-        watch.read()
+        watch.read(now)
         self._note(watch, state, now)
         self.faults.collect(watch)
         self._maybe_record_recovery()

@@ -35,9 +35,12 @@ from orchestrator.states import JobState
 
 @dataclass(frozen=True)
 class RankBeat:
-    time: float
+    time: float  # as the rank's node stamped it
     allowed_s: float | None  # silence the rank announced it may keep (a long phase); None: hang timeout
     phase: str | None = None
+    # When this controller read it, on its own clock: silence is measured on one clock (a node's
+    # clock ahead or behind the login node's by more than the hang timeout is no hang, nor hides one).
+    seen: float | None = None  # None: the beat's own time
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,9 @@ class AttemptWatch:
         exit_code = self.step_exit["exit_code"] if self.step_exit else 0
         return exit_code != 0 or self.warm_failure is not None or (self.state.is_terminal and not self.state.is_success)
 
-    def read(self) -> None:
-        """Take in what was appended since the last call."""
+    def read(self, now: float | None = None) -> None:
+        """Take in what was appended since the last call (``now``: this controller's clock)."""
+        seen = time.time() if now is None else now
         for event in self.events.read_new():
             self._event(event)
         for record in self.checkpoint_tail.read_new():
@@ -103,7 +107,7 @@ class AttemptWatch:
         for rank, tail in enumerate(self.heartbeat_tails):
             for beat in tail.read_new():
                 if beat.get("attempt") == self.attempt:
-                    self._beat(rank, beat)
+                    self._beat(rank, beat, seen)
         if self.ranks_started is None:
             self.ranks_started = self._registered()
 
@@ -134,11 +138,11 @@ class AttemptWatch:
             self.warm_failure = {"time": when, "rank": event.number("rank", 0.0),
                                  "exit_code": event.number("exit_code", -1.0)}
 
-    def _beat(self, rank: int, raw: dict[str, Any]) -> None:
+    def _beat(self, rank: int, raw: dict[str, Any], seen: float) -> None:
         beat = Heartbeat.from_json(raw)
         previous = self.beats.get(rank)
         if previous is None or beat.time >= previous.time:
-            self.beats[rank] = RankBeat(beat.time, beat.timeout_s, beat.phase)
+            self.beats[rank] = RankBeat(beat.time, beat.timeout_s, beat.phase, seen)
         self.last_step = max(self.last_step, beat.step)
 
     def observe_state(self, state: JobState, now: float) -> bool:
@@ -161,14 +165,17 @@ class AttemptWatch:
             return None
         origin = self.resumed_at or 0.0
 
+        def heard(beat: RankBeat) -> float:
+            return max(beat.time if beat.seen is None else beat.seen, origin)
+
         def overdue(item: tuple[int, RankBeat]) -> float:
             beat = item[1]
-            return now - (max(beat.time, origin) + max(hang_timeout_s, beat.allowed_s or 0.0))
+            return now - (heard(beat) + max(hang_timeout_s, beat.allowed_s or 0.0))
 
         rank, beat = max(self.beats.items(), key=overdue)
         if overdue((rank, beat)) <= 0:
             return None
-        silent = now - max(beat.time, origin)
+        silent = now - heard(beat)
         where = f" in its {beat.phase} phase" if beat.phase else ""
         return FailureSign(f"hang: no heartbeat from rank {rank} for {silent:.0f} s{where}", beat.time,
                            "last_heartbeat", rank=rank)

@@ -10,7 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-from experiments.layout import RankJob, RunPaths, WorkloadSpec, read_json_lines
+import pytest
+
+from experiments.layout import RankJob, RunPaths, WorkloadSpec, append_json_line, read_json_lines
 from experiments.runner import RunnerOptions, run_training
 from experiments.runtime.distenv import DistEnv, Timeouts
 from numpy_workload import NumpyWorkload
@@ -103,3 +105,19 @@ def test_time_suspended_does_not_count_toward_the_start_timeout(tmp_path: Path) 
     assert watch.stuck_start(170.0, 20.0) is None, "20 s of start-up: within start_timeout_s"
     stuck = watch.stuck_start(170.5, 20.0)
     assert stuck is not None and stuck.reason.startswith("no training step within 20 s")
+
+
+@pytest.mark.parametrize("node_ahead_s", [-30.0, 30.0])
+def test_silence_is_measured_on_the_controllers_clock_whatever_the_nodes_says(tmp_path: Path,
+                                                                            node_ahead_s: float) -> None:
+    """Hardening issue, item 10: a node's clock 30 s behind made every beat look 30 s old (a false
+    HANG); one 30 s ahead hid a hang for 30 s. Silence counts from when the controller read the beat."""
+    paths = RunPaths(tmp_path)
+    watch = AttemptWatch(attempt=0, job_id="j", paths=paths, ranks=1)
+    watch.observe_state(JobState.RUNNING, 1000.0)
+    append_json_line(paths.heartbeat_file(0, 0), {"attempt": 0, "step": 5, "time": 1000.0 + node_ahead_s})
+    watch.read(1000.1)
+    assert watch.hang(1000.2, HANG_TIMEOUT_S) is None, "a fresh beat taken for silence"
+    assert watch.hang(1000.1 + HANG_TIMEOUT_S - 0.1, HANG_TIMEOUT_S) is None
+    verdict = watch.hang(1000.1 + HANG_TIMEOUT_S + 0.1, HANG_TIMEOUT_S)
+    assert verdict is not None and verdict.at == 1000.0 + node_ahead_s, "the evidence keeps the rank's own stamp"
