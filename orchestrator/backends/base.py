@@ -60,9 +60,10 @@ class Backend(abc.ABC):
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         """Submit one attempt of ``run``; returns once the scheduler has accepted it."""
 
-    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]], throttle: int | None = None) -> list[Submission]:
         """Submit several runs' attempts together (a job array where the scheduler has them:
-        Capability.ARRAYS); runs in one call share their resources. Without arrays: one each."""
+        Capability.ARRAYS), at most ``throttle`` running at once (None: the campaign's
+        parallel_runs); runs in one call share their resources. Without arrays: one each."""
         return [self.submit(run, job) for run, job in items]
 
     def max_array_size(self) -> int:

@@ -237,10 +237,13 @@ class Controller:
             groups.setdefault(key, []).append(tracker)
         size = max(1, self.backend.max_array_size())
         parts = [group[start:start + size] for group in groups.values() for start in range(0, len(group), size)]
-        return [tracker for part in parts for tracker in self._submit_array(part)]
+        throttles = array_throttles([len(part) for part in parts], self.campaign.parallel_runs)
+        return [tracker for part, throttle in zip(parts, throttles, strict=True) if throttle
+                for tracker in self._submit_array(part, throttle)]
 
-    def _submit_array(self, group: list[RunTracker]) -> list[RunTracker]:
-        """One array of ``group``'s first attempts; the runs that went out (none if it was refused)."""
+    def _submit_array(self, group: list[RunTracker], throttle: int) -> list[RunTracker]:
+        """One array of ``group``'s first attempts, at most ``throttle`` of them running at once;
+        the runs that went out (none if it was refused)."""
         name = array_job_name([t.run for t in group], 0, self.drill_id) if len(group) > 1 else None
         # One ledger transaction and one sync of the fences for the whole group, not one per run
         # (a 1000-run sweep: 4000 fsyncs and 2000 commits took most of its submission time).
@@ -249,7 +252,7 @@ class Controller:
                     for index, tracker in enumerate(group)]
         sync_filesystem(self.campaign.workdir)
         try:
-            submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs, strict=True)])
+            submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs, strict=True)], throttle)
         except (CommandError, OSError) as error:
             log.warning("submitting an array of %d runs failed (%s); each is looked up, then tried on its own, "
                         "parallel_runs at a time", len(group), one_line(error))
@@ -288,3 +291,17 @@ class Controller:
             "controller_cpu_s": round(before.get("controller_cpu_s", 0.0) + time.process_time() - self._cpu_at_start, 3),
             "scheduler_poll_interval_s": self.poller.interval_s,
         })
+
+
+def array_throttles(sizes: list[int], parallel_runs: int) -> list[int]:
+    """How many elements of each array may run at once: parallel_runs shared out (each array its
+    own throttle, so together they never run more), one at a time to each array that has runs
+    left. An array that gets none waits: its runs go out later, parallel_runs at a time."""
+    throttles = [0] * len(sizes)
+    left = parallel_runs
+    while left > 0 and any(throttle < size for throttle, size in zip(throttles, sizes, strict=True)):
+        for index, size in enumerate(sizes):
+            if left > 0 and throttles[index] < size:
+                throttles[index] += 1
+                left -= 1
+    return throttles

@@ -40,6 +40,7 @@ class FakeScheduler(Backend):
     crash_before: set[str] = field(default_factory=set)  # calls the controller dies right before
     calls: list[tuple[str, Any]] = field(default_factory=list)
     states: dict[str, JobState] = field(default_factory=dict)
+    throttles: list[int | None] = field(default_factory=list)  # each submit_array's, in order
     _next_id: int = 100
 
     capabilities = SLURM
@@ -62,8 +63,9 @@ class FakeScheduler(Backend):
         self._called("submit", (run.run_id, job.attempt))
         return Submission(self._new_job(), time.time())
 
-    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]], throttle: int | None = None) -> list[Submission]:
         self._called("submit_array", [run.run_id for run, _ in items])
+        self.throttles.append(throttle)
         array = self._new_job()
         elements = [f"{array}_{index}" for index in range(len(items))]
         self.states.update(dict.fromkeys(elements, JobState.PENDING))

@@ -61,8 +61,8 @@ class SimulatedCluster(FakeScheduler):
                                               name=attempt_job_name(run, job.attempt, job.drill_id))
         return submission
 
-    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
-        submissions = super().submit_array(items)
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]], throttle: int | None = None) -> list[Submission]:
+        submissions = super().submit_array(items, throttle)
         name = array_job_name([run for run, _ in items], items[0][1].attempt, items[0][1].drill_id)
         for (run, job), submission in zip(items, submissions, strict=True):
             self.jobs[submission.job_id] = SimJob(submission.job_id, run, job, name=name)

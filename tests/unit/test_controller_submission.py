@@ -9,7 +9,7 @@ import yaml
 from fake_scheduler import FakeScheduler
 
 from orchestrator.campaign.spec import load_campaign
-from orchestrator.control.controller import Controller
+from orchestrator.control.controller import Controller, array_throttles
 
 pytestmark = pytest.mark.unit
 
@@ -48,9 +48,10 @@ def test_a_refused_array_does_not_flood_the_scheduler_past_parallel_runs(tmp_pat
 
 
 def test_an_array_larger_than_the_sites_max_array_size_goes_out_in_parts(tmp_path: Path) -> None:
-    """Issue 21, item 4: MaxArraySize 3 and 8 runs: arrays of 3, 3 and 2, every run in one."""
+    """Issue 21, item 4: MaxArraySize 3 and 8 runs, 5 at once: arrays of 3, 3 and 2, every run in
+    one, their throttles together 5 (each part its own throttle: parallel_runs each ran 15)."""
     scheduler = FakeScheduler(max_array=3)
-    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=2)), backend=scheduler)
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=5)), backend=scheduler)
     try:
         _first_round(controller)
     finally:
@@ -58,7 +59,14 @@ def test_an_array_larger_than_the_sites_max_array_size_goes_out_in_parts(tmp_pat
     arrays = scheduler.called("submit_array")
     assert [len(array) for array in arrays] == [3, 3, 2], arrays
     assert sorted(run for array in arrays for run in array) == sorted(run.run_id for run in controller.runs)
-    assert not scheduler.called("submit")
+    assert scheduler.throttles == [2, 2, 1] and not scheduler.called("submit")
+
+
+@pytest.mark.parametrize("sizes,parallel_runs,throttles", [
+    ([8], 2, [2]), ([3, 3, 2], 5, [2, 2, 1]), ([3, 3, 2], 2, [1, 1, 0]), ([2, 1], 64, [2, 1]), ([1001] * 3, 64, [22, 21, 21]),
+])
+def test_parallel_runs_is_shared_out_among_the_arrays(sizes, parallel_runs, throttles) -> None:
+    assert array_throttles(sizes, parallel_runs) == throttles
 
 
 def test_an_attempt_in_the_same_job_is_looked_up_as_its_array_element(tmp_path: Path) -> None:

@@ -85,15 +85,15 @@ class PBSBackend(Backend):
         self._folders[submitted.job_id] = run.paths.submitit
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
 
-    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
-        """The attempts of several runs (same resources) as ONE array job, throttled to the
-        campaign's parallel_runs: element i unpickles items[i]'s job from its own run's folder."""
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]], throttle: int | None = None) -> list[Submission]:
+        """The attempts of several runs (same resources) as ONE array job, throttled to
+        ``throttle`` (else the campaign's parallel_runs): element i unpickles items[i]'s job from its own run's folder."""
         if len(items) <= 1:
             return [self.submit(run, job) for run, job in items]
         first = items[0][0]
         name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
-                                  first.campaign.parallel_runs, self.python)
+                                  throttle or first.campaign.parallel_runs, self.python)
         pending = PendingArray.prepare(items, script)
         array_id = qsub(pending.script_path.name, script.text, script.submit_dir)
         accepted = time.time()

@@ -144,16 +144,16 @@ class SlurmBackend(Backend):
         submitted = executor.submit(run_rank, job)
         return Submission(job_id=_with_cluster(submitted.job_id, executor.cluster), accepted_at=time.time())
 
-    def submit_array(self, items: list[tuple[RunConfig, RankJob]]) -> list[Submission]:
+    def submit_array(self, items: list[tuple[RunConfig, RankJob]], throttle: int | None = None) -> list[Submission]:
         """The attempts of several runs (same resources) as ONE array (``--array=0-N%P``, P the
-        campaign's parallel_runs): element i unpickles items[i]'s job from its own run's folder,
+        throttle, else the campaign's parallel_runs): element i unpickles items[i]'s job from its own run's folder,
         under submitit's name of the element (``<array>_<i>``), which is also Faultdrill's id of it."""
         if len(items) <= 1:
             return [self.submit(run, job) for run, job in items]
         first = items[0][0]
         name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_slurm_array([(run, job.attempt) for run, job in items], self.drill_id, name,
-                                    first.campaign.parallel_runs, self.python)
+                                    throttle or first.campaign.parallel_runs, self.python)
         pending = PendingArray.prepare(items, script)
         result = run_command(["sbatch", "--parsable", str(pending.script_path)], cwd=script.submit_dir,
                              timeout_s=SUBMIT_TIMEOUT_S)
