@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 from dataclasses import asdict
 
 from orchestrator.backends.base import Backend
@@ -24,8 +23,6 @@ class DrillCancels:
         self.ended_by_drill: dict[str, DrillEnded] = {  # job id -> why the drill ended it
             row.job_id: DrillEnded(**json.loads(row.ended_by_drill)) for row in ledger.attempts(run_id)
             if row.job_id and row.ended_by_drill}
-        # A thread's cancels (a hung launch's end), recorded by the loop's next round.
-        self._from_threads: queue.SimpleQueue[tuple[int, str, DrillEnded]] = queue.SimpleQueue()
 
     def why(self, job_id: str | None) -> DrillEnded | None:
         return self.ended_by_drill.get(job_id) if job_id is not None else None
@@ -36,14 +33,17 @@ class DrillCancels:
         self.ask(job_id, force)
 
     def from_thread(self, attempt: int, job_id: str, why: DrillEnded) -> None:
-        """``journaled`` for a thread that may not write the ledger: the loop records it at its next
-        round (``record_threads``); the scheduler is asked now."""
-        self._from_threads.put((attempt, job_id, why))
+        """``journaled``, for a thread (a hung launch's end): recorded through a ledger connection of
+        its own (the loop's may not be used from here; sqlite takes one writer at a time), then
+        asked. A controller that dies right after the scancel leaves the record behind it."""
+        if job_id not in self.ended_by_drill:
+            ledger = Ledger(self.ledger.path)
+            try:
+                ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
+            finally:
+                ledger.close()
+            self.ended_by_drill[job_id] = why
         self.ask(job_id)
-
-    def record_threads(self) -> None:
-        while not self._from_threads.empty():
-            self._record(*self._from_threads.get())
 
     def ask(self, job_id: str, force: bool = False) -> None:
         """The scheduler asked to end the job; a refusal is logged (whoever follows the job asks again)."""

@@ -281,7 +281,6 @@ class RunTracker:
         """One round: ``states`` is the scheduler's answer (asked at ``asked_at``), if one came."""
         if self.done:
             return
-        self.cancels.record_threads()
         watch = self.watch
         if watch is None:
             self.faults.collect()

@@ -388,8 +388,9 @@ def test_only_processes_verified_as_the_jobs_are_signalled(tmp_path: Path) -> No
 
 def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tmp_path: Path) -> None:
     """in-allocation: the drill could not end attempt 0's hung launch and cancelled the job the next
-    attempt was to run in. The loop records it in the ledger, so a controller started later still
-    takes that job's end for the drill's doing (the hang's class), not a person's cancel."""
+    attempt was to run in. The thread records it in the ledger before it asks the scheduler (the
+    hardening issue's item 2: the loop recorded it a round later), so a controller started later,
+    even one right after the scancel, takes that job's end for the drill's doing, not a person's."""
     from orchestrator.campaign.failure_classes import DrillEnded
 
     spec = write_spec(tmp_path, restart={"strategy": "in-allocation"})
@@ -400,13 +401,16 @@ def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tm
         tracker = RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
         tracker.begin_attempt(0)
         controller.ledger.update_attempt(run.run_id, 0, job_id="4242")
-        cancelled: list[str] = []
-        tracker.cancels.ask = lambda job_id, force=False: cancelled.append(job_id)  # type: ignore[method-assign]
+        recorded_when_asked: list[str | None] = []
+
+        def ask(job_id: str, force: bool = False) -> None:  # the ledger as a controller started now reads it
+            [row] = Ledger(controller.ledger.path).attempts(run.run_id)
+            recorded_when_asked.append(row.ended_by_drill)
+        tracker.cancels.ask = ask  # type: ignore[method-assign]
         worker = threading.Thread(target=tracker.cancels.from_thread, args=(0, "4242", why))
         worker.start()
         worker.join(timeout=10)
-        assert cancelled == ["4242"]
-        tracker.cancels.record_threads()  # what the next round of the loop does first
+        assert len(recorded_when_asked) == 1 and recorded_when_asked[0] and "HANG" in recorded_when_asked[0]
         assert tracker.cancels.ended_by_drill == {"4242": why}
         later = RunTracker(run, [], controller.backend, controller.ledger, pool, controller.drill_id)
         assert later.cancels.ended_by_drill == {"4242": why}
