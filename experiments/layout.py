@@ -46,6 +46,7 @@ ENV_WARM_SPARES = "FAULTDRILL_WARM_SPARES"  # the warm spares the job holds besi
 ENV_WARM_COORDINATOR = "FAULTDRILL_WARM_COORDINATOR"  # host:port of the job's coordinator
 ENV_WARM_SLOT = "FAULTDRILL_WARM_SLOT"  # a spare started later: its slot (the launcher's tasks: their task id)
 ENV_WARM_ADDRESS = "FAULTDRILL_WARM_ADDRESS"  # the address this member may host a rendezvous on
+ENV_WARM_SECRET = "FAULTDRILL_WARM_SECRET"  # the job's warm channel secret (hex): a member proves it in its hello
 # TensorFlow, Chainer: "1" when every rank restarts in a warm spare set (their collectives cannot
 # drop a member); the job's spares (ENV_WARM_SPARES) are then whole sets, launched set by set.
 ENV_WARM_RESTART_ALL = "FAULTDRILL_WARM_RESTART_ALL"
@@ -296,6 +297,7 @@ EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launc
 # the plan of this attempt (a re-formation: {"resume", "source_rank", "step", "spares_used", ...}).
 EVENT_WARM_FAILURE = "warm_failure"
 EVENT_WARM_PLAN = "warm_plan"
+EVENT_WARM_REFUSED = "warm_refused"  # the coordinator turned a connection away (no proof, a slot not launched)
 EVENT_WARM_FORMED = "warm_formed"  # the coordinator: every member of this attempt said hello
 
 

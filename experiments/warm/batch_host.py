@@ -46,6 +46,7 @@ from experiments.layout import (
     ENV_MASTER_PORT,
     ENV_RUN_DIR,
     ENV_WARM_COORDINATOR,
+    ENV_WARM_SECRET,
     ENV_WARM_SET,
     ENV_WARM_SLOT,
     RunPaths,
@@ -56,12 +57,23 @@ from experiments.runtime.fence import Fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted
 from experiments.warm.held_fence import HeldFence
 from experiments.warm.processes import end_members, processes_of, retire
-from experiments.warm.protocol import set_port
+from experiments.warm.protocol import new_secret, set_port
 
 log = logging.getLogger("faultdrill.warm")
 
 # What a member needs from this process's environment beyond the batch script's variables.
-WARM_VARIABLES = (ENV_WARM_COORDINATOR, ENV_WARM_SLOT, ENV_WARM_SET, ENV_ATTEMPT, ENV_MASTER_PORT)
+WARM_VARIABLES = (ENV_WARM_COORDINATOR, ENV_WARM_SECRET, ENV_WARM_SLOT, ENV_WARM_SET, ENV_ATTEMPT, ENV_MASTER_PORT)
+
+
+def _own_address() -> str:
+    """Where the members reach the coordinator: this host's name's address, unless that is a loopback
+    one (a Debian /etc/hosts names the host 127.0.1.1, while the other nodes resolve it to the
+    cluster network): then every interface, the channel's proof of the secret still required."""
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
+    return "" if address.startswith("127.") else address
 
 
 @dataclass(frozen=True)
@@ -153,8 +165,9 @@ class BatchWarmJob:
         self._lock = threading.Lock()
 
     def run(self) -> str:
-        listener = socket.create_server(("", 0))
+        listener = socket.create_server((_own_address(), 0))
         os.environ[ENV_WARM_COORDINATOR] = f"{socket.gethostname()}:{listener.getsockname()[1]}"
+        os.environ[ENV_WARM_SECRET] = secret = new_secret()  # the members' environment only: the user's and root's
         os.environ.update(self.launcher.environment())
         signal.signal(signal.SIGUSR2, self._forward_warning)
         restart_all = self.args.restart_all
@@ -164,6 +177,7 @@ class BatchWarmJob:
             first_attempt=self.args.attempt, port_base=self.port_base,
             events=lambda attempt, event: append_json_line(self.paths.events_file(attempt), event),
             fence=HeldFence(self.paths, Fence(self.args.attempt, self.args.job, os.environ.get(ENV_DRILL_ID))).advance,
+            secret=secret,
             spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots)
         if restart_all:
             for number in range(1 + self.args.spare_sets):

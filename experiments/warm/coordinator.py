@@ -31,8 +31,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from experiments.layout import EVENT_WARM_FAILURE, EVENT_WARM_FORMED, EVENT_WARM_PLAN
-from experiments.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line, Plan
+from experiments.layout import EVENT_WARM_FAILURE, EVENT_WARM_FORMED, EVENT_WARM_PLAN, EVENT_WARM_REFUSED
+from experiments.warm.protocol import (
+    HELLO_TIMEOUT_S,
+    RESUME_CHECKPOINT,
+    RESUME_PEER,
+    RESUME_START,
+    Line,
+    MalformedMessage,
+    Plan,
+    new_nonce,
+    proven,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +109,7 @@ class Coordinator:
     port_base: int  # generation g rendezvous at port_base + g
     events: EventSink
     fence: Fence
+    secret: str  # the job's warm channel secret (hex): a hello must prove it (protocol.proof)
     spawn: SpawnSpare | None = None  # restart_all: starts the whole set whose first slot it is given
     exit_code: ExitCode | None = None
     timing: Timing = field(default_factory=Timing)
@@ -119,6 +130,7 @@ class Coordinator:
     _warned_step: int | None = None  # the ranks saved this step on the scheduler's warning: no re-formation
     _spares_awaited: int | None = None  # a re-formation waits for this many spares (sets) now
     _failed_launches: int = 0  # spares (sets) whose launch ended before they said hello, since one did
+    refused: int = 0  # connections turned away (no proof, a slot not launched or held)
 
     # --- the server ---------------------------------------------------------------------------------
 
@@ -170,12 +182,9 @@ class Coordinator:
             threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
 
     def _listen(self, line: Line) -> None:
-        hello = line.receive()
-        if hello is None or hello.get("op") != "hello":
-            line.close()
+        member = self._admitted(line)
+        if member is None:
             return
-        member = Member(slot=int(hello["slot"]), node=str(hello["node"]), address=str(hello["address"]),
-                        pid=int(hello["pid"]), line=line)
         with self._lock:
             if self._released:
                 _let_go(line)
@@ -186,7 +195,7 @@ class Coordinator:
             if self.restart_all and self._set_of(member.slot) in self._broken_sets:
                 self._retire([member])  # its set lost a member before it was warm
             self._lock.notify_all()
-        while (message := line.receive()) is not None:
+        while (message := self._next_message(member)) is not None:
             with self._lock:
                 self._on_message(member, message)
                 self._lock.notify_all()
@@ -196,6 +205,60 @@ class Coordinator:
             elif member.role == WARNED:
                 member.role = GONE  # it held after the warning, then ended: no failure
             self._lock.notify_all()
+
+    def _admitted(self, line: Line) -> Member | None:
+        """The member behind a new connection, once it proved the job's secret for a slot the job
+        launched and nobody holds; else the connection is closed and the refusal recorded."""
+        nonce = new_nonce()
+        line.connection.settimeout(HELLO_TIMEOUT_S)
+        try:
+            line.send({"op": "challenge", "nonce": nonce})
+            hello = line.receive()
+            member = _member_of(hello, line)
+        except (OSError, MalformedMessage, KeyError, TypeError, ValueError) as error:
+            self._refuse(line, None, f"no hello: {error}")
+            return None
+        line.connection.settimeout(None)
+        if member is None:
+            self._refuse(line, None, "no hello")
+            return None
+        if not proven(self.secret, nonce, member.slot, member.pid, str(hello.get("proof", "")) if hello else ""):
+            self._refuse(line, member.slot, "its hello does not prove the job's secret")
+            return None
+        with self._lock:
+            why = self._slot_refused(member.slot)
+        if why:
+            self._refuse(line, member.slot, why)
+            return None
+        return member
+
+    def _slot_refused(self, slot: int) -> str | None:
+        """Why ``slot`` may not join: held already, or not one the job launched (a rank's before the
+        first plan, or a spare started and not yet connected)."""
+        if slot in self.members:
+            return f"slot {slot} is held"
+        if slot in self._pending or (self.generation < 0 and 0 <= slot < self.world_size):
+            return None
+        if self.restart_all and self._set_of(slot) in self._broken_sets and 0 <= slot < self._next_slot:
+            return None  # launched, its set broken before it was warm: admitted, then retired
+        return f"slot {slot} was not launched by this job"
+
+    def _refuse(self, line: Line, slot: int | None, why: str) -> None:
+        line.close()
+        with self._lock:
+            self.refused += 1
+            log.warning("warm: a connection refused (slot %s): %s", slot, why)
+            self._event({"event": EVENT_WARM_REFUSED, "time": time.time(), "slot": slot, "why": why,
+                         "refused": self.refused})
+
+    def _next_message(self, member: Member) -> dict[str, Any] | None:
+        """None once the member is gone; a malformed line from it is taken as its end."""
+        try:
+            return member.line.receive()
+        except MalformedMessage as error:
+            log.warning("warm: slot %d sent %s: taken as gone", member.slot, error)
+            member.line.close()
+            return None
 
     # --- what members say ----------------------------------------------------------------------------
 
@@ -441,6 +504,15 @@ class Coordinator:
     def _check_aborted(self) -> None:
         if self._verdict is not None and self._verdict != "completed":
             raise CoordinatorGaveUp(f"warm: {self._verdict}")
+
+
+def _member_of(hello: dict[str, Any] | None, line: Line) -> Member | None:
+    if hello is None or hello.get("op") != "hello":
+        return None
+    slot, pid = hello["slot"], hello["pid"]
+    if type(slot) is not int or type(pid) is not int:
+        raise TypeError(f"slot {slot!r} and pid {pid!r} must be integers")
+    return Member(slot=slot, node=str(hello["node"]), address=str(hello["address"]), pid=pid, line=line)
 
 
 def _let_go(line: Line) -> None:

@@ -11,7 +11,8 @@ import socket
 import time
 from typing import Any
 
-from experiments.warm.protocol import Line, Plan
+from experiments.layout import ENV_WARM_SECRET
+from experiments.warm.protocol import HELLO_TIMEOUT_S, Line, MalformedMessage, Plan, proof
 
 CONNECT_RETRY_S = 0.05
 
@@ -21,15 +22,32 @@ class CoordinatorGone(RuntimeError):
 
 
 class WarmMember:
-    def __init__(self, coordinator: str, slot: int, node: str, address: str, connect_timeout_s: float = 120.0) -> None:
+    def __init__(self, coordinator: str, slot: int, node: str, address: str, connect_timeout_s: float = 120.0,
+                 secret: str | None = None) -> None:
+        """Connect, answer the coordinator's challenge with the job's secret (``secret``, else
+        ENV_WARM_SECRET), say hello."""
         self.slot = slot
         host, port = coordinator.rsplit(":", 1)
         self.line = Line(_connect(host, int(port), connect_timeout_s))
-        self.line.send({"op": "hello", "slot": slot, "node": node, "address": address, "pid": os.getpid()})
+        self.line.connection.settimeout(HELLO_TIMEOUT_S)
+        try:
+            challenge = self.line.receive()
+        except MalformedMessage as error:
+            raise CoordinatorGone(f"warm: slot {slot}: the coordinator's challenge: {error}") from error
+        if challenge is None or challenge.get("op") != "challenge":
+            raise CoordinatorGone(f"warm: slot {slot}: no challenge from the coordinator at {coordinator}")
+        self.line.connection.settimeout(None)
+        key = secret if secret is not None else os.environ.get(ENV_WARM_SECRET, "")
+        pid = os.getpid()
+        self.line.send({"op": "hello", "slot": slot, "node": node, "address": address, "pid": pid,
+                        "proof": proof(key, str(challenge.get("nonce", "")), slot, pid) if key else ""})
 
     def next_plan(self) -> Plan | None:
         """This member's next part (blocks: a spare waits here); None when the run is over."""
-        message = self.line.receive()
+        try:
+            message = self.line.receive()
+        except MalformedMessage as error:
+            raise CoordinatorGone(f"warm: slot {self.slot}: {error}") from error
         if message is None:
             raise CoordinatorGone(f"warm: slot {self.slot}: the coordinator's connection ended")
         if message.get("op") == "exit":

@@ -4,8 +4,14 @@ One TCP connection per member process, open for the process's whole life: its en
 closes it when the process dies, SIGKILL included) is how the coordinator learns of a death, at
 once. Messages are JSON objects, one per line.
 
-member -> coordinator: ``hello`` (slot, node, address, pid: the member is warm: framework imported,
-model built), ``formed`` (its group of that generation is up and its state in sync), ``lost`` (a
+The channel is the job's own: the coordinator opens each connection with a ``challenge`` (a fresh
+nonce), and a member's ``hello`` carries an HMAC of it under the job's secret (ENV_WARM_SECRET, in
+the environment of the processes the job launched, which only the user and root can read). A
+connection without that proof, for a slot the job did not launch or one already held, is turned
+away; a line longer than MAX_LINE_CHARS or not a JSON object ends its connection.
+
+member -> coordinator: ``hello`` (slot, node, address, pid, proof: the member is warm: framework
+imported, model built), ``formed`` (its group of that generation is up and its state in sync), ``lost`` (a
 collective of that generation failed; the last step it completed), ``done`` (the run reached its
 last step on this member).
 coordinator -> member: ``plan`` (its rank in a new generation: world size, rendezvous, where the
@@ -14,10 +20,16 @@ state comes from), ``exit`` (the run is over; a spare leaves).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 from dataclasses import asdict, dataclass
 from typing import Any
+
+MAX_LINE_CHARS = 16 * 1024  # a plan or a hello is well under 1 KB
+HELLO_TIMEOUT_S = 10.0  # a connection's hello must come this soon after its challenge
 
 RESTART_ALL_FRAMEWORKS = ("tensorflow", "chainer")
 SET_PORT_OFFSET = 64  # restart-all: set n's ports start here above the job's port base, world_size each
@@ -58,6 +70,27 @@ class Plan:
         return cls(**{key: value for key, value in message.items() if key != "op"})
 
 
+class MalformedMessage(RuntimeError):
+    """A line too long, or not a JSON object: the connection is not (or no longer) a member's."""
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def proof(secret: str, nonce: str, slot: int, pid: int) -> str:
+    """What a member's hello proves: it holds the job's secret, answering this connection's nonce."""
+    return hmac.new(bytes.fromhex(secret), f"{nonce} {slot} {pid}".encode(), hashlib.sha256).hexdigest()
+
+
+def proven(secret: str, nonce: str, slot: int, pid: int, claimed: str) -> bool:
+    return hmac.compare_digest(proof(secret, nonce, slot, pid), claimed)
+
+
 class Line:
     """JSON lines over one socket (either end)."""
 
@@ -69,14 +102,23 @@ class Line:
         self.connection.sendall((json.dumps(message) + "\n").encode())
 
     def receive(self) -> dict[str, Any] | None:
-        """The next message; None once the other end is gone."""
+        """The next message; None once the other end is gone (or silent past the socket's timeout).
+        MalformedMessage for a line over MAX_LINE_CHARS or one that is not a JSON object."""
         try:
-            text = self._reader.readline()
+            text = self._reader.readline(MAX_LINE_CHARS + 1)
         except (OSError, ValueError):
             return None
         if not text:
             return None
-        return json.loads(text)
+        if len(text) > MAX_LINE_CHARS or not text.endswith("\n"):
+            raise MalformedMessage(f"a line of more than {MAX_LINE_CHARS} characters")
+        try:
+            message = json.loads(text)
+        except ValueError as error:
+            raise MalformedMessage(f"not JSON: {error}") from error
+        if not isinstance(message, dict):
+            raise MalformedMessage(f"not a JSON object: {text[:80]!r}")
+        return message
 
     def close(self) -> None:
         try:

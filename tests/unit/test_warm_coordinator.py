@@ -6,6 +6,7 @@ says checkpoint; a survivor that never reports ends the job (the controller's po
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -15,7 +16,17 @@ import pytest
 
 from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted, Timing
 from experiments.warm.member import CoordinatorGone, WarmMember
-from experiments.warm.protocol import RESUME_CHECKPOINT, RESUME_PEER, RESUME_START, Line
+from experiments.warm.protocol import (
+    MAX_LINE_CHARS,
+    RESUME_CHECKPOINT,
+    RESUME_PEER,
+    RESUME_START,
+    Line,
+    new_secret,
+    proof,
+)
+
+SECRET = new_secret()  # the job's warm channel secret, as the host makes one
 
 
 class Host:
@@ -51,7 +62,7 @@ def _start(host: Host, world: int, spares: int, timing: Timing | None = None,
            ) -> tuple[Coordinator, str, dict]:
     listener = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{listener.getsockname()[1]}"
-    coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000,
+    coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000, secret=SECRET,
                               events=host.event, fence=host.fence, spawn=spawn or host.spawn,
                               exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5),
                               restart_all=restart_all, end=host.ended.append)
@@ -82,7 +93,7 @@ def _within(seconds: float, condition: Callable[[], bool]) -> bool:
 
 
 def _member(address: str, slot: int, node: str = "n1") -> WarmMember:
-    member = WarmMember(address, slot=slot, node=node, address="127.0.0.1", connect_timeout_s=5)
+    member = WarmMember(address, slot=slot, node=node, address="127.0.0.1", connect_timeout_s=5, secret=SECRET)
     member.line.connection.settimeout(MEMBER_WAIT_S)  # a plan that never comes fails the test, never hangs it
     return member
 
@@ -175,13 +186,15 @@ def test_a_spare_whose_hello_comes_after_the_run_completed_is_let_go() -> None:
     rank0 = _member(address, 0)
     host_name, port = address.rsplit(":", 1)
     late = Line(socket.create_connection((host_name, int(port)), timeout=5))  # no hello yet
+    challenge = late.receive()
     assert rank0.next_plan().rank == 0
     rank0.done()
     outcome["thread"].join(timeout=10)
     assert outcome.get("verdict") == "completed"
     asked = time.monotonic()
     try:
-        late.send({"op": "hello", "slot": 1, "node": "n1", "address": "127.0.0.1", "pid": 1})
+        late.send({"op": "hello", "slot": 1, "node": "n1", "address": "127.0.0.1", "pid": 1,
+                   "proof": proof(SECRET, challenge["nonce"], 1, 1)})
         answer = late.receive()
     except ConnectionResetError:
         answer = None
@@ -389,3 +402,61 @@ def test_a_spare_whose_launch_ended_before_its_hello_is_started_again_a_bounded_
         coordinator.launch_ended([slot])
     assert [slot for slot, _ in host.spawned] == [2, 3, 4], "replaced without end"
     _complete(outcome, rank0)
+
+
+def _stranger(address: str, slot: int, secret: str | None = None, pid: int = 4242) -> Line:
+    """A connection that answers the challenge as a member would, with ``secret`` (None: a guess)."""
+    host_name, port = address.rsplit(":", 1)
+    line = Line(socket.create_connection((host_name, int(port)), timeout=5))
+    challenge = line.receive()
+    assert challenge is not None and challenge["op"] == "challenge"
+    line.send({"op": "hello", "slot": slot, "node": "evil", "address": "10.6.6.6", "pid": pid,
+               "proof": proof(secret or new_secret(), challenge["nonce"], slot, pid)})
+    return line
+
+
+def _closed(line: Line) -> bool:
+    try:
+        return line.receive() is None
+    except (ConnectionResetError, OSError):
+        return True
+
+
+def test_strangers_are_refused_and_counted_and_the_real_spare_takes_the_dead_ranks_place() -> None:
+    """Security issue 28, item 1: hellos without the job's secret (slot 7, slot -1, which sorted
+    before the real spare), one with it for a slot the job never launched, and one for slot 0,
+    which replaced rank 0's record: each refused and counted; a rank's death plans the real spare."""
+    host = Host()
+    coordinator, address, outcome = _start(host, world=2, spares=1)
+    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    strangers = [_stranger(address, 7), _stranger(address, -1), _stranger(address, 9, SECRET),
+                 _stranger(address, 0, SECRET)]
+    assert all(_closed(line) for line in strangers)
+    assert [rank0.next_plan().rank, rank1.next_plan().rank] == [0, 1]
+    assert coordinator.refused == 4 and coordinator.members[0].pid == os.getpid()
+    refused = [event for _, event in host.named("warm_refused")]
+    assert [event["slot"] for event in refused] == [7, -1, 9, 0], refused
+    assert "secret" in refused[0]["why"] and "not launched" in refused[2]["why"] and "held" in refused[3]["why"]
+    rank1.line.close()
+    rank0.lost(0, 12)
+    assert spare.next_plan().rank == 1 and rank0.next_plan().generation == 1
+    _complete(outcome, rank0, spare)
+
+
+def test_a_line_without_end_or_a_malformed_message_ends_that_connection_not_the_coordinator() -> None:
+    """Item 1: lines were read without bound, and a malformed line killed the member's thread
+    without its death being seen: now a real member's malformed message is its end (a failure)."""
+    host = Host()
+    coordinator, address, outcome = _start(host, world=2, spares=1)
+    host_name, port = address.rsplit(":", 1)
+    flood = Line(socket.create_connection((host_name, int(port)), timeout=5))
+    flood.receive()
+    flood.connection.sendall(b"x" * (MAX_LINE_CHARS + 10))
+    assert _closed(flood) and _within(5, lambda: coordinator.refused == 1)
+    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    rank0.next_plan(), rank1.next_plan()
+    rank1.line.connection.sendall(b"[1, 2]\n")  # a rank that says nonsense is taken as gone
+    assert _within(5, lambda: [e["rank"] for _, e in host.named("warm_failure")] == [1]), host.events
+    rank0.lost(0, 3)
+    assert spare.next_plan().rank == 1
+    _complete(outcome, rank0, spare)

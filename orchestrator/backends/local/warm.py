@@ -29,6 +29,7 @@ from experiments.layout import (
     ENV_WARM_ADDRESS,
     ENV_WARM_COORDINATOR,
     ENV_WARM_RESTART_ALL,
+    ENV_WARM_SECRET,
     ENV_WARM_SET,
     ENV_WARM_SLOT,
     ENV_WARM_SPARES,
@@ -42,7 +43,7 @@ from experiments.runtime.fence import Fence
 from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveUp, Placement
 from experiments.warm.held_fence import HeldFence
 from experiments.warm.processes import end_members, processes_of, retire
-from experiments.warm.protocol import set_port
+from experiments.warm.protocol import new_secret, set_port
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,12 @@ class LocalWarmJob:
         listener = socket.create_server((LOOPBACK, 0))
         os.environ[ENV_WARM_COORDINATOR] = f"{LOOPBACK}:{listener.getsockname()[1]}"
         os.environ[ENV_WARM_ADDRESS] = LOOPBACK
+        os.environ[ENV_WARM_SECRET] = secret = new_secret()  # the members' environment only: the user's and root's
         coordinator = Coordinator(
             world_size=self.world, spares_wanted=self.spares, first_attempt=self.first_attempt,
             port_base=self.port_base, events=self._event,
             fence=HeldFence(self.paths, Fence(self.first_attempt, str(self.controller.pid), os.environ.get(ENV_DRILL_ID))).advance,
+            secret=secret,
             spawn=self._spawn_set if self.restart_all else self._spawn, exit_code=self._exit_code,
             restart_all=self.restart_all, end=self._end_slots)
         verdict: dict[str, str] = {}
