@@ -224,6 +224,7 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
 def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, html: bool = True) -> int:
     from orchestrator.control.controller import plan_drill
     from orchestrator.control.detach import LOG_NAME, start_detached
+    from orchestrator.control.workdir import claim_workdir
 
     plan_drill(campaign)  # every spec error here, before anything starts
     controller = live_controller(campaign.workdir)
@@ -232,6 +233,7 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, h
                              f"`faultdrill status {campaign.workdir}` shows it")
     argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format,
             *([] if html else ["--no-html"])]
+    claim_workdir(campaign)  # its log is written before the controller starts
     identity = start_detached(argv, campaign.workdir)
     workdir = campaign.workdir
     print(f"faultdrill: drill {campaign.name} runs in the background (pid {identity.pid}); its log: "
@@ -275,7 +277,9 @@ def _status(workdir: Path, output_format: str) -> int:
 
 def _stop(workdir: Path) -> int:
     from orchestrator.control.detach import NoController, stop_controller
+    from orchestrator.control.workdir import check_workdir
 
+    check_workdir(workdir)  # the pid it signals is read from a file there
     try:
         identity = stop_controller(workdir)
     except NoController as error:
@@ -288,10 +292,12 @@ def _stop(workdir: Path) -> int:
 def _cancel(workdir: Path) -> int:
     from orchestrator.control.controller import Controller
     from orchestrator.control.detach import ControllerLock, NoController, stop_controller
+    from orchestrator.control.workdir import check_workdir
     from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
     if not (workdir / LEDGER_NAME).exists():
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
+    check_workdir(workdir)  # the pid it signals, the spec it drives and the actions it owes are read from there
     try:
         identity = stop_controller(workdir)
         print(f"faultdrill: the controller (pid {identity.pid}) stopped")

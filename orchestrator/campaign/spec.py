@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -286,10 +287,22 @@ class SweepConfig(_Strict):
         return self.grid if isinstance(self.grid, list) else [self.grid]
 
 
+def _workdir_mode(value: str) -> str:
+    if int(value, 8) & 0o002:
+        raise ValueError(f"{value} lets every user write the drill's files; valid: an octal mode without "
+                         "o+w, e.g. 0700 (the default), 0750, 0770")
+    if not int(value, 8) & 0o700 == 0o700:
+        raise ValueError(f"{value} keeps the drill from its own files; valid: a mode with u=rwx, e.g. 0700, 0750")
+    return value
+
+
 class Campaign(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     backend: Literal["local", "slurm", "pbs"] = "local"
     workdir: Path
+    # The workdir's mode when the drill creates it, and the most it accepts of one that exists:
+    # private unless a team shares its results on purpose (0750, 0770); never writable by others.
+    workdir_mode: Annotated[str, AfterValidator(_workdir_mode)] = Field("0700", pattern=r"^0?[0-7]{3}$")
     template: Path | None = None
     # The user's experiment parameters: {placeholders} of a command workload, swept as args.<key>.
     args: dict[str, Any] = Field(default_factory=dict)

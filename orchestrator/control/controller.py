@@ -28,6 +28,7 @@ from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign
 from orchestrator.commands import CommandError, one_line
 from orchestrator.control.tracker import RunTracker
+from orchestrator.control.workdir import claim_workdir
 from orchestrator.faults.job_control import Menders
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
@@ -105,7 +106,7 @@ class Controller:
     def __init__(self, campaign: Campaign, backend: Backend | None = None,
                  plan: list[tuple[RunConfig, list[PlannedFault]]] | None = None) -> None:
         self.plan = plan if plan is not None else plan_drill(campaign)  # spec errors before any file
-        campaign.workdir.mkdir(parents=True, exist_ok=True)
+        claim_workdir(campaign)  # the user's alone (or the team's, as the spec says), before anything is read
         self.campaign = campaign
         self.ledger = Ledger.in_workdir(campaign.workdir)
         self.drill_id = _drill_id(self.ledger, campaign)

@@ -60,7 +60,7 @@ class ControllerLock:
 
     def __enter__(self) -> "ControllerLock":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        handle = open(self.workdir / LOCK_NAME, "a+")
+        handle = os.fdopen(os.open(self.workdir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -11,12 +12,49 @@ from orchestrator.faults.job_control import MENDS_NAME
 from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
 
+class UnsafeWorkdir(SpecError):
+    """The workdir is not the user's alone: its files (the owed cluster actions the controller runs,
+    the lock, the pickles the local backend loads) could be another user's."""
+
+
+def claim_workdir(campaign: Campaign) -> None:
+    """Create the workdir with ``workdir_mode`` (0700 unless the team shares it), or accept one that
+    exists only if it is the user's and no more open than that mode (as ssh refuses a key with loose
+    modes); and set the umask so that every file the drill writes (and its jobs: the scheduler keeps
+    the submitter's umask) is as private. Raises UnsafeWorkdir, naming the fix."""
+    workdir, mode = campaign.workdir, int(campaign.workdir_mode, 8)
+    try:
+        workdir.mkdir(mode=mode)
+        os.chmod(workdir, mode)  # mkdir's mode went through the umask
+    except FileExistsError:
+        pass
+    check_workdir(workdir, mode, f"workdir_mode {campaign.workdir_mode}")
+    os.umask(~mode & 0o077)
+
+
+def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most group-writable") -> None:
+    """UnsafeWorkdir unless ``workdir`` is a directory of the user's no more writable than ``mode``
+    allows (before anything in it is read: the cancel of a drill whose spec is not read yet)."""
+    info = os.stat(workdir)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeWorkdir(f"workdir {workdir} is not a directory")
+    if info.st_uid != os.geteuid():
+        raise UnsafeWorkdir(f"workdir {workdir} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): "
+                            "another user could have put files there that a drill runs or loads; use a workdir "
+                            "of your own")
+    if loose := info.st_mode & 0o022 & ~mode:
+        raise UnsafeWorkdir(f"workdir {workdir} is writable by {'group' if loose & 0o020 else 'others'} "
+                            f"(mode {stat.S_IMODE(info.st_mode):04o}; {allowed}): chmod go-w {workdir}, or "
+                            "set workdir_mode in the spec if the team shares it on purpose")
+
+
 def prepare_workdir(campaign: Campaign) -> Path | None:
     """Archive a finished drill found in the workdir (renamed, never deleted); return where it went.
     What it still owes (orchestrator.faults.job_control: a mend that failed) stays in the workdir.
 
     An unfinished drill is resumed by the controller, but only with the spec it was started with.
     """
+    claim_workdir(campaign)  # before anything in it is read
     ledger_path = campaign.workdir / LEDGER_NAME
     if not ledger_path.exists():
         return None
@@ -42,6 +80,6 @@ def prepare_workdir(campaign: Campaign) -> Path | None:
     campaign.workdir.rename(archive)
     owed = archive / MENDS_NAME
     if owed.exists():  # actions the finished drill still owes (a failed mend): its successor tries them first
-        campaign.workdir.mkdir(parents=True)
+        claim_workdir(campaign)
         os.replace(owed, campaign.workdir / MENDS_NAME)
     return archive

@@ -1,0 +1,86 @@
+"""The workdir is the user's (security issue 28, item 2): created 0700, the drill's files written
+under a matching umask; one that exists and belongs to another user, or that others could write, is
+refused before anything in it is read (its owed cluster actions are argv lists the controller runs,
+its controller.json names a pid that `stop` signals, its pickles are loaded)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from orchestrator.campaign.spec import Campaign, SpecError, parse_campaign
+from orchestrator.control.detach import LOCK_NAME, ControllerLock
+from orchestrator.control.workdir import UnsafeWorkdir, check_workdir, claim_workdir, prepare_workdir
+from orchestrator.faults.job_control import MENDS_NAME
+
+pytestmark = pytest.mark.unit
+
+STRANGER_UID = 54321  # no such user needed: a uid that is not the drill's
+
+
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
+def _campaign(workdir: Path, **fields: object) -> Campaign:
+    return Campaign.model_validate({"name": "safety", "workdir": str(workdir), **fields})
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_a_new_workdir_is_private_and_so_is_every_file_the_drill_writes(tmp_path: Path) -> None:
+    campaign = _campaign(tmp_path / "work")
+    claim_workdir(campaign)
+    assert _mode(campaign.workdir) == 0o700
+    written = campaign.workdir / "ledger.sqlite"
+    written.write_text("x")
+    assert _mode(written) == 0o600
+    with ControllerLock(campaign.workdir):
+        assert _mode(campaign.workdir / LOCK_NAME) == 0o600
+
+
+def test_a_team_workdir_mode_is_kept_and_never_writable_by_others(tmp_path: Path) -> None:
+    claim_workdir(_campaign(tmp_path / "team", workdir_mode="0750"))
+    assert _mode(tmp_path / "team") == 0o750
+    with pytest.raises(SpecError, match="workdir_mode.*lets every user write the drill's files; valid: an octal mode"):
+        parse_campaign({"name": "open", "workdir": str(tmp_path / "open"), "workdir_mode": "0777"}, base_dir=tmp_path)
+    assert not (tmp_path / "open").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory another user's needs root")
+def test_a_workdir_another_user_made_is_refused_before_anything_in_it_is_read(tmp_path: Path) -> None:
+    """The stranger's workdir holds an owed 'mend' that would run as the drill's user."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    marker = tmp_path / "ran"
+    (workdir / MENDS_NAME).write_text(f'[{{"argv": ["touch", "{marker}"], "reason": "owed"}}]')
+    os.chown(workdir, STRANGER_UID, -1)
+    with pytest.raises(UnsafeWorkdir, match=f"belongs to uid {STRANGER_UID}, not to you"):
+        prepare_workdir(_campaign(workdir))
+    with pytest.raises(UnsafeWorkdir):
+        check_workdir(workdir)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("mode,workdir_mode,refused", [(0o770, "0700", "group"), (0o707, "0770", "others"),
+                                                        (0o1777, "0700", "group"), (0o770, "0770", None)])
+def test_a_workdir_writable_by_more_than_its_mode_allows_is_refused(tmp_path: Path, mode: int, workdir_mode: str,
+                                                                     refused: str | None) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    os.chmod(workdir, mode)
+    if refused is None:
+        claim_workdir(_campaign(workdir, workdir_mode=workdir_mode))
+        return
+    with pytest.raises(UnsafeWorkdir, match=f"writable by {refused} .*chmod go-w"):
+        claim_workdir(_campaign(workdir, workdir_mode=workdir_mode))
