@@ -7,6 +7,8 @@ and errors that carry the command, its exit code, stdout and stderr.
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import subprocess
 import threading
 import time
@@ -134,3 +136,8 @@ def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def current_user() -> str:
+    """The user this process runs as (from its uid, not from $USER): whose jobs a look-up may match."""
+    return pwd.getpwuid(os.geteuid()).pw_name

@@ -48,7 +48,7 @@ from orchestrator.backends.pbs.plugin import PBSExecutor
 from orchestrator.campaign.capabilities import PBS
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
-from orchestrator.commands import CommandError, CommandResult, run_command
+from orchestrator.commands import CommandError, CommandResult, current_user, run_command
 from orchestrator.render.scripts import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.states import JobState
 
@@ -117,12 +117,14 @@ class PBSBackend(Backend):
         """The ids qsub gave the jobs (arrays) of this name. Under Slurm's wrappers qstat lists each
         started array element under a Slurm id of its own, with the same name and nothing to tell
         it from the array: Slurm itself names the array (%F: the array's id, a job's own otherwise)."""
+        user = current_user()  # job names are public: only this user's jobs are the drill's
         if detect_server() is ServerKind.SLURM_WRAPPERS:
-            result = run_command(["squeue", "-h", "-t", "all", "-n", name, "-o", "%F"], timeout_s=QSTAT_TIMEOUT_S,
-                                 retries=2)
+            result = run_command(["squeue", "-h", "-t", "all", "-u", user, "-n", name, "-o", "%F"],
+                                 timeout_s=QSTAT_TIMEOUT_S, retries=2)
             return set(result.stdout.split())
         return {job_id for job_id, record in qstat_all().items()
-                if record.get("Job_Name") == name and not is_element(job_id)}
+                if record.get("Job_Name") == name and not is_element(job_id)
+                and record.get("Job_Owner", "").split("@", 1)[0] == user}
 
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
         super().adopt(job_id, run, job)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import logging
 import math
 import re
@@ -23,7 +22,7 @@ from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submis
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
 from orchestrator.campaign.runs import RunConfig
-from orchestrator.commands import CommandError, CommandResult, run_command
+from orchestrator.commands import CommandError, CommandResult, current_user, run_command
 from orchestrator.render.scripts import (
     SubmissionScript,
     array_job_name,
@@ -120,7 +119,7 @@ class SlurmBackend(Backend):
     def __init__(self, drill_id: str, python: str = sys.executable) -> None:
         self.drill_id = drill_id
         self.python = python
-        self.user = getpass.getuser()
+        self.user = current_user()
         self._max_array_size: int | None = None
 
     def max_array_size(self) -> int:

@@ -1,0 +1,42 @@
+"""A look-up by job name matches only the user's own jobs (security issue 28, item 3): job names
+are public, and after a failed qsub or a controller restart the drill adopted a stranger's job of
+that name (the fence then named it) and qdel'ed its own as "the duplicate". Recorded scheduler
+output; the look-up's own commands captured."""
+
+from __future__ import annotations
+
+import pytest
+
+import orchestrator.backends.pbs.backend as pbs_backend
+from orchestrator.backends.pbs.backend import PBSBackend
+from orchestrator.backends.pbs.commands import ServerKind
+from orchestrator.commands import CommandResult, current_user
+
+pytestmark = pytest.mark.unit
+
+NAME = "fd-d1-r000-a0"
+
+
+def test_qstat_records_of_another_owner_are_not_the_drills(monkeypatch: pytest.MonkeyPatch) -> None:
+    records = {
+        "101.server": {"Job_Name": NAME, "Job_Owner": "mallory@login2"},
+        "102.server": {"Job_Name": NAME, "Job_Owner": f"{current_user()}@login1"},
+        "103.server": {"Job_Name": "other", "Job_Owner": f"{current_user()}@login1"},
+    }
+    monkeypatch.setattr(pbs_backend, "detect_server", lambda: ServerKind.PRO)
+    monkeypatch.setattr(pbs_backend, "qstat_all", lambda: records)
+    assert PBSBackend("d1")._named(NAME) == {"102.server"}
+
+
+def test_the_slurm_wrappers_look_up_asks_for_the_users_jobs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def squeue(argv: list[str], **_: object) -> CommandResult:
+        asked.append(argv)
+        return CommandResult(args=tuple(argv), returncode=0, stdout="77\n", stderr="", duration_s=0.0)
+
+    monkeypatch.setattr(pbs_backend, "detect_server", lambda: ServerKind.SLURM_WRAPPERS)
+    monkeypatch.setattr(pbs_backend, "run_command", squeue)
+    assert PBSBackend("d1")._named(NAME) == {"77"}
+    [argv] = asked
+    assert argv[argv.index("-u") + 1] == current_user() and argv[argv.index("-n") + 1] == NAME
