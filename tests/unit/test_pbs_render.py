@@ -213,3 +213,18 @@ def test_script_and_job_environment_agree_on_the_job_id(
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     assert PBSJobEnvironment().job_id == expected
+
+
+@pytest.mark.drill
+def test_the_open_mpi_session_directory_is_a_private_one_of_a_random_name(tmp_path: Path) -> None:
+    """Security issue 28, item 4: /tmp/faultdrill-ompi-<job id> was a name another user of the node
+    could create first (the attempt failed on a 0755 one, or its session lived in a 0777 one)."""
+    run = expand_runs(_campaign("/scratch/drills/ompi"))[0]
+    [line] = [line for line in render_pbs(run, attempt=0, drill_id="d1", python=PYTHON).text.splitlines()
+              if line.startswith("ompi_tmp=")]
+    made = [subprocess.run(["bash", "-c", f'{line}; echo "$ompi_tmp"'], env={**os.environ, "TMPDIR": str(tmp_path)},
+                           capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
+    assert made[0] != made[1] and all(Path(path).parent == tmp_path for path in made), made
+    assert all(os.stat(path).st_mode & 0o777 == 0o700 for path in made)
+    squatted = tmp_path / "faultdrill-ompi-7.server"  # what the old name would have been: not used
+    assert not squatted.exists() and all("7.server" not in path for path in made)
