@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -43,6 +44,31 @@ class VerifiedTarget:
     rank: int
     node: str
     job_id: str
+    start_ticks: int | None = None  # the verified process's kernel start time
+    pidfd: int | None = field(default=None, compare=False)  # a handle on that very process (Linux >= 5.3)
+
+
+def signal_target(target: VerifiedTarget, number: int) -> None:
+    """``number`` to the very process that was verified, however long ago: through its pidfd (a
+    process that ended since is not signalled, whoever has its pid now), else after checking its
+    start time again in the same instant. ProcessLookupError when it is gone."""
+    if target.pidfd is not None:
+        signal.pidfd_send_signal(target.pidfd, number)
+        return
+    if target.start_ticks is not None and start_ticks(target.pid) != target.start_ticks:
+        raise ProcessLookupError(f"pid {target.pid} is no longer the process that was verified")
+    os.kill(target.pid, number)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A handle on ``pid``'s process, taken before it is verified (so the checks that follow are of
+    the process the handle holds); None where the kernel has none to give."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise
+    except (OSError, AttributeError):
+        return None
 
 
 def read_identity(run_dir: Path, attempt: int, rank: int) -> RankIdentity:
@@ -60,6 +86,20 @@ def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str
     if identity.job_id != job_id:
         raise TargetRefused(f"rank {rank} registered job {identity.job_id}, the drill's job is {job_id}")
     gone = TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running", gone=True)
+    try:
+        pidfd = _pidfd(identity.pid)
+    except ProcessLookupError:
+        raise gone from None
+    try:
+        return _verified(identity, rank, job_id, run_id, pidfd, gone)
+    except BaseException:
+        if pidfd is not None:
+            os.close(pidfd)
+        raise
+
+
+def _verified(identity: RankIdentity, rank: int, job_id: str, run_id: str, pidfd: int | None,
+              gone: TargetRefused) -> VerifiedTarget:
     ticks = start_ticks(identity.pid)
     if ticks is None:
         raise gone
@@ -81,7 +121,8 @@ def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str
         # the kernel already released (it is exiting, e.g. its launcher ended it a moment ago).
         raise gone
     _check_environment(environ, run_id, job_id, rank, identity.pid)
-    return VerifiedTarget(pid=identity.pid, rank=rank, node=identity.node, job_id=job_id)
+    return VerifiedTarget(pid=identity.pid, rank=rank, node=identity.node, job_id=job_id, start_ticks=ticks,
+                          pidfd=pidfd)
 
 
 def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: int, pid: int) -> None:

@@ -3,7 +3,6 @@ waiting for them to end of it: the part oom-rank and rank-error share."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from experiments.layout import RunPaths, write_json_atomic
 from experiments.runtime.fault_requests import FAULT_SIGNAL
 from experiments.runtime.identity import start_ticks
 from injectors.kinds.base import FaultTask
-from injectors.targets import VerifiedTarget
+from injectors.targets import VerifiedTarget, signal_target
 
 
 def ask(task: FaultTask, targets: list[VerifiedTarget], request: dict[str, Any]) -> float:
@@ -24,7 +23,7 @@ def ask(task: FaultTask, targets: list[VerifiedTarget], request: dict[str, Any])
         write_json_atomic(paths.fault_request_file(task.attempt, target.rank), request)
     at = time.time()
     for target in targets:
-        os.kill(target.pid, FAULT_SIGNAL)
+        signal_target(target, FAULT_SIGNAL)
     return at
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask
 from injectors.ranks import RankSelector
-from injectors.targets import TargetRefused, VerifiedTarget, verify_rank
+from injectors.targets import TargetRefused, VerifiedTarget, signal_target, verify_rank
 
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGSEGV", "SIGABRT", "SIGUSR1", "SIGUSR2", "SIGSTOP", "SIGCONT")
 
@@ -47,7 +46,7 @@ def send(targets: list[VerifiedTarget], name: str) -> float:
     ended = []
     for target in targets:
         try:
-            os.kill(target.pid, number)
+            signal_target(target, number)
         except ProcessLookupError:
             ended.append(target)
     if targets and len(ended) == len(targets):

@@ -137,3 +137,48 @@ def test_a_rank_whose_environment_is_already_released_is_gone(tmp_path: Path) ->
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+# In a pid namespace of its own (so that forcing the next pid touches nothing else): rank A is
+# verified, dies and is reaped; B is started with A's pid (ns_last_pid); the kill must not reach B.
+PID_REUSE = r"""
+import os, signal, subprocess, sys, time
+from dataclasses import asdict
+from pathlib import Path
+import psutil
+from experiments.layout import RankIdentity, RunPaths, write_json_atomic
+from experiments.runtime.identity import start_ticks
+from injectors.kinds.signals import send
+from injectors.targets import TargetRefused, verify_rank
+
+run_dir = Path(sys.argv[1])
+env = {**os.environ, "FAULTDRILL_RUN_ID": "r000", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_GLOBALID": "1"}
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+time.sleep(0.5)
+write_json_atomic(RunPaths(run_dir).rank_file(0, 1), asdict(RankIdentity(
+    rank=1, pid=rank.pid, create_time=psutil.Process(rank.pid).create_time(), host="h", node="n", job_id="4242",
+    attempt=0, start_ticks=start_ticks(rank.pid) or 0)))
+target = verify_rank(run_dir, "r000", 0, 1, "4242")
+rank.kill(); rank.wait()
+Path("/proc/sys/kernel/ns_last_pid").write_text(str(rank.pid - 1))
+stranger = subprocess.Popen(["sleep", "60"])
+assert stranger.pid == rank.pid, (stranger.pid, rank.pid)
+try:
+    send([target], "SIGKILL")
+    print("signalled")
+except TargetRefused as refused:
+    print("gone" if refused.gone else f"refused: {refused}")
+time.sleep(0.2)
+print("stranger alive" if stranger.poll() is None else f"stranger ended {stranger.returncode}")
+stranger.kill()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace and ns_last_pid need root")
+def test_a_pid_reused_between_verification_and_signal_is_not_signalled(tmp_path: Path) -> None:
+    """Security issue 28, item 6: the agent verified a rank, waited (up to 2 s for its peers on other
+    nodes), then signalled the pid, which another process may have by then."""
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", PID_REUSE, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["gone", "stranger alive"], done.stdout
