@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -88,6 +89,9 @@ class FileSink:
         that the rename is atomic. From another file system it is copied through ``open``.
         """
         _check_name(name)
+        if _shared(path):  # a link to a file that is not the checkpoint's alone: its bytes are copied
+            self._copy_in(path, name)
+            return
         with open(path, "rb") as handle:
             digest = durable_sha256(path, handle.fileno())
         final = self.directory / name
@@ -96,11 +100,16 @@ class FileSink:
         except OSError as error:
             if error.errno != errno.EXDEV:
                 raise
-            with open(path, "rb") as source, self.open(name) as target:
-                shutil.copyfileobj(source, target, _COPY_CHUNK)
-            os.unlink(path)
+            self._copy_in(path, name)
             return
         self._record(name, final, digest)
+
+    def _copy_in(self, path: Path, name: str) -> None:
+        """``path``'s bytes as a regular file of the checkpoint's own; ``path`` itself (a link, or
+        a file on another file system) removed, whatever it pointed to left as it was."""
+        with open(path, "rb") as source, self.open(name) as target:
+            shutil.copyfileobj(source, target, _COPY_CHUNK)
+        os.unlink(path)
 
     def close(self) -> None:
         """Leave this rank's receipt (before the ranks meet). It is coordination, not data: written
@@ -152,3 +161,10 @@ def read_receipt(path: Path) -> Receipt | None:
 def _check_name(name: str) -> None:
     if not name or name.startswith(".") or "/" in name or name == MANIFEST_NAME:
         raise ValueError(f"checkpoint file name {name!r} is reserved or not a plain name")
+
+
+def _shared(path: Path) -> bool:
+    """A symlink, or a file with another hard link: renamed into a checkpoint, it would publish a
+    file that lies (or also lies) outside it, which a corrupt-checkpoint fault would then damage."""
+    info = os.lstat(path)
+    return stat.S_ISLNK(info.st_mode) or info.st_nlink > 1

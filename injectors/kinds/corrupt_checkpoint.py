@@ -6,6 +6,7 @@ on a published checkpoint directory of that run."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -59,9 +60,16 @@ def _checkpoint_dir(run_dir: Path, step: Any) -> Path:
     return chosen
 
 
+def _own_file(path: Path) -> bool:
+    """A regular file with no other name: never a symlink, never a hard link to a file elsewhere
+    (shared pretrained weights linked into a checkpoint are not the run's to damage)."""
+    info = os.lstat(path)
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
+
 def _victim(directory: Path, name: str | None) -> Path:
-    files = sorted((p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST_NAME
-                    and not p.name.startswith(".")), key=lambda p: (-p.stat().st_size, p.name))
+    files = sorted((p for p in directory.iterdir() if _own_file(p) and p.name != MANIFEST_NAME
+                    and not p.name.startswith(".")), key=lambda p: (-p.lstat().st_size, p.name))
     if name is not None:
         files = [p for p in files if p.name == name]
     if not files:
@@ -73,8 +81,13 @@ def _damage(path: Path, mode: str) -> None:
     if mode == "delete":
         path.unlink()
         return
-    size = path.stat().st_size
-    with open(path, "r+b") as handle:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # a symlink put there since is refused (ELOOP)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise TargetRefused(f"{path} is no longer a file of the checkpoint's own (links: {info.st_nlink})")
+    size = info.st_size
+    with os.fdopen(fd, "r+b") as handle:
         if mode == "truncate":
             handle.truncate(size // 2)
         else:  # flip: same size, other bytes, so that only the hash can tell
