@@ -71,8 +71,14 @@ def parse_directive(text: str) -> Directive:
 def reserved_problem(text: str, backend: str) -> str | None:
     """Why ``text`` may not be an extra directive on ``backend`` (an option Faultdrill sets), or None."""
     flag = parse_directive(text).flag
-    reason = RESERVED.get(backend, {}).get(flag)
-    return f"directive {text!r}: {flag} is set by Faultdrill on {backend} ({reason})" if reason else None
+    reserved = RESERVED.get(backend, {})
+    # getopt_long takes any unambiguous prefix of a long option (--job-n, --requ, --out): so does this.
+    prefixed = [option for option in reserved if flag.startswith("--") and len(flag) > 2 and option.startswith(flag)]
+    named: str | None = flag if flag in reserved else (prefixed[0] if prefixed else None)
+    if named is None:
+        return None
+    shown = flag if named == flag else f"{flag} (read as {named})"
+    return f"directive {text!r}: {shown} is set by Faultdrill on {backend} ({reserved[named]})"
 
 
 def slurm_line(directive: Directive) -> str:

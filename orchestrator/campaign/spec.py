@@ -427,9 +427,21 @@ def read_spec_text(path: Path) -> str:
                         "a spec is a YAML file in UTF-8") from None
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: a spec needs none, and a few hundred bytes of nested aliases (a
+    "billion laughs") expand to gigabytes once the spec is dumped into the ledger."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a spec; write the "
+                                              "value out where it is used", event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def yaml_mapping(text: str, source: str) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as error:
         raise SpecError(f"{source}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
