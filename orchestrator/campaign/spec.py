@@ -100,6 +100,16 @@ class ProgressConfig(_Strict):
         return PROGRESS_LOG if self.log else PROGRESS_CHECKPOINTS if self.checkpoints else PROGRESS_API
 
 
+SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
+SECRET_PAIRS = {("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("AUTH", "KEY")}
+
+
+def looks_secret(name: str) -> bool:
+    """WANDB_API_KEY, HF_TOKEN, DB_PASSWORD: by its words (TOKENIZERS_PARALLELISM is none)."""
+    words = name.upper().replace("-", "_").split("_")
+    return bool(SECRET_WORDS & set(words)) or any(pair in SECRET_PAIRS for pair in zip(words, words[1:], strict=False))
+
+
 class WorkloadConfig(_Strict):
     # A command workload: the user's training script as the ranks, {placeholders} from args and the
     # built-ins (orchestrator/campaign/placeholders.py). model, params and batch_size are then unused.
@@ -127,6 +137,19 @@ class WorkloadConfig(_Strict):
     def _no_empty_program(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and not value[0].strip():
             raise ValueError("workload.command[0] is the program to run; it is empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        """A spec's values are stored with the drill (the ledger, the report, the ranks' pickles):
+        a secret's place is the environment the drill is started from, which reaches the ranks
+        without being written anywhere."""
+        secret = sorted(name for name in value if looks_secret(name))
+        if secret:
+            raise ValueError(f"{', '.join(secret)}: looks like a secret, and a spec's values are stored with the "
+                             "drill; export it in the shell you start the drill from instead (it reaches the "
+                             "ranks through the scheduler's environment; PBS: add -V to extra_directives)")
         return value
 
     @field_validator("framework")

@@ -44,3 +44,15 @@ def test_a_reserved_option_written_as_a_prefix_is_refused(text: str, read_as: st
 @pytest.mark.parametrize("text", ["--exclusive", "--account=ml", "-A ml", "--mem=4G"])
 def test_options_faultdrill_does_not_set_pass(text: str) -> None:
     assert reserved_problem(text, "slurm") is None
+
+
+@pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY"])
+def test_a_secret_in_workload_env_is_refused_naming_where_it_belongs(tmp_path: Path, name: str) -> None:
+    """Item 5: workload.env values were stored in the ledger, the report and the ranks' pickles."""
+    from orchestrator.campaign.spec import parse_campaign
+
+    raw = {"name": "s", "workdir": str(tmp_path / "work"), "workload": {"command": ["./train"], "env": {name: "x"}}}
+    with pytest.raises(SpecError, match=f"{name}: looks like a secret.*export it in the shell you start the drill from"):
+        parse_campaign(raw, base_dir=tmp_path)
+    raw["workload"]["env"] = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    assert parse_campaign(raw, base_dir=tmp_path).workload.env["OMP_NUM_THREADS"] == "1"
