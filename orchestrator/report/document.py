@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from experiments.layout import EVENT_WARM_REFUSED, RunPaths, read_json_lines
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.report.study import checkpoint_study
 
@@ -94,7 +95,16 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
         "progress": progress_figures(run),
+        # warm: connections the job's coordinator turned away (no proof of the job's secret, a slot
+        # it never launched or one held): a stranger on the nodes, or a member that went wrong.
+        "warm_refused": _warm_refused(RunPaths(ledger.path.parent / "runs" / run.run_id),
+                                      [a.attempt for a in ledger.attempts(run.run_id)]),
     }
+
+
+def _warm_refused(paths: RunPaths, attempts: list[int]) -> int:
+    return sum(1 for attempt in attempts for event in read_json_lines(paths.events_file(attempt))
+               if event.get("event") == EVENT_WARM_REFUSED)
 
 
 # Zero-code mode: what the drill can only infer from a script's logs or files (the rest is measured).

@@ -152,3 +152,22 @@ def test_a_relaunch_in_a_later_job_is_looked_up_under_that_jobs_name(tmp_path: P
     first, second, relaunched = attempts
     assert first.job_id != second.job_id == relaunched.job_id, attempts
     assert relaunched.job_name == second.job_name != first.job_name, attempts
+
+
+def test_the_report_counts_the_connections_a_warm_coordinator_refused(tmp_path: Path) -> None:
+    """Security issue 28, item 1: refusals are events of the attempt, and the run's row counts them."""
+    from experiments.layout import EVENT_WARM_REFUSED, append_json_line
+    from orchestrator.report.document import build_report
+
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=1, parallel_runs=1)), backend=scheduler)
+    try:
+        _first_round(controller)
+        run = controller.runs[0]
+        for slot in (7, -1):
+            append_json_line(run.paths.events_file(0), {"event": EVENT_WARM_REFUSED, "time": 1.0, "slot": slot,
+                                                        "why": "its hello does not prove the job's secret"})
+    finally:
+        controller.close()
+    [row] = build_report(controller.campaign.workdir)["runs"]
+    assert row["warm_refused"] == 2
