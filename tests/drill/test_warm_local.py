@@ -5,21 +5,70 @@ survivor's state; every run ends bit for bit as its fault-free twin (nothing of 
 reached the weights) and no process of the drill is left behind. CI drills the 3-rank run with
 three kills (two survivors each time: the one furthest on sends its state; PyTorch's warm
 spares are CI's on a real cluster too: tests/cluster/test_warm_slurm.py); both runs and six kills
-each with FAULTDRILL_FULL=1."""
+each with FAULTDRILL_FULL=1. A stranger on the node knocks on each job's coordinator meanwhile:
+refused, counted in the report, and the runs still end as their twins."""
 
 from __future__ import annotations
 
 import re
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from recovery_checks import assert_phases_follow_the_moments
 
 from drills import drill, drill_processes, write_spec
 from experiments.layout import RunPaths, read_json_lines
+from experiments.warm.protocol import Line, new_secret, proof
 from faultdrill_cli import campaign_copy, full_campaigns
+from orchestrator.backends.local.backend import LOCAL_CONTROLLER_MODULE
+
+
+class Stranger:
+    """Another user of the node (security issue 28): finds the warm coordinators' listening ports (a
+    job controller's, as `ss -ltn` lists them) and says hello for slot 99 with a guessed proof.
+    The frameworks' own ports (TCPStore, gloo) are left alone: they are unauthenticated by design."""
+
+    def __init__(self, runs: Path) -> None:
+        self.runs, self.probed, self._stop = runs, set(), threading.Event()
+        self._thread = threading.Thread(target=self._roam, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _roam(self) -> None:
+        while not self._stop.wait(0.2):
+            for port in self._coordinator_ports() - self.probed:
+                self.probed.add(port)
+                self._knock(port)
+
+    def _coordinator_ports(self) -> set[int]:
+        ports = set()
+        for run_dir in self.runs.glob("*"):
+            for process in drill_processes(run_dir):
+                try:
+                    if LOCAL_CONTROLLER_MODULE in " ".join(process.cmdline()):
+                        ports |= {c.laddr.port for c in process.net_connections("tcp") if c.status == "LISTEN"}
+                except psutil.Error:
+                    continue
+        return ports
+
+    def _knock(self, port: int) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as connection:
+                line = Line(connection)
+                challenge = line.receive() or {}
+                line.send({"op": "hello", "slot": 99, "node": "evil", "address": "127.0.0.1", "pid": 1,
+                           "proof": proof(new_secret(), str(challenge.get("nonce", "")), 99, 1)})
+                line.receive()  # the coordinator closes it
+        except (OSError, ValueError):
+            pass
 
 
 def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twin(tmp_path: Path) -> None:
@@ -31,8 +80,13 @@ def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twi
     kills = data["faults"][0]["repeat"] if full else 3
     data["faults"][0]["repeat"] = kills
     spec.write_text(yaml.safe_dump(data))
-    report = drill(spec, timeout=900)
+    stranger = Stranger(tmp_path / "work" / "runs")
+    try:
+        report = drill(spec, timeout=900)
+    finally:
+        stranger.stop()
     faulted = [run for run in report["runs"] if not run["is_baseline"]]
+    assert stranger.probed and all(run["warm_refused"] >= 1 for run in faulted), (stranger.probed, faulted)
     assert sorted(run["ranks"] for run in faulted) == ranks
     faults = [fault for run in faulted for fault in run["faults"]]
     assert len(faults) >= (kills - 1) * len(ranks) and all(fault["outcome"] == "injected" for fault in faults), faults
