@@ -450,25 +450,34 @@ def read_spec_text(path: Path) -> str:
                         "a spec is a YAML file in UTF-8") from None
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without aliases: a spec needs none, and a few hundred bytes of nested aliases (a
-    "billion laughs") expand to gigabytes once the spec is dumped into the ledger."""
+MAX_SPEC_VALUES = 1_000_000  # a sweep of 10,000 points is far below; a few hundred bytes of nested aliases are not
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a spec; write the "
-                                              "value out where it is used", event.start_mark)
-        return super().compose_node(parent, index)
+
+def _expanded_values(raw: Any, limit: int = MAX_SPEC_VALUES) -> int:
+    """How many values ``raw`` holds once its aliases are written out (as the ledger's copy of the
+    spec is), counting no further than ``limit``."""
+    count, pending = 0, [raw]
+    while pending and count <= limit:
+        value = pending.pop()
+        count += 1
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return count
 
 
 def yaml_mapping(text: str, source: str) -> dict[str, Any]:
     try:
-        raw = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 (a SafeLoader)
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise SpecError(f"{source}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
+    if _expanded_values(raw) > MAX_SPEC_VALUES:
+        raise SpecError(f"{source}: expands to more than {MAX_SPEC_VALUES:,} values once its YAML aliases (*name) "
+                        "are written out; a spec needs far fewer")
     return raw
 
 
