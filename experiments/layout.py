@@ -354,9 +354,12 @@ def read_json_lines_backwards(path: Path, chunk_bytes: int = 1 << 16) -> Iterato
 
 
 def _json_record(line: bytes) -> dict[str, Any] | None:
+    """One line's object; None for anything else (a torn line; a run of NULs a node crash left,
+    which json.loads would take for UTF-16 or -32 bytes and fail to decode)."""
     try:
-        record = json.loads(line) if line.strip() else None
-    except json.JSONDecodeError:
+        text = line.decode("utf-8", errors="replace")
+        record = json.loads(text) if text.strip() else None
+    except ValueError:
         return None
     return record if isinstance(record, dict) else None
 

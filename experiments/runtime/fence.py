@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from experiments.layout import ENV_JOB_ID, RunPaths, fsync_dir
 
 NO_JOB = "-"
 FENCE_LOCK = ".current-attempt.lock"
+FENCE_LOCK_WAIT_S = 2.0  # a writer never waits longer on another (see _lock_or_give_up)
 
 
 class StaleAttemptError(RuntimeError):
@@ -92,6 +94,18 @@ def advance_fence(paths: RunPaths, held: Fence, new: Fence) -> None:
         _replace(paths, new, durable=True)
 
 
+def write_fence_unless_ahead(paths: RunPaths, fence: Fence) -> None:
+    """``fence``, unless the fence already names a later attempt of the same job and drill (a warm
+    job's coordinator numbers its re-formations itself, and may have moved on while no controller
+    ran): a restarted controller never fences a warm job's running generation out."""
+    with _writers_lock(paths):
+        current = read_fence(paths)
+        if (current is not None and current.attempt > fence.attempt and current.drill_id == fence.drill_id
+                and current.job_id is not None and fence.job_id is not None and same_job(current.job_id, fence.job_id)):
+            return
+        _replace(paths, fence, durable=True)
+
+
 @contextmanager
 def _writers_lock(paths: RunPaths) -> Iterator[None]:
     """The fence's writers one at a time (an advisory lock beside it: the controller's writes and a
@@ -99,13 +113,27 @@ def _writers_lock(paths: RunPaths) -> Iterator[None]:
     the writes stay atomic, the comparison is then only as fresh as its read."""
     fd = os.open(paths.root / FENCE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
+        _lock_or_give_up(fd)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _lock_or_give_up(fd: int, deadline_s: float = FENCE_LOCK_WAIT_S) -> None:
+    """The lock within ``deadline_s``, else none: its holder is a warm coordinator that the
+    scheduler suspended (or whose node died) in the middle of its compare-and-set, which must not
+    hold up the controller's loop; the write stays atomic."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > end:
+                return
+            time.sleep(0.01)
+        except OSError:  # no locks on this file system
+            return
 
 
 def _replace(paths: RunPaths, fence: Fence, durable: bool) -> None:

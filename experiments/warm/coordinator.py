@@ -165,7 +165,7 @@ class Coordinator:
                     self._break_set(number)
             # A single spare is started again (a few times in a row at most); a set's failed launch
             # broke it: none of it is on its way, the job gives up now if no other set can take over.
-            self._failed_launches += len(never_came)
+            self._failed_launches += 1 if never_came else 0  # one per report: a host reports together what ended together
             if never_came and not self.restart_all and self._verdict is None and not self._released \
                     and self._failed_launches <= FAILED_LAUNCHES_REPLACED:
                 self._replace_spares(waiting_for=self._spares_awaited)
@@ -281,6 +281,8 @@ class Coordinator:
     def _on_gone(self, member: Member) -> None:
         was = member.role
         member.role = GONE
+        if was == ACTIVE and self._warned_step is not None:
+            return  # the job is ending on the scheduler's warning: a rank's end is no failure to re-form from
         if was == ACTIVE:
             now = time.time()
             if self._failed_at is None:

@@ -37,12 +37,16 @@ class DrillCancels:
         its own (the loop's may not be used from here; sqlite takes one writer at a time), then
         asked. A controller that dies right after the scancel leaves the record behind it."""
         if job_id not in self.ended_by_drill:
-            ledger = Ledger(self.ledger.path)
-            try:
-                ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
-            finally:
-                ledger.close()
             self.ended_by_drill[job_id] = why
+            try:
+                ledger = Ledger(self.ledger.path)
+                try:
+                    ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
+                finally:
+                    ledger.close()
+            except Exception as error:  # the cancel is asked all the same; this controller knows why
+                log.warning("%s: journaling the cancel of job %s failed (%s); cancelling it anyway", self.run_id,
+                            job_id, error)
         self.ask(job_id)
 
     def ask(self, job_id: str, force: bool = False) -> None:

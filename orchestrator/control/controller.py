@@ -210,7 +210,9 @@ class Controller:
         waiting = [t for t in trackers if not t.done]
         active: list[RunTracker] = []
         if self.campaign.submit_as_array and self.backend.offers(Capability.ARRAYS):
-            arrayed = self._submit_arrays([t for t in waiting if t.fresh])
+            # Runs an earlier controller left in flight (adopted below) hold their share of parallel_runs.
+            in_flight = sum(1 for t in waiting if not t.fresh)
+            arrayed = self._submit_arrays([t for t in waiting if t.fresh], self.campaign.parallel_runs - in_flight)
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]
         while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
@@ -225,7 +227,7 @@ class Controller:
             if waiting or active or any(t.closing for t in trackers):
                 self.stop_requested.wait(self.campaign.restart.poll_interval_s)
 
-    def _submit_arrays(self, fresh: list[RunTracker]) -> list[RunTracker]:
+    def _submit_arrays(self, fresh: list[RunTracker], budget: int) -> list[RunTracker]:
         """The first attempts of fresh runs, one job array per set of runs with equal resources
         (the scheduler throttles each to parallel_runs), in parts of at most the site's
         MaxArraySize. Returns the runs that went out; those of an array the scheduler did not take
@@ -238,7 +240,7 @@ class Controller:
             groups.setdefault(key, []).append(tracker)
         size = max(1, self.backend.max_array_size())
         parts = [group[start:start + size] for group in groups.values() for start in range(0, len(group), size)]
-        throttles = array_throttles([len(part) for part in parts], self.campaign.parallel_runs)
+        throttles = array_throttles([len(part) for part in parts], budget)
         return [tracker for part, throttle in zip(parts, throttles, strict=True) if throttle
                 for tracker in self._submit_array(part, throttle)]
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
-from experiments.runtime.fence import Fence, write_fence
+from experiments.runtime.fence import Fence, write_fence, write_fence_unless_ahead
 from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
@@ -168,7 +168,10 @@ class RunTracker:
         controller saw: a controller died between the journal and the cancel, or before the
         scheduler showed the end. Cancelled again, and followed to their end like every failed job's."""
         rows = self.ledger.attempts(self.run.run_id)
-        in_flight = rows[-1].job_id if rows and rows[-1].ended is None else None
+        # The in-flight attempt's own journaled cancel is its watch's to follow; one journaled for an
+        # earlier attempt of the same job (a hung launch that could not be ended alone, the kill
+        # thread's controller dead before the scancel) is carried out, and ends the in-flight one too.
+        in_flight = rows[-1].job_id if rows and rows[-1].ended is None and rows[-1].ended_by_drill else None
         reclaimed: set[str] = set()
         for row in rows:
             if (row.ended_by_drill and row.job_id and row.job_id not in reclaimed | {in_flight}
@@ -189,7 +192,11 @@ class RunTracker:
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
-            write_fence(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
+            fence = Fence(row.attempt, row.job_id, self.drill_id)
+            if self.run.strategy_traits.warm:  # its coordinator may have fenced later generations meanwhile
+                write_fence_unless_ahead(self.run.paths, fence)
+            else:
+                write_fence(self.run.paths, fence)
             self._watch(row.attempt, row.job_id)
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",

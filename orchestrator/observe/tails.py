@@ -29,7 +29,7 @@ class JsonlTail:
         records = []
         for line in lines:
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                records.append(json.loads(line.decode("utf-8", errors="replace")))
+            except ValueError:  # a torn line, a run of NULs a node crash left
                 continue
         return records

@@ -336,3 +336,35 @@ def test_a_policy_backoff_outlives_the_controller(tmp_path: Path) -> None:
     finally:
         second.close()
     assert scheduler.called("submit") == [(run.run_id, 0)], "attempt 1 went out before its backoff ended"
+
+
+def test_a_thread_journaled_cancel_of_an_earlier_attempts_job_is_carried_out_by_the_next_controller(
+        tmp_path: Path) -> None:
+    """Review of item 2: in-allocation, attempt 0's hung launch could not be ended alone; the kill
+    thread journaled the cancel of job 4242, where attempt 1 already runs, and its controller died
+    before the scancel. The next controller skipped 4242 as in flight: it is cancelled now."""
+    import json
+    import time
+    from dataclasses import asdict
+
+    from orchestrator.campaign.failure_classes import DrillEnded
+
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(_spec(tmp_path, "in-allocation", max_restarts=2)), backend=scheduler)
+    run = controller.runs[0]
+    ledger = controller.ledger
+    ledger.add_attempt(run.run_id, 0)
+    ledger.update_attempt(run.run_id, 0, job_id="4242", state="STEP_FAILED", ended=time.time(), reason="hang",
+                          ended_by_drill=json.dumps(asdict(DrillEnded("HANG", "its hung launch could not be ended"))))
+    ledger.add_attempt(run.run_id, 1)
+    ledger.update_attempt(run.run_id, 1, job_id="4242", state="RUNNING")
+    scheduler.states["4242"] = JobState.RUNNING
+    pools = controller.injector_pools()
+    try:
+        [tracker] = controller.trackers(pools)
+        tracker.reclaim_cancels(time.time())
+        assert scheduler.called("cancel") == ["4242"] and 0 in tracker.closing.jobs
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+        controller.close()

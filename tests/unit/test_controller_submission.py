@@ -171,3 +171,20 @@ def test_the_report_counts_the_connections_a_warm_coordinator_refused(tmp_path: 
         controller.close()
     [row] = build_report(controller.campaign.workdir)["runs"]
     assert row["warm_refused"] == 2
+
+
+def test_a_restarted_controller_counts_the_arrays_in_flight_against_parallel_runs(tmp_path: Path) -> None:
+    """Review of item 4: 8 runs in arrays of 2 with parallel_runs 2 go out as throttles 1 and 1, two
+    arrays waiting; a controller started again gave the waiting ones the whole parallel_runs."""
+    from orchestrator.states import JobState
+
+    spec = load_campaign(_sweep(tmp_path, runs=8, parallel_runs=2))
+    scheduler = FakeScheduler(max_array=2)
+    for _ in range(2):
+        controller = Controller(spec, backend=scheduler)
+        try:
+            _first_round(controller)
+        finally:
+            controller.close()
+        scheduler.states.update(dict.fromkeys(scheduler.states, JobState.RUNNING))
+    assert scheduler.throttles == [1, 1], scheduler.throttles

@@ -233,3 +233,17 @@ def test_a_warm_coordinator_moves_the_fence_only_over_the_attempt_it_holds(tmp_p
         held.advance(5)
     assert read_fence(paths) == Fence(5, "800", "d1"), "the controller's fence was written over"
     assert read_fence(paths).admits(5, "800", "d1") and not read_fence(paths).admits(5, "700", "d1")
+
+
+def test_a_restarted_controller_never_moves_a_warm_jobs_fence_back(tmp_path: Path) -> None:
+    """Review of item 17: the coordinator fenced generation 1 (attempt 4) while no controller ran;
+    the next controller adopts attempt 3 of the same job and rewrote 'attempt 3', fencing the
+    running generation out. Another job's or an earlier attempt's fence is replaced as ever."""
+    from experiments.runtime.fence import write_fence_unless_ahead
+
+    paths = RunPaths(tmp_path)
+    write_fence(paths, Fence(4, "700", "d1"))
+    write_fence_unless_ahead(paths, Fence(3, "700", "d1"))
+    assert read_fence(paths) == Fence(4, "700", "d1")
+    write_fence_unless_ahead(paths, Fence(3, "800", "d1"))  # another job: the controller's word stands
+    assert read_fence(paths) == Fence(3, "800", "d1")

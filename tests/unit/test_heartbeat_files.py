@@ -101,3 +101,20 @@ def test_the_zero_code_resume_check_reads_one_line_per_earlier_file(tmp_path: Pa
     monkeypatch.setattr(layout, "open", counting, raising=False)
     assert trained_before(paths, 2) and not trained_before(paths, 1)
     assert counting.bytes_read < paths.heartbeat_file(1, 0).stat().st_size
+
+
+def test_a_run_of_nuls_a_crashed_append_left_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """A node that crashed mid-append leaves a zero-filled stretch: json.loads took the bytes for
+    UTF-16/32 and raised UnicodeDecodeError, killing the controller at every restart."""
+    paths = RunPaths(tmp_path)
+    path = paths.heartbeat_file(0, 0)
+    append_json_line(path, {"attempt": 0, "step": 5, "time": 100.0})
+    with open(path, "ab") as handle:
+        handle.write(b"\0" * 64)
+    append_json_line(path, {"attempt": 0, "step": 6, "time": 101.0})  # glued to the NULs: lost, as forward
+    append_json_line(path, {"attempt": 0, "step": 7, "time": 102.0})
+    assert last_progress(paths, 1, 0, 200.0) == (7, 102.0)
+    assert step_reached_at(paths, 1, 6, 200.0) == 100.0 and trained_before(paths, 1)
+    watch = AttemptWatch(attempt=0, job_id="1", paths=paths, ranks=1)
+    watch.read(300.0)
+    assert watch.last_step == 7 and [b["step"] for b in read_json_lines(path)] == [5, 7]

@@ -460,3 +460,29 @@ def test_a_line_without_end_or_a_malformed_message_ends_that_connection_not_the_
     rank0.lost(0, 3)
     assert spare.next_plan().rank == 1
     _complete(outcome, rank0, spare)
+
+
+def test_a_rank_that_dies_while_its_peers_hold_on_the_warning_is_no_warm_failure() -> None:
+    """Review of item 14: rank 0 held on the warning, rank 1 died before it said so: that wrote a
+    warm_failure with no plan after it, which the controller followed as a re-formation."""
+    host = Host()
+    _, address, outcome = _start(host, world=2, spares=1)
+    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    rank0.next_plan(), rank1.next_plan()
+    rank0.warned(0, 80)
+    rank1.line.close()
+    rank0.line.close()
+    outcome["thread"].join(timeout=10)
+    assert outcome.get("verdict", "").startswith("warned") and host.named("warm_failure") == [], host.events
+    assert spare.next_plan() is None
+
+
+def test_spares_whose_launches_ended_together_are_one_failed_launch() -> None:
+    """Review of item 20: the local host reports every slot that ended within one look at once."""
+    host = Host()
+    coordinator, address, outcome = _start(host, world=1, spares=3)
+    rank0 = _member(address, 0)
+    rank0.next_plan()
+    coordinator.launch_ended([1, 2, 3])
+    assert [slot for slot, _ in host.spawned] == [4, 5, 6]
+    _complete(outcome, rank0)
