@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import orchestrator.backends.pbs.backend as pbs_backend
 from experiments.layout import RankJob
 from fake_commands import FAKE, FakeCommands, install
 from injectors.schedule import PlannedFault
@@ -220,6 +221,10 @@ def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_p
     run = expand_runs(_campaign(tmp_path / "work"))[0]
     name = attempt_job_name(run, 0, "unit-1")
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "torque")
+    monkeypatch.setattr(pbs_backend, "current_user", lambda: "alice")  # the recording's user
+    fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name)
+                    .replace("alice@", "mallory@"))
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == [], "a stranger's job"
     fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name))
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["1347.torque-srv.example.com"]
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 1, attempt_job_name(run, 1, "unit-1"), None, 0.0)) == []
@@ -232,7 +237,7 @@ def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_p
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")
     fake_pbs.answer("squeue", "108\n108\n108\n")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 1, 0.0)) == ["108[1]"]
-    assert fake_pbs.calls[-1] == f"squeue -h -t all -n {name} -o %F"
+    assert fake_pbs.calls[-1] == f"squeue -h -t all -u alice -n {name} -o %F"
 
 
 def test_fault_agent_reaches_the_node_by_srun_under_the_wrappers_else_ssh(
