@@ -165,6 +165,10 @@ class RunPaths:
         the run's whole history."""
         return self.heartbeats / str(attempt) / f"rank-{rank}.jsonl"
 
+    def heartbeat_files(self, attempt: int) -> list[Path]:
+        """Every rank's heartbeat file of ``attempt`` that exists."""
+        return sorted(self.heartbeat_file(attempt, 0).parent.glob("rank-*.jsonl"))
+
     def heartbeat_attempts(self) -> list[int]:
         """The attempts that wrote heartbeats, oldest first."""
         if not self.heartbeats.is_dir():

@@ -104,7 +104,7 @@ def trained_before(paths: RunPaths, attempt: int) -> bool:
     attempt's steps only grow, so each earlier file's last line says."""
     return any(next(read_json_lines_backwards(file), {}).get("step", 0) > 0
                for earlier in paths.heartbeat_attempts() if earlier < attempt
-               for file in paths.heartbeats.joinpath(str(earlier)).glob("rank-*.jsonl"))
+               for file in paths.heartbeat_files(earlier))
 
 
 def command_argv(command: CommandSpec, paths: RunPaths, attempt: int) -> list[str]:

@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from experiments.layout import ENV_JOB_ID, RunPaths, fsync_dir
 
@@ -82,28 +82,32 @@ def write_fence(paths: RunPaths, fence: Fence, durable: bool = True) -> None:
 
 
 def advance_fence(paths: RunPaths, held: Fence, new: Fence) -> None:
-    """``new`` over ``held`` only (compare, then set, under the writers' lock): a warm job's
-    coordinator moves its run to the next attempt only while the fence still names the attempt it
-    holds. One the controller moved on (the job was taken for hung and replaced, or cancelled) is
-    left as it is: StaleAttemptError, and the job ends instead of fencing out the controller's."""
-    with _writers_lock(paths):
-        current = read_fence(paths)
+    """``new`` over ``held`` only: a warm job's coordinator moves its run to the next attempt only
+    while the fence still names the attempt it holds. One the controller moved on (the job was
+    taken for hung and replaced, or cancelled) is left as it is: StaleAttemptError, and the job
+    ends instead of fencing out the controller's."""
+    def refuse(current: Fence | None) -> bool:
         if current is None or not current.admits(held.attempt, held.job_id, held.drill_id):
             raise StaleAttemptError(f"{paths.current_attempt} names {current.render().strip() if current else 'nothing'}, "
                                     f"not attempt {held.attempt} of job {held.job_id}: this job is not the run's")
-        _replace(paths, new, durable=True)
+        return False
+    _replace_unless(paths, new, refuse)
 
 
 def write_fence_unless_ahead(paths: RunPaths, fence: Fence) -> None:
     """``fence``, unless the fence already names a later attempt of the same job and drill (a warm
     job's coordinator numbers its re-formations itself, and may have moved on while no controller
-    ran): a restarted controller never fences a warm job's running generation out."""
+    ran): a restarted controller never fences a job's running attempt out."""
+    _replace_unless(paths, fence, lambda current: (
+        current is not None and current.attempt > fence.attempt and current.drill_id == fence.drill_id
+        and current.job_id is not None and fence.job_id is not None and same_job(current.job_id, fence.job_id)))
+
+
+def _replace_unless(paths: RunPaths, fence: Fence, keep: Callable[[Fence | None], bool]) -> None:
+    """Compare, then set, under the writers' lock: ``fence`` unless ``keep`` says the current one stays."""
     with _writers_lock(paths):
-        current = read_fence(paths)
-        if (current is not None and current.attempt > fence.attempt and current.drill_id == fence.drill_id
-                and current.job_id is not None and fence.job_id is not None and same_job(current.job_id, fence.job_id)):
-            return
-        _replace(paths, fence, durable=True)
+        if not keep(read_fence(paths)):
+            _replace(paths, fence, durable=True)
 
 
 @contextmanager

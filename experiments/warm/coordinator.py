@@ -165,10 +165,11 @@ class Coordinator:
                     self._break_set(number)
             # A single spare is started again (a few times in a row at most); a set's failed launch
             # broke it: none of it is on its way, the job gives up now if no other set can take over.
-            self._failed_launches += 1 if never_came else 0  # one per report: a host reports together what ended together
+            if never_came:  # one per report: a host reports together what ended together
+                self._failed_launches += 1
             if never_came and not self.restart_all and self._verdict is None and not self._released \
                     and self._failed_launches <= FAILED_LAUNCHES_REPLACED:
-                self._replace_spares(waiting_for=self._spares_awaited)
+                self._replace_spares()
             self._lock.notify_all()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -335,11 +336,8 @@ class Coordinator:
                    "a survivor did not report the step it completed (is it hung?)")
         survivors = self._of_role(ACTIVE)
         dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
-        self._spares_awaited = len(dead_ranks)
-        self._replace_spares(waiting_for=self._spares_awaited)
-        self._wait(lambda: len(self._of_role(SPARE)) >= len(dead_ranks), self.timing.spare_s,
-                   f"no warm spare for rank(s) {dead_ranks}")
-        self._spares_awaited = None
+        self._awaiting(len(dead_ranks), lambda: len(self._of_role(SPARE)) >= len(dead_ranks),
+                       f"no warm spare for rank(s) {dead_ranks}")
         spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
         ranks = {m.rank: m for m in survivors if m.rank is not None}
         ranks.update(zip(dead_ranks, spares, strict=False))
@@ -357,11 +355,8 @@ class Coordinator:
         """The active set retired (its processes ended), the next complete spare set resumes from the
         newest valid checkpoint, a new set started in its place."""
         self._retire(self._of_role(ACTIVE))
-        self._spares_awaited = 1
-        self._replace_spares(waiting_for=1)
-        self._wait(lambda: self._complete_spare_set() is not None or not self._pending, self.timing.spare_s,
-                   f"no complete warm spare set of {self.world_size} process(es)")
-        self._spares_awaited = None
+        self._awaiting(1, lambda: self._complete_spare_set() is not None or not self._pending,
+                       f"no complete warm spare set of {self.world_size} process(es)")
         spare_set = self._complete_spare_set()
         if spare_set is None:  # none complete and none on its way: no set can form
             raise CoordinatorGaveUp(f"warm: no warm spare set of {self.world_size} process(es) is left or can start "
@@ -439,16 +434,25 @@ class Coordinator:
         """An event of the current generation's attempt."""
         self.events(self.first_attempt + max(self.generation, 0), event)
 
-    def _replace_spares(self, waiting_for: int | None = None) -> None:
-        """Start spares until the job holds as many as it was given (each in new slots; restart_all:
-        whole sets). Those started but not yet connected count: they are on their way. A
-        re-formation ``waiting_for`` more spares than the job holds (more deaths than spares) starts
-        the missing ones at once; the others are replaced after its plans (the recovery first)."""
+    def _awaiting(self, spares: int, ready: Callable[[], bool], what: str) -> None:
+        """A re-formation waits for ``spares`` spares (sets): those the job lacks (more deaths than
+        spares) are started at once, the others are replaced after its plans (the recovery first)."""
+        self._spares_awaited = spares
+        try:
+            self._replace_spares()
+            self._wait(ready, self.timing.spare_s, what)
+        finally:
+            self._spares_awaited = None
+
+    def _replace_spares(self) -> None:
+        """Start spares until the job holds as many as it was given, or as a re-formation awaits
+        (each in new slots; restart_all: whole sets). Those started but not yet connected count:
+        they are on their way."""
         if self.spawn is None:
             return
         unit = self._spare_unit
         held = len(self._of_role(SPARE)) + len(self._pending)
-        wanted = self.spares_wanted if waiting_for is None else waiting_for
+        wanted = self.spares_wanted if self._spares_awaited is None else self._spares_awaited
         for _ in range(max(0, wanted - held // unit)):
             slot, self._next_slot = self._next_slot, self._next_slot + unit
             slots = set(range(slot, slot + unit))

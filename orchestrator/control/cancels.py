@@ -29,24 +29,23 @@ class DrillCancels:
 
     def journaled(self, attempt: int, job_id: str, why: DrillEnded, force: bool = False) -> None:
         """Cancel ``attempt``'s job as the drill's: recorded first, then asked."""
-        self._record(attempt, job_id, why)
+        self._record(attempt, job_id, why, self.ledger)
         self.ask(job_id, force)
 
     def from_thread(self, attempt: int, job_id: str, why: DrillEnded) -> None:
         """``journaled``, for a thread (a hung launch's end): recorded through a ledger connection of
         its own (the loop's may not be used from here; sqlite takes one writer at a time), then
-        asked. A controller that dies right after the scancel leaves the record behind it."""
-        if job_id not in self.ended_by_drill:
-            self.ended_by_drill[job_id] = why
+        asked, even when the record could not be written (this controller knows why)."""
+        try:
+            ledger = Ledger(self.ledger.path)
             try:
-                ledger = Ledger(self.ledger.path)
-                try:
-                    ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
-                finally:
-                    ledger.close()
-            except Exception as error:  # the cancel is asked all the same; this controller knows why
-                log.warning("%s: journaling the cancel of job %s failed (%s); cancelling it anyway", self.run_id,
-                            job_id, error)
+                self._record(attempt, job_id, why, ledger)
+            finally:
+                ledger.close()
+        except Exception as error:
+            self.ended_by_drill.setdefault(job_id, why)
+            log.warning("%s: journaling the cancel of job %s failed (%s); cancelling it anyway", self.run_id, job_id,
+                        error)
         self.ask(job_id)
 
     def ask(self, job_id: str, force: bool = False) -> None:
@@ -57,7 +56,7 @@ class DrillCancels:
             log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run_id, job_id,
                         error.summary)
 
-    def _record(self, attempt: int, job_id: str, why: DrillEnded) -> None:
+    def _record(self, attempt: int, job_id: str, why: DrillEnded, ledger: Ledger) -> None:
         if job_id not in self.ended_by_drill:
+            ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
             self.ended_by_drill[job_id] = why
-            self.ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))

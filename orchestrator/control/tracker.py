@@ -192,11 +192,9 @@ class RunTracker:
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
-            fence = Fence(row.attempt, row.job_id, self.drill_id)
-            if self.run.strategy_traits.warm:  # its coordinator may have fenced later generations meanwhile
-                write_fence_unless_ahead(self.run.paths, fence)
-            else:
-                write_fence(self.run.paths, fence)
+            # A warm job's coordinator may have fenced later generations while no controller ran (an
+            # attempt is recorded before its fence otherwise: no other fence is ever ahead of the ledger).
+            write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
             self._watch(row.attempt, row.job_id)
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",

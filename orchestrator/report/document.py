@@ -98,7 +98,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         # warm: connections the job's coordinator turned away (no proof of the job's secret, a slot
         # it never launched or one held): a stranger on the nodes, or a member that went wrong.
         "warm_refused": _warm_refused(RunPaths(ledger.path.parent / "runs" / run.run_id),
-                                      [a.attempt for a in ledger.attempts(run.run_id)]),
+                                      [a.attempt for a in ledger.attempts(run.run_id)]) if run.strategy == "warm" else 0,
     }
 
 

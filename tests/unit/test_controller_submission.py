@@ -159,8 +159,12 @@ def test_the_report_counts_the_connections_a_warm_coordinator_refused(tmp_path: 
     from experiments.layout import EVENT_WARM_REFUSED, append_json_line
     from orchestrator.report.document import build_report
 
+    data = yaml.safe_load(_sweep(tmp_path, runs=1, parallel_runs=1).read_text())
+    data["restart"].update(strategy="warm", warm_spares=1)
+    path = tmp_path / "warm.yaml"
+    path.write_text(yaml.safe_dump(data))
     scheduler = FakeScheduler()
-    controller = Controller(load_campaign(_sweep(tmp_path, runs=1, parallel_runs=1)), backend=scheduler)
+    controller = Controller(load_campaign(path), backend=scheduler)
     try:
         _first_round(controller)
         run = controller.runs[0]
