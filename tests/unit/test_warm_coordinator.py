@@ -466,10 +466,12 @@ def test_a_rank_that_dies_while_its_peers_hold_on_the_warning_is_no_warm_failure
     """Review of item 14: rank 0 held on the warning, rank 1 died before it said so: that wrote a
     warm_failure with no plan after it, which the controller followed as a re-formation."""
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=1)
+    coordinator, address, outcome = _start(host, world=2, spares=1)
     rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
     rank0.next_plan(), rank1.next_plan()
     rank0.warned(0, 80)
+    # Each member's messages are read by a thread of its own: rank 1's end only after rank 0's word.
+    assert _within(5, lambda: coordinator.members[0].role == "warned")
     rank1.line.close()
     rank0.line.close()
     outcome["thread"].join(timeout=10)
