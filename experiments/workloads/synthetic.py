@@ -13,6 +13,7 @@ Loss: mean squared error against ``tanh(features @ teacher)``; optimizer: Adam(L
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -36,10 +37,14 @@ def mixed_seed(*parts: int) -> int:
     return (int(state[0]) << 31) ^ int(state[1])
 
 
+@functools.lru_cache(maxsize=4)
 def teacher(seed: int) -> np.ndarray:
-    """The fixed map the model learns: IN_FEATURES x OUT_FEATURES, float32."""
+    """The fixed map the model learns: IN_FEATURES x OUT_FEATURES, float32; made once per seed
+    (every batch uses it) and read-only, as it is shared."""
     rng = np.random.default_rng(mixed_seed(seed, TEACHER_STREAM))
-    return rng.standard_normal((IN_FEATURES, OUT_FEATURES)).astype(np.float32)
+    weights = rng.standard_normal((IN_FEATURES, OUT_FEATURES)).astype(np.float32)
+    weights.flags.writeable = False
+    return weights
 
 
 def mlp_batch(seed: int, step: int, rank: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -234,7 +234,8 @@ class SlurmBackend(Backend):
 
     def requeue(self, job_id: str) -> None:
         """``scontrol requeue``: the job (running, or ended but still known) goes back to the queue;
-        Slurm holds it with a BeginTime (about 120 s here) before it may start again."""
+        Slurm holds it with a BeginTime (the credential lifetime, AuthInfo=cred_expire: 120 s by
+        default) before it may start again."""
         number, cluster = split_job_id(job_id)
         run_command(["scontrol", *cluster_args(cluster), "requeue", number], timeout_s=POLL_TIMEOUT_S)
 
