@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -16,7 +17,7 @@ from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
 from orchestrator.campaign.directives import parse_directive
 from orchestrator.campaign.placeholders import fill
-from orchestrator.campaign.spec import Campaign, SpecError, format_errors
+from orchestrator.campaign.spec import Campaign, SpecError, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
 
 PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
@@ -149,7 +150,21 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
         runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point, twin=twin_id))
         if not known:
             runs.append(RunConfig(run_id=twin_id, campaign=twin, sweep_point=point, baseline_of=run_id))
-    return runs
+    return _twins_live_longest(runs)
+
+
+def _twins_live_longest(runs: list[RunConfig]) -> list[RunConfig]:
+    """Each twin with the longest time limit of the runs that share it: a run whose short limit is
+    its fault (a walltime drill) must not end its fault-free twin the same way."""
+    longest: dict[str, str] = {}
+    for run in runs:
+        if run.twin is not None:
+            time = run.campaign.resources.time
+            if run.twin not in longest or time_limit_minutes(time) > time_limit_minutes(longest[run.twin]):
+                longest[run.twin] = time
+    return [run if run.run_id not in longest else dataclasses.replace(run, campaign=run.campaign.model_copy(
+        update={"resources": run.campaign.resources.model_copy(update={"time": longest[run.run_id]})}))
+        for run in runs]
 
 
 # Directives that only say who else may share a job's nodes. A built-in workload trains the same
@@ -173,9 +188,9 @@ def _fault_free(campaign: Campaign) -> Campaign:
 
 def _twin_key(twin: Campaign) -> str:
     """What a fault-free run trains: runs that differ only in their faults or their restart settings
-    (how they would recover) share one twin; other resources (a user's script on nodes held alone,
-    another node count) make a twin of their own."""
-    return json.dumps(twin.model_dump(mode="json", exclude={"restart"}), sort_keys=True)
+    (how they would recover) or their time limit share one twin; other resources (a user's script
+    on nodes held alone, another node count) make a twin of their own."""
+    return json.dumps(twin.model_dump(mode="json", exclude={"restart": True, "resources": {"time"}}), sort_keys=True)
 
 
 def _varying(grid: dict[str, list[Any]]) -> set[str]:

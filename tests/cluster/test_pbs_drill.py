@@ -22,6 +22,7 @@ from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FI
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_TIMEOUT_S = 600
+STEPS_PAST_WARNING = 1200  # the preempt and walltime runs' steps
 RECOVERY_FIELDS = set(REPORTED_RECOVERY_FIELDS)  # the contract, as the Slurm and local drills report it
 
 
@@ -151,7 +152,9 @@ def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(share
     spec_path = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-scheduler-ends.yaml")
     spec = yaml.safe_load(spec_path.read_text())
     spec.update(name="pbs-scheduler-ends", parallel_runs=4)
-    spec["workload"].update(steps=1500, batch_size=16)
+    # Paced steps (36 s of training at least): the walltime run is still training at its warning,
+    # 30 s into its minute, and has a few seconds left to train after it resumes.
+    spec["workload"].update(steps=STEPS_PAST_WARNING, batch_size=16, step_s=0.03)
     spec["checkpoint"] = {"every_steps": 500, "keep": 3}
     spec["resources"].update(tasks_per_node=1, warning_s=30)
     spec.pop("faults")
@@ -166,7 +169,7 @@ def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(share
             [fault] = run["faults"]
             assert fault["outcome"] == "injected", fault
             saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
-            assert 0 < saved < 1500 and saved % 10 == 0, fault["detail"]
+            assert 0 < saved < STEPS_PAST_WARNING and saved % 10 == 0, fault["detail"]
             assert run["attempts"][0]["failure_class"] == first_class, run["attempts"]
             recovery = run["recoveries"][0]
             assert recovery["fault_kind"] == kind and recovery["failure_class"] == first_class, recovery

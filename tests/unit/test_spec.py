@@ -153,6 +153,22 @@ def test_runs_that_differ_in_how_they_recover_share_one_twin(tmp_path: Path) -> 
     assert by_id[twins["r004"]].campaign.resources.extra_directives == ["--mem=4G"]
 
 
+def test_a_walltime_runs_twin_lives_as_long_as_the_longest_run_it_serves(tmp_path: Path) -> None:
+    """A time limit changes nothing a run trains: runs that differ in it share one twin, which gets
+    the longest limit, so a run whose short limit is its fault does not end its twin the same way."""
+    kill = [{"kind": "kill-rank", "after": {"at_step": 5}, "rank": 0}]
+    timeout = [{"kind": "timeout", "after": {"at_step": 5}}]
+    raw = _spec(tmp_path, backend="slurm", baseline=True,
+                resources={"nodes": 1, "tasks_per_node": 2, "time": "00:20:00", "warning_s": 30},
+                sweep={"grid": [{"faults": [timeout], "resources.time": ["00:01:00"]}, {"faults": [kill]}]})
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    assert [run.run_id for run in runs] == ["r000", "r000-baseline", "r001"]
+    by_id = {run.run_id: run for run in runs}
+    assert by_id["r000"].twin == by_id["r001"].twin == "r000-baseline"
+    assert by_id["r000"].campaign.resources.time == "00:01:00"
+    assert by_id["r000-baseline"].campaign.resources.time == "00:20:00"
+
+
 def test_a_scripts_twin_keeps_the_nodes_held_alone(tmp_path: Path) -> None:
     """A user's script may size its threads by the CPUs it is given: its twin keeps --exclusive."""
     kill = [{"kind": "kill-rank", "after": {"at_step": 5}, "rank": 0}]
