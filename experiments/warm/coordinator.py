@@ -245,12 +245,13 @@ class Coordinator:
         return f"slot {slot} was not launched by this job"
 
     def _refuse(self, line: Line, slot: int | None, why: str) -> None:
-        line.close()
+        """Recorded, then closed: whoever sees the connection end finds the refusal counted."""
         with self._lock:
             self.refused += 1
             log.warning("warm: a connection refused (slot %s): %s", slot, why)
             self._event({"event": EVENT_WARM_REFUSED, "time": time.time(), "slot": slot, "why": why,
                          "refused": self.refused})
+        line.close()
 
     def _next_message(self, member: Member) -> dict[str, Any] | None:
         """None once the member is gone; a malformed line from it is taken as its end."""
