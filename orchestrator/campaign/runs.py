@@ -15,7 +15,6 @@ from pydantic import ValidationError
 from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
-from orchestrator.campaign.directives import parse_directive
 from orchestrator.campaign.placeholders import fill
 from orchestrator.campaign.spec import Campaign, SpecError, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
@@ -167,29 +166,19 @@ def _twins_live_longest(runs: list[RunConfig]) -> list[RunConfig]:
         for run in runs]
 
 
-# Directives that only say who else may share a job's nodes. A built-in workload trains the same
-# with or without them (one thread per rank, deterministic algorithms), so its twin goes without: a
-# run that holds its nodes alone (a node fault's) shares the twin of its peers instead of queueing a
-# twin of its own for whole nodes. A user's script may size its threads by the CPUs it is given
-# (SLURM_CPUS_ON_NODE): its twin keeps every directive.
-PLACEMENT_ONLY_FLAGS = frozenset({"--exclusive"})
-
-
 def _fault_free(campaign: Campaign) -> Campaign:
     """The run that never fails: no faults, nothing held for a recovery (a new job if it fails
-    naturally), no spare nodes, and for a built-in workload no placement-only directive."""
-    directives = campaign.resources.extra_directives
-    if campaign.workload.command is None:
-        directives = [text for text in directives if parse_directive(text).flag not in PLACEMENT_ONLY_FLAGS]
+    naturally), no spare nodes. Every other resource stays: a job without --exclusive may get less
+    memory at a site that confines it, and a script may size itself by the CPUs it is given."""
     return campaign.model_copy(update={
         "faults": [], "restart": campaign.restart.model_copy(update={"strategy": StrategyName.RESUBMIT}),
-        "resources": campaign.resources.model_copy(update={"spare_nodes": 0, "extra_directives": directives})})
+        "resources": campaign.resources.model_copy(update={"spare_nodes": 0})})
 
 
 def _twin_key(twin: Campaign) -> str:
     """What a fault-free run trains: runs that differ only in their faults or their restart settings
-    (how they would recover) or their time limit share one twin; other resources (a user's script
-    on nodes held alone, another node count) make a twin of their own."""
+    (how they would recover) or their time limit share one twin; other resources (nodes held
+    alone, another node count) make a twin of their own."""
     return json.dumps(twin.model_dump(mode="json", exclude={"restart": True, "resources": {"time"}}), sort_keys=True)
 
 
