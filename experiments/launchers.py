@@ -1,5 +1,6 @@
 """The one place a launch of ranks is written as a command line: ``srun`` (Slurm) and Open MPI's
-``mpiexec`` (PBS, and the local backend's MPI frameworks). What a launch starts is a ``Launch``;
+``mpiexec`` (PBS, and the local backend's MPI frameworks), and the login side's step into a job's
+node (``srun_on_node``: the fault agent). What a launch starts is a ``Launch``;
 a launcher turns it into words. The batch templates get those words as a shell line
 (``script_line``: the words the script expands itself, such as ``"$folder"``, are ``Shell``), the warm
 coordinator's host (experiments/warm/batch_host.py) and the local backend run them as an argument
@@ -105,6 +106,14 @@ class Mpiexec:
 
 
 Launcher = Union[Srun, Mpiexec]
+
+
+def srun_on_node(job: str, node: str, command: Sequence[str], cluster: Sequence[str] = ()) -> list[str]:
+    """One task of ``command`` on ``node`` inside job ``job``'s allocation, beside its steps: how
+    the login side reaches a job's node (the fault agent; Slurm, and PBS under the Slurm wrappers).
+    ``cluster``: srun's ``--clusters`` words for a job of another cluster."""
+    return ["srun", *cluster, f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            "--quiet", *command]
 
 
 def argv(words: Sequence[Word]) -> list[str]:

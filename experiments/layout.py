@@ -63,6 +63,9 @@ CLUSTER_NAME_KEY = "FAULTDRILL_CLUSTER_NAME"
 SIGNAL_EXIT_BASE = 128  # srun and shells: a task killed by signal N exits 128 + N
 
 MANIFEST_NAME = "manifest.json"
+EVENTS_FILE_NAME = "events.jsonl"  # an attempt's timeline, in its attempt folder
+RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
+RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
 CHECKPOINT_PREFIX = "step-"
 
 
@@ -184,7 +187,11 @@ class RunPaths:
 
     def events_file(self, attempt: int) -> Path:
         """Timeline of one attempt, appended by the batch script and rank 0 (one JSON object a line)."""
-        return self.attempt_dir(attempt) / "events.jsonl"
+        return self.attempt_dir(attempt) / EVENTS_FILE_NAME
+
+    def relaunch_exclude_file(self, attempt: int) -> Path:
+        """in-allocation: the nodes ``attempt``'s rank step stays off (written by the controller)."""
+        return self.attempt_dir(attempt) / RELAUNCH_EXCLUDE_NAME
 
     def rank_error_file(self, attempt: int, rank: int) -> Path:
         """Why rank ``rank`` of ``attempt`` failed (the exception it died of), if it could say."""

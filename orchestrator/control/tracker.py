@@ -65,7 +65,6 @@ FINISH_NEWS_S = 10.0  # after the final record, the job's end is polled early th
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
-RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
 
 
 class RunTracker:
@@ -433,7 +432,7 @@ class RunTracker:
         self.watch = None
         job = self._begin_in_same_job(attempt, job_id)
         if job.exclude_nodes:
-            exclude_file = self.run.paths.attempt_dir(attempt) / RELAUNCH_EXCLUDE_NAME
+            exclude_file = self.run.paths.relaunch_exclude_file(attempt)
             exclude_file.parent.mkdir(parents=True, exist_ok=True)
             exclude_file.write_text(",".join(job.exclude_nodes) + "\n")
         log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,

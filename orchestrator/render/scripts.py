@@ -24,6 +24,9 @@ from experiments.layout import (
     ENV_RUN_ID,
     EVENT_JOB_START,
     EVENT_STEP_EXIT,
+    EVENTS_FILE_NAME,
+    RANK_STEP_NAME,
+    RELAUNCH_EXCLUDE_NAME,
 )
 from experiments.layout import ENV_WARM_RESTART_ALL as WARM_RESTART_ALL
 from experiments.layout import ENV_WARM_SPARES as WARM_SPARES
@@ -78,6 +81,7 @@ TEMPLATE_CONTRACT = {
     "env": {"ATTEMPT": ENV_ATTEMPT, "JOB_ID": ENV_JOB_ID, "MASTER_ADDR": ENV_MASTER_ADDR, "RANK_HOSTS": ENV_RANK_HOSTS,
             "DRILL_ID": ENV_DRILL_ID},
     "event": {"job_start": EVENT_JOB_START, "step_exit": EVENT_STEP_EXIT},
+    "file": {"events": EVENTS_FILE_NAME, "relaunch_exclude": RELAUNCH_EXCLUDE_NAME},
 }
 
 
@@ -152,9 +156,6 @@ def unique_job_name(stem: str, suffix: str) -> str:
 def submitit_command(python: str = sys.executable) -> list[str]:
     """What a task runs (its submitit folder follows: the batch script gives it)."""
     return [python, "-u", "-m", "submitit.core._submit"]
-
-
-RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
 
 
 def rank_step_name(attempt: int) -> str:

@@ -31,7 +31,6 @@ DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
 STEPS, EVERY, FAULT_STEP = 900, 300, 400  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = RankJob.heartbeat_interval_s
-PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
 COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
     "preempt": "drilled on Slurm by tests/cluster/test_strategies.py (requeue) and on PBS by test_pbs_drill.py",
     "node-crash": "drilled on Slurm by tests/cluster/test_strategies.py (resubmit, in-allocation with a spare)",
@@ -76,7 +75,6 @@ def _run(report: dict[str, Any], kind: str, steps: int = STEPS, twin: bool = Tru
     run = next(run for run in report["runs"] if run["run_id"] == report["run_ids"][kind])
     assert run["status"] == "completed" and run["final_step"] == steps
     assert run["identical_to_baseline"] is (True if twin else None) and bool(run["baseline_digest"]) is twin
-    assert all(rec[phase] >= 0 for rec in run["recoveries"] for phase in PHASES)
     return run
 
 

@@ -75,8 +75,6 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
                if key not in ("fallback_from_step", "spare", "state_source"))
     assert all(recovery["spare"] is None and recovery["state_source"] is None for recovery in recoveries)
     assert any(recovery["resumed_from_step"] > 0 for recovery in recoveries)
-    phases = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
-    assert all(recovery[phase] >= 0 for recovery in recoveries for phase in phases)
     assert faulted["identical_to_baseline"] is True
     assert _run(report, "r000-baseline")["status"] == "completed"
 

@@ -46,8 +46,6 @@ def test_slurm_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster, slur
     assert faulted["ranks"] == 4 and faulted["nodes"] == 2
     assert any(fault["at"] for fault in faulted["faults"])
     assert any(rec["resumed_from_step"] > 0 for rec in faulted["recoveries"])
-    phases = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
-    assert all(rec[phase] >= 0 for rec in faulted["recoveries"] for phase in phases)
     assert faulted["identical_to_baseline"] is True
 
     paths = RunPaths(shared_tmp / "work" / "runs" / "r000")

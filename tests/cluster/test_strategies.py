@@ -22,7 +22,6 @@ from report_page import every_image_loaded, open_page
 
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
 DRILL_TIMEOUT_S = 1200
-PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +60,6 @@ def test_every_run_recovers_bit_for_bit_with_class_and_strategy(report: dict[str
         assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["run_id"]
         [recovery] = run["recoveries"]
         assert recovery["strategy"] == run["strategy"] and recovery["failure_class"], recovery
-        assert all(recovery[phase] >= 0 for phase in PHASES)
     pairs = {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
     assert pairs == {("resubmit", "RANK_SIGNAL"), ("resubmit", "NODE_FAIL"), ("in-allocation", "RANK_SIGNAL"),
                      ("in-allocation", "NODE_FAIL"), ("requeue", "RANK_SIGNAL"), ("requeue", "PREEMPTED")}

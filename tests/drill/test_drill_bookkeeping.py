@@ -406,7 +406,7 @@ def test_a_job_the_drill_cancelled_is_known_as_such_to_a_restarted_controller(tm
         def ask(job_id: str, force: bool = False) -> None:  # the ledger as a controller started now reads it
             [row] = Ledger(controller.ledger.path).attempts(run.run_id)
             recorded_when_asked.append(row.ended_by_drill)
-        tracker.cancels.ask = ask  # type: ignore[method-assign]
+        tracker.cancels.ask = ask  # type: ignore[method-assign]  # the test's, to see what is asked
         worker = threading.Thread(target=tracker.cancels.from_thread, args=(0, "4242", why))
         worker.start()
         worker.join(timeout=10)

@@ -39,9 +39,10 @@ def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path)
     recovery = faulted["recoveries"][0]
     assert recovery["fault_kind"] == "kill-rank"
     assert recovery["resumed_from_step"] > 0 and recovery["resumed_from_step"] % 20 == 0
-    phases = sum(recovery[k] for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s"))
-    assert recovery["ttr_s"] == pytest.approx(phases, abs=1e-6) and recovery["ttr_s"] > 0
-    assert all(recovery[k] >= 0 for k in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s"))
+    # The phases are differences of ordered moments (>= 0, summing to ttr, by construction): what is
+    # checked is what the local backend promises of them: a SIGKILL seen within a few 0.1 s polls,
+    # no queue (the controller starts the job itself), and a start-up that happened.
+    assert 0 < recovery["detect_s"] < 3 and recovery["queue_s"] < 1 and recovery["startup_s"] > 0
     assert recovery["lost_steps"] >= 0
     assert faulted["identical_to_baseline"] is True
     assert faulted["final_digest"] == twin["final_digest"] != ""

@@ -119,7 +119,7 @@ def test_a_non_chief_writes_its_scratch_copy_inside_the_checkpoints_partial_dire
             written.append(Path(prefix))
             Path(f"{prefix}.index").write_bytes(b"i")  # what TensorFlow leaves if killed right here
 
-    workload.checkpoint = RecordingCheckpoint()  # type: ignore[assignment]
+    workload.checkpoint = RecordingCheckpoint()  # type: ignore[assignment]  # records the calls in its place
     store = CheckpointStore(tmp_path)
     sink = store.sink(10, rank=1)
     workload.save(sink, 10)

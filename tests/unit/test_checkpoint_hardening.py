@@ -18,9 +18,17 @@ import pytest
 
 from experiments.layout import MANIFEST_NAME, read_json_lines
 from experiments.runtime import verify
-from experiments.runtime.checkpoint import CheckpointIncomplete, CheckpointMeta, CheckpointStore
+from experiments.runtime.checkpoint import CheckpointIncomplete, CheckpointMeta, CheckpointStore, ValidCheckpoint
 
 META = CheckpointMeta("test", "raw", "all")
+
+
+def _newest(store: CheckpointStore, verify_hashes: bool = True) -> ValidCheckpoint:
+    """The newest valid checkpoint, which the test's store holds."""
+    found = store.newest_valid(verify_hashes=verify_hashes)
+    assert found is not None, "no valid checkpoint"
+    return found
+
 
 
 def _write(store: CheckpointStore, step: int, ranks: int = 2, attempt: int = 0, skip_rank: int | None = None) -> None:
@@ -84,7 +92,7 @@ def test_a_checkpoint_missing_a_ranks_share_is_not_published(tmp_path: Path) -> 
     with pytest.raises(CheckpointIncomplete, match="rank 1 of 2 delivered no receipt"):
         _write(store, 20, skip_rank=1)
     assert not store.step_dir(20).exists()
-    assert store.newest_valid().step == 10  # type: ignore[union-attr]
+    assert _newest(store).step == 10
 
 
 def test_a_file_lost_after_its_receipt_is_not_published(tmp_path: Path) -> None:
@@ -122,7 +130,7 @@ def test_a_checkpoint_a_rank_failed_to_load_is_skipped_next_time(tmp_path: Path)
     # The next attempt resumes at 10, writes 20 again: that new checkpoint is not the rejected one.
     store.discard_newer_than(10)
     _write(store, 20, attempt=4)
-    assert store.newest_valid().step == 20  # type: ignore[union-attr]
+    assert _newest(store).step == 20
 
 
 def _torch_attempt(run_dir: Path, steps: int, attempt: int) -> str:
@@ -175,10 +183,10 @@ def test_retention_deletes_the_last_valid_checkpoint_only_after_a_newer_one_is_v
     _write(store, 10)
     with pytest.raises(CheckpointIncomplete):
         _write(store, 20, skip_rank=1)  # a newer one that is not complete: never published
-    assert store.step_dir(10).exists() and store.newest_valid().step == 10  # type: ignore[union-attr]
+    assert store.step_dir(10).exists() and _newest(store).step == 10
     _write(store, 30)  # verified (every rank's receipt, every size) and published: now 10 may go
     assert [step for step, _ in store.published()] == [30]
-    assert store.newest_valid().step == 30  # type: ignore[union-attr]
+    assert _newest(store).step == 30
 
 
 @pytest.fixture

@@ -152,3 +152,30 @@ def test_the_batch_templates_take_the_contracts_names_from_it() -> None:
                for number, line in enumerate(path.read_text().splitlines(), start=1)
                if "FAULTDRILL_" in line or re.search(r'"event": "[a-z_]+"', line)]
     assert not spelled, "contract names spelled in a template (use {{ contract.env/event }}):\n" + "\n".join(spelled)
+
+
+def contract_file_names() -> dict[str, str]:
+    """The contract's file and step names (``*_NAME`` constants of experiments/layout.py): value -> constant."""
+    tree = ast.parse(CONTRACT.read_text())
+    return {node.value.value: target.id for node in tree.body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name) and target.id.endswith("_NAME")
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def spelled_file_names(path: Path, names: dict[str, str]) -> list[str]:
+    """Where ``path`` (code or a template) writes one of ``names`` itself instead of taking the constant."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        return [f"{where(path, node)} {node.value!r} ({names[node.value]})" for node in ast.walk(ast.parse(text))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+    return [f"{path.relative_to(REPO)}:{number} {value!r} ({constant})"
+            for number, line in enumerate(text.splitlines(), start=1)
+            for value, constant in names.items() if value in line]
+
+
+def test_the_contracts_file_names_are_spelled_in_it_only() -> None:
+    names = contract_file_names()
+    assert {"events.jsonl", "relaunch-exclude", "faultdrill-ranks", "manifest.json"} <= set(names)
+    files = [path for path in code_files() if path != CONTRACT] + sorted((REPO / "templates").glob("*.j2"))
+    spelled = [found for path in files for found in spelled_file_names(path, names)]
+    assert not spelled, "contract file names spelled outside experiments/layout.py:\n" + "\n".join(spelled)

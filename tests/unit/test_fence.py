@@ -122,7 +122,8 @@ def test_fence_file_round_trip_and_garbage(tmp_path: Path) -> None:
     assert read_fence(paths) is None
     write_fence(paths, Fence(3, "12;c1"))
     assert read_fence(paths) == Fence(3, "12;c1") and paths.current_attempt.read_text() == "3 12;c1\n"
-    assert read_fence(paths).admits(3, "12") and not read_fence(paths).admits(3, "13")  # type: ignore[union-attr]
+    fence = read_fence(paths)
+    assert fence is not None and fence.admits(3, "12") and not fence.admits(3, "13")
     paths.current_attempt.write_text(json.dumps({"attempt": 3}))
     with pytest.raises(StaleAttemptError, match="refusing to run"):
         read_fence(paths)

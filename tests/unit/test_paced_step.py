@@ -34,5 +34,5 @@ def test_a_step_faster_than_the_least_step_time_waits_out_the_rest(monkeypatch, 
         clock.now += compute_s
         return float(step)
 
-    loss = Workload.paced_step(SimpleNamespace(train_step=train_step), 7, least_s)  # type: ignore[arg-type]
+    loss = Workload.paced_step(SimpleNamespace(train_step=train_step), 7, least_s)  # type: ignore[arg-type]  # a stand-in with train_step alone
     assert loss == 7.0 and clock.slept == waits

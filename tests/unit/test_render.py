@@ -145,3 +145,21 @@ def test_warm_runs_the_coordinator_with_the_spares_task_slots(tmp_path: Path, fr
     script = tmp_path / "warm.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("restart,tasks,relaunch_wait", [
+    ({"strategy": "warm", "warm_spares": 1}, 3, False),  # 2 ranks and the spare: what submit() starts
+    ({"strategy": "in-allocation", "relaunch_wait_s": 45}, 2, True),  # the relaunch's wait goes with it
+    ({}, 2, False)])
+def test_the_local_render_shows_the_tasks_and_environment_that_submit_starts(
+        tmp_path: Path, restart: dict[str, object], tasks: int, relaunch_wait: bool) -> None:
+    from orchestrator.backends.local.backend import describe_local
+
+    campaign = Campaign.model_validate({
+        "name": "local", "backend": "local", "workdir": str(tmp_path / "work"), "restart": restart,
+        "workload": {"framework": "torch", "params": 20000, "steps": 40},
+        "resources": {"nodes": 1, "tasks_per_node": 2}})
+    shown = describe_local(expand_runs(campaign)[0], attempt=0, drill_id="d-1")
+    assert f"# {tasks} task(s) of this command" in shown
+    assert ("export FAULTDRILL_RELAUNCH_WAIT_S=45" in shown) is relaunch_wait
+    assert shown.rstrip().endswith(f"-u -m submitit.core._submit {tmp_path / 'work' / 'runs' / 'r000' / 'submitit'}")

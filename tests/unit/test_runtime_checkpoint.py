@@ -6,10 +6,17 @@ from pathlib import Path
 import pytest
 
 from experiments.layout import MANIFEST_NAME, read_json_lines
-from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore, sha256_file
+from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore, ValidCheckpoint, sha256_file
 from experiments.runtime.persist import PersistWorker
 
 META = CheckpointMeta(framework="test", format="raw bytes", writers="all")
+
+def _newest(store: CheckpointStore, verify_hashes: bool = True) -> ValidCheckpoint:
+    """The newest valid checkpoint, which the test's store holds."""
+    found = store.newest_valid(verify_hashes=verify_hashes)
+    assert found is not None, "no valid checkpoint"
+    return found
+
 
 
 def write_checkpoint(store: CheckpointStore, step: int, ranks: int = 2, attempt: int = 0) -> Path:
@@ -104,10 +111,10 @@ def test_truncated_file(tmp_path: Path) -> None:
     newest = write_checkpoint(store, 20)
     with open(newest / "rank0.bin", "r+b") as handle:
         handle.truncate(5)
-    assert store.newest_valid().step == 10  # type: ignore[union-attr]
+    assert _newest(store).step == 10
     assert "size 5 bytes" in (store.scan()[0].problem or "")
     # A quick size-only scan (login node) catches truncation without reading the data.
-    assert store.newest_valid(verify_hashes=False).step == 10  # type: ignore[union-attr]
+    assert _newest(store, verify_hashes=False).step == 10
 
 
 @pytest.mark.parametrize("damage", ["missing manifest", "garbled manifest", "missing file", "wrong step"])
@@ -124,7 +131,7 @@ def test_damaged_checkpoints_are_skipped(tmp_path: Path, damage: str) -> None:
         (newest / "rank0.bin").unlink()
     else:
         manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "step": 7}))
-    assert store.newest_valid().step == 10  # type: ignore[union-attr]
+    assert _newest(store).step == 10
     assert store.scan()[0].problem is not None and store.scan()[1].problem is None
 
 
@@ -147,7 +154,7 @@ def test_partial_directory_ignored_then_removed(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     write_checkpoint(store, 10)
     store.sink(20).write_bytes("rank0.bin", b"half a checkpoint")  # writer died before commit
-    assert store.newest_valid().step == 10  # type: ignore[union-attr]
+    assert _newest(store).step == 10
     assert store.remove_stale() == [store.partial_dir(20)]
     assert [p.name for p in store.root.iterdir()] == ["step-00000010"]
 
@@ -167,19 +174,19 @@ def test_discard_newer_than_and_rewrite_same_step(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     write_checkpoint(store, 10)
     (write_checkpoint(store, 20) / "rank0.bin").unlink()
-    assert store.newest_valid().step == 10  # type: ignore[union-attr]
+    assert _newest(store).step == 10
     [moved] = store.discard_newer_than(10)
     assert not store.step_dir(20).exists()
     assert moved.parent == store.paths.quarantine and (moved / "rank1.bin").exists()  # moved aside, not deleted
     write_checkpoint(store, 20, attempt=1)  # the resumed attempt writes step 20 again
-    assert store.newest_valid().manifest["attempt"] == 1  # type: ignore[union-attr]
+    assert _newest(store).manifest["attempt"] == 1
 
 
 def test_commit_replaces_an_invalid_directory_of_the_same_step(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     (write_checkpoint(store, 20) / MANIFEST_NAME).unlink()
     write_checkpoint(store, 20, attempt=1)
-    assert store.newest_valid().manifest["attempt"] == 1  # type: ignore[union-attr]
+    assert _newest(store).manifest["attempt"] == 1
 
 
 def test_persist_worker_publishes_in_order_and_surfaces_errors(tmp_path: Path) -> None:
@@ -196,6 +203,6 @@ def test_persist_worker_publishes_in_order_and_surfaces_errors(tmp_path: Path) -
     def fail() -> None:
         raise OSError("disk full")
 
-    worker.submit(fail)  # type: ignore[arg-type]
+    worker.submit(fail)  # type: ignore[arg-type]  # a job that fails, returning no record
     with pytest.raises(RuntimeError, match="publishing a checkpoint failed"):
         worker.wait()

@@ -8,7 +8,7 @@ from experiments.layout import RankIdentity, RunPaths, read_json_lines
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.events import EventLog
 from experiments.runtime.heartbeat import HeartbeatWriter
-from experiments.runtime.identity import matches_process, start_ticks, write_identity
+from experiments.runtime.identity import matches_process, write_identity
 from experiments.workloads import UnknownFrameworkError, get_workload
 from experiments.workloads.base import digest_arrays
 
@@ -44,7 +44,9 @@ def test_identity_written_and_verifiable(tmp_path: Path) -> None:
     assert identity.pid == os.getpid()
     assert identity.create_time == psutil.Process().create_time()
     assert matches_process(identity)
-    assert identity.start_ticks == start_ticks(os.getpid())
+    # /proc/<pid>/stat's 22nd field (after the parenthesised command name: its 20th), read here by hand.
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text()
+    assert identity.start_ticks == int(stat.rsplit(")", 1)[1].split()[19])
     reused = RankIdentity(**{**identity.__dict__, "start_ticks": identity.start_ticks - 100})
     assert not matches_process(reused)
 

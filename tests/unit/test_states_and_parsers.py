@@ -57,7 +57,7 @@ def test_sbatch_without_id_is_an_error_carrying_output() -> None:
 
 def test_command_wrapper_refuses_shell_strings() -> None:
     with pytest.raises(TypeError):
-        run_command("echo hi")  # type: ignore[arg-type]
+        run_command("echo hi")  # type: ignore[arg-type]  # a string: what the wrapper must refuse
 
 
 @pytest.mark.drill

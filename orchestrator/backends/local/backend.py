@@ -35,7 +35,7 @@ from orchestrator.campaign.capabilities import LOCAL
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandResult, run_command
-from orchestrator.render.scripts import rank_environment
+from orchestrator.render.scripts import rank_environment, submitit_command
 from orchestrator.states import JobState
 
 LOCAL_CONTROLLER_MODULE = "orchestrator.backends.local.controller"  # submitit's, recording exit codes
@@ -101,17 +101,13 @@ class LocalBackend(Backend):
         self._jobs: dict[str, LocalJobRecord] = {}
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
-        prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
-        tasks = run.local_tasks
-        environment = rank_environment(run, job.attempt, self.drill_id)
-        if run.strategy_traits.relaunches_in_job:
-            environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
-        executor = EnvLocalExecutor(run.paths.submitit, environment, prefix)
-        executor.update_parameters(tasks_per_node=tasks, timeout_min=_minutes(run))
+        launch = LocalLaunch.of(run, job.attempt, self.drill_id)
+        executor = EnvLocalExecutor(run.paths.submitit, launch.environment, launch.prefix)
+        executor.update_parameters(tasks_per_node=launch.tasks, timeout_min=_minutes(run))
         submitted = cast("submitit.LocalJob[Any]", executor.submit(run_rank, job))  # typed as the base Job
         process = submitted._process
         assert process is not None
-        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, tasks, process, run.run_id)
+        self._jobs[submitted.job_id] = LocalJobRecord(run.paths.submitit, launch.tasks, process, run.run_id)
         return Submission(job_id=submitted.job_id, accepted_at=time.time())
 
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
@@ -202,19 +198,37 @@ class LocalBackend(Backend):
         return run_command([sys.executable, *argv], timeout_s=timeout_s, check=False)
 
 
+@dataclass(frozen=True)
+class LocalLaunch:
+    """What the local backend starts for an attempt: ``tasks`` processes of submitit's task command,
+    after ``prefix`` (mpiexec, for an MPI framework: one task that starts the ranks), with
+    ``environment``. One place for ``submit`` and for ``faultdrill render``."""
+
+    prefix: list[str]
+    tasks: int
+    environment: dict[str, str]
+
+    @classmethod
+    def of(cls, run: RunConfig, attempt: int, drill_id: str) -> "LocalLaunch":
+        environment = rank_environment(run, attempt, drill_id)
+        if run.strategy_traits.relaunches_in_job:
+            environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
+        prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
+        return cls(prefix, run.local_tasks, environment)
+
+
 def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
     """What the local backend runs for an attempt (it has no batch script): ``faultdrill render``."""
-    mpi = run.workload_entry.launcher == LAUNCHER_MPI
-    tasks = 1 if mpi else run.ranks
-    command = [*(mpi_launcher(run.ranks) if mpi else []), sys.executable, "-u", "-m", "submitit.core._submit",
-               str(run.paths.submitit)]
+    launch = LocalLaunch.of(run, attempt, drill_id)
+    what = (f"mpiexec starts the {run.ranks} ranks" if launch.prefix else
+            f"each task is one rank or warm spare ({run.ranks} ranks)" if launch.tasks > run.ranks else
+            "each task is one rank")
     lines = [
         f"# local backend: no batch script. submitit's local executor ({LOCAL_CONTROLLER_MODULE}) runs",
-        f"# {tasks} task(s) of this command in {run.paths.submitit}, {_minutes(run):g} min time limit;",
-        f"# {'mpiexec starts the ' + str(run.ranks) + ' ranks' if mpi else 'each task is one rank'}, "
-        "every one with this environment:",
-        *(f"export {name}={shlex.quote(value)}" for name, value in sorted(rank_environment(run, attempt, drill_id).items())),
-        shlex.join(command),
+        f"# {launch.tasks} task(s) of this command in {run.paths.submitit}, {_minutes(run):g} min time limit;",
+        f"# {what}, every one with this environment:",
+        *(f"export {name}={shlex.quote(value)}" for name, value in sorted(launch.environment.items())),
+        shlex.join([*launch.prefix, *submitit_command(), str(run.paths.submitit)]),
     ]
     return "\n".join(lines) + "\n"
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from experiments.entry import run_rank
+from experiments.launchers import srun_on_node
 from experiments.layout import ENV_PBS_AGENT_LAUNCH, RankJob
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import (
@@ -162,8 +163,7 @@ class PBSBackend(Backend):
         server = detect_server()
         if launch == "srun" or (launch == "auto" and server is ServerKind.SLURM_WRAPPERS):
             slurm_id = scheduler_id(job_id, self._folders.get(job_id), server)
-            return ["srun", f"--jobid={slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                    "--quiet", *agent]
+            return srun_on_node(slurm_id, node, agent)
         if launch in ("auto", "ssh"):
             return ["ssh", "-o", "BatchMode=yes", node, shlex.join(agent)]
         raise ValueError(f"{ENV_AGENT_LAUNCH}={launch!r}: valid are auto, ssh and srun")

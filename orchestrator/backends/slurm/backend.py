@@ -15,6 +15,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
+from experiments.launchers import srun_on_node
 from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
@@ -219,9 +220,8 @@ class SlurmBackend(Backend):
         """The agent as a step inside the job's allocation, on ``node`` (``srun --overlap``)."""
         number, cluster = split_job_id(job_id)
         number = self._own_number(number, cluster)
-        args = ["srun", *cluster_args(cluster), f"--jobid={number}", "--overlap", "--nodes=1", "--ntasks=1",
-                f"--nodelist={node}", "--quiet", self.python, *argv]
-        return run_command(args, timeout_s=timeout_s, check=False)
+        return run_command(srun_on_node(number, node, [self.python, *argv], cluster_args(cluster)),
+                           timeout_s=timeout_s, check=False)
 
     def agent_job_id(self, job_id: str) -> str:
         return split_job_id(job_id)[0]
