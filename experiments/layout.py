@@ -255,6 +255,41 @@ class EventRecord:
         return float(value) if value is not None else default
 
 
+def read_events(path: Path) -> list[EventRecord]:
+    """An attempt's events.jsonl read back, in the order they were written."""
+    return [EventRecord.from_json(record) for record in read_json_lines(path)]
+
+
+def first_event(events: list[EventRecord], name: str) -> EventRecord | None:
+    return next((event for event in events if event.name == name), None)
+
+
+@dataclass(frozen=True)
+class RankError:
+    """What a rank died of (its rank-<r>-error.json), for the ledger's reason."""
+
+    rank: int
+    time: float
+    error: str
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RankError":
+        return cls(rank=int(data["rank"]), time=float(data.get("time", 0.0)), error=str(data.get("error", "")))
+
+
+@dataclass(frozen=True)
+class LossRecord:
+    """One line of the run's loss log: rank 0's loss at ``step`` of ``attempt``."""
+
+    attempt: int
+    step: int
+    loss: float
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "LossRecord":
+        return cls(attempt=int(data["attempt"]), step=int(data["step"]), loss=float(data["loss"]))
+
+
 @dataclass(frozen=True)
 class RankIdentity:
     """Written by each rank at start so an injector can verify a target before it acts."""
@@ -284,6 +319,12 @@ class CheckpointRecord:
     writers: str = ""  # "rank0" or "all"
     blocking_s: float = 0.0
     persist_s: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CheckpointRecord":
+        """A checkpoint log line read back (fields a newer writer added are left out)."""
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        return cls(**known)
 
 
 @dataclass(frozen=True)

@@ -252,7 +252,7 @@ def _status(workdir: Path, output_format: str) -> int:
     ended = read_exit(workdir) if identity is None else None
     progress = read_progress(workdir)
     controller: dict[str, Any] = ({"running": True, "pid": identity.pid, "started": identity.started} if identity else
-                                  {"running": False, "last_exit": ended})
+                                  {"running": False, "last_exit": asdict(ended) if ended else None})
     if output_format == "json":
         print(json.dumps({"workdir": str(workdir), "controller": controller,
                           "updated": progress[0] if progress else None,
@@ -261,8 +261,8 @@ def _status(workdir: Path, output_format: str) -> int:
     if identity is not None:
         print(f"controller: running, pid {identity.pid}, since {time.ctime(identity.started)}")
     elif ended is not None:
-        print(f"controller: not running; the last one ended {time.ctime(float(ended['ended']))}: {ended['how']} "  # type: ignore[arg-type]  # the exit record is JSON read back as dict[str, object]
-              f"(exit code {ended['code']})")
+        print(f"controller: not running; the last one ended {time.ctime(ended.ended)}: {ended.how} "
+              f"(exit code {ended.code})")
     else:
         print("controller: not running (the last one was killed or never started here); "
               "`faultdrill drill SPEC` resumes the drill")

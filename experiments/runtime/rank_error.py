@@ -7,8 +7,9 @@ Written by the built-in ranks (experiments/entry.py) and by the rank API on a sc
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
-from experiments.layout import RunPaths, write_json_atomic
+from experiments.layout import RankError, RunPaths, write_json_atomic
 
 
 def record_rank_error(paths: RunPaths, attempt: int, rank: int, error: BaseException) -> None:
@@ -18,6 +19,6 @@ def record_rank_error(paths: RunPaths, attempt: int, rank: int, error: BaseExcep
     if cause is not None and str(cause) not in text:
         text += f"; caused by {type(cause).__name__}: {cause}"
     try:
-        write_json_atomic(paths.rank_error_file(attempt, rank), {"rank": rank, "time": time.time(), "error": text[:2000]})
+        write_json_atomic(paths.rank_error_file(attempt, rank), asdict(RankError(rank, time.time(), text[:2000])))
     except OSError:
         pass

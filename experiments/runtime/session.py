@@ -15,7 +15,7 @@ import functools
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn, Protocol
 
@@ -31,6 +31,7 @@ from experiments.layout import (
     EVENT_WARNED,
     CheckpointRecord,
     FinalRecord,
+    LossRecord,
     RankJob,
     RunPaths,
     append_json_line,
@@ -163,7 +164,7 @@ class RankSession:
         self.steps_trained += 1
         self.persist.check()  # a checkpoint that failed in the background fails the rank now
         if self.env.is_main and loss is not None:
-            append_json_line(self.paths.loss_log, {"attempt": self.job.attempt, "step": step, "loss": loss})
+            append_json_line(self.paths.loss_log, asdict(LossRecord(self.job.attempt, step, loss)))
         if self.steps_trained == 1:
             self.events.emit(EVENT_FIRST_STEP, step=step)
         self.heartbeat.beat(step, force=self.checkpoint_due(step) or step == self.job.workload.steps)

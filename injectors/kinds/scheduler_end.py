@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.layout import EVENT_WARNED, RunPaths, read_json_lines
+from experiments.layout import EVENT_WARNED, RunPaths, read_events
 from injectors.kinds.base import JobControl
 from injectors.targets import TargetRefused
 
@@ -25,12 +25,10 @@ class Warned:
 
 
 def warned_event(run_dir: Path, attempt: int, since: float) -> Warned | None:
-    for event in read_json_lines(RunPaths(run_dir).events_file(attempt)):
-        if event.get("event") == EVENT_WARNED and float(event.get("time", 0.0)) >= since:
-            received = event.get("received_at")
-            return Warned(received_at=float(received if received is not None else event["time"]),
-                          step=int(event["step"]), checkpoint_s=float(event.get("checkpoint_s", 0.0)),
-                          saved_at=float(event["time"]))
+    for event in read_events(RunPaths(run_dir).events_file(attempt)):
+        if event.name == EVENT_WARNED and event.time >= since:
+            return Warned(received_at=event.number("received_at", event.time), step=int(event.number("step", 0)),
+                          checkpoint_s=event.number("checkpoint_s", 0.0), saved_at=event.time)
     return None
 
 

@@ -84,14 +84,25 @@ class ControllerLock:
             self._handle = None
 
 
+@dataclass(frozen=True)
+class ControllerExit:
+    """How the last controller of a workdir ended (``faultdrill status`` says it)."""
+
+    code: int
+    how: str
+    ended: float
+    pid: int
+
+
 def record_exit(workdir: Path, code: int, how: str) -> None:
-    _write_json(workdir / EXIT_NAME, {"code": code, "how": how, "ended": time.time(), "pid": os.getpid()})
+    _write_json(workdir / EXIT_NAME, asdict(ControllerExit(code, how, time.time(), os.getpid())))
 
 
-def read_exit(workdir: Path) -> dict[str, object] | None:
+def read_exit(workdir: Path) -> ControllerExit | None:
     try:
-        return dict(json.loads((workdir / EXIT_NAME).read_text()))
-    except (OSError, json.JSONDecodeError):
+        data = json.loads((workdir / EXIT_NAME).read_text())
+        return ControllerExit(int(data["code"]), str(data["how"]), float(data["ended"]), int(data["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

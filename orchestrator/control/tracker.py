@@ -561,7 +561,7 @@ class RunTracker:
         self._maybe_record_recovery()
 
     def _ingest_checkpoints(self) -> None:
-        records = [CheckpointRecord(**r) for r in read_json_lines(self.run.paths.checkpoint_log)]
+        records = [CheckpointRecord.from_json(r) for r in read_json_lines(self.run.paths.checkpoint_log)]
         self.ledger.add_checkpoints(self.run.run_id, records)
 
     def ask_cancel(self) -> tuple[list[str], list[str]]:

@@ -31,12 +31,11 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
     ``asked_at``: when the scheduler's answer of this round was asked (None: no answer)."""
     if watch.warm_failure is not None:
         lost = watch.warm_failure
-        code = int(lost["exit_code"])
-        how = f", exit code {code}" if code >= 0 else ""
-        return FailureSign(f"rank {int(lost['rank'])} lost{how}{rank_error_suffix(watch)}", lost["time"], "warm")
-    if watch.step_exit is not None and watch.step_exit["exit_code"] != 0:
-        return FailureSign(f"rank launch exited with code {int(watch.step_exit['exit_code'])}"
-                           f"{rank_error_suffix(watch)}", watch.step_exit["time"], "step_exit")
+        how = f", exit code {lost.exit_code}" if lost.exit_code >= 0 else ""
+        return FailureSign(f"rank {lost.rank} lost{how}{rank_error_suffix(watch)}", lost.time, "warm")
+    if watch.step_exit is not None and watch.step_exit.exit_code != 0:
+        return FailureSign(f"rank launch exited with code {watch.step_exit.exit_code}"
+                           f"{rank_error_suffix(watch)}", watch.step_exit.time, "step_exit")
     if state.is_terminal and not state.is_success:
         ended = backend.end_time(watch.job_id)
         return FailureSign(f"job {state.value.lower()}{rank_error_suffix(watch)}", ended or now,
@@ -60,7 +59,7 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
 
 def _warm_exit_code(watch: AttemptWatch) -> int | None:
     assert watch.warm_failure is not None
-    code = int(watch.warm_failure["exit_code"])
+    code = watch.warm_failure.exit_code
     return code if code >= 0 else None
 
 
@@ -75,7 +74,7 @@ def failure_evidence(watch: AttemptWatch, sign: FailureSign, state: JobState, ba
                      time_limit_s: float | None = None) -> FailureEvidence:
     """What is known of the failure. ``time_limit_s``: the job's walltime as its spec gave it (a
     fault that moved it is the scheduler's to report)."""
-    exit_code = (int(watch.step_exit["exit_code"]) if watch.step_exit is not None
+    exit_code = (watch.step_exit.exit_code if watch.step_exit is not None
                  else _warm_exit_code(watch) if watch.warm_failure is not None
                  else backend.exit_code(watch.job_id) if state.is_terminal else None)
     return FailureEvidence(state=state, noticed_by=sign.evidence, exit_code=exit_code,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from experiments.layout import (
     EVENT_COMPLETED,
@@ -24,8 +23,10 @@ from experiments.layout import (
     EVENT_STEP_EXIT,
     EVENT_WARM_FAILURE,
     EVENT_WARNED,
+    CheckpointRecord,
     EventRecord,
     Heartbeat,
+    RankError,
     RunPaths,
 )
 from orchestrator.campaign.failure_classes import is_peer_loss
@@ -53,6 +54,23 @@ class FailureSign:
     rank: int | None = None  # the rank it names (the silent one of a hang)
 
 
+@dataclass(frozen=True)
+class LaunchExit:
+    """The batch script's step_exit event: the rank launch returned (-1: no code was given)."""
+
+    time: float
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class WarmLoss:
+    """The warm coordinator's warm_failure event: a rank of the attempt died (-1: no exit code)."""
+
+    time: float
+    rank: int
+    exit_code: int
+
+
 @dataclass
 class AttemptWatch:
     attempt: int
@@ -67,8 +85,8 @@ class AttemptWatch:
     training_started: float | None = None
     first_checkpoint: float | None = None
     last_step: int = 0
-    step_exit: dict[str, float] | None = None
-    warm_failure: dict[str, float] | None = None  # the warm coordinator saw a rank of this attempt die
+    step_exit: LaunchExit | None = None
+    warm_failure: WarmLoss | None = None  # the warm coordinator saw a rank of this attempt die
     completed: bool = False  # rank 0 wrote the final record: the ranks are only exiting now
     completed_seen_at: float | None = None  # when this controller first saw that (its clock)
     warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
@@ -82,9 +100,10 @@ class AttemptWatch:
     silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
 
     def __post_init__(self) -> None:
-        self.events = JsonlTail(self.paths.events_file(self.attempt))
-        self.checkpoint_tail = JsonlTail(self.paths.checkpoint_log)
-        self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(self.attempt, rank)) for rank in range(self.ranks)]
+        self.events = JsonlTail(self.paths.events_file(self.attempt), EventRecord.from_json)
+        self.checkpoint_tail = JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json)
+        self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json)
+                                for rank in range(self.ranks)]
 
     @property
     def last_heartbeat(self) -> float | None:
@@ -93,7 +112,7 @@ class AttemptWatch:
     @property
     def failing(self) -> bool:
         """The step already ended badly or the scheduler ended the job: no fault should land here."""
-        exit_code = self.step_exit["exit_code"] if self.step_exit else 0
+        exit_code = self.step_exit.exit_code if self.step_exit else 0
         return exit_code != 0 or self.warm_failure is not None or (self.state.is_terminal and not self.state.is_success)
 
     def read(self, now: float | None = None) -> None:
@@ -102,11 +121,11 @@ class AttemptWatch:
         for event in self.events.read_new():
             self._event(event)
         for record in self.checkpoint_tail.read_new():
-            if record.get("attempt") == self.attempt and self.first_checkpoint is None:
-                self.first_checkpoint = float(record["time"])
+            if record.attempt == self.attempt and self.first_checkpoint is None:
+                self.first_checkpoint = record.time
         for rank, tail in enumerate(self.heartbeat_tails):
             for beat in tail.read_new():
-                if beat.get("attempt") == self.attempt:
+                if beat.attempt == self.attempt:
                     self._beat(rank, beat, seen)
         if self.ranks_started is None:
             self.ranks_started = self._registered()
@@ -121,8 +140,7 @@ class AttemptWatch:
                 return None
         return newest
 
-    def _event(self, raw: dict[str, Any]) -> None:
-        event = EventRecord.from_json(raw)
+    def _event(self, event: EventRecord) -> None:
         name, when = event.name, event.time
         if name in (EVENT_JOB_START, EVENT_PROCESS_START) and self.job_started is None:
             self.job_started = when
@@ -133,13 +151,11 @@ class AttemptWatch:
         elif name == EVENT_WARNED:
             self.warned = True
         elif name == EVENT_STEP_EXIT:
-            self.step_exit = {"time": when, "exit_code": event.number("exit_code", -1.0)}
+            self.step_exit = LaunchExit(when, int(event.number("exit_code", -1.0)))
         elif name == EVENT_WARM_FAILURE and self.warm_failure is None:
-            self.warm_failure = {"time": when, "rank": event.number("rank", 0.0),
-                                 "exit_code": event.number("exit_code", -1.0)}
+            self.warm_failure = WarmLoss(when, int(event.number("rank", 0.0)), int(event.number("exit_code", -1.0)))
 
-    def _beat(self, rank: int, raw: dict[str, Any], seen: float) -> None:
-        beat = Heartbeat.from_json(raw)
+    def _beat(self, rank: int, beat: Heartbeat, seen: float) -> None:
         previous = self.beats.get(rank)
         if previous is None or beat.time >= previous.time:
             self.beats[rank] = RankBeat(beat.time, beat.timeout_s, beat.phase, seen)
@@ -196,10 +212,10 @@ def rank_errors(watch: AttemptWatch) -> list[tuple[float, int, str]]:
     for rank in range(watch.ranks):
         path = watch.paths.rank_error_file(watch.attempt, rank)
         try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            record = RankError.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
             continue
-        errors.append((float(record.get("time", 0.0)), rank, str(record.get("error", ""))))
+        errors.append((record.time, rank, record.error))
     return sorted(errors)
 
 

@@ -8,24 +8,31 @@ from typing import Any
 
 import numpy as np
 
-from experiments.layout import EVENT_COMPLETED, EVENT_FRAMEWORK_READY, RunPaths, read_json_lines
+from experiments.layout import (
+    EVENT_COMPLETED,
+    EVENT_FRAMEWORK_READY,
+    LossRecord,
+    RunPaths,
+    first_event,
+    read_events,
+    read_json_lines,
+)
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.record.ledger import Ledger
-from orchestrator.record.recovery import first_event
 
 
 def completion_facts(paths: RunPaths, attempt: int) -> dict[str, Any]:
     """Ledger columns from the final attempt's events: exact parameter count, step time, switches."""
-    events = read_json_lines(paths.events_file(attempt))
-    ready = first_event(events, EVENT_FRAMEWORK_READY) or {}
-    completed = first_event(events, EVENT_COMPLETED) or {}
+    events = read_events(paths.events_file(attempt))
+    ready = first_event(events, EVENT_FRAMEWORK_READY)
+    completed = first_event(events, EVENT_COMPLETED)
     facts: dict[str, Any] = {}
-    if "params" in ready:
-        facts["params"] = int(ready["params"])
-    if "determinism" in ready:
-        facts["determinism"] = str(ready["determinism"])
-    if "step_time_s" in completed:
-        facts["step_time_s"] = float(completed["step_time_s"])
+    if ready is not None and "params" in ready.fields:
+        facts["params"] = int(ready.fields["params"])
+    if ready is not None and "determinism" in ready.fields:
+        facts["determinism"] = str(ready.fields["determinism"])
+    if completed is not None and "step_time_s" in completed.fields:
+        facts["step_time_s"] = completed.number("step_time_s", 0.0)
     return facts
 
 
@@ -44,10 +51,9 @@ def max_abs_weight_diff(first: Path, second: Path) -> float | None:
 def final_losses(paths: RunPaths) -> dict[int, float]:
     """Loss per step as the run finally went: a resumed attempt's steps replace the lost ones."""
     losses: dict[int, tuple[int, float]] = {}
-    for record in read_json_lines(paths.loss_log):
-        step, attempt = int(record["step"]), int(record["attempt"])
-        if step not in losses or attempt >= losses[step][0]:
-            losses[step] = (attempt, float(record["loss"]))
+    for record in map(LossRecord.from_json, read_json_lines(paths.loss_log)):
+        if record.step not in losses or record.attempt >= losses[record.step][0]:
+            losses[record.step] = (record.attempt, record.loss)
     return {step: loss for step, (_, loss) in losses.items()}
 
 

@@ -14,7 +14,6 @@ before it (no phase is ever negative), and the largest such move is recorded as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
@@ -23,8 +22,11 @@ from experiments.layout import (
     EVENT_JOB_START,
     EVENT_PROCESS_START,
     EVENT_WARM_PLAN,
+    EventRecord,
+    Heartbeat,
     RunPaths,
-    read_json_lines,
+    first_event,
+    read_events,
     read_json_lines_backwards,
 )
 from orchestrator.record.ledger import AttemptRow, RecoveryRow
@@ -51,13 +53,9 @@ class AttemptTimeline:
     skipped_steps: tuple[int, ...] = ()  # newer checkpoints rank 0 could not use (a fallback)
 
 
-def first_event(events: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    return next((event for event in events if event.get("event") == name), None)
-
-
 def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
     """The start-up timeline of an attempt, or None until its first training step is done."""
-    events = read_json_lines(paths.events_file(attempt))
+    events = read_events(paths.events_file(attempt))
     first = first_event(events, EVENT_FIRST_STEP)
     ready = first_event(events, EVENT_FRAMEWORK_READY)
     loaded = first_event(events, EVENT_CHECKPOINT_LOADED)
@@ -65,12 +63,12 @@ def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
     if first is None or ready is None or loaded is None or start is None:
         return None
     return AttemptTimeline(
-        job_start=float(start["time"]),
-        framework_ready=float(ready["time"]),
-        checkpoint_loaded=float(loaded["time"]),
-        resumed_from_step=int(loaded["step"]),
-        first_step=float(first["time"]),
-        skipped_steps=tuple(int(step) for step in loaded.get("skipped") or ()),
+        job_start=start.time,
+        framework_ready=ready.time,
+        checkpoint_loaded=loaded.time,
+        resumed_from_step=int(loaded.number("step", 0)),
+        first_step=first.time,
+        skipped_steps=tuple(int(step) for step in loaded.fields.get("skipped") or ()),
     )
 
 
@@ -96,9 +94,9 @@ def compute_recovery(
     resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
     lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
-    plan = first_event(read_json_lines(paths.events_file(resumed.attempt)), EVENT_WARM_PLAN)
+    plan = first_event(read_events(paths.events_file(resumed.attempt)), EVENT_WARM_PLAN)
     # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later)
-    accepted = float(plan["time"]) if plan is not None else resumed.accepted
+    accepted = plan.time if plan is not None else resumed.accepted
     moments, correction = ordered([failure.at, failure.detected, accepted, timeline.job_start,
                                    timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
     detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:], strict=False))
@@ -130,12 +128,13 @@ def compute_recovery(
     )
 
 
-def warm_recovery(plan: dict[str, Any] | None) -> dict[str, str | None]:
+def warm_recovery(plan: EventRecord | None) -> dict[str, str | None]:
     """What the warm coordinator did to make an attempt (its plan): the spare used, the state's source."""
     if plan is None:
         return {}
-    spares = ",".join(f"slot {slot} as rank {rank}" for slot, rank in sorted(plan.get("spares_used", {}).items()))
-    return {"spare": spares or None, "state_source": str(plan.get("resume"))}
+    used = plan.fields.get("spares_used", {})
+    spares = ",".join(f"slot {slot} as rank {rank}" for slot, rank in sorted(used.items()))
+    return {"spare": spares or None, "state_source": str(plan.fields.get("resume"))}
 
 
 def ordered(moments: list[float]) -> tuple[list[float], float]:
@@ -149,15 +148,19 @@ def ordered(moments: list[float]) -> tuple[list[float], float]:
 
 
 def _newest_beat(paths: RunPaths, attempt: int, rank: int, before: float, step: int | None = None,
-                 earliest_of_its_step: bool = False) -> dict[str, Any] | None:
+                 earliest_of_its_step: bool = False) -> Heartbeat | None:
     """The rank's beat of ``attempt`` with the highest step (at most ``step``) at or before
     ``before``: the latest beat of that step, or the earliest. Read from the file's end back: a
     recovery pays for the beats since that step, never for the attempt's age."""
-    found: dict[str, Any] | None = None
-    for beat in read_json_lines_backwards(paths.heartbeat_file(attempt, rank)):
-        if beat.get("attempt") != attempt or beat["time"] > before or (step is not None and beat["step"] > step):
+    found: Heartbeat | None = None
+    for record in read_json_lines_backwards(paths.heartbeat_file(attempt, rank)):
+        try:
+            beat = Heartbeat.from_json(record)
+        except (KeyError, TypeError, ValueError):
+            continue  # not a beat (a torn line's remains)
+        if beat.attempt != attempt or beat.time > before or (step is not None and beat.step > step):
             continue
-        if found is not None and beat["step"] != found["step"]:
+        if found is not None and beat.step != found.step:
             break
         found = beat
         if not earliest_of_its_step:
@@ -170,8 +173,8 @@ def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> t
     beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, earliest_of_its_step=True))]
     if not beats:
         return 0, before
-    best = max(beats, key=lambda beat: (beat["step"], -beat["time"]))
-    return int(best["step"]), float(best["time"])
+    best = max(beats, key=lambda beat: (beat.step, -beat.time))
+    return best.step, best.time
 
 
 def step_reached_at(paths: RunPaths, ranks: int, step: int, before: float) -> float:
@@ -179,5 +182,5 @@ def step_reached_at(paths: RunPaths, ranks: int, step: int, before: float) -> fl
     for attempt in reversed(paths.heartbeat_attempts()):
         beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, step))]
         if beats:
-            return float(max(beats, key=lambda beat: (beat["step"], beat["time"]))["time"])
+            return max(beats, key=lambda beat: (beat.step, beat.time)).time
     return before

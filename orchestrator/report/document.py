@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import EVENT_WARM_REFUSED, RunPaths, read_json_lines
+from experiments.layout import EVENT_WARM_REFUSED, RunPaths, read_events
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.report.study import checkpoint_study
 
@@ -103,8 +103,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
 
 
 def _warm_refused(paths: RunPaths, attempts: list[int]) -> int:
-    return sum(1 for attempt in attempts for event in read_json_lines(paths.events_file(attempt))
-               if event.get("event") == EVENT_WARM_REFUSED)
+    return sum(1 for attempt in attempts for event in read_events(paths.events_file(attempt))
+               if event.name == EVENT_WARM_REFUSED)
 
 
 # Zero-code mode: what the drill can only infer from a script's logs or files (the rest is measured).

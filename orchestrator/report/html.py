@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import Heartbeat, RunPaths, read_json_lines
 from orchestrator.report.advise import daly_interval, predicted_goodput, young_interval
 from orchestrator.report.document import build_report
 
@@ -94,10 +94,14 @@ def _attempt_curves(workdir: Path, run_id: str) -> dict[int, list[tuple[float, i
     """(time, step) of each attempt, from rank 0's heartbeats."""
     curves: dict[int, list[tuple[float, int]]] = {}
     paths = RunPaths(workdir / "runs" / run_id)
-    beats = [beat for attempt in paths.heartbeat_attempts() for beat in read_json_lines(paths.heartbeat_file(attempt, 0))]
-    for beat in beats:
-        if "step" in beat and "time" in beat and "attempt" in beat and "phase" not in beat:  # training beats only
-            curves.setdefault(int(beat["attempt"]), []).append((float(beat["time"]), int(beat["step"])))
+    for attempt in paths.heartbeat_attempts():
+        for record in read_json_lines(paths.heartbeat_file(attempt, 0)):
+            try:
+                beat = Heartbeat.from_json(record)
+            except (KeyError, TypeError, ValueError):
+                continue  # not a beat
+            if beat.phase is None:  # training beats only
+                curves.setdefault(beat.attempt, []).append((beat.time, beat.step))
     return {attempt: sorted(points) for attempt, points in sorted(curves.items())}
 
 
