@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.layout import EVENT_WARM_REFUSED, RunPaths, read_events
+from orchestrator.campaign.strategies import traits_of
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.report.study import checkpoint_study
 
@@ -98,7 +99,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         # warm: connections the job's coordinator turned away (no proof of the job's secret, a slot
         # it never launched or one held): a stranger on the nodes, or a member that went wrong.
         "warm_refused": _warm_refused(RunPaths(ledger.path.parent / "runs" / run.run_id),
-                                      [a.attempt for a in ledger.attempts(run.run_id)]) if run.strategy == "warm" else 0,
+                                      [a.attempt for a in ledger.attempts(run.run_id)]) if traits_of(run.strategy).warm else 0,
     }
 
 
