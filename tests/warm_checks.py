@@ -6,10 +6,16 @@ drills (tests/cluster)."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 from recovery_checks import assert_phases_follow_the_moments
+
+from experiments.layout import ENV_RUN_DIR, ENV_WARM_COORDINATOR
+from experiments.warm.protocol import Line, new_secret, proof
 
 
 def assert_peer_recoveries(run: dict[str, Any], run_dir: Path, faults: int | None = None) -> None:
@@ -53,3 +59,51 @@ def restart_plans(run_dir: Path) -> list[dict[str, Any]]:
     events = [json.loads(line) for path in sorted(run_dir.glob("attempts/*/events.jsonl"))
               for line in path.read_text().splitlines() if line.strip()]
     return [event for event in events if event.get("event") == "warm_plan" and event["generation"] > 0]
+
+
+class StrangerOnTheNodes:
+    """Another user of the cluster (security issue 28): learns where the warm coordinators of the
+    drill under ``runs`` listen (host:port, from the environment of the drill's own processes, as
+    anyone who can read a job's environment could) and says hello for slot 99 with a guessed proof.
+    Only ever knocks on the coordinators of the test's own drill."""
+
+    def __init__(self, runs: Path) -> None:
+        self.runs, self.probed, self._stop = runs.resolve(), set(), threading.Event()
+        self._thread = threading.Thread(target=self._roam, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _roam(self) -> None:
+        while not self._stop.wait(0.5):
+            for address in self._coordinators() - self.probed:
+                self.probed.add(address)
+                knock(address)
+
+    def _coordinators(self) -> set[str]:
+        found = set()
+        for process in psutil.process_iter():
+            try:
+                environment = process.environ()
+            except psutil.Error:
+                continue
+            run_dir, address = environment.get(ENV_RUN_DIR, ""), environment.get(ENV_WARM_COORDINATOR)
+            if address and Path(run_dir).is_relative_to(self.runs):
+                found.add(address)
+        return found
+
+
+def knock(address: str) -> None:
+    """A hello for slot 99 with a proof made of a guessed secret; the coordinator should close it."""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2) as connection:
+            line = Line(connection)
+            challenge = line.receive() or {}
+            line.send({"op": "hello", "slot": 99, "node": "evil", "address": "10.6.6.6", "pid": 1,
+                       "proof": proof(new_secret(), str(challenge.get("nonce", "")), 99, 1)})
+            line.receive()
+    except (OSError, ValueError):
+        pass

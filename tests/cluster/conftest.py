@@ -1,6 +1,6 @@
 """Shared fixtures for the cluster tier: tests that run against the real local cluster.
 
-The cluster is started by ``scripts/cluster up`` (three Slurm nodes, fd-n1 to fd-n3, each in
+The cluster is started by ``scripts/cluster up`` (four Slurm nodes, fd-n1 to fd-n4, each in
 its own network namespace with a private /tmp; slurmdbd accounting; PBS/Torque wrappers).
 
 Every test in this directory needs that cluster. When it is not up the tests are skipped
@@ -9,7 +9,7 @@ is set, in which case they fail (CI sets it after starting the cluster).
 
 Fixtures for tests in this directory:
 
-* ``cluster``     -> ClusterNodes: a tuple of the node names (``("fd-n1", "fd-n2", "fd-n3")``) with
+* ``cluster``     -> ClusterNodes: a tuple of the node names (``("fd-n1", ..., "fd-n4")``) with
                      ``.addresses`` (name -> IPv4), ``.controller``, ``.controller_address``,
                      ``.partition``, ``.node_iface`` and ``.state_dir``.
 * ``shared_tmp``  -> pathlib.Path of a fresh per-test directory outside /tmp (the nodes have
@@ -40,8 +40,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO_ROOT / "scripts" / "cluster"
 CLUSTER_STATE_DIR = Path("/var/lib/faultdrill-cluster")
-DEFAULT_NODES = ("fd-n1", "fd-n2", "fd-n3")
-DEFAULT_ADDRESSES = {"fd-n1": "10.213.77.11", "fd-n2": "10.213.77.12", "fd-n3": "10.213.77.13"}
+DEFAULT_NODES = ("fd-n1", "fd-n2", "fd-n3", "fd-n4")
+DEFAULT_ADDRESSES = {"fd-n1": "10.213.77.11", "fd-n2": "10.213.77.12", "fd-n3": "10.213.77.13", "fd-n4": "10.213.77.14"}
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
 SKIP_REASON = "cluster not up: run scripts/cluster up"
 

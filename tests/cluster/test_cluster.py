@@ -1,5 +1,5 @@
 """The local test cluster itself (scripts/cluster): real Slurm, real accounting, real PBS
-wrappers, three nodes in separate network namespaces. No mocks.
+wrappers, four nodes in separate network namespaces. No mocks.
 
 Run: scripts/cluster up && .venv/bin/python -m pytest tests/cluster/test_cluster.py -m cluster
 """
@@ -56,7 +56,7 @@ def test_status_reports_up():
 
 
 def test_every_node_idle_or_allocatable(cluster):
-    assert len(cluster) == 3 and len(set(cluster)) == 3, "scripts/cluster up makes 3 nodes by default"
+    assert len(cluster) == 4 and len(set(cluster)) == 4, "scripts/cluster up makes 4 nodes by default"
     proc = run(["sinfo", "-h", "-N", "-p", cluster.partition, "-o", "%N %t %c"], timeout=15)
     seen = {}
     for line in proc.stdout.splitlines():

@@ -1,4 +1,4 @@
-"""experiments/campaigns/strategies.yaml on the real 3-node Slurm cluster (issue 9): the same rank
+"""experiments/campaigns/strategies.yaml on the real Slurm cluster (issue 9): the same rank
 SIGKILL under `resubmit`, `in-allocation` and `requeue`, a node crash under resubmit and
 in-allocation (with a spare node), a preemption that requeues under requeue; every run ends bit for
 bit as its fault-free twin, every recovery carries its failure class and strategy, and the report's

@@ -15,7 +15,7 @@ import pytest
 
 from campaigns import campaign_copy, drill_report, full_campaigns, keep_sweep_points
 from experiments.layout import RunPaths
-from warm_checks import assert_peer_recoveries, assert_spare_sets_recovered
+from warm_checks import StrangerOnTheNodes, assert_peer_recoveries, assert_spare_sets_recovered
 
 
 def _by_kind(report: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -24,11 +24,19 @@ def _by_kind(report: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_warm_spares_take_dead_ranks_and_a_dead_nodes_places(shared_tmp: Path, cluster, slurm) -> None:
-    report = drill_report(campaign_copy("warm-slurm", shared_tmp), timeout_s=900)
+    """... and a stranger on the cluster who knocks on each job's coordinator (across the nodes'
+    network) is refused and counted, the runs unharmed (security issue 28)."""
+    stranger = StrangerOnTheNodes(shared_tmp / "work" / "runs")
+    try:
+        report = drill_report(campaign_copy("warm-slurm", shared_tmp), timeout_s=900)
+    finally:
+        stranger.stop()
     for run in report["runs"]:
         for attempt in run["attempts"]:
             slurm.track(attempt["job_id"])
 
+    faulted = [run for run in report["runs"] if not run["is_baseline"]]
+    assert stranger.probed and all(run["warm_refused"] >= 1 for run in faulted), (stranger.probed, faulted)
     killed = _by_kind(report, "kill-rank")
     assert_peer_recoveries(killed, shared_tmp / "work" / "runs" / killed["run_id"])
     assert len(killed["recoveries"]) == 3 and all(f["outcome"] == "injected" for f in killed["faults"])
