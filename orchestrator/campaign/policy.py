@@ -11,7 +11,6 @@ normal); everything else restarts within ``max_restarts``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,21 +73,3 @@ def decide(policy: dict[FailureClass, PolicyEntry], history: list[FailureClass],
     backoff = entry.backoff_s * entry.backoff_factor ** (same - 1)
     counted = f"{spent} of {max_restarts} spent" if entry.spends_budget else "not counted against max_restarts"
     return Decision(True, f"{name}: restart ({counted})", backoff_s=backoff)
-
-
-def longest_backoff(policy: dict[FailureClass, PolicyEntry], max_restarts: int) -> tuple[float, FailureClass | None]:
-    """The longest wait the policy can ask before a next attempt, and the class that asks it (inf:
-    a growing backoff with no cap on its restarts)."""
-    longest: tuple[float, FailureClass | None] = (0.0, None)
-    for failure_class in FailureClass:
-        entry = policy_entry(policy, failure_class)
-        if entry.action == "give_up" or entry.backoff_s <= 0:
-            continue
-        caps = [cap for cap in (entry.budget, max_restarts if entry.spends_budget else None) if cap is not None]
-        if not caps and entry.backoff_factor > 1:
-            return math.inf, failure_class
-        restarts = max(1, min(caps)) if caps else 1
-        wait = entry.backoff_s * entry.backoff_factor ** (restarts - 1)
-        if wait > longest[0]:
-            longest = (wait, failure_class)
-    return longest

@@ -33,7 +33,7 @@ from orchestrator.campaign.directives import parse_directive, reserved_problem
 from orchestrator.campaign.failure_classes import FailureClass
 from orchestrator.campaign.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
 from orchestrator.campaign.placeholders import problems as placeholder_problems
-from orchestrator.campaign.policy import PolicyEntry, longest_backoff
+from orchestrator.campaign.policy import PolicyEntry
 from orchestrator.campaign.strategies import TRAITS, StrategyName, strategies_on, traits_of
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
@@ -298,23 +298,6 @@ def _workload_problems(restart: RestartConfig, workload: "WorkloadConfig | None"
     return []
 
 
-def _backoff_problems(restart: RestartConfig) -> list[str]:
-    """A policy backoff the strategy cannot wait out: warm re-forms in its job at once; an
-    in-allocation job's batch script waits restart.relaunch_wait_s for the next attempt's go."""
-    longest, failure_class = longest_backoff(restart.policy, restart.max_restarts)
-    if failure_class is None:
-        return []
-    traits, where = traits_of(restart.strategy), f"restart.policy.{failure_class.value}"
-    if traits.warm:
-        return [f"{where}.backoff_s ({longest:g} s): restart.strategy warm re-forms in its job at once, so no "
-                "backoff can apply; set it to 0, or use resubmit or in-allocation"]
-    if traits.relaunches_in_job and longest >= restart.relaunch_wait_s:
-        return [f"{where}: its backoff reaches {longest:g} s, but an in-allocation job waits only "
-                f"restart.relaunch_wait_s ({restart.relaunch_wait_s:g} s) for the next attempt's go; raise "
-                "relaunch_wait_s above the backoff, or shorten it (backoff_s, backoff_factor, budget)"]
-    return []
-
-
 class SweepConfig(_Strict):
     """``grid``: dotted keys -> values, expanded as a cartesian product; a list of such grids is the
     union of their products (e.g. one grid per dimension of a study)."""
@@ -391,7 +374,6 @@ class Campaign(_Strict):
             problems.append(f"resources.spare_nodes ({spare_nodes}) is for restart.strategy {users} "
                             f"(a {restart.strategy.value} run would hold them idle); set it to 0 or change the strategy")
         problems += _workload_problems(restart, info.data.get("workload"))
-        problems += _backoff_problems(restart)
         if problems:
             raise ValueError("\n".join(problems))
         return restart

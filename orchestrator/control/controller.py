@@ -25,7 +25,7 @@ from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig, expand_runs
-from orchestrator.campaign.spec import Campaign, SpecError
+from orchestrator.campaign.spec import Campaign
 from orchestrator.commands import CommandError, one_line
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
@@ -65,26 +65,14 @@ def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]
     return [(run, plan_faults(run)) for run in expand_runs(campaign)]
 
 
-def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> str | None:
-    """The runs recorded (a resumed drill's are there already). Returns what differs when the
-    drill in the workdir was expanded into other runs (a version of Faultdrill that expands the same
-    spec otherwise: other twins, other limits), else None; nothing is changed then."""
-    rows = [RunRow(
-        run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
-        nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
-        baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
-        model=run.model_name, requested_params=0 if run.command else run.campaign.workload.params, twin=run.twin,
-    ) for run in runs]
-    recorded = {row.run_id: (row.config, row.twin, row.baseline_of) for row in ledger.runs()}
-    if recorded:
-        expanded = {row.run_id: (row.config, row.twin, row.baseline_of) for row in rows}
-        differ = sorted(set(recorded) ^ set(expanded)
-                        | {run_id for run_id in recorded.keys() & expanded.keys() if recorded[run_id] != expanded[run_id]})
-        if differ:
-            return ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
-    for row in rows:
-        ledger.add_run(row)
-    return None
+def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
+    for run in runs:
+        ledger.add_run(RunRow(
+            run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
+            nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
+            baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
+            model=run.model_name, requested_params=0 if run.command else run.campaign.workload.params, twin=run.twin,
+        ))
 
 
 def _drill_id(ledger: Ledger, campaign: Campaign) -> str:
@@ -124,8 +112,7 @@ class Controller:
         self.drill_id = _drill_id(self.ledger, campaign)
         self.backend = backend or make_backend(campaign.backend, self.drill_id)
         self.runs = [run for run, _ in self.plan]
-        # Checked by run(), not here: cancel and stop still work on such a drill.
-        self.runs_differ = _register_runs(self.ledger, self.runs)
+        _register_runs(self.ledger, self.runs)
         restart = campaign.restart
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
@@ -135,11 +122,6 @@ class Controller:
     def run(self, observer: Observer | None = None) -> bool:
         """Drive every run to completed, failed or gave_up; False if asked to stop first (``stop``:
         the jobs are left running for the next controller to adopt)."""
-        if self.runs_differ:
-            raise SpecError(
-                f"workdir {self.campaign.workdir} holds an unfinished drill whose runs differ from what this version "
-                f"of Faultdrill makes of the same spec ({self.runs_differ}): finish it with the version that "
-                f"started it, `faultdrill cancel {self.campaign.workdir}` it, or use another workdir")
         menders = Menders(self.campaign.workdir)
         self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
         pools = self.injector_pools()

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
@@ -67,16 +67,6 @@ TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
 
 
-@dataclass(frozen=True)
-class PendingGo:
-    """in-allocation: the next attempt is recorded; its go (the fence naming it and the job) is
-    given at ``at``, once the policy's backoff has passed."""
-
-    attempt: int
-    job_id: str
-    at: float
-
-
 class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
@@ -103,7 +93,6 @@ class RunTracker:
         self._awaiting_recovery: int | None = None
         self._started_recorded = False
         self._finalized = False
-        self.pending_go: PendingGo | None = None  # in-allocation: a relaunch's go, held for the policy's backoff
 
     @property
     def done(self) -> bool:
@@ -198,8 +187,7 @@ class RunTracker:
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
         if row.job_id is not None and row.state == REQUEUING:  # it stopped around its requeue
             write_fence(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))  # it may have died before this
-            self.requeuer.requeue(row.attempt, row.job_id, now, already=self._requeue_took(row.attempt, row.job_id),
-                                  not_before=row.not_before)
+            self.requeuer.requeue(row.attempt, row.job_id, now, already=self._requeue_took(row.attempt, row.job_id))
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
@@ -302,7 +290,6 @@ class RunTracker:
             self.faults.collect()
             self.submitter.try_pending(now)
             self.requeuer.try_requeue(now)
-            self._give_pending_go(now)
             return
         fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
         # No poll this round (or a stale one): the last word stands.
@@ -392,33 +379,28 @@ class RunTracker:
                 self.closing.add(attempt, in_job, now, cancelled=True)
             self._give_up(decision.reason, now)
             return
-        # The backoff holds a new job's submission, a relaunch's go, a requeue's request (a
-        # requeue the scheduler made itself has nothing left to hold; warm's is refused by the spec).
-        not_before = now + decision.backoff_s
-        log.info("%s: %s%s", self.run.run_id, decision.reason, f", in {decision.backoff_s:.1f} s" if decision.backoff_s else "")
+        log.info("%s: %s%s", self.run.run_id, decision.reason,
+                 f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
         if in_job is None:
-            self._submit(attempt + 1, now, not_before=not_before)
+            self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
         elif continuation is Continuation.RELAUNCH:
-            self._relaunch(attempt + 1, in_job, now, not_before)
+            self._relaunch(attempt + 1, in_job)
         elif continuation is Continuation.REQUEUE:
-            self._requeue(attempt + 1, in_job, now, already=already_requeued, not_before=not_before)
+            self._requeue(attempt + 1, in_job, now, already=already_requeued)
         else:
             self._follow_warm(attempt + 1, in_job)
 
-    def _requeue(self, attempt: int, job_id: str, now: float, already: bool, not_before: float) -> None:
+    def _requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and
-        attempt) before the scheduler is asked (at ``not_before``: the policy's backoff, recorded
-        with it), so that the job's next start runs as it."""
+        attempt) before the scheduler is asked, so that the job's next start runs as it."""
         self.watch = None
-        held = not already and not_before > now
         # One transaction: an attempt recorded without its job would be looked up by name after a
         # crash, and the lookup finds the failed job of the attempt before (not yet requeued).
         with self.ledger.transaction():
             self._begin_in_same_job(attempt, job_id, fence=False)
-            self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING,
-                                       not_before=not_before if held else None)
+            self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
-        self.requeuer.requeue(attempt, job_id, now, already, not_before=not_before if held else None)
+        self.requeuer.requeue(attempt, job_id, now, already)
 
     def _requeue_took(self, attempt: int, job_id: str) -> bool:
         """Did the scheduler requeue ``job_id`` as ``attempt`` before the controller that asked died?
@@ -443,31 +425,19 @@ class RunTracker:
         self.closing.add(attempt - 1, job_id, now, cancelled=True)
         self._give_up(why, now)
 
-    def _relaunch(self, attempt: int, job_id: str, now: float, not_before: float) -> None:
+    def _relaunch(self, attempt: int, job_id: str) -> None:
         """The next attempt in the job that is already running (in-allocation): recorded and
         fenced like a submission, then the go — the fence naming this attempt and the job, which
-        the batch script waits for — with the nodes to keep off beside it. The go waits for
-        ``not_before`` (the policy's backoff, recorded with the attempt: a controller started later
-        looks the job up then)."""
+        the batch script waits for — with the nodes to keep off beside it."""
         self.watch = None
-        with self.ledger.transaction():
-            job = self._begin_in_same_job(attempt, job_id)
-            if not_before > now:
-                self.ledger.update_attempt(self.run.run_id, attempt, not_before=not_before)
+        job = self._begin_in_same_job(attempt, job_id)
         if job.exclude_nodes:
             exclude_file = self.run.paths.relaunch_exclude_file(attempt)
             exclude_file.parent.mkdir(parents=True, exist_ok=True)
             exclude_file.write_text(",".join(job.exclude_nodes) + "\n")
         log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
                  f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
-        self.pending_go = PendingGo(attempt, job_id, not_before)
-        self._give_pending_go(now)
-
-    def _give_pending_go(self, now: float) -> None:
-        go = self.pending_go
-        if go is not None and now >= go.at:
-            self.pending_go = None
-            self.accept(go.attempt, Submission(go.job_id, accepted_at=time.time()))
+        self.accept(attempt, Submission(job_id, accepted_at=time.time()))
 
     def _follow_warm(self, attempt: int, job_id: str) -> None:
         """warm: the job's coordinator made ``attempt`` itself (it fenced it and sent its plans, which

@@ -44,12 +44,9 @@ class Requeuer:
         self.accepted, self.refused = accepted, refused  # refused(attempt, job id, why, now)
         self.pending: PendingRequeue | None = None
 
-    def requeue(self, attempt: int, job_id: str, now: float, already: bool = False,
-                not_before: float | None = None) -> None:
-        """Ask the scheduler to run ``job_id`` again as ``attempt`` (recorded and fenced already),
-        at ``not_before`` (a policy's backoff) or now."""
-        start = max(now, not_before or now)
-        self.pending = PendingRequeue(attempt, job_id, first_try=start, next_try_at=start, already=already)
+    def requeue(self, attempt: int, job_id: str, now: float, already: bool = False) -> None:
+        """Ask the scheduler to run ``job_id`` again as ``attempt`` (recorded and fenced already)."""
+        self.pending = PendingRequeue(attempt, job_id, first_try=now, next_try_at=now, already=already)
         self.try_requeue(now)
 
     def try_requeue(self, now: float) -> None:

@@ -4,7 +4,6 @@ call (tests/unit/fake_scheduler.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -17,7 +16,6 @@ from fake_scheduler import (
     when_first_job_runs,
 )
 
-from experiments.runtime.fence import Fence, read_fence
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
 from orchestrator.states import JobState
@@ -370,47 +368,3 @@ def test_a_thread_journaled_cancel_of_an_earlier_attempts_job_is_carried_out_by_
         for pool in pools.values():
             pool.shutdown()
         controller.close()
-
-
-@pytest.mark.parametrize("strategy", ["in-allocation", "requeue"])
-def test_a_same_job_strategy_waits_out_the_policy_backoff_across_a_controller_restart(
-        tmp_path: Path, strategy: str) -> None:
-    """Issue 21, item 10: the backoff was ignored for the strategies that go on in the same job.
-    in-allocation's go (the fence naming attempt 1 and the job) and requeue's request now wait for
-    it, recorded with the attempt: a controller started during it waits too."""
-    path = _spec(tmp_path, strategy, max_restarts=2)
-    data = yaml.safe_load(path.read_text())
-    data["restart"]["policy"] = {"RANK_SIGNAL": {"backoff_s": 30}}
-    path.write_text(yaml.safe_dump(data))
-    spec = load_campaign(path)
-    scheduler = FakeScheduler()
-    first = Controller(spec, backend=scheduler)
-    [run] = first.runs
-    ranks_die = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
-
-    def rounds_after_the_failure(controller: Controller, count: int) -> Callable[[list], None]:
-        seen: list[int] = []
-
-        def observe(trackers: list) -> None:
-            ranks_die(trackers)
-            if len(controller.ledger.attempts(run.run_id)) == 2:
-                seen.append(1)
-                if len(seen) >= count:
-                    controller.stop_requested.set()
-        return observe
-
-    try:
-        first.run(observer=rounds_after_the_failure(first, 20))
-        [_, next_attempt] = first.ledger.attempts(run.run_id)
-    finally:
-        first.close()
-    second = Controller(spec, backend=scheduler)
-    try:
-        second.run(observer=rounds_after_the_failure(second, 20))
-    finally:
-        second.close()
-    [job] = list(scheduler.states)
-    assert next_attempt.not_before is not None and next_attempt.not_before > next_attempt.submitted + 25
-    if strategy == "in-allocation":  # (requeue names the job in the fence before it asks, by design)
-        assert read_fence(run.paths) == Fence(1, None, first.drill_id), "the go came before the backoff ended"
-    assert scheduler.called("requeue") == [] and scheduler.called("submit") == [(run.run_id, 0)]

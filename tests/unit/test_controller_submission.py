@@ -8,9 +8,8 @@ import pytest
 import yaml
 from fake_scheduler import FakeScheduler
 
-from orchestrator.campaign.spec import SpecError, load_campaign
+from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller, array_throttles
-from orchestrator.record.ledger import Ledger
 
 pytestmark = pytest.mark.unit
 
@@ -193,22 +192,3 @@ def test_a_restarted_controller_counts_the_arrays_in_flight_against_parallel_run
             controller.close()
         scheduler.states.update(dict.fromkeys(scheduler.states, JobState.RUNNING))
     assert scheduler.throttles == [1, 1], scheduler.throttles
-
-
-def test_a_drill_whose_runs_another_version_expanded_otherwise_is_refused_not_resumed(tmp_path: Path) -> None:
-    """The same spec, expanded otherwise by the version that started the drill (here: a run's
-    twin and config as an older version recorded them): resuming would orphan its jobs and leave
-    the ledger's rows stale. The drill is refused with the runs that differ; nothing is submitted;
-    cancel still works."""
-    spec = load_campaign(_sweep(tmp_path, runs=2, parallel_runs=2))
-    Controller(spec, backend=FakeScheduler()).ledger.close()  # the runs recorded, as a first controller does
-    ledger = Ledger.in_workdir(spec.workdir)
-    ledger.update_run("r000-seed=0", twin="r000-seed=0-baseline")
-    ledger.close()
-    scheduler = FakeScheduler()
-    controller = Controller(spec, backend=scheduler)
-    controller.stop_requested.set()  # without the refusal, run() returns at once instead of driving
-    with pytest.raises(SpecError, match=r"runs differ .*\(r000-seed=0\).*faultdrill cancel"):
-        controller.run()
-    assert scheduler.called("submit") == [] and scheduler.called("submit_array") == []
-    controller.cancel(confirm_timeout_s=1.0)

@@ -262,20 +262,3 @@ def test_every_shipped_campaign_is_a_valid_spec_whose_runs_expand(path: Path) ->
     """The campaigns the README points users at validate as they are (paths resolved from their folder)."""
     campaign = load_campaign(path)
     assert campaign.name == path.stem and expand_runs(campaign)
-
-
-def test_a_backoff_the_strategy_cannot_wait_out_is_refused_with_what_would_do(tmp_path: Path) -> None:
-    """warm re-forms in its job at once: no backoff can apply. in-allocation's batch script waits
-    restart.relaunch_wait_s for the next go: a backoff that can reach it (after the policy's
-    restarts, growing by its factor) would end the job instead."""
-    warm = {"strategy": "warm", "warm_spares": 1, "policy": {"RANK_SIGNAL": {"backoff_s": 5}}}
-    with pytest.raises(SpecError, match=r"restart.policy.RANK_SIGNAL.backoff_s \(5 s\): restart.strategy warm "
-                                        r"re-forms in its job at once.*use resubmit or in-allocation"):
-        parse_campaign(_spec(tmp_path, restart=warm), base_dir=tmp_path)
-    growing = {"strategy": "in-allocation", "max_restarts": 3, "relaunch_wait_s": 60,
-               "policy": {"RANK_EXIT": {"backoff_s": 10, "backoff_factor": 3}}}  # 10, 30, 90 s
-    with pytest.raises(SpecError, match=r"restart.policy.RANK_EXIT: its backoff reaches 90 s, but an in-allocation "
-                                        r"job waits only restart.relaunch_wait_s \(60 s\)"):
-        parse_campaign(_spec(tmp_path, restart=growing), base_dir=tmp_path)
-    assert parse_campaign(_spec(tmp_path, restart={**growing, "relaunch_wait_s": 120}), base_dir=tmp_path)
-    assert parse_campaign(_spec(tmp_path, restart={**growing, "strategy": "resubmit"}), base_dir=tmp_path)
