@@ -16,6 +16,7 @@ from pydantic import (
     Tag,
     ValidationError,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -283,6 +284,13 @@ class RestartConfig(_Strict):
     max_excluded_nodes: int = Field(1, ge=0, le=64)
     # Failure class -> what to do (orchestrator/campaign/policy.py); classes not named keep their default.
     policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
+
+    @field_serializer("policy")
+    def _policy_as_given(self, policy: dict[FailureClass, PolicyEntry]) -> dict[str, dict[str, Any]]:
+        """Each entry as the spec wrote it: a field it left out is the class's default
+        (policy_entry), so a dump that is read back (a sweep point, the ledger's spec) must not
+        write the generic default in its place."""
+        return {failure_class.value: entry.model_dump(exclude_unset=True) for failure_class, entry in policy.items()}
 
 
 def _workload_problems(restart: RestartConfig, workload: "WorkloadConfig | None") -> list[str]:

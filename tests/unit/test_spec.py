@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.campaign.failure_classes import FailureClass
+from orchestrator.campaign.policy import CHAINED_JOBS_BUDGET, policy_entry
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import SpecError, load_campaign, parse_campaign, time_limit_minutes
 
@@ -262,3 +264,17 @@ def test_every_shipped_campaign_is_a_valid_spec_whose_runs_expand(path: Path) ->
     """The campaigns the README points users at validate as they are (paths resolved from their folder)."""
     campaign = load_campaign(path)
     assert campaign.name == path.stem and expand_runs(campaign)
+
+
+def test_a_swept_runs_policy_keeps_the_class_defaults_the_spec_left_unset(tmp_path: Path) -> None:
+    """A policy entry sets only what it names; the class's defaults fill the rest. A sweep point
+    re-validates the spec from its dump, and every field of the entry came back as set: a swept
+    run's TIMEOUT restarted within max_restarts instead of its own budget of chained jobs."""
+    timeout_backoff = {"policy": {"TIMEOUT": {"backoff_s": 10}}}
+    raw = _spec(tmp_path, restart=timeout_backoff, sweep={"grid": {"workload.seed": [1, 2]}})
+    campaign = parse_campaign(raw, base_dir=tmp_path)
+    for config in [campaign, *(run.campaign for run in expand_runs(campaign))]:
+        entry = policy_entry(config.restart.policy, FailureClass.TIMEOUT)
+        assert (entry.backoff_s, entry.budget, entry.spends_budget) == (10, CHAINED_JOBS_BUDGET, False), config.name
+    stored = parse_campaign(campaign.model_dump(mode="json"), base_dir=tmp_path)  # as the ledger keeps it
+    assert policy_entry(stored.restart.policy, FailureClass.TIMEOUT).spends_budget is False
