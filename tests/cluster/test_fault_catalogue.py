@@ -81,7 +81,7 @@ def _run(report: dict[str, Any], kind: str, steps: int = STEPS, twin: bool = Tru
 def test_kill_rank_hits_every_rank_on_both_of_its_nodes_at_one_instant(report: dict[str, Any], cluster) -> None:
     run = _run(report, "kill-rank")
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected", fault
+    assert fault["outcome"] == "injected", f"{fault['outcome']}: {fault['detail']}"  # whole: pytest cuts a dict
     hit = {node for node in re.findall(r"@([\w-]+)", fault["target"])}
     assert len(hit) == 2 and hit <= set(cluster), fault["target"]  # both of the job's nodes
     spread = float(re.search(r"acted within ([\d.]+) s", fault["detail"]).group(1))
