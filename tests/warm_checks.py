@@ -61,11 +61,9 @@ def restart_plans(run_dir: Path) -> list[dict[str, Any]]:
     return [event for event in events if event.get("event") == "warm_plan" and event["generation"] > 0]
 
 
-class StrangerOnTheNodes:
-    """Another user of the cluster (security issue 28): learns where the warm coordinators of the
-    drill under ``runs`` listen (host:port, from the environment of the drill's own processes, as
-    anyone who can read a job's environment could) and says hello for slot 99 with a guessed proof.
-    Only ever knocks on the coordinators of the test's own drill."""
+class Stranger:
+    """Another user (security issue 28) who, while the drill under ``runs`` goes on, finds its warm
+    coordinators (``coordinators``: host:port, of the test's own drill only) and knocks on each once."""
 
     def __init__(self, runs: Path) -> None:
         self.runs, self.probed, self._stop = runs.resolve(), set(), threading.Event()
@@ -77,12 +75,20 @@ class StrangerOnTheNodes:
         self._thread.join(timeout=10)
 
     def _roam(self) -> None:
-        while not self._stop.wait(0.5):
-            for address in self._coordinators() - self.probed:
+        while not self._stop.wait(0.2):
+            for address in self.coordinators() - self.probed:
                 self.probed.add(address)
                 knock(address)
 
-    def _coordinators(self) -> set[str]:
+    def coordinators(self) -> set[str]:
+        raise NotImplementedError
+
+
+class StrangerOnTheNodes(Stranger):
+    """On a cluster: learns where the coordinators listen from the environment of the drill's own
+    processes, as anyone who can read a job's environment could, and knocks across the network."""
+
+    def coordinators(self) -> set[str]:
         found = set()
         for process in psutil.process_iter():
             try:

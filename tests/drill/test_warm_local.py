@@ -11,8 +11,6 @@ refused, counted in the report, and the runs still end as their twins."""
 from __future__ import annotations
 
 import re
-import socket
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +21,17 @@ from recovery_checks import assert_phases_follow_the_moments
 
 from drills import drill, drill_processes, write_spec
 from experiments.layout import RunPaths, read_json_lines
-from experiments.warm.protocol import Line, new_secret, proof
 from faultdrill_cli import campaign_copy, full_campaigns
 from orchestrator.backends.local.backend import LOCAL_CONTROLLER_MODULE
+from warm_checks import Stranger
 
 
-class Stranger:
-    """Another user of the node (security issue 28): finds the warm coordinators' listening ports (a
-    job controller's, as `ss -ltn` lists them) and says hello for slot 99 with a guessed proof.
-    The frameworks' own ports (TCPStore, gloo) are left alone: they are unauthenticated by design."""
+class LocalStranger(Stranger):
+    """Another user of the node: finds the warm coordinators' listening ports (a job controller's, as
+    `ss -ltn` lists them). The frameworks' own ports (TCPStore, gloo) are left alone: they are
+    unauthenticated by design."""
 
-    def __init__(self, runs: Path) -> None:
-        self.runs, self.probed, self._stop = runs, set(), threading.Event()
-        self._thread = threading.Thread(target=self._roam, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _roam(self) -> None:
-        while not self._stop.wait(0.2):
-            for port in self._coordinator_ports() - self.probed:
-                self.probed.add(port)
-                self._knock(port)
-
-    def _coordinator_ports(self) -> set[int]:
+    def coordinators(self) -> set[str]:
         ports = set()
         for run_dir in self.runs.glob("*"):
             for process in drill_processes(run_dir):
@@ -57,18 +40,7 @@ class Stranger:
                         ports |= {c.laddr.port for c in process.net_connections("tcp") if c.status == "LISTEN"}
                 except psutil.Error:
                     continue
-        return ports
-
-    def _knock(self, port: int) -> None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as connection:
-                line = Line(connection)
-                challenge = line.receive() or {}
-                line.send({"op": "hello", "slot": 99, "node": "evil", "address": "127.0.0.1", "pid": 1,
-                           "proof": proof(new_secret(), str(challenge.get("nonce", "")), 99, 1)})
-                line.receive()  # the coordinator closes it
-        except (OSError, ValueError):
-            pass
+        return {f"127.0.0.1:{port}" for port in ports}
 
 
 def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twin(tmp_path: Path) -> None:
@@ -80,7 +52,7 @@ def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twi
     kills = data["faults"][0]["repeat"] if full else 3
     data["faults"][0]["repeat"] = kills
     spec.write_text(yaml.safe_dump(data))
-    stranger = Stranger(tmp_path / "work" / "runs")
+    stranger = LocalStranger(tmp_path / "work" / "runs")
     try:
         report = drill(spec, timeout=900)
     finally:
