@@ -1,9 +1,10 @@
 """One run's state machine: submit, watch, fault, detect failure, restart (or give up).
 
-Its parts live beside it: getting an attempt to the scheduler (orchestrator.control.submission), the
-facts of a failure (orchestrator.observe.failure_signs, then the class table and the policy), restarts in
-the same job (orchestrator.strategies.same_job), faults (orchestrator.faults.book), failed jobs until they end
-(orchestrator.control.closing).
+Its parts live beside it: getting an attempt to the scheduler (orchestrator.control.submission),
+the facts of a failure (orchestrator.observe.failure_signs, then the class table and the policy)
+and their record (orchestrator.control.failed_attempt), restarts in the same job
+(orchestrator.control.same_job_attempts), faults (orchestrator.faults.book), failed jobs until they
+end (orchestrator.control.closing), recoveries (orchestrator.control.recovery_record).
 
 Every decision is in the ledger before it is acted on, writes that belong together go in one
 transaction, and the fence (experiments.runtime.fence) names the current attempt before its job is
@@ -20,7 +21,6 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
@@ -37,13 +37,14 @@ from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandError
 from orchestrator.control.cancels import DrillCancels
 from orchestrator.control.closing import ClosingJobs
-from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
+from orchestrator.control.failed_attempt import reclassify_at_end, record_failure
+from orchestrator.control.recovery_record import RecoveryRecorder
+from orchestrator.control.same_job_attempts import SameJobAttempts
+from orchestrator.control.submission import SubmissionHooks, Submitter
 from orchestrator.faults.book import FaultBook, OnActed
 from orchestrator.faults.inject import FaultRequest, inject
 from orchestrator.observe.failure_signs import (
     blamed_nodes,
-    facts_from_json,
-    facts_json,
     failure_evidence,
     failure_sign,
     requeued,
@@ -51,7 +52,6 @@ from orchestrator.observe.failure_signs import (
 from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.measure import completion_facts
-from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
 from orchestrator.render.scripts import attempt_job_name
 from orchestrator.states import TERMINAL_STATES, JobState
 from orchestrator.strategies.base import Continuation, FailedJob, FailureFacts
@@ -64,7 +64,6 @@ DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
 FINISH_NEWS_S = 10.0  # after the final record, the job's end is polled early this long
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
-STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
 
 
 class RunTracker:
@@ -87,10 +86,11 @@ class RunTracker:
                                                    cancel=self.cancels.ask))
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
                                  refused=self._requeue_refused)
+        self.same_job = SameJobAttempts(run, backend, ledger, drill_id, self, self.requeuer)
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
-        self._awaiting_recovery: int | None = None
+        self.recoveries = RecoveryRecorder(run, ledger, self.faults)
         self._started_recorded = False
         self._finalized = False
 
@@ -186,8 +186,7 @@ class RunTracker:
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
         if row.job_id is not None and row.state == REQUEUING:  # it stopped around its requeue
-            write_fence(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))  # it may have died before this
-            self.requeuer.requeue(row.attempt, row.job_id, now, already=self._requeue_took(row.attempt, row.job_id))
+            self.same_job.resume_requeue(row.attempt, row.job_id, now)
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
@@ -272,8 +271,7 @@ class RunTracker:
     def _watch(self, attempt: int, job_id: str) -> None:
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
         self._started_recorded = False
-        ran_before = any(row.attempt < attempt and _ran(row) for row in self.ledger.attempts(self.run.run_id))
-        self._awaiting_recovery = attempt if ran_before else None
+        self.recoveries.expect(attempt)
         self.status = "running"
 
     def _act(self, attempt: int, job_id: str, fault: PlannedFault, on_acted: OnActed) -> FaultOutcome:
@@ -297,7 +295,7 @@ class RunTracker:
         watch.read(now)
         self._note(watch, state, now)
         self.faults.collect(watch)
-        self._maybe_record_recovery()
+        self.recoveries.record()
         sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at)
         if sign is not None and self._final_of(watch) is None:
             self._on_failure(watch, sign, state, now)
@@ -330,15 +328,8 @@ class RunTracker:
         self._dispose_of_failed_job(watch, answer.failed_job, classified.failure_class, state, now)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,
                                     self.faults.stopped_nodes(watch.attempt))
-        if answer.continuation.in_same_job:  # the job goes on as the next attempt: this one's state is its own
-            self.ledger.update_attempt(self.run.run_id, watch.attempt, state=JobState.REQUEUED.value
-                                       if answer.continuation is Continuation.REQUEUE else STEP_FAILED)
-        # warm: the coordinator's moment, not this controller's next look
-        detected = sign.at if answer.continuation is Continuation.FOLLOW_WARM else now
-        self.ledger.update_attempt(self.run.run_id, watch.attempt, ended=now, detected=detected, reason=sign.reason,
-                                   failed_at=sign.at, failure_evidence=sign.evidence,
-                                   failure_class=classified.failure_class.value, class_evidence=classified.evidence,
-                                   class_facts=facts_json(evidence), failed_nodes=",".join(failed_nodes) or None)
+        record_failure(self.ledger, self.run.run_id, watch.attempt, sign, answer.continuation, evidence, classified,
+                       failed_nodes, now)
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
@@ -383,36 +374,14 @@ class RunTracker:
                  f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
         if in_job is None:
             self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
-        elif continuation is Continuation.RELAUNCH:
-            self._relaunch(attempt + 1, in_job)
+            return
+        self.watch = None  # the failed attempt's job goes on as the next attempt
+        if continuation is Continuation.RELAUNCH:
+            self.same_job.relaunch(attempt + 1, in_job)
         elif continuation is Continuation.REQUEUE:
-            self._requeue(attempt + 1, in_job, now, already=already_requeued)
+            self.same_job.requeue(attempt + 1, in_job, now, already=already_requeued)
         else:
-            self._follow_warm(attempt + 1, in_job)
-
-    def _requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
-        """The next attempt is the same job, requeued: recorded, and named in the fence (job and
-        attempt) before the scheduler is asked, so that the job's next start runs as it."""
-        self.watch = None
-        # One transaction: an attempt recorded without its job would be looked up by name after a
-        # crash, and the lookup finds the failed job of the attempt before (not yet requeued).
-        with self.ledger.transaction():
-            self._begin_in_same_job(attempt, job_id, fence=False)
-            self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
-        write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
-        self.requeuer.requeue(attempt, job_id, now, already)
-
-    def _requeue_took(self, attempt: int, job_id: str) -> bool:
-        """Did the scheduler requeue ``job_id`` as ``attempt`` before the controller that asked died?
-        Yes if the job is queued again or has started as that attempt: asking again would kill the
-        attempt's run and start it over. (A job still in the failed state it had: no.)"""
-        if self.run.paths.events_file(attempt).exists():
-            return True
-        try:
-            state = self.backend.poll([job_id]).get(job_id, JobState.UNKNOWN)
-        except CommandError:
-            return False  # asked again: a requeue of a job that is already queued again is refused, then seen
-        return state is JobState.PENDING or state is JobState.REQUEUED
+            self.same_job.follow_warm(attempt + 1, in_job)
 
     def _requeue_refused(self, attempt: int, job_id: str, why: str, now: float) -> None:
         """The scheduler would not requeue the job as ``attempt``: that attempt never runs, the job
@@ -425,38 +394,6 @@ class RunTracker:
         self.closing.add(attempt - 1, job_id, now, cancelled=True)
         self._give_up(why, now)
 
-    def _relaunch(self, attempt: int, job_id: str) -> None:
-        """The next attempt in the job that is already running (in-allocation): recorded and
-        fenced like a submission, then the go — the fence naming this attempt and the job, which
-        the batch script waits for — with the nodes to keep off beside it."""
-        self.watch = None
-        job = self._begin_in_same_job(attempt, job_id)
-        if job.exclude_nodes:
-            exclude_file = self.run.paths.relaunch_exclude_file(attempt)
-            exclude_file.parent.mkdir(parents=True, exist_ok=True)
-            exclude_file.write_text(",".join(job.exclude_nodes) + "\n")
-        log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
-                 f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
-        self.accept(attempt, Submission(job_id, accepted_at=time.time()))
-
-    def _follow_warm(self, attempt: int, job_id: str) -> None:
-        """warm: the job's coordinator made ``attempt`` itself (it fenced it and sent its plans, which
-        is its acceptance): recorded and watched here, the fence left to the job (writing it from here
-        could name an attempt the job has already left behind)."""
-        self.watch = None
-        self._begin_in_same_job(attempt, job_id, fence=False)
-        log.info("%s: attempt %d re-forms warm in job %s", self.run.run_id, attempt, job_id)
-        # Accepted when the coordinator planned it: the recovery reads that from its warm_plan event.
-        self.accept(attempt, Submission(job_id, accepted_at=time.time()), fence=False)
-
-    def _begin_in_same_job(self, attempt: int, job_id: str, fence: bool = True) -> RankJob:
-        """An attempt that runs in ``job_id``, already there (relaunched, requeued, re-formed warm):
-        recorded under that job's name and array element (those of the first attempt that ran in
-        it), so a restarted controller looks up that job, not another attempt's nor every element
-        of its array."""
-        first = next(row for row in self.ledger.attempts(self.run.run_id) if row.job_id == job_id)
-        return self.begin_attempt(attempt, job_name=first.job_name, array_index=first.array_index, fence=fence)
-
     def _decide(self, attempt: int) -> Decision:
         """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""
         history = [FailureClass(row.failure_class or FailureClass.UNKNOWN.value)
@@ -467,39 +404,6 @@ class RunTracker:
         log.warning("%s: gave up: %s", self.run.run_id, reason)
         self.ledger.update_run(self.run.run_id, ended_because=reason)
         self._finish("gave_up", now)
-
-    def failure_of(self, attempt: int) -> Failure | None:
-        """Why ``attempt`` ended: the injected fault that hit it, else a natural failure."""
-        row = self._attempt_row(attempt)
-        if row.detected is None:
-            return None
-        fault = self.faults.credited(attempt)
-        if fault is not None and fault.at is not None:
-            return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault")
-        kind = (row.reason or "failure").split(":")[0]
-        at = row.failed_at if row.failed_at is not None else row.detected
-        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected,
-                       evidence=row.failure_evidence or "detection")
-
-    def _maybe_record_recovery(self) -> None:
-        attempt = self._awaiting_recovery
-        if attempt is None:
-            return
-        rows = {row.attempt: row for row in self.ledger.attempts(self.run.run_id)}
-        ran = sorted(n for n, row in rows.items() if n < attempt and _ran(row))
-        if not ran:
-            return
-        failed = recovering_from(self.run.paths, ran)
-        if not self.faults.settled(failed):
-            return
-        failure = self.failure_of(failed)
-        if failure is None:
-            return
-        between = sum(1 for n in ran if n > failed)
-        recovery = compute_recovery(self.run.paths, failure, rows[failed], rows[attempt], self.run.ranks, between)
-        if recovery is not None:
-            self.ledger.add_recovery(recovery)
-            self._awaiting_recovery = None
 
     # completion -------------------------------------------------------------------------------
     def _final_of(self, watch: AttemptWatch) -> FinalRecord | None:
@@ -546,7 +450,7 @@ class RunTracker:
             self._finish("completed", now)
 
     def _finish(self, status: str, now: float) -> None:
-        self._maybe_record_recovery()
+        self.recoveries.record()
         self.status = status
         self.ledger.update_run(self.run.run_id, status=status, ended=now)
         log.info("%s: %s", self.run.run_id, status)
@@ -558,7 +462,7 @@ class RunTracker:
         self._finalized = True
         attempts = self.ledger.attempts(self.run.run_id)
         self.faults.finish(self.status, attempts[-1].attempt if attempts else 0)
-        self._maybe_record_recovery()
+        self.recoveries.record()
 
     def _ingest_checkpoints(self) -> None:
         records = [CheckpointRecord.from_json(r) for r in read_json_lines(self.run.paths.checkpoint_log)]
@@ -599,22 +503,8 @@ class RunTracker:
 
     # jobs that are ending ---------------------------------------------------------------------
     def _final_state(self, attempt: int, state: JobState) -> None:
-        """A failed attempt's job ended: classify it again with the scheduler's final word, if the
-        class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit), and with the
-        injector's record if it came after (an agent's OOM-kill count)."""
         row = self._attempt_row(attempt)
-        if row.class_facts is None or not state.is_terminal:
-            return
-        evidence = facts_from_json(row.class_facts)
-        job_id = row.job_id
-        refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
-                            oom_killed=evidence.oom_killed or self.faults.oom_killed(attempt),
-                            ended_by_drill=evidence.ended_by_drill or self.cancels.why(job_id))
-        if refreshed == evidence:
-            return
-        classified = classify(refreshed)
-        self.ledger.update_attempt(self.run.run_id, attempt, failure_class=classified.failure_class.value,
-                                   class_evidence=classified.evidence, class_facts=facts_json(refreshed))
+        reclassify_at_end(self.ledger, row, state, self.faults.oom_killed(attempt), self.cancels.why(row.job_id))
 
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.control.closing)."""
@@ -631,10 +521,6 @@ class RunTracker:
     def _attempt_row(self, attempt: int) -> AttemptRow:
         return next(row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt)
 
-
-def _ran(row: AttemptRow) -> bool:
-    """The attempt reached the scheduler (so a failure of it is one a later attempt recovers from)."""
-    return row.job_id is not None and row.state != SUBMIT_FAILED
 
 
 def _read_final(run: RunConfig) -> FinalRecord | None:

@@ -1,0 +1,47 @@
+"""A failed attempt in the ledger: when it was detected and why, its class with the facts it was
+taken from, and the class taken again once its job's end (or a fault's late record) tells more."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.campaign.failure_classes import Classified, DrillEnded, FailureEvidence, classify
+from orchestrator.observe.failure_signs import facts_from_json, facts_json
+from orchestrator.observe.watch import FailureSign
+from orchestrator.record.ledger import AttemptRow, Ledger
+from orchestrator.states import JobState
+from orchestrator.strategies.base import Continuation
+
+STEP_FAILED = "STEP_FAILED"  # in-allocation: the attempt's rank step failed, its job went on
+
+
+def record_failure(ledger: Ledger, run_id: str, attempt: int, sign: FailureSign, continuation: Continuation,
+                   evidence: FailureEvidence, classified: Classified, failed_nodes: tuple[str, ...], now: float) -> None:
+    """Write the failure of ``attempt`` as the strategy goes on after it (``continuation``)."""
+    if continuation.in_same_job:  # the job goes on as the next attempt: this one's state is its own
+        ledger.update_attempt(run_id, attempt, state=JobState.REQUEUED.value
+                              if continuation is Continuation.REQUEUE else STEP_FAILED)
+    # warm: the coordinator's moment, not this controller's next look
+    detected = sign.at if continuation is Continuation.FOLLOW_WARM else now
+    ledger.update_attempt(run_id, attempt, ended=now, detected=detected, reason=sign.reason, failed_at=sign.at,
+                          failure_evidence=sign.evidence, failure_class=classified.failure_class.value,
+                          class_evidence=classified.evidence, class_facts=facts_json(evidence),
+                          failed_nodes=",".join(failed_nodes) or None)
+
+
+def reclassify_at_end(ledger: Ledger, row: AttemptRow, state: JobState, oom_killed: tuple[str, ...],
+                      ended_by_drill: DrillEnded | None) -> None:
+    """A failed attempt's job ended: its class taken again with the scheduler's final word, if the
+    class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit), and with the
+    injector's record if it came after (an agent's OOM-kill count)."""
+    if row.class_facts is None or not state.is_terminal:
+        return
+    evidence = facts_from_json(row.class_facts)
+    refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
+                        oom_killed=evidence.oom_killed or oom_killed,
+                        ended_by_drill=evidence.ended_by_drill or ended_by_drill)
+    if refreshed == evidence:
+        return
+    classified = classify(refreshed)
+    ledger.update_attempt(row.run_id, row.attempt, failure_class=classified.failure_class.value,
+                          class_evidence=classified.evidence, class_facts=facts_json(refreshed))

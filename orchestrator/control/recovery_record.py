@@ -1,0 +1,60 @@
+"""A run's recoveries, recorded as soon as they can be measured: the attempt that recovers from a
+failure is watched until its first step (and the fault that caused the failure has settled), then
+its time to recover and the work lost go into the ledger (orchestrator.record.recovery)."""
+
+from __future__ import annotations
+
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.control.submission import SUBMIT_FAILED
+from orchestrator.faults.book import FaultBook
+from orchestrator.record.ledger import AttemptRow, Ledger
+from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
+
+
+class RecoveryRecorder:
+    def __init__(self, run: RunConfig, ledger: Ledger, faults: FaultBook) -> None:
+        self.run, self.ledger, self.faults = run, ledger, faults
+        self.awaiting: int | None = None  # the attempt whose recovery is not recorded yet
+
+    def expect(self, attempt: int) -> None:
+        """``attempt`` is watched from now on: a recovery if an earlier attempt ran (and failed)."""
+        ran_before = any(row.attempt < attempt and ran(row) for row in self.ledger.attempts(self.run.run_id))
+        self.awaiting = attempt if ran_before else None
+
+    def record(self) -> None:
+        """The awaited recovery, once its attempt has taken its first step and its fault settled."""
+        attempt = self.awaiting
+        if attempt is None:
+            return
+        rows = {row.attempt: row for row in self.ledger.attempts(self.run.run_id)}
+        attempts_that_ran = sorted(n for n, row in rows.items() if n < attempt and ran(row))
+        if not attempts_that_ran:
+            return
+        failed = recovering_from(self.run.paths, attempts_that_ran)
+        if not self.faults.settled(failed):
+            return
+        failure = self.failure_of(rows[failed])
+        if failure is None:
+            return
+        between = sum(1 for n in attempts_that_ran if n > failed)
+        recovery = compute_recovery(self.run.paths, failure, rows[failed], rows[attempt], self.run.ranks, between)
+        if recovery is not None:
+            self.ledger.add_recovery(recovery)
+            self.awaiting = None
+
+    def failure_of(self, row: AttemptRow) -> Failure | None:
+        """Why the attempt ended: the injected fault that hit it, else a natural failure."""
+        if row.detected is None:
+            return None
+        fault = self.faults.credited(row.attempt)
+        if fault is not None and fault.at is not None:
+            return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault")
+        kind = (row.reason or "failure").split(":")[0]
+        at = row.failed_at if row.failed_at is not None else row.detected
+        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected,
+                       evidence=row.failure_evidence or "detection")
+
+
+def ran(row: AttemptRow) -> bool:
+    """The attempt reached the scheduler (so a failure of it is one a later attempt recovers from)."""
+    return row.job_id is not None and row.state != SUBMIT_FAILED
