@@ -37,7 +37,7 @@ from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandError
 from orchestrator.control.cancels import DrillCancels
 from orchestrator.control.closing import ClosingJobs
-from orchestrator.control.failed_attempt import reclassify_at_end, record_failure
+from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, record_failure
 from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
 from orchestrator.control.submission import SubmissionHooks, Submitter
@@ -64,6 +64,8 @@ DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
 FINISH_NEWS_S = 10.0  # after the final record, the job's end is polled early this long
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
+# A failed attempt recorded so goes on in its job as the next attempt (orchestrator.control.failed_attempt).
+CONTINUED_IN_JOB = frozenset({STEP_FAILED, JobState.REQUEUED.value})
 
 
 class RunTracker:
@@ -158,6 +160,9 @@ class RunTracker:
             return
         decision = self._decide(last.attempt)
         if not decision.restart:
+            # An earlier controller died before it journaled this cancel (one it journaled: reclaim_cancels).
+            if last.job_id is not None and last.state in CONTINUED_IN_JOB and self.cancels.why(last.job_id) is None:
+                self._cancel_job_of_next(last.attempt, last.job_id, now)
             self._give_up(decision.reason, now)
             return
         self._submit(last.attempt + 1, now)
@@ -363,11 +368,8 @@ class RunTracker:
         decision = self._decide(attempt)
         in_job = job_id if continuation.in_same_job else None
         if not decision.restart:
-            if in_job is not None:  # it waits for a go (or in the queue) for nothing
-                failed = self._attempt_row(attempt).failure_class or FailureClass.UNKNOWN.value
-                self.cancels.journaled(attempt, in_job, DrillEnded(failed, "the run gave up; the job its next "
-                                                                        "attempt would have run in was cancelled"))
-                self.closing.add(attempt, in_job, now, cancelled=True)
+            if in_job is not None:
+                self._cancel_job_of_next(attempt, in_job, now)
             self._give_up(decision.reason, now)
             return
         log.info("%s: %s%s", self.run.run_id, decision.reason,
@@ -393,6 +395,15 @@ class RunTracker:
         # Until the scheduler shows it ended: the cancel escalated (killed, then left behind), not fire-and-forget.
         self.closing.add(attempt - 1, job_id, now, cancelled=True)
         self._give_up(why, now)
+
+    def _cancel_job_of_next(self, attempt: int, job_id: str, now: float) -> None:
+        """The run gave up after ``attempt``, whose job went on to run the next attempt (relaunched,
+        requeued, re-formed warm): it waits for a go (or in the queue) for nothing. Cancelled as
+        the drill's, with ``attempt``'s class, and followed to its end."""
+        failed = self._attempt_row(attempt).failure_class or FailureClass.UNKNOWN.value
+        self.cancels.journaled(attempt, job_id, DrillEnded(failed, "the run gave up; the job its next "
+                                                                  "attempt would have run in was cancelled"))
+        self.closing.add(attempt, job_id, now, cancelled=True)
 
     def _decide(self, attempt: int) -> Decision:
         """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""

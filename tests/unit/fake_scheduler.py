@@ -66,7 +66,8 @@ class FakeScheduler(Backend):
     def submit_array(self, items: list[tuple[RunConfig, RankJob]], throttle: int | None = None) -> list[Submission]:
         self._called("submit_array", [run.run_id for run, _ in items])
         self.throttles.append(throttle)
-        array = self._new_job()
+        self._next_id += 1  # the array's own id names no job of its own: its elements are the jobs
+        array = str(self._next_id)
         elements = [f"{array}_{index}" for index in range(len(items))]
         self.states.update(dict.fromkeys(elements, JobState.PENDING))
         return [Submission(element, time.time()) for element in elements]

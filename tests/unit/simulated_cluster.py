@@ -35,6 +35,7 @@ from orchestrator.states import JobState
 
 KILL = "kill"  # the ranks die of SIGKILL at the job's second poll while running (launch exit 137)
 HANG = "hang"  # the ranks stop at the job's second poll while running: no more heartbeats, the job runs on
+PREEMPT = "preempt"  # the scheduler takes the job back at its second poll while running (PREEMPTED, no exit)
 
 
 @dataclass
@@ -143,7 +144,9 @@ class SimulatedCluster(FakeScheduler):
         now = time.time()
         append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1 + sim.running_polls,
                                                    "time": now})
-        if failure == KILL and sim.running_polls == 2:
+        if failure == PREEMPT and sim.running_polls == 2:
+            self.states[sim.job_id] = JobState.PREEMPTED
+        elif failure == KILL and sim.running_polls == 2:
             append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
                                                                   "exit_code": 137})
             if sim.run.campaign.restart.strategy == "in-allocation":

@@ -10,10 +10,12 @@ crash -> N drills, each checked against the invariants:
 - the final record and digest come from the run's last attempt;
 - nothing is left on the scheduler.
 
-Drilled: resubmit (a kill, a hang the drill cancels), in-allocation (a kill, the relaunch in the
-same job on the controller's go) and requeue (a kill, the same job requeued as the next attempt).
-Not yet here (issue 21, next): warm, arrays,
-preemptions, give-ups and a user's cancel; the SIGKILL mode against a real process; the warm
+Drilled (DRILLS): resubmit (a kill, a hang the drill cancels), in-allocation (a kill, the relaunch in
+the same job on the controller's go), requeue (a kill, the same job requeued as the next attempt),
+a job array (an element killed, one preempted), give-ups under resubmit, in-allocation and requeue
+(the job the next attempt would have run in is the drill's to cancel), and a user's
+``faultdrill cancel`` with runs in flight and one waiting. Not yet here (issue 21, next): warm (its
+coordinator is a process of the job), the SIGKILL mode against a real process, the warm
 coordinator's message-loss harness."""
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import yaml
 from fake_scheduler import ControllerCrash
-from simulated_cluster import HANG, KILL, SimulatedCluster
+from simulated_cluster import HANG, KILL, PREEMPT, SimulatedCluster
 
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
@@ -63,15 +65,55 @@ class Crossings:
         return crossing
 
 
-def _spec(tmp_path: Path, strategy: str) -> Path:
+@dataclass(frozen=True)
+class Drill:
+    """A drill of three runs (r000, r001, r002): how the first attempts fail, and what the drill
+    ends with (each run's status; the failure classes of each run's attempts, sorted)."""
+
+    strategy: str
+    failures: dict[tuple[int, int], str]  # (run index, attempt) -> how that attempt fails
+    classes: list[str]
+    statuses: tuple[str, ...] = ("completed", "completed", "completed")
+    spec: dict[str, Any] = field(default_factory=dict)  # top-level fields over the common spec
+    restart: dict[str, Any] = field(default_factory=dict)  # restart fields over the common spec
+
+
+DRILLS = {
+    # r001's launch exits 137 (a new job); r002 hangs (its job cancelled by the drill, a new job).
+    "resubmit": Drill("resubmit", {(1, 0): KILL, (2, 0): HANG}, ["['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]),
+    # r001's launch exits 137; its job waits for the go and runs attempt 1.
+    "in-allocation": Drill("in-allocation", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
+    # r001's launch exits 137; the scheduler requeues the job, which runs again as attempt 1.
+    "requeue": Drill("requeue", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
+    # The first attempts go out as one job array; r001's element is killed, r002's preempted: single jobs follow.
+    "array": Drill("resubmit", {(1, 0): KILL, (2, 0): PREEMPT},
+                   ["['PREEMPTED', None]", "['RANK_SIGNAL', None]", "[None]"], spec={"submit_as_array": True}),
+    # r001 fails every attempt its budget allows: it gives up (a new job each time).
+    "give-up": Drill("resubmit", {(1, 0): KILL, (1, 1): KILL, (1, 2): HANG},
+                     ["['RANK_SIGNAL', 'RANK_SIGNAL', 'HANG']", "[None]", "[None]"],
+                     statuses=("completed", "gave_up", "completed")),
+    # The same in one job: the job that waits for the go of an attempt that never comes is the drill's to cancel.
+    "in-allocation-give-up": Drill("in-allocation", {(1, 0): KILL, (1, 1): KILL},
+                                   ["['RANK_SIGNAL', 'RANK_SIGNAL']", "[None]", "[None]"],
+                                   statuses=("completed", "gave_up", "completed"), restart={"max_restarts": 1}),
+    # And under requeue: the failed job the next attempt would have been requeued as.
+    "requeue-give-up": Drill("requeue", {(1, 0): KILL, (1, 1): KILL},
+                             ["['RANK_SIGNAL', 'RANK_SIGNAL']", "[None]", "[None]"],
+                             statuses=("completed", "gave_up", "completed"), restart={"max_restarts": 1}),
+}
+
+
+def _spec(tmp_path: Path, drill: Drill) -> Path:
     spec = {
         "name": "crash-points", "backend": "slurm", "workdir": str(tmp_path / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
         "checkpoint": {"every_steps": 50, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
-        "restart": {"strategy": strategy, "max_restarts": 2, "poll_interval_s": 0.002, "hang_timeout_s": 0.1},
+        "restart": {"strategy": drill.strategy, "max_restarts": 2, "poll_interval_s": 0.002, "hang_timeout_s": 0.1,
+                    **drill.restart},
         "parallel_runs": 2,
         "sweep": {"grid": {"workload.seed": [0, 1, 2]}},
+        **drill.spec,
     }
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "spec.yaml"
@@ -79,21 +121,10 @@ def _spec(tmp_path: Path, strategy: str) -> Path:
     return path
 
 
-# The drill of each strategy: which run's first attempt fails how (r000 completes), and the failure
-# classes of the three runs' attempts that follow.
-DRILLS = {
-    # r001's launch exits 137 (a new job); r002 hangs (its job cancelled by the drill, a new job).
-    "resubmit": ({1: KILL, 2: HANG}, ["['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]),
-    # r001's launch exits 137; its job waits for the go and runs attempt 1.
-    "in-allocation": ({1: KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
-    # r001's launch exits 137; the scheduler requeues the job, which runs again as attempt 1.
-    "requeue": ({1: KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
-}
-
-
-def _world(spec: Path, strategy: str) -> SimulatedCluster:
+def _world(spec: Path, drill: Drill, **options: Any) -> SimulatedCluster:
     runs = sorted(run.run_id for run in expand_runs(load_campaign(spec)))
-    return SimulatedCluster(failures={(runs[index], 0): failure for index, failure in DRILLS[strategy][0].items()})
+    return SimulatedCluster(failures={(runs[index], attempt): failure
+                                      for (index, attempt), failure in drill.failures.items()}, **options)
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, crossings: Crossings, world: SimulatedCluster) -> None:
@@ -155,26 +186,26 @@ def workdirs(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.mark.parametrize("strategy", sorted(DRILLS))
+@pytest.mark.parametrize("name", sorted(DRILLS))
 def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_the_drill_the_same(
-        workdirs: Path, monkeypatch: pytest.MonkeyPatch, strategy: str) -> None:
-    tmp_path = workdirs
-    spec = _spec(tmp_path / "clean", strategy)
-    world, crossings = _world(spec, strategy), Crossings()
+        workdirs: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    tmp_path, drill = workdirs, DRILLS[name]
+    spec = _spec(tmp_path / "clean", drill)
+    world, crossings = _world(spec, drill), Crossings()
     with monkeypatch.context() as patch:
         _install(patch, crossings, world)
         _drive(spec, world)
     expected = _outcome(spec)
     _check(world, expected, expected, "(no crash)")
-    assert {status for status, *_ in expected.values()} == {"completed"}
-    assert sorted(str(classes) for *_, classes in expected.values()) == DRILLS[strategy][1]
+    assert [status for status, *_ in expected.values()] == list(drill.statuses), expected
+    assert sorted(str(classes) for *_, classes in expected.values()) == drill.classes, expected
     total = len(crossings.seen)
     assert total > 20, crossings.seen
-    print(f"crash-point harness, {strategy}: {total} crossings ({', '.join(sorted(set(crossings.seen)))})")
+    print(f"crash-point harness, {name}: {total} crossings ({', '.join(sorted(set(crossings.seen)))})")
 
     for crash_at in range(1, total + 1):
-        spec = _spec(tmp_path / f"crash-{crash_at}", strategy)
-        world, crossings = _world(spec, strategy), Crossings(crash_at=crash_at)
+        spec = _spec(tmp_path / f"crash-{crash_at}", drill)
+        world, crossings = _world(spec, drill), Crossings(crash_at=crash_at)
         where = f"(killed after crossing {crash_at} of {total})"
         with monkeypatch.context() as patch:
             _install(patch, crossings, world)
@@ -195,3 +226,68 @@ def test_the_harness_crosses_every_fence_write_of_the_controller() -> None:
                for path in (root / "orchestrator").rglob("*.py") if "import" in path.read_text()
                and any("write_fence" in line for line in path.read_text().splitlines() if line.startswith("from "))}
     assert writers == {module.__name__ for module in FENCE_WRITERS}
+
+
+def _runs_in_flight(spec: Path, world: SimulatedCluster) -> None:
+    """A controller drives the drill until every run it has submitted is running, then dies."""
+    def observe(trackers: list[Any]) -> None:
+        watched = [tracker.watch for tracker in trackers if tracker.watch is not None]
+        if len(watched) == 2 and all(watch.job_started is not None for watch in watched):
+            raise ControllerCrash("stopped with its runs in flight")
+
+    controller = Controller(load_campaign(spec), backend=world)
+    try:
+        with pytest.raises(ControllerCrash):
+            controller.run(observe)
+    finally:
+        controller.close()
+
+
+def _cancel(spec: Path, world: SimulatedCluster) -> list[str]:
+    """``faultdrill cancel`` on the workdir: the jobs still alive after it."""
+    controller = Controller(load_campaign(spec), backend=world)
+    try:
+        return controller.cancel(confirm_timeout_s=1.0).alive
+    finally:
+        controller.close()
+
+
+def _cancelled(spec: Path) -> tuple[dict[str, str], bool]:
+    ledger = Ledger.in_workdir(load_campaign(spec).workdir)
+    try:
+        return {row.run_id: row.status for row in ledger.runs()}, ledger.meta("finished") is not None
+    finally:
+        ledger.close()
+
+
+def test_a_cancel_killed_after_any_side_effect_is_finished_by_the_next(
+        workdirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``faultdrill cancel`` of a drill with two runs in flight and one waiting, killed after each of
+    its side effects in turn, then run again: every run cancelled, the drill finished, no job left."""
+    drill = Drill("resubmit", {}, [])
+    spec = _spec(workdirs / "clean", drill)
+    world, crossings = SimulatedCluster(polls_to_finish=10**6), Crossings()
+    _runs_in_flight(spec, world)
+    with monkeypatch.context() as patch:
+        _install(patch, crossings, world)
+        assert _cancel(spec, world) == []
+    expected = _cancelled(spec)
+    assert expected == ({run_id: "cancelled" for run_id in expected[0]}, True) and len(expected[0]) == 3, expected
+    assert not world.alive()
+    total = len(crossings.seen)
+    print(f"crash-point harness, cancel: {total} crossings ({', '.join(sorted(set(crossings.seen)))})")
+
+    for crash_at in range(1, total + 1):
+        spec = _spec(workdirs / f"cancel-{crash_at}", drill)
+        world, crossings = SimulatedCluster(polls_to_finish=10**6), Crossings(crash_at=crash_at)
+        _runs_in_flight(spec, world)
+        where = "(no crash)"
+        with monkeypatch.context() as patch:
+            _install(patch, crossings, world)
+            try:
+                _cancel(spec, world)
+            except ControllerCrash as crash:
+                where = f"({crash}; crossings before it: {crossings.seen[-6:]})"
+        assert _cancel(spec, world) == [], where
+        assert _cancelled(spec) == expected, where
+        assert not world.alive(), f"left on the scheduler: {world.alive()} {where}"
