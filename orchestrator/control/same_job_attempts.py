@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from experiments.layout import RankJob
@@ -29,28 +30,44 @@ class AttemptStarter(Protocol):
     def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None: ...
 
 
+@dataclass(frozen=True)
+class PendingGo:
+    """in-allocation: the next attempt is recorded and watched in its job; its go (the fence naming
+    it and the job, which the batch script waits for) is given at ``at``: the policy's backoff."""
+
+    attempt: int
+    job_id: str
+    at: float
+
+
 class SameJobAttempts:
     def __init__(self, run: RunConfig, backend: Backend, ledger: Ledger, drill_id: str, starter: AttemptStarter,
                  requeuer: Requeuer) -> None:
         self.run, self.backend, self.ledger, self.drill_id = run, backend, ledger, drill_id
         self.starter, self.requeuer = starter, requeuer
+        self.pending_go: PendingGo | None = None
 
-    def requeue(self, attempt: int, job_id: str, now: float, already: bool) -> None:
+    def requeue(self, attempt: int, job_id: str, now: float, already: bool, not_before: float | None = None,
+                state: JobState | None = None) -> None:
         """The next attempt is the same job, requeued: recorded, and named in the fence (job and
-        attempt) before the scheduler is asked, so that the job's next start runs as it."""
+        attempt) before the scheduler is asked (after the policy's backoff, ``not_before``, recorded
+        with it), so that the job's next start runs as it. A requeue the scheduler made itself
+        (``already``) has no backoff left to wait."""
+        held = None if already or not_before is None or not_before <= now else not_before
         # One transaction: an attempt recorded without its job would be looked up by name after a
         # crash, and the lookup finds the failed job of the attempt before (not yet requeued).
         with self.ledger.transaction():
             self._begin(attempt, job_id, fence=False)
-            self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING)
+            self.ledger.update_attempt(self.run.run_id, attempt, job_id=job_id, state=REQUEUING, not_before=held)
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
-        self.requeuer.requeue(attempt, job_id, now, already)
+        self.requeuer.requeue(attempt, job_id, now, already, not_before=held, state=state)
 
-    def resume_requeue(self, attempt: int, job_id: str, now: float) -> None:
+    def resume_requeue(self, attempt: int, job_id: str, now: float, not_before: float | None) -> None:
         """A controller stopped around the requeue of ``job_id`` as ``attempt``: fenced again (it
-        may have died before the fence) and asked again unless the scheduler took the first ask."""
+        may have died before the fence) and asked again unless the scheduler took the first ask,
+        after what is left of the backoff."""
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
-        self.requeuer.requeue(attempt, job_id, now, already=self._requeue_took(attempt, job_id))
+        self.requeuer.requeue(attempt, job_id, now, already=self._requeue_took(attempt, job_id), not_before=not_before)
 
     def _requeue_took(self, attempt: int, job_id: str) -> bool:
         """Did the scheduler requeue ``job_id`` as ``attempt`` before the controller that asked died?
@@ -64,18 +81,43 @@ class SameJobAttempts:
             return False  # asked again: a requeue of a job that is already queued again is refused, then seen
         return state is JobState.PENDING or state is JobState.REQUEUED
 
-    def relaunch(self, attempt: int, job_id: str) -> None:
+    def relaunch(self, attempt: int, job_id: str, now: float, go_at: float | None = None) -> None:
         """The next attempt in the job that is already running (in-allocation): recorded and
         fenced like a submission, then the go — the fence naming this attempt and the job, which
-        the batch script waits for — with the nodes to keep off beside it."""
-        job = self._begin(attempt, job_id)
+        the batch script waits for — with the nodes to keep off beside it. The go waits for
+        ``go_at`` (the policy's backoff, recorded with the attempt: a controller started meanwhile
+        waits too); the job is watched from now (a person's cancel, its end)."""
+        held = go_at is not None and go_at > now
+        with self.ledger.transaction():
+            job = self._begin(attempt, job_id)
+            if held:
+                self.ledger.update_attempt(self.run.run_id, attempt, not_before=go_at)
         if job.exclude_nodes:
             exclude_file = self.run.paths.relaunch_exclude_file(attempt)
             exclude_file.parent.mkdir(parents=True, exist_ok=True)
             exclude_file.write_text(",".join(job.exclude_nodes) + "\n")
-        log.info("%s: attempt %d relaunches in job %s%s", self.run.run_id, attempt, job_id,
-                 f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "")
+        log.info("%s: attempt %d relaunches in job %s%s%s", self.run.run_id, attempt, job_id,
+                 f", off {', '.join(job.exclude_nodes)}" if job.exclude_nodes else "",
+                 f", after the backoff ({go_at - now:.1f} s)" if held and go_at is not None else "")
+        if held and go_at is not None:
+            self.hold_go(attempt, job_id, go_at)
+            return
         self.starter.accept(attempt, Submission(job_id, accepted_at=time.time()))
+
+    def hold_go(self, attempt: int, job_id: str, at: float) -> None:
+        """Watch ``attempt`` in ``job_id`` now, its go given at ``at`` (``give_go``): accepted then."""
+        self.starter.accept(attempt, Submission(job_id, accepted_at=at), fence=False)
+        self.pending_go = PendingGo(attempt, job_id, at)
+
+    def give_go(self, now: float) -> None:
+        """The held go, once its backoff has passed."""
+        go = self.pending_go
+        if go is None or now < go.at:
+            return
+        self.pending_go = None
+        write_fence(self.run.paths, Fence(go.attempt, go.job_id, self.drill_id))
+        self.ledger.update_attempt(self.run.run_id, go.attempt, accepted=time.time())
+        log.info("%s: attempt %d: the go in job %s, after its backoff", self.run.run_id, go.attempt, go.job_id)
 
     def follow_warm(self, attempt: int, job_id: str) -> None:
         """warm: the job's coordinator made ``attempt`` itself (it fenced it and sent its plans, which

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
-from experiments.runtime.fence import Fence, write_fence, write_fence_unless_ahead
+from experiments.runtime.fence import Fence, read_fence, write_fence, write_fence_unless_ahead
 from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
@@ -66,6 +66,9 @@ CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
 TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 # A failed attempt recorded so goes on in its job as the next attempt (orchestrator.control.failed_attempt).
 CONTINUED_IN_JOB = frozenset({STEP_FAILED, JobState.REQUEUED.value})
+# in-allocation: a backoff that leaves the batch script less than this of its wait for the go
+# (restart.relaunch_wait_s, from the launch's exit) takes a new job instead (detection, clocks).
+RELAUNCH_MARGIN_S = 10.0
 
 
 class RunTracker:
@@ -128,7 +131,8 @@ class RunTracker:
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
         current = [self.job_id] if self.job_id is not None and not self.done else []
-        return current + self.closing.job_ids
+        held = self.requeuer.held_job_id(time.time())  # a requeue that waits out a backoff
+        return current + ([held] if held is not None and not self.done else []) + self.closing.job_ids
 
     # starting ---------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -165,7 +169,10 @@ class RunTracker:
                 self._cancel_job_of_next(last.attempt, last.job_id, now)
             self._give_up(decision.reason, now)
             return
-        self._submit(last.attempt + 1, now)
+        # An earlier controller recorded the failure and died before the next attempt: a new job,
+        # after what is left of the policy's backoff (from the failure's end).
+        not_before = (last.ended or now) + decision.backoff_s
+        self._submit(last.attempt + 1, now, not_before=not_before if not_before > now else None)
 
     def reclaim_cancels(self, now: float) -> None:
         """The jobs the drill journaled as its own to cancel (``ended_by_drill``) whose end no
@@ -191,10 +198,13 @@ class RunTracker:
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
         if row.job_id is not None and row.state == REQUEUING:  # it stopped around its requeue
-            self.same_job.resume_requeue(row.attempt, row.job_id, now)
+            self.same_job.resume_requeue(row.attempt, row.job_id, now, row.not_before)
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
+            if row.not_before is not None and row.not_before > now and self._go_not_given(row.attempt):
+                self.same_job.hold_go(row.attempt, row.job_id, row.not_before)  # in-allocation: a backoff's go
+                return
             # A warm job's coordinator may have fenced later generations while no controller ran (an
             # attempt is recorded before its fence otherwise: no other fence is ever ahead of the ledger).
             write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
@@ -202,6 +212,11 @@ class RunTracker:
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
                              now, not_before=row.not_before)
+
+    def _go_not_given(self, attempt: int) -> bool:
+        """The fence names ``attempt`` but no job: an in-allocation attempt whose go is held."""
+        fence = read_fence(self.run.paths)
+        return fence is not None and fence.attempt == attempt and fence.job_id is None
 
     def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
         """The run's final record shows it reached its last step: a controller stopped before it
@@ -292,8 +307,10 @@ class RunTracker:
         if watch is None:
             self.faults.collect()
             self.submitter.try_pending(now)
+            self._watch_held_requeue(states, now)
             self.requeuer.try_requeue(now)
             return
+        self.same_job.give_go(now)
         fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
         # No poll this round (or a stale one): the last word stands.
         state = states.get(watch.job_id, watch.state) if fresh else watch.state
@@ -338,7 +355,8 @@ class RunTracker:
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
-        self._next_or_give_up(watch.attempt, now, answer.continuation, watch.job_id, already_requeued=facts.requeued)
+        self._next_or_give_up(watch.attempt, now, answer.continuation, watch.job_id, already_requeued=facts.requeued,
+                              job_state=state)
 
     def _dispose_of_failed_job(self, watch: AttemptWatch, failed_job: FailedJob, failure_class: FailureClass,
                                state: JobState, now: float) -> None:
@@ -362,9 +380,11 @@ class RunTracker:
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
 
     def _next_or_give_up(self, attempt: int, now: float, continuation: Continuation = Continuation.NEW_JOB,
-                         job_id: str | None = None, already_requeued: bool = False) -> None:
+                         job_id: str | None = None, already_requeued: bool = False,
+                         job_state: JobState | None = None) -> None:
         """The policy's answer to ``attempt``'s failure: give up, or the next attempt as the
-        strategy goes on — a new job, or in ``job_id`` (relaunched, requeued, re-formed warm)."""
+        strategy goes on — a new job, or in ``job_id`` (relaunched, requeued, re-formed warm) —
+        after the policy's backoff."""
         decision = self._decide(attempt)
         in_job = job_id if continuation.in_same_job else None
         if not decision.restart:
@@ -372,18 +392,46 @@ class RunTracker:
                 self._cancel_job_of_next(attempt, in_job, now)
             self._give_up(decision.reason, now)
             return
-        log.info("%s: %s%s", self.run.run_id, decision.reason,
-                 f", in {decision.backoff_s:.1f} s" if decision.backoff_s and in_job is None else "")
+        backoff = decision.backoff_s
+        log.info("%s: %s%s", self.run.run_id, decision.reason, f", in {backoff:.1f} s" if backoff else "")
+        not_before = now + backoff if backoff else None
+        if continuation is Continuation.RELAUNCH and backoff + RELAUNCH_MARGIN_S > self.restart.relaunch_wait_s:
+            # The batch script would stop waiting for the go before the backoff ends: a new job after it.
+            assert in_job is not None
+            self._cancel_job_of_next(attempt, in_job, now, why=f"the backoff ({backoff:g} s) outlasts the job's wait "
+                                     f"for the go (restart.relaunch_wait_s = {self.restart.relaunch_wait_s:g})")
+            in_job = None
         if in_job is None:
-            self._submit(attempt + 1, now, not_before=now + decision.backoff_s)
+            self._submit(attempt + 1, now, not_before=not_before)
             return
         self.watch = None  # the failed attempt's job goes on as the next attempt
         if continuation is Continuation.RELAUNCH:
-            self.same_job.relaunch(attempt + 1, in_job)
+            self.same_job.relaunch(attempt + 1, in_job, now, go_at=not_before)
         elif continuation is Continuation.REQUEUE:
-            self.same_job.requeue(attempt + 1, in_job, now, already=already_requeued)
+            self.same_job.requeue(attempt + 1, in_job, now, already=already_requeued, not_before=not_before,
+                                  state=job_state)
         else:
+            if backoff:  # its spares are warm and its coordinator re-forms at once (docs/strategies.md)
+                log.info("%s: warm re-forms in job %s at once: the policy's backoff is not waited", self.run.run_id,
+                         in_job)
             self.same_job.follow_warm(attempt + 1, in_job)
+
+    def _watch_held_requeue(self, states: dict[str, JobState], now: float) -> None:
+        """A requeue held for the policy's backoff whose job a person cancelled meanwhile: the
+        request is dropped (it would bring the job back), the attempt recorded CANCELLED, and the
+        policy decides (by default: give up)."""
+        job_id = self.requeuer.held_job_id(now)
+        if job_id is None or self.cancels.why(job_id) is not None:
+            return
+        dropped = self.requeuer.cancelled_while_held(states.get(job_id), now)
+        if dropped is None:
+            return
+        why = f"job {job_id} was cancelled during the backoff before its requeue (not by the drill)"
+        log.warning("%s: attempt %d: %s", self.run.run_id, dropped.attempt, why)
+        self.ledger.update_attempt(self.run.run_id, dropped.attempt, state=JobState.CANCELLED.value, ended=now,
+                                   detected=now, reason=why, failure_class=FailureClass.CANCELLED.value,
+                                   class_evidence="the scheduler: CANCELLED while the requeue was held")
+        self._next_or_give_up(dropped.attempt, now)
 
     def _requeue_refused(self, attempt: int, job_id: str, why: str, now: float) -> None:
         """The scheduler would not requeue the job as ``attempt``: that attempt never runs, the job
@@ -396,13 +444,15 @@ class RunTracker:
         self.closing.add(attempt - 1, job_id, now, cancelled=True)
         self._give_up(why, now)
 
-    def _cancel_job_of_next(self, attempt: int, job_id: str, now: float) -> None:
-        """The run gave up after ``attempt``, whose job went on to run the next attempt (relaunched,
-        requeued, re-formed warm): it waits for a go (or in the queue) for nothing. Cancelled as
-        the drill's, with ``attempt``'s class, and followed to its end."""
+    def _cancel_job_of_next(self, attempt: int, job_id: str, now: float,
+                            why: str = "the run gave up; the job its next attempt would have run in was cancelled",
+                            ) -> None:
+        """``attempt``'s job went on to run the next attempt (relaunched, requeued, re-formed warm),
+        which will not run there (the run gave up; the backoff outlasts its wait): it waits for a
+        go (or in the queue) for nothing. Cancelled as the drill's, with ``attempt``'s class, and
+        followed to its end."""
         failed = self._attempt_row(attempt).failure_class or FailureClass.UNKNOWN.value
-        self.cancels.journaled(attempt, job_id, DrillEnded(failed, "the run gave up; the job its next "
-                                                                  "attempt would have run in was cancelled"))
+        self.cancels.journaled(attempt, job_id, DrillEnded(failed, why))
         self.closing.add(attempt, job_id, now, cancelled=True)
 
     def _decide(self, attempt: int) -> Decision:

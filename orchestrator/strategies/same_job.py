@@ -17,6 +17,7 @@ from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
 from orchestrator.faults.inject import kill_every_rank
+from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ REQUEUE_RETRY_S = 2.0
 @dataclass
 class PendingRequeue:
     """The next attempt is the same job, to be requeued (restart.strategy requeue): tried until
-    the scheduler takes it (a job still completing is refused for a moment)."""
+    the scheduler takes it (a job still completing is refused for a moment), from ``first_try``
+    (after the policy's backoff, if it has one)."""
 
     attempt: int
     job_id: str
@@ -35,6 +37,12 @@ class PendingRequeue:
     next_try_at: float
     already: bool = False  # the scheduler requeued it itself (a preemption that requeues)
     error: str = ""
+    # The job's state when the request was held: a CANCELLED seen later, and not the drill's, is a
+    # person's (the request would bring back a job its owner ended).
+    state_at_hold: JobState | None = None
+
+    def held(self, now: float) -> bool:
+        return not self.already and now < self.first_try
 
 
 class Requeuer:
@@ -44,10 +52,33 @@ class Requeuer:
         self.accepted, self.refused = accepted, refused  # refused(attempt, job id, why, now)
         self.pending: PendingRequeue | None = None
 
-    def requeue(self, attempt: int, job_id: str, now: float, already: bool = False) -> None:
-        """Ask the scheduler to run ``job_id`` again as ``attempt`` (recorded and fenced already)."""
-        self.pending = PendingRequeue(attempt, job_id, first_try=now, next_try_at=now, already=already)
+    def requeue(self, attempt: int, job_id: str, now: float, already: bool = False, not_before: float | None = None,
+                state: JobState | None = None) -> None:
+        """Ask the scheduler to run ``job_id`` (in ``state``) again as ``attempt`` (recorded and
+        fenced already), at ``not_before`` (the policy's backoff) or now."""
+        start = now if already or not_before is None else max(now, not_before)
+        self.pending = PendingRequeue(attempt, job_id, first_try=start, next_try_at=start, already=already,
+                                      state_at_hold=state)
         self.try_requeue(now)
+
+    def held_job_id(self, now: float) -> str | None:
+        """The job whose requeue waits out a backoff: watched meanwhile (``cancelled_while_held``)."""
+        pending = self.pending
+        return pending.job_id if pending is not None and pending.held(now) else None
+
+    def cancelled_while_held(self, state: JobState | None, now: float) -> PendingRequeue | None:
+        """The held request, dropped, if its job turned CANCELLED during the hold (the caller
+        knows whether the drill did it); None otherwise."""
+        pending = self.pending
+        if pending is None or state is None or not pending.held(now):
+            return None
+        if pending.state_at_hold is None:
+            pending.state_at_hold = state  # a controller started during the hold: its first look
+            return None
+        if state is JobState.CANCELLED and pending.state_at_hold is not JobState.CANCELLED:
+            self.pending = None
+            return pending
+        return None
 
     def try_requeue(self, now: float) -> None:
         pending = self.pending

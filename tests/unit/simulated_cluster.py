@@ -55,6 +55,8 @@ class SimulatedCluster(FakeScheduler):
     failures: dict[tuple[str, int], str] = field(default_factory=dict)  # (run id, attempt) -> KILL
     jobs: dict[str, SimJob] = field(default_factory=dict)
     ran: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (run, attempt) -> jobs that trained
+    began: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, attempt) -> when its ranks started
+    failed_at: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, attempt) -> when it failed
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         submission = super().submit(run, job)
@@ -130,6 +132,7 @@ class SimulatedCluster(FakeScheduler):
         events = paths.events_file(sim.job.attempt)
         events.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
+        self.began.setdefault((sim.run.run_id, sim.job.attempt), now)
         append_json_line(events, {"event": EVENT_JOB_START, "time": now})
         append_json_line(events, {"event": EVENT_FIRST_STEP, "time": now, "step": 1})
         paths.heartbeats.mkdir(parents=True, exist_ok=True)
@@ -144,6 +147,8 @@ class SimulatedCluster(FakeScheduler):
         now = time.time()
         append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1 + sim.running_polls,
                                                    "time": now})
+        if failure in (PREEMPT, KILL) and sim.running_polls == 2:
+            self.failed_at[(sim.run.run_id, sim.job.attempt)] = now
         if failure == PREEMPT and sim.running_polls == 2:
             self.states[sim.job_id] = JobState.PREEMPTED
         elif failure == KILL and sim.running_polls == 2:

@@ -96,6 +96,11 @@ DRILLS = {
     "in-allocation-give-up": Drill("in-allocation", {(1, 0): KILL, (1, 1): KILL},
                                    ["['RANK_SIGNAL', 'RANK_SIGNAL']", "[None]", "[None]"],
                                    statuses=("completed", "gave_up", "completed"), restart={"max_restarts": 1}),
+    # A policy backoff under the same-job strategies: in-allocation's go and requeue's request held for it.
+    "in-allocation-backoff": Drill("in-allocation", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"],
+                                   restart={"policy": {"RANK_SIGNAL": {"backoff_s": 0.05}}}),
+    "requeue-backoff": Drill("requeue", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"],
+                             restart={"policy": {"RANK_SIGNAL": {"backoff_s": 0.05}}}),
     # And under requeue: the failed job the next attempt would have been requeued as.
     "requeue-give-up": Drill("requeue", {(1, 0): KILL, (1, 1): KILL},
                              ["['RANK_SIGNAL', 'RANK_SIGNAL']", "[None]", "[None]"],
@@ -165,10 +170,14 @@ def _final_attempt(spec: Path, run_id: str) -> int | None:
     return json.loads(final.read_text())["attempt"] if final.exists() else None
 
 
-def _check(world: SimulatedCluster, outcome: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+def _check(world: SimulatedCluster, outcome: dict[str, Any], expected: dict[str, Any], where: str,
+           backoff_s: float = 0.0) -> None:
     assert outcome == expected, where
     assert all(len(jobs) == 1 for jobs in world.ran.values()), f"an attempt ran two jobs: {world.ran} {where}"
     assert not world.alive(), f"left on the scheduler: {world.alive()} {where}"
+    for (run_id, attempt), failed_at in world.failed_at.items():  # a policy backoff was waited out
+        began = world.began.get((run_id, attempt + 1))
+        assert began is None or began >= failed_at + backoff_s, f"{run_id} {attempt + 1} began early {where}"
 
 
 @pytest.fixture
@@ -196,7 +205,8 @@ def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_
         _install(patch, crossings, world)
         _drive(spec, world)
     expected = _outcome(spec)
-    _check(world, expected, expected, "(no crash)")
+    backoff_s = min((entry.get("backoff_s", 0.0) for entry in drill.restart.get("policy", {}).values()), default=0.0)
+    _check(world, expected, expected, "(no crash)", backoff_s)
     assert [status for status, *_ in expected.values()] == list(drill.statuses), expected
     assert sorted(str(classes) for *_, classes in expected.values()) == drill.classes, expected
     total = len(crossings.seen)
@@ -215,7 +225,7 @@ def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_
                 where = f"({crash}; crossings before it: {crossings.seen[-6:]})"
         world.tick()  # the cluster goes on while no controller is there: a pending job starts
         _drive(spec, world)  # the next controller, on the same workdir and the same scheduler
-        _check(world, _outcome(spec), expected, where)
+        _check(world, _outcome(spec), expected, where, backoff_s)
 
 
 def test_the_harness_crosses_every_fence_write_of_the_controller() -> None:

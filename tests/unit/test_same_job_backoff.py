@@ -1,0 +1,139 @@
+"""Issue 21, item 10: the restart policy's backoff under the strategies that go on in the same job.
+in-allocation holds the go (the fence naming the next attempt and the job) with the job watched;
+requeue holds its request and drops it if a person cancels the job meanwhile; both are recorded
+with the attempt (``not_before``), so a controller started during the backoff waits out the rest.
+A backoff the batch script would not wait for (restart.relaunch_wait_s) takes a new job after it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+from fake_scheduler import FakeScheduler, launch_exited, when_first_job_runs
+
+from experiments.runtime.fence import Fence, read_fence
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.control.controller import Controller
+from orchestrator.states import JobState
+
+pytestmark = pytest.mark.unit
+
+BACKOFF_S = 30.0
+
+
+def _spec(tmp_path: Path, strategy: str, backoff_s: float = BACKOFF_S, **restart: Any) -> Path:
+    spec = {
+        "name": "same-job-backoff", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "checkpoint": {"every_steps": 50, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+        "restart": {"strategy": strategy, "max_restarts": 2, "poll_interval_s": 0.01,
+                    "policy": {"RANK_SIGNAL": {"backoff_s": backoff_s}}, **restart},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _rounds_after_the_failure(controller: Controller, run: RunConfig, scheduler: FakeScheduler, rounds: int,
+                              then: Callable[[], None] = lambda: None) -> Callable[[list[Any]], None]:
+    """An observer: the first job's ranks die (SIGKILL) once it runs; ``rounds`` rounds after the
+    next attempt is recorded, ``then`` happens, and after as many again the controller stops."""
+    ranks_die = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
+    seen: list[int] = []
+
+    def observe(trackers: list[Any]) -> None:
+        ranks_die(trackers)
+        if len(controller.ledger.attempts(run.run_id)) >= 2:
+            seen.append(1)
+            if len(seen) == rounds:
+                then()
+            if len(seen) >= 2 * rounds:
+                controller.stop_requested.set()
+    return observe
+
+
+@pytest.mark.parametrize("strategy", ["in-allocation", "requeue"])
+def test_a_same_job_strategy_waits_out_the_backoff_across_a_controller_restart(tmp_path: Path, strategy: str) -> None:
+    spec = load_campaign(_spec(tmp_path, strategy))
+    scheduler = FakeScheduler()
+    first = Controller(spec, backend=scheduler)
+    [run] = first.runs
+    try:
+        first.run(observer=_rounds_after_the_failure(first, run, scheduler, 10))
+        [_, next_attempt] = first.ledger.attempts(run.run_id)
+    finally:
+        first.close()
+    second = Controller(spec, backend=scheduler)
+    try:
+        second.run(observer=_rounds_after_the_failure(second, run, scheduler, 10))
+        [_, still] = second.ledger.attempts(run.run_id)
+    finally:
+        second.close()
+    [job] = list(scheduler.states)
+    assert next_attempt.not_before is not None and next_attempt.not_before > next_attempt.submitted + BACKOFF_S - 5
+    assert scheduler.called("requeue") == [] and scheduler.called("submit") == [(run.run_id, 0)]
+    if strategy == "in-allocation":  # the job is watched as attempt 1's; its go waits (requeue names it, by design)
+        assert still.job_id == job and read_fence(run.paths) == Fence(1, None, first.drill_id)
+
+
+@pytest.mark.parametrize("strategy", ["in-allocation", "requeue"])
+def test_the_go_or_the_requeue_comes_once_the_backoff_has_passed(tmp_path: Path, strategy: str) -> None:
+    spec = load_campaign(_spec(tmp_path, strategy, backoff_s=0.3))
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+    stopped_at: list[float] = []
+    try:
+        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 60,
+                                                          then=lambda: stopped_at.append(time.time())))
+        [failed, attempt] = controller.ledger.attempts(run.run_id)
+    finally:
+        controller.close()
+    [job] = list(scheduler.states)
+    assert read_fence(run.paths) == Fence(1, job, controller.drill_id)
+    assert attempt.accepted is not None and failed.ended is not None and attempt.accepted >= failed.ended + 0.3
+    assert scheduler.called("requeue") == ([job] if strategy == "requeue" else [])
+
+
+def test_a_person_cancelling_the_job_during_a_held_requeue_is_not_undone(tmp_path: Path) -> None:
+    """The request would bring back the job its owner cancelled: dropped, the attempt CANCELLED, the
+    run given up (the policy's default for CANCELLED)."""
+    spec = load_campaign(_spec(tmp_path, "requeue", scheduler_poll_s=0.05))
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+
+    def person_cancels() -> None:
+        [job] = list(scheduler.states)
+        scheduler.states[job] = JobState.CANCELLED
+
+    try:
+        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 20, then=person_cancels))
+        [_, attempt] = controller.ledger.attempts(run.run_id)
+        status = controller.ledger.run(run.run_id).status
+    finally:
+        controller.close()
+    assert scheduler.called("requeue") == []
+    assert (status, attempt.failure_class, attempt.state) == ("gave_up", "CANCELLED", "CANCELLED"), attempt
+
+
+def test_a_backoff_the_batch_script_would_not_wait_for_takes_a_new_job_after_it(tmp_path: Path) -> None:
+    spec = load_campaign(_spec(tmp_path, "in-allocation", backoff_s=0.3, relaunch_wait_s=5))
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+    try:
+        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 60))
+        [failed, attempt] = controller.ledger.attempts(run.run_id)
+    finally:
+        controller.close()
+    first_job = failed.job_id
+    assert scheduler.called("cancel") == [first_job] and failed.failure_class == "RANK_SIGNAL"
+    assert scheduler.called("submit") == [(run.run_id, 0), (run.run_id, 1)] and attempt.job_id != first_job
+    assert attempt.submitted is not None and failed.ended is not None and attempt.not_before is not None
+    assert attempt.not_before >= failed.ended + 0.3
