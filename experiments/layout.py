@@ -302,6 +302,9 @@ class RankIdentity:
     job_id: str
     attempt: int
     start_ticks: int = 0  # /proc/<pid>/stat field 22
+    # The rank leads a process group of its own (a user's script behind a wrapper or a launcher that
+    # forks): a fault's signal goes to the whole group, so it reaches the trainer, not only the wrapper.
+    group: bool = False
 
 
 @dataclass(frozen=True)

@@ -46,18 +46,30 @@ class VerifiedTarget:
     job_id: str
     start_ticks: int | None = None  # the verified process's kernel start time
     pidfd: int | None = field(default=None, compare=False)  # a handle on that very process (Linux >= 5.3)
+    group: bool = False  # it leads its own process group: signals go to the group (RankIdentity.group)
 
 
 def signal_target(target: VerifiedTarget, number: int) -> None:
     """``number`` to the very process that was verified, however long ago: through its pidfd (a
     process that ended since is not signalled, whoever has its pid now), else after checking its
-    start time again in the same instant. ProcessLookupError when it is gone."""
+    start time again in the same instant. ProcessLookupError when it is gone.
+
+    A rank that leads a process group of its own gets the signal with its whole group (the
+    trainer a wrapper started), once the leader is shown to be the verified process and still the
+    group's leader: a group's id is its leader's pid, never reused while the group has a member."""
     if target.pidfd is not None:
-        signal.pidfd_send_signal(target.pidfd, number)
-        return
-    if target.start_ticks is not None and start_ticks(target.pid) != target.start_ticks:
+        signal.pidfd_send_signal(target.pidfd, 0 if target.group else number)
+    elif target.start_ticks is not None and start_ticks(target.pid) != target.start_ticks:
         raise ProcessLookupError(f"pid {target.pid} is no longer the process that was verified")
-    os.kill(target.pid, number)
+    elif not target.group:
+        os.kill(target.pid, number)
+        return
+    if not target.group:
+        return
+    if os.getpgid(target.pid) != target.pid:  # it left its group (setsid): only it is the drill's to signal
+        os.kill(target.pid, number)
+        return
+    os.killpg(target.pid, number)
 
 
 def _pidfd(pid: int) -> int | None:
@@ -122,7 +134,7 @@ def _verified(identity: RankIdentity, rank: int, job_id: str, run_id: str, pidfd
         raise gone
     _check_environment(environ, run_id, job_id, rank, identity.pid)
     return VerifiedTarget(pid=identity.pid, rank=rank, node=identity.node, job_id=job_id, start_ticks=ticks,
-                          pidfd=pidfd)
+                          pidfd=pidfd, group=identity.group)
 
 
 def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: int, pid: int) -> None:

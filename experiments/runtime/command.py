@@ -67,6 +67,8 @@ from experiments.runtime.identity import start_ticks
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 CHECKPOINT_SCAN_S = 0.5
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
+REAP_S = 5.0
 TAIL_LINES = 20
 
 
@@ -180,11 +182,15 @@ class Supervisor:
                          node=self.env.node, command=self.command.argv[0], progress=self.command.progress)
         if self.command.progress != PROGRESS_API:
             self.progress = self._inferred_progress()
+        _adopt_orphans()
         child = self._start()
         self._register(child)
         watchers = self._watch(child)
         returncode = child.wait()
         self._stop.set()
+        # What the script started and left behind (a wrapper's trainer, a launcher's workers) ends
+        # with it: nothing of the rank trains on beside the next attempt, and its pipes close.
+        end_group_and_orphans(child.pid)
         for watcher in watchers:
             watcher.join(timeout=5)
         if self.command.progress == PROGRESS_CHECKPOINTS:
@@ -207,8 +213,11 @@ class Supervisor:
             raise CommandFailed(f"workload.cwd: {str(self.cwd)!r} is not a directory on {os.uname().nodename}")
         piped = subprocess.PIPE if self.command.progress == PROGRESS_LOG else None
         try:
+            # A process group of its own: signals (the scheduler's, passed on; a fault's) reach
+            # everything the script starts, not only a wrapper or a launcher in front of the trainer.
             child = subprocess.Popen(argv, cwd=self.cwd, env=child_environment(self.job, self.env, self.started_at),
-                                     stdout=piped, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+                                     stdout=piped, stderr=subprocess.PIPE, preexec_fn=_die_with_parent,
+                                     process_group=0)
         except FileNotFoundError as error:
             raise CommandFailed(f"workload.command: {argv[0]!r} not found (cwd {self.cwd}): {error.strerror}; "
                                 "give a path or a program on the ranks' PATH") from None
@@ -221,14 +230,14 @@ class Supervisor:
 
     def _forward(self, signum: int, frame: Any) -> None:
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            signal_group(self.child.pid, signum)
 
     def _register(self, child: subprocess.Popen[bytes]) -> None:
         """The child is the rank the fault injector acts on (its pid and kernel start time)."""
         ticks = start_ticks(child.pid)
         identity = RankIdentity(rank=self.env.rank, pid=child.pid, create_time=time.time(), start_ticks=ticks or 0,
                                 host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
-                                attempt=self.job.attempt)
+                                attempt=self.job.attempt, group=True)
         write_json_atomic(self.paths.rank_file(self.job.attempt, self.env.rank), record_dict(identity))
 
     def _watch(self, child: subprocess.Popen[bytes]) -> list[threading.Thread]:
@@ -303,6 +312,64 @@ class Supervisor:
                              drill_id=self.job.drill_id)
         write_json_atomic(self.paths.final, record_dict(record))
         self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
+
+
+def signal_group(leader: int, signum: int) -> None:
+    """``signum`` to the process group ``leader`` leads (to it alone if it left the group)."""
+    try:
+        if os.getpgid(leader) == leader:
+            os.killpg(leader, signum)
+        else:
+            os.kill(leader, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _adopt_orphans() -> None:
+    """The script's processes whose parent dies (a wrapper's trainer) become this process's
+    children, not init's: ``end_group_and_orphans`` finds them even if they left the group."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # best effort: without it, the group alone is ended
+
+
+def end_group_and_orphans(leader: int) -> None:
+    """SIGKILL to what is left of the script's process group and to every process re-parented to
+    this one (its own children only: their parent is this process, which nobody else can claim),
+    then reap them."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in _children_of(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + REAP_S  # a process in uninterruptible sleep dies when it wakes: not waited for
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0 and not _children_of(os.getpid()):
+            return
+        if pid == 0:
+            time.sleep(0.01)
+
+
+def _children_of(parent: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and int(fields[1]) == parent and fields[0] != "Z":
+            children.append(int(entry.name))
+    return children
 
 
 def _die_with_parent() -> None:

@@ -5,6 +5,7 @@ script ended; zero-code progress comes from its log lines."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import psutil
 import pytest
 
 from experiments.layout import (
+    ENV_JOB_ID,
     PROGRESS_CHECKPOINTS,
     PROGRESS_LOG,
     CommandSpec,
@@ -177,3 +179,96 @@ def test_the_script_dies_with_its_supervisor_even_when_stopped(tmp_path: Path) -
         supervisor.wait(timeout=10)
         if child is not None and child.is_running():  # the one we verified as the script: ours
             child.kill()
+
+
+# A wrapper, as users launch their trainers (`bash train.sh`): the trainer is its child and writes
+# its pid, then steps until it is told to stop.
+WRAPPER = """
+python3 -c '
+import json, os, sys, time
+json.dump(os.getpid(), open("trainer.pid", "w"))
+for step in range(1, 100000):
+    print(f"step {step}", flush=True)
+    time.sleep(0.05)
+' &
+wait
+"""
+
+
+def _started_trainer(tmp_path: Path, deadline_s: float = 30.0) -> tuple[subprocess.Popen, int, RunPaths]:
+    """The supervisor (a real rank process) of WRAPPER, once the trainer behind it has written its pid."""
+    run_dir = tmp_path / "run"
+    command = CommandSpec(argv=("bash", "-c", WRAPPER), cwd=str(tmp_path), progress=PROGRESS_LOG,
+                          step_regex=r"^step (\d+)")
+    job = RankJob(run_id="r", run_dir=str(run_dir), attempt=0, checkpoint_every=0, checkpoint_keep=2,
+                  workload=WorkloadSpec(framework="other", steps=100000, command=command))
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(rank_job_to_dict(job)))
+    rank = subprocess.Popen([sys.executable, "-m", "experiments.entry", "--job", str(job_file)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, ENV_JOB_ID: "4242", "SLURM_PROCID": "0"})  # as a launcher sets them
+    pid_file = tmp_path / "trainer.pid"
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text()):
+        time.sleep(0.05)
+    assert pid_file.exists(), "the trainer did not start"
+    return rank, json.loads(pid_file.read_text()), RunPaths(run_dir)
+
+
+def _gone(pid: int, deadline_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_faults_signal_reaches_the_trainer_behind_a_wrapper(tmp_path: Path) -> None:
+    """Issue 21, item 12: kill-rank's SIGKILL hit only the wrapper; the trainer, re-parented to
+    init, trained on beside the next attempt. The rank leads a process group, which the signal reaches."""
+    from injectors.targets import signal_target, verify_rank
+
+    rank, trainer, paths = _started_trainer(tmp_path)
+    try:
+        identity = json.loads(paths.rank_file(0, 0).read_text())
+        assert identity["group"] is True and identity["pid"] != trainer
+        target = verify_rank(paths.root, "r", 0, 0, identity["job_id"])
+        signal_target(target, signal.SIGKILL)
+        assert _gone(trainer), "the trainer behind the wrapper survived the rank's SIGKILL"
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        rank.kill()
+        if psutil.pid_exists(trainer):
+            psutil.Process(trainer).kill()
+
+
+def test_the_trainer_a_wrapper_leaves_behind_ends_with_the_rank(tmp_path: Path) -> None:
+    """The wrapper alone dies (a signal aimed at it, an error of its own): what it started ends
+    with the rank, at once (no 5 s per output pipe), instead of training on as an orphan."""
+    rank, trainer, paths = _started_trainer(tmp_path)
+    try:
+        wrapper = json.loads(paths.rank_file(0, 0).read_text())["pid"]
+        killed_at = time.monotonic()
+        os.kill(wrapper, signal.SIGKILL)
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+        ended_in = time.monotonic() - killed_at
+        assert _gone(trainer, deadline_s=1.0), "the trainer trained on after its rank ended"
+        assert ended_in < 4.0, f"the rank took {ended_in:.1f} s to end after its script"
+    finally:
+        rank.kill()
+        if psutil.pid_exists(trainer):
+            psutil.Process(trainer).kill()
+
+
+def test_the_schedulers_signal_is_passed_on_to_the_whole_group(tmp_path: Path) -> None:
+    """SIGTERM to the rank (a job's end, a preemption's warning path) reaches the trainer itself."""
+    rank, trainer, _ = _started_trainer(tmp_path)
+    try:
+        rank.send_signal(signal.SIGTERM)
+        assert _gone(trainer), "SIGTERM did not reach the trainer behind the wrapper"
+        rank.wait(timeout=30)
+    finally:
+        rank.kill()
+        if psutil.pid_exists(trainer):
+            psutil.Process(trainer).kill()
