@@ -103,11 +103,25 @@ def write_fence_unless_ahead(paths: RunPaths, fence: Fence) -> None:
         and current.job_id is not None and fence.job_id is not None and same_job(current.job_id, fence.job_id)))
 
 
-def _replace_unless(paths: RunPaths, fence: Fence, keep: Callable[[Fence | None], bool]) -> None:
-    """Compare, then set, under the writers' lock: ``fence`` unless ``keep`` says the current one stays."""
+def fence_unless_moved_on(paths: RunPaths, failed: Fence, fence: Fence) -> bool:
+    """``fence`` (the next attempt, in a new job), unless the fence already names a later attempt
+    of ``failed``'s job: a warm job's coordinator re-formed it while no controller ran, and the
+    run goes on there. False when it did (nothing written)."""
+    def moved_on(current: Fence | None) -> bool:
+        return (current is not None and current.attempt > failed.attempt and current.job_id is not None
+                and failed.job_id is not None and same_job(current.job_id, failed.job_id)
+                and current.drill_id == failed.drill_id)
+    return _replace_unless(paths, fence, moved_on)
+
+
+def _replace_unless(paths: RunPaths, fence: Fence, keep: Callable[[Fence | None], bool]) -> bool:
+    """Compare, then set, under the writers' lock: ``fence`` unless ``keep`` says the current one
+    stays. Whether it was written."""
     with _writers_lock(paths):
-        if not keep(read_fence(paths)):
-            _replace(paths, fence, durable=True)
+        if keep(read_fence(paths)):
+            return False
+        _replace(paths, fence, durable=True)
+        return True
 
 
 @contextmanager

@@ -24,7 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
-from experiments.runtime.fence import Fence, read_fence, write_fence, write_fence_unless_ahead
+from experiments.runtime.fence import (
+    Fence,
+    fence_unless_moved_on,
+    read_fence,
+    write_fence,
+    write_fence_unless_ahead,
+)
 from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
@@ -170,7 +176,12 @@ class RunTracker:
             self._give_up(decision.reason, now)
             return
         # An earlier controller recorded the failure and died before the next attempt: a new job,
-        # after what is left of the policy's backoff (from the failure's end).
+        # after what is left of the policy's backoff (from the failure's end) — unless the failed
+        # attempt's job went on by itself (a warm coordinator re-formed it): the run follows it.
+        if last.job_id is not None and not fence_unless_moved_on(
+                self.run.paths, Fence(last.attempt, last.job_id, self.drill_id), Fence(last.attempt + 1, None, self.drill_id)):
+            self.same_job.follow_warm(last.attempt + 1, last.job_id)
+            return
         not_before = (last.ended or now) + decision.backoff_s
         self._submit(last.attempt + 1, now, not_before=not_before if not_before > now else None)
 

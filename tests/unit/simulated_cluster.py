@@ -20,6 +20,8 @@ from experiments.layout import (
     EVENT_FIRST_STEP,
     EVENT_JOB_START,
     EVENT_STEP_EXIT,
+    EVENT_WARM_FAILURE,
+    EVENT_WARM_PLAN,
     FinalRecord,
     RankJob,
     RunPaths,
@@ -27,7 +29,7 @@ from experiments.layout import (
     record_dict,
     write_json_atomic,
 )
-from experiments.runtime.fence import read_fence
+from experiments.runtime.fence import Fence, read_fence, write_fence
 from orchestrator.backends.base import AttemptRef, Submission
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.render.scripts import array_job_name, attempt_job_name
@@ -47,6 +49,7 @@ class SimJob:
     running_polls: int = 0
     stale: bool = False  # started against the fence and ended without touching the run
     awaiting_go: bool = False  # in-allocation: its ranks died, the job waits for the controller's go
+    re_forming: bool = False  # warm: a rank died; the job's coordinator re-forms at the next poll
 
 
 @dataclass
@@ -96,6 +99,8 @@ class SimulatedCluster(FakeScheduler):
             self._start(sim)
         elif state is JobState.RUNNING and sim.awaiting_go:
             self._await_go(sim)
+        elif state is JobState.RUNNING and sim.re_forming:
+            self._re_form(sim)
         elif state is JobState.RUNNING:
             self._train(sim)
 
@@ -111,6 +116,25 @@ class SimulatedCluster(FakeScheduler):
         elif fence.job_id is not None and fence.job_id != sim.job_id:
             self.states[sim.job_id] = JobState.COMPLETED
 
+    def _re_form(self, sim: SimJob) -> None:
+        """experiments/warm/coordinator.py: the next generation is the run's next attempt, fenced by
+        compare-and-set over the fence the job holds (one that names anything else ends the job:
+        the controller has moved on), then its plan, then its ranks train (a spare took the dead one)."""
+        paths = RunPaths(sim.run.paths.root)
+        held = Fence(sim.job.attempt, sim.job_id, sim.job.drill_id or None)
+        fence = read_fence(paths)
+        if fence is None or (fence.attempt, fence.job_id) != (held.attempt, held.job_id):
+            self.states[sim.job_id] = JobState.COMPLETED
+            return
+        attempt = sim.job.attempt + 1
+        write_fence(paths, Fence(attempt, sim.job_id, held.drill_id))
+        sim.job, sim.running_polls, sim.re_forming = replace(sim.job, attempt=attempt), 0, False
+        events = paths.events_file(attempt)
+        events.parent.mkdir(parents=True, exist_ok=True)
+        append_json_line(events, {"event": EVENT_WARM_PLAN, "time": time.time(), "generation": attempt,
+                                  "resume": "peer", "source_rank": 0, "step": 2})
+        self._begin(sim, job_start=False)
+
     def _start(self, sim: SimJob) -> None:
         paths = RunPaths(sim.run.paths.root)
         fence = read_fence(paths)
@@ -125,7 +149,7 @@ class SimulatedCluster(FakeScheduler):
         self.states[sim.job_id] = JobState.RUNNING
         self._begin(sim)
 
-    def _begin(self, sim: SimJob) -> None:
+    def _begin(self, sim: SimJob, job_start: bool = True) -> None:
         """Its ranks start as ``sim.job``'s attempt: the batch script's and rank 0's first records."""
         paths = RunPaths(sim.run.paths.root)
         self.ran.setdefault((sim.run.run_id, sim.job.attempt), []).append(sim.job_id)
@@ -133,7 +157,8 @@ class SimulatedCluster(FakeScheduler):
         events.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
         self.began.setdefault((sim.run.run_id, sim.job.attempt), now)
-        append_json_line(events, {"event": EVENT_JOB_START, "time": now})
+        if job_start:
+            append_json_line(events, {"event": EVENT_JOB_START, "time": now})
         append_json_line(events, {"event": EVENT_FIRST_STEP, "time": now, "step": 1})
         paths.heartbeats.mkdir(parents=True, exist_ok=True)
         append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1, "time": now})
@@ -151,6 +176,11 @@ class SimulatedCluster(FakeScheduler):
             self.failed_at[(sim.run.run_id, sim.job.attempt)] = now
         if failure == PREEMPT and sim.running_polls == 2:
             self.states[sim.job_id] = JobState.PREEMPTED
+        elif failure == KILL and sim.running_polls == 2 and sim.run.campaign.restart.strategy == "warm":
+            # A rank's own step ended; the job's coordinator saw it and re-forms at the next poll.
+            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_WARM_FAILURE, "time": now,
+                                                                  "rank": 0, "exit_code": 137})
+            sim.re_forming = True
         elif failure == KILL and sim.running_polls == 2:
             append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
                                                                   "exit_code": 137})

@@ -20,6 +20,7 @@ coordinator's message-loss harness."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import tempfile
@@ -43,6 +44,7 @@ pytestmark = pytest.mark.unit
 LEDGER_WRITES = ("add_attempt", "update_attempt", "update_run", "set_meta", "add_checkpoints")
 SCHEDULER_ACTS = ("submit", "submit_array", "cancel", "requeue")
 FENCE_WRITERS = (tracker, same_job_attempts)  # every module of the controller that writes a fence
+FENCE_WRITES = ("write_fence", "write_fence_unless_ahead", "fence_unless_moved_on")  # experiments.runtime.fence
 
 
 @dataclass
@@ -85,6 +87,9 @@ DRILLS = {
     "in-allocation": Drill("in-allocation", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
     # r001's launch exits 137; the scheduler requeues the job, which runs again as attempt 1.
     "requeue": Drill("requeue", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
+    # r001's rank dies; the job's coordinator re-forms it as attempt 1 (a spare takes the rank) and
+    # fences it itself; the controller follows.
+    "warm": Drill("warm", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
     # The first attempts go out as one job array; r001's element is killed, r002's preempted: single jobs follow.
     "array": Drill("resubmit", {(1, 0): KILL, (2, 0): PREEMPT},
                    ["['PREEMPTED', None]", "['RANK_SIGNAL', None]", "[None]"], spec={"submit_as_array": True}),
@@ -136,7 +141,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, crossings: Crossings, world: Simul
     for name in LEDGER_WRITES:
         monkeypatch.setattr(Ledger, name, crossings.after(f"ledger.{name}", getattr(Ledger, name)))
     for module in FENCE_WRITERS:
-        for name in ("write_fence", "write_fence_unless_ahead"):
+        for name in FENCE_WRITES:
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, crossings.after("fence", getattr(module, name)))
     for name in SCHEDULER_ACTS:
@@ -229,13 +234,20 @@ def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_
 
 
 def test_the_harness_crosses_every_fence_write_of_the_controller() -> None:
-    """A module of orchestrator/ that writes a fence and is missing from FENCE_WRITERS would write
-    fences the harness never crashes after."""
+    """A module of orchestrator/ that writes a fence and is missing from FENCE_WRITERS (or a fence
+    writer missing from FENCE_WRITES) would write fences the harness never crashes after."""
     root = Path(__file__).resolve().parents[2]
-    writers = {".".join(path.relative_to(root).with_suffix("").parts)
-               for path in (root / "orchestrator").rglob("*.py") if "import" in path.read_text()
-               and any("write_fence" in line for line in path.read_text().splitlines() if line.startswith("from "))}
+    writers, writes = set(), set()
+    for path in (root / "orchestrator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "experiments.runtime.fence":
+                names = {alias.name for alias in node.names if "fence" in alias.name and alias.name != "read_fence"}
+                if names - {"Fence"}:
+                    writers.add(".".join(path.relative_to(root).with_suffix("").parts))
+                    writes |= names - {"Fence"}
     assert writers == {module.__name__ for module in FENCE_WRITERS}
+    assert writes <= set(FENCE_WRITES), writes
+
 
 
 def _runs_in_flight(spec: Path, world: SimulatedCluster) -> None:
