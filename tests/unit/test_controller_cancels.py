@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fake_scheduler import (
     ControllerCrash,
     FakeScheduler,
@@ -15,7 +16,6 @@ from fake_scheduler import (
     run_completed,
     when_first_job_runs,
 )
-
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
 from orchestrator.states import JobState

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fake_scheduler import FakeScheduler
 
+from fake_scheduler import FakeScheduler
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller, array_throttles
 
@@ -74,7 +74,6 @@ def test_an_attempt_in_the_same_job_is_looked_up_as_its_array_element(tmp_path: 
     element of an array: recorded as that element (its index), so that a restarted controller's
     lookup finds that element, not every element of the array (other runs' jobs)."""
     from fake_scheduler import launch_exited
-
     from orchestrator.states import JobState
 
     data = yaml.safe_load(_sweep(tmp_path, runs=2, parallel_runs=2).read_text())
@@ -121,7 +120,6 @@ def test_a_relaunch_in_a_later_job_is_looked_up_under_that_jobs_name(tmp_path: P
     """Review of item 3: attempt 0's job ended (a new job for attempt 1), then attempt 1's ranks die
     in that job and attempt 2 relaunches there: attempt 2 is that job's, recorded under its name."""
     from fake_scheduler import launch_exited
-
     from orchestrator.states import JobState
 
     data = yaml.safe_load(_sweep(tmp_path, runs=1, parallel_runs=1).read_text())

@@ -12,9 +12,9 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from fake_scheduler import FakeScheduler, launch_exited, when_first_job_runs
 
 from experiments.runtime.fence import Fence, read_fence
+from fake_scheduler import FakeScheduler, launch_exited, when_first_job_runs
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller

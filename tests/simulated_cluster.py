@@ -13,8 +13,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
-from fake_scheduler import FakeScheduler
-
 from experiments.layout import (
     EVENT_COMPLETED,
     EVENT_FIRST_STEP,
@@ -30,6 +28,7 @@ from experiments.layout import (
     write_json_atomic,
 )
 from experiments.runtime.fence import Fence, read_fence, write_fence
+from fake_scheduler import FakeScheduler
 from orchestrator.backends.base import AttemptRef, Submission
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.render.scripts import array_job_name, attempt_job_name
@@ -60,6 +59,11 @@ class SimulatedCluster(FakeScheduler):
     ran: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (run, attempt) -> jobs that trained
     began: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, attempt) -> when its ranks started
     failed_at: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, attempt) -> when it failed
+
+    def __getstate__(self) -> dict[str, object]:
+        """The cluster's state, saved for the next controller process: without the test's wrappers
+        around its methods (instance attributes, set by the crash-point harness)."""
+        return {name: value for name, value in vars(self).items() if not callable(value)}
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         submission = super().submit(run, job)
