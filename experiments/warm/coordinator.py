@@ -306,7 +306,11 @@ class Coordinator:
             # own tasks would be; the spares come after them.
             self._wait(lambda: all(slot in self.members for slot in range(self.world_size)), self.timing.start_s,
                        f"the first {self.world_size} member(s) did not connect")
-            self._send_plans({rank: self.members[rank] for rank in range(self.world_size)}, RESUME_START, None, 0)
+            first = {rank: self.members[rank] for rank in range(self.world_size)}
+            gone = [member for member in first.values() if member.role == GONE]  # ended after its hello
+            self._send_plans(first, RESUME_START, None, 0)
+            for member in gone:  # dead as its plan went out: the first generation's failure, a spare takes over
+                self._on_gone(member)
             while True:
                 self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None
                                     or self._warned_step is not None)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, SpareNotStarted, Timing
+from experiments.warm.coordinator import Coordinator, Placement, SpareNotStarted, Timing
 from experiments.warm.member import CoordinatorGone, WarmMember
 from experiments.warm.protocol import (
     MAX_LINE_CHARS,
@@ -25,83 +24,13 @@ from experiments.warm.protocol import (
     new_secret,
     proof,
 )
-
-SECRET = new_secret()  # the job's warm channel secret, as the host makes one
-
-
-class Host:
-    """What the job around the coordinator records: events per attempt, fences, spares started."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[int, dict[str, Any]]] = []
-        self.fences: list[int] = []
-        self.spawned: list[tuple[int, int]] = []
-        self.placements: list[Placement] = []  # where each spare was to go
-        self.order: list[str] = []  # fences and plans, as they came
-        self.ended: list[list[int]] = []  # restart_all: the slots whose processes the host was told to end
-
-    def event(self, attempt: int, event: dict[str, Any]) -> None:
-        if event["event"] == "warm_plan":
-            self.order.append(f"plan {attempt}")
-        self.events.append((attempt, event))
-
-    def fence(self, attempt: int) -> None:
-        self.order.append(f"fence {attempt}")
-        self.fences.append(attempt)
-
-    def spawn(self, slot: int, attempt: int, where: Placement) -> None:
-        self.spawned.append((slot, attempt))
-        self.placements.append(where)
-
-    def named(self, name: str) -> list[tuple[int, dict[str, Any]]]:
-        return [(attempt, event) for attempt, event in self.events if event["event"] == name]
-
-
-def _start(host: Host, world: int, spares: int, timing: Timing | None = None,
-           restart_all: bool = False, spawn: Callable[[int, int, Placement], None] | None = None
-           ) -> tuple[Coordinator, str, dict]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
-    coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000, secret=SECRET,
-                              events=host.event, fence=host.fence, spawn=spawn or host.spawn,
-                              exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5),
-                              restart_all=restart_all, end=host.ended.append)
-    outcome: dict[str, Any] = {}
-
-    def serve() -> None:
-        try:
-            outcome["verdict"] = coordinator.serve(listener)
-        except CoordinatorGaveUp as error:
-            outcome["gave_up"] = str(error)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    outcome["thread"] = thread
-    return coordinator, address, outcome
-
-
-MEMBER_WAIT_S = 20.0
-
-
-def _within(seconds: float, condition: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _member(address: str, slot: int, node: str = "n1") -> WarmMember:
-    member = WarmMember(address, slot=slot, node=node, address="127.0.0.1", connect_timeout_s=5, secret=SECRET)
-    member.line.connection.settimeout(MEMBER_WAIT_S)  # a plan that never comes fails the test, never hangs it
-    return member
+from warm_scenario import SECRET, Host, start_coordinator, warm_member, within
 
 
 def test_a_dead_rank_is_replaced_by_a_spare_and_the_survivor_sends_its_state() -> None:
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=1)
-    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    _, address, outcome = start_coordinator(host, world=2, spares=1)
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
     first0, first1 = rank0.next_plan(), rank1.next_plan()
     assert (first0.rank, first1.rank, first0.resume, first0.attempt) == (0, 1, RESUME_START, 3)
     assert first0.master_port == 40000 and host.fences == []  # generation 0 is the attempt the controller fenced
@@ -114,13 +43,13 @@ def test_a_dead_rank_is_replaced_by_a_spare_and_the_survivor_sends_its_state() -
     assert taken.master_port == 40001 and taken.master_addr == "127.0.0.1"
     assert host.fences == [4] and host.order == ["plan 3", "fence 4", "plan 4"]
     # After the plans went out (the recovery first): a new spare in a new slot, in place of the one used.
-    assert _within(5, lambda: host.spawned == [(3, 4)]), host.spawned
+    assert within(5, lambda: host.spawned == [(3, 4)]), host.spawned
     [(attempt, failure)] = host.named("warm_failure")
     assert attempt == 3 and failure["rank"] == 1 and failure["slot"] == 1 and failure["exit_code"] == -9
     [(_, plan)] = [(a, e) for a, e in host.named("warm_plan") if e["generation"] == 1]
     assert plan["spares_used"] == {"2": 1} and plan["failed_at"] <= plan["time"]
 
-    new_spare = _member(address, 3)
+    new_spare = warm_member(address, 3)
     rank0.formed(1)
     spare.formed(1)
     rank0.done()
@@ -133,8 +62,8 @@ def test_a_dead_rank_is_replaced_by_a_spare_and_the_survivor_sends_its_state() -
 
 def test_with_no_survivor_the_spares_resume_from_the_newest_checkpoint() -> None:
     host = Host()
-    _, address, outcome = _start(host, world=1, spares=1)
-    rank0, spare = _member(address, 0), _member(address, 1)
+    _, address, outcome = start_coordinator(host, world=1, spares=1)
+    rank0, spare = warm_member(address, 0), warm_member(address, 1)
     assert rank0.next_plan().rank == 0
     rank0.line.close()
     plan = spare.next_plan()
@@ -148,8 +77,8 @@ def test_restart_all_retires_the_active_set_and_the_next_warm_set_resumes_from_t
     """TensorFlow and Chainer: no survivor keeps its place; a whole spare set (slots 2 and 3, its
     collective formed at launch) takes every rank, from the newest valid checkpoint."""
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=1, restart_all=True)
-    rank0, rank1, spare0, spare1 = (_member(address, slot) for slot in (0, 1, 2, 3))
+    _, address, outcome = start_coordinator(host, world=2, spares=1, restart_all=True)
+    rank0, rank1, spare0, spare1 = (warm_member(address, slot) for slot in (0, 1, 2, 3))
     assert [rank0.next_plan().resume, rank1.next_plan().resume] == [RESUME_START, RESUME_START]
 
     rank1.line.close()  # rank 1 died; rank 0 is stuck in a collective that cannot drop it
@@ -158,18 +87,18 @@ def test_restart_all_retires_the_active_set_and_the_next_warm_set_resumes_from_t
     assert taken0.resume == taken1.resume == RESUME_CHECKPOINT and taken0.source_rank is None
     assert host.ended == [[0]], "the survivor is ended by the host (slot 1 is already gone)"
     assert host.fences == [4]
-    assert _within(5, lambda: host.spawned == [(4, 4)]), "a new set starts at slot 4, in place of the one used"
+    assert within(5, lambda: host.spawned == [(4, 4)]), "a new set starts at slot 4, in place of the one used"
     [(_, plan)] = [(a, e) for a, e in host.named("warm_plan") if e["generation"] == 1]
     assert plan["spares_used"] == {"2": 0, "3": 1} and plan["resume"] == RESUME_CHECKPOINT
     rank0.line.close()  # the host ended it: its connection's end is no second failure
     time.sleep(0.2)
     assert [e["rank"] for _, e in host.named("warm_failure")] == [1]
 
-    late = _member(address, 4)  # the new set: one member dies before the other is warm
-    late_peer = _member(address, 5)
+    late = warm_member(address, 4)  # the new set: one member dies before the other is warm
+    late_peer = warm_member(address, 5)
     late_peer.line.close()
-    assert _within(5, lambda: [4] in host.ended), "the rest of a broken set is ended"
-    assert _within(5, lambda: host.spawned[-1] == (6, 4)), host.spawned
+    assert within(5, lambda: [4] in host.ended), "the rest of a broken set is ended"
+    assert within(5, lambda: host.spawned[-1] == (6, 4)), host.spawned
     spare0.done()
     spare1.done()
     outcome["thread"].join(timeout=10)
@@ -182,8 +111,8 @@ def test_a_spare_whose_hello_comes_after_the_run_completed_is_let_go() -> None:
     saw a test hang on it): it is told to exit (or, still in the listener's backlog at the end, its
     connection is closed): it never waits; once serve returned nobody listens any more."""
     host = Host()
-    _, address, outcome = _start(host, world=1, spares=0)
-    rank0 = _member(address, 0)
+    _, address, outcome = start_coordinator(host, world=1, spares=0)
+    rank0 = warm_member(address, 0)
     host_name, port = address.rsplit(":", 1)
     late = Line(socket.create_connection((host_name, int(port)), timeout=5))  # no hello yet
     challenge = late.receive()
@@ -214,9 +143,9 @@ def _complete(outcome: dict[str, Any], *active: WarmMember) -> None:
 def _sets(coordinator: Coordinator, address: str, nodes_by_set: list[tuple[str, str]]) -> list[WarmMember]:
     """restart_all, world 2: set k's members (slots 2k, 2k+1) on its two nodes, all warm (their
     hellos in) before any fault, as spare sets are long before one."""
-    members = [_member(address, 2 * number + rank, node) for number, nodes in enumerate(nodes_by_set)
+    members = [warm_member(address, 2 * number + rank, node) for number, nodes in enumerate(nodes_by_set)
                for rank, node in enumerate(nodes)]
-    assert _within(5, lambda: len(coordinator.members) == len(members))
+    assert within(5, lambda: len(coordinator.members) == len(members))
     return members
 
 
@@ -225,7 +154,7 @@ def test_after_a_node_crash_the_spare_set_clear_of_that_node_takes_over_and_new_
     n2 crashes: the rank there is seen dead first (set 1's member on n2 seconds later); set 2 takes
     every rank, and the spares started after avoid n2 once every member there is gone."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=2, spares=2, restart_all=True)
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=2, restart_all=True)
     members = _sets(coordinator, address, [("n1", "n2"), ("n1", "n2"), ("n1", "n3")])
     assert [members[0].next_plan().rank, members[1].next_plan().rank] == [0, 1]
     members[1].line.close()  # n2 crashed: the rank's connection ends first
@@ -234,8 +163,8 @@ def test_after_a_node_crash_the_spare_set_clear_of_that_node_takes_over_and_new_
     [(_, plan)] = [(a, e) for a, e in host.named("warm_plan") if e["generation"] == 1]
     assert plan["spares_used"] == {"4": 0, "5": 1}, "the set clear of the crashed node, not the lowest"
     members[3].line.close()  # set 1's member on n2, seconds later: set 1 is broken, its n1 member retired
-    assert _within(5, lambda: [2] in host.ended), host.ended
-    assert _within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
+    assert within(5, lambda: [2] in host.ended), host.ended
+    assert within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
     _complete(outcome, members[4], members[5])
 
 
@@ -243,16 +172,16 @@ def test_a_node_whose_only_other_members_were_retired_is_lost_when_its_members_d
     """A first SIGKILL (rank 0, on n1) retires rank 1 on n2; then n2 crashes under the next set: the
     member retired there earlier is no sign of life, so the spares started after avoid n2."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=2, spares=2, restart_all=True)
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=2, restart_all=True)
     members = _sets(coordinator, address, [("n1", "n2"), ("n1", "n2"), ("n1", "n3")])
     assert [members[0].next_plan().rank, members[1].next_plan().rank] == [0, 1]
     members[0].line.close()  # rank 0 SIGKILLed on n1: every set touches n1, the lowest one takes over
     assert [members[2].next_plan().rank, members[3].next_plan().rank] == [0, 1]
-    assert _within(5, lambda: [1] in host.ended), host.ended
+    assert within(5, lambda: [1] in host.ended), host.ended
     members[1].line.close()  # the host ended it (retired on n2)
     members[3].line.close()  # n2 crashes: the active rank there dies
     assert [members[4].next_plan().rank, members[5].next_plan().rank] == [0, 1]
-    assert _within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
+    assert within(5, lambda: any(p.avoid == frozenset({"n2"}) for p in host.placements)), host.placements
     _complete(outcome, members[4], members[5])
 
 
@@ -267,13 +196,13 @@ def test_when_no_spare_set_is_left_or_can_start_the_job_gives_up_at_once() -> No
         if where.avoid:
             raise SpareNotStarted(f"a spare set needs 2 node(s); lost: {sorted(where.avoid)}")
 
-    coordinator, address, outcome = _start(host, world=2, spares=1, restart_all=True, spawn=refuse_lost_nodes,
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=1, restart_all=True, spawn=refuse_lost_nodes,
                                            timing=Timing(report_s=5, spare_s=60, start_s=5))
     members = _sets(coordinator, address, [("n1", "n2"), ("n1", "n2")])
     assert [members[0].next_plan().rank, members[1].next_plan().rank] == [0, 1]
     started = time.monotonic()
     members[3].line.close()  # the spare set's member on n2 first: a new set is started (n2 not lost yet)
-    assert _within(5, lambda: bool(host.spawned) and host.spawned[-1][0] == 4), host.spawned
+    assert within(5, lambda: bool(host.spawned) and host.spawned[-1][0] == 4), host.spawned
     coordinator.launch_ended([4, 5])  # its launch failed on the dead node before anyone said hello
     members[1].line.close()  # then the rank on n2
     outcome["thread"].join(timeout=10)
@@ -283,8 +212,8 @@ def test_when_no_spare_set_is_left_or_can_start_the_job_gives_up_at_once() -> No
 
 def test_a_survivor_that_never_reports_its_step_ends_the_job() -> None:
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=1, timing=Timing(report_s=0.5, spare_s=5, start_s=5))
-    rank0, rank1, _spare = (_member(address, slot) for slot in (0, 1, 2))
+    _, address, outcome = start_coordinator(host, world=2, spares=1, timing=Timing(report_s=0.5, spare_s=5, start_s=5))
+    rank0, rank1, _spare = (warm_member(address, slot) for slot in (0, 1, 2))
     rank0.next_plan(), rank1.next_plan()
     rank1.line.close()  # rank 0 is hung: it never says which step it completed
     outcome["thread"].join(timeout=10)
@@ -317,19 +246,19 @@ def test_more_deaths_than_spares_start_the_missing_spares_at_once_and_the_job_go
     """Hardening issue, item 16: two ranks of three die with one spare held. The missing spare is
     started at once (before any plan: the re-formation waits for it), not after spare_s."""
     host = Host()
-    _, address, outcome = _start(host, world=3, spares=1, timing=Timing(report_s=5, spare_s=60, start_s=5))
-    rank0, rank1, rank2, spare = (_member(address, slot) for slot in (0, 1, 2, 3))
+    _, address, outcome = start_coordinator(host, world=3, spares=1, timing=Timing(report_s=5, spare_s=60, start_s=5))
+    rank0, rank1, rank2, spare = (warm_member(address, slot) for slot in (0, 1, 2, 3))
     assert [m.next_plan().rank for m in (rank0, rank1, rank2)] == [0, 1, 2]
     rank1.line.close()
     rank2.line.close()
     rank0.lost(0, 40)
-    assert _within(5, lambda: host.spawned[:1] == [(4, 3)]), f"no spare started for the second death: {host.spawned}"
+    assert within(5, lambda: host.spawned[:1] == [(4, 3)]), f"no spare started for the second death: {host.spawned}"
     assert not [e for _, e in host.named("warm_plan") if e["generation"] == 1], "a plan before the spares were warm"
-    late = _member(address, 4, node="n2")
+    late = warm_member(address, 4, node="n2")
     plans = [m.next_plan() for m in (rank0, spare, late)]
     assert [(p.generation, p.rank, p.resume) for p in plans] == [(1, 0, RESUME_PEER), (1, 1, RESUME_PEER),
                                                                  (1, 2, RESUME_PEER)]
-    assert _within(5, lambda: len(host.spawned) == 2), "the spare held is started again after the plan"
+    assert within(5, lambda: len(host.spawned) == 2), "the spare held is started again after the plan"
     _complete(outcome, rank0, spare, late)
 
 
@@ -337,8 +266,8 @@ def test_ranks_that_saved_on_the_schedulers_warning_hold_and_nothing_re_forms() 
     """Hardening issue, item 14: a warm job's ranks save on the warning and hold; their ends (the
     scheduler ends the job, or their hold runs out) are no failure: no spare takes a rank."""
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=1)
-    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    _, address, outcome = start_coordinator(host, world=2, spares=1)
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
     assert [rank0.next_plan().rank, rank1.next_plan().rank] == [0, 1]
     rank0.warned(0, 120)
     rank1.warned(0, 120)
@@ -357,8 +286,8 @@ def test_a_spare_that_dies_before_its_generation_formed_voids_it_and_another_is_
     survivor's join gives up after the plan's join timeout and reports lost; the next plan takes
     the other warm spare (the job does not give up with a spare idle)."""
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=2, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
-    rank0, rank1, first, second = (_member(address, slot) for slot in (0, 1, 2, 3))
+    _, address, outcome = start_coordinator(host, world=2, spares=2, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1, first, second = (warm_member(address, slot) for slot in (0, 1, 2, 3))
     assert [rank0.next_plan().join_timeout_s, rank1.next_plan().join_timeout_s] == [None, None]
     rank1.line.close()
     rank0.lost(0, 30)
@@ -376,8 +305,8 @@ def test_a_spare_that_never_took_the_state_is_no_source_the_checkpoint_is() -> N
     """The survivor dies in the rendezvous of the generation that planned a spare in: the spare
     holds nothing (it reports step 0), so the next plan resumes from the newest checkpoint."""
     host = Host()
-    _, address, outcome = _start(host, world=2, spares=2, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
-    rank0, rank1, first, second = (_member(address, slot) for slot in (0, 1, 2, 3))
+    _, address, outcome = start_coordinator(host, world=2, spares=2, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1, first, second = (warm_member(address, slot) for slot in (0, 1, 2, 3))
     rank0.next_plan(), rank1.next_plan()
     rank1.line.close()
     rank0.lost(0, 30)
@@ -393,8 +322,8 @@ def test_a_spare_whose_launch_ended_before_its_hello_is_started_again_a_bounded_
     """Hardening issue, item 20: a spare that died before it said hello was never replaced (the job
     held fewer spares than it was given); one whose node is down fails at once: not forever."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=1, spares=1)
-    rank0 = _member(address, 0)
+    coordinator, address, outcome = start_coordinator(host, world=1, spares=1)
+    rank0 = warm_member(address, 0)
     assert rank0.next_plan().rank == 0
     coordinator.launch_ended([1])  # the first spare (slot 1) died before its hello
     assert host.spawned == [(2, 3)]
@@ -427,8 +356,8 @@ def test_strangers_are_refused_and_counted_and_the_real_spare_takes_the_dead_ran
     before the real spare), one with it for a slot the job never launched, and one for slot 0,
     which replaced rank 0's record: each refused and counted; a rank's death plans the real spare."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=2, spares=1)
-    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=1)
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
     strangers = [_stranger(address, 7), _stranger(address, -1), _stranger(address, 9, SECRET),
                  _stranger(address, 0, SECRET)]
     assert all(_closed(line) for line in strangers)
@@ -447,16 +376,16 @@ def test_a_line_without_end_or_a_malformed_message_ends_that_connection_not_the_
     """Item 1: lines were read without bound, and a malformed line killed the member's thread
     without its death being seen: now a real member's malformed message is its end (a failure)."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=2, spares=1)
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=1)
     host_name, port = address.rsplit(":", 1)
     flood = Line(socket.create_connection((host_name, int(port)), timeout=5))
     flood.receive()
     flood.connection.sendall(b"x" * (MAX_LINE_CHARS + 10))
-    assert _closed(flood) and _within(5, lambda: coordinator.refused == 1)
-    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    assert _closed(flood) and within(5, lambda: coordinator.refused == 1)
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
     rank0.next_plan(), rank1.next_plan()
     rank1.line.connection.sendall(b"[1, 2]\n")  # a rank that says nonsense is taken as gone
-    assert _within(5, lambda: [e["rank"] for _, e in host.named("warm_failure")] == [1]), host.events
+    assert within(5, lambda: [e["rank"] for _, e in host.named("warm_failure")] == [1]), host.events
     rank0.lost(0, 3)
     assert spare.next_plan().rank == 1
     _complete(outcome, rank0, spare)
@@ -466,12 +395,12 @@ def test_a_rank_that_dies_while_its_peers_hold_on_the_warning_is_no_warm_failure
     """Review of item 14: rank 0 held on the warning, rank 1 died before it said so: that wrote a
     warm_failure with no plan after it, which the controller followed as a re-formation."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=2, spares=1)
-    rank0, rank1, spare = (_member(address, slot) for slot in (0, 1, 2))
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=1)
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
     rank0.next_plan(), rank1.next_plan()
     rank0.warned(0, 80)
     # Each member's messages are read by a thread of its own: rank 1's end only after rank 0's word.
-    assert _within(5, lambda: coordinator.members[0].role == "warned")
+    assert within(5, lambda: coordinator.members[0].role == "warned")
     rank1.line.close()
     rank0.line.close()
     outcome["thread"].join(timeout=10)
@@ -482,9 +411,30 @@ def test_a_rank_that_dies_while_its_peers_hold_on_the_warning_is_no_warm_failure
 def test_spares_whose_launches_ended_together_are_one_failed_launch() -> None:
     """Review of item 20: the local host reports every slot that ended within one look at once."""
     host = Host()
-    coordinator, address, outcome = _start(host, world=1, spares=3)
-    rank0 = _member(address, 0)
+    coordinator, address, outcome = start_coordinator(host, world=1, spares=3)
+    rank0 = warm_member(address, 0)
     rank0.next_plan()
     coordinator.launch_ended([1, 2, 3])
     assert [slot for slot, _ in host.spawned] == [4, 5, 6]
     _complete(outcome, rank0)
+
+
+def test_a_rank_whose_connection_ended_before_the_first_plan_is_a_failure_a_spare_takes_its_place() -> None:
+    """Message-loss harness (issue 21): a rank that died after its hello, before the first plan, was
+    planned as if alive (no warm_failure); the coordinator then waited for its step as a survivor's
+    and gave up. Its end is the first generation's failure: the warm spare takes its place."""
+    host = Host()
+    coordinator, address, outcome = start_coordinator(host, world=2, spares=1,
+                                                      timing=Timing(report_s=1, spare_s=5, start_s=5))
+    spare, rank1 = warm_member(address, 2), warm_member(address, 1)
+    rank1.line.close()
+    assert within(5, lambda: 1 in coordinator.members and coordinator.members[1].role == "gone")
+    rank0 = warm_member(address, 0)
+    rank0.line.connection.settimeout(3)
+    assert rank0.next_plan().generation == 0
+    rank0.lost(0, 0)  # its rendezvous gave up: rank 1 never joined
+    plans = [rank0.next_plan(), spare.next_plan()]
+    assert [(p.generation, p.rank, p.resume) for p in plans] == [(1, 0, RESUME_CHECKPOINT), (1, 1, RESUME_CHECKPOINT)]
+    [(attempt, failure)] = host.named("warm_failure")
+    assert (attempt, failure["generation"], failure["rank"], failure["slot"]) == (3, 0, 1, 1)
+    _complete(outcome, rank0, spare)
