@@ -45,6 +45,7 @@ class FakeScheduler(Backend):
 
     capabilities = SLURM
     poll_interval_s = 0.0
+    slow_commands = False  # its calls run inline: the tests see them in the order the controller made them
 
     def _called(self, name: str, what: Any) -> None:
         self.calls.append((name, what))

@@ -49,6 +49,9 @@ class Backend(abc.ABC):
     # The default scheduler poll interval (restart.scheduler_poll_s): a real scheduler is polled
     # at a respectful pace; the local backend's poll costs nothing.
     poll_interval_s: float = 5.0
+    # Its commands wait on a scheduler that may take up to their timeouts to answer: the controller
+    # runs submissions and cancels off its loop (orchestrator/control/scheduler_calls.py).
+    slow_commands: ClassVar[bool] = True
 
     def offers(self, capability: Capability) -> bool:
         return capability in self.capabilities

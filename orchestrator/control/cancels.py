@@ -12,14 +12,16 @@ from dataclasses import asdict
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.failure_classes import DrillEnded
 from orchestrator.commands import CommandError
+from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.record.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
 
 class DrillCancels:
-    def __init__(self, run_id: str, ledger: Ledger, backend: Backend) -> None:
+    def __init__(self, run_id: str, ledger: Ledger, backend: Backend, calls: SchedulerCalls | None = None) -> None:
         self.run_id, self.ledger, self.backend = run_id, ledger, backend
+        self.calls = calls or SchedulerCalls(off_loop=False)
         self.ended_by_drill: dict[str, DrillEnded] = {  # job id -> why the drill ended it
             row.job_id: DrillEnded(**json.loads(row.ended_by_drill)) for row in ledger.attempts(run_id)
             if row.job_id and row.ended_by_drill}
@@ -49,12 +51,17 @@ class DrillCancels:
         self.ask(job_id)
 
     def ask(self, job_id: str, force: bool = False) -> None:
-        """The scheduler asked to end the job; a refusal is logged (whoever follows the job asks again)."""
-        try:
-            self.backend.cancel(job_id, force=force)
-        except CommandError as error:
+        """The scheduler asked to end the job, off the controller's loop (scheduler_calls); a
+        refusal is logged (whoever follows the job to its end asks again)."""
+        asked = self.calls.start(lambda: self.backend.cancel(job_id, force=force))
+        asked.add_done_callback(lambda done: self._refused(job_id, done.exception()))
+
+    def _refused(self, job_id: str, error: BaseException | None) -> None:
+        if isinstance(error, CommandError):
             log.warning("%s: cancelling job %s failed (tried again if it does not end): %s", self.run_id, job_id,
                         error.summary)
+        elif error is not None:
+            log.warning("%s: cancelling job %s failed: %s", self.run_id, job_id, error)
 
     def _record(self, attempt: int, job_id: str, why: DrillEnded, ledger: Ledger) -> None:
         if job_id not in self.ended_by_drill:

@@ -27,6 +27,7 @@ from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign
 from orchestrator.commands import CommandError, one_line
+from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
 from orchestrator.faults.job_control import Menders
@@ -116,6 +117,7 @@ class Controller:
         restart = campaign.restart
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
+        self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
         self._cpu_at_start = time.process_time()
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
 
@@ -198,7 +200,7 @@ class Controller:
                 for run in self.runs}
 
     def trackers(self, pools: dict[str, ThreadPoolExecutor]) -> list[RunTracker]:
-        return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id)
+        return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id, self.calls)
                 for run, faults in self.plan]
 
     def _mend(self, menders: Menders, when: str) -> None:
@@ -278,6 +280,7 @@ class Controller:
             tracker.advance(states, now, asked_at=self.poller.answered_as_of)
 
     def close(self) -> None:
+        self.calls.close()
         self.poller.close()
         self._record_cost()
         self.ledger.close()

@@ -5,11 +5,15 @@ out), then another try after a backoff, until ``restart.submit_retries`` is spen
 The attempt is already in the ledger and the fence (the tracker's ``begin_attempt``) before its
 first try, so a controller that stops at any moment is replaced by one that looks it up instead of
 submitting it twice; a late acceptance of a try given up on is fenced off by its job id.
+
+The commands run off the controller's loop (orchestrator.control.scheduler_calls): a try is asked,
+and its answer taken in a later round; the ledger is written only then, on the loop's thread.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,6 +22,7 @@ from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import RestartConfig
 from orchestrator.commands import CommandError, one_line
+from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.render.scripts import TemplateError, attempt_job_name
 
@@ -35,6 +40,8 @@ class PendingSubmission:
     failures: int = 0
     next_try_at: float = 0.0
     error: str = ""
+    looked_up: bool = False  # this try's look for the job found none: it is submitted now
+    asked: "Future[Submission | list[str]] | None" = None  # the command in flight: a submission, or the look
 
 
 @dataclass(frozen=True)
@@ -48,9 +55,10 @@ class SubmissionHooks:
 
 class Submitter:
     def __init__(self, run: RunConfig, backend: Backend, ledger: Ledger, drill_id: str, restart: RestartConfig,
-                 hooks: SubmissionHooks) -> None:
+                 hooks: SubmissionHooks, calls: SchedulerCalls | None = None) -> None:
         self.run, self.backend, self.ledger, self.drill_id, self.restart = run, backend, ledger, drill_id, restart
         self.hooks = hooks
+        self.calls = calls or SchedulerCalls(off_loop=False)
         self.pending: PendingSubmission | None = None
 
     def submit(self, attempt: int, job: RankJob, now: float, not_before: float | None = None) -> None:
@@ -65,27 +73,48 @@ class Submitter:
         self.try_pending(now)
 
     def try_pending(self, now: float) -> None:
-        """One try of the pending submission, when it is due."""
+        """The pending submission's next step, when it is due: a try asked of the scheduler (a look
+        for the job first, after a failed try), or the answer of the one in flight taken."""
         pending = self.pending
-        if pending is None or now < pending.next_try_at:
-            return
-        try:
-            if pending.failures:
-                found = self.backend.find_submitted(self._ref(pending.attempt))
-                if found:
-                    self.pending = None
-                    self._adopt_found(pending, found)
+        while pending is not None and pending is self.pending:
+            if pending.asked is None:
+                if now < pending.next_try_at:
                     return
-                self._as_single_job(pending.attempt)
-            submission = self.backend.submit(self.run, pending.job)
-        except (CommandError, TemplateError, OSError) as error:
-            self._failed(pending, error, now)
-            return
-        self.pending = None
-        self.hooks.accepted(pending.attempt, submission)
+                pending.asked = self._ask(pending)
+            if not pending.asked.done():
+                return
+            asked, pending.asked = pending.asked, None
+            try:
+                answer = asked.result()
+            except (CommandError, TemplateError, OSError) as error:
+                self._failed(pending, error, now)
+                return
+            self._answered(pending, answer)
+
+    def _ask(self, pending: PendingSubmission) -> "Future[Submission | list[str]]":
+        """After a failed try, the look for the job first (the scheduler may have taken it); then
+        the submission, as a single job."""
+        if pending.failures and not pending.looked_up:
+            ref = self._ref(pending.attempt)
+            return self.calls.start(lambda: self.backend.find_submitted(ref))
+        if pending.failures:
+            self._as_single_job(pending.attempt)
+        run, job = self.run, pending.job
+        return self.calls.start(lambda: self.backend.submit(run, job))
+
+    def _answered(self, pending: PendingSubmission, answer: "Submission | list[str]") -> None:
+        if isinstance(answer, Submission):
+            self.pending = None
+            self.hooks.accepted(pending.attempt, answer)
+        elif answer:
+            self.pending = None
+            self._adopt_found(pending, answer)
+        else:
+            pending.looked_up = True  # none: submitted next, in the same round when it runs inline
 
     def _failed(self, pending: PendingSubmission, error: BaseException, now: float) -> None:
         pending.failures += 1
+        pending.looked_up = False
         pending.error = one_line(error)
         if pending.failures <= self.restart.submit_retries:
             delay = self.restart.submit_backoff_s * 2 ** (pending.failures - 1)

@@ -46,6 +46,7 @@ from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, record_failure
 from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
+from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.submission import SubmissionHooks, Submitter
 from orchestrator.faults.book import FaultBook, OnActed
 from orchestrator.faults.inject import FaultRequest, inject
@@ -80,7 +81,7 @@ RELAUNCH_MARGIN_S = 10.0
 class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
-        injector_pool: ThreadPoolExecutor, drill_id: str,
+        injector_pool: ThreadPoolExecutor, drill_id: str, calls: SchedulerCalls | None = None,
     ) -> None:
         self.run = run
         self.plan = plan
@@ -91,10 +92,11 @@ class RunTracker:
         self.strategy = strategy_for(self.restart.strategy)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
         self.watch: AttemptWatch | None = None
-        self.cancels = DrillCancels(run.run_id, ledger, backend)  # the drill's own, journaled first
+        calls = calls or SchedulerCalls(off_loop=False)  # sbatch and scancel, off the loop where they are slow
+        self.cancels = DrillCancels(run.run_id, ledger, backend, calls)  # the drill's own, journaled first
         self.submitter = Submitter(run, backend, ledger, drill_id, self.restart,
                                    SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up,
-                                                   cancel=self.cancels.ask))
+                                                   cancel=self.cancels.ask), calls)
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
                                  refused=self._requeue_refused)
         self.same_job = SameJobAttempts(run, backend, ledger, drill_id, self, self.requeuer)

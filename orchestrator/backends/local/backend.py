@@ -95,6 +95,7 @@ class LocalBackend(Backend):
     capabilities = LOCAL
     name = "local"
     poll_interval_s = 0.0  # asking the local processes costs nothing
+    slow_commands = False  # its submissions start processes at once (and share its table of jobs)
 
     def __init__(self, drill_id: str) -> None:
         self.drill_id = drill_id

@@ -1,0 +1,123 @@
+"""Issue 21, item 10: sbatch (60 s) and scancel (3 x 20 s) ran on the controller's loop, so a
+scheduler in a brownout stalled every run's watch. Submissions and the drill's cancels now run off
+the loop for backends whose commands are slow (orchestrator/control/scheduler_calls.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from experiments.layout import RankJob
+from orchestrator.backends.base import Submission
+from orchestrator.campaign.runs import RunConfig, expand_runs
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.control.controller import Controller
+from orchestrator.control.scheduler_calls import SchedulerCalls
+from orchestrator.states import JobState
+from simulated_cluster import HANG, KILL, SimulatedCluster
+
+pytestmark = pytest.mark.unit
+
+BROWNOUT_S = 5.0  # how long the slow sbatch waits at most (the test releases it earlier when it passes)
+
+
+class Brownout(SimulatedCluster):
+    """A cluster whose sbatch or scancel for one attempt hangs until released (a brownout);
+    its commands are slow, so the controller runs them off its loop."""
+
+    slow_commands = True
+
+    def __init__(self, slow: tuple[str, int], **options: Any) -> None:
+        super().__init__(**options)
+        self.slow, self.released, self.lock = slow, threading.Event(), threading.RLock()
+        self.slow_asked = threading.Event()
+        self.slow_answered_at: float | None = None
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        if (run.run_id, job.attempt) == self.slow:
+            self.slow_asked.set()
+            self.released.wait(BROWNOUT_S)
+            self.slow_answered_at = self.slow_answered_at or time.monotonic()  # the first answer
+        with self.lock:
+            return super().submit(run, job)
+
+    def cancel(self, job_id: str, force: bool = False) -> None:
+        sim = self.jobs.get(job_id)
+        if sim is not None and (sim.run.run_id, sim.job.attempt) == self.slow:
+            self.slow_asked.set()
+            self.released.wait(BROWNOUT_S)
+            self.slow_answered_at = self.slow_answered_at or time.monotonic()  # the first answer
+        with self.lock:
+            super().cancel(job_id, force)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        with self.lock:
+            return super().poll(job_ids)
+
+
+def _spec(tmp_path: Path) -> Path:
+    spec = {
+        "name": "brownout", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "checkpoint": {"every_steps": 50, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+        "restart": {"strategy": "resubmit", "max_restarts": 2, "poll_interval_s": 0.01, "hang_timeout_s": 0.2},
+        "parallel_runs": 2, "baseline": False,
+        "sweep": {"grid": {"workload.seed": [0, 1]}},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("held", ["sbatch", "scancel"])
+def test_a_command_the_scheduler_holds_up_stalls_no_other_run(tmp_path: Path, held: str) -> None:
+    """r000's resubmission hangs in sbatch (or, after its hang, the drill's scancel of its job);
+    meanwhile r001's failure is detected, resubmitted and its run completes. Then the scheduler
+    answers r000's command, and r000 completes too."""
+    campaign = load_campaign(_spec(tmp_path))
+    runs = sorted(run.run_id for run in expand_runs(campaign))
+    slow, failure = ((runs[0], 1), KILL) if held == "sbatch" else ((runs[0], 0), HANG)
+    cluster = Brownout(slow=slow, failures={(runs[0], 0): failure, (runs[1], 0): KILL}, polls_to_finish=6)
+    controller = Controller(campaign, backend=cluster)
+    seen: dict[str, float] = {}
+
+    def observe(trackers: list[Any]) -> None:
+        if cluster.slow_asked.is_set() and not cluster.released.is_set():
+            seen.setdefault("blocked", time.monotonic())
+            if controller.ledger.run(runs[1]).status == "completed":
+                seen["other_completed"] = time.monotonic()
+                cluster.released.set()
+
+    try:
+        assert controller.run(observe)
+        statuses = {run_id: controller.ledger.run(run_id).status for run_id in runs}
+    finally:
+        cluster.released.set()
+        controller.close()
+    assert cluster.slow_answered_at is not None and "other_completed" in seen
+    assert seen["other_completed"] < cluster.slow_answered_at, "the other run waited for the hung command"
+    assert statuses == dict.fromkeys(runs, "completed")
+
+
+def test_inline_calls_keep_their_order_and_raise_a_crash_at_once() -> None:
+    """The local backend's (and the tests' fakes'): in order, an error kept for the caller, a
+    process-ending exception (a test's crash) raised at once."""
+    calls, order = SchedulerCalls(off_loop=False), []
+    first = calls.start(lambda: order.append(1))
+    failed = calls.start(lambda: (_ for _ in ()).throw(OSError("no")))
+    assert first.done() and order == [1] and isinstance(failed.exception(), OSError)
+
+    class Crash(BaseException):
+        pass
+
+    def crash() -> None:
+        raise Crash()
+
+    with pytest.raises(Crash):
+        calls.start(crash)
