@@ -73,6 +73,8 @@ DRILLS = {
     "resubmit": Drill("resubmit", {(1, 0): KILL, (2, 0): HANG}, ["['HANG', None]", "['RANK_SIGNAL', None]", "[None]"]),
     # r001's launch exits 137; its job waits for the go and runs attempt 1.
     "in-allocation": Drill("in-allocation", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
+    # r001 hangs: its launch is ended alone (a thread of the controller's), the job waits for the go.
+    "in-allocation-hang": Drill("in-allocation", {(1, 0): HANG}, ["['HANG', None]", "[None]", "[None]"]),
     # r001's launch exits 137; the scheduler requeues the job, which runs again as attempt 1.
     "requeue": Drill("requeue", {(1, 0): KILL}, ["['RANK_SIGNAL', None]", "[None]", "[None]"]),
     # r001's rank dies; the job's coordinator re-forms it as attempt 1 (a spare takes the rank) and
@@ -169,6 +171,7 @@ def check(world: SimulatedCluster, outcome: dict[str, Any], expected: dict[str, 
            backoff_s: float = 0.0) -> None:
     assert outcome == expected, where
     assert all(len(jobs) == 1 for jobs in world.ran.values()), f"an attempt ran two jobs: {world.ran} {where}"
+    assert not world.against_fence, f"trained against the fence: {world.against_fence} {where}"
     assert not world.alive(), f"left on the scheduler: {world.alive()} {where}"
     for (run_id, attempt), failed_at in world.failed_at.items():  # a policy backoff was waited out
         began = world.began.get((run_id, attempt + 1))

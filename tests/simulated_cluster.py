@@ -59,6 +59,8 @@ class SimulatedCluster(FakeScheduler):
     ran: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (run, attempt) -> jobs that trained
     began: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, attempt) -> when its ranks started
     failed_at: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, attempt) -> when it failed
+    # (run, attempt, job) of a job found training while the fence named another attempt or job: never allowed
+    against_fence: list[tuple[str, int, str]] = field(default_factory=list)
 
     def __getstate__(self) -> dict[str, object]:
         """The cluster's state, saved for the next controller process: without the test's wrappers
@@ -83,6 +85,18 @@ class SimulatedCluster(FakeScheduler):
         self._called("find_submitted", (ref.run.run_id, ref.attempt))
         return [sim.job_id for sim in self.jobs.values() if sim.name == ref.job_name
                 and (ref.array_index is None or sim.job_id.endswith(f"_{ref.array_index}"))]
+
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: int) -> bool:
+        """in-allocation: a hung attempt's launch ended alone; its job records the launch's exit and
+        waits for the controller's go (templates/relaunch.sh.j2)."""
+        self._called("kill_rank_step", (job_id, attempt))
+        sim = self.jobs.get(job_id)
+        if sim is None or self.states[job_id] is not JobState.RUNNING or sim.job.attempt != attempt:
+            return False
+        append_json_line(RunPaths(sim.run.paths.root).events_file(attempt),
+                         {"event": EVENT_STEP_EXIT, "time": time.time(), "exit_code": 137})
+        sim.awaiting_go = True
+        return True
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """Every job moves on (the scheduler runs them all, asked about or not), then the answer."""
@@ -172,6 +186,13 @@ class SimulatedCluster(FakeScheduler):
         failure = self.failures.get((sim.run.run_id, sim.job.attempt))
         if failure == HANG and sim.running_polls >= 1:
             return  # stopped: silent until the scheduler ends it
+        fence = read_fence(paths)
+        if fence is None or not fence.admits(sim.job.attempt, sim.job_id, sim.job.drill_id or None):
+            # Its ranks would be refused at their next checkpoint; that it trains at all is the fault.
+            self.against_fence.append((sim.run.run_id, sim.job.attempt, sim.job_id))
+            sim.stale = True
+            self.states[sim.job_id] = JobState.COMPLETED
+            return
         sim.running_polls += 1
         now = time.time()
         append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1 + sim.running_polls,

@@ -186,11 +186,13 @@ class Supervisor:
         child = self._start()
         self._register(child)
         watchers = self._watch(child)
+        # The script's end, seen without reaping it: while its zombie stands, its pid (the group's
+        # id) is nobody else's. What it started and left behind (a wrapper's trainer, a launcher's
+        # workers) ends with it: nothing of the rank trains on beside the next attempt.
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        end_group_and_orphans(child.pid)
         returncode = child.wait()
         self._stop.set()
-        # What the script started and left behind (a wrapper's trainer, a launcher's workers) ends
-        # with it: nothing of the rank trains on beside the next attempt, and its pipes close.
-        end_group_and_orphans(child.pid)
         for watcher in watchers:
             watcher.join(timeout=5)
         if self.command.progress == PROGRESS_CHECKPOINTS:
@@ -333,31 +335,54 @@ def _adopt_orphans() -> None:
 
 
 def end_group_and_orphans(leader: int) -> None:
-    """SIGKILL to what is left of the script's process group and to every process re-parented to
-    this one (its own children only: their parent is this process, which nobody else can claim),
-    then reap them."""
-    try:
-        os.killpg(leader, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in _children_of(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """SIGKILL to what is left of the script's process group (``leader``, exited but not reaped)
+    and to every process re-parented to this one (its own children only: their parent is this
+    process, which nobody else can claim), again as long as new ones come (a process that left the
+    group is re-parented here only once its parent has died); the dead reaped, ``leader`` left to
+    its caller."""
     deadline = time.monotonic() + REAP_S  # a process in uninterruptible sleep dies when it wakes: not waited for
     while time.monotonic() < deadline:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+            os.killpg(leader, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        others = [pid for pid in _children_of(os.getpid()) if pid != leader]
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap_all_but(leader)
+        if not others and not _group_alive(leader):
             return
-        if pid == 0 and not _children_of(os.getpid()):
-            return
-        if pid == 0:
-            time.sleep(0.01)
+        time.sleep(0.01)
 
 
-def _children_of(parent: int) -> list[int]:
+def _reap_all_but(leader: int) -> None:
+    """Reap this process's dead children (re-parented orphans), never ``leader`` (its caller's)."""
+    for pid in _children_of(os.getpid(), zombies=True):
+        if pid != leader:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _group_alive(leader: int) -> bool:
+    """A member of the group besides its (exited) leader still runs."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != leader:
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
+            if len(fields) > 2 and int(fields[2]) == leader and fields[0] != "Z":
+                return True
+    return False
+
+
+def _children_of(parent: int, zombies: bool = False) -> list[int]:
     children = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -367,7 +392,7 @@ def _children_of(parent: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if len(fields) > 1 and int(fields[1]) == parent and fields[0] != "Z":
+        if len(fields) > 1 and int(fields[1]) == parent and (zombies or fields[0] != "Z"):
             children.append(int(entry.name))
     return children
 

@@ -31,8 +31,12 @@ class DrillCancels:
 
     def journaled(self, attempt: int, job_id: str, why: DrillEnded, force: bool = False) -> None:
         """Cancel ``attempt``'s job as the drill's: recorded first, then asked."""
-        self._record(attempt, job_id, why, self.ledger)
+        self.journal(attempt, job_id, why)
         self.ask(job_id, force)
+
+    def journal(self, attempt: int, job_id: str, why: DrillEnded) -> None:
+        """The intent alone (the caller's transaction may hold more), its ``ask`` to follow."""
+        self._record(attempt, job_id, why, self.ledger)
 
     def from_thread(self, attempt: int, job_id: str, why: DrillEnded) -> None:
         """``journaled``, for a thread (a hung launch's end): recorded through a ledger connection of

@@ -14,6 +14,7 @@ from experiments.runtime.fence import Fence, write_fence
 from orchestrator.backends.base import Backend, Submission
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
+from orchestrator.observe.watch import AttemptWatch
 from orchestrator.record.ledger import Ledger
 from orchestrator.states import JobState
 from orchestrator.strategies.same_job import REQUEUING, Requeuer
@@ -62,12 +63,15 @@ class SameJobAttempts:
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
         self.requeuer.requeue(attempt, job_id, now, already, not_before=held, state=state)
 
-    def resume_requeue(self, attempt: int, job_id: str, now: float, not_before: float | None) -> None:
+    def resume_requeue(self, attempt: int, job_id: str, now: float, not_before: float | None,
+                       state: JobState | None = None) -> None:
         """A controller stopped around the requeue of ``job_id`` as ``attempt``: fenced again (it
         may have died before the fence) and asked again unless the scheduler took the first ask,
-        after what is left of the backoff."""
+        after what is left of the backoff (the job's ``state`` at its failure: a CANCELLED seen
+        now, and not then, is a person's, while no controller ran)."""
         write_fence(self.run.paths, Fence(attempt, job_id, self.drill_id))
-        self.requeuer.requeue(attempt, job_id, now, already=self._requeue_took(attempt, job_id), not_before=not_before)
+        self.requeuer.requeue(attempt, job_id, now, already=self._requeue_took(attempt, job_id), not_before=not_before,
+                              state=state)
 
     def _requeue_took(self, attempt: int, job_id: str) -> bool:
         """Did the scheduler requeue ``job_id`` as ``attempt`` before the controller that asked died?
@@ -109,10 +113,17 @@ class SameJobAttempts:
         self.starter.accept(attempt, Submission(job_id, accepted_at=at), fence=False)
         self.pending_go = PendingGo(attempt, job_id, at)
 
-    def give_go(self, now: float) -> None:
-        """The held go, once its backoff has passed."""
+    def give_go(self, watch: AttemptWatch, now: float) -> None:
+        """The held go, once its backoff has passed, if ``watch`` is still of its attempt (one that
+        ended meanwhile, its job gone, takes its go with it: the fence is never moved back)."""
         go = self.pending_go
-        if go is None or now < go.at:
+        if go is None:
+            return
+        if watch.attempt != go.attempt or watch.job_id != go.job_id:
+            self.pending_go = None
+            return
+        watch.go_at = go.at  # no start clock before the go
+        if now < go.at:
             return
         self.pending_go = None
         write_fence(self.run.paths, Fence(go.attempt, go.job_id, self.drill_id))

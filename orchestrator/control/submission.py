@@ -91,6 +91,17 @@ class Submitter:
                 return
             self._answered(pending, answer)
 
+    def take_answer(self) -> None:
+        """The answer of the try in flight, once the commands off the loop have ended (the loop
+        stopped): an accepted job is recorded; anything else is the next controller's to retry."""
+        pending = self.pending
+        if pending is None or pending.asked is None or not pending.asked.done():
+            return
+        answer = pending.asked.result() if pending.asked.exception() is None else None
+        if isinstance(answer, Submission):
+            self.pending = None
+            self.hooks.accepted(pending.attempt, answer)
+
     def _ask(self, pending: PendingSubmission) -> "Future[Submission | list[str]]":
         """After a failed try, the look for the job first (the scheduler may have taken it); then
         the submission, as a single job."""

@@ -34,7 +34,7 @@ from experiments.runtime.fence import (
 from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
-from orchestrator.backends.base import Backend, Submission
+from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.campaign.policy import Decision, decide, policy_entry
@@ -47,11 +47,12 @@ from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, 
 from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
 from orchestrator.control.scheduler_calls import SchedulerCalls
-from orchestrator.control.submission import SubmissionHooks, Submitter
+from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
 from orchestrator.faults.book import FaultBook, OnActed
 from orchestrator.faults.inject import FaultRequest, inject
 from orchestrator.observe.failure_signs import (
     blamed_nodes,
+    facts_from_json,
     failure_evidence,
     failure_sign,
     requeued,
@@ -184,6 +185,11 @@ class RunTracker:
                 self.run.paths, Fence(last.attempt, last.job_id, self.drill_id), Fence(last.attempt + 1, None, self.drill_id)):
             self.same_job.follow_warm(last.attempt + 1, last.job_id)
             return
+        if last.job_id is not None and last.state in CONTINUED_IN_JOB and self.cancels.why(last.job_id) is None:
+            # The job the failed attempt's successor was to run in (a hung launch's, waiting for a
+            # go) holds its nodes for nothing: the drill's to cancel.
+            self._cancel_job_of_next(last.attempt, last.job_id, now, why="a restarted controller took a new job; "
+                                     "the job the next attempt would have run in was cancelled")
         not_before = (last.ended or now) + decision.backoff_s
         self._submit(last.attempt + 1, now, not_before=not_before if not_before > now else None)
 
@@ -211,7 +217,8 @@ class RunTracker:
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
         if row.job_id is not None and row.state == REQUEUING:  # it stopped around its requeue
-            self.same_job.resume_requeue(row.attempt, row.job_id, now, row.not_before)
+            self.same_job.resume_requeue(row.attempt, row.job_id, now, row.not_before,
+                                         state=self._job_state_at_failure(row.attempt - 1))
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
@@ -225,6 +232,11 @@ class RunTracker:
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
                              now, not_before=row.not_before)
+
+    def _job_state_at_failure(self, attempt: int) -> JobState | None:
+        """The scheduler's state of ``attempt``'s job when its failure was classed (its facts)."""
+        row = next((row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt), None)
+        return facts_from_json(row.class_facts).state if row is not None and row.class_facts else None
 
     def _go_not_given(self, attempt: int) -> bool:
         """The fence names ``attempt`` but no job: an in-allocation attempt whose go is held."""
@@ -323,7 +335,7 @@ class RunTracker:
             self._watch_held_requeue(states, now)
             self.requeuer.try_requeue(now)
             return
-        self.same_job.give_go(now)
+        self.same_job.give_go(watch, now)
         fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
         # No poll this round (or a stale one): the last word stands.
         state = states.get(watch.job_id, watch.state) if fresh else watch.state
@@ -360,11 +372,18 @@ class RunTracker:
                                     self.faults.signalled(watch.attempt),
                                     time_limit_s=time_limit_minutes(self.run.campaign.resources.time) * 60)
         classified = classify(evidence)
-        self._dispose_of_failed_job(watch, answer.failed_job, classified.failure_class, state, now)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,
                                     self.faults.stopped_nodes(watch.attempt))
-        record_failure(self.ledger, self.run.run_id, watch.attempt, sign, answer.continuation, evidence, classified,
-                       failed_nodes, now)
+        # Journal, then act: the failure (the intent of ending a hung launch alone) and the drill's
+        # cancel of its job in one transaction, before any scancel or kill: a controller started
+        # after a crash in between finds why, and carries it out (reclaim_cancels, start).
+        with self.ledger.transaction():
+            record_failure(self.ledger, self.run.run_id, watch.attempt, sign, answer.continuation, evidence,
+                           classified, failed_nodes, now)
+            if answer.failed_job is FailedJob.CANCELLED:
+                self.cancels.journal(watch.attempt, watch.job_id, DrillEnded(
+                    classified.failure_class.value, f"attempt {watch.attempt} failed; its job was cancelled"))
+        self._dispose_of_failed_job(watch, answer.failed_job, classified.failure_class, state, now)
         self._ingest_checkpoints()
         self.faults.attempt_ended(watch.attempt, sign, completed=False)
         log.warning("%s: attempt %d failed: %s", self.run.run_id, watch.attempt, sign.reason)
@@ -373,8 +392,9 @@ class RunTracker:
 
     def _dispose_of_failed_job(self, watch: AttemptWatch, failed_job: FailedJob, failure_class: FailureClass,
                                state: JobState, now: float) -> None:
-        """What the strategy's answer says of the failed attempt's job: closed (cancelled first if
-        its ranks hold its nodes), its hung launch ended alone, or left as it is."""
+        """What the strategy's answer says of the failed attempt's job (journaled with the failure):
+        closed (cancelled first if its ranks hold its nodes), its hung launch ended alone, or left
+        as it is."""
         if failed_job is FailedJob.STEP_ENDED:
             # From a thread: a step on a dead node takes scancel a MessageTimeout, which would hold
             # up every run.
@@ -388,8 +408,7 @@ class RunTracker:
         elif failed_job in (FailedJob.CLOSED, FailedJob.CANCELLED):
             cancel = failed_job is FailedJob.CANCELLED
             if cancel:
-                self.cancels.journaled(watch.attempt, watch.job_id, DrillEnded(
-                    failure_class.value, f"attempt {watch.attempt} failed; its job was cancelled"))
+                self.cancels.ask(watch.job_id)  # journaled with the failure
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=cancel, state=state)
 
     def _next_or_give_up(self, attempt: int, now: float, continuation: Continuation = Continuation.NEW_JOB,
@@ -550,16 +569,32 @@ class RunTracker:
             return [], []
         asked, refused = [], []
         for row in self.ledger.attempts(self.run.run_id):
-            if row.job_id is None or row.state in TERMINAL_STATE_NAMES:
+            if row.state in TERMINAL_STATE_NAMES or row.state == SUBMIT_FAILED:
                 continue
-            self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
             try:
-                self.backend.cancel(row.job_id)
-            except CommandError as error:
-                log.warning("%s: cancelling job %s failed: %s", self.run.run_id, row.job_id, error.summary)
-                refused.append(row.job_id)
-            asked.append(row.job_id)
+                job_ids = [row.job_id] if row.job_id is not None else self._submitted_unrecorded(row)
+            except CommandError as error:  # its job may run: the cancel cannot be confirmed
+                unknown = f"{row.job_name} (attempt {row.attempt}, not looked up: {error.summary})"
+                asked.append(unknown)
+                refused.append(unknown)
+                continue
+            for job_id in job_ids:
+                self.backend.adopt(job_id, self.run, self.rank_job(row.attempt))
+                try:
+                    self.backend.cancel(job_id)
+                except CommandError as error:
+                    log.warning("%s: cancelling job %s failed: %s", self.run.run_id, job_id, error.summary)
+                    refused.append(job_id)
+                asked.append(job_id)
         return asked, refused
+
+    def _submitted_unrecorded(self, row: AttemptRow) -> list[str]:
+        """The jobs of an attempt whose submission no controller saw answered (it stopped or died
+        while sbatch ran): looked up by the attempt's name, as a restarted controller would."""
+        if row.ended is not None:
+            return []
+        return self.backend.find_submitted(AttemptRef(self.run, row.attempt, row.job_name, row.array_index,
+                                                      row.submitted))
 
     def record_cancelled(self, now: float) -> None:
         """``faultdrill cancel``, second half, once the scheduler confirmed that the run's jobs

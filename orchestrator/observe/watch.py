@@ -92,6 +92,7 @@ class AttemptWatch:
     warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
     state: JobState = JobState.PENDING
     running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
+    go_at: float | None = None  # in-allocation: its go is held until then (a policy's backoff): no start clock before
     resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED
     suspended_at: float | None = None  # when the scheduler suspended it, while it is
     suspended_s: float = 0.0  # time spent suspended before the last resume (no start clock runs then)
@@ -200,6 +201,8 @@ class AttemptWatch:
         started = self.running_since
         if self.training_started is not None or started is None or self.state is JobState.SUSPENDED:
             return None
+        if self.go_at is not None:
+            started = max(started, self.go_at)  # the job waited for the go, its ranks not yet launched
         if now - started - self.suspended_s <= start_timeout_s:  # time suspended is no start-up
             return None
         return FailureSign(f"no training step within {start_timeout_s:.0f} s of the job starting", started,

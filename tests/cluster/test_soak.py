@@ -87,17 +87,27 @@ def _drill_jobs(workdir: Path) -> list[str]:
         return [job for (job,) in db.execute("SELECT job_id FROM attempts WHERE job_id IS NOT NULL")]
 
 
-def _alive_on_scheduler(job_ids: list[str]) -> list[str]:
-    if not job_ids:
-        return []
-    out = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True,
-                         timeout=30).stdout
-    return [line for line in out.splitlines() if line.strip()]
+def _drill_id(workdir: Path) -> str:
+    with sqlite3.connect(workdir / "ledger.sqlite") as db:
+        return str(json.loads(db.execute("SELECT value FROM meta WHERE key = 'drill_id'").fetchone()[0]))
+
+
+def _alive_on_scheduler(drill_id: str) -> list[str]:
+    """Every job Slurm still holds whose name carries the drill's id (recorded in the ledger or not:
+    a submission no controller saw answered)."""
+    done = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"squeue failed: {done.stderr}"
+    return [line for line in done.stdout.splitlines() if drill_id in line]
 
 
 def _matched(run: dict[str, Any]) -> list[str]:
     """What is wrong with the run's faults against its recoveries (empty: each as it must be)."""
     wrong = []
+    injected = {(fault["at"], fault["kind"]) for fault in run["faults"] if fault["outcome"] == "injected"}
+    for recovery in run["recoveries"]:
+        if not recovery["fault_kind"].startswith("natural") and (recovery["fault_at"], recovery["fault_kind"]) not in injected:
+            wrong.append(f"{run['run_id']}: a recovery from {recovery['fault_kind']} at {recovery['fault_at']} "
+                         "matches no injected fault")
     for fault in run["faults"]:
         recoveries = [r for r in run["recoveries"] if fault["at"] is not None and r["fault_at"] == fault["at"]
                       and r["fault_kind"] == fault["kind"]]
@@ -105,7 +115,7 @@ def _matched(run: dict[str, Any]) -> list[str]:
         if fault["outcome"] == "injected" and len(recoveries) != expected:
             wrong.append(f"{run['run_id']}: {fault['kind']} at attempt {fault['attempt']} has {len(recoveries)} "
                          f"recoveries, not {expected}: {fault['detail']}")
-        elif fault["outcome"] not in ("injected", "absorbed", "not fired", "unknown"):
+        elif fault["outcome"] not in ("injected", "absorbed", "not fired", "unknown"):  # unknown: counted below
             wrong.append(f"{run['run_id']}: {fault['kind']} {fault['outcome']}: {fault['detail']}")
     return wrong
 
@@ -139,6 +149,8 @@ def test_a_soak_of_random_faults_with_three_controller_sigkills_ends_as_the_twin
     where = f"(seed {seed}, SIGKILLs {moments} s after each start, log {log})"
     assert drill.returncode == 0, f"the drill exited {drill.returncode} {where}"
     report = json.loads(stdout)
+    if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
+        Path(keep).write_bytes(stdout)  # the figures of a by-hand run
 
     faulted = [run for run in report["runs"] if not run["is_baseline"]]
     outcomes = Counter(fault["outcome"] for run in faulted for fault in run["faults"])
@@ -150,7 +162,10 @@ def test_a_soak_of_random_faults_with_three_controller_sigkills_ends_as_the_twin
     assert [r["run_id"] for r in faulted if r["status"] != "completed"] == [], where
     assert [r["run_id"] for r in faulted if r["identical_to_baseline"] is not True] == [], where
     assert outcomes["injected"] >= LEAST_INJECTED, (dict(outcomes), where)
+    # A fault whose agent a SIGKILL of the controller cut off is "unknown" (at most one per kill).
+    assert outcomes["unknown"] <= CONTROLLER_KILLS, (dict(outcomes), where)
     assert [problem for run in faulted for problem in _matched(run)] == [], where
-    assert _alive_on_scheduler([job.split(";")[0] for job in _drill_jobs(workdir)]) == [], where
-    left_caps = list(OOM_CGROUPS.rglob("faultdrill-oom-*")) if OOM_CGROUPS.is_dir() else []
-    assert left_caps == [], where
+    assert _alive_on_scheduler(_drill_id(workdir)) == [], where
+    if kinds["oom-rank"]:  # the agents' memory cgroups (cgroup v1, this cluster's nodes share the host's)
+        assert OOM_CGROUPS.is_dir(), f"no {OOM_CGROUPS} to check for the oom-rank caps left behind"
+        assert list(OOM_CGROUPS.rglob("faultdrill-oom-*")) == [], where

@@ -272,3 +272,24 @@ def test_the_schedulers_signal_is_passed_on_to_the_whole_group(tmp_path: Path) -
         rank.kill()
         if psutil.pid_exists(trainer):
             psutil.Process(trainer).kill()
+
+
+def test_a_worker_that_left_the_group_is_ended_when_its_parent_dies_late(tmp_path: Path) -> None:
+    """Review: the script's group ended, a worker that had left it (setsid) was re-parented to the
+    supervisor only once its slow-dying parent was gone, after the one pass that kills: it lived
+    on under init. The supervisor kills as long as new orphans come."""
+    parent = ("import json, subprocess, time; ballast = bytearray(300 * 2**20); ballast[::4096] = b'x' * len(ballast[::4096]); "
+              "worker = subprocess.Popen(['setsid', 'sleep', '300']); json.dump(worker.pid, open('worker.pid', 'w')); "
+              "time.sleep(300)")
+    wrapper = f"{sys.executable} -c \"{parent}\" & while [ ! -s worker.pid ]; do sleep 0.05; done; echo step 1"
+    started = time.monotonic()
+    done, _ = _run(tmp_path, ["bash", "-c", wrapper])
+    took = time.monotonic() - started
+    worker = json.loads((tmp_path / "worker.pid").read_text())
+    try:
+        assert done.returncode == 0, done.stderr
+        assert _gone(worker, deadline_s=1.0), "the worker that left the group outlived its rank"
+        assert took < 20, f"the rank took {took:.1f} s"
+    finally:
+        if psutil.pid_exists(worker):
+            psutil.Process(worker).kill()

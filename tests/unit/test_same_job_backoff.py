@@ -137,3 +137,83 @@ def test_a_backoff_the_batch_script_would_not_wait_for_takes_a_new_job_after_it(
     assert scheduler.called("submit") == [(run.run_id, 0), (run.run_id, 1)] and attempt.job_id != first_job
     assert attempt.submitted is not None and failed.ended is not None and attempt.not_before is not None
     assert attempt.not_before >= failed.ended + 0.3
+
+
+def test_a_job_that_ends_during_a_held_go_takes_the_go_with_it(tmp_path: Path) -> None:
+    """Review: the held go outlived its attempt. The job waiting for attempt 1's go reached its
+    walltime during the backoff; attempt 2 went out in a new job, and then the old go was given:
+    the fence named attempt 1 of the dead job while attempt 2 ran. The fence never moves back."""
+    spec = load_campaign(_spec(tmp_path, "in-allocation", backoff_s=1.0, scheduler_poll_s=0.02, max_restarts=3))
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+    fences: list[Fence | None] = []
+
+    def walltime_during_the_hold() -> None:
+        [job] = list(scheduler.states)
+        scheduler.states[job] = JobState.TIMEOUT
+
+    ranks_die = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
+    deadline = time.monotonic() + 30
+
+    def watch_the_fence(trackers: list[Any]) -> None:
+        ranks_die(trackers)
+        attempts = controller.ledger.attempts(run.run_id)
+        if len(attempts) == 2 and attempts[1].failure_class is None and scheduler.states[attempts[0].job_id] \
+                is JobState.RUNNING:
+            walltime_during_the_hold()
+        fences.append(read_fence(run.paths))
+        held_go_due = attempts[1].not_before if len(attempts) >= 2 and attempts[1].not_before else float("inf")
+        if (len(attempts) >= 3 and time.time() > held_go_due + 0.5) or time.monotonic() > deadline:
+            controller.stop_requested.set()
+
+    try:
+        controller.run(observer=watch_the_fence)
+        attempts = controller.ledger.attempts(run.run_id)
+    finally:
+        controller.close()
+    assert len(attempts) == 3 and attempts[1].failure_class == "TIMEOUT", attempts
+    named = [fence.attempt for fence in fences if fence is not None]
+    assert named == sorted(named) and named[-1] == 2, f"the fence moved back: {named}"
+
+
+def test_no_start_clock_runs_while_the_go_is_held(tmp_path: Path) -> None:
+    """Review: the job is RUNNING while it waits for the go; the start clock ran from then, and a
+    backoff longer than start_timeout_s failed the attempt START_TIMEOUT before its go. (Here no
+    rank ever trains: a stuck start after the go is right.)"""
+    spec = load_campaign(_spec(tmp_path, "in-allocation", backoff_s=1.5, start_timeout_s=0.5))
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+    try:
+        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 150))
+        held = controller.ledger.attempts(run.run_id)[1]
+    finally:
+        controller.close()
+    assert held.not_before is not None
+    assert held.failure_class != "START_TIMEOUT" or (held.ended or 0) >= held.not_before + 0.45, held
+
+
+def test_a_person_cancelling_a_held_requeues_job_while_no_controller_runs_is_not_undone(tmp_path: Path) -> None:
+    """Review: a controller started after the cancel took the job's CANCELLED for the state it held
+    at the failure, and requeued it once the backoff ended. The state at the failure is the
+    failure's own record."""
+    spec = load_campaign(_spec(tmp_path, "requeue", backoff_s=0.5, scheduler_poll_s=0.05))
+    scheduler = FakeScheduler()
+    first = Controller(spec, backend=scheduler)
+    [run] = first.runs
+    try:
+        first.run(observer=_rounds_after_the_failure(first, run, scheduler, 5))
+    finally:
+        first.close()
+    [job] = list(scheduler.states)
+    scheduler.states[job] = JobState.CANCELLED  # its owner, while no controller ran
+    second = Controller(spec, backend=scheduler)
+    try:
+        second.run(observer=_rounds_after_the_failure(second, run, scheduler, 150))
+        [_, attempt] = second.ledger.attempts(run.run_id)
+        status = second.ledger.run(run.run_id).status
+    finally:
+        second.close()
+    assert scheduler.called("requeue") == []
+    assert (status, attempt.failure_class) == ("gave_up", "CANCELLED"), attempt

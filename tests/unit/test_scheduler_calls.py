@@ -121,3 +121,45 @@ def test_inline_calls_keep_their_order_and_raise_a_crash_at_once() -> None:
 
     with pytest.raises(Crash):
         calls.start(crash)
+
+
+def test_a_stop_while_sbatch_runs_keeps_its_answer(tmp_path: Path) -> None:
+    """Review: ``faultdrill stop`` while an sbatch ran off the loop lost its answer: the attempt
+    kept no job id. The loop's end now waits for the commands in flight and records their jobs."""
+    campaign = load_campaign(_spec(tmp_path))
+    runs = sorted(run.run_id for run in expand_runs(campaign))
+    cluster = Brownout(slow=(runs[0], 0))
+    controller = Controller(campaign, backend=cluster)
+
+    def stop_while_it_hangs(trackers: list[Any]) -> None:
+        if cluster.slow_asked.is_set() and not controller.stop_requested.is_set():
+            controller.stop_requested.set()
+            threading.Timer(0.3, cluster.released.set).start()
+
+    try:
+        assert controller.run(stop_while_it_hangs) is False
+        [attempt] = controller.ledger.attempts(runs[0])
+    finally:
+        cluster.released.set()
+        controller.close()
+    assert attempt.job_id is not None and cluster.states[attempt.job_id] is JobState.PENDING
+
+
+def test_a_cancel_finds_the_job_of_a_submission_no_controller_saw_answered(tmp_path: Path) -> None:
+    """A controller killed while sbatch ran leaves an attempt without a job id; the job exists.
+    ``faultdrill cancel`` looked at recorded job ids only and left it running: it looks it up."""
+    campaign = load_campaign(_spec(tmp_path))
+    cluster = SimulatedCluster()
+    controller = Controller(campaign, backend=cluster)
+    try:
+        pools = controller.injector_pools()
+        tracker = controller.trackers(pools)[0]
+        job = tracker.begin_attempt(0)  # recorded and fenced; then sbatch, whose answer nobody took
+        orphan = cluster.submit(tracker.run, job).job_id
+        for pool in pools.values():
+            pool.shutdown()
+        outcome = controller.cancel(confirm_timeout_s=1.0)
+    finally:
+        controller.close()
+    assert cluster.states[orphan] is JobState.CANCELLED and outcome.alive == []
+    assert orphan in outcome.cancelled[tracker.run.run_id]
