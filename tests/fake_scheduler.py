@@ -99,6 +99,10 @@ class FakeScheduler(Backend):
         self._called("requeue", job_id)
         self.states[job_id] = JobState.PENDING
 
+    def kill_rank_step(self, job_id: str, attempt: int, started_before: int) -> bool:
+        self._called("kill_rank_step", (job_id, attempt))
+        return True
+
     def _maybe_crash(self, name: str) -> None:
         if name in self.crash_after:
             self.crash_after.discard(name)

@@ -427,11 +427,9 @@ class RunTracker:
         backoff = decision.backoff_s
         log.info("%s: %s%s", self.run.run_id, decision.reason, f", in {backoff:.1f} s" if backoff else "")
         not_before = now + backoff if backoff else None
-        if continuation is Continuation.RELAUNCH and backoff + RELAUNCH_MARGIN_S > self.restart.relaunch_wait_s:
-            # The batch script would stop waiting for the go before the backoff ends: a new job after it.
-            assert in_job is not None
-            self._cancel_job_of_next(attempt, in_job, now, why=f"the backoff ({backoff:g} s) outlasts the job's wait "
-                                     f"for the go (restart.relaunch_wait_s = {self.restart.relaunch_wait_s:g})")
+        why_not_here = self._why_no_relaunch(attempt + 1, backoff) if continuation is Continuation.RELAUNCH else None
+        if in_job is not None and why_not_here is not None:
+            self._cancel_job_of_next(attempt, in_job, now, why=why_not_here)
             in_job = None
         if in_job is None:
             self._submit(attempt + 1, now, not_before=not_before)
@@ -447,6 +445,21 @@ class RunTracker:
                 log.info("%s: warm re-forms in job %s at once: the policy's backoff is not waited", self.run.run_id,
                          in_job)
             self.same_job.follow_warm(attempt + 1, in_job)
+
+    def _why_no_relaunch(self, attempt: int, backoff: float) -> str | None:
+        """Why ``attempt`` cannot relaunch in the job that is there (a new job takes it, after the
+        backoff), if it cannot: the batch script would stop waiting for the go before the backoff
+        ends; or the nodes it must stay off leave the allocation too few (more than its spare
+        nodes: each launch would fail at once, "required nodes explicitly excluded")."""
+        if backoff + RELAUNCH_MARGIN_S > self.restart.relaunch_wait_s:
+            return (f"the backoff ({backoff:g} s) outlasts the job's wait for the go "
+                    f"(restart.relaunch_wait_s = {self.restart.relaunch_wait_s:g})")
+        excluded = self._exclusions(attempt)
+        spare = self.run.campaign.resources.spare_nodes
+        if len(excluded) > spare:
+            return (f"attempt {attempt} stays off {', '.join(excluded)}, more nodes than the job's "
+                    f"{spare} spare node(s): it cannot relaunch there")
+        return None
 
     def _watch_held_requeue(self, states: dict[str, JobState], now: float) -> None:
         """A requeue held for the policy's backoff whose job a person cancelled meanwhile: the
