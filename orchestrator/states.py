@@ -43,6 +43,7 @@ TERMINAL_STATES = frozenset(
         JobState.OUT_OF_MEMORY,
     }
 )
+TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)  # as the ledger records states
 
 # Slurm: squeue %T and sacct State (sacct may append "by <uid>" to CANCELLED).
 SLURM_STATES: dict[str, JobState] = {

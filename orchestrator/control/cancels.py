@@ -8,12 +8,17 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict
+from typing import Callable
 
-from orchestrator.backends.base import Backend
+from experiments.layout import RankJob
+from orchestrator.backends.base import AttemptRef, Backend
 from orchestrator.campaign.failure_classes import DrillEnded
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
 from orchestrator.control.scheduler_calls import SchedulerCalls
-from orchestrator.record.ledger import Ledger
+from orchestrator.control.submission import SUBMIT_FAILED
+from orchestrator.record.ledger import AttemptRow, Ledger
+from orchestrator.states import TERMINAL_STATE_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +76,40 @@ class DrillCancels:
         if job_id not in self.ended_by_drill:
             ledger.update_attempt(self.run_id, attempt, ended_by_drill=json.dumps(asdict(why)))
             self.ended_by_drill[job_id] = why
+
+
+def cancel_every_job(run: RunConfig, rows: list[AttemptRow], backend: Backend,
+                     rank_job: Callable[[int], RankJob]) -> tuple[list[str], list[str]]:
+    """``faultdrill cancel``, first half, for one run: every job of its attempts that may still
+    run — recorded, or looked up by the attempt's name when no controller saw its submission
+    answered — is adopted (an earlier controller's) and the scheduler asked to cancel it, at once
+    (the person waits for the answer). The jobs asked, and those whose cancel could not be asked
+    or confirmed (a refused scancel, a look-up that failed: their runs are not recorded cancelled)."""
+    asked, refused = [], []
+    for row in rows:
+        if row.state in TERMINAL_STATE_NAMES or row.state == SUBMIT_FAILED:
+            continue
+        try:
+            job_ids = [row.job_id] if row.job_id is not None else _submitted_unrecorded(run, row, backend)
+        except CommandError as error:  # its job may run: the cancel cannot be confirmed
+            unknown = f"{row.job_name} (attempt {row.attempt}, not looked up: {error.summary})"
+            asked.append(unknown)
+            refused.append(unknown)
+            continue
+        for job_id in job_ids:
+            backend.adopt(job_id, run, rank_job(row.attempt))
+            try:
+                backend.cancel(job_id)
+            except CommandError as error:
+                log.warning("%s: cancelling job %s failed: %s", run.run_id, job_id, error.summary)
+                refused.append(job_id)
+            asked.append(job_id)
+    return asked, refused
+
+
+def _submitted_unrecorded(run: RunConfig, row: AttemptRow, backend: Backend) -> list[str]:
+    """The jobs of an attempt whose submission no controller saw answered (it stopped or died
+    while sbatch ran): looked up by the attempt's name, as a restarted controller would."""
+    if row.ended is not None:
+        return []
+    return backend.find_submitted(AttemptRef(run, row.attempt, row.job_name, row.array_index, row.submitted))

@@ -7,15 +7,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from experiments.layout import RankJob
-from experiments.runtime.fence import Fence, write_fence
+from experiments.runtime.fence import Fence, read_fence, write_fence
 from orchestrator.backends.base import Backend, Submission
+from orchestrator.campaign.failure_classes import FailureClass
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
+from orchestrator.control.cancels import DrillCancels
+from orchestrator.observe.failure_signs import facts_from_json
 from orchestrator.observe.watch import AttemptWatch
-from orchestrator.record.ledger import Ledger
+from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.states import JobState
 from orchestrator.strategies.same_job import REQUEUING, Requeuer
 
@@ -30,6 +33,8 @@ class AttemptStarter(Protocol):
 
     def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None: ...
 
+    def rank_job(self, attempt: int) -> RankJob: ...
+
 
 @dataclass(frozen=True)
 class PendingGo:
@@ -43,10 +48,51 @@ class PendingGo:
 
 class SameJobAttempts:
     def __init__(self, run: RunConfig, backend: Backend, ledger: Ledger, drill_id: str, starter: AttemptStarter,
-                 requeuer: Requeuer) -> None:
+                 requeuer: Requeuer, cancels: DrillCancels, next_after: Callable[[int, float], None]) -> None:
         self.run, self.backend, self.ledger, self.drill_id = run, backend, ledger, drill_id
-        self.starter, self.requeuer = starter, requeuer
+        self.starter, self.requeuer, self.cancels = starter, requeuer, cancels
+        self.next_after = next_after  # next_after(attempt, now): the policy's answer to attempt's failure
         self.pending_go: PendingGo | None = None
+
+    def resume(self, row: AttemptRow, now: float) -> bool:
+        """An attempt an earlier controller left in flight, if it stopped around a requeue (asked
+        again, after what is left of the backoff) or while its go was held (held again): True."""
+        if row.job_id is not None and row.state == REQUEUING:
+            self.resume_requeue(row.attempt, row.job_id, now, row.not_before,
+                                state=self._job_state_at_failure(row.attempt - 1))
+            return True
+        if row.job_id is not None and row.not_before is not None and row.not_before > now and self._go_not_given(row):
+            self.backend.adopt(row.job_id, self.run, self.starter.rank_job(row.attempt))
+            self.hold_go(row.attempt, row.job_id, row.not_before)
+            return True
+        return False
+
+    def _job_state_at_failure(self, attempt: int) -> JobState | None:
+        """The scheduler's state of ``attempt``'s job when its failure was classed (its facts)."""
+        row = next((row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt), None)
+        return facts_from_json(row.class_facts).state if row is not None and row.class_facts else None
+
+    def _go_not_given(self, row: AttemptRow) -> bool:
+        """The fence names the attempt but no job: an in-allocation attempt whose go is held."""
+        fence = read_fence(self.run.paths)
+        return fence is not None and fence.attempt == row.attempt and fence.job_id is None
+
+    def watch_held_requeue(self, states: dict[str, JobState], now: float) -> None:
+        """A requeue held for the policy's backoff whose job a person cancelled meanwhile: the
+        request is dropped (it would bring the job back), the attempt recorded CANCELLED, and the
+        policy decides (by default: give up)."""
+        job_id = self.requeuer.held_job_id(now)
+        if job_id is None or self.cancels.why(job_id) is not None:
+            return
+        dropped = self.requeuer.cancelled_while_held(states.get(job_id), now)
+        if dropped is None:
+            return
+        why = f"job {job_id} was cancelled during the backoff before its requeue (not by the drill)"
+        log.warning("%s: attempt %d: %s", self.run.run_id, dropped.attempt, why)
+        self.ledger.update_attempt(self.run.run_id, dropped.attempt, state=JobState.CANCELLED.value, ended=now,
+                                   detected=now, reason=why, failure_class=FailureClass.CANCELLED.value,
+                                   class_evidence="the scheduler: CANCELLED while the requeue was held")
+        self.next_after(dropped.attempt, now)
 
     def requeue(self, attempt: int, job_id: str, now: float, already: bool, not_before: float | None = None,
                 state: JobState | None = None) -> None:

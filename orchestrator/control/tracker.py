@@ -27,32 +27,29 @@ from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json
 from experiments.runtime.fence import (
     Fence,
     fence_unless_moved_on,
-    read_fence,
     write_fence,
     write_fence_unless_ahead,
 )
 from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
-from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.base import Backend, Submission
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.campaign.policy import Decision, decide, policy_entry
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
-from orchestrator.commands import CommandError
-from orchestrator.control.cancels import DrillCancels
+from orchestrator.control.cancels import DrillCancels, cancel_every_job
 from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, record_failure
 from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
 from orchestrator.control.scheduler_calls import SchedulerCalls
-from orchestrator.control.submission import SUBMIT_FAILED, SubmissionHooks, Submitter
+from orchestrator.control.submission import SubmissionHooks, Submitter
 from orchestrator.faults.book import FaultBook, OnActed
 from orchestrator.faults.inject import FaultRequest, inject
 from orchestrator.observe.failure_signs import (
     blamed_nodes,
-    facts_from_json,
     failure_evidence,
     failure_sign,
     requeued,
@@ -61,17 +58,16 @@ from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.measure import completion_facts
 from orchestrator.render.scripts import attempt_job_name
-from orchestrator.states import TERMINAL_STATES, JobState
+from orchestrator.states import TERMINAL_STATE_NAMES, JobState
 from orchestrator.strategies.base import Continuation, FailedJob, FailureFacts
 from orchestrator.strategies.registry import strategy_for
-from orchestrator.strategies.same_job import REQUEUING, Requeuer, end_rank_launch
+from orchestrator.strategies.same_job import Requeuer, end_rank_launch
 
 log = logging.getLogger(__name__)
 
 DONE_STATUSES = ("completed", "failed", "gave_up", "cancelled")
 FINISH_NEWS_S = 10.0  # after the final record, the job's end is polled early this long
 CANCELLED_BY_USER = "cancelled by the user (faultdrill cancel)"
-TERMINAL_STATE_NAMES = frozenset(state.value for state in TERMINAL_STATES)
 # A failed attempt recorded so goes on in its job as the next attempt (orchestrator.control.failed_attempt).
 CONTINUED_IN_JOB = frozenset({STEP_FAILED, JobState.REQUEUED.value})
 # in-allocation: a backoff that leaves the batch script less than this of its wait for the go
@@ -100,7 +96,8 @@ class RunTracker:
                                                    cancel=self.cancels.ask), calls)
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
                                  refused=self._requeue_refused)
-        self.same_job = SameJobAttempts(run, backend, ledger, drill_id, self, self.requeuer)
+        self.same_job = SameJobAttempts(run, backend, ledger, drill_id, self, self.requeuer, self.cancels,
+                                        next_after=self._next_or_give_up)
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
@@ -151,16 +148,7 @@ class RunTracker:
             return
         attempts = self.ledger.attempts(self.run.run_id)
         last = attempts[-1] if attempts else None
-        final = _read_final(self.run)
-        if final is not None and final.drill_id and final.drill_id != self.drill_id:
-            # An earlier drill's job wrote it (its workdir archived, this run directory's path
-            # reused): no proof of this drill's work. (An attempt the ledger has not seen may be
-            # this drill's: a warm job numbers its re-formations itself.)
-            aside = self.run.paths.final.with_name(f"{self.run.paths.final.name}.foreign-{time.time_ns()}")
-            os.replace(self.run.paths.final, aside)
-            log.warning("%s: %s was written by drill %s, not this one: moved aside to %s", self.run.run_id,
-                        self.run.paths.final, final.drill_id, aside.name)
-            final = None
+        final = self._own_final()
         in_flight = last is not None and last.ended is None and last.job_id is not None
         if final is not None and final.step == self.run.workload.steps and not (in_flight and last is not None and final.attempt == last.attempt):
             self._complete_from_record(final, last, now)
@@ -171,6 +159,25 @@ class RunTracker:
         if last is None:
             self._submit(0, now)
             return
+        self._after_recorded_failure(last, now)
+
+    def _own_final(self) -> FinalRecord | None:
+        """The run's final record, if this drill's: an earlier drill's job wrote one (its workdir
+        archived, this run directory's path reused) is no proof of this drill's work, and is
+        moved aside. (An attempt the ledger has not seen may be this drill's: a warm job numbers
+        its re-formations itself.)"""
+        final = _read_final(self.run)
+        if final is None or not final.drill_id or final.drill_id == self.drill_id:
+            return final
+        aside = self.run.paths.final.with_name(f"{self.run.paths.final.name}.foreign-{time.time_ns()}")
+        os.replace(self.run.paths.final, aside)
+        log.warning("%s: %s was written by drill %s, not this one: moved aside to %s", self.run.run_id,
+                    self.run.paths.final, final.drill_id, aside.name)
+        return None
+
+    def _after_recorded_failure(self, last: AttemptRow, now: float) -> None:
+        """An earlier controller recorded ``last``'s failure and stopped before the next attempt:
+        the policy decides again, and what that controller had not carried out is."""
         decision = self._decide(last.attempt)
         if not decision.restart:
             # An earlier controller died before it journaled this cancel (one it journaled: reclaim_cancels).
@@ -216,15 +223,10 @@ class RunTracker:
         """Adopt the attempt an earlier controller left in flight. One whose job id it never
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
-        if row.job_id is not None and row.state == REQUEUING:  # it stopped around its requeue
-            self.same_job.resume_requeue(row.attempt, row.job_id, now, row.not_before,
-                                         state=self._job_state_at_failure(row.attempt - 1))
+        if self.same_job.resume(row, now):  # it stopped around a requeue, or while a go was held
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
-            if row.not_before is not None and row.not_before > now and self._go_not_given(row.attempt):
-                self.same_job.hold_go(row.attempt, row.job_id, row.not_before)  # in-allocation: a backoff's go
-                return
             # A warm job's coordinator may have fenced later generations while no controller ran (an
             # attempt is recorded before its fence otherwise: no other fence is ever ahead of the ledger).
             write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
@@ -232,16 +234,6 @@ class RunTracker:
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
                              now, not_before=row.not_before)
-
-    def _job_state_at_failure(self, attempt: int) -> JobState | None:
-        """The scheduler's state of ``attempt``'s job when its failure was classed (its facts)."""
-        row = next((row for row in self.ledger.attempts(self.run.run_id) if row.attempt == attempt), None)
-        return facts_from_json(row.class_facts).state if row is not None and row.class_facts else None
-
-    def _go_not_given(self, attempt: int) -> bool:
-        """The fence names ``attempt`` but no job: an in-allocation attempt whose go is held."""
-        fence = read_fence(self.run.paths)
-        return fence is not None and fence.attempt == attempt and fence.job_id is None
 
     def _complete_from_record(self, final: FinalRecord, last: AttemptRow | None, now: float) -> None:
         """The run's final record shows it reached its last step: a controller stopped before it
@@ -332,7 +324,7 @@ class RunTracker:
         if watch is None:
             self.faults.collect()
             self.submitter.try_pending(now)
-            self._watch_held_requeue(states, now)
+            self.same_job.watch_held_requeue(states, now)
             self.requeuer.try_requeue(now)
             return
         self.same_job.give_go(watch, now)
@@ -461,23 +453,6 @@ class RunTracker:
                     f"{spare} spare node(s): it cannot relaunch there")
         return None
 
-    def _watch_held_requeue(self, states: dict[str, JobState], now: float) -> None:
-        """A requeue held for the policy's backoff whose job a person cancelled meanwhile: the
-        request is dropped (it would bring the job back), the attempt recorded CANCELLED, and the
-        policy decides (by default: give up)."""
-        job_id = self.requeuer.held_job_id(now)
-        if job_id is None or self.cancels.why(job_id) is not None:
-            return
-        dropped = self.requeuer.cancelled_while_held(states.get(job_id), now)
-        if dropped is None:
-            return
-        why = f"job {job_id} was cancelled during the backoff before its requeue (not by the drill)"
-        log.warning("%s: attempt %d: %s", self.run.run_id, dropped.attempt, why)
-        self.ledger.update_attempt(self.run.run_id, dropped.attempt, state=JobState.CANCELLED.value, ended=now,
-                                   detected=now, reason=why, failure_class=FailureClass.CANCELLED.value,
-                                   class_evidence="the scheduler: CANCELLED while the requeue was held")
-        self._next_or_give_up(dropped.attempt, now)
-
     def _requeue_refused(self, attempt: int, job_id: str, why: str, now: float) -> None:
         """The scheduler would not requeue the job as ``attempt``: that attempt never runs, the job
         (which holds its nodes, and which the fence names) is cancelled as the drill's, the run
@@ -580,34 +555,7 @@ class RunTracker:
         whose cancel it refused.) Nothing is recorded until the scheduler confirms the end."""
         if self.done:
             return [], []
-        asked, refused = [], []
-        for row in self.ledger.attempts(self.run.run_id):
-            if row.state in TERMINAL_STATE_NAMES or row.state == SUBMIT_FAILED:
-                continue
-            try:
-                job_ids = [row.job_id] if row.job_id is not None else self._submitted_unrecorded(row)
-            except CommandError as error:  # its job may run: the cancel cannot be confirmed
-                unknown = f"{row.job_name} (attempt {row.attempt}, not looked up: {error.summary})"
-                asked.append(unknown)
-                refused.append(unknown)
-                continue
-            for job_id in job_ids:
-                self.backend.adopt(job_id, self.run, self.rank_job(row.attempt))
-                try:
-                    self.backend.cancel(job_id)
-                except CommandError as error:
-                    log.warning("%s: cancelling job %s failed: %s", self.run.run_id, job_id, error.summary)
-                    refused.append(job_id)
-                asked.append(job_id)
-        return asked, refused
-
-    def _submitted_unrecorded(self, row: AttemptRow) -> list[str]:
-        """The jobs of an attempt whose submission no controller saw answered (it stopped or died
-        while sbatch ran): looked up by the attempt's name, as a restarted controller would."""
-        if row.ended is not None:
-            return []
-        return self.backend.find_submitted(AttemptRef(self.run, row.attempt, row.job_name, row.array_index,
-                                                      row.submitted))
+        return cancel_every_job(self.run, self.ledger.attempts(self.run.run_id), self.backend, self.rank_job)
 
     def record_cancelled(self, now: float) -> None:
         """``faultdrill cancel``, second half, once the scheduler confirmed that the run's jobs
