@@ -24,6 +24,7 @@ takes over) when a member stops answering or no spare comes in time.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -55,6 +56,11 @@ ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired
 # Spares whose launches end before their hello are started again, this many in a row (a launch onto
 # a node that is down fails at once, again and again).
 FAILED_LAUNCHES_REPLACED = 3
+# Connections that have not proven the job's secret yet, at most: more are closed at once (a
+# stranger's flood must not take the job's threads and descriptors; a member whose connection is
+# turned away connects again). An accept that fails (descriptors out) waits, then goes on.
+MAX_UNPROVEN = 32
+ACCEPT_RETRY_S = 0.2
 WARNED = "warned"  # a rank that saved on the scheduler's warning and holds until the job ends
 
 
@@ -131,6 +137,7 @@ class Coordinator:
     _spares_awaited: int | None = None  # a re-formation waits for this many spares (sets) now
     _failed_launches: int = 0  # spares (sets) whose launch ended before they said hello, since one did
     refused: int = 0  # connections turned away (no proof, a slot not launched or held)
+    _unproven: int = 0  # connections that have not proven the secret yet (at most MAX_UNPROVEN)
 
     # --- the server ---------------------------------------------------------------------------------
 
@@ -176,14 +183,29 @@ class Coordinator:
         while True:
             try:
                 connection, _ = listener.accept()
-            except OSError:
-                return
+            except OSError as error:
+                if listener.fileno() < 0 or error.errno in (errno.EBADF, errno.EINVAL):
+                    return  # the coordinator closed its listener: the job is over
+                log.warning("warm: accepting a connection failed (%s): trying again", error)
+                time.sleep(ACCEPT_RETRY_S)  # descriptors out (a flood): they come back as its connections end
+                continue
+            with self._lock:
+                crowded = self._unproven >= MAX_UNPROVEN
+                if not crowded:
+                    self._unproven += 1
+            if crowded:
+                connection.close()
+                continue
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _keepalive(connection)
             threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
 
     def _listen(self, line: Line) -> None:
-        member = self._admitted(line)
+        try:
+            member = self._admitted(line)
+        finally:
+            with self._lock:
+                self._unproven -= 1
         if member is None:
             return
         with self._lock:
@@ -198,8 +220,14 @@ class Coordinator:
             self._lock.notify_all()
         while (message := self._next_message(member)) is not None:
             with self._lock:
-                self._on_message(member, message)
-                self._lock.notify_all()
+                try:
+                    self._on_message(member, message)
+                except MalformedMessage as error:  # a member that went wrong: taken as gone, as a bad line is
+                    log.warning("warm: slot %d sent %s: taken as gone", member.slot, error)
+                    member.line.close()
+                    break
+                finally:
+                    self._lock.notify_all()
         with self._lock:
             if member.role in (ACTIVE, SPARE):
                 self._on_gone(member)
@@ -212,6 +240,9 @@ class Coordinator:
         launched and nobody holds; else the connection is closed and the refusal recorded."""
         nonce = new_nonce()
         line.connection.settimeout(HELLO_TIMEOUT_S)
+        # HELLO_TIMEOUT_S for the whole hello, not for each read (a byte at a time kept it open).
+        deadline = threading.Timer(HELLO_TIMEOUT_S, _shut, args=(line.connection,))
+        deadline.start()
         try:
             line.send({"op": "challenge", "nonce": nonce})
             hello = line.receive()
@@ -219,6 +250,8 @@ class Coordinator:
         except (OSError, MalformedMessage, KeyError, TypeError, ValueError) as error:
             self._refuse(line, None, f"no hello: {error}")
             return None
+        finally:
+            deadline.cancel()
         line.connection.settimeout(None)
         if member is None:
             self._refuse(line, None, "no hello")
@@ -271,12 +304,12 @@ class Coordinator:
             if self._formed >= self._active_slots():
                 self._event({"event": EVENT_WARM_FORMED, "time": time.time(), "generation": self.generation})
         elif op == "lost":
-            member.lost_step = int(message["step"])
+            member.lost_step = _step_of(message)
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
         elif op == "warned":
             member.role = WARNED
-            self._warned_step = int(message["step"])
+            self._warned_step = _step_of(message)
         elif op == "done":
             member.role = DONE
 
@@ -524,6 +557,22 @@ def _member_of(hello: dict[str, Any] | None, line: Line) -> Member | None:
     if type(slot) is not int or type(pid) is not int:
         raise TypeError(f"slot {slot!r} and pid {pid!r} must be integers")
     return Member(slot=slot, node=str(hello["node"]), address=str(hello["address"]), pid=pid, line=line)
+
+
+def _step_of(message: dict[str, Any]) -> int:
+    """The step a member's message names; MalformedMessage (the member's end) if it names none."""
+    step = message.get("step")
+    if type(step) is not int:
+        raise MalformedMessage(f"{message.get('op')} without a step: {step!r}")
+    return step
+
+
+def _shut(connection: socket.socket) -> None:
+    """End a connection from another thread: its reader wakes with nothing to read."""
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _let_go(line: Line) -> None:

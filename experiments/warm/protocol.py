@@ -88,7 +88,8 @@ def proof(secret: str, nonce: str, slot: int, pid: int) -> str:
 
 
 def proven(secret: str, nonce: str, slot: int, pid: int, claimed: str) -> bool:
-    return hmac.compare_digest(proof(secret, nonce, slot, pid), claimed)
+    # As bytes: compare_digest refuses a str that is not ASCII (a stranger's proof may be anything).
+    return hmac.compare_digest(proof(secret, nonce, slot, pid).encode(), claimed.encode(errors="replace"))
 
 
 class Line:

@@ -46,6 +46,21 @@ def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most grou
         raise UnsafeWorkdir(f"workdir {workdir} is writable by {'group' if loose & 0o020 else 'others'} "
                             f"(mode {stat.S_IMODE(info.st_mode):04o}; {allowed}): chmod go-w {workdir}, or "
                             "set workdir_mode in the spec if the team shares it on purpose")
+    _check_entries(workdir, mode)
+
+
+def _check_entries(workdir: Path, mode: int) -> None:
+    """What lies in the workdir is the user's too, and no looser: a workdir that was once writable
+    by others (its mode tightened since, as the refusal above asks) may hold a stranger's file the
+    controller would read or run (owed-cluster-actions.json, controller.json, pickles)."""
+    for entry in workdir.iterdir():
+        info = entry.lstat()
+        if info.st_uid != os.geteuid():
+            raise UnsafeWorkdir(f"{entry} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): another user "
+                                "put it there while the workdir was open to them; remove it (or start a new workdir)")
+        if not stat.S_ISLNK(info.st_mode) and info.st_mode & 0o022 & ~mode:
+            raise UnsafeWorkdir(f"{entry} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}): "
+                                f"chmod go-w {entry}")
 
 
 def prepare_workdir(campaign: Campaign) -> Path | None:

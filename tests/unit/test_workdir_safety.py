@@ -84,3 +84,25 @@ def test_a_workdir_writable_by_more_than_its_mode_allows_is_refused(tmp_path: Pa
         return
     with pytest.raises(UnsafeWorkdir, match=f"writable by {refused} .*chmod go-w"):
         claim_workdir(_campaign(workdir, workdir_mode=workdir_mode))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file another user's needs root")
+def test_a_strangers_file_left_in_a_workdir_tightened_since_is_refused(tmp_path: Path) -> None:
+    """Review of item 2: the workdir was open (0777) and refused; a stranger planted an owed
+    'mend' meanwhile; the user ran the chmod the refusal asks for. The workdir passed, and the
+    controller ran the stranger's argv. What lies in the workdir is checked too."""
+    workdir = tmp_path / "work"
+    workdir.mkdir(mode=0o700)
+    marker = tmp_path / "ran"
+    planted = workdir / MENDS_NAME
+    planted.write_text(f'[{{"argv": ["touch", "{marker}"], "reason": "owed"}}]')
+    os.chown(planted, STRANGER_UID, -1)
+    with pytest.raises(UnsafeWorkdir, match=f"{MENDS_NAME} belongs to uid {STRANGER_UID}"):
+        check_workdir(workdir)
+    with pytest.raises(UnsafeWorkdir):
+        prepare_workdir(_campaign(workdir))
+    os.chown(planted, os.geteuid(), -1)
+    os.chmod(planted, 0o666)  # the user's own, but anyone may rewrite it
+    with pytest.raises(UnsafeWorkdir, match="writable by others"):
+        check_workdir(workdir)
+    assert not marker.exists()
