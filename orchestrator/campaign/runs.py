@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
     """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
     runs: list[RunConfig] = []
     twins: dict[str, str] = {}  # what a fault-free run trains (_twin_key) -> the twin run that trains it
+    _check_sweep_size(campaign.sweep.grids)
     points = [(point, _varying(grid)) for grid in campaign.sweep.grids for point in _grid_points(grid)]
     for index, (point, varying) in enumerate(points):
         point_campaign = _apply_point(campaign, point)
@@ -185,6 +187,18 @@ def _twin_key(twin: Campaign) -> str:
 def _varying(grid: dict[str, list[Any]]) -> set[str]:
     """The keys that tell a grid's points apart (and so name its runs)."""
     return {key for key, values in grid.items() if len(values) > 1}
+
+
+MAX_SWEEP_POINTS = 100_000  # ten times the largest sweep the controller is built for (issue 29's 10,000)
+
+
+def _check_sweep_size(grids: list[dict[str, list[Any]]]) -> None:
+    """A grid's points are the product of its lists: a few hundred bytes can ask for 10^8 runs.
+    Refused by the count before any is built."""
+    points = sum(math.prod(len(values) for values in grid.values()) for grid in grids)
+    if points > MAX_SWEEP_POINTS:
+        raise SpecError(f"sweep: {points:,} points (the product of each grid's lists), more than "
+                        f"{MAX_SWEEP_POINTS:,}: split the campaign, or sweep fewer values")
 
 
 def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]]:

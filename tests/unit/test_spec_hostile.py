@@ -68,3 +68,22 @@ def test_a_secret_in_workload_env_is_refused_naming_where_it_belongs(tmp_path: P
         parse_campaign(raw, base_dir=tmp_path)
     raw["workload"]["env"] = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     assert parse_campaign(raw, base_dir=tmp_path).workload.env["OMP_NUM_THREADS"] == "1"
+
+
+def test_a_sweep_whose_product_is_too_large_is_refused_by_its_count(tmp_path: Path) -> None:
+    """Review of item 8: 425 values in a 469-byte spec, accepted, expanded toward 10^8 runs (the
+    check counted values, not the grid's product) until the CPU limit killed it."""
+    import time
+
+    from orchestrator.campaign.runs import expand_runs
+
+    grid = {f"args.k{index}": list(range(10)) for index in range(8)}  # 10^8 points
+    spec = tmp_path / "spec.yaml"
+    import yaml
+
+    spec.write_text(yaml.safe_dump({"name": "wide", "workdir": str(tmp_path / "work"), "sweep": {"grid": grid},
+                                    "args": {f"k{index}": 0 for index in range(8)}}))
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="100,000,000 points .* more than 100,000"):
+        expand_runs(load_campaign(spec))
+    assert time.monotonic() - started < 5
