@@ -67,7 +67,10 @@ def signal_target(target: VerifiedTarget, number: int) -> None:
     if not target.group:
         return
     if os.getpgid(target.pid) != target.pid:  # it left its group (setsid): only it is the drill's to signal
-        os.kill(target.pid, number)
+        if target.pidfd is not None:
+            signal.pidfd_send_signal(target.pidfd, number)
+        else:
+            os.kill(target.pid, number)
         return
     os.killpg(target.pid, number)
 

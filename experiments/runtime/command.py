@@ -350,7 +350,7 @@ def end_group_and_orphans(leader: int) -> None:
         for pid in others:
             try:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone; or it changed its uid (sudo): not ours to end
                 pass
         _reap_all_but(leader)
         if not others and not _group_alive(leader):
