@@ -60,6 +60,10 @@ FAILED_LAUNCHES_REPLACED = 3
 # stranger's flood must not take the job's threads and descriptors; a member whose connection is
 # turned away connects again). An accept that fails (descriptors out) waits, then goes on.
 MAX_UNPROVEN = 32
+# Refusals: each of the first few is an event of its own (its slot, why); after them, one event per
+# REFUSALS_BATCH_S carries how many came meanwhile, so a flood does not grow the user's files.
+REFUSALS_EACH = 20
+REFUSALS_BATCH_S = 10.0
 ACCEPT_RETRY_S = 0.2
 WARNED = "warned"  # a rank that saved on the scheduler's warning and holds until the job ends
 
@@ -138,6 +142,8 @@ class Coordinator:
     _failed_launches: int = 0  # spares (sets) whose launch ended before they said hello, since one did
     refused: int = 0  # connections turned away (no proof, a slot not launched or held)
     _unproven: int = 0  # connections that have not proven the secret yet (at most MAX_UNPROVEN)
+    _refusals_unrecorded: int = 0  # refused after the first REFUSALS_EACH, not in an event yet
+    _refusals_recorded_at: float = 0.0
 
     # --- the server ---------------------------------------------------------------------------------
 
@@ -153,6 +159,8 @@ class Coordinator:
         finally:
             self._release_spares()
             _close_listener(listener)
+            with self._lock:
+                self._record_refusals()
 
     def abort(self, why: str) -> None:
         """End ``serve`` with CoordinatorGaveUp (the host saw every process of the job exit)."""
@@ -281,10 +289,24 @@ class Coordinator:
         """Recorded, then closed: whoever sees the connection end finds the refusal counted."""
         with self._lock:
             self.refused += 1
-            log.warning("warm: a connection refused (slot %s): %s", slot, why)
-            self._event({"event": EVENT_WARM_REFUSED, "time": time.time(), "slot": slot, "why": why,
-                         "refused": self.refused})
+            if self.refused <= REFUSALS_EACH:
+                log.warning("warm: a connection refused (slot %s): %s", slot, why)
+                self._event({"event": EVENT_WARM_REFUSED, "time": time.time(), "slot": slot, "why": why,
+                             "refused": self.refused, "count": 1})
+            else:
+                self._refusals_unrecorded += 1
+                if time.time() - self._refusals_recorded_at >= REFUSALS_BATCH_S:
+                    self._record_refusals(why)
         line.close()
+
+    def _record_refusals(self, why: str = "") -> None:
+        """The refusals not recorded one by one, as one event (under the lock)."""
+        if not self._refusals_unrecorded:
+            return
+        log.warning("warm: %d more connections refused (the last: %s)", self._refusals_unrecorded, why)
+        self._event({"event": EVENT_WARM_REFUSED, "time": time.time(), "slot": None, "why": f"and more: {why}",
+                     "refused": self.refused, "count": self._refusals_unrecorded})
+        self._refusals_unrecorded, self._refusals_recorded_at = 0, time.time()
 
     def _next_message(self, member: Member) -> dict[str, Any] | None:
         """None once the member is gone; a malformed line from it is taken as its end."""

@@ -104,7 +104,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
 
 
 def _warm_refused(paths: RunPaths, attempts: list[int]) -> int:
-    return sum(1 for attempt in attempts for event in read_events(paths.events_file(attempt))
+    """Connections the warm coordinator refused: an event each, or one for many (its count)."""
+    return sum(int(event.number("count", 1.0)) for attempt in attempts for event in read_events(paths.events_file(attempt))
                if event.name == EVENT_WARM_REFUSED)
 
 

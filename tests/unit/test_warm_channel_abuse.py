@@ -120,3 +120,22 @@ def test_a_lost_without_its_step_is_that_members_end() -> None:
     rank1.line.send({"op": "lost"})
     assert within(5, lambda: [e for _, e in host.named("warm_failure")] != []), "rank 1 was not taken as gone"
     assert host.named("warm_failure")[0][1]["rank"] == 1
+
+
+def test_a_flood_of_refusals_is_recorded_in_a_few_events_that_count_them_all() -> None:
+    """Review: 300 junk connections in 0.7 s wrote 300 warm_refused lines into the user's files."""
+    host = Host()
+    coordinator, address, outcome = start_coordinator(host, world=1, spares=0)
+    for _ in range(60):
+        connection = _connect(address)
+        connection.recv(4096)  # the challenge
+        connection.sendall(b"[]\n")  # no hello
+        connection.close()
+    assert within(10, lambda: coordinator.refused == 60), coordinator.refused
+    rank0 = warm_member(address, 0)
+    rank0.next_plan()
+    rank0.done()
+    outcome["thread"].join(timeout=10)
+    events = [event for _, event in host.named("warm_refused")]
+    assert len(events) <= coordinator_module.REFUSALS_EACH + 2, len(events)
+    assert sum(event["count"] for event in events) == 60
