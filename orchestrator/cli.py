@@ -227,13 +227,13 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, h
     from orchestrator.control.workdir import claim_workdir
 
     plan_drill(campaign)  # every spec error here, before anything starts
+    claim_workdir(campaign)  # the user's, before its lock file is opened; its log is written before the controller starts
     controller = live_controller(campaign.workdir)
     if controller is not None:
         raise ControllerBusy(f"a controller (pid {controller.pid}) already drives {campaign.workdir}; "
                              f"`faultdrill status {campaign.workdir}` shows it")
     argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format,
             *([] if html else ["--no-html"])]
-    claim_workdir(campaign)  # its log is written before the controller starts
     identity = start_detached(argv, campaign.workdir)
     workdir = campaign.workdir
     print(f"faultdrill: drill {campaign.name} runs in the background (pid {identity.pid}); its log: "
@@ -245,9 +245,11 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, h
 def _status(workdir: Path, output_format: str) -> int:
     from orchestrator.control.detach import read_exit
     from orchestrator.control.progress import progress_table, read_progress
+    from orchestrator.control.workdir import check_workdir
 
     if not (workdir / "ledger.sqlite").exists():
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
+    check_workdir(workdir)  # its lock file is opened, its progress read
     identity = live_controller(workdir)
     ended = read_exit(workdir) if identity is None else None
     progress = read_progress(workdir)
@@ -292,7 +294,7 @@ def _stop(workdir: Path) -> int:
 def _cancel(workdir: Path) -> int:
     from orchestrator.control.controller import Controller
     from orchestrator.control.detach import ControllerLock, NoController, stop_controller
-    from orchestrator.control.workdir import check_workdir
+    from orchestrator.control.workdir import check_workdir, claim_workdir
     from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
     if not (workdir / LEDGER_NAME).exists():
@@ -313,6 +315,7 @@ def _cancel(workdir: Path) -> int:
         return 0
     campaign = parse_campaign(spec, base_dir=workdir, source=str(workdir / LEDGER_NAME))
     campaign = campaign.model_copy(update={"workdir": workdir.resolve()})
+    claim_workdir(campaign)  # the spec's workdir_mode (0700 unless shared), and its umask for what cancel writes
     with ControllerLock(workdir):
         controller = Controller(campaign)
         try:

@@ -106,3 +106,37 @@ def test_a_strangers_file_left_in_a_workdir_tightened_since_is_refused(tmp_path:
     with pytest.raises(UnsafeWorkdir, match="writable by others"):
         check_workdir(workdir)
     assert not marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file another user's needs root")
+def test_status_checks_the_workdir_before_it_opens_anything_there(tmp_path: Path) -> None:
+    """Review of item 2: `status` (and `drill --detach`) opened the controller's lock file before
+    any check, following a stranger's symlink."""
+    from orchestrator.cli import _status
+    from orchestrator.record.ledger import Ledger
+
+    workdir = tmp_path / "work"
+    workdir.mkdir(mode=0o700)
+    Ledger.in_workdir(workdir).close()
+    target = tmp_path / "created-through-the-link"
+    (workdir / LOCK_NAME).symlink_to(target)
+    os.lchown(workdir / LOCK_NAME, STRANGER_UID, -1)
+    with pytest.raises(UnsafeWorkdir, match=f"belongs to uid {STRANGER_UID}"):
+        _status(workdir, "json")
+    assert not target.exists()
+
+
+def test_cancel_holds_the_workdir_to_the_specs_own_mode(tmp_path: Path) -> None:
+    """Review of item 2: `cancel` checked every workdir against 0770 (group-writable passed where
+    the spec said 0700) and wrote under the shell's umask."""
+    from orchestrator.cli import _cancel
+    from orchestrator.record.ledger import Ledger
+
+    workdir = tmp_path / "work"
+    workdir.mkdir(mode=0o700)
+    ledger = Ledger.in_workdir(workdir)
+    ledger.set_meta("spec", {"name": "safety", "workdir": str(workdir), "workdir_mode": "0700"})
+    ledger.close()
+    os.chmod(workdir, 0o770)
+    with pytest.raises(UnsafeWorkdir, match="writable by group"):
+        _cancel(workdir)
