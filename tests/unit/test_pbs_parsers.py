@@ -136,3 +136,17 @@ def test_qsub_output_without_an_id_is_an_error() -> None:
 def test_array_element_ids() -> None:
     assert array_element_id("69", 4) == "69[4]"
     assert array_element_id("1030[].pbs-srv", 0) == "1030[0].pbs-srv"
+
+
+def test_a_long_value_that_wraps_into_an_owner_line_is_not_the_jobs_owner() -> None:
+    """Issue 28's review, item 3: a stranger's job whose long value wraps so that a continuation
+    reads `Job_Owner = <you>@...` was taken for the user's (the owner filter of the look-up by name)."""
+    stranger = ("Job Id: 77.pbs\n"
+                "    Job_Name = fd-drill-r000-a0\n"
+                "    Job_Owner = mallory@login1\n"
+                "    Variable_List = PBS_O_HOME=/home/mallory,PBS_O_LOGNAME=mallory,\n"
+                "\tJob_Owner = alice@login1\n"
+                "    job_state = R\n")
+    [(job, record)] = parse_qstat_full(stranger).items()
+    assert job == "77.pbs" and record["Job_Owner"] == "mallory@login1"
+    assert record["Variable_List"].endswith("Job_Owner = alice@login1")  # part of the value it wraps

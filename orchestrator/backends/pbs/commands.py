@@ -33,7 +33,7 @@ EXIT_CODE_FILE = "{job}_exit_code"
 _QSUB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?$")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.%^+=@/-]+$")  # the wrappers pass -o/-e through a shell
 _JOB_LINE = re.compile(r"^Job Id:\s*(\S+)\s*$")
-_ATTRIBUTE_LINE = re.compile(r"^\s+([A-Za-z_][\w.]*) = (.*)$")
+_ATTRIBUTE_LINE = re.compile(r"^([ \t]+)([A-Za-z_][\w.]*) = (.*)$")
 # Exit codes of qstat/qdel that answer "no such job" (Torque 153, PBS Pro 35): a job that ended.
 QSTAT_ANSWERS = (0, 35, 153)
 _UNKNOWN_JOB = re.compile(r"unknown job id|has finished|job has been deleted", re.IGNORECASE)
@@ -152,21 +152,30 @@ def qsub(script_name: str, script_text: str, cwd: Path) -> str:
 
 
 def parse_qstat_full(text: str) -> dict[str, dict[str, str]]:
-    """``qstat -f``: ``Job Id: X`` then ``name = value`` lines; a line without `` = `` continues the
-    previous value (PBS Pro and Torque wrap long values such as Variable_List)."""
+    """``qstat -f``: ``Job Id: X`` then ``name = value`` lines, indented as the record's first one is
+    (four spaces: Torque and PBS Pro, which wrap a long value such as Variable_List onto lines that
+    start with a tab; a tab: the Slurm wrappers, which do not wrap). A wrapped line is part of its
+    value whatever it holds: a stranger's long value that wraps into ``Job_Owner = <you>`` is not the
+    job's owner. The first of an attribute named twice stands."""
     records: dict[str, dict[str, str]] = {}
     current: dict[str, str] | None = None
     last: str | None = None
+    indent: str | None = None
     for line in text.splitlines():
         job = _JOB_LINE.match(line)
         if job:
-            current, last = records.setdefault(job.group(1), {}), None
+            current, last, indent = records.setdefault(job.group(1), {}), None, None
+            continue
+        if current is None:
             continue
         attribute = _ATTRIBUTE_LINE.match(line)
-        if current is not None and attribute:
-            last = attribute.group(1)
-            current[last] = attribute.group(2).strip()
-        elif current is not None and last is not None and line[:1] in (" ", "\t") and line.strip():
+        if attribute and indent is None:
+            indent = attribute.group(1)  # the record's own: Job_Name's, the scheduler's to write
+        wraps = indent is not None and indent != "\t" and line.startswith("\t")
+        if attribute and not wraps and attribute.group(1) == indent:
+            last = attribute.group(2)
+            current.setdefault(last, attribute.group(3).strip())
+        elif wraps and last is not None and line.strip():
             current[last] += line.strip()
     return records
 
