@@ -138,7 +138,9 @@ class MpiexecMembers:
     def _mpiexec(self, launch: str, env: Mapping[str, str]) -> Mpiexec:
         """The variables of ``env`` that a member needs, and this launch's own session directory."""
         session_dir = Path(self.session_dir) / launch
-        session_dir.mkdir(parents=True, exist_ok=True)
+        session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if session_dir.lstat().st_uid != os.geteuid() or session_dir.is_symlink():
+            raise RuntimeError(f"{session_dir} is not this user's own directory: refusing it as Open MPI's session")
         forwarded = tuple(name for name in sorted({*self.forwarded, *WARM_VARIABLES}) if name in env)
         return Mpiexec(forwarded=forwarded, session_dir=str(session_dir))
 
@@ -285,7 +287,9 @@ def launcher_of(args: argparse.Namespace) -> MemberLauncher:
     if args.launcher == "srun":
         return SrunMembers(mpi=args.mpi)
     forwarded = tuple(name for name in args.forward.split(",") if name)
-    return MpiexecMembers(forwarded=forwarded, session_dir=args.session_dir or tempfile.gettempdir())
+    # The batch script's own session directory (mktemp -d, 0700); never a predictable one in a shared /tmp.
+    session_dir = args.session_dir or tempfile.mkdtemp(prefix="faultdrill-ompi.")
+    return MpiexecMembers(forwarded=forwarded, session_dir=session_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

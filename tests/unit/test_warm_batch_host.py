@@ -4,6 +4,7 @@ member and for a set (the drills on Slurm and PBS run them for real: tests/clust
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,17 @@ def test_mpiexec_exports_what_is_set_and_gives_each_launch_its_own_session_dir(t
     assert "ppr:2:node" in spare_set.argv and "n1:2,n2:2" in spare_set.argv and spare_set.stdout == "7_set1_log.out"
     session_dirs = {argv[argv.index("orte_tmpdir_base") + 1] for argv in (member.argv, spare_set.argv)}
     assert len(session_dirs) == 2 and all(Path(d).is_dir() for d in session_dirs), "launches race on a shared one"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory another user's needs root")
+def test_a_session_directory_another_user_made_is_refused(tmp_path: Path) -> None:
+    """Issue 28's review, item 4: a launch's Open MPI session directory under a shared base (the
+    fallback was /tmp/slot-N) was used even when a stranger had made it first."""
+    from experiments.warm.batch_host import MpiexecMembers
+
+    planted = tmp_path / "set-0"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 54321, -1)
+    members = MpiexecMembers(forwarded=(), session_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="not this user's own directory"):
+        members._mpiexec("set-0", {})
