@@ -101,14 +101,23 @@ class ProgressConfig(_Strict):
         return PROGRESS_LOG if self.log else PROGRESS_CHECKPOINTS if self.checkpoints else PROGRESS_API
 
 
-SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
-SECRET_PAIRS = {("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("AUTH", "KEY")}
+SECRET_WORDS = {"SECRET", "SECRETS", "TOKEN", "TOKENS", "PASSWORD", "PASSWD", "PASSPHRASE", "PWD", "CREDENTIAL",
+                "CREDENTIALS", "APIKEY", "KEY", "PAT", "DSN"}
+SECRET_PAIRS = {("CONNECTION", "STRING"), ("DATABASE", "URL")}
 
 
 def looks_secret(name: str) -> bool:
-    """WANDB_API_KEY, HF_TOKEN, DB_PASSWORD: by its words (TOKENIZERS_PARALLELISM is none)."""
-    words = name.upper().replace("-", "_").split("_")
+    """WANDB_API_KEY, KAGGLE_KEY, HF_TOKEN, DB_PASSWORD, GITHUB_PAT, DATABASE_URL: by its words
+    (TOKENIZERS_PARALLELISM, CUDA_VISIBLE_DEVICES are none)."""
+    words = name.upper().replace("-", "_").replace(".", "_").split("_")
     return bool(SECRET_WORDS & set(words)) or any(pair in SECRET_PAIRS for pair in zip(words, words[1:], strict=False))
+
+
+def _refuse_secrets(names: Any, where: str, instead: str) -> None:
+    secret = sorted(name for name in names if looks_secret(str(name)))
+    if secret:
+        raise ValueError(f"{', '.join(secret)}: looks like a secret, and a spec's values are stored with the drill"
+                         f"{where}; {instead}")
 
 
 class WorkloadConfig(_Strict):
@@ -146,11 +155,8 @@ class WorkloadConfig(_Strict):
         """A spec's values are stored with the drill (the ledger, the report, the ranks' pickles):
         a secret's place is the environment the drill is started from, which reaches the ranks
         without being written anywhere."""
-        secret = sorted(name for name in value if looks_secret(name))
-        if secret:
-            raise ValueError(f"{', '.join(secret)}: looks like a secret, and a spec's values are stored with the "
-                             "drill; export it in the shell you start the drill from instead (it reaches the "
-                             "ranks through the scheduler's environment; PBS: add -V to extra_directives)")
+        _refuse_secrets(value, "", "export it in the shell you start the drill from instead (it reaches the "
+                        "ranks through the scheduler's environment; PBS: add -V to extra_directives)")
         return value
 
     @field_validator("framework")
@@ -338,6 +344,15 @@ class Campaign(_Strict):
     # The user's experiment parameters: {placeholders} of a command workload, swept as args.<key>.
     args: dict[str, Any] = Field(default_factory=dict)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+
+    @field_validator("args")
+    @classmethod
+    def _no_secret_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """An arg is a word of the ranks' command line, which every user of a node reads in ps."""
+        _refuse_secrets(value, " and its args are the ranks' command line, which every user of a node can read",
+                        "let your script read it from an environment variable exported in the shell you start "
+                        "the drill from")
+        return value
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     faults: list[FaultConfig] = Field(default_factory=list)

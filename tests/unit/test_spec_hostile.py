@@ -58,7 +58,10 @@ def test_options_faultdrill_does_not_set_pass(text: str) -> None:
     assert reserved_problem(text, "slurm") is None
 
 
-@pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY"])
+@pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
+                                  # the review's: names the first screen let through
+                                  "KAGGLE_KEY", "WANDB_KEY", "MY_SECRETS", "GITHUB_PAT", "PASSPHRASE", "DATABASE_URL",
+                                  "AZURE_STORAGE_CONNECTION_STRING"])
 def test_a_secret_in_workload_env_is_refused_naming_where_it_belongs(tmp_path: Path, name: str) -> None:
     """Item 5: workload.env values were stored in the ledger, the report and the ranks' pickles."""
     from orchestrator.campaign.spec import parse_campaign
@@ -87,3 +90,14 @@ def test_a_sweep_whose_product_is_too_large_is_refused_by_its_count(tmp_path: Pa
     with pytest.raises(SpecError, match="100,000,000 points .* more than 100,000"):
         expand_runs(load_campaign(spec))
     assert time.monotonic() - started < 5
+
+
+def test_a_secret_in_args_is_refused_the_ranks_command_line_is_public(tmp_path: Path) -> None:
+    """Issue 28's review, item 5: args.wandb_api_key was accepted and became a word of every rank's
+    command line, which every user of a node reads in ps."""
+    from orchestrator.campaign.spec import parse_campaign
+
+    raw = {"name": "s", "workdir": str(tmp_path / "work"), "args": {"wandb_api_key": "x", "lr": 0.1},
+           "workload": {"command": ["./train", "--key", "{wandb_api_key}"]}}
+    with pytest.raises(SpecError, match="wandb_api_key: looks like a secret.*command line"):
+        parse_campaign(raw, base_dir=tmp_path)
