@@ -73,6 +73,8 @@ CONTINUED_IN_JOB = frozenset({STEP_FAILED, JobState.REQUEUED.value})
 # in-allocation: a backoff that leaves the batch script less than this of its wait for the go
 # (restart.relaunch_wait_s, from the launch's exit) takes a new job instead (detection, clocks).
 RELAUNCH_MARGIN_S = 10.0
+# The classes of a job the scheduler takes back (after its warning): no next attempt runs in it.
+JOB_TAKEN_BACK = frozenset({FailureClass.PREEMPTED, FailureClass.TIMEOUT})
 
 
 class RunTracker:
@@ -356,14 +358,15 @@ class RunTracker:
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
         """Record the failed attempt and carry out its strategy's answer: what becomes of its job,
         and how the run goes on (orchestrator/strategies/)."""
-        facts = FailureFacts(job_ended=state.is_terminal, requeued=requeued(watch, state),
-                             warm_reformed=sign.evidence == "warm", launch_exited=watch.step_exit is not None)
-        answer = self.strategy.on_failure(facts)
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
                                     self.faults.oom_killed(watch.attempt), self.cancels.why(watch.job_id),
                                     self.faults.signalled(watch.attempt),
                                     time_limit_s=time_limit_minutes(self.run.campaign.resources.time) * 60)
         classified = classify(evidence)
+        facts = FailureFacts(job_ended=state.is_terminal, requeued=requeued(watch, state),
+                             warm_reformed=sign.evidence == "warm", launch_exited=watch.step_exit is not None,
+                             job_taken_back=classified.failure_class in JOB_TAKEN_BACK)
+        answer = self.strategy.on_failure(facts)
         failed_nodes = blamed_nodes(self.run, watch, sign, evidence, classified.failure_class,
                                     self.faults.stopped_nodes(watch.attempt))
         # Journal, then act: the failure (the intent of ending a hung launch alone) and the drill's

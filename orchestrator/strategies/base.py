@@ -53,6 +53,14 @@ class FailureFacts:
     requeued: bool  # the scheduler requeued the job itself (a preemption that requeues)
     warm_reformed: bool  # the job's warm coordinator reported the failure (and re-formed)
     launch_exited: bool  # the ranks' launch ended (its exit was seen): nothing of it still runs
+    # The scheduler is taking the job back (a preemption, its walltime: the ranks saved on its
+    # warning): whatever would go on in the job goes with it.
+    job_taken_back: bool = False
+
+    @property
+    def job_goes_on(self) -> bool:
+        """The job outlives the failure: a next attempt can run in it."""
+        return not (self.job_ended or self.requeued or self.job_taken_back)
 
     def leave_or_close(self) -> FailedJob:
         """A job that is not the next attempt's: left if it ended, else closed (cancelled first

@@ -12,6 +12,6 @@ class InAllocation(RestartStrategy):
     traits = TRAITS[StrategyName.IN_ALLOCATION]
 
     def on_failure(self, facts: FailureFacts) -> Answer:
-        if facts.job_ended or facts.requeued:
+        if not facts.job_goes_on:
             return Answer(Continuation.NEW_JOB, facts.leave_or_close())
         return Answer(Continuation.RELAUNCH, FailedJob.LEFT if facts.launch_exited else FailedJob.STEP_ENDED)

@@ -13,6 +13,6 @@ class Warm(RestartStrategy):
     traits = TRAITS[StrategyName.WARM]
 
     def on_failure(self, facts: FailureFacts) -> Answer:
-        if facts.warm_reformed and not facts.job_ended:
+        if facts.warm_reformed and not facts.job_ended and not facts.job_taken_back:
             return Answer(Continuation.FOLLOW_WARM, FailedJob.LEFT)
         return Answer(Continuation.NEW_JOB, facts.leave_or_close())

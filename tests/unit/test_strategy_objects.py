@@ -25,7 +25,7 @@ BACKEND_CLASSES: dict[str, type[Backend]] = {"local": LocalBackend, "slurm": Slu
 
 
 def _facts() -> list[FailureFacts]:
-    return [FailureFacts(*values) for values in itertools.product((False, True), repeat=4)]
+    return [FailureFacts(*values) for values in itertools.product((False, True), repeat=5)]
 
 
 def test_every_strategy_has_its_traits_and_its_object() -> None:
@@ -49,7 +49,8 @@ def test_resubmit_always_goes_on_in_a_new_job_and_closes_what_still_runs() -> No
 def test_in_allocation_relaunches_in_a_live_job_and_ends_a_hung_launch_alone() -> None:
     for facts in _facts():
         answer = strategy_for("in-allocation").on_failure(facts)
-        if facts.job_ended or facts.requeued:  # the allocation is gone (or queued again): a new job
+        # The allocation is gone, queued again, or being taken back (preempted, at its walltime): a new job.
+        if facts.job_ended or facts.requeued or facts.job_taken_back:
             assert (answer.continuation, answer.failed_job) == _new_job(facts), facts
         else:
             assert answer.continuation is Continuation.RELAUNCH
@@ -65,9 +66,9 @@ def test_requeue_never_cancels_the_job_that_is_the_next_attempt() -> None:
 def test_warm_follows_only_a_re_formation_its_coordinator_reported_in_a_live_job() -> None:
     for facts in _facts():
         answer = strategy_for("warm").on_failure(facts)
-        if facts.warm_reformed and not facts.job_ended:
+        if facts.warm_reformed and not facts.job_ended and not facts.job_taken_back:
             assert (answer.continuation, answer.failed_job) == (Continuation.FOLLOW_WARM, FailedJob.LEFT)
-        else:  # found from outside (a hang, the job's end): a new job, as resubmit
+        else:  # found from outside (a hang, the job's end), or the job is being taken back: a new job, as resubmit
             assert (answer.continuation, answer.failed_job) == _new_job(facts), facts
 
 
