@@ -174,7 +174,12 @@ class FaultBook:
         if row.outcome == INJECTED and (row.detail is None or row.detail.startswith(ACTED)):
             acted = f"; {row.detail.removeprefix(ACTED)}" if row.detail else ""
             sign = end.sign
-            if end.completed or sign is None:
+            if (end.completed or sign is None) and get_kind(row.kind).ends_attempt:
+                # It acted, and its attempt trained to the end all the same: it came too late (the
+                # ranks were finishing) or took no effect. No failure to recover from: absorbed.
+                self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
+                    f"came too late: attempt {attempt} completed without failing{acted}"))
+            elif end.completed or sign is None:
                 self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed{acted}")
             elif (sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None
                   and sign.at + FAILURE_MOMENT_EVIDENCE[sign.evidence] < row.at):
