@@ -41,6 +41,7 @@ from experiments.warm.protocol import (
     Line,
     MalformedMessage,
     Plan,
+    coordinator_proof,
     new_nonce,
     proven,
 )
@@ -99,6 +100,7 @@ class Member:
     rank: int | None = None
     lost_step: int | None = None  # reported after its collective failed (this re-formation)
     warm_at: float = field(default_factory=time.time)  # when it said hello: set up and waiting
+    nonce: str = ""  # its hello's: each plan answers it with the job's secret (coordinator_proof)
 
 
 @dataclass
@@ -486,7 +488,8 @@ class Coordinator:
         self._failed_nodes = set()
         for rank, member in ranks.items():
             try:
-                member.line.send(plans[rank].message())
+                member.line.send({**plans[rank].message(),
+                                  "proof": coordinator_proof(self.secret, member.nonce, member.slot)})
             except OSError:
                 pass  # it died meanwhile: its connection's end starts the next re-formation
 
@@ -578,7 +581,8 @@ def _member_of(hello: dict[str, Any] | None, line: Line) -> Member | None:
     slot, pid = hello["slot"], hello["pid"]
     if type(slot) is not int or type(pid) is not int:
         raise TypeError(f"slot {slot!r} and pid {pid!r} must be integers")
-    return Member(slot=slot, node=str(hello["node"]), address=str(hello["address"]), pid=pid, line=line)
+    return Member(slot=slot, node=str(hello["node"]), address=str(hello["address"]), pid=pid, line=line,
+                  nonce=str(hello.get("nonce", "")))
 
 
 def _step_of(message: dict[str, Any]) -> int:

@@ -12,7 +12,15 @@ import time
 from typing import Any
 
 from experiments.layout import ENV_WARM_SECRET
-from experiments.warm.protocol import HELLO_TIMEOUT_S, Line, MalformedMessage, Plan, proof
+from experiments.warm.protocol import (
+    HELLO_TIMEOUT_S,
+    Line,
+    MalformedMessage,
+    Plan,
+    coordinator_proven,
+    new_nonce,
+    proof,
+)
 
 CONNECT_RETRY_S = 0.05
 
@@ -37,10 +45,12 @@ class WarmMember:
         if challenge is None or challenge.get("op") != "challenge":
             raise CoordinatorGone(f"warm: slot {slot}: no challenge from the coordinator at {coordinator}")
         self.line.connection.settimeout(None)
-        key = secret if secret is not None else os.environ.get(ENV_WARM_SECRET, "")
+        self.key = secret if secret is not None else os.environ.get(ENV_WARM_SECRET, "")
+        self.nonce = new_nonce()  # the coordinator's plans must answer it: it holds the secret too
         pid = os.getpid()
         self.line.send({"op": "hello", "slot": slot, "node": node, "address": address, "pid": pid,
-                        "proof": proof(key, str(challenge.get("nonce", "")), slot, pid) if key else ""})
+                        "nonce": self.nonce,
+                        "proof": proof(self.key, str(challenge.get("nonce", "")), slot, pid) if self.key else ""})
 
     def next_plan(self) -> Plan | None:
         """This member's next part (blocks: a spare waits here); None when the run is over."""
@@ -54,6 +64,9 @@ class WarmMember:
             return None
         if message.get("op") != "plan":
             raise CoordinatorGone(f"warm: slot {self.slot}: unexpected message {message!r}")
+        if self.key and not coordinator_proven(self.key, self.nonce, self.slot, str(message.get("proof", ""))):
+            raise CoordinatorGone(f"warm: slot {self.slot}: a plan that does not prove the job's secret "
+                                  "(not this job's coordinator): ignored, this process ends")
         return Plan.from_message(message)
 
     def formed(self, generation: int, **timings: float) -> None:

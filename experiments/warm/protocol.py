@@ -67,7 +67,7 @@ class Plan:
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> "Plan":
-        return cls(**{key: value for key, value in message.items() if key != "op"})
+        return cls(**{key: value for key, value in message.items() if key not in ("op", "proof")})
 
 
 class MalformedMessage(RuntimeError):
@@ -85,6 +85,17 @@ def new_nonce() -> str:
 def proof(secret: str, nonce: str, slot: int, pid: int) -> str:
     """What a member's hello proves: it holds the job's secret, answering this connection's nonce."""
     return hmac.new(bytes.fromhex(secret), f"{nonce} {slot} {pid}".encode(), hashlib.sha256).hexdigest()
+
+
+def coordinator_proof(secret: str, member_nonce: str, slot: int) -> str:
+    """What the coordinator's plans prove to a member: it holds the job's secret, answering the
+    nonce of this member's hello (a stranger on a freed port cannot plan a spare)."""
+    return hmac.new(bytes.fromhex(secret), f"coordinator {member_nonce} {slot}".encode(), hashlib.sha256).hexdigest()
+
+
+def coordinator_proven(secret: str, member_nonce: str, slot: int, claimed: str) -> bool:
+    return hmac.compare_digest(coordinator_proof(secret, member_nonce, slot).encode(),
+                               claimed.encode(errors="replace"))
 
 
 def proven(secret: str, nonce: str, slot: int, pid: int, claimed: str) -> bool:

@@ -139,3 +139,29 @@ def test_a_flood_of_refusals_is_recorded_in_a_few_events_that_count_them_all() -
     events = [event for _, event in host.named("warm_refused")]
     assert len(events) <= coordinator_module.REFUSALS_EACH + 2, len(events)
     assert sum(event["count"] for event in events) == 60
+
+
+def test_a_member_follows_no_plan_that_does_not_prove_the_jobs_secret() -> None:
+    """Review of item 1: members proved the secret to the coordinator, not the other way round: a
+    spare retrying after its coordinator died could reach a stranger who bound the freed port and
+    follow its plan (an address of the stranger's choosing). Plans answer the member's nonce."""
+    import threading
+
+    from experiments.warm.member import CoordinatorGone
+    from experiments.warm.protocol import Plan
+
+    impostor = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{impostor.getsockname()[1]}"
+
+    def plan_a_stranger() -> None:
+        connection, _ = impostor.accept()
+        line = Line(connection)
+        line.send({"op": "challenge", "nonce": "00"})
+        line.receive()  # the hello, with its proof for a nonce the impostor chose: worth nothing to it
+        line.send({**Plan(1, 4, 1, 2, "10.6.6.6", 29500, "peer", 0, 57, 0.0, None).message(), "proof": "0" * 64})
+
+    threading.Thread(target=plan_a_stranger, daemon=True).start()
+    member = warm_member(address, 2)
+    with pytest.raises(CoordinatorGone, match="does not prove the job's secret"):
+        member.next_plan()
+    impostor.close()
