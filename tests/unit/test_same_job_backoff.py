@@ -7,6 +7,7 @@ A backoff the batch script would not wait for (restart.relaunch_wait_s) takes a 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,8 +17,9 @@ import yaml
 from experiments.runtime.fence import Fence, read_fence
 from fake_scheduler import FakeScheduler, launch_exited, when_first_job_runs
 from orchestrator.campaign.runs import RunConfig
-from orchestrator.campaign.spec import load_campaign
+from orchestrator.campaign.spec import Campaign, load_campaign
 from orchestrator.control.controller import Controller
+from orchestrator.record.ledger import AttemptRow
 from orchestrator.states import JobState
 
 pytestmark = pytest.mark.unit
@@ -57,23 +59,38 @@ def _rounds_after_the_failure(controller: Controller, run: RunConfig, scheduler:
     return observe
 
 
+@dataclass(frozen=True)
+class Drilled:
+    """What one controller left, once it stopped: the run's attempts and status, the run, the drill."""
+
+    attempts: list[AttemptRow]
+    status: str
+    run: RunConfig
+    drill_id: str
+
+
+def _drill(spec: Campaign, scheduler: FakeScheduler, rounds: int,
+           then: Callable[[], None] = lambda: None) -> Drilled:
+    """A controller on the spec's workdir, stopped ``rounds`` rounds after the failure's next
+    attempt is recorded (see _rounds_after_the_failure)."""
+    controller = Controller(spec, backend=scheduler)
+    [run] = controller.runs
+    try:
+        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, rounds, then=then))
+        return Drilled(controller.ledger.attempts(run.run_id), controller.ledger.run(run.run_id).status, run,
+                       controller.drill_id)
+    finally:
+        controller.close()
+
+
 @pytest.mark.parametrize("strategy", ["in-allocation", "requeue"])
 def test_a_same_job_strategy_waits_out_the_backoff_across_a_controller_restart(tmp_path: Path, strategy: str) -> None:
     spec = load_campaign(_spec(tmp_path, strategy))
     scheduler = FakeScheduler()
-    first = Controller(spec, backend=scheduler)
-    [run] = first.runs
-    try:
-        first.run(observer=_rounds_after_the_failure(first, run, scheduler, 10))
-        [_, next_attempt] = first.ledger.attempts(run.run_id)
-    finally:
-        first.close()
-    second = Controller(spec, backend=scheduler)
-    try:
-        second.run(observer=_rounds_after_the_failure(second, run, scheduler, 10))
-        [_, still] = second.ledger.attempts(run.run_id)
-    finally:
-        second.close()
+    first = _drill(spec, scheduler, 10)
+    [_, next_attempt] = first.attempts
+    [_, still] = _drill(spec, scheduler, 10).attempts
+    run = first.run
     [job] = list(scheduler.states)
     assert next_attempt.not_before is not None and next_attempt.not_before > next_attempt.submitted + BACKOFF_S - 5
     assert scheduler.called("requeue") == [] and scheduler.called("submit") == [(run.run_id, 0)]
@@ -85,17 +102,10 @@ def test_a_same_job_strategy_waits_out_the_backoff_across_a_controller_restart(t
 def test_the_go_or_the_requeue_comes_once_the_backoff_has_passed(tmp_path: Path, strategy: str) -> None:
     spec = load_campaign(_spec(tmp_path, strategy, backoff_s=0.3))
     scheduler = FakeScheduler()
-    controller = Controller(spec, backend=scheduler)
-    [run] = controller.runs
-    stopped_at: list[float] = []
-    try:
-        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 60,
-                                                          then=lambda: stopped_at.append(time.time())))
-        [failed, attempt] = controller.ledger.attempts(run.run_id)
-    finally:
-        controller.close()
+    drilled = _drill(spec, scheduler, 60)
+    run, [failed, attempt] = drilled.run, drilled.attempts
     [job] = list(scheduler.states)
-    assert read_fence(run.paths) == Fence(1, job, controller.drill_id)
+    assert read_fence(run.paths) == Fence(1, job, drilled.drill_id)
     assert attempt.accepted is not None and failed.ended is not None and attempt.accepted >= failed.ended + 0.3
     assert scheduler.called("requeue") == ([job] if strategy == "requeue" else [])
 
@@ -105,19 +115,13 @@ def test_a_person_cancelling_the_job_during_a_held_requeue_is_not_undone(tmp_pat
     run given up (the policy's default for CANCELLED)."""
     spec = load_campaign(_spec(tmp_path, "requeue", scheduler_poll_s=0.05))
     scheduler = FakeScheduler()
-    controller = Controller(spec, backend=scheduler)
-    [run] = controller.runs
 
     def person_cancels() -> None:
         [job] = list(scheduler.states)
         scheduler.states[job] = JobState.CANCELLED
 
-    try:
-        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 20, then=person_cancels))
-        [_, attempt] = controller.ledger.attempts(run.run_id)
-        status = controller.ledger.run(run.run_id).status
-    finally:
-        controller.close()
+    drilled = _drill(spec, scheduler, 20, then=person_cancels)
+    [_, attempt], status = drilled.attempts, drilled.status
     assert scheduler.called("requeue") == []
     assert (status, attempt.failure_class, attempt.state) == ("gave_up", "CANCELLED", "CANCELLED"), attempt
 
@@ -125,13 +129,8 @@ def test_a_person_cancelling_the_job_during_a_held_requeue_is_not_undone(tmp_pat
 def test_a_backoff_the_batch_script_would_not_wait_for_takes_a_new_job_after_it(tmp_path: Path) -> None:
     spec = load_campaign(_spec(tmp_path, "in-allocation", backoff_s=0.3, relaunch_wait_s=5))
     scheduler = FakeScheduler()
-    controller = Controller(spec, backend=scheduler)
-    [run] = controller.runs
-    try:
-        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 60))
-        [failed, attempt] = controller.ledger.attempts(run.run_id)
-    finally:
-        controller.close()
+    drilled = _drill(spec, scheduler, 60)
+    run, [failed, attempt] = drilled.run, drilled.attempts
     first_job = failed.job_id
     assert scheduler.called("cancel") == [first_job] and failed.failure_class == "RANK_SIGNAL"
     assert scheduler.called("submit") == [(run.run_id, 0), (run.run_id, 1)] and attempt.job_id != first_job
@@ -182,14 +181,7 @@ def test_no_start_clock_runs_while_the_go_is_held(tmp_path: Path) -> None:
     backoff longer than start_timeout_s failed the attempt START_TIMEOUT before its go. (Here no
     rank ever trains: a stuck start after the go is right.)"""
     spec = load_campaign(_spec(tmp_path, "in-allocation", backoff_s=1.5, start_timeout_s=0.5))
-    scheduler = FakeScheduler()
-    controller = Controller(spec, backend=scheduler)
-    [run] = controller.runs
-    try:
-        controller.run(observer=_rounds_after_the_failure(controller, run, scheduler, 150))
-        held = controller.ledger.attempts(run.run_id)[1]
-    finally:
-        controller.close()
+    held = _drill(spec, FakeScheduler(), 150).attempts[1]
     assert held.not_before is not None
     assert held.failure_class != "START_TIMEOUT" or (held.ended or 0) >= held.not_before + 0.45, held
 
@@ -200,20 +192,10 @@ def test_a_person_cancelling_a_held_requeues_job_while_no_controller_runs_is_not
     failure's own record."""
     spec = load_campaign(_spec(tmp_path, "requeue", backoff_s=0.5, scheduler_poll_s=0.05))
     scheduler = FakeScheduler()
-    first = Controller(spec, backend=scheduler)
-    [run] = first.runs
-    try:
-        first.run(observer=_rounds_after_the_failure(first, run, scheduler, 5))
-    finally:
-        first.close()
+    _drill(spec, scheduler, 5)
     [job] = list(scheduler.states)
     scheduler.states[job] = JobState.CANCELLED  # its owner, while no controller ran
-    second = Controller(spec, backend=scheduler)
-    try:
-        second.run(observer=_rounds_after_the_failure(second, run, scheduler, 150))
-        [_, attempt] = second.ledger.attempts(run.run_id)
-        status = second.ledger.run(run.run_id).status
-    finally:
-        second.close()
+    drilled = _drill(spec, scheduler, 150)
+    [_, attempt], status = drilled.attempts, drilled.status
     assert scheduler.called("requeue") == []
     assert (status, attempt.failure_class) == ("gave_up", "CANCELLED"), attempt
