@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -48,6 +48,18 @@ from orchestrator.record.ledger import Ledger
 from simulated_cluster import SimulatedCluster
 
 pytestmark = pytest.mark.unit
+
+def _until_crash(monkeypatch: pytest.MonkeyPatch, crossings: Crossings, world: SimulatedCluster,
+                 act: Callable[[Path, SimulatedCluster], Any], spec: Path, where: str) -> str:
+    """``act(spec, world)`` with every seam crossed through ``crossings``; where it was killed (else ``where``)."""
+    with monkeypatch.context() as patch:
+        install(patch.setattr, crossings, world)
+        try:
+            act(spec, world)
+        except ControllerCrash as crash:
+            return f"({crash}; crossings before it: {crossings.seen[-6:]})"
+    return where
+
 
 @pytest.fixture
 def workdirs(tmp_path: Path) -> Iterator[Path]:
@@ -76,13 +88,8 @@ def test_a_controller_killed_after_any_side_effect_is_followed_by_one_that_ends_
     for crash_at in range(1, total + 1):
         spec = spec_file(tmp_path / f"crash-{crash_at}", drill)
         world, crossings = world_for(spec, drill), Crossings(crash_at=crash_at)
-        where = f"(killed after crossing {crash_at} of {total})"
-        with monkeypatch.context() as patch:
-            install(patch.setattr, crossings, world)
-            try:
-                drive(spec, world)
-            except ControllerCrash as crash:
-                where = f"({crash}; crossings before it: {crossings.seen[-6:]})"
+        where = _until_crash(monkeypatch, crossings, world, drive, spec,
+                             f"(killed after crossing {crash_at} of {total})")
         world.tick()  # the cluster goes on while no controller is there: a pending job starts
         drive(spec, world)  # the next controller, on the same workdir and the same scheduler
         check(world, outcome(spec), expected, where, backoff_s)
@@ -158,13 +165,7 @@ def test_a_cancel_killed_after_any_side_effect_is_finished_by_the_next(
         spec = spec_file(workdirs / f"cancel-{crash_at}", drill)
         world, crossings = SimulatedCluster(polls_to_finish=10**6), Crossings(crash_at=crash_at)
         _runs_in_flight(spec, world)
-        where = "(no crash)"
-        with monkeypatch.context() as patch:
-            install(patch.setattr, crossings, world)
-            try:
-                _cancel(spec, world)
-            except ControllerCrash as crash:
-                where = f"({crash}; crossings before it: {crossings.seen[-6:]})"
+        where = _until_crash(monkeypatch, crossings, world, _cancel, spec, "(no crash)")
         assert _cancel(spec, world) == [], where
         assert _cancelled(spec) == expected, where
         assert not world.alive(), f"left on the scheduler: {world.alive()} {where}"
