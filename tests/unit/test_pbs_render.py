@@ -215,16 +215,37 @@ def test_script_and_job_environment_agree_on_the_job_id(
     assert PBSJobEnvironment().job_id == expected
 
 
+def _ompi_tmp_statement(script: str) -> str:
+    """The script's `ompi_tmp=$(mktemp ...) || { ...; }` statement, its continuation lines included."""
+    lines = script.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("ompi_tmp="))
+    end = next(index for index in range(start, len(lines)) if lines[index].rstrip().endswith("}"))
+    return "\n".join(lines[start:end + 1])
+
+
 @pytest.mark.drill
 def test_the_open_mpi_session_directory_is_a_private_one_of_a_random_name(tmp_path: Path) -> None:
     """Security issue 28, item 4: /tmp/faultdrill-ompi-<job id> was a name another user of the node
     could create first (the attempt failed on a 0755 one, or its session lived in a 0777 one)."""
     run = expand_runs(_campaign("/scratch/drills/ompi"))[0]
-    [line] = [line for line in render_pbs(run, attempt=0, drill_id="d1", python=PYTHON).text.splitlines()
-              if line.startswith("ompi_tmp=")]
-    made = [subprocess.run(["bash", "-c", f'{line}; echo "$ompi_tmp"'], env={**os.environ, "TMPDIR": str(tmp_path)},
+    statement = _ompi_tmp_statement(render_pbs(run, attempt=0, drill_id="d1", python=PYTHON).text)
+    made = [subprocess.run(["bash", "-c", f'{statement}\necho "$ompi_tmp"'],
+                           env={**os.environ, "TMPDIR": str(tmp_path)},
                            capture_output=True, text=True, check=True).stdout.strip() for _ in range(2)]
     assert made[0] != made[1] and all(Path(path).parent == tmp_path for path in made), made
     assert all(os.stat(path).st_mode & 0o777 == 0o700 for path in made)
     squatted = tmp_path / "faultdrill-ompi-7.server"  # what the old name would have been: not used
     assert not squatted.exists() and all("7.server" not in path for path in made)
+
+
+@pytest.mark.drill
+def test_no_open_mpi_session_directory_ends_the_job_with_a_reason(tmp_path: Path) -> None:
+    """mktemp -d failing (a TMPDIR that does not exist, a full /tmp) must end the script with a message
+    that names it, not launch mpiexec with an empty --mca orte_tmpdir_base."""
+    run = expand_runs(_campaign("/scratch/drills/ompi"))[0]
+    statement = _ompi_tmp_statement(render_pbs(run, attempt=0, drill_id="d1", python=PYTHON).text)
+    missing = tmp_path / "no-such-dir"
+    result = subprocess.run(["bash", "-c", f'{statement}\necho launched'], env={**os.environ, "TMPDIR": str(missing)},
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and "launched" not in result.stdout
+    assert f"mktemp -d failed in {missing}" in result.stderr
