@@ -64,9 +64,8 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # Imported here, not at module top: the framework must see the thread limits above.
     from experiments.runner import RunnerOptions, run_training
     from experiments.runtime.distenv import DistEnv, Timeouts
-    from experiments.runtime.fault_requests import FaultRequests
     from experiments.runtime.fence import check_current, own_job_id
-    from experiments.runtime.identity import write_identity
+    from experiments.runtime.identity import register_rank
     from experiments.workloads import get_workload
 
     env = DistEnv.from_environ()
@@ -79,9 +78,7 @@ def run_rank(job: RankJob) -> dict[str, Any]:
         return _run_command(job, env, paths, started_at)
     if os.environ.get(ENV_WARM_COORDINATOR):
         return _run_warm(job, env, paths, started_at, warning)
-    # Before the rank registers (the agent only acts on registered ranks): faults it acts out itself.
-    FaultRequests(paths.fault_request_file(job.attempt, env.rank)).install()
-    write_identity(paths, env, job.attempt)
+    register_rank(paths, env, job.attempt)
     workload = get_workload(job.workload.framework)
     options = RunnerOptions(
         timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0",

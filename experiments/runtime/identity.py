@@ -17,6 +17,7 @@ import psutil
 
 from experiments.layout import RankIdentity, RunPaths, record_dict, write_json_atomic
 from experiments.runtime.distenv import DistEnv
+from experiments.runtime.fault_requests import FaultRequests
 from experiments.runtime.fence import own_job_id
 
 
@@ -61,6 +62,15 @@ def write_identity(paths: RunPaths, env: DistEnv, attempt: int) -> RankIdentity:
     identity = current_identity(env, attempt)
     write_json_atomic(paths.rank_file(attempt, env.rank), record_dict(identity))
     return identity
+
+
+def register_rank(paths: RunPaths, env: DistEnv, attempt: int) -> RankIdentity:
+    """This process becomes rank ``env.rank`` of ``attempt`` for the fault agent: its handler of the
+    agent's requests (oom-rank, rank-error) for that attempt and rank first, then its identity (the
+    agent acts only on a registered rank). A warm process registers again for every generation it
+    trains in: each is an attempt of its own, and the agent asks the attempt's rank."""
+    FaultRequests(paths.fault_request_file(attempt, env.rank)).install()
+    return write_identity(paths, env, attempt)
 
 
 def matches_process(identity: RankIdentity) -> bool:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from experiments.layout import RankJob
 from experiments.runner import RunnerOptions, RunOutcome
 from experiments.runtime.distenv import DistEnv
-from experiments.runtime.identity import write_identity
+from experiments.runtime.identity import register_rank
 from experiments.runtime.session import RankSession
 from experiments.runtime.snapshot import Snapshot
 from experiments.warm.member import WarmMember
@@ -79,7 +79,7 @@ class WarmRunner:
         # Generation 0 starts with the process; a later one when its plan came (the spare was waiting).
         session = RankSession(job, env, self.workload, self.workload.checkpoint_meta, self.options,
                               self.started_at if plan.generation == 0 else time.time())
-        write_identity(session.paths, env, plan.attempt)  # the injector may aim at this process now
+        register_rank(session.paths, env, plan.attempt)  # the injector may aim at this process now
         session.started()
         timeouts = self.options.timeouts
         if plan.join_timeout_s is not None:  # a re-formation: every member is warm, a dead one voids it

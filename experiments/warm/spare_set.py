@@ -21,7 +21,7 @@ from experiments.layout import ENV_WARM_ADDRESS, ENV_WARM_COORDINATOR, ENV_WARM_
 from experiments.runner import Runner, RunnerOptions
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fence import check_current, own_job_id
-from experiments.runtime.identity import write_identity
+from experiments.runtime.identity import register_rank
 from experiments.warm.member import WarmMember
 from experiments.workloads import get_workload
 
@@ -56,7 +56,7 @@ class WarmSetMember:
         job = replace(self.job, attempt=plan.attempt)
         check_current(self.paths, plan.attempt, own_job_id(self.env.job_id), f"warm set rank {self.env.rank}",
                       drill_id=self.job.drill_id or None)
-        write_identity(self.paths, self.env, plan.attempt)  # the injector may aim at this process now
+        register_rank(self.paths, self.env, plan.attempt)  # the injector may aim at this process now
         # Generation 0 is the job's first attempt: its start-up is the process's, as a cold start's.
         runner = Runner(job, self.env, workload, self.options, time.time() if plan.generation else self.started_at)
         member.formed(plan.generation)  # the set's collective was formed at launch

@@ -37,9 +37,22 @@ def reclassify_at_end(ledger: Ledger, row: AttemptRow, state: JobState, oom_kill
     if row.class_facts is None or not state.is_terminal:
         return
     evidence = facts_from_json(row.class_facts)
-    refreshed = replace(evidence, state=evidence.state if evidence.state.is_terminal else state,
-                        oom_killed=evidence.oom_killed or oom_killed,
-                        ended_by_drill=evidence.ended_by_drill or ended_by_drill)
+    _take_again(ledger, row, evidence, replace(
+        evidence, state=evidence.state if evidence.state.is_terminal else state,
+        oom_killed=evidence.oom_killed or oom_killed, ended_by_drill=evidence.ended_by_drill or ended_by_drill))
+
+
+def reclassify_with_record(ledger: Ledger, row: AttemptRow, oom_killed: tuple[str, ...]) -> None:
+    """A fault agent's record came after its attempt's failure was classified (the agent answers once
+    it has read the rank's end; the controller often sees the end first): the class taken again
+    with it now. A warm or in-allocation attempt's job goes on, so its end would come too late."""
+    if row.class_facts is None:
+        return
+    evidence = facts_from_json(row.class_facts)
+    _take_again(ledger, row, evidence, replace(evidence, oom_killed=evidence.oom_killed or oom_killed))
+
+
+def _take_again(ledger: Ledger, row: AttemptRow, evidence: FailureEvidence, refreshed: FailureEvidence) -> None:
     if refreshed == evidence:
         return
     classified = classify(refreshed)

@@ -41,7 +41,7 @@ from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.control.cancels import DrillCancels, cancel_every_job
 from orchestrator.control.closing import ClosingJobs
-from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, record_failure
+from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, reclassify_with_record, record_failure
 from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
 from orchestrator.control.scheduler_calls import SchedulerCalls
@@ -89,7 +89,7 @@ class RunTracker:
         self.drill_id = drill_id
         self.restart = run.campaign.restart
         self.strategy = strategy_for(self.restart.strategy)
-        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act)
+        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record)
         self.watch: AttemptWatch | None = None
         calls = calls or SchedulerCalls(off_loop=False)  # sbatch and scancel, off the loop where they are slow
         self.cancels = DrillCancels(run.run_id, ledger, backend, calls)  # the drill's own, journaled first
@@ -578,6 +578,10 @@ class RunTracker:
     def _final_state(self, attempt: int, state: JobState) -> None:
         row = self._attempt_row(attempt)
         reclassify_at_end(self.ledger, row, state, self.faults.oom_killed(attempt), self.cancels.why(row.job_id))
+
+    def _late_record(self, attempt: int) -> None:
+        row = self._attempt_row(attempt)
+        reclassify_with_record(self.ledger, row, self.faults.oom_killed(attempt))
 
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.control.closing)."""

@@ -65,11 +65,14 @@ class AttemptEnd:
 
 OnActed = Callable[[float, str], None]
 Act = Callable[[int, str, PlannedFault, OnActed], FaultOutcome]  # (attempt, job id, fault, on_acted): carry it out
+OnRecord = Callable[[int], None]  # (attempt): an agent's record that may change the attempt's class came in
 
 
 class FaultBook:
-    def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act):
+    def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act,
+                 on_record: OnRecord | None = None):
         self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
+        self.on_record = on_record
         self.in_flight: InFlight | None = None
         self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
         rows = ledger.faults(run_id)
@@ -133,6 +136,8 @@ class FaultBook:
     def _injected(self, flight: InFlight, outcome: FaultOutcome, watch: AttemptWatch | None) -> None:
         self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
                                  target=outcome.target, signal=outcome.signal, outcome=INJECTED)
+        if get_kind(flight.fault.kind).oom_kill_record and self.on_record is not None:
+            self.on_record(flight.attempt)  # the attempt's failure was often classified before this came
         if get_kind(flight.fault.kind).ends_attempt:
             self.blocked_through = flight.attempt
             if outcome.detail:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from drills import memory_cgroup_writable
 from experiments.runtime.fault_requests import ACTION_LEAK, FAULT_SIGNAL
 from injectors.memory_cgroup import MemoryCap, own_memory_cgroup
 from injectors.targets import TargetRefused
@@ -20,14 +21,7 @@ LEAKER = ("import sys, time; from pathlib import Path; from experiments.runtime.
           "FaultRequests(Path(sys.argv[1])).install(); print('ready', flush=True); time.sleep(60)")
 
 
-def _cgroup_v1_memory() -> bool:
-    try:
-        return os.geteuid() == 0 and os.access(own_memory_cgroup(os.getpid()), os.W_OK)
-    except (TargetRefused, OSError):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _cgroup_v1_memory(), reason="needs root and a writable cgroup v1 memory controller")
+pytestmark = pytest.mark.skipif(not memory_cgroup_writable(), reason="needs root and a writable cgroup v1 memory controller")
 
 
 def _start(code: str, request_file: Path) -> subprocess.Popen[str]:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from recovery_checks import assert_phases_follow_the_moments
 
-from drills import drill, drill_processes, write_spec
+from drills import drill, drill_processes, memory_cgroup_writable, write_spec
 from experiments.layout import RunPaths, read_json_lines
 from faultdrill_cli import campaign_copy, full_campaigns
 from orchestrator.backends.local.backend import LOCAL_CONTROLLER_MODULE
@@ -75,19 +75,23 @@ def test_every_sigkill_is_answered_by_a_warm_spare_and_every_run_ends_as_its_twi
 
 
 
-# The hardening issue's warm items, in one drill of two 2-rank runs: a preemption (item 14) and a
-# kill followed by a second one while the next generation forms (item 15).
+# The hardening issue's warm items, in one drill of three 2-rank runs: a preemption (item 14), a
+# kill followed by a second one while the next generation forms (item 15), and the faults a rank
+# acts out itself (oom-rank, then rank-error in the generation that replaced it: the soak found a
+# warm rank that never took the agent's request).
 EDGES = {
     "preempt": [{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 10}],
     "reform": [{"kind": "kill-rank", "after": {"fixed": 1.0}, "rank": 1},
                {"kind": "kill-rank", "after": {"fixed": 0}, "anchor": "ranks_started", "rank": "random"}],
+    "acted": [{"kind": "oom-rank", "after": {"fixed": 1.0}, "rank": 1},
+              {"kind": "rank-error", "after": {"fixed": 1.0}, "rank": 0}],
 }
 
 
 @pytest.fixture(scope="module")
 def edges(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     tmp_path = tmp_path_factory.mktemp("warm-edges")
-    spec = write_spec(tmp_path, baseline=False, parallel_runs=2, sweep={"grid": {"faults": list(EDGES.values())}},
+    spec = write_spec(tmp_path, baseline=False, parallel_runs=3, sweep={"grid": {"faults": list(EDGES.values())}},
                       workload={"framework": "torch", "params": 20000, "steps": 500, "step_s": 0.02, "seed": 4},
                       checkpoint={"every_steps": 100, "keep": 2}, resources={"nodes": 1, "tasks_per_node": 2},
                       restart={"strategy": "warm", "warm_spares": 2, "max_restarts": 4, "poll_interval_s": 0.05})
@@ -127,3 +131,19 @@ def test_a_kill_while_the_next_generation_forms_is_recovered_by_another_spare(ed
     recoveries = run["recoveries"]
     assert len(recoveries) + sum(r["failed_restarts"] for r in recoveries) == 2, recoveries
     assert all(r["strategy"] == "warm" for r in recoveries) and len(run["attempts"]) == 3, run["attempts"]
+
+
+def test_a_warm_rank_acts_out_the_faults_it_is_asked_to_in_every_generation(edges) -> None:
+    """oom-rank and rank-error ask the rank itself (a leak, an exception): a warm rank takes the request
+    of the attempt it trains in now, the second fault's a generation after the first."""
+    run = _edge(edges, "acted")
+    oom, error = run["faults"]
+    if memory_cgroup_writable():
+        assert oom["outcome"] == "injected" and "OOM killer ended it" in oom["detail"], oom
+        expected = ["OUT_OF_MEMORY", "RANK_EXIT"]
+    else:  # a site without a writable cgroup v1 memory controller: refused up front, with the reason
+        assert oom["outcome"] == "refused" and "cgroup" in oom["detail"], oom
+        expected = ["RANK_EXIT"]
+    assert error["outcome"] == "injected" and error["attempt"] > 0, error
+    assert [r["failure_class"] for r in run["recoveries"]] == expected, run["recoveries"]
+    assert all(r["strategy"] == "warm" and r["state_source"] == "peer" for r in run["recoveries"]), run["recoveries"]
