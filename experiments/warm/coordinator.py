@@ -57,14 +57,17 @@ ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired
 # Spares whose launches end before their hello are started again, this many in a row (a launch onto
 # a node that is down fails at once, again and again).
 FAILED_LAUNCHES_REPLACED = 3
-# Connections that have not proven the job's secret yet, at most: more are closed at once (a
-# stranger's flood must not take the job's threads and descriptors; a member whose connection is
-# turned away connects again). An accept that fails (descriptors out) waits, then goes on.
+# Connections that have not proven the job's secret yet, at most: a newer one takes the oldest's
+# place (shut, counted as refused), so a stranger who holds them all cannot keep a member out, and
+# its flood cannot take the job's threads and descriptors; a member whose connection ends before
+# its challenge connects again (experiments/warm/member.py). An accept that fails (descriptors
+# out) waits, then goes on.
 MAX_UNPROVEN = 32
 # Refusals: each of the first few is an event of its own (its slot, why); after them, one event per
 # REFUSALS_BATCH_S carries how many came meanwhile, so a flood does not grow the user's files.
 REFUSALS_EACH = 20
 REFUSALS_BATCH_S = 10.0
+REFUSAL_WHY_CHARS = 200  # of a refusal's reason, which may quote what a stranger sent
 ACCEPT_RETRY_S = 0.2
 WARNED = "warned"  # a rank that saved on the scheduler's warning and holds until the job ends
 
@@ -143,7 +146,8 @@ class Coordinator:
     _spares_awaited: int | None = None  # a re-formation waits for this many spares (sets) now
     _failed_launches: int = 0  # spares (sets) whose launch ended before they said hello, since one did
     refused: int = 0  # connections turned away (no proof, a slot not launched or held)
-    _unproven: int = 0  # connections that have not proven the secret yet (at most MAX_UNPROVEN)
+    _unproven: list[socket.socket] = field(default_factory=list)  # not proven yet, oldest first (MAX_UNPROVEN)
+    _joining: set[int] = field(default_factory=set)  # slots proven and admitted, not in members yet
     _refusals_unrecorded: int = 0  # refused after the first REFUSALS_EACH, not in an event yet
     _refusals_recorded_at: float = 0.0
 
@@ -200,12 +204,10 @@ class Coordinator:
                 time.sleep(ACCEPT_RETRY_S)  # descriptors out (a flood): they come back as its connections end
                 continue
             with self._lock:
-                crowded = self._unproven >= MAX_UNPROVEN
-                if not crowded:
-                    self._unproven += 1
-            if crowded:
-                connection.close()
-                continue
+                oldest = self._unproven.pop(0) if len(self._unproven) >= MAX_UNPROVEN else None
+                self._unproven.append(connection)
+            if oldest is not None:
+                _shut(oldest)  # its thread finds no hello: refused, counted
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _keepalive(connection)
             threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
@@ -215,10 +217,12 @@ class Coordinator:
             member = self._admitted(line)
         finally:
             with self._lock:
-                self._unproven -= 1
+                if line.connection in self._unproven:
+                    self._unproven.remove(line.connection)
         if member is None:
             return
         with self._lock:
+            self._joining.discard(member.slot)
             if self._released:
                 _let_go(line)
                 return
@@ -271,6 +275,8 @@ class Coordinator:
             return None
         with self._lock:
             why = self._slot_refused(member.slot)
+            if not why:
+                self._joining.add(member.slot)  # two connections for one slot: the second finds it held
         if why:
             self._refuse(line, member.slot, why)
             return None
@@ -279,7 +285,7 @@ class Coordinator:
     def _slot_refused(self, slot: int) -> str | None:
         """Why ``slot`` may not join: held already, or not one the job launched (a rank's before the
         first plan, or a spare started and not yet connected)."""
-        if slot in self.members:
+        if slot in self.members or slot in self._joining:
             return f"slot {slot} is held"
         if slot in self._pending or (self.generation < 0 and 0 <= slot < self.world_size):
             return None
@@ -288,7 +294,10 @@ class Coordinator:
         return f"slot {slot} was not launched by this job"
 
     def _refuse(self, line: Line, slot: int | None, why: str) -> None:
-        """Recorded, then closed: whoever sees the connection end finds the refusal counted."""
+        """Recorded, then closed: whoever sees the connection end finds the refusal counted. What is
+        recorded of the stranger's words is bounded (the reason may quote them)."""
+        why = why if len(why) <= REFUSAL_WHY_CHARS else why[:REFUSAL_WHY_CHARS - 3] + "..."
+        slot = slot if slot is not None and abs(slot) < 1 << 31 else None
         with self._lock:
             self.refused += 1
             if self.refused <= REFUSALS_EACH:

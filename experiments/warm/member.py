@@ -23,6 +23,7 @@ from experiments.warm.protocol import (
 )
 
 CONNECT_RETRY_S = 0.05
+TURNED_AWAY_RETRY_S = 0.05
 
 
 class CoordinatorGone(RuntimeError):
@@ -35,15 +36,7 @@ class WarmMember:
         """Connect, answer the coordinator's challenge with the job's secret (``secret``, else
         ENV_WARM_SECRET), say hello."""
         self.slot = slot
-        host, port = coordinator.rsplit(":", 1)
-        self.line = Line(_connect(host, int(port), connect_timeout_s))
-        self.line.connection.settimeout(HELLO_TIMEOUT_S)
-        try:
-            challenge = self.line.receive()
-        except MalformedMessage as error:
-            raise CoordinatorGone(f"warm: slot {slot}: the coordinator's challenge: {error}") from error
-        if challenge is None or challenge.get("op") != "challenge":
-            raise CoordinatorGone(f"warm: slot {slot}: no challenge from the coordinator at {coordinator}")
+        self.line, challenge = _challenged(coordinator, slot, connect_timeout_s)
         self.line.connection.settimeout(None)
         self.key = secret if secret is not None else os.environ.get(ENV_WARM_SECRET, "")
         self.nonce = new_nonce()  # the coordinator's plans must answer it: it holds the secret too
@@ -87,6 +80,28 @@ class WarmMember:
             self.line.send(message)
         except OSError as error:
             raise CoordinatorGone(f"warm: slot {self.slot}: the coordinator is gone ({error})") from error
+
+
+def _challenged(coordinator: str, slot: int, timeout_s: float) -> tuple[Line, dict[str, Any]]:
+    """A connection to the coordinator and its challenge. A connection that ends before its challenge
+    was turned away (its unproven connections were full: a stranger's flood) and is made again,
+    until ``timeout_s``."""
+    host, port = coordinator.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        line = Line(_connect(host, int(port), max(deadline - time.monotonic(), 0.0)))
+        line.connection.settimeout(HELLO_TIMEOUT_S)
+        try:
+            challenge = line.receive()
+        except MalformedMessage as error:
+            line.close()
+            raise CoordinatorGone(f"warm: slot {slot}: the coordinator's challenge: {error}") from error
+        if challenge is not None and challenge.get("op") == "challenge":
+            return line, challenge
+        line.close()
+        if challenge is not None or time.monotonic() > deadline:
+            raise CoordinatorGone(f"warm: slot {slot}: no challenge from the coordinator at {coordinator}")
+        time.sleep(TURNED_AWAY_RETRY_S)
 
 
 def _connect(host: str, port: int, timeout_s: float) -> socket.socket:

@@ -128,6 +128,8 @@ class Line:
             message = json.loads(text)
         except ValueError as error:
             raise MalformedMessage(f"not JSON: {error}") from error
+        except RecursionError:
+            raise MalformedMessage("JSON nested too deep") from None
         if not isinstance(message, dict):
             raise MalformedMessage(f"not a JSON object: {text[:80]!r}")
         return message
