@@ -249,7 +249,7 @@ def _status(workdir: Path, output_format: str) -> int:
 
     if not (workdir / "ledger.sqlite").exists():
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
-    check_workdir(workdir)  # its lock file is opened, its progress read
+    workdir = check_workdir(workdir)  # its lock file is opened, its progress read
     identity = live_controller(workdir)
     ended = read_exit(workdir) if identity is None else None
     progress = read_progress(workdir)
@@ -281,7 +281,7 @@ def _stop(workdir: Path) -> int:
     from orchestrator.control.detach import NoController, stop_controller
     from orchestrator.control.workdir import check_workdir
 
-    check_workdir(workdir)  # the pid it signals is read from a file there
+    workdir = check_workdir(workdir)  # the pid it signals is read from a file there
     try:
         identity = stop_controller(workdir)
     except NoController as error:
@@ -299,7 +299,7 @@ def _cancel(workdir: Path) -> int:
 
     if not (workdir / LEDGER_NAME).exists():
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
-    check_workdir(workdir)  # the pid it signals, the spec it drives and the actions it owes are read from there
+    workdir = check_workdir(workdir)  # the pid it signals, the spec it drives and the actions it owes are read there
     try:
         identity = stop_controller(workdir)
         print(f"faultdrill: the controller (pid {identity.pid}) stopped")

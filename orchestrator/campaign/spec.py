@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -535,7 +536,9 @@ def _path_problems(raw: dict[str, Any], base_dir: Path) -> list[str]:
 
 
 def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
-    update: dict[str, Any] = {"workdir": _absolute(campaign.workdir, base_dir)}
+    # The workdir by its real path, symlinks resolved once here: checked and used by that path
+    # alone, so that a link repointed after the check leads nowhere (orchestrator/control/workdir.py).
+    update: dict[str, Any] = {"workdir": Path(os.path.realpath(_absolute(campaign.workdir, base_dir)))}
     if campaign.template is not None:
         update["template"] = _absolute(campaign.template, base_dir)
     if campaign.workload.command is not None:

@@ -23,6 +23,7 @@ def claim_workdir(campaign: Campaign) -> None:
     modes); and set the umask so that every file the drill writes (and its jobs: the scheduler keeps
     the submitter's umask) is as private. Raises UnsafeWorkdir, naming the fix."""
     workdir, mode = campaign.workdir, int(campaign.workdir_mode, 8)
+    _check_ancestors(Path(os.path.realpath(workdir)), mode)  # before the workdir is made in one
     try:
         workdir.mkdir(mode=mode)
         os.chmod(workdir, mode)  # mkdir's mode went through the umask
@@ -32,10 +33,14 @@ def claim_workdir(campaign: Campaign) -> None:
     os.umask(~mode & 0o077)
 
 
-def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most group-writable") -> None:
-    """UnsafeWorkdir unless ``workdir`` is a directory of the user's no more writable than ``mode``
-    allows (before anything in it is read: the cancel of a drill whose spec is not read yet)."""
-    info = os.stat(workdir)
+def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most group-writable") -> Path:
+    """``workdir``'s real path (symlinks resolved: use it, not ``workdir``, from here on), once it is a
+    directory of the user's no more writable than ``mode`` allows, under directories nobody else may
+    rename it in; else UnsafeWorkdir (before anything in it is read: the cancel of a drill whose spec
+    is not read yet)."""
+    workdir = Path(os.path.realpath(workdir))
+    _check_ancestors(workdir, mode)
+    info = os.lstat(workdir)
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeWorkdir(f"workdir {workdir} is not a directory")
     if info.st_uid != os.geteuid():
@@ -47,6 +52,31 @@ def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most grou
                             f"(mode {stat.S_IMODE(info.st_mode):04o}; {allowed}): chmod go-w {workdir}, or "
                             "set workdir_mode in the spec if the team shares it on purpose")
     _check_entries(workdir, mode)
+    return workdir
+
+
+def _check_ancestors(workdir: Path, mode: int) -> None:
+    """Whoever may write a directory above the workdir may rename the workdir away and put one of
+    theirs in its place (as ssh's StrictModes reasons about a key's directories): each must be
+    root's or the user's, and writable by nobody else, unless sticky (each entry stays its owner's)
+    or ``mode`` shares the workdir with the group (the group is trusted then)."""
+    group_trusted = bool(mode & 0o070)
+    for ancestor in workdir.parents:
+        info = os.stat(ancestor)
+        if info.st_uid not in (0, os.geteuid()) and not group_trusted:
+            raise UnsafeWorkdir(f"{ancestor}, above the workdir, belongs to uid {info.st_uid}: its owner could move "
+                                "the workdir away and put another in its place; keep the workdir under directories "
+                                "of your own (or root's)")
+        if info.st_mode & stat.S_ISVTX:
+            continue
+        loose = info.st_mode & (0o002 if group_trusted else 0o022)
+        if loose:
+            who = "others" if loose & 0o002 else "group"
+            raise UnsafeWorkdir(f"{ancestor}, above the workdir, is writable by {who} (mode "
+                                f"{stat.S_IMODE(info.st_mode):04o}): they could move the workdir away and put "
+                                "another in its place; use a workdir under directories only you may write (a sticky "
+                                "one, such as /tmp, is fine)" + ("" if who == "others" else
+                                                                   ", or set workdir_mode 0770 to trust the group"))
 
 
 def _check_entries(workdir: Path, mode: int) -> None:

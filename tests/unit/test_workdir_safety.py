@@ -140,3 +140,45 @@ def test_cancel_holds_the_workdir_to_the_specs_own_mode(tmp_path: Path) -> None:
     os.chmod(workdir, 0o770)
     with pytest.raises(UnsafeWorkdir, match="writable by group"):
         _cancel(workdir)
+
+
+def test_a_workdir_reached_through_a_symlink_is_used_by_its_real_path(tmp_path: Path) -> None:
+    """Re-review: the workdir was checked through its path, then used through it: a stranger's symlink
+    in a sticky scratch directory, pointing at a directory of the user's, passed the check and was
+    repointed after it. The spec's workdir is its real path from the start."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    os.chmod(scratch, 0o1777)
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (scratch / "work").symlink_to(mine)
+    campaign = parse_campaign({"name": "linked", "workdir": str(scratch / "work")}, base_dir=tmp_path)
+    assert campaign.workdir == mine
+    assert check_workdir(scratch / "work") == mine
+
+
+@pytest.mark.parametrize("parent_mode,workdir_mode,refused", [
+    (0o777, "0700", "others"), (0o770, "0700", "group"), (0o770, "0770", None), (0o1777, "0700", None)])
+def test_a_workdir_in_a_directory_others_may_write_is_refused(tmp_path: Path, parent_mode: int, workdir_mode: str,
+                                                              refused: str | None) -> None:
+    """Re-review: whoever may write a directory above the workdir may rename the workdir away and put
+    one of theirs in its place (a sticky one keeps each entry its owner's)."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chmod(parent, parent_mode)
+    campaign = _campaign(parent / "work", workdir_mode=workdir_mode)
+    if refused is None:
+        claim_workdir(campaign)
+        return
+    with pytest.raises(UnsafeWorkdir, match=f"{parent}, above the workdir, is writable by {refused}.*move the workdir away"):
+        claim_workdir(campaign)
+    assert not (parent / "work").exists(), "the workdir was made before the refusal"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory another user's needs root")
+def test_a_workdir_under_a_strangers_directory_is_refused(tmp_path: Path) -> None:
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, STRANGER_UID, -1)
+    with pytest.raises(UnsafeWorkdir, match=f"{parent}, above the workdir, belongs to uid {STRANGER_UID}"):
+        claim_workdir(_campaign(parent / "work"))
