@@ -17,7 +17,7 @@ from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
 from orchestrator.campaign.placeholders import fill
-from orchestrator.campaign.spec import Campaign, SpecError, format_errors, time_limit_minutes
+from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
 
 PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
@@ -136,7 +136,7 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
     """All runs of the campaign in a stable order; every sweep point is re-validated as a spec."""
     runs: list[RunConfig] = []
     twins: dict[str, str] = {}  # what a fault-free run trains (_twin_key) -> the twin run that trains it
-    _check_sweep_size(campaign.sweep.grids)
+    _check_sweep_size(campaign)
     points = [(point, _varying(grid)) for grid in campaign.sweep.grids for point in _grid_points(grid)]
     for index, (point, varying) in enumerate(points):
         point_campaign = _apply_point(campaign, point)
@@ -190,15 +190,22 @@ def _varying(grid: dict[str, list[Any]]) -> set[str]:
 
 
 MAX_SWEEP_POINTS = 100_000  # ten times the largest sweep the controller is built for (issue 29's 10,000)
+MAX_SWEEP_VALUES = 50_000_000  # the points' copies of the spec together: 10,000 points of 5,000 values
 
 
-def _check_sweep_size(grids: list[dict[str, list[Any]]]) -> None:
-    """A grid's points are the product of its lists: a few hundred bytes can ask for 10^8 runs.
-    Refused by the count before any is built."""
-    points = sum(math.prod(len(values) for values in grid.values()) for grid in grids)
+def _check_sweep_size(campaign: Campaign) -> None:
+    """A grid's points are the product of its lists: a few hundred bytes can ask for 10^8 runs; and
+    every point is a copy of the spec: many points of a large spec (aliases written out) are as
+    costly. Refused by the counts before any point is built."""
+    points = sum(math.prod(len(values) for values in grid.values()) for grid in campaign.sweep.grids)
     if points > MAX_SWEEP_POINTS:
         raise SpecError(f"sweep: {points:,} points (the product of each grid's lists), more than "
                         f"{MAX_SWEEP_POINTS:,}: split the campaign, or sweep fewer values")
+    most_per_point = MAX_SWEEP_VALUES // max(points, 1)
+    if points > 1 and expanded_values(campaign.model_dump(exclude={"sweep"}), most_per_point) > most_per_point:
+        raise SpecError(f"sweep: {points:,} points of a spec of more than {most_per_point:,} values each (every "
+                        f"point is a copy of the spec; at most {MAX_SWEEP_VALUES:,} values in all): split the "
+                        "campaign, or make the spec smaller")
 
 
 def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]]:

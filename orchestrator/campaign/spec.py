@@ -102,16 +102,27 @@ class ProgressConfig(_Strict):
         return PROGRESS_LOG if self.log else PROGRESS_CHECKPOINTS if self.checkpoints else PROGRESS_API
 
 
-SECRET_WORDS = {"SECRET", "SECRETS", "TOKEN", "TOKENS", "PASSWORD", "PASSWD", "PASSPHRASE", "PWD", "CREDENTIAL",
-                "CREDENTIALS", "APIKEY", "KEY", "PAT", "DSN"}
+SECRET_WORDS = {"SECRET", "SECRETS", "TOKEN", "TOKENS", "PASSWORD", "PASSWD", "PASSPHRASE", "PWD", "PASS",
+                "CREDENTIAL", "CREDENTIALS", "APIKEY", "KEY", "PAT", "DSN"}
 SECRET_PAIRS = {("CONNECTION", "STRING"), ("DATABASE", "URL")}
+# Inside a word too (PGPASSWORD, CLIENTSECRET): long enough to mean nothing else (TOKEN is not:
+# TOKENIZERS_PARALLELISM).
+SECRET_PARTS = ("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "APIKEY", "CREDENTIAL")
+# A flag that names where a secret is kept, not the secret (--token-file, --api-key-path).
+WHERE_WORDS = {"FILE", "PATH", "DIR", "ENV", "VAR", "NAME", "ID"}
+# As a flag, these alone say nothing (--sort-key, --pwd, --pass 3); after these, they do (--api-key).
+FLAG_AMBIGUOUS = {"KEY", "PAT", "PWD", "PASS", "DSN"}
+FLAG_QUALIFIERS = {"API", "ACCESS", "PRIVATE", "AUTH", "SECRET", "CLIENT"}
+URL_CREDENTIAL = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
+SECRET_FLAG = re.compile(r"^--?([A-Za-z][A-Za-z0-9_.-]*)")
 
 
 def looks_secret(name: str) -> bool:
-    """WANDB_API_KEY, KAGGLE_KEY, HF_TOKEN, DB_PASSWORD, GITHUB_PAT, DATABASE_URL: by its words
-    (TOKENIZERS_PARALLELISM, CUDA_VISIBLE_DEVICES are none)."""
+    """WANDB_API_KEY, KAGGLE_KEY, HF_TOKEN, DB_PASSWORD, GITHUB_PAT, DATABASE_URL, PGPASSWORD: by its
+    words (TOKENIZERS_PARALLELISM, CUDA_VISIBLE_DEVICES are none)."""
     words = name.upper().replace("-", "_").replace(".", "_").split("_")
-    return bool(SECRET_WORDS & set(words)) or any(pair in SECRET_PAIRS for pair in zip(words, words[1:], strict=False))
+    return (bool(SECRET_WORDS & set(words)) or any(part in word for word in words for part in SECRET_PARTS)
+            or any(pair in SECRET_PAIRS for pair in zip(words, words[1:], strict=False)))
 
 
 def _refuse_secrets(names: Any, where: str, instead: str) -> None:
@@ -119,6 +130,41 @@ def _refuse_secrets(names: Any, where: str, instead: str) -> None:
     if secret:
         raise ValueError(f"{', '.join(secret)}: looks like a secret, and a spec's values are stored with the drill"
                          f"{where}; {instead}")
+
+
+def _refuse_url_credentials(values: dict[str, str], instead: str) -> None:
+    holding = sorted(name for name, value in values.items() if URL_CREDENTIAL.search(value))
+    if holding:
+        raise ValueError(f"{', '.join(holding)}: its value holds a password (user:password@ in a URL), and a spec's "
+                         f"values are stored with the drill; {instead}")
+
+
+def secret_flags(words: list[str]) -> list[str]:
+    """The flags of a command line that pass a secret (--hf-token X, --wandb_api_key=X), not the ones
+    that say where one is kept (--token-file PATH)."""
+    flags = []
+    for word in words:
+        match = SECRET_FLAG.match(word)
+        if match is None:
+            continue
+        words_of = match.group(1).upper().replace("-", "_").replace(".", "_").split("_")
+        if _secret_flag_words(words_of) and not set(words_of) & WHERE_WORDS:
+            flags.append(word.split("=", 1)[0])
+    return flags
+
+
+def _secret_flag_words(words: list[str]) -> bool:
+    clear = [word for word in words if word not in FLAG_AMBIGUOUS]
+    qualified = any(word in FLAG_AMBIGUOUS and before in FLAG_QUALIFIERS
+                    for before, word in zip(words, words[1:], strict=False))
+    return qualified or looks_secret("_".join(clear))
+
+
+def _refuse_secret_flags(words: list[str], field: str) -> None:
+    if flags := secret_flags(words):
+        raise ValueError(f"{', '.join(flags)}: looks like a secret on the ranks' command line ({field}), which every "
+                         "user of a node can read (ps); let your script read it from an environment variable "
+                         "exported in the shell you start the drill from, or from a file (--token-file)")
 
 
 class WorkloadConfig(_Strict):
@@ -156,8 +202,18 @@ class WorkloadConfig(_Strict):
         """A spec's values are stored with the drill (the ledger, the report, the ranks' pickles):
         a secret's place is the environment the drill is started from, which reaches the ranks
         without being written anywhere."""
-        _refuse_secrets(value, "", "export it in the shell you start the drill from instead (it reaches the "
-                        "ranks through the scheduler's environment; PBS: add -V to extra_directives)")
+        instead = ("export it in the shell you start the drill from instead (it reaches the ranks through the "
+                   "scheduler's environment; PBS: add -V to extra_directives)")
+        _refuse_secrets(value, "", instead)
+        _refuse_url_credentials(value, instead)
+        return value
+
+    @field_validator("command", "resume_args")
+    @classmethod
+    def _no_secret_flags(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        """The ranks' command line is public on every node (ps): no secret passed as a flag."""
+        if value:
+            _refuse_secret_flags(value, f"workload.{info.field_name}")
         return value
 
     @field_validator("framework")
@@ -477,7 +533,7 @@ def read_spec_text(path: Path) -> str:
 MAX_SPEC_VALUES = 1_000_000  # a sweep of 10,000 points is far below; a few hundred bytes of nested aliases are not
 
 
-def _expanded_values(raw: Any, limit: int = MAX_SPEC_VALUES) -> int:
+def expanded_values(raw: Any, limit: int = MAX_SPEC_VALUES) -> int:
     """How many values ``raw`` holds once its aliases are written out (as the ledger's copy of the
     spec is), counting no further than ``limit``."""
     count, pending = 0, [raw]
@@ -499,7 +555,7 @@ def yaml_mapping(text: str, source: str) -> dict[str, Any]:
         raise SpecError(f"{source}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
-    if _expanded_values(raw) > MAX_SPEC_VALUES:
+    if expanded_values(raw) > MAX_SPEC_VALUES:
         raise SpecError(f"{source}: expands to more than {MAX_SPEC_VALUES:,} values once its YAML aliases (*name) "
                         "are written out; a spec needs far fewer")
     return raw

@@ -61,7 +61,9 @@ def test_options_faultdrill_does_not_set_pass(text: str) -> None:
 @pytest.mark.parametrize("name", ["WANDB_API_KEY", "HF_TOKEN", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
                                   # the review's: names the first screen let through
                                   "KAGGLE_KEY", "WANDB_KEY", "MY_SECRETS", "GITHUB_PAT", "PASSPHRASE", "DATABASE_URL",
-                                  "AZURE_STORAGE_CONNECTION_STRING"])
+                                  "AZURE_STORAGE_CONNECTION_STRING",
+                                  # the re-review's: words glued together, as some tools name them
+                                  "PGPASSWORD", "CLIENTSECRET", "GPGPASSPHRASE", "SMTP_PASS", "OPENAI_APIKEY"])
 def test_a_secret_in_workload_env_is_refused_naming_where_it_belongs(tmp_path: Path, name: str) -> None:
     """Item 5: workload.env values were stored in the ledger, the report and the ranks' pickles."""
     from orchestrator.campaign.spec import parse_campaign
@@ -101,3 +103,57 @@ def test_a_secret_in_args_is_refused_the_ranks_command_line_is_public(tmp_path: 
            "workload": {"command": ["./train", "--key", "{wandb_api_key}"]}}
     with pytest.raises(SpecError, match="wandb_api_key: looks like a secret.*command line"):
         parse_campaign(raw, base_dir=tmp_path)
+
+
+def test_a_credential_in_a_url_value_is_refused(tmp_path: Path) -> None:
+    """Re-review: values were never screened: PIP_INDEX_URL=https://user:tok@host/ was stored in clear."""
+    from orchestrator.campaign.spec import parse_campaign
+
+    raw = {"name": "s", "workdir": str(tmp_path / "work"),
+           "workload": {"command": ["./train"], "env": {"PIP_INDEX_URL": "https://user:tok3n@pypi.example/simple"}}}
+    with pytest.raises(SpecError, match="PIP_INDEX_URL: its value holds a password.*export it in the shell"):
+        parse_campaign(raw, base_dir=tmp_path)
+    raw["workload"]["env"] = {"PIP_INDEX_URL": "https://pypi.example/simple", "HTTP_PROXY": "http://proxy:3128"}
+    assert parse_campaign(raw, base_dir=tmp_path).workload.env["HTTP_PROXY"] == "http://proxy:3128"
+
+
+@pytest.mark.parametrize("field, words", [("command", ["./train", "--hf-token", "hf_abc"]),
+                                          ("command", ["./train", "--wandb_api_key=xyz"]),
+                                          ("resume_args", ["--api-key=xyz"])])
+def test_a_secret_flag_on_the_ranks_command_line_is_refused(tmp_path: Path, field: str, words: list[str]) -> None:
+    """Re-review: workload.command and resume_args were not screened, though they are the same public
+    command line as args."""
+    from orchestrator.campaign.spec import parse_campaign
+
+    workload = {"command": ["./train"], **{field: words}}
+    raw = {"name": "s", "workdir": str(tmp_path / "work"), "workload": workload}
+    with pytest.raises(SpecError, match="looks like a secret.*command line"):
+        parse_campaign(raw, base_dir=tmp_path)
+
+
+def test_flags_that_name_where_a_secret_is_pass(tmp_path: Path) -> None:
+    from orchestrator.campaign.spec import parse_campaign
+
+    command = ["./train", "--token-file", "/run/user/tok", "--api-key-path=~/.key", "--sort-key", "x", "--pwd", "."]
+    raw = {"name": "s", "workdir": str(tmp_path / "work"), "workload": {"command": command}}
+    assert parse_campaign(raw, base_dir=tmp_path).workload.command == command
+
+
+def test_a_sweep_of_many_points_over_a_large_spec_is_refused_by_their_product(tmp_path: Path) -> None:
+    """Re-review: each bound held alone (values < 1,000,000 once aliases are written out, points <
+    100,000), not together: every point is a copy of the spec, ~1.3 CPU hours and ~1 TB in all."""
+    import time
+
+    import yaml
+
+    from orchestrator.campaign.runs import expand_runs
+
+    big = {f"k{index}": list(range(100)) for index in range(200)}  # 20,000 values in every point
+    grid = {"args.a": list(range(100)), "args.b": list(range(100))}  # 10,000 points
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "heavy", "workdir": str(tmp_path / "work"), "sweep": {"grid": grid},
+                                    "args": {"a": 0, "b": 0, "big": big}}))
+    started = time.monotonic()
+    with pytest.raises(SpecError, match="10,000 points of a spec of more than .* values"):
+        expand_runs(load_campaign(spec))
+    assert time.monotonic() - started < 5
