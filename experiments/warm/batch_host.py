@@ -136,13 +136,12 @@ class MpiexecMembers:
                             stdout=named(output), stderr=named(error))
 
     def _mpiexec(self, launch: str, env: Mapping[str, str]) -> Mpiexec:
-        """The variables of ``env`` that a member needs, and this launch's own session directory."""
-        session_dir = Path(self.session_dir) / launch
-        session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if session_dir.lstat().st_uid != os.geteuid() or session_dir.is_symlink():
-            raise RuntimeError(f"{session_dir} is not this user's own directory: refusing it as Open MPI's session")
+        """The variables of ``env`` that a member needs, and this launch's own session directory: a new
+        one of a random name (0700), made when the launch is, so that no user of another node can
+        know its name before the launch shows it (a spare set launches minutes after the job starts)."""
+        session_dir = tempfile.mkdtemp(prefix=f"{launch}-", dir=self.session_dir)
         forwarded = tuple(name for name in sorted({*self.forwarded, *WARM_VARIABLES}) if name in env)
-        return Mpiexec(forwarded=forwarded, session_dir=str(session_dir))
+        return Mpiexec(forwarded=forwarded, session_dir=session_dir)
 
     def environment(self) -> dict[str, str]:
         # Under Slurm's Torque wrappers mpiexec starts its remote daemons with srun: each launch's

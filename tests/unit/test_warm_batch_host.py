@@ -5,6 +5,7 @@ member and for a set (the drills on Slurm and PBS run them for real: tests/clust
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -49,14 +50,18 @@ def test_mpiexec_exports_what_is_set_and_gives_each_launch_its_own_session_dir(t
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a directory another user's needs root")
-def test_a_session_directory_another_user_made_is_refused(tmp_path: Path) -> None:
+def test_a_session_directory_another_user_made_first_is_never_used(tmp_path: Path) -> None:
     """Issue 28's review, item 4: a launch's Open MPI session directory under a shared base (the
-    fallback was /tmp/slot-N) was used even when a stranger had made it first."""
+    fallback was /tmp/slot-N) was used even when a stranger had made it first. Its re-review: a name
+    known before the launch (set-N) could be made first on another node. Each launch's is a new one
+    of a random name."""
     from experiments.warm.batch_host import MpiexecMembers
 
     planted = tmp_path / "set-0"
     planted.mkdir(mode=0o777)
     os.chown(planted, 54321, -1)
     members = MpiexecMembers(forwarded=(), session_dir=str(tmp_path))
-    with pytest.raises(RuntimeError, match="not this user's own directory"):
-        members._mpiexec("set-0", {})
+    made = [Path(members._mpiexec("set-0", {}).session_dir) for _ in range(2)]
+    assert planted not in made and made[0] != made[1]
+    assert all(path.parent == tmp_path and path.name.startswith("set-0-") for path in made)
+    assert all(path.lstat().st_uid == os.geteuid() and stat.S_IMODE(path.lstat().st_mode) == 0o700 for path in made)
