@@ -76,6 +76,16 @@ PROGRESS_LOG = "log"
 PROGRESS_CHECKPOINTS = "checkpoints"
 
 
+# {attempt} in a command workload's argv, env or cwd: the orchestrator fills every other placeholder
+# per run and leaves this mark; the rank puts the attempt's number in when the attempt starts.
+ATTEMPT_MARK = "\x1fattempt\x1f"  # no spec text holds it: a control character
+
+
+def fill_attempt(text: str, attempt: int) -> str:
+    """``text`` as the orchestrator filled it, with this attempt's number for {attempt}."""
+    return text.replace(ATTEMPT_MARK, str(attempt))
+
+
 @dataclass(frozen=True)
 class CommandSpec:
     """The user's training script as the ranks (placeholders already filled in by the orchestrator)."""
@@ -136,6 +146,12 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def script_cwd(self) -> Path:
+        """A command workload's working directory unless its spec names one: the run's own, kept
+        across its attempts (what the script writes to relative paths is this run's alone)."""
+        return self.root / "work"
 
     @property
     def checkpoint_log(self) -> Path:

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import yaml
 
+from orchestrator.campaign.spec import anchored
+
 FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
 CAMPAIGNS = Path(__file__).resolve().parents[1] / "experiments" / "campaigns"
 
@@ -23,8 +25,10 @@ def campaign_copy(name: str, shared: Path, **overrides: Any) -> Path:
     spec = yaml.safe_load((CAMPAIGNS / f"{name}.yaml").read_text())
     spec.update(overrides)
     spec["workdir"] = str(shared / "work")
-    if spec.get("workload", {}).get("command") and not spec["workload"].get("cwd"):
-        spec["workload"]["cwd"] = str(CAMPAIGNS)
+    workload = spec.get("workload", {})
+    for field in ("command", "resume_args"):  # what names a file next to the original, by its absolute path
+        if workload.get(field):
+            workload[field] = [anchored(str(word), CAMPAIGNS) for word in workload[field]]
     path = shared / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

@@ -53,6 +53,7 @@ from experiments.layout import (
     RankIdentity,
     RankJob,
     RunPaths,
+    fill_attempt,
     rank_job_to_dict,
     read_json_lines_backwards,
     record_dict,
@@ -98,7 +99,7 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
     }
     conventional = {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
                     "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port)}
-    return {**os.environ, **conventional, **drill, **dict(command.env)}
+    return {**os.environ, **conventional, **drill, **{name: fill_attempt(value, job.attempt) for name, value in command.env}}
 
 
 def trained_before(paths: RunPaths, attempt: int) -> bool:
@@ -113,7 +114,7 @@ def command_argv(command: CommandSpec, paths: RunPaths, attempt: int) -> list[st
     argv = list(command.argv)
     if command.resume_args and trained_before(paths, attempt):
         argv += list(command.resume_args)
-    return argv
+    return [fill_attempt(word, attempt) for word in argv]
 
 
 @dataclass
@@ -168,7 +169,7 @@ class Supervisor:
         self.job, self.env, self.started_at = job, env, started_at
         self.command = job.workload.command
         self.paths = RunPaths(Path(job.run_dir))
-        self.cwd = Path(self.command.cwd) if self.command.cwd else Path.cwd()
+        self.cwd = Path(fill_attempt(self.command.cwd, job.attempt)) if self.command.cwd else Path.cwd()
         self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
         self.child: subprocess.Popen[bytes] | None = None
         self.stderr_tail: list[str] = []
@@ -211,6 +212,8 @@ class Supervisor:
 
     def _start(self) -> subprocess.Popen[bytes]:
         argv = command_argv(self.command, self.paths, self.job.attempt)
+        if self.cwd.is_relative_to(self.paths.root):  # the run's own (the default): made on first use
+            self.cwd.mkdir(parents=True, exist_ok=True)
         if not self.cwd.is_dir():
             raise CommandFailed(f"workload.cwd: {str(self.cwd)!r} is not a directory on {os.uname().nodename}")
         piped = subprocess.PIPE if self.command.progress == PROGRESS_LOG else None

@@ -10,8 +10,13 @@ from __future__ import annotations
 import string
 from typing import Any, Iterable, Mapping
 
-# Filled in per run by the orchestrator (orchestrator/campaign/runs.py).
-BUILTINS = ("run_id", "run_dir", "steps", "seed", "python", "checkpoint_every")
+from experiments.layout import ATTEMPT_MARK
+
+__all__ = ["ATTEMPT_MARK", "BUILTINS", "fill", "names_in", "problems"]
+
+# Filled in per run by the orchestrator (orchestrator/campaign/runs.py); ``attempt`` by the rank, when
+# the attempt starts (experiments/runtime/command.py), from the mark the orchestrator leaves for it.
+BUILTINS = ("run_id", "run_dir", "checkpoint_dir", "attempt", "steps", "seed", "python", "checkpoint_every")
 
 _FORMATTER = string.Formatter()
 

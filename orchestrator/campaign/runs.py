@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
-from orchestrator.campaign.placeholders import fill
+from orchestrator.campaign.placeholders import ATTEMPT_MARK, fill
 from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
 
@@ -66,14 +66,15 @@ class RunConfig:
         if w.command is None:
             return None
         python = w.python or sys.executable
-        values = {**self.campaign.args, "run_id": self.run_id, "run_dir": str(self.paths.root), "steps": w.steps,
+        values = {**self.campaign.args, "run_id": self.run_id, "run_dir": str(self.paths.root),
+                  "checkpoint_dir": str(self.paths.checkpoints), "attempt": ATTEMPT_MARK, "steps": w.steps,
                   "seed": w.seed, "python": python, "checkpoint_every": self.campaign.checkpoint.every_steps}
         argv = [fill(text, values) for text in w.command]
         if argv[0] in PYTHON_NAMES:
             argv[0] = python
         return CommandSpec(
             argv=tuple(argv), env=tuple((name, fill(text, values)) for name, text in sorted(w.env.items())),
-            cwd=str(w.cwd or ""), progress=w.progress.mode, step_regex=w.progress.log or "",
+            cwd=fill(w.cwd, values) if w.cwd else str(self.paths.script_cwd), progress=w.progress.mode, step_regex=w.progress.log or "",
             checkpoint_glob=fill(w.progress.checkpoints or "", values), checkpoint_step_regex=w.progress.step or "",
             resume_args=tuple(fill(text, values) for text in w.resume_args),
         )
@@ -151,7 +152,25 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
         runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point, twin=twin_id))
         if not known:
             runs.append(RunConfig(run_id=twin_id, campaign=twin, sweep_point=point, baseline_of=run_id))
+    _check_cwds_apart(runs)
     return _twins_live_longest(runs)
+
+
+def _check_cwds_apart(runs: list[RunConfig]) -> None:
+    """A working directory several runs share (and so their twin) is one they read each other's files
+    from: every framework whose resume is automatic picks another run's checkpoints up there."""
+    by_cwd: dict[str, list[str]] = {}
+    for run in runs:
+        workload = run.campaign.workload
+        if workload.command is not None and workload.cwd and not workload.cwd_shared:
+            by_cwd.setdefault((run.command or CommandSpec(argv=("",))).cwd, []).append(run.run_id)
+    shared = {cwd: ids for cwd, ids in by_cwd.items() if len(ids) > 1}
+    if shared:
+        cwd, ids = next(iter(shared.items()))
+        raise SpecError(f"workload.cwd: runs {', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''} would all run in "
+                        f"{cwd}, and read each other's files there (a relative checkpoint path, an automatic "
+                        "resume); leave workload.cwd unset (each run gets a directory of its own), give it a "
+                        "{run_id} or {run_dir}, or set workload.cwd_shared: true if the script writes nothing there")
 
 
 def _twins_live_longest(runs: list[RunConfig]) -> list[RunConfig]:

@@ -184,7 +184,13 @@ class WorkloadConfig(_Strict):
     step_s: float = Field(0.0, ge=0.0, le=60.0)
     launcher: Literal["direct", "mpi"] | None = None  # None: the framework's (chainer: mpi)
     env: dict[str, str] = Field(default_factory=dict)
-    cwd: Path | None = None  # None: the spec's folder; relative: to the spec's folder
+    # The script's working directory. None: a directory of the run's own (its run directory's
+    # "work", kept across its attempts), so that what the script writes to relative paths (its
+    # checkpoints) is never another run's or its twin's. Relative: to the spec's folder;
+    # {placeholders} allowed ({run_dir}, {run_id}, {checkpoint_dir}, args).
+    cwd: str | None = None
+    # The script writes nothing into its working directory: several runs may share the one cwd names.
+    cwd_shared: bool = False
     python: str | None = None  # the interpreter of argv[0] "python" and of {python}; None: the drill's
     progress: ProgressConfig = Field(default_factory=ProgressConfig)
     resume_args: list[str] = Field(default_factory=list)  # appended once the run has trained (zero-code)
@@ -232,6 +238,7 @@ class WorkloadConfig(_Strict):
             raise ValueError("workload.step_s: only for the built-in workloads (a command's script keeps its own pace)")
         if self.command is None:
             unused = [name for name in ("launcher", "cwd", "python") if getattr(self, name) is not None]
+            unused += ["cwd_shared"] if self.cwd_shared else []
             unused += [name for name in ("env", "resume_args") if getattr(self, name)]
             if self.progress.mode != PROGRESS_API:
                 unused.append("progress")
@@ -469,6 +476,7 @@ class Campaign(_Strict):
         texts = [(f"workload.command[{i}]", text) for i, text in enumerate(workload.command)]
         texts += [(f"workload.env.{name}", text) for name, text in workload.env.items()]
         texts += [(f"workload.resume_args[{i}]", text) for i, text in enumerate(workload.resume_args)]
+        texts += [("workload.cwd", workload.cwd)] if workload.cwd else []
         found = placeholder_problems(texts, [*self.args, *swept, *PLACEHOLDER_BUILTINS])
         if found:
             raise ValueError("\n".join(found))
@@ -597,11 +605,29 @@ def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
     update: dict[str, Any] = {"workdir": Path(os.path.realpath(_absolute(campaign.workdir, base_dir)))}
     if campaign.template is not None:
         update["template"] = _absolute(campaign.template, base_dir)
-    if campaign.workload.command is not None:
-        # The script runs where the spec lies, unless the spec says where.
-        cwd = _absolute(campaign.workload.cwd, base_dir) if campaign.workload.cwd else base_dir
-        update["workload"] = campaign.workload.model_copy(update={"cwd": cwd})
+    workload = campaign.workload
+    if workload.command is not None:
+        # The script runs in a directory of its run's own unless the spec says where; the command's
+        # relative paths that name files of the spec's folder (./train.sh, conf/x.yaml) still do.
+        cwd = workload.cwd if not workload.cwd or workload.cwd.startswith("{") else str(
+            _absolute(Path(workload.cwd), base_dir))
+        update["workload"] = workload.model_copy(update={
+            "cwd": cwd, "command": [anchored(word, base_dir) for word in workload.command],
+            "resume_args": [anchored(word, base_dir) for word in workload.resume_args]})
     return update
+
+
+def anchored(word: str, base_dir: Path) -> str:
+    """``word`` made absolute if it is a relative path to something in the spec's folder (also the
+    value of ``--flag=path``); any other word as it is."""
+    flag, equals, value = word.rpartition("=") if word.startswith("-") else ("", "", word)
+    if not value or value.startswith(("/", "~", "{")) or "{" in value or "\0" in value:
+        return word
+    try:
+        exists = (base_dir / value).exists()
+    except OSError:
+        return word
+    return f"{flag}{equals}{base_dir / value}" if exists and value not in (".", "..") else word
 
 
 def _absolute(path: Path, base_dir: Path) -> Path:

@@ -39,7 +39,8 @@ def test_placeholders_are_filled_per_sweep_point_and_python_is_the_drills(tmp_pa
     assert all(c.argv[0] == sys.executable and c.argv[1] == "train.py" for c in commands)
     assert commands[0].argv[5] == f"{runs[0].paths.root}/x" and commands[0].argv[6] == "50"
     assert dict(commands[1].env) == {"RUN": runs[1].run_id}
-    assert commands[0].cwd == str(tmp_path)  # the spec's folder by default
+    # A directory of each run's own by default (issue 27: a run and its twin shared the spec's folder).
+    assert [c.cwd for c in commands] == [str(run.paths.root / "work") for run in runs]
     assert runs[0].model_name == "script train.py"
 
 
@@ -57,7 +58,7 @@ def test_bad_placeholders_are_spec_errors_that_name_the_valid_ones(tmp_path: Pat
     message = _error(_spec(tmp_path, {"command": command}, args={"batch": 4}), tmp_path)
     assert "workload.command[1]" in message and expected in message
     if "unknown" in expected:
-        assert "valid: batch, checkpoint_every, python, run_dir, run_id, seed, steps" in message
+        assert "valid: attempt, batch, checkpoint_dir, checkpoint_every, python, run_dir, run_id, seed, steps" in message
 
 
 def test_framework_other_is_for_command_workloads_only(tmp_path: Path) -> None:
@@ -110,3 +111,42 @@ def test_a_least_step_time_is_for_the_built_in_workloads_only(tmp_path: Path) ->
     assert "workload.step_s: only for the built-in workloads" in message
     campaign = parse_campaign(_spec(tmp_path, {"step_s": 0.02}), base_dir=tmp_path)
     assert expand_runs(campaign)[0].workload.step_s == 0.02
+
+
+def test_relative_paths_of_the_command_to_the_specs_files_stay_anchored_there(tmp_path: Path) -> None:
+    """Issue 27: the script runs in its run's directory now; a word that names a file of the spec's
+    folder (the script, its config) still finds it, an output path is the run's own."""
+    (tmp_path / "train.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.yaml").write_text("{}")
+    raw = _spec(tmp_path, {"command": ["./train.sh", "--config=conf/a.yaml", "--save", "checkpoint.pth.tar"],
+                           "resume_args": ["--resume", "checkpoint.pth.tar"]})
+    [run] = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    assert run.command.argv == (str(tmp_path / "train.sh"), f"--config={tmp_path / 'conf' / 'a.yaml'}", "--save",
+                                "checkpoint.pth.tar")
+    assert run.command.resume_args == ("--resume", "checkpoint.pth.tar")
+
+
+def test_a_working_directory_several_runs_share_is_refused_naming_them(tmp_path: Path) -> None:
+    """Issue 27: a Chainer script resumed from its twin's snapshot in the one cwd both wrote to."""
+    (tmp_path / "shared").mkdir()
+    raw = _spec(tmp_path, {"command": ["./train"], "cwd": "shared"}, baseline=True,
+                faults=[{"kind": "kill-rank", "after": {"at_step": 10}}])
+    with pytest.raises(SpecError, match=r"workload.cwd: runs r000, r000-baseline would all run in .*shared.*"
+                                        r"cwd_shared: true"):
+        expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    for workload in ({"cwd": "out/{run_id}"}, {"cwd": "{run_dir}/w"}, {"cwd": "shared", "cwd_shared": True}):
+        raw["workload"] = {**raw["workload"], **workload}
+        runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+        assert len(runs) == 2
+    assert runs[0].command.cwd == str(tmp_path / "shared")
+
+
+def test_attempt_is_filled_by_the_rank_when_the_attempt_starts(tmp_path: Path) -> None:
+    from experiments.layout import RunPaths, fill_attempt
+    from experiments.runtime.command import command_argv
+
+    raw = _spec(tmp_path, {"command": ["./train", "--log", "{run_dir}/log-{attempt}.txt"]})
+    [run] = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    assert command_argv(run.command, RunPaths(tmp_path / "nowhere"), 3)[2] == f"{run.paths.root}/log-3.txt"
+    assert fill_attempt(run.command.argv[2], 0).endswith("log-0.txt")
