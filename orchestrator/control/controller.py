@@ -24,8 +24,9 @@ from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.capabilities import Capability
+from orchestrator.campaign.programs import missing_programs
 from orchestrator.campaign.runs import RunConfig, expand_runs
-from orchestrator.campaign.spec import Campaign
+from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
 from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
@@ -62,8 +63,16 @@ def plan_faults(run: RunConfig) -> list[PlannedFault]:
 
 
 def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]:
-    """Every run and its planned faults; raises SpecError before anything is created."""
-    return [(run, plan_faults(run)) for run in expand_runs(campaign)]
+    """Every run and its planned faults; raises SpecError before anything is created, also for a
+    program the ranks start that is not there (on this machine; a cluster's compute nodes alone can
+    tell, so there it is a warning)."""
+    runs = expand_runs(campaign)
+    missing = missing_programs(runs)
+    if missing and campaign.backend == "local":
+        raise SpecError("\n".join(item.line() for item in missing))
+    for item in missing:
+        log.warning("%s; the compute nodes may have it, this node does not", item.line())
+    return [(run, plan_faults(run)) for run in runs]
 
 
 def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:

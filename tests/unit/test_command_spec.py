@@ -3,6 +3,7 @@ errors that name what is wrong before anything is submitted."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -150,3 +151,36 @@ def test_attempt_is_filled_by_the_rank_when_the_attempt_starts(tmp_path: Path) -
     [run] = expand_runs(parse_campaign(raw, base_dir=tmp_path))
     assert command_argv(run.command, RunPaths(tmp_path / "nowhere"), 3)[2] == f"{run.paths.root}/log-3.txt"
     assert fill_attempt(run.command.argv[2], 0).endswith("log-0.txt")
+
+
+def test_a_program_the_ranks_cannot_find_is_a_spec_error_before_anything_is_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27, item 6: a command whose program was not on the ranks' PATH (torchrun outside the venv)
+    was tried three times and exited 1; framework chainer passed validate, then failed with
+    FileNotFoundError: mpiexec, classed UNKNOWN."""
+    from orchestrator.control.controller import plan_drill
+
+    (tmp_path / "train.sh").write_text("#!/bin/sh\n")  # not executable
+    cases = [({"command": ["no-such-launcher-xyz", "train.py"]},
+              "workload.command[0]: 'no-such-launcher-xyz' is not on the ranks' PATH"),
+             ({"command": ["./train.sh"]}, "is not an executable file"),
+             ({"command": ["./missing.sh"]}, "found neither in the spec's folder nor in the run's working directory"),
+             ({"command": [sys.executable, "t.py"], "framework": "chainer"},
+              "workload.launcher: 'mpiexec' is not on the ranks' PATH")]
+    for workload, expected in cases:
+        raw = _spec(tmp_path, workload)
+        with monkeypatch.context() as patch:
+            if "launcher" in expected:  # a machine without MPI: the launcher is looked up where the drill runs
+                patch.setenv("PATH", str(tmp_path))
+            with pytest.raises(SpecError, match=re.escape(expected)):
+                plan_drill(parse_campaign(raw, base_dir=tmp_path))
+    assert not (tmp_path / "work").exists()
+
+
+def test_on_a_cluster_a_program_this_node_lacks_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from orchestrator.control.controller import plan_drill
+
+    raw = _spec(tmp_path, {"command": ["no-such-launcher-xyz", "train.py"]}, backend="slurm",
+                resources={"nodes": 1, "tasks_per_node": 1, "partition": "debug"})
+    assert len(plan_drill(parse_campaign(raw, base_dir=tmp_path))) == 1
+    assert "'no-such-launcher-xyz' is not on the ranks' PATH" in caplog.text and "compute nodes may have it" in caplog.text

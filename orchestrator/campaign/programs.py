@@ -1,0 +1,67 @@
+"""Before anything is submitted: the programs a run's ranks start must exist where the ranks look
+for them. Locally that is this machine, checked for certain (a missing program is a spec error, not
+three failed attempts and exit 1); on a cluster only the compute nodes can tell, so a program this
+login node cannot find is a warning."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.workloads import LAUNCHER_MPI
+from orchestrator.campaign.runs import RunConfig
+
+MPI_PROGRAM = "mpiexec"  # experiments/launchers.py: the MPI launcher's first word
+
+
+@dataclass(frozen=True)
+class Missing:
+    run_id: str
+    field: str  # workload.command[0] | workload.launcher
+    program: str
+    why: str
+
+    def line(self) -> str:
+        return f"{self.field}: {self.program!r} {self.why} (run {self.run_id})"
+
+
+def missing_programs(runs: list[RunConfig]) -> list[Missing]:
+    """The programs each run's ranks would start and cannot be found here, one per (field, program)."""
+    found: dict[tuple[str, str], Missing] = {}
+    for run in runs:
+        for field, program, search_path, cwd in _programs(run):
+            if (field, program) not in found and (why := _not_found(program, search_path, cwd)):
+                found[(field, program)] = Missing(run.run_id, field, program, why)
+    return list(found.values())
+
+
+def _programs(run: RunConfig) -> list[tuple[str, str, str, Path | None]]:
+    """(field, program, the PATH it is looked up in, the directory a relative one is taken from)."""
+    command = run.command
+    search_path = os.environ.get("PATH", os.defpath)
+    programs: list[tuple[str, str, str, Path | None]] = []
+    if command is not None:
+        search_path = dict(command.env).get("PATH", search_path)
+        programs.append(("workload.command[0]", command.argv[0], search_path, Path(command.cwd) if command.cwd else None))
+    if run.workload_entry.launcher == LAUNCHER_MPI:
+        programs.append(("workload.launcher", MPI_PROGRAM, os.environ.get("PATH", os.defpath), None))
+    return programs
+
+
+def _not_found(program: str, search_path: str, cwd: Path | None) -> str | None:
+    if "/" not in program:
+        if shutil.which(program, path=search_path) is None:
+            return "is not on the ranks' PATH; give its path, or install it where the ranks look"
+        return None
+    path = Path(program).expanduser()
+    if not path.is_absolute():
+        if cwd is None or not (cwd / path).exists():
+            return "is a relative path found neither in the spec's folder nor in the run's working directory"
+        path = cwd / path
+    if not path.exists():
+        return "does not exist"
+    if path.is_dir() or not os.access(path, os.X_OK):
+        return "is not an executable file (chmod +x it, or run it with its interpreter: [python, script.py])"
+    return None
