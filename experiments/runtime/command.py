@@ -107,9 +107,19 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
 def trained_before(paths: RunPaths, attempt: int) -> bool:
     """An earlier attempt of the run reported a step (so the script has something to resume): an
     attempt's steps only grow, so each earlier file's last line says."""
-    return any(next(read_json_lines_backwards(file), {}).get("step", 0) > 0
+    reached = steps_reached_before(paths, attempt)
+    return reached is not None and reached[1] > 0
+
+
+def steps_reached_before(paths: RunPaths, attempt: int) -> tuple[int, int] | None:
+    """(attempt, step): the furthest step an earlier attempt of the run reported, and which one did."""
+    reached = [(next(read_json_lines_backwards(file), {}).get("step", 0), earlier)
                for earlier in paths.heartbeat_attempts() if earlier < attempt
-               for file in paths.heartbeat_files(earlier))
+               for file in paths.heartbeat_files(earlier)]
+    if not reached:
+        return None
+    step, earlier = max(reached)
+    return earlier, step
 
 
 def command_argv(command: CommandSpec, paths: RunPaths, attempt: int) -> list[str]:
@@ -309,16 +319,23 @@ class Supervisor:
         if not self.env.is_main:
             return  # scripts commonly log on rank 0 only: rank 0's account of the run is the one read
         steps = self.job.workload.steps
-        if self.progress.last_step < steps:
-            raise CommandFailed(f"the script exited 0 at step {self.progress.last_step} of {steps} (as its "
+        last_step, note = self.progress.last_step, ""
+        if last_step < steps and (reached := steps_reached_before(self.paths, self.job.attempt)) is not None:
+            # A restart that found the final checkpoint runs no step and exits 0 (every framework's
+            # resume does): the run was complete before, when the kill came.
+            if reached[1] >= steps:
+                last_step, note = reached[1], f"trained to its last step in attempt {reached[0]}; this one ran none"
+        if last_step < steps:
+            raise CommandFailed(f"the script exited 0 at step {last_step} of {steps} (as its "
                                 f"{'logs' if self.command.progress == PROGRESS_LOG else 'checkpoints'} show): "
                                 "the run did not reach its last step")
         check_current(self.paths, self.job.attempt, own_job_id(self.env.job_id), "writing the final record",
                       drill_id=self.job.drill_id or None)
-        record = FinalRecord(step=self.progress.last_step, digest="", time=time.time(), attempt=self.job.attempt,
+        record = FinalRecord(step=last_step, digest="", time=time.time(), attempt=self.job.attempt,
                              drill_id=self.job.drill_id)
         write_json_atomic(self.paths.final, record_dict(record))
-        self.events.emit(EVENT_COMPLETED, step=self.progress.last_step, digest="", inferred=True)
+        extra: dict[str, Any] = {"note": note} if note else {}
+        self.events.emit(EVENT_COMPLETED, step=last_step, digest="", inferred=True, **extra)
 
 
 def signal_group(leader: int, signum: int) -> None:

@@ -33,12 +33,12 @@ HOSTILE = ["a b", "it's \"quoted\"", "$HOME", "`id`", "; rm -rf /", "*"]
 
 
 def _run(tmp_path: Path, argv: list[str], steps: int = 1, progress: str = PROGRESS_LOG,
-         env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, RunPaths]:
+         env: dict[str, str] | None = None, attempt: int = 0) -> tuple[subprocess.CompletedProcess, RunPaths]:
     run_dir = tmp_path / "run"
     command = CommandSpec(argv=tuple(argv), env=tuple((env or {}).items()), cwd=str(tmp_path), progress=progress,
                           step_regex=r"^step (\d+)", checkpoint_glob="own/ckpt-*.pt",
                           checkpoint_step_regex=r"ckpt-(\d+)")
-    job = RankJob(run_id="r", run_dir=str(run_dir), attempt=0, checkpoint_every=0, checkpoint_keep=2,
+    job = RankJob(run_id="r", run_dir=str(run_dir), attempt=attempt, checkpoint_every=0, checkpoint_keep=2,
                   workload=WorkloadSpec(framework="other", steps=steps, command=command))
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps(rank_job_to_dict(job)))
@@ -122,6 +122,21 @@ def test_zero_code_progress_from_log_lines_and_a_short_run_is_not_complete(tmp_p
     assert events["checkpoint_loaded"]["step"] == 0 and events["checkpoint_loaded"]["inferred"] is True
     assert "step 3 loss" in done.stdout  # the script's output is passed on
     assert not paths.final.exists()
+
+
+def test_a_restart_that_finds_the_run_already_trained_to_its_end_completes_it(tmp_path: Path) -> None:
+    """Issue 27, item 5: the kill came after the script's last step (its final checkpoint written); the
+    restart found that checkpoint, ran no step and exited 0: "the script exited 0 at step 0 of 5",
+    counted as a failure, the run given up. It is complete, at the step the earlier attempt reached."""
+    killed = "import os, signal\nfor s in range(1, 6):\n    print(f'step {s}', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)"
+    done, paths = _run(tmp_path, _script(killed), steps=5)
+    assert done.returncode != 0 and [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0, 0))][-1] == 5
+    done, paths = _run(tmp_path, _script("print('nothing left to train')"), steps=5, attempt=1)
+    assert done.returncode == 0, done.stderr
+    final = json.loads(paths.final.read_text())
+    assert final["step"] == 5 and final["attempt"] == 1
+    [completed] = [event for event in read_json_lines(paths.events_file(1)) if event["event"] == "completed"]
+    assert completed["step"] == 5 and completed["inferred"] is True and "attempt 0" in completed["note"]
 
 
 def test_an_api_script_that_never_calls_done_has_not_finished(tmp_path: Path) -> None:
