@@ -55,5 +55,6 @@ def test_a_script_that_resumes_from_a_relative_checkpoint_resumes_from_its_own(t
     assert first_after == own_checkpoint + 1, (first_after, own_checkpoint)
     [recovery] = run["recoveries"]
     assert recovery["resumed_from_step"] == own_checkpoint, recovery
-    # The step whose line was still in the pipe when the kill came is seen after the fault: one low at most.
-    assert 0 <= (last_before - own_checkpoint) - recovery["lost_steps"] <= 1, (recovery, last_before)
+    # Never more than the script lost; fewer by the lines still in the pipe when the kill came (seen
+    # after the fault: zero-code mode's lost steps are inferred, issue 27 item 3 names it).
+    assert 0 <= recovery["lost_steps"] <= last_before - own_checkpoint, (recovery, last_before)
