@@ -121,7 +121,8 @@ def _matched(run: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S + 300)
-def test_a_soak_of_random_faults_with_three_controller_sigkills_ends_as_the_twins(shared_tmp: Path, slurm) -> None:
+def test_a_soak_of_random_faults_with_three_controller_sigkills_ends_as_the_twins(
+        shared_tmp: Path, slurm, request: pytest.FixtureRequest) -> None:
     if not full_campaigns():
         pytest.skip("the soak (~30 min of the cluster) runs with FAULTDRILL_FULL=1 (scripts/test --full)")
     seed = int(os.environ.get("FAULTDRILL_SOAK_SEED") or random.randrange(1 << 30))
@@ -156,8 +157,12 @@ def test_a_soak_of_random_faults_with_three_controller_sigkills_ends_as_the_twin
     outcomes = Counter(fault["outcome"] for run in faulted for fault in run["faults"])
     kinds = Counter(fault["kind"] for run in faulted for fault in run["faults"] if fault["outcome"] == "injected")
     recoveries = sum(len(run["recoveries"]) for run in faulted)
-    print(f"soak {where}: {len(faulted)} runs, faults {dict(outcomes)}, injected by kind {dict(kinds)}, "
-          f"{recoveries} recoveries, {time.monotonic() - started:.0f} s")
+    figures = (f"soak {where}: {len(faulted)} runs, faults {dict(outcomes)}, injected by kind {dict(kinds)}, "
+               f"{recoveries} recoveries, {time.monotonic() - started:.0f} s")
+    # On the terminal whether the test passes or not: the figures of a --full run's closing note.
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(figures)
     assert len(faulted) == len(FRAMEWORKS) * len(STRATEGIES), where
     assert [r["run_id"] for r in faulted if r["status"] != "completed"] == [], where
     assert [r["run_id"] for r in faulted if r["identical_to_baseline"] is not True] == [], where
