@@ -22,6 +22,7 @@ import torch.distributed as dist
 from experiments.layout import RankJob
 from experiments.runner import RunnerOptions, RunOutcome
 from experiments.runtime.distenv import DistEnv
+from experiments.runtime.fault_requests import InjectedRankError
 from experiments.runtime.identity import register_rank
 from experiments.runtime.session import RankSession
 from experiments.runtime.snapshot import Snapshot
@@ -48,6 +49,8 @@ def _lost_or_raise(error: Exception) -> NoReturn:
 
 
 def peer_lost(error: BaseException) -> bool:
+    if isinstance(error, InjectedRankError):  # this rank's own (rank-error), whatever its message says
+        return False
     return isinstance(error, dist.DistError) or (
         isinstance(error, RuntimeError) and any(marker in str(error).lower() for marker in PEER_LOST_MARKERS))
 

@@ -90,6 +90,8 @@ class RunTracker:
         self.restart = run.campaign.restart
         self.strategy = strategy_for(self.restart.strategy)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record)
+        for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
+            self._late_record(attempt)
         self.watch: AttemptWatch | None = None
         calls = calls or SchedulerCalls(off_loop=False)  # sbatch and scancel, off the loop where they are slow
         self.cancels = DrillCancels(run.run_id, ledger, backend, calls)  # the drill's own, journaled first

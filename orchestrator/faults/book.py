@@ -63,6 +63,7 @@ class AttemptEnd:
     completed: bool
 
 
+CAUSED = "caused: "  # the detail of a fault whose attempt failed of it
 OnActed = Callable[[float, str], None]
 Act = Callable[[int, str, PlannedFault, OnActed], FaultOutcome]  # (attempt, job id, fault, on_acted): carry it out
 OnRecord = Callable[[int], None]  # (attempt): an agent's record that may change the attempt's class came in
@@ -136,8 +137,6 @@ class FaultBook:
     def _injected(self, flight: InFlight, outcome: FaultOutcome, watch: AttemptWatch | None) -> None:
         self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
                                  target=outcome.target, signal=outcome.signal, outcome=INJECTED)
-        if get_kind(flight.fault.kind).oom_kill_record and self.on_record is not None:
-            self.on_record(flight.attempt)  # the attempt's failure was often classified before this came
         if get_kind(flight.fault.kind).ends_attempt:
             self.blocked_through = flight.attempt
             if outcome.detail:
@@ -191,10 +190,21 @@ class FaultBook:
                 self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
                     f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
             else:
-                self.ledger.update_fault(row.fault_id, detail=f"caused: attempt {attempt} failed: {sign.reason}{acted}")
+                self.ledger.update_fault(row.fault_id, detail=f"{CAUSED}attempt {attempt} failed: {sign.reason}{acted}")
+                if get_kind(row.kind).oom_kill_record and self.on_record is not None:
+                    # It caused the failure, which was classified before its record came (the agent
+                    # answers once it has read the rank's end): the class is taken again with it.
+                    self.on_record(attempt)
         elif row.outcome == ABSORBED and end.completed:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
                                      detail=f"its target had exited: attempt {attempt} completed first")
+
+    def caused_oom_attempts(self) -> list[int]:
+        """The attempts an oom-rank's record says it caused to fail: a controller that starts again
+        takes their classes again (the one before may have died between the record and that)."""
+        return sorted({row.attempt for row in self.ledger.faults(self.run_id)
+                       if row.outcome == INJECTED and get_kind(row.kind).oom_kill_record
+                       and (row.detail or "").startswith(CAUSED)})
 
     def lost_nodes(self, attempt: int) -> tuple[str, ...]:
         """The nodes a node fault (node-crash, network-partition) broke in ``attempt``, as soon as

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from experiments.runtime.fault_requests import InjectedRankError
 from experiments.warm.coordinator import Coordinator, Placement, SpareNotStarted, Timing
 from experiments.warm.member import CoordinatorGone, WarmMember
 from experiments.warm.protocol import (
@@ -234,7 +235,10 @@ def test_what_gloo_says_of_a_lost_peer_re_forms_the_group(message: str) -> None:
 
 
 @pytest.mark.parametrize("error", [RuntimeError("mat1 and mat2 shapes cannot be multiplied (16x3 and 4x8)"),
-                                   ValueError("Application timeout caused pair closure")])
+                                   ValueError("Application timeout caused pair closure"),
+                                   # review: a rank-error's own message was read as a lost peer's
+                                   InjectedRankError("NCCL watchdog timeout (simulated)"),
+                                   InjectedRankError("simulated gloo failure: peer gradients diverged")])
 @pytest.mark.drill  # the warm runner imports torch
 def test_a_ranks_own_error_is_not_taken_for_a_lost_peer(error: Exception) -> None:
     from experiments.warm.runner import peer_lost

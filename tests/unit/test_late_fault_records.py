@@ -1,0 +1,111 @@
+"""An oom-rank's record (the kernel's OOM-kill count) comes after the controller saw the rank's end:
+a warm job does not end after a failure, so the record itself takes the attempt's class again
+(RANK_SIGNAL -> OUT_OF_MEMORY), once the fault is settled as its cause. Review of issue 21's fix:
+an absorbed oom-rank flipped the class too, and a controller that died between the record and the
+reclassification left the class unchanged for good."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from injectors.kinds.base import FaultOutcome
+from injectors.schedule import PlannedFault
+from orchestrator.campaign.failure_classes import FailureEvidence, classify
+from orchestrator.control.failed_attempt import reclassify_with_record, record_failure
+from orchestrator.faults.book import SENDING, FaultBook, InFlight, _row
+from orchestrator.observe.watch import FailureSign
+from orchestrator.record.ledger import Ledger
+from orchestrator.states import JobState
+from orchestrator.strategies.base import Continuation
+
+pytestmark = pytest.mark.unit
+
+RUN = "r000"
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(1) as executor:
+        yield executor
+
+
+def _failed_warm_attempt(workdir: Path, failed_at: float) -> tuple[Ledger, FailureSign]:
+    ledger = Ledger.in_workdir(workdir)
+    ledger.add_attempt(RUN, 0)
+    ledger.update_attempt(RUN, 0, job_id="42", state="RUNNING")
+    sign = FailureSign(reason="warm: rank 1 lost", at=failed_at, evidence="warm")
+    evidence = FailureEvidence(state=JobState.RUNNING, noticed_by="warm", exit_code=137)
+    record_failure(ledger, RUN, 0, sign, Continuation.FOLLOW_WARM, evidence, classify(evidence), (), time.time())
+    return ledger, sign
+
+
+def _book(ledger: Ledger, pool: ThreadPoolExecutor, on_record=None) -> FaultBook:
+    book = FaultBook(RUN, [], ledger, pool, act=None, on_record=on_record)  # type: ignore[arg-type]  # never acts
+    return book
+
+
+def _late_record(ledger: Ledger, book: FaultBook) -> Callable[[int], None]:
+    def late(attempt: int) -> None:  # as RunTracker._late_record
+        row = next(row for row in ledger.attempts(RUN) if row.attempt == attempt)
+        reclassify_with_record(ledger, row, book.oom_killed(attempt))
+    return late
+
+
+def _answered_oom(book: FaultBook, ledger: Ledger, asked_at: float) -> None:
+    fault = PlannedFault(index=0, kind="oom-rank", delay_s=1.0, anchor="training_start", ranks=(1,), target="rank 1")
+    fault_id = ledger.add_fault(_row(RUN, 0, fault, SENDING))
+    answer: Future[FaultOutcome] = Future()
+    answer.set_result(FaultOutcome(kind="oom-rank", target="rank 1@n1", at=asked_at, node="n1", pid=99,
+                                   signal="SIGKILL", detail="the kernel's OOM killer ended it"))
+    book.next_index = 1
+    book.in_flight = InFlight(fault_id, 0, answer, fault)
+
+
+def _class(ledger: Ledger) -> str | None:
+    return ledger.attempts(RUN)[0].failure_class
+
+
+def test_the_record_of_the_oom_kill_that_caused_the_failure_takes_its_class_again(tmp_path: Path, pool) -> None:
+    ledger, sign = _failed_warm_attempt(tmp_path, time.time())
+    book = _book(ledger, pool)
+    book.on_record = _late_record(ledger, book)
+    assert _class(ledger) == "RANK_SIGNAL"
+    _answered_oom(book, ledger, asked_at=sign.at - 1.0)
+    book.attempt_ended(0, sign, completed=False)
+    book.collect()
+    assert _class(ledger) == "OUT_OF_MEMORY"
+
+
+def test_an_oom_rank_that_came_after_the_failure_is_absorbed_and_changes_no_class(tmp_path: Path, pool) -> None:
+    ledger, sign = _failed_warm_attempt(tmp_path, time.time() - 5)
+    book = _book(ledger, pool)
+    book.on_record = _late_record(ledger, book)
+    _answered_oom(book, ledger, asked_at=sign.at + 2.0)  # asked 2 s after the attempt was already failing
+    book.attempt_ended(0, sign, completed=False)
+    book.collect()
+    assert ledger.faults(RUN)[0].outcome == "absorbed"
+    assert _class(ledger) == "RANK_SIGNAL"
+
+
+def test_a_controller_that_died_before_the_reclassification_leaves_it_to_the_next(tmp_path: Path, pool) -> None:
+    ledger, sign = _failed_warm_attempt(tmp_path, time.time())
+
+    def killed(attempt: int) -> None:
+        raise KeyboardInterrupt("the controller is killed here")
+
+    book = _book(ledger, pool, on_record=killed)
+    _answered_oom(book, ledger, asked_at=sign.at - 1.0)
+    book.attempt_ended(0, sign, completed=False)
+    with pytest.raises(KeyboardInterrupt):
+        book.collect()
+    assert _class(ledger) == "RANK_SIGNAL"
+    restarted = _book(ledger, pool)
+    late = _late_record(ledger, restarted)
+    for attempt in restarted.caused_oom_attempts():  # as RunTracker does when it starts
+        late(attempt)
+    assert _class(ledger) == "OUT_OF_MEMORY"
