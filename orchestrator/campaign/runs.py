@@ -161,9 +161,9 @@ def _check_cwds_apart(runs: list[RunConfig]) -> None:
     from: every framework whose resume is automatic picks another run's checkpoints up there."""
     by_cwd: dict[str, list[str]] = {}
     for run in runs:
-        workload = run.campaign.workload
-        if workload.command is not None and workload.cwd and not workload.cwd_shared:
-            by_cwd.setdefault((run.command or CommandSpec(argv=("",))).cwd, []).append(run.run_id)
+        workload, command = run.campaign.workload, run.command
+        if command is not None and workload.cwd and not workload.cwd_shared:
+            by_cwd.setdefault(command.cwd, []).append(run.run_id)
     shared = {cwd: ids for cwd, ids in by_cwd.items() if len(ids) > 1}
     if shared:
         cwd, ids = next(iter(shared.items()))

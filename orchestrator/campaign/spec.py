@@ -621,7 +621,7 @@ def anchored(word: str, base_dir: Path) -> str:
     """``word`` made absolute if it is a relative path to something in the spec's folder (also the
     value of ``--flag=path``); any other word as it is."""
     flag, equals, value = word.rpartition("=") if word.startswith("-") else ("", "", word)
-    if not value or value.startswith(("/", "~", "{")) or "{" in value or "\0" in value:
+    if not value or value.startswith(("/", "~")) or "{" in value:
         return word
     try:
         exists = (base_dir / value).exists()
