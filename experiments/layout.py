@@ -321,6 +321,10 @@ class RankIdentity:
     # The rank leads a process group of its own (a user's script behind a wrapper or a launcher that
     # forks): a fault's signal goes to the whole group, so it reaches the trainer, not only the wrapper.
     group: bool = False
+    # A warm process that left this attempt (its generation ended; it waits for, or serves, the
+    # next): when. A fault still aimed at this attempt must not reach the process (experiments/
+    # runtime/identity.leave_attempt).
+    left_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -47,6 +47,7 @@ class VerifiedTarget:
     start_ticks: int | None = None  # the verified process's kernel start time
     pidfd: int | None = field(default=None, compare=False)  # a handle on that very process (Linux >= 5.3)
     group: bool = False  # it leads its own process group: signals go to the group (RankIdentity.group)
+    identity_file: Path | None = None  # its registration, read again right before a signal (see check_not_left)
 
 
 def signal_target(target: VerifiedTarget, number: int) -> None:
@@ -56,7 +57,13 @@ def signal_target(target: VerifiedTarget, number: int) -> None:
 
     A rank that leads a process group of its own gets the signal with its whole group (the
     trainer a wrapper started), once the leader is shown to be the verified process and still the
-    group's leader: a group's id is its leader's pid, never reused while the group has a member."""
+    group's leader: a group's id is its leader's pid, never reused while the group has a member.
+
+    A warm process that left the target's attempt since it was verified (it now serves the next
+    generation) gets nothing, but a SIGCONT (a stopped process can have left nothing; continuing
+    one is never a fault): TargetRefused, gone."""
+    if number != signal.SIGCONT:
+        check_not_left(target)
     if target.pidfd is not None:
         signal.pidfd_send_signal(target.pidfd, 0 if target.group else number)
     elif target.start_ticks is not None and start_ticks(target.pid) != target.start_ticks:
@@ -73,6 +80,23 @@ def signal_target(target: VerifiedTarget, number: int) -> None:
             os.kill(target.pid, number)
         return
     os.killpg(target.pid, number)
+
+
+def check_not_left(target: VerifiedTarget) -> None:
+    """TargetRefused (gone) when the target, a warm process, has left the attempt it was verified in."""
+    if target.identity_file is None:
+        return
+    try:
+        left_at = json.loads(target.identity_file.read_text()).get("left_at")
+    except (OSError, ValueError, AttributeError):
+        return  # the verification read it; a file being replaced is read next time
+    if left_at is not None:
+        raise TargetRefused(_left_why(target.rank, target.pid, left_at), gone=True)
+
+
+def _left_why(rank: int, pid: int, left_at: float) -> str:
+    return (f"rank {rank} (pid {pid}) left its attempt at {left_at:.3f} (its generation ended): the process "
+            "serves the next one, the fault came too late")
 
 
 def _pidfd(pid: int) -> int | None:
@@ -98,6 +122,8 @@ def read_identity(run_dir: Path, attempt: int, rank: int) -> RankIdentity:
 
 def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str) -> VerifiedTarget:
     identity = read_identity(run_dir, attempt, rank)
+    if identity.left_at is not None:
+        raise TargetRefused(_left_why(rank, identity.pid, identity.left_at), gone=True)
     if identity.job_id != job_id:
         raise TargetRefused(f"rank {rank} registered job {identity.job_id}, the drill's job is {job_id}")
     gone = TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running", gone=True)
@@ -106,11 +132,12 @@ def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str
     except ProcessLookupError:
         raise gone from None
     try:
-        return _verified(identity, rank, job_id, run_id, pidfd, gone)
+        verified = _verified(identity, rank, job_id, run_id, pidfd, gone)
     except BaseException:
         if pidfd is not None:
             os.close(pidfd)
         raise
+    return replace(verified, identity_file=RunPaths(run_dir).rank_file(attempt, rank))
 
 
 def _verified(identity: RankIdentity, rank: int, job_id: str, run_id: str, pidfd: int | None,

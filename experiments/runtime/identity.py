@@ -8,8 +8,12 @@ NTP steps the clock (a fresh machine) disagree by a second or more. ``create_tim
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
+import time
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import psutil
 
 from experiments.layout import RankIdentity, RunPaths, record_dict, write_json_atomic
 from experiments.runtime.distenv import DistEnv
-from experiments.runtime.fault_requests import FaultRequests
+from experiments.runtime.fault_requests import FAULT_SIGNAL, FaultRequests
 from experiments.runtime.fence import own_job_id
 
 
@@ -71,6 +75,23 @@ def register_rank(paths: RunPaths, env: DistEnv, attempt: int) -> RankIdentity:
     trains in: each is an attempt of its own, and the agent asks the attempt's rank."""
     FaultRequests(paths.fault_request_file(attempt, env.rank)).install()
     return write_identity(paths, env, attempt)
+
+
+def leave_attempt(paths: RunPaths, rank: int, attempt: int) -> None:
+    """This warm process no longer serves rank ``rank`` of ``attempt`` (its generation ended): the
+    agent's requests are not taken until it registers for the next, and its identity file of
+    ``attempt`` says when it left, so that a fault still aimed at ``attempt`` (fired as the next
+    generation formed) is refused as late instead of reaching the process that now serves the
+    next one. Before the process tells the coordinator it is ready again: it can be in no later
+    generation before this holds."""
+    signal.signal(FAULT_SIGNAL, signal.SIG_IGN)
+    path = paths.rank_file(attempt, rank)
+    try:
+        identity = RankIdentity(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return  # never registered: nothing can aim at it
+    if identity.pid == os.getpid():
+        write_json_atomic(path, record_dict(replace(identity, left_at=time.time())))
 
 
 def matches_process(identity: RankIdentity) -> bool:

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import NoReturn
 
 import torch.distributed as dist
 
-from experiments.layout import RankJob
+from experiments.layout import RankJob, RunPaths
 from experiments.runner import RunnerOptions, RunOutcome
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fault_requests import InjectedRankError
-from experiments.runtime.identity import register_rank
+from experiments.runtime.identity import leave_attempt, register_rank
 from experiments.runtime.session import RankSession
 from experiments.runtime.snapshot import Snapshot
 from experiments.warm.member import WarmMember
@@ -71,6 +72,7 @@ class WarmRunner:
             try:
                 return self._generation(plan)
             except GroupLost:
+                leave_attempt(RunPaths(Path(self.job.run_dir)), plan.rank, plan.attempt)
                 self.workload.leave()
                 self.member.lost(plan.generation, self.completed)
         return None

@@ -13,11 +13,14 @@ from experiments.layout import RunPaths, write_json_atomic
 from experiments.runtime.fault_requests import FAULT_SIGNAL
 from experiments.runtime.identity import start_ticks
 from injectors.kinds.base import FaultTask
-from injectors.targets import VerifiedTarget, signal_target
+from injectors.targets import VerifiedTarget, check_not_left, signal_target
 
 
 def ask(task: FaultTask, targets: list[VerifiedTarget], request: dict[str, Any]) -> float:
-    """Write each target's request, then signal them all; when the signals went out."""
+    """Write each target's request, then signal them all; when the signals went out. A target that
+    left its attempt since it was verified: nobody is asked (TargetRefused, gone)."""
+    for target in targets:
+        check_not_left(target)
     paths = RunPaths(Path(task.run_dir))
     for target in targets:
         write_json_atomic(paths.fault_request_file(task.attempt, target.rank), request)

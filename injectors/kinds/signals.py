@@ -38,7 +38,7 @@ def wait_until(moment: float) -> None:
 
 def send(targets: list[VerifiedTarget], name: str) -> float:
     """Signal every target at once (one instant, as near as the kernel allows); when it happened.
-    A target that ended since it was verified gets nothing (the agent once died of the
+    A target that ended since it was verified (or left its attempt) gets nothing (the agent once died of the
     ProcessLookupError, which the controller took for a failed kill); if every target ended, they are
     gone (TargetRefused, gone): their launch ended them first."""
     number = signal.Signals[name]
@@ -48,6 +48,10 @@ def send(targets: list[VerifiedTarget], name: str) -> float:
         try:
             signal_target(target, number)
         except ProcessLookupError:
+            ended.append(target)
+        except TargetRefused as error:  # it left the attempt (a warm process, now in the next one)
+            if not error.gone:
+                raise
             ended.append(target)
     if targets and len(ended) == len(targets):
         ranks = ",".join(str(target.rank) for target in ended)

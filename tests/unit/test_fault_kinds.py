@@ -160,3 +160,86 @@ def test_a_target_that_ended_after_its_verification_is_gone_not_a_crash() -> Non
         send([ended], "SIGKILL")
     assert refused.value.gone
     assert send([], "SIGCONT") > 0  # nothing to signal (a stall whose ranks all ended): no error
+
+
+# A warm process's generations, as experiments/warm/runner.py goes through them: it serves rank 0
+# of attempt 0, leaves it when told (the generation ended), and registers as rank 0 of attempt 1.
+WARM_PROCESS = """
+import os, socket, sys, time
+from pathlib import Path
+from experiments.layout import RunPaths
+from experiments.runtime.distenv import DistEnv
+from experiments.runtime.identity import leave_attempt, register_rank
+run_dir, trigger, registered = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+paths = RunPaths(run_dir)
+env = DistEnv.from_environ()
+register_rank(paths, env, 0)
+registered.write_text("0")
+while not trigger.exists():
+    time.sleep(0.01)
+leave_attempt(paths, env.rank, 0)
+if trigger.read_text() == "next":
+    register_rank(paths, env, 1)
+registered.write_text("left")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def warm_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    env = {**os.environ, "FAULTDRILL_RUN_ID": RUN_ID, "SUBMITIT_LOCAL_JOB_ID": JOB_ID, "SUBMITIT_LOCAL_GLOBALID": "0",
+           "SUBMITIT_LOCAL_NTASKS": "1", "FAULTDRILL_WARM_WORLD": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    registered = tmp_path / "registered"
+    proc = subprocess.Popen([sys.executable, "-c", WARM_PROCESS, str(tmp_path), str(tmp_path / "go"), str(registered)],
+                            env=env)
+    wait_for(lambda: registered.exists(), 30, "the warm process to register")
+    yield proc, registered
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def _leave(tmp_path: Path, registered: Path, then: str) -> None:
+    (tmp_path / "go").write_text(then)
+    wait_for(lambda: registered.read_text() == "left", 30, "the warm process to leave attempt 0")
+
+
+@pytest.mark.drill
+@pytest.mark.parametrize("kind", ["kill-rank", "rank-error", "hang-rank"])
+def test_a_fault_aimed_at_an_attempt_a_warm_process_left_never_reaches_it(
+        tmp_path: Path, warm_process: tuple[subprocess.Popen[bytes], Path], kind: str) -> None:
+    """Fired as the next generation formed: the process serves attempt 1 now (same pid, same start
+    time as its identity of attempt 0). The fault came too late for attempt 0."""
+    proc, registered = warm_process
+    _leave(tmp_path, registered, "next")
+    with pytest.raises(TargetRefused, match="left its attempt") as refused:
+        get_kind(kind).act_on_node(_task(tmp_path, kind, (0,), signal="SIGKILL", deadline_s=2))
+    assert refused.value.gone
+    time.sleep(0.3)  # a signal sent would have landed by now
+    assert proc.poll() is None and _status(proc) != psutil.STATUS_STOPPED
+    assert not RunPaths(tmp_path).fault_request_file(0, 0).exists()
+
+
+@pytest.mark.drill
+def test_a_warm_process_that_leaves_after_its_verification_gets_no_signal(
+        tmp_path: Path, warm_process: tuple[subprocess.Popen[bytes], Path]) -> None:
+    """Verified in attempt 0, then the generation ended and the process left before the agreed
+    moment (agents on several nodes wait up to two seconds): the signal is not sent."""
+    from injectors.kinds.signals import send, verify_all
+    proc, registered = warm_process
+    targets = verify_all(_task(tmp_path, "kill-rank", (0,)))
+    _leave(tmp_path, registered, "wait")
+    with pytest.raises(TargetRefused, match="ended after they were verified") as refused:
+        send(targets, "SIGKILL")
+    assert refused.value.gone
+    time.sleep(0.3)
+    assert proc.poll() is None
+
+
+@pytest.mark.drill
+def test_a_warm_process_still_in_its_attempt_is_hit(tmp_path: Path,
+                                                    warm_process: tuple[subprocess.Popen[bytes], Path]) -> None:
+    proc, _ = warm_process
+    outcome = get_kind("kill-rank").act_on_node(_task(tmp_path, "kill-rank", (0,), signal="SIGKILL"))
+    assert outcome.pid == proc.pid and proc.wait(timeout=10) == -9
