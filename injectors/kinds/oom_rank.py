@@ -18,7 +18,7 @@ from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
 from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
 from injectors.kinds.signals import RankFaultOptions, outcome, verify_all, wait_until
 from injectors.memory_cgroup import MemoryCap
-from injectors.targets import TargetRefused, VerifiedTarget
+from injectors.targets import TargetRefused, VerifiedTarget, check_not_left
 
 MB = 1 << 20
 
@@ -42,10 +42,14 @@ class OomRank(RankKind):
         ticks = live_ticks(targets)
         caps: list[MemoryCap] = []
         ending = JobEnding()  # the job ends when the rank dies: finish the record first
+        wait_until(task.not_before)
         try:  # every cap made is removed again, whatever happens after it (a later target gone too)
-            caps.extend(_cap(task, target, headroom * MB) for target in targets)
-            wait_until(task.not_before)
-            at = ask(task, targets, {"action": ACTION_LEAK})
+            # Capped only now, each once it is shown still in its attempt: a warm process that left
+            # it (it serves the next one now) must not run on under this fault's cap.
+            for target in targets:
+                check_not_left(target)
+                caps.append(_cap(task, target, headroom * MB))
+            at, targets = ask(task, targets, {"action": ACTION_LEAK})
             ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
             kills = {cap.pid: cap.oom_kills() for cap in caps}
             peaks = {cap.pid: cap.peak_bytes() for cap in caps}

@@ -38,7 +38,7 @@ class RankError(RankKind):
         ticks = live_ticks(targets)
         ending = JobEnding()
         wait_until(task.not_before)
-        at = ask(task, targets, {"action": ACTION_RAISE, "message": message})
+        at, targets = ask(task, targets, {"action": ACTION_RAISE, "message": message})
         ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
         if len(ended) < len(targets):
             alive = [t.rank for t in targets if t.pid not in ended]

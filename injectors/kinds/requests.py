@@ -13,21 +13,31 @@ from experiments.layout import RunPaths, write_json_atomic
 from experiments.runtime.fault_requests import FAULT_SIGNAL
 from experiments.runtime.identity import start_ticks
 from injectors.kinds.base import FaultTask
-from injectors.targets import VerifiedTarget, check_not_left, signal_target
+from injectors.targets import TargetRefused, VerifiedTarget, signal_target
 
 
-def ask(task: FaultTask, targets: list[VerifiedTarget], request: dict[str, Any]) -> float:
-    """Write each target's request, then signal them all; when the signals went out. A target that
-    left its attempt since it was verified: nobody is asked (TargetRefused, gone)."""
-    for target in targets:
-        check_not_left(target)
+def ask(task: FaultTask, targets: list[VerifiedTarget], request: dict[str, Any]) -> tuple[float, list[VerifiedTarget]]:
+    """Write each target's request, then signal them all; when the signals went out, and the targets
+    asked. A target that left its attempt since it was verified (a warm process, now in the next
+    one) is not asked (its request is taken back); if every target left, TargetRefused (gone)."""
     paths = RunPaths(Path(task.run_dir))
     for target in targets:
         write_json_atomic(paths.fault_request_file(task.attempt, target.rank), request)
     at = time.time()
+    asked, left = [], []
     for target in targets:
-        signal_target(target, FAULT_SIGNAL)
-    return at
+        try:
+            signal_target(target, FAULT_SIGNAL)
+        except TargetRefused as error:
+            if not error.gone:
+                raise
+            paths.fault_request_file(task.attempt, target.rank).unlink(missing_ok=True)
+            left.append(error)
+            continue
+        asked.append(target)
+    if not asked:
+        raise left[0]
+    return at, asked
 
 
 class JobEnding:

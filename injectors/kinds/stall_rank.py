@@ -4,6 +4,7 @@ restart; the fault's record says how long the ranks stood still."""
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Literal
 
@@ -11,7 +12,7 @@ from pydantic import Field
 
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
 from injectors.kinds.signals import RankFaultOptions, outcome, send, verify_all, wait_until
-from injectors.targets import TargetRefused, VerifiedTarget, verify_rank
+from injectors.targets import VerifiedTarget, signal_target
 
 
 class StallRankOptions(RankFaultOptions):
@@ -30,20 +31,20 @@ class StallRank(RankKind):
         at = send(targets, "SIGSTOP")
         duration = float(task.options["duration_s"])
         time.sleep(duration)
-        still = _still_there(task, [t.rank for t in targets])
-        resumed = send(still, "SIGCONT")
-        gone = len(targets) - len(still)
+        resumed, gone = _resume(targets)
         detail = f"stopped for {resumed - at:.2f} s, then SIGCONT" + (f" ({gone} had ended meanwhile)" if gone else "")
         return outcome(self.name, targets, "SIGSTOP", at, detail=detail)
 
 
-def _still_there(task: FaultTask, ranks: list[int]) -> list[VerifiedTarget]:
-    """The stopped ranks verified again before SIGCONT (a stopped process ends only by a signal from
-    outside, e.g. its job's cancel): a pid reused meanwhile is never sent anything."""
-    still = []
-    for rank in ranks:
+def _resume(targets: list[VerifiedTarget]) -> tuple[float, int]:
+    """SIGCONT to the very processes that were stopped (their pidfd, or their start time checked
+    again: a pid reused meanwhile is never sent anything), whatever their registration says since
+    (a warm process that left its attempt just before the stop must go on); when, and how many had
+    ended (a stopped process ends only by a signal from outside, e.g. its job's cancel)."""
+    at, ended = time.time(), 0
+    for target in targets:
         try:
-            still.append(verify_rank(task.run_dir, task.run_id, task.attempt, rank, task.job_id))
-        except TargetRefused:
-            continue
-    return still
+            signal_target(target, signal.SIGCONT)
+        except ProcessLookupError:
+            ended += 1
+    return at, ended

@@ -162,8 +162,8 @@ def test_a_target_that_ended_after_its_verification_is_gone_not_a_crash() -> Non
     assert send([], "SIGCONT") > 0  # nothing to signal (a stall whose ranks all ended): no error
 
 
-# A warm process's generations, as experiments/warm/runner.py goes through them: it serves rank 0
-# of attempt 0, leaves it when told (the generation ended), and registers as rank 0 of attempt 1.
+# A warm process's generations, as experiments/warm/runner.py goes through them: it serves its rank
+# of attempt 0, leaves it when told (the generation ended), and registers for attempt 1 if told "next".
 WARM_PROCESS = """
 import os, socket, sys, time
 from pathlib import Path
@@ -180,66 +180,142 @@ while not trigger.exists():
 leave_attempt(paths, env.rank, 0)
 if trigger.read_text() == "next":
     register_rank(paths, env, 1)
+    held = bytearray(128 << 20)  # the next generation's first step: it charges memory
+    held[::4096] = b"\\x01" * len(range(0, 128 << 20, 4096))
 registered.write_text("left")
 while True:
     time.sleep(0.05)
 """
 
 
+class WarmProcess:
+    """One such process, rank ``rank`` of 2."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.trigger, self.registered = run_dir / f"go-{rank}", run_dir / f"registered-{rank}"
+        env = {**os.environ, "FAULTDRILL_RUN_ID": RUN_ID, "SUBMITIT_LOCAL_JOB_ID": JOB_ID,
+               "SUBMITIT_LOCAL_GLOBALID": str(rank), "SUBMITIT_LOCAL_NTASKS": "2", "FAULTDRILL_WARM_WORLD": "2",
+               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        self.proc = subprocess.Popen([sys.executable, "-c", WARM_PROCESS, str(run_dir), str(self.trigger),
+                                      str(self.registered)], env=env)
+
+    def wait_registered(self) -> None:
+        wait_for(lambda: self.registered.exists(), 30, f"warm process {self.rank} to register")
+
+    def leave(self, then: str = "next") -> None:
+        """It leaves attempt 0 (and, with "next", serves attempt 1), as the generation ended."""
+        self.trigger.write_text(then)
+        wait_for(lambda: self.registered.read_text() == "left", 30, f"warm process {self.rank} to leave attempt 0")
+
+    def alive_and_running(self) -> bool:
+        return self.proc.poll() is None and _status(self.proc) != psutil.STATUS_STOPPED
+
+
 @pytest.fixture
-def warm_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    env = {**os.environ, "FAULTDRILL_RUN_ID": RUN_ID, "SUBMITIT_LOCAL_JOB_ID": JOB_ID, "SUBMITIT_LOCAL_GLOBALID": "0",
-           "SUBMITIT_LOCAL_NTASKS": "1", "FAULTDRILL_WARM_WORLD": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    registered = tmp_path / "registered"
-    proc = subprocess.Popen([sys.executable, "-c", WARM_PROCESS, str(tmp_path), str(tmp_path / "go"), str(registered)],
-                            env=env)
-    wait_for(lambda: registered.exists(), 30, "the warm process to register")
-    yield proc, registered
-    proc.kill()
-    proc.wait(timeout=10)
+def warm(tmp_path: Path) -> Iterator[list[WarmProcess]]:
+    processes = [WarmProcess(tmp_path, rank) for rank in range(2)]
+    for process in processes:
+        process.wait_registered()
+    yield processes
+    for process in processes:
+        process.proc.kill()
+        process.proc.wait(timeout=10)
 
 
-def _leave(tmp_path: Path, registered: Path, then: str) -> None:
-    (tmp_path / "go").write_text(then)
-    wait_for(lambda: registered.read_text() == "left", 30, "the warm process to leave attempt 0")
+def _settled(process: WarmProcess) -> bool:
+    """It runs on. Nothing to wait for here but the absence of an effect: a signal sent was
+    delivered before its sender returned, and the beat covers the process acting on it."""
+    time.sleep(0.3)
+    return process.alive_and_running()
 
 
 @pytest.mark.drill
-@pytest.mark.parametrize("kind", ["kill-rank", "rank-error", "hang-rank"])
+@pytest.mark.parametrize("kind", ["kill-rank", "rank-error", "hang-rank", "stall-rank"])
 def test_a_fault_aimed_at_an_attempt_a_warm_process_left_never_reaches_it(
-        tmp_path: Path, warm_process: tuple[subprocess.Popen[bytes], Path], kind: str) -> None:
+        tmp_path: Path, warm: list[WarmProcess], kind: str) -> None:
     """Fired as the next generation formed: the process serves attempt 1 now (same pid, same start
     time as its identity of attempt 0). The fault came too late for attempt 0."""
-    proc, registered = warm_process
-    _leave(tmp_path, registered, "next")
+    warm[0].leave()
     with pytest.raises(TargetRefused, match="left its attempt") as refused:
-        get_kind(kind).act_on_node(_task(tmp_path, kind, (0,), signal="SIGKILL", deadline_s=2))
+        get_kind(kind).act_on_node(_task(tmp_path, kind, (0,), signal="SIGKILL", deadline_s=2, duration_s=0.2))
     assert refused.value.gone
-    time.sleep(0.3)  # a signal sent would have landed by now
-    assert proc.poll() is None and _status(proc) != psutil.STATUS_STOPPED
+    assert _settled(warm[0])
     assert not RunPaths(tmp_path).fault_request_file(0, 0).exists()
 
 
 @pytest.mark.drill
 def test_a_warm_process_that_leaves_after_its_verification_gets_no_signal(
-        tmp_path: Path, warm_process: tuple[subprocess.Popen[bytes], Path]) -> None:
+        tmp_path: Path, warm: list[WarmProcess], monkeypatch: pytest.MonkeyPatch) -> None:
     """Verified in attempt 0, then the generation ended and the process left before the agreed
     moment (agents on several nodes wait up to two seconds): the signal is not sent."""
-    from injectors.kinds.signals import send, verify_all
-    proc, registered = warm_process
-    targets = verify_all(_task(tmp_path, "kill-rank", (0,)))
-    _leave(tmp_path, registered, "wait")
+    import injectors.kinds.kill_rank as kill_rank
+    monkeypatch.setattr(kill_rank, "wait_until", lambda moment: warm[0].leave())
     with pytest.raises(TargetRefused, match="ended after they were verified") as refused:
-        send(targets, "SIGKILL")
-    assert refused.value.gone
-    time.sleep(0.3)
-    assert proc.poll() is None
+        get_kind("kill-rank").act_on_node(_task(tmp_path, "kill-rank", (0,), signal="SIGKILL"))
+    assert refused.value.gone and _settled(warm[0])
 
 
 @pytest.mark.drill
-def test_a_warm_process_still_in_its_attempt_is_hit(tmp_path: Path,
-                                                    warm_process: tuple[subprocess.Popen[bytes], Path]) -> None:
-    proc, _ = warm_process
+def test_a_request_reaches_the_ranks_still_in_the_attempt_and_not_the_one_that_left(
+        tmp_path: Path, warm: list[WarmProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """rank-error on ranks 0 and 1; rank 1 left during the agreed wait: rank 0 raises, rank 1 is not
+    asked (its request taken back), and the fault is what it did to rank 0 (not "gone" for all)."""
+    import injectors.kinds.rank_error as rank_error
+    monkeypatch.setattr(rank_error, "wait_until", lambda moment: warm[1].leave())
+    outcome = get_kind("rank-error").act_on_node(_task(tmp_path, "rank-error", (0, 1), deadline_s=10))
+    assert warm[0].proc.wait(timeout=10) == 1 and "raised InjectedRankError" in outcome.detail
+    assert _settled(warm[1]) and not RunPaths(tmp_path).fault_request_file(0, 1).exists()
+
+
+@pytest.mark.drill
+def test_a_stall_lets_go_of_a_warm_process_that_left_just_before_its_stop(
+        tmp_path: Path, warm: list[WarmProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its registration says it left (written just before the SIGSTOP landed): the SIGCONT still
+    goes to the very process that was stopped, or it would stand still in its next attempt for ever."""
+    import injectors.kinds.stall_rank as stall_rank
+    identity = RunPaths(tmp_path).rank_file(0, 0)
+    real_sleep = time.sleep
+
+    def left_while_stopped(seconds: float) -> None:
+        record = json.loads(identity.read_text())
+        write_json_atomic(identity, {**record, "left_at": time.time()})
+        real_sleep(seconds)
+
+    monkeypatch.setattr(stall_rank.time, "sleep", left_while_stopped)
+    outcome = get_kind("stall-rank").act_on_node(_task(tmp_path, "stall-rank", (0,), duration_s=0.2))
+    assert "ended meanwhile" not in outcome.detail
+    wait_for(warm[0].alive_and_running, 10, "the stalled process to go on")
+
+
+@pytest.mark.drill
+def test_oom_rank_caps_no_process_that_left_during_the_agreed_wait(
+        tmp_path: Path, warm: list[WarmProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap came before the wait: the process that left ran its next attempt under this fault's
+    cap, and the kernel killed it there."""
+    from drills import memory_cgroup_writable
+    if not memory_cgroup_writable():
+        pytest.skip("no writable cgroup v1 memory controller here")
+    import injectors.kinds.oom_rank as oom_rank
+    monkeypatch.setattr(oom_rank, "wait_until", lambda moment: warm[0].leave())
+    with pytest.raises(TargetRefused, match="left its attempt") as refused:
+        get_kind("oom-rank").act_on_node(_task(tmp_path, "oom-rank", (0,), deadline_s=5))
+    assert refused.value.gone and _settled(warm[0])
+    own = Path(f"/proc/{warm[0].proc.pid}/cgroup").read_text()
+    assert "faultdrill-oom" not in own, own
+
+
+@pytest.mark.drill
+def test_a_process_that_left_takes_no_request_of_the_attempt_it_left(tmp_path: Path, warm: list[WarmProcess]) -> None:
+    """A request that reached it anyway (written and signalled before the agent read left_at): ignored."""
+    from experiments.runtime.fault_requests import ACTION_RAISE, FAULT_SIGNAL
+    warm[0].leave("wait")
+    write_json_atomic(RunPaths(tmp_path).fault_request_file(0, 0), {"action": ACTION_RAISE})
+    os.kill(warm[0].proc.pid, FAULT_SIGNAL)
+    assert _settled(warm[0])
+
+
+@pytest.mark.drill
+def test_a_warm_process_still_in_its_attempt_is_hit(tmp_path: Path, warm: list[WarmProcess]) -> None:
     outcome = get_kind("kill-rank").act_on_node(_task(tmp_path, "kill-rank", (0,), signal="SIGKILL"))
-    assert outcome.pid == proc.pid and proc.wait(timeout=10) == -9
+    assert outcome.pid == warm[0].proc.pid and warm[0].proc.wait(timeout=10) == -9
