@@ -101,6 +101,10 @@ class CommandSpec:
     checkpoint_step_regex: str = ""
     # Appended to argv when the run has trained before (zero-code: the script resumes itself).
     resume_args: tuple[str, ...] = ()
+    # workload.launcher torchrun: torchrun's program and the user's own options of it; argv is then
+    # what torchrun runs on each worker, and the ranks are its workers (experiments/runtime/torchrun.py).
+    torchrun: tuple[str, ...] = ()
+    torchrun_ranks: int = 0  # the run's ranks: each node's torchrun starts its share of them
 
 
 @dataclass(frozen=True)
@@ -325,6 +329,10 @@ class RankIdentity:
     # next): when. A fault still aimed at this attempt must not reach the process (experiments/
     # runtime/identity.leave_attempt).
     left_at: float | None = None
+    # The launcher that started this rank on its node (torchrun's agent), when the rank is not the
+    # process the scheduler started: a fault may aim at it (kill-rank process: launcher).
+    launcher_pid: int | None = None
+    launcher_start_ticks: int | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -18,6 +18,7 @@ import psutil
 from experiments.layout import ENV_JOB_ID, ENV_RUN_ID, RankIdentity, RunPaths
 from experiments.layout import ENV_WARM_WORLD as WARM_WORLD
 from experiments.runtime.identity import start_ticks
+from experiments.runtime.torchrun import RUN_ID_VAR as TORCHRUN_RUN_ID
 
 # Which environment variables name the job and the rank, per launcher.
 # FAULTDRILL_JOB_ID is the job as the controller names it (set by the batch script): an element
@@ -121,61 +122,97 @@ def read_identity(run_dir: Path, attempt: int, rank: int) -> RankIdentity:
 
 
 def verify_rank(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str) -> VerifiedTarget:
+    identity = _registered(run_dir, attempt, rank, job_id)
+    claim = _Claim(identity.pid, identity.start_ticks, rank, identity.group, f"rank {rank}")
+    return _verify(run_dir, attempt, identity, claim, job_id, run_id)
+
+
+def verify_launcher(run_dir: Path, run_id: str, attempt: int, rank: int, job_id: str) -> VerifiedTarget:
+    """The launcher that started ``rank`` on its node (torchrun's agent), verified as a rank is: its
+    pid and start time as the rank's registration gives them, its uid, the drill's run and job in
+    its environment (not a rank: it starts several)."""
+    identity = _registered(run_dir, attempt, rank, job_id)
+    if identity.launcher_pid is None or identity.launcher_start_ticks is None:
+        raise TargetRefused(f"rank {rank} is the process the scheduler's task started: it has no launcher of its "
+                            "own on its node (process: launcher is for the workers of a torchrun)")
+    claim = _Claim(identity.launcher_pid, identity.launcher_start_ticks, None, False, f"the launcher of rank {rank}")
+    return _verify(run_dir, attempt, identity, claim, job_id, run_id)
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """The process a registration names: a rank (``rank`` checked in its environment) or its launcher."""
+
+    pid: int
+    start_ticks: int
+    rank: int | None
+    group: bool
+    label: str
+
+
+def _registered(run_dir: Path, attempt: int, rank: int, job_id: str) -> RankIdentity:
     identity = read_identity(run_dir, attempt, rank)
     if identity.left_at is not None:
         raise TargetRefused(_left_why(rank, identity.pid, identity.left_at), gone=True)
     if identity.job_id != job_id:
         raise TargetRefused(f"rank {rank} registered job {identity.job_id}, the drill's job is {job_id}")
-    gone = TargetRefused(f"rank {rank} (pid {identity.pid}) is no longer running", gone=True)
+    return identity
+
+
+def _verify(run_dir: Path, attempt: int, identity: RankIdentity, claim: _Claim, job_id: str,
+            run_id: str) -> VerifiedTarget:
+    gone = TargetRefused(f"{claim.label} (pid {claim.pid}) is no longer running", gone=True)
     try:
-        pidfd = _pidfd(identity.pid)
+        pidfd = _pidfd(claim.pid)
     except ProcessLookupError:
         raise gone from None
     try:
-        verified = _verified(identity, rank, job_id, run_id, pidfd, gone)
+        ticks = _verified(claim, job_id, run_id, gone)
     except BaseException:
         if pidfd is not None:
             os.close(pidfd)
         raise
-    return replace(verified, identity_file=RunPaths(run_dir).rank_file(attempt, rank))
+    return VerifiedTarget(pid=claim.pid, rank=identity.rank, node=identity.node, job_id=job_id, start_ticks=ticks,
+                          pidfd=pidfd, group=claim.group, identity_file=RunPaths(run_dir).rank_file(attempt, identity.rank))
 
 
-def _verified(identity: RankIdentity, rank: int, job_id: str, run_id: str, pidfd: int | None,
-              gone: TargetRefused) -> VerifiedTarget:
-    ticks = start_ticks(identity.pid)
+def _verified(claim: _Claim, job_id: str, run_id: str, gone: TargetRefused) -> int:
+    """The claimed process's start ticks, once it is shown to be the drill's own."""
+    ticks = start_ticks(claim.pid)
     if ticks is None:
         raise gone
-    if ticks != identity.start_ticks:
-        raise TargetRefused(f"pid {identity.pid} was reused by another process (start time differs)")
+    if ticks != claim.start_ticks:
+        raise TargetRefused(f"pid {claim.pid} was reused by another process (start time differs)")
     try:
-        process = psutil.Process(identity.pid)
+        process = psutil.Process(claim.pid)
         with process.oneshot():
             uid = process.uids().real
             environ = process.environ()
     except psutil.NoSuchProcess:
         raise gone from None
     except psutil.AccessDenied:
-        raise TargetRefused(f"pid {identity.pid}: cannot read its environment, refusing to act") from None
+        raise TargetRefused(f"pid {claim.pid}: cannot read its environment, refusing to act") from None
     if uid != os.getuid():
-        raise TargetRefused(f"pid {identity.pid} belongs to uid {uid}, not to the drill's uid {os.getuid()}")
+        raise TargetRefused(f"pid {claim.pid} belongs to uid {uid}, not to the drill's uid {os.getuid()}")
     if not environ:
         # A rank always has the drill's variables: an empty environment is a process whose memory
         # the kernel already released (it is exiting, e.g. its launcher ended it a moment ago).
         raise gone
-    _check_environment(environ, run_id, job_id, rank, identity.pid)
-    return VerifiedTarget(pid=identity.pid, rank=rank, node=identity.node, job_id=job_id, start_ticks=ticks,
-                          pidfd=pidfd, group=identity.group)
+    _check_environment(environ, run_id, job_id, claim.rank, claim.pid)
+    return ticks
 
 
-def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: int, pid: int) -> None:
+def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: int | None, pid: int) -> None:
     if environ.get(ENV_RUN_ID) != run_id:
         raise TargetRefused(f"pid {pid}: {ENV_RUN_ID}={environ.get(ENV_RUN_ID)!r}, expected {run_id!r}")
     job_ids = {environ[name] for name in JOB_ID_VARS if name in environ}
     if job_id not in job_ids:
         raise TargetRefused(f"pid {pid}: job id in its environment {sorted(job_ids)} is not {job_id}")
-    if WARM_WORLD in environ:
+    if rank is None or WARM_WORLD in environ:
         return  # a warm job's process takes its rank from the coordinator's plan, not its environment:
         # its identity file (pid and start ticks, checked above) is the rank's word
-    ranks = {environ[name] for name in RANK_VARS if name in environ}
+    # A torchrun worker's RANK is its own; the scheduler's variables it inherited are its node's torchrun's.
+    names = ("RANK",) if TORCHRUN_RUN_ID in environ else RANK_VARS
+    ranks = {environ[name] for name in names if name in environ}
     if str(rank) not in ranks:
         raise TargetRefused(f"pid {pid}: rank in its environment {sorted(ranks)} is not {rank}")

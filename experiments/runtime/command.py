@@ -64,6 +64,8 @@ from experiments.runtime.events import EventLog
 from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.identity import start_ticks
+from experiments.runtime.processes import children_of
+from experiments.runtime.torchrun import WorkerRegistry, first_rank, root_cause_exit, torchrun_argv
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 CHECKPOINT_SCAN_S = 0.5
@@ -101,6 +103,10 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
     # blocks of a pipe (a step-anchored fault met the script steps late); the spec's env may say 0.
     conventional = {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
                     "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port), "PYTHONUNBUFFERED": "1"}
+    if command.torchrun:  # the task is the node's torchrun: it gives each worker its own place
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE):
+            conventional.pop(name, None)
+            drill.pop(name, None)
     return {**os.environ, **conventional, **drill, **{name: fill_attempt(value, job.attempt) for name, value in command.env}}
 
 
@@ -187,6 +193,7 @@ class Supervisor:
         self.stderr_tail: list[str] = []
         self.progress: InferredProgress | None = None
         self.known_checkpoints: set[int] = set()  # the script's checkpoint files seen so far
+        self.workers: WorkerRegistry | None = None  # torchrun: its workers, the ranks
         self._stop = threading.Event()
 
     def run(self) -> dict[str, Any]:
@@ -206,6 +213,8 @@ class Supervisor:
         end_group_and_orphans(child.pid)
         returncode = child.wait()
         self._stop.set()
+        if self.workers is not None:
+            self.workers.stop()
         for watcher in watchers:
             watcher.join(timeout=5)
         if self.command.progress == PROGRESS_CHECKPOINTS:
@@ -213,7 +222,9 @@ class Supervisor:
         return self._end(returncode)
 
     def _inferred_progress(self) -> InferredProgress:
-        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.job.attempt, self.env.rank), self.job.attempt,
+        # torchrun: the node's workers print into one pipe; its first worker's rank stands for them.
+        rank = first_rank(self.command, self.env) if self.command.torchrun else self.env.rank
+        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.job.attempt, rank), self.job.attempt,
                                     self.job.heartbeat_interval_s)
         resumed_from = None
         if self.command.checkpoint_glob:
@@ -224,6 +235,8 @@ class Supervisor:
 
     def _start(self) -> subprocess.Popen[bytes]:
         argv = command_argv(self.command, self.paths, self.job.attempt)
+        if self.command.torchrun:
+            argv = torchrun_argv(self.command, self.env, self.job.run_id, self.job.attempt, argv)
         if self.cwd.is_relative_to(self.paths.root):  # the run's own (the default): made on first use
             self.cwd.mkdir(parents=True, exist_ok=True)
         if not self.cwd.is_dir():
@@ -250,7 +263,13 @@ class Supervisor:
             signal_group(self.child.pid, signum)
 
     def _register(self, child: subprocess.Popen[bytes]) -> None:
-        """The child is the rank the fault injector acts on (its pid and kernel start time)."""
+        """The child is the rank the fault injector acts on (its pid and kernel start time); under
+        torchrun, each worker it starts is (registered as it appears)."""
+        if self.command.torchrun:
+            self.workers = WorkerRegistry(self.paths, self.env, self.command, self.job.attempt, self.job.run_id,
+                                          child.pid)
+            self.workers.start()
+            return
         ticks = start_ticks(child.pid)
         identity = RankIdentity(rank=self.env.rank, pid=child.pid, create_time=time.time(), start_ticks=ticks or 0,
                                 host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
@@ -298,6 +317,10 @@ class Supervisor:
     def _end(self, returncode: int) -> dict[str, Any]:
         if returncode < 0:
             die_of(signal.Signals(-returncode))
+        if returncode != 0 and self.command.torchrun and (worker_exit := root_cause_exit(self.stderr_tail)):
+            returncode = worker_exit  # torchrun's 1 stands for its first failed worker's end: the rank's
+            if returncode < 0:
+                die_of(signal.Signals(-returncode))
         if returncode != 0:
             tail = "; ".join(line for line in self.stderr_tail[-3:] if line)
             raise CommandFailed(f"the script exited with code {returncode}" + (f": {tail}" if tail else ""),
@@ -368,7 +391,7 @@ def end_group_and_orphans(leader: int) -> None:
             os.killpg(leader, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        others = [pid for pid in _children_of(os.getpid()) if pid != leader]
+        others = [pid for pid in children_of(os.getpid()) if pid != leader]
         for pid in others:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -382,7 +405,7 @@ def end_group_and_orphans(leader: int) -> None:
 
 def _reap_all_but(leader: int) -> None:
     """Reap this process's dead children (re-parented orphans), never ``leader`` (its caller's)."""
-    for pid in _children_of(os.getpid(), zombies=True):
+    for pid in children_of(os.getpid(), zombies=True):
         if pid != leader:
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -402,21 +425,6 @@ def _group_alive(leader: int) -> bool:
             if len(fields) > 2 and int(fields[2]) == leader and fields[0] != "Z":
                 return True
     return False
-
-
-def _children_of(parent: int, zombies: bool = False) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if len(fields) > 1 and int(fields[1]) == parent and (zombies or fields[0] != "Z"):
-            children.append(int(entry.name))
-    return children
 
 
 def _die_with_parent() -> None:

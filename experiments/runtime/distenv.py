@@ -4,7 +4,8 @@ Sources, first match wins: submitit's local executor (``SUBMITIT_LOCAL_*``, it m
 Slurm allocation, so it must shadow ``SLURM_*``), a Slurm step (``SLURM_PROCID``), a PBS job with
 an MPI launcher (``PBS_JOBID`` with MPICH ``PMI_*`` or Open MPI ``OMPI_COMM_WORLD_*``), else a
 single process. Whichever it is, an MPI launcher's own variables (``OMPI_COMM_WORLD_*``, ``PMI_*``)
-then set rank, world size and local rank: ``mpiexec`` may run as the one task of submitit's local
+then set rank, world size and local rank, and a torchrun worker's (``TORCHELASTIC_RUN_ID`` with
+``RANK``, ``GROUP_RANK``, ...) its whole place: ``mpiexec`` may run as the one task of submitit's local
 executor or of a batch script, whose variables describe that one task, not the ranks. A rank that
 misreads its place waits forever at the rendezvous, so any inconsistency is an error naming the
 variable at fault instead.
@@ -88,6 +89,7 @@ def detect(env: Mapping[str, str], hostname: str) -> DistEnv:
         found, names, seed = _single(hostname)
     found, names, seed = _apply_mpi_launcher(found, names, seed, env)
     found = _apply_overrides(found, seed, env)
+    found, names = _apply_torchrun(found, names, env)
     _validate(found, names)
     return found
 
@@ -255,6 +257,25 @@ def _apply_overrides(found: DistEnv, seed: str, env: Mapping[str, str]) -> DistE
     port, _ = _int(env, (ENV_MASTER_PORT,), default=derive_port(seed))
     addr = env.get(ENV_MASTER_ADDR) or found.master_addr
     return replace(found, master_port=port, master_addr=addr)
+
+
+_TORCHRUN_WORKER = ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR",
+                    "MASTER_PORT")
+
+
+def _apply_torchrun(found: DistEnv, names: dict[str, str], env: Mapping[str, str]) -> tuple[DistEnv, dict[str, str]]:
+    """A worker torchrun started (workload.launcher torchrun): torchrun's placement wins over the
+    task's (its node's torchrun), the rendezvous address included (the agent's store)."""
+    if not all(env.get(name) for name in _TORCHRUN_WORKER):
+        return found, names
+    rank, rank_var = _int(env, ("RANK",))
+    world, world_var = _int(env, ("WORLD_SIZE",))
+    local_rank, local_var = _int(env, ("LOCAL_RANK",))
+    node_rank, node_var = _int(env, ("GROUP_RANK",))
+    port, _ = _int(env, ("MASTER_PORT",))
+    found = replace(found, rank=rank, world_size=world, local_rank=local_rank, node_rank=node_rank,
+                    master_addr=env["MASTER_ADDR"], master_port=port)
+    return found, {**names, "rank": rank_var, "world_size": world_var, "local_rank": local_var, "node_rank": node_var}
 
 
 def _validate(found: DistEnv, names: dict[str, str]) -> None:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 LAUNCHER_DIRECT = "direct"  # one process per rank, started by srun or submitit's local executor
 LAUNCHER_MPI = "mpi"  # ranks must come from an MPI launcher (srun --mpi=pmix, mpiexec)
+LAUNCHER_TORCHRUN = "torchrun"  # a command's ranks are the workers of one torchrun per node
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,25 @@
-"""kill-rank: a signal to one or more verified rank processes (SIGKILL by default), at one instant."""
+"""kill-rank: a signal to one or more verified rank processes (SIGKILL by default), at one instant.
+
+``process: launcher`` aims at the launcher that started the ranks on their node instead (torchrun's
+agent: its workers are the ranks), once per launcher: what a kill of torchrun does to its workers."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
 from injectors.kinds.signals import RankFaultOptions, outcome, send, signal_name, verify_all, wait_until
+from injectors.targets import VerifiedTarget, verify_launcher
 
 
 class KillRankOptions(RankFaultOptions):
     kind: Literal["kill-rank"] = "kill-rank"
     signal: str = "SIGKILL"
+    process: Literal["rank", "launcher"] = Field(
+        "rank", description="the rank itself, or the launcher that started it on its node (torchrun)")
 
     @field_validator("signal")
     @classmethod
@@ -28,7 +35,22 @@ class KillRank(RankKind):
         return f"{super().describe(ranks, options)} ({options.get('signal', 'SIGKILL')})"
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
-        targets = verify_all(task)
+        launcher = task.options.get("process") == "launcher"
+        targets = _launchers(task) if launcher else verify_all(task)
         wait_until(task.not_before)
         name = str(task.options.get("signal", "SIGKILL"))
-        return outcome(self.name, targets, name, send(targets, name))
+        detail = f"the launcher (pid {targets[0].pid}) of the ranks" if launcher and targets else ""
+        return outcome(self.name, targets, name, send(targets, name), detail=detail)
+
+
+def _launchers(task: FaultTask) -> list[VerifiedTarget]:
+    """The launchers of the task's ranks, each verified once (one torchrun starts several ranks)."""
+    found: dict[int, VerifiedTarget] = {}
+    for rank in task.ranks:
+        target = verify_launcher(task.run_dir, task.run_id, task.attempt, rank, task.job_id)
+        if target.pid in found:
+            if target.pidfd is not None:
+                os.close(target.pidfd)
+            continue
+        found[target.pid] = target
+    return list(found.values())

@@ -44,7 +44,13 @@ def _programs(run: RunConfig) -> list[tuple[str, str, str, Path | None]]:
     programs: list[tuple[str, str, str, Path | None]] = []
     if command is not None:
         search_path = dict(command.env).get("PATH", search_path)
-        programs.append(("workload.command[0]", command.argv[0], search_path, Path(command.cwd) if command.cwd else None))
+        cwd = Path(command.cwd) if command.cwd else None
+        if command.torchrun:  # torchrun's program, then what its workers run (a program of their own, or Python)
+            programs.append(("workload.command[0]", command.torchrun[0], search_path, cwd))
+            if command.argv[0] == "--no-python" and len(command.argv) > 1:
+                programs.append(("workload.command", command.argv[1], search_path, cwd))
+        else:
+            programs.append(("workload.command[0]", command.argv[0], search_path, cwd))
     if run.workload_entry.launcher == LAUNCHER_MPI:
         programs.append(("workload.launcher", MPI_PROGRAM, os.environ.get("PATH", os.defpath), None))
     return programs

@@ -15,10 +15,11 @@ from pydantic import ValidationError
 
 from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
-from experiments.workloads import LAUNCHER_MPI, REGISTRY, WorkloadEntry, entry
+from experiments.workloads import LAUNCHER_MPI, LAUNCHER_TORCHRUN, REGISTRY, WorkloadEntry, entry
 from orchestrator.campaign.placeholders import ATTEMPT_MARK, fill
 from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
+from orchestrator.campaign.torchrun import TorchrunError, split_torchrun, starts_torchrun
 
 PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
 
@@ -70,14 +71,32 @@ class RunConfig:
                   "checkpoint_dir": str(self.paths.checkpoints), "attempt": ATTEMPT_MARK, "steps": w.steps,
                   "seed": w.seed, "python": python, "checkpoint_every": self.campaign.checkpoint.every_steps}
         argv = [fill(text, values) for text in w.command]
+        torchrun: tuple[str, ...] = ()
+        if self.torchrun:
+            launch = split_torchrun(argv, python, self.campaign.resources.nodes, self.campaign.resources.tasks_per_node)
+            torchrun, argv = (*launch.program, *launch.options), list(launch.script)
         if argv[0] in PYTHON_NAMES:
             argv[0] = python
         return CommandSpec(
-            argv=tuple(argv), env=tuple((name, fill(text, values)) for name, text in sorted(w.env.items())),
+            torchrun=torchrun, torchrun_ranks=self.ranks if torchrun else 0, argv=tuple(argv), env=tuple((name, fill(text, values)) for name, text in sorted(w.env.items())),
             cwd=fill(w.cwd, values) if w.cwd else str(self.paths.script_cwd), progress=w.progress.mode, step_regex=w.progress.log or "",
             checkpoint_glob=fill(w.progress.checkpoints or "", values), checkpoint_step_regex=w.progress.step or "",
             resume_args=tuple(fill(text, values) for text in w.resume_args),
         )
+
+    @property
+    def torchrun(self) -> bool:
+        """The ranks are the workers of one torchrun per node (workload.launcher torchrun, or a
+        command that starts torchrun)."""
+        w = self.campaign.workload
+        return w.command is not None and (w.launcher == LAUNCHER_TORCHRUN or
+                                          (w.launcher is None and starts_torchrun(w.command)))
+
+    @property
+    def launch_tasks_per_node(self) -> int:
+        """The tasks the scheduler starts per node for the ranks: one torchrun per node (it starts
+        the node's ranks), else one per rank."""
+        return 1 if self.torchrun else self.campaign.resources.tasks_per_node
 
     @property
     def model_name(self) -> str:
@@ -85,6 +104,8 @@ class RunConfig:
         command = self.campaign.workload.command
         if command is None:
             return self.campaign.workload.model
+        if self.torchrun:
+            command = [word for word in self.command.argv if not word.startswith("-")] if self.command else command
         program = command[1] if command[0] in PYTHON_NAMES and len(command) > 1 else command[0]
         return f"script {program.rsplit('/', 1)[-1]}"
 
@@ -95,7 +116,8 @@ class RunConfig:
             return entry(w.framework)
         # A script of a known framework needs what that framework's ranks need (chainer: MPI).
         known = REGISTRY.get(w.framework, WorkloadEntry(target=""))
-        return WorkloadEntry(target="", launcher=w.launcher or known.launcher, environment=known.environment)
+        launcher = LAUNCHER_TORCHRUN if self.torchrun else w.launcher or known.launcher
+        return WorkloadEntry(target="", launcher=launcher, environment=known.environment)
 
     @property
     def strategy_traits(self) -> StrategyTraits:
@@ -118,9 +140,9 @@ class RunConfig:
 
     @property
     def local_tasks(self) -> int:
-        """The tasks the local backend's job starts: one MPI launcher (it starts the ranks); the
-        ranks and the warm spares; restart-all: one set's (the job starts the others itself)."""
-        if self.workload_entry.launcher == LAUNCHER_MPI:
+        """The tasks the local backend's job starts: one MPI launcher or one torchrun (it starts the
+        ranks); the ranks and the warm spares; restart-all: one set's (the job starts the others itself)."""
+        if self.workload_entry.launcher in (LAUNCHER_MPI, LAUNCHER_TORCHRUN):
             return 1
         return self.ranks + (0 if self.warm_restarts_all else self.warm_spares)
 
@@ -152,8 +174,20 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
         runs.append(RunConfig(run_id=run_id, campaign=point_campaign, sweep_point=point, twin=twin_id))
         if not known:
             runs.append(RunConfig(run_id=twin_id, campaign=twin, sweep_point=point, baseline_of=run_id))
+    for run in runs:
+        if run.torchrun:
+            _check_torchrun(run)
     _check_cwds_apart(runs)
     return _twins_live_longest(runs)
+
+
+def _check_torchrun(run: RunConfig) -> None:
+    """A torchrun command whose options disagree with the spec (its run's resources): refused at load."""
+    try:
+        command = run.command
+    except TorchrunError as error:
+        raise SpecError(str(error)) from None
+    assert command is not None and command.torchrun
 
 
 def _check_cwds_apart(runs: list[RunConfig]) -> None:

@@ -182,7 +182,9 @@ class WorkloadConfig(_Strict):
     # small model stands in for one whose steps take this long (lost work in that model's seconds)
     # at a fraction of the CPU. 0: as fast as it computes.
     step_s: float = Field(0.0, ge=0.0, le=60.0)
-    launcher: Literal["direct", "mpi"] | None = None  # None: the framework's (chainer: mpi)
+    # None: the framework's (chainer: mpi), or torchrun for a command that starts torchrun.
+    # torchrun: one torchrun per node, its workers the ranks (orchestrator/campaign/torchrun.py).
+    launcher: Literal["direct", "mpi", "torchrun"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # The script's working directory. None: a directory of the run's own (its run directory's
     # "work", kept across its attempts), so that what the script writes to relative paths (its
@@ -370,6 +372,7 @@ def _workload_problems(restart: RestartConfig, workload: "WorkloadConfig | None"
     traits = traits_of(restart.strategy)
     if why := traits.why_not_for(workload.framework, command=workload.command is not None):
         return [why]
+
     if traits.warm and workload.framework in RESTART_ALL_FRAMEWORKS and restart.warm_spares < 1:
         return [f"restart.warm_spares is 0: {workload.framework} restarts every rank in a warm spare set, "
                 "so warm needs at least 1 (a set of tasks_per_node processes per node)"]

@@ -204,9 +204,10 @@ class SlurmScriptRequest:
     nodes: int
     tasks_per_node: int
     step_nodes: int
-    ranks: int
+    ranks: int  # the tasks of the ranks' launch (a torchrun per node: the nodes)
     time: str
     warning_s: int
+    cpus_per_task: int = 1
     partition: str | None = None
     array: str | None = None
     requeue: bool = False
@@ -226,6 +227,7 @@ class SlurmScriptRequest:
             "rank_launch": self._rank_launch(rank_output, rank_error),
             "job_name": self.job_name, "array": self.array, "elements": list(self.elements),
             "requeue": self.requeue, "nodes": self.nodes, "tasks_per_node": self.tasks_per_node,
+            "cpus_per_task": self.cpus_per_task,
             "warm": self.warm, "python": self.python, "step_nodes": self.step_nodes,
             # A user template's own launch block may still want these (ours takes rank_launch).
             "step_tasks": self.ranks, "rank_step_name": RANK_STEP_NAME,
@@ -259,12 +261,18 @@ def _slurm_request(run: RunConfig, job_name: str, elements: list[SlurmElement], 
     return SlurmScriptRequest(
         job_name=job_name, elements=tuple(elements), python=python, array=array,
         nodes=resources.nodes + resources.spare_nodes,
-        tasks_per_node=resources.tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
-        step_nodes=resources.nodes, ranks=resources.nodes * resources.tasks_per_node, time=resources.time,
+        tasks_per_node=run.launch_tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
+        cpus_per_task=_cpus_per_task(run),
+        step_nodes=resources.nodes, ranks=resources.nodes * run.launch_tasks_per_node, time=resources.time,
         warning_s=resources.warning_s, partition=resources.partition, requeue=run.scheduler_requeue,
         exclude=exclude_nodes, extra_directives=tuple(resources.extra_directives),
         mpi=run.workload_entry.launcher == LAUNCHER_MPI, in_allocation=relaunch["in_allocation"],
         relaunch_wait_s=relaunch["relaunch_wait_s"], warm=_warm_launch(run))
+
+
+def _cpus_per_task(run: RunConfig) -> int:
+    """A torchrun task starts the node's ranks: it holds a CPU for each (one task per rank otherwise)."""
+    return run.campaign.resources.tasks_per_node if run.torchrun else 1
 
 
 @dataclass(frozen=True)
@@ -428,8 +436,8 @@ def _pbs_request(run: RunConfig, job_name: str, elements: list[PBSElement], pyth
     resources = run.campaign.resources
     relaunch = _relaunch_context(run)
     return PBSScriptRequest(
-        job_name=job_name, nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
-        walltime=pbs_walltime(resources.time), elements=tuple(elements), python=python, flavor=resources.pbs_flavor,
+        job_name=job_name, nodes=resources.nodes, tasks_per_node=run.launch_tasks_per_node,
+        cpus_per_task=_cpus_per_task(run), walltime=pbs_walltime(resources.time), elements=tuple(elements), python=python, flavor=resources.pbs_flavor,
         queue=resources.partition, array=array, extra_directives=tuple(resources.extra_directives),
         rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_launch(run),
         in_allocation=relaunch["in_allocation"], relaunch_wait_s=relaunch["relaunch_wait_s"],

@@ -1,0 +1,32 @@
+"""The processes of this machine as /proc shows them: children by parent, environments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def children_of(parent: int, zombies: bool = False) -> list[int]:
+    """The processes whose parent is ``parent`` (zombies too if asked), by a scan of /proc (the
+    kernel's /proc/<pid>/task/*/children is not built into every kernel)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and int(fields[1]) == parent and (zombies or fields[0] != "Z"):
+            children.append(int(entry.name))
+    return children
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    """``pid``'s environment as it was started (empty if it is gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}

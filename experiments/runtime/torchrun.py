@@ -1,0 +1,122 @@
+"""A command run under torchrun, on the rank side: the supervisor (experiments/runtime/command.py) of
+each node starts that node's torchrun, and torchrun's workers are the ranks.
+
+- The launch: torchrun's program and the user's options (the spec's), then Faultdrill's placement
+  of the workers: this node's rank among the job's nodes, its share of the ranks, a static
+  rendezvous at the job's master address and port, ``--max-restarts=0`` (the drill's restart
+  strategy recovers, not torchrun) and a rendezvous id that names the run and attempt.
+- The ranks: torchrun starts each worker in a session of its own; the supervisor finds them among
+  torchrun's children (their environment names the rendezvous id and their RANK) and registers each
+  as its rank, with torchrun as the launcher that started it.
+- The end: torchrun exits 1 when a worker failed; its summary names the first failure's exit code,
+  which the supervisor ends with (a worker killed by SIGKILL is a rank killed by SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from experiments.layout import CommandSpec, RankIdentity, RunPaths, record_dict, write_json_atomic
+from experiments.runtime.distenv import DistEnv
+from experiments.runtime.fence import own_job_id
+from experiments.runtime.identity import start_ticks
+from experiments.runtime.processes import children_of, process_environ
+
+RUN_ID_VAR = "TORCHELASTIC_RUN_ID"  # in every worker's environment: torchrun's --rdzv-id
+WORKER_SCAN_S = 0.05
+ROOT_CAUSE = re.compile(r"Root Cause")
+EXIT_CODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def first_rank(command: CommandSpec, env: DistEnv) -> int:
+    """The rank of this node's first worker (torchrun places ranks node by node)."""
+    return env.node_rank * workers_per_node(command, env)
+
+
+def rendezvous_id(run_id: str, attempt: int) -> str:
+    return f"{run_id}-a{attempt}"
+
+
+def workers_per_node(command: CommandSpec, env: DistEnv) -> int:
+    """This node's share of the run's ranks (the local backend's one node: all of them)."""
+    if command.torchrun_ranks % env.num_nodes:
+        raise ValueError(f"torchrun: {command.torchrun_ranks} ranks do not split evenly over {env.num_nodes} nodes")
+    return command.torchrun_ranks // env.num_nodes
+
+
+def torchrun_argv(command: CommandSpec, env: DistEnv, run_id: str, attempt: int, script: list[str]) -> list[str]:
+    """The node's torchrun: the spec's program and options, Faultdrill's placement, the script."""
+    placement = [f"--nnodes={env.num_nodes}", f"--nproc-per-node={workers_per_node(command, env)}",
+                 f"--node-rank={env.node_rank}", f"--master-addr={env.master_addr}", f"--master-port={env.master_port}",
+                 f"--rdzv-id={rendezvous_id(run_id, attempt)}", "--max-restarts=0"]
+    return [*command.torchrun, *placement, *script]
+
+
+@dataclass
+class WorkerRegistry:
+    """Finds the workers the node's torchrun starts and registers each as its rank of the attempt."""
+
+    paths: RunPaths
+    env: DistEnv
+    command: CommandSpec
+    attempt: int
+    run_id: str
+    launcher_pid: int
+    registered: dict[int, int] = field(default_factory=dict)  # worker pid -> its rank (torchrun does not restart them)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._scan, name="faultdrill-torchrun-workers", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _scan(self) -> None:
+        expected = rendezvous_id(self.run_id, self.attempt)
+        launcher_ticks = start_ticks(self.launcher_pid) or 0
+        expected_here = workers_per_node(self.command, self.env)
+        while len(self.registered) < expected_here and not self._stop.wait(WORKER_SCAN_S):
+            for pid in children_of(self.launcher_pid):
+                if pid not in self.registered and (rank := worker_rank(pid, expected)) is not None:
+                    self._register(pid, rank, launcher_ticks)
+
+    def _register(self, pid: int, rank: int, launcher_ticks: int) -> None:
+        ticks = start_ticks(pid)
+        if ticks is None:
+            return  # ended already: a worker that never ran is not a rank to aim at
+        try:
+            group = os.getpgid(pid) == pid
+        except ProcessLookupError:
+            return
+        identity = RankIdentity(rank=rank, pid=pid, create_time=time.time(), start_ticks=ticks,
+                                host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
+                                attempt=self.attempt, group=group, launcher_pid=self.launcher_pid,
+                                launcher_start_ticks=launcher_ticks)
+        write_json_atomic(self.paths.rank_file(self.attempt, rank), record_dict(identity))
+        self.registered[pid] = rank
+
+
+def worker_rank(pid: int, rendezvous: str) -> int | None:
+    """The RANK of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
+    environ = process_environ(pid)
+    if environ.get(RUN_ID_VAR) != rendezvous or not environ.get("RANK", "").isdigit():
+        return None
+    return int(environ["RANK"])
+
+
+def root_cause_exit(stderr_lines: list[str]) -> int | None:
+    """The exit code of the first failed worker, as torchrun's failure summary gives it (negative:
+    the signal that ended it); None when the lines hold no summary."""
+    for index, line in enumerate(stderr_lines):
+        if ROOT_CAUSE.search(line):
+            for later in stderr_lines[index + 1:]:
+                if match := EXIT_CODE.search(later):
+                    return int(match.group(1))
+            return None
+    return None

@@ -1,0 +1,122 @@
+"""Issue 27, item 1: a command under torchrun. How the command is split into torchrun and the script,
+what the spec refuses, what the batch scripts launch, how a worker knows its place, and how torchrun's
+summary of a failed worker becomes the rank's end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.runtime.distenv import DistEnv
+from experiments.runtime.torchrun import root_cause_exit, torchrun_argv
+from orchestrator.campaign.runs import RunConfig, expand_runs
+from orchestrator.campaign.spec import SpecError, parse_campaign
+from orchestrator.campaign.torchrun import TORCHRUN_MODULE, TorchrunError, split_torchrun, starts_torchrun
+from orchestrator.render.scripts import render_slurm
+
+PY = sys.executable
+
+
+def _run(tmp_path: Path, command: list[str], nodes: int = 1, per_node: int = 2, **workload: object) -> RunConfig:
+    raw = {"name": "tr", "backend": "slurm", "workdir": str(tmp_path / "work"),
+           "workload": {"framework": "torch", "steps": 50, "command": command, **workload},
+           "resources": {"nodes": nodes, "tasks_per_node": per_node}}
+    [run] = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    return run
+
+
+@pytest.mark.parametrize(("argv", "program", "options", "script"), [
+    (["torchrun", "--nproc-per-node=2", "train.py", "--lr", "0.1"], (PY, "-m", TORCHRUN_MODULE), (),
+     ("train.py", "--lr", "0.1")),
+    (["/opt/bin/torchrun", "--nproc_per_node", "2", "--log-dir", "logs", "--standalone", "-m", "pkg.train"],
+     ("/opt/bin/torchrun",), ("--log-dir=logs",), ("-m", "pkg.train")),
+    ([PY, "-m", TORCHRUN_MODULE, "--nnodes=1", "--max-restarts=3", "--monitor-interval", "1", "t.py"],
+     (PY, "-m", TORCHRUN_MODULE), ("--monitor-interval=1",), ("t.py",)),
+    # launcher: torchrun with the script alone: Python's, or a program of its own
+    (["python", "train.py", "x"], (PY, "-m", TORCHRUN_MODULE), (), ("train.py", "x")),
+    (["train.py"], (PY, "-m", TORCHRUN_MODULE), (), ("train.py",)),
+    (["./train.sh", "a"], (PY, "-m", TORCHRUN_MODULE), (), ("--no-python", "./train.sh", "a")),
+])
+def test_the_command_splits_into_torchrun_its_kept_options_and_the_script(
+        argv: list[str], program: tuple[str, ...], options: tuple[str, ...], script: tuple[str, ...]) -> None:
+    """Faultdrill's options (placement, rendezvous, restarts) are dropped: the rank side writes them."""
+    split = split_torchrun(argv, PY, nodes=1, per_node=2)
+    assert (split.program, split.options, split.script) == (program, options, script)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["torchrun", "--nproc-per-node=4", "t.py"], "torchrun --nproc-per-node=4, but resources.tasks_per_node is 2"),
+    (["torchrun", "--nnodes", "3", "t.py"], "torchrun --nnodes=3, but resources.nodes is 1"),
+    (["torchrun", "--nproc-per-node=2"], "names no training script"),
+    (["torchrun", "--log-dir"], "option --log-dir has no value"),
+])
+def test_torchrun_options_that_disagree_with_the_spec_are_refused_naming_the_field(argv: list[str],
+                                                                                 expected: str) -> None:
+    with pytest.raises(TorchrunError, match=expected.replace("(", r"\(")):
+        split_torchrun(argv, PY, nodes=1, per_node=2)
+
+
+def test_the_spec_refuses_them_at_load_before_anything_is_made(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="resources.tasks_per_node is 2"):
+        _run(tmp_path, ["torchrun", "--nproc-per-node=8", "t.py"])
+    assert not (tmp_path / "work").exists()
+
+
+def test_starts_torchrun_recognises_the_launch_forms() -> None:
+    assert starts_torchrun(["torchrun", "t.py"]) and starts_torchrun(["/x/bin/torchrun", "t.py"])
+    assert starts_torchrun(["python3", "-m", TORCHRUN_MODULE, "t.py"])
+    assert not starts_torchrun(["python", "t.py"]) and not starts_torchrun(["torchrunner", "t.py"])
+
+
+def test_one_torchrun_per_node_is_launched_holding_a_cpu_per_rank(tmp_path: Path) -> None:
+    run = _run(tmp_path, ["torchrun", "--nproc-per-node=2", "t.py"], nodes=2, per_node=2)
+    assert run.torchrun and run.ranks == 4 and run.launch_tasks_per_node == 1
+    text = render_slurm(run, 0, "d1").text
+    assert "#SBATCH --ntasks-per-node=1\n" in text and "#SBATCH --cpus-per-task=2\n" in text
+    assert "export SRUN_CPUS_PER_TASK=2\n" in text
+    assert run.command is not None and run.command.torchrun_ranks == 4
+    plain = _run(tmp_path, ["python", "t.py"], nodes=2, per_node=2)
+    assert "--cpus-per-task" not in render_slurm(plain, 0, "d1").text and not plain.torchrun
+
+
+def test_the_rank_side_places_its_node_and_names_the_attempt(tmp_path: Path) -> None:
+    run = _run(tmp_path, ["torchrun", "--nproc-per-node=2", "--log-dir=l", "t.py"], nodes=2, per_node=2)
+    assert run.command is not None
+    env = DistEnv(rank=1, local_rank=0, world_size=2, node_rank=1, num_nodes=2, master_addr="n1", master_port=29400,
+                  job_id="77", node="n2", scheduler="slurm")
+    argv = torchrun_argv(run.command, env, "r0", 3, ["t.py", "--resume"])
+    assert argv == [PY, "-m", TORCHRUN_MODULE, "--log-dir=l", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+                    "--master-addr=n1", "--master-port=29400", "--rdzv-id=r0-a3", "--max-restarts=0", "t.py",
+                    "--resume"]
+
+
+def test_a_worker_takes_its_place_from_torchrun_not_from_its_nodes_task() -> None:
+    worker = {"SLURM_PROCID": "1", "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_NODEID": "1",
+              "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]", "TORCHELASTIC_RUN_ID": "r0-a0",
+              "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1", "MASTER_ADDR": "n1",
+              "MASTER_PORT": "29400"}
+    env = DistEnv.from_environ(worker, hostname="n2")
+    assert (env.rank, env.world_size, env.local_rank, env.node_rank, env.master_port) == (3, 4, 1, 1, 29400)
+    assert env.job_id == "77"
+
+
+SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 30048)  (SIGTERM)
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 30049)  (SIGKILL)
+=======================================================""".splitlines()
+
+
+def test_torchruns_summary_names_the_first_failed_workers_end() -> None:
+    """Not the peers torchrun ended itself (SIGTERM): the root cause."""
+    assert root_cause_exit(SUMMARY) == -9
+    assert root_cause_exit([line.replace("-9 (pid", "3 (pid") for line in SUMMARY]) == 3
+    assert root_cause_exit(["Traceback", "ValueError: x"]) is None
