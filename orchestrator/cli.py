@@ -134,6 +134,9 @@ def _validate(campaign: Campaign) -> int:
         print(f"{run.run_id}: {run.campaign.workload.framework}, {run.ranks} ranks on "
               f"{run.campaign.resources.nodes} node(s){f' + {spare} spare' if spare else ''}, {len(faults)} fault(s), "
               f"restart {run.campaign.restart.strategy}")
+        if run.torchrun:
+            print(f"  launcher torchrun: one per node, its workers ({run.campaign.resources.tasks_per_node} per node) are "
+                  "the ranks (a rank fault targets a worker; kill-rank process: launcher targets torchrun)")
     return 0
 
 

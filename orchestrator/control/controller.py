@@ -24,6 +24,7 @@ from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.capabilities import Capability
+from orchestrator.campaign.forking import forking_launcher, forking_note
 from orchestrator.campaign.programs import missing_programs
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError
@@ -72,7 +73,20 @@ def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]
         raise SpecError("\n".join(item.line() for item in missing))
     for item in missing:
         log.warning("%s; the compute nodes may have it, this node does not", item.line())
+    for line in launcher_notes(runs):
+        log.warning("%s", line)
     return [(run, plan_faults(run)) for run in runs]
+
+
+def launcher_notes(runs: list[RunConfig]) -> list[str]:
+    """What the drill can and cannot target under a forking launcher in a run's command (one line
+    per launcher: a sweep's runs share it)."""
+    notes: dict[str, str] = {}
+    for run in runs:
+        command = run.campaign.workload.command
+        if command is not None and not run.torchrun and (launcher := forking_launcher(command)) is not None:
+            notes.setdefault(launcher.name, forking_note(run.run_id, launcher))
+    return list(notes.values())
 
 
 def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:

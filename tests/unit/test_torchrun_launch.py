@@ -120,3 +120,36 @@ def test_torchruns_summary_names_the_first_failed_workers_end() -> None:
     assert root_cause_exit(SUMMARY) == -9
     assert root_cause_exit([line.replace("-9 (pid", "3 (pid") for line in SUMMARY]) == 3
     assert root_cause_exit(["Traceback", "ValueError: x"]) is None
+
+
+@pytest.mark.parametrize(("argv", "name"), [
+    (["accelerate", "launch", "--num_processes", "2", "t.py"], "accelerate launch"),
+    (["deepspeed", "--num_gpus", "2", "t.py"], "deepspeed"),
+    (["lightning", "run", "model", "t.py"], "lightning run"),
+    (["python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "t.py"], "torch.distributed.launch"),
+    (["mpirun", "-np", "4", "python", "t.py"], "mpirun -np"),
+    (["python", "t.py"], None), (["accelerate", "config"], None), (["torchrun", "t.py"], None),
+])
+def test_launchers_that_fork_their_own_workers_are_recognised(argv: list[str], name: str | None) -> None:
+    from orchestrator.campaign.forking import forking_launcher
+    found = forking_launcher(argv)
+    assert (found.name if found else None) == name
+
+
+def test_validate_says_what_a_drill_cannot_target_under_such_a_launcher(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up front: the rank is the launcher and all it starts; once per launcher, not per run."""
+    from orchestrator.control.controller import plan_drill
+    program = tmp_path / "bin" / "accelerate"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{program.parent}:/usr/bin:/bin")
+    raw = {"name": "acc", "backend": "local", "workdir": str(tmp_path / "work"),
+           "workload": {"command": ["accelerate", "launch", "t.py"], "framework": "torch", "steps": 10,
+                        "progress": {"log": r"step (\d+)"}},
+           "sweep": {"grid": {"workload.seed": [1, 2]}}}
+    with caplog.at_level("WARNING"):
+        plan_drill(parse_campaign(raw, base_dir=tmp_path))
+    notes = [record.getMessage() for record in caplog.records if "forks its own workers" in record.getMessage()]
+    assert len(notes) == 1 and "accelerate launch" in notes[0] and "workload.launcher: torchrun" in notes[0], notes
