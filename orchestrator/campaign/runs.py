@@ -67,9 +67,7 @@ class RunConfig:
         if w.command is None:
             return None
         python = w.python or sys.executable
-        values = {**self.campaign.args, "run_id": self.run_id, "run_dir": str(self.paths.root),
-                  "checkpoint_dir": str(self.paths.checkpoints), "attempt": ATTEMPT_MARK, "steps": w.steps,
-                  "seed": w.seed, "python": python, "checkpoint_every": self.campaign.checkpoint.every_steps}
+        values = self._placeholders()
         argv = [fill(text, values) for text in w.command]
         torchrun: tuple[str, ...] = ()
         if self.torchrun:
@@ -85,6 +83,12 @@ class RunConfig:
         )
 
     @property
+    def outputs(self) -> list[str]:
+        """workload.outputs with this run's placeholders filled in (relative to the script's cwd)."""
+        w = self.campaign.workload
+        return [fill(text, self._placeholders()) for text in w.outputs]
+
+    @property
     def torchrun(self) -> bool:
         """The ranks are the workers of one torchrun per node (workload.launcher torchrun, or a
         command that starts torchrun)."""
@@ -97,6 +101,14 @@ class RunConfig:
         """The tasks the scheduler starts per node for the ranks: one torchrun per node (it starts
         the node's ranks), else one per rank."""
         return 1 if self.torchrun else self.campaign.resources.tasks_per_node
+
+    def _placeholders(self) -> dict[str, Any]:
+        """What a command's {placeholders} stand for in this run (orchestrator/campaign/placeholders.py)."""
+        w = self.campaign.workload
+        return {**self.campaign.args, "run_id": self.run_id, "run_dir": str(self.paths.root),
+                "checkpoint_dir": str(self.paths.checkpoints), "attempt": ATTEMPT_MARK, "steps": w.steps,
+                "seed": w.seed, "python": w.python or sys.executable,
+                "checkpoint_every": self.campaign.checkpoint.every_steps}
 
     @property
     def model_name(self) -> str:

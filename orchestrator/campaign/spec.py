@@ -196,6 +196,10 @@ class WorkloadConfig(_Strict):
     python: str | None = None  # the interpreter of argv[0] "python" and of {python}; None: the drill's
     progress: ProgressConfig = Field(default_factory=ProgressConfig)
     resume_args: list[str] = Field(default_factory=list)  # appended once the run has trained (zero-code)
+    # The files the script leaves at the end (final weights, its last checkpoint): globs relative to
+    # its working directory, {placeholders} allowed. A run's are compared with its twin's
+    # (orchestrator/record/outputs.py): the run's identity, for a script that knows nothing of Faultdrill.
+    outputs: list[str] = Field(default_factory=list)
 
     @field_validator("command")
     @classmethod
@@ -241,7 +245,7 @@ class WorkloadConfig(_Strict):
         if self.command is None:
             unused = [name for name in ("launcher", "cwd", "python") if getattr(self, name) is not None]
             unused += ["cwd_shared"] if self.cwd_shared else []
-            unused += [name for name in ("env", "resume_args") if getattr(self, name)]
+            unused += [name for name in ("env", "resume_args", "outputs") if getattr(self, name)]
             if self.progress.mode != PROGRESS_API:
                 unused.append("progress")
             if unused:
@@ -480,6 +484,7 @@ class Campaign(_Strict):
         texts += [(f"workload.env.{name}", text) for name, text in workload.env.items()]
         texts += [(f"workload.resume_args[{i}]", text) for i, text in enumerate(workload.resume_args)]
         texts += [("workload.cwd", workload.cwd)] if workload.cwd else []
+        texts += [(f"workload.outputs[{i}]", text) for i, text in enumerate(workload.outputs)]
         found = placeholder_problems(texts, [*self.args, *swept, *PLACEHOLDER_BUILTINS])
         if found:
             raise ValueError("\n".join(found))

@@ -46,7 +46,7 @@ from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
 from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.submission import SubmissionHooks, Submitter
-from orchestrator.faults.book import FaultBook, OnActed
+from orchestrator.faults.book import FaultBook, OnActed, RunProgress
 from orchestrator.faults.inject import FaultRequest, inject
 from orchestrator.observe.failure_signs import (
     blamed_nodes,
@@ -57,6 +57,7 @@ from orchestrator.observe.failure_signs import (
 from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.measure import completion_facts
+from orchestrator.record.recovery import last_progress
 from orchestrator.render.scripts import attempt_job_name
 from orchestrator.states import TERMINAL_STATE_NAMES, JobState
 from orchestrator.strategies.base import Continuation, FailedJob, FailureFacts
@@ -89,7 +90,8 @@ class RunTracker:
         self.drill_id = drill_id
         self.restart = run.campaign.restart
         self.strategy = strategy_for(self.restart.strategy)
-        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record)
+        progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
+        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress)
         for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
             self._late_record(attempt)
         self.watch: AttemptWatch | None = None

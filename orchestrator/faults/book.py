@@ -9,7 +9,11 @@ for):
   in a later attempt; after one the attempt is meant to survive (a stall, a damaged checkpoint), once
   the agent is done and the attempt still healthy;
 - every fault row ends as INJECTED (with what it caused), REFUSED (its target could not be verified;
-  why), ABSORBED (it hit an attempt that was already failing) or NOT_FIRED (why).
+  why), ABSORBED (it hit an attempt that was already failing), LATE (it came after its attempt had
+  trained to the run's last step: that attempt completed all the same, or the failure it caused cost
+  no step, the next attempt finding the run complete) or NOT_FIRED (why);
+- a fault that acted records the step its attempt had reached then (``met_step``), beside the step
+  an ``at_step`` fault was planned for.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ SENDING = "sending"  # the agent is acting; a controller stopped meanwhile leave
 INJECTED = "injected"
 REFUSED = "refused"
 ABSORBED = "absorbed"
+LATE = "late"
 NOT_FIRED = "not fired"
 UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
 WENT_ON = "went on: "  # the detail of a fault its attempt survived (it caused no failure)
@@ -67,13 +72,24 @@ CAUSED = "caused: "  # the detail of a fault whose attempt failed of it
 OnActed = Callable[[float, str], None]
 Act = Callable[[int, str, PlannedFault, OnActed], FaultOutcome]  # (attempt, job id, fault, on_acted): carry it out
 OnRecord = Callable[[int], None]  # (attempt): an agent's record that may change the attempt's class came in
+StepAt = Callable[[int, float], int]  # (attempt, moment): the step the attempt had reached then
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """What the book asks of the run's progress: the step an attempt had reached at a moment, and
+    the run's last step (a fault met at it came too late)."""
+
+    step_at: StepAt
+    last_step: int
 
 
 class FaultBook:
     def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act,
-                 on_record: OnRecord | None = None):
+                 on_record: OnRecord | None = None, progress: RunProgress | None = None):
         self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
         self.on_record = on_record
+        self.progress = progress
         self.in_flight: InFlight | None = None
         self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
         rows = ledger.faults(run_id)
@@ -83,7 +99,7 @@ class FaultBook:
                                     detail="the controller stopped while the fault agent was acting")
         self.next_index = max((row.plan_index for row in rows), default=-1) + 1
         # After a fault that ends its attempt reached attempt A, the next one waits for a later attempt.
-        reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, UNKNOWN)
+        reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, LATE, UNKNOWN)
                    and get_kind(row.kind).ends_attempt]
         self.blocked_through: int | None = max(reached, default=None)
 
@@ -175,13 +191,14 @@ class FaultBook:
 
     def _settle(self, row: FaultRow, attempt: int, end: AttemptEnd) -> None:
         assert row.fault_id is not None
+        met = self._met_step(row, attempt)
         if row.outcome == INJECTED and (row.detail is None or row.detail.startswith(ACTED)):
             acted = f"; {row.detail.removeprefix(ACTED)}" if row.detail else ""
             sign = end.sign
             if (end.completed or sign is None) and get_kind(row.kind).ends_attempt:
                 # It acted, and its attempt trained to the end all the same: it came too late (the
-                # ranks were finishing) or took no effect. No failure to recover from: absorbed.
-                self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
+                # ranks were finishing) or took no effect. No failure to recover from.
+                self.ledger.update_fault(row.fault_id, outcome=LATE, detail=(
                     f"came too late: attempt {attempt} completed without failing{acted}"))
             elif end.completed or sign is None:
                 self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed{acted}")
@@ -189,6 +206,12 @@ class FaultBook:
                   and sign.at + FAILURE_MOMENT_EVIDENCE[sign.evidence] < row.at):
                 self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
                     f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
+            elif self.progress is not None and met is not None and met >= self.progress.last_step:
+                # It failed the attempt, but after its last step: no step lost, the next attempt
+                # finds the run complete.
+                self.ledger.update_fault(row.fault_id, outcome=LATE, detail=(
+                    f"came too late: attempt {attempt} had reached the run's last step ({met}) before it; "
+                    f"it then failed ({sign.reason}){acted}"))
             else:
                 self.ledger.update_fault(row.fault_id, detail=f"{CAUSED}attempt {attempt} failed: {sign.reason}{acted}")
                 if get_kind(row.kind).oom_kill_record and self.on_record is not None:
@@ -198,6 +221,14 @@ class FaultBook:
         elif row.outcome == ABSORBED and end.completed:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
                                      detail=f"its target had exited: attempt {attempt} completed first")
+
+    def _met_step(self, row: FaultRow, attempt: int) -> int | None:
+        """The step ``attempt`` had reached when the fault acted, recorded with it (once)."""
+        if row.met_step is not None or row.at is None or self.progress is None or row.fault_id is None:
+            return row.met_step
+        met = self.progress.step_at(attempt, row.at)
+        self.ledger.update_fault(row.fault_id, met_step=met)
+        return met
 
     def caused_oom_attempts(self) -> list[int]:
         """The attempts an oom-rank's record says it caused to fail: a controller that starts again
@@ -240,8 +271,9 @@ class FaultBook:
         return sent[-1].signal if sent else None
 
     def credited(self, attempt: int) -> FaultRow | None:
-        """The fault that caused ``attempt`` to fail, if one did."""
-        hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome == INJECTED
+        """The fault that caused ``attempt`` to fail, if one did (a late one too: it failed the
+        attempt, after its last step)."""
+        hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome in (INJECTED, LATE)
                 and row.at is not None and not (row.detail or "").startswith(WENT_ON)]
         return max(hits, key=lambda row: row.at or 0.0) if hits else None
 
@@ -258,6 +290,7 @@ class FaultBook:
 def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: str | None = None) -> FaultRow:
     return FaultRow(fault_id=None, run_id=run_id, attempt=attempt, plan_index=fault.index, kind=fault.kind,
                     target=fault.target, signal=fault.signal, planned_delay_s=fault.delay_s, at=None, pid=None,
+                    planned_step=fault.at_step,
                     node=None, outcome=outcome, detail=detail)
 
 

@@ -55,11 +55,11 @@ CREATE TABLE IF NOT EXISTS recoveries (
 # Columns added since a table was first created: a ledger of an unfinished drill written by an
 # older version gets them on open (ALTER TABLE ADD COLUMN), so it can still be resumed.
 ADDED_COLUMNS = {
-    "runs": {"twin": "TEXT", "ended_because": "TEXT"},
+    "runs": {"twin": "TEXT", "ended_because": "TEXT", "outputs": "TEXT"},
     "attempts": {"job_name": "TEXT", "array_index": "INTEGER", "failed_at": "REAL", "failure_evidence": "TEXT",
                  "failure_class": "TEXT", "class_evidence": "TEXT", "failed_nodes": "TEXT",
                  "excluded_nodes": "TEXT", "class_facts": "TEXT", "ended_by_drill": "TEXT", "not_before": "REAL"},
-    "faults": {"detail": "TEXT"},
+    "faults": {"detail": "TEXT", "planned_step": "INTEGER", "met_step": "INTEGER"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
                    "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''",
@@ -91,6 +91,7 @@ class RunRow:
     first_divergent_step: int | None = None  # first step whose loss differs from the twin's
     twin: str | None = None  # the run id of this run's fault-free twin (shared by runs that differ in faults only)
     ended_because: str | None = None  # why a run gave up (the policy's words: the class and the budget)
+    outputs: str | None = None  # the script's outputs against its twin's (orchestrator/record/outputs.py), JSON
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,10 @@ class FaultRow:
     at: float | None
     pid: int | None
     node: str | None
-    outcome: str  # FaultOutcome.SENDING/PENDING/INJECTED/REFUSED/ABSORBED/NOT_FIRED (orchestrator.faults.book)
-    detail: str | None = None  # what it caused, or why it was refused, absorbed or not fired
+    outcome: str  # SENDING, INJECTED, REFUSED, ABSORBED, LATE, NOT_FIRED, UNKNOWN (orchestrator.faults.book)
+    detail: str | None = None  # what it caused, or why it was refused, absorbed, late or not fired
+    planned_step: int | None = None  # an at_step fault's step
+    met_step: int | None = None  # the step its attempt had reached when it acted (its heartbeats)
 
 
 @dataclass(frozen=True)

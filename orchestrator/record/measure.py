@@ -3,6 +3,7 @@ resumed run ended from its fault-free twin (largest weight difference, first div
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from experiments.layout import (
 )
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.record.ledger import Ledger
+from orchestrator.record.outputs import MISSING, compare_outputs
 
 
 def completion_facts(paths: RunPaths, attempt: int) -> dict[str, Any]:
@@ -70,8 +72,21 @@ def record_determinism(ledger: Ledger, runs: list[RunConfig]) -> None:
         twin = by_id[run.twin or ""]
         if status.get(run.run_id) != "completed" or status.get(twin.run_id) != "completed":
             continue
+        if run.command is not None:
+            _record_outputs(ledger, run, twin)
+            continue
         ledger.update_run(
             run.run_id,
             max_abs_weight_diff=max_abs_weight_diff(run.paths.final_weights, twin.paths.final_weights),
             first_divergent_step=first_divergent_step(run.paths, twin.paths),
         )
+
+
+def _record_outputs(ledger: Ledger, run: RunConfig, twin: RunConfig) -> None:
+    """The user's script: its outputs against its twin's (nothing to compare without workload.outputs:
+    the report says identity was not checked)."""
+    if not run.outputs or run.command is None or twin.command is None:
+        return
+    verdict = compare_outputs(Path(run.command.cwd), Path(twin.command.cwd), run.outputs)
+    ledger.update_run(run.run_id, outputs=json.dumps(verdict.to_json()),
+                      max_abs_weight_diff=verdict.max_abs_diff if verdict.verdict != MISSING else None)

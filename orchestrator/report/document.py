@@ -11,6 +11,7 @@ from typing import Any
 from experiments.layout import EVENT_WARM_REFUSED, RunPaths, read_events
 from orchestrator.campaign.strategies import traits_of
 from orchestrator.record.ledger import Ledger, RunRow
+from orchestrator.record.outputs import IDENTICAL, MISSING, NOT_CHECKED
 from orchestrator.report.study import checkpoint_study
 
 LEDGER_RECOVERY_FIELDS = (
@@ -52,6 +53,9 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     identical = None
     if baseline_digest and run.final_digest:
         identical = baseline_digest == run.final_digest
+    outputs = json.loads(run.outputs) if run.outputs else None
+    if outputs is not None and outputs["verdict"] != MISSING:
+        identical = outputs["verdict"] == IDENTICAL
     checkpoints = _checkpoint_summary(ledger, run.run_id, run)
     recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy}
                   for r in ledger.recoveries(run.run_id)]
@@ -82,7 +86,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "checkpoints": checkpoints,
         "faults": [
             {"kind": f.kind, "target": f.target, "at": f.at, "signal": f.signal, "outcome": f.outcome,
-             "detail": f.detail, "attempt": f.attempt, "planned_delay_s": f.planned_delay_s}
+             "detail": f.detail, "attempt": f.attempt, "planned_delay_s": f.planned_delay_s,
+             "planned_step": f.planned_step, "met_step": f.met_step}
             for f in ledger.faults(run.run_id)
         ],
         "recoveries": recoveries,
@@ -92,6 +97,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "final_digest": run.final_digest,
         "baseline_digest": baseline_digest,
         "identical_to_baseline": identical,
+        # The user's script: the files it left against its twin's, or why identity was not checked.
+        "outputs": outputs if outputs is not None else _outputs_note(run),
         "max_abs_weight_diff": run.max_abs_weight_diff,
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
@@ -174,3 +181,12 @@ def _checkpoint_summary(ledger: Ledger, run_id: str, run: RunRow) -> dict[str, A
     if run.step_time_s:
         summary.update(blocking_share_of_step=blocking / run.step_time_s, persist_share_of_step=persist / run.step_time_s)
     return summary
+
+
+def _outputs_note(run: RunRow) -> dict[str, Any] | None:
+    """A run of the user's own script with a twin and no ``workload.outputs``: identity not checked
+    (never nothing: a drill whose resume changed training must not read as fine)."""
+    workload = json.loads(run.config).get("workload", {})
+    if workload.get("command") is None or not run.twin:
+        return None
+    return {"verdict": None, "note": NOT_CHECKED}

@@ -74,14 +74,18 @@ def recoveries_table(report: dict[str, Any]) -> Table:
 
 
 def faults_table(report: dict[str, Any]) -> Table:
-    """Every planned fault and how it ended: injected (what it caused), refused, absorbed, not fired."""
+    """Every planned fault and how it ended: injected (what it caused), refused, absorbed, late, not
+    fired; when it was planned (a delay, or a step) and the step its attempt had reached when it acted."""
     table = Table(title="Faults")
-    for column in ("run", "#", "kind", "target", "attempt", "planned delay s", "outcome", "detail"):
+    for column in ("run", "#", "kind", "target", "attempt", "planned", "met step", "outcome", "detail"):
         table.add_column(column, overflow="fold")
     for run in report["runs"]:
         for number, fault in enumerate(run["faults"]):
+            planned = (f"step {fault['planned_step']}" if fault.get("planned_step") is not None
+                       else f"{_fmt(fault['planned_delay_s'])} s")
+            met = "" if fault.get("met_step") is None else str(fault["met_step"])
             table.add_row(run["run_id"], str(number), fault["kind"], fault["target"], str(fault["attempt"]),
-                          _fmt(fault["planned_delay_s"]), fault["outcome"], fault["detail"] or "")
+                          planned, met, fault["outcome"], fault["detail"] or "")
     return table
 
 

@@ -103,7 +103,7 @@ def _alive_on_scheduler(drill_id: str) -> list[str]:
 def _matched(run: dict[str, Any]) -> list[str]:
     """What is wrong with the run's faults against its recoveries (empty: each as it must be)."""
     wrong = []
-    injected = {(fault["at"], fault["kind"]) for fault in run["faults"] if fault["outcome"] == "injected"}
+    injected = {(fault["at"], fault["kind"]) for fault in run["faults"] if fault["outcome"] in ("injected", "late")}
     for recovery in run["recoveries"]:
         if not recovery["fault_kind"].startswith("natural") and (recovery["fault_at"], recovery["fault_kind"]) not in injected:
             wrong.append(f"{run['run_id']}: a recovery from {recovery['fault_kind']} at {recovery['fault_at']} "
@@ -115,7 +115,7 @@ def _matched(run: dict[str, Any]) -> list[str]:
         if fault["outcome"] == "injected" and len(recoveries) != expected:
             wrong.append(f"{run['run_id']}: {fault['kind']} at attempt {fault['attempt']} has {len(recoveries)} "
                          f"recoveries, not {expected}: {fault['detail']}")
-        elif fault["outcome"] not in ("injected", "absorbed", "not fired", "unknown"):  # unknown: counted below
+        elif fault["outcome"] not in ("injected", "absorbed", "late", "not fired", "unknown"):  # unknown: counted below
             wrong.append(f"{run['run_id']}: {fault['kind']} {fault['outcome']}: {fault['detail']}")
     return wrong
 

@@ -1,8 +1,10 @@
 """What a fault is recorded as once its attempt has ended (orchestrator/faults/book.py): a fault that
 ends its attempt (kill, hang, rank-error, oom, preempt) but met an attempt that trained to the end
-all the same came too late, or took no effect: `absorbed`, not `injected` with "no failure" (the
+all the same came too late, or took no effect: `late`, not `injected` with "no failure" (the
 soak of issue 21 found a rank-error raised as the run finished, recorded injected, no recovery). A
-fault the attempt survives by design (stall, corrupt-checkpoint) stays injected: it went on."""
+fault the attempt survives by design (stall, corrupt-checkpoint) stays injected: it went on. One
+that failed its attempt after the attempt had reached the run's last step is `late` too (issue 27,
+item 5: the restart finds the run complete); every fault that acted records the step it met."""
 
 from __future__ import annotations
 
@@ -12,21 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.faults.book import ABSORBED, ACTED, INJECTED, FaultBook
+from orchestrator.faults.book import ACTED, INJECTED, LATE, FaultBook, RunProgress
+from orchestrator.observe.watch import FailureSign
 from orchestrator.record.ledger import FaultRow, Ledger
 
 pytestmark = pytest.mark.unit
 
 
-def _settled(tmp_path: Path, kind: str) -> FaultRow:
+def _settled(tmp_path: Path, kind: str, sign: FailureSign | None = None, progress: RunProgress | None = None,
+             planned_step: int | None = None) -> FaultRow:
     ledger = Ledger.in_workdir(tmp_path)
     try:
         ledger.add_fault(FaultRow(fault_id=None, run_id="r000", attempt=0, plan_index=0, kind=kind, target="rank 1",
                                   signal="", planned_delay_s=1.0, at=time.time(), pid=42, node="n1",
-                                  outcome=INJECTED, detail=f"{ACTED}raised in the training loop"))
+                                  outcome=INJECTED, detail=f"{ACTED}raised in the training loop",
+                                  planned_step=planned_step))
         with ThreadPoolExecutor(max_workers=1) as pool:
-            book = FaultBook("r000", [], ledger, pool, act=lambda *args: None)  # type: ignore[arg-type,return-value]  # never acts here
-            book.attempt_ended(0, None, completed=True)
+            book = FaultBook("r000", [], ledger, pool, act=lambda *args: None,  # type: ignore[arg-type,return-value]  # never acts here
+                             progress=progress)
+            book.attempt_ended(0, sign, completed=sign is None)
             book.collect()
         [row] = ledger.faults("r000")
         return row
@@ -35,12 +41,27 @@ def _settled(tmp_path: Path, kind: str) -> FaultRow:
 
 
 @pytest.mark.parametrize("kind", ["kill-rank", "rank-error", "hang-rank", "oom-rank", "preempt"])
-def test_a_fault_that_ends_its_attempt_but_met_one_that_completed_is_absorbed(tmp_path: Path, kind: str) -> None:
+def test_a_fault_that_ends_its_attempt_but_met_one_that_completed_is_late(tmp_path: Path, kind: str) -> None:
     row = _settled(tmp_path, kind)
-    assert row.outcome == ABSORBED and row.detail is not None and row.detail.startswith("came too late"), row
+    assert row.outcome == LATE and row.detail is not None and row.detail.startswith("came too late"), row
 
 
 @pytest.mark.parametrize("kind", ["stall-rank", "corrupt-checkpoint"])
 def test_a_fault_its_attempt_survives_by_design_stays_injected(tmp_path: Path, kind: str) -> None:
     row = _settled(tmp_path, kind)
     assert row.outcome == INJECTED and row.detail is not None and row.detail.startswith("no failure"), row
+
+
+KILLED = FailureSign("the step ended with exit code 137", time.time() + 1, "step_exit", rank=0)
+
+
+def test_a_fault_that_failed_its_attempt_after_the_last_step_is_late_and_names_the_step(tmp_path: Path) -> None:
+    row = _settled(tmp_path, "kill-rank", KILLED, RunProgress(lambda attempt, at: 400, last_step=400))
+    assert row.outcome == LATE and row.met_step == 400, row
+    assert row.detail is not None and "had reached the run's last step (400) before it" in row.detail
+
+
+def test_a_fault_that_caused_its_failure_records_the_step_it_met_beside_the_planned_one(tmp_path: Path) -> None:
+    row = _settled(tmp_path, "kill-rank", KILLED, RunProgress(lambda attempt, at: 61, last_step=400), planned_step=60)
+    assert row.outcome == INJECTED and (row.planned_step, row.met_step) == (60, 61), row
+    assert row.detail is not None and row.detail.startswith("caused: attempt 0 failed")

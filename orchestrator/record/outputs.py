@@ -1,0 +1,195 @@
+"""Identity for the user's own script: the files it leaves at the end (``workload.outputs``, globs
+relative to its working directory), compared between a run and its fault-free twin.
+
+Per file: ``identical``, ``differs`` (with the largest absolute difference over its tensors, and the
+tensor that has it, for the formats whose tensors can be read: torch ``.pt``/``.pth``/``.bin``
+(``torch.load`` with ``weights_only``), ``.safetensors``, Keras/HDF5 ``.keras``/``.h5``, NumPy
+``.npz``/``.npy``; byte equality for any other file), or ``missing`` (one side has no such file).
+A run is identical only if every file is; one missing file makes it ``missing``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+IDENTICAL, DIFFERS, MISSING = "identical", "differs", "missing"
+NOT_CHECKED = "identity not checked (name the files the script leaves in workload.outputs)"
+TENSORS_AT_MOST = 100_000  # arrays read per file: a pathological checkpoint cannot make this unbounded
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    name: str
+    verdict: str
+    max_abs_diff: float | None = None  # over the file's tensors; None where it is compared byte for byte
+    worst: str | None = None  # the tensor with that difference
+    how: str = "bytes"
+
+
+@dataclass(frozen=True)
+class OutputsVerdict:
+    verdict: str
+    max_abs_diff: float | None
+    files: list[FileVerdict] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "max_abs_diff": self.max_abs_diff, "files": [asdict(f) for f in self.files]}
+
+
+def matched_outputs(cwd: Path, globs: list[str]) -> dict[str, Path]:
+    """The files ``globs`` match under ``cwd`` (absolute globs as they are), by their name relative to it."""
+    found: dict[str, Path] = {}
+    for pattern in globs:
+        base = Path(pattern)
+        paths = base.parent.glob(base.name) if base.is_absolute() else cwd.glob(pattern)
+        for path in paths:
+            if path.is_file():
+                found[str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)] = path
+    return found
+
+
+def compare_outputs(run_cwd: Path, twin_cwd: Path, globs: list[str]) -> OutputsVerdict:
+    mine, theirs = matched_outputs(run_cwd, globs), matched_outputs(twin_cwd, globs)
+    files = [compare_file(name, mine.get(name), theirs.get(name)) for name in sorted(set(mine) | set(theirs))]
+    if not files:
+        return OutputsVerdict(MISSING, None, [FileVerdict(", ".join(globs), MISSING, how="no file matched")])
+    verdicts = {f.verdict for f in files}
+    verdict = MISSING if MISSING in verdicts else DIFFERS if DIFFERS in verdicts else IDENTICAL
+    diffs = [f.max_abs_diff for f in files if f.max_abs_diff is not None]
+    return OutputsVerdict(verdict, max(diffs) if diffs else None, files)
+
+
+def compare_file(name: str, mine: Path | None, theirs: Path | None) -> FileVerdict:
+    if mine is None or theirs is None:
+        return FileVerdict(name, MISSING, how=f"only the {'twin' if mine is None else 'run'} has it")
+    reader = _reader(name)
+    if reader is not None:
+        try:
+            return _tensor_verdict(name, dict(reader(mine)), dict(reader(theirs)))
+        except Exception as error:  # an unreadable file of a known suffix: its bytes still say
+            return _byte_verdict(name, mine, theirs, how=f"bytes ({type(error).__name__} reading its tensors)")
+    return _byte_verdict(name, mine, theirs)
+
+
+def _byte_verdict(name: str, mine: Path, theirs: Path, how: str = "bytes") -> FileVerdict:
+    same = _sha256(mine) == _sha256(theirs)
+    return FileVerdict(name, IDENTICAL if same else DIFFERS, how=how)
+
+
+def _tensor_verdict(name: str, mine: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> FileVerdict:
+    if set(mine) != set(theirs):
+        only = sorted(set(mine) ^ set(theirs))[:3]
+        return FileVerdict(name, DIFFERS, float("inf"), f"tensors only one side has: {', '.join(only)}", "tensors")
+    worst, largest = None, 0.0
+    for key in sorted(mine):
+        a, b = mine[key], theirs[key]
+        if a.shape != b.shape:
+            return FileVerdict(name, DIFFERS, float("inf"), f"{key} (shape {a.shape} vs {b.shape})", "tensors")
+        diff = _max_abs_diff(a, b)
+        if diff > largest or (worst is None and diff > 0):
+            worst, largest = key, diff
+    return FileVerdict(name, IDENTICAL if largest == 0 else DIFFERS, largest, worst, "tensors")
+
+
+def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.dtype.kind in "fiub" and b.dtype.kind in "fiub":
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        same_nan = np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
+        return float(np.max(np.where(same_nan, 0.0, np.nan_to_num(diff, nan=np.inf)), initial=0.0))
+    return 0.0 if np.array_equal(a, b) else float("inf")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+Reader = Callable[[Path], Iterator[tuple[str, np.ndarray]]]
+
+
+def _reader(name: str) -> Reader | None:
+    lowered = name.lower()
+    for suffixes, reader in (((".pt", ".pth", ".bin", ".ckpt"), _torch_tensors), ((".safetensors",), _safetensors),
+                             ((".keras",), _keras_tensors), ((".h5", ".hdf5"), _h5_tensors),
+                             ((".npz",), _npz_tensors), ((".npy",), _npy_tensor)):
+        if lowered.endswith(suffixes):
+            return reader
+    return None
+
+
+def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
+    """Tensors and arrays of a nested structure (a state dict, an optimizer's state), by path."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield prefix, value.detach().cpu().numpy()
+    elif isinstance(value, np.ndarray):
+        yield prefix, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _flatten(item, f"{prefix}[{index}]")
+    elif isinstance(value, (int, float, bool)):
+        yield prefix, np.asarray(value)
+
+
+def _bounded(items: Iterator[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
+    for count, item in enumerate(items):
+        if count >= TENSORS_AT_MOST:
+            raise ValueError(f"more than {TENSORS_AT_MOST} arrays")
+        yield item
+
+
+def _torch_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    import torch
+
+    return _bounded(_flatten(torch.load(path, map_location="cpu", weights_only=True)))
+
+
+def _safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    from safetensors.numpy import load_file  # type: ignore[import-not-found,unused-ignore]
+
+    return _bounded(iter(load_file(str(path)).items()))
+
+
+def _h5_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    import h5py  # type: ignore[import-untyped,unused-ignore]
+
+    found: list[tuple[str, np.ndarray]] = []
+    with h5py.File(path, "r") as file:
+        file.visititems(lambda key, item: found.append((key, item[()])) if isinstance(item, h5py.Dataset) else None)
+    return _bounded(iter(found))
+
+
+def _keras_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """A ``.keras`` file is a zip whose weights are ``model.weights.h5``."""
+    import h5py  # type: ignore[import-untyped,unused-ignore]
+
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read("model.weights.h5")
+    found: list[tuple[str, np.ndarray]] = []
+    with h5py.File(io.BytesIO(data), "r") as file:
+        file.visititems(lambda key, item: found.append((key, item[()])) if isinstance(item, h5py.Dataset) else None)
+    return _bounded(iter(found))
+
+
+def _npz_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as archive:
+        return _bounded(iter([(key, archive[key]) for key in archive.files]))
+
+
+def _npy_tensor(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    return iter([("array", np.load(path, allow_pickle=False))])

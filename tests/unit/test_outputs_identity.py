@@ -1,0 +1,130 @@
+"""Issue 27, item 3: identity for the user's own script. The files it leaves (workload.outputs)
+against its twin's: identical, differs (with the largest difference and the tensor that has it),
+missing; and the report never says nothing when identity was not checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.record.outputs import DIFFERS, IDENTICAL, MISSING, compare_outputs, matched_outputs
+
+
+def _torch_save(path: Path, weights: dict[str, np.ndarray], step: int) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": {name: torch.tensor(value) for name, value in weights.items()}, "step": step}, path)
+
+
+@pytest.fixture
+def sides(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "run", tmp_path / "twin"
+
+
+WEIGHTS = {"fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "fc.bias": np.zeros(2, dtype=np.float32)}
+
+
+@pytest.mark.drill  # imports torch
+def test_torch_files_that_hold_the_same_tensors_are_identical(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    _torch_save(run / "model.pt", WEIGHTS, 100)
+    _torch_save(twin / "model.pt", WEIGHTS, 100)
+    verdict = compare_outputs(run, twin, ["*.pt"])
+    assert verdict.verdict == IDENTICAL and verdict.max_abs_diff == 0.0
+    assert verdict.files[0].how == "tensors"
+
+
+@pytest.mark.drill  # imports torch
+def test_a_difference_names_its_largest_value_and_tensor(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    _torch_save(run / "out" / "model.pt", WEIGHTS, 100)
+    _torch_save(twin / "out" / "model.pt", {**WEIGHTS, "fc.bias": np.array([0.0, 0.011], dtype=np.float32)}, 100)
+    verdict = compare_outputs(run, twin, ["out/*.pt"])
+    assert verdict.verdict == DIFFERS and verdict.max_abs_diff == pytest.approx(0.011)
+    assert verdict.files[0].worst == "model.fc.bias" and verdict.files[0].name == "out/model.pt"
+
+
+def test_numpy_and_other_files_and_missing_ones(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    for side in sides:
+        side.mkdir()
+        np.savez(side / "w.npz", a=np.ones(3))
+        (side / "log.txt").write_text("same\n")
+    (run / "extra.bin.txt").write_text("only here")
+    (twin / "log.txt").write_text("other\n")
+    verdict = compare_outputs(run, twin, ["*.npz", "*.txt"])
+    by_name = {f.name: f for f in verdict.files}
+    assert by_name["w.npz"].verdict == IDENTICAL and by_name["w.npz"].how == "tensors"
+    assert by_name["log.txt"].verdict == DIFFERS and by_name["log.txt"].how == "bytes"
+    assert by_name["extra.bin.txt"].verdict == MISSING and verdict.verdict == MISSING
+    assert compare_outputs(run, twin, ["nothing-*"]).verdict == MISSING
+
+
+def test_nan_where_both_have_it_is_no_difference_one_sided_nan_is(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    for side, values in ((run, [np.nan, 1.0]), (twin, [np.nan, 1.0])):
+        side.mkdir()
+        np.save(side / "a.npy", np.array(values))
+    assert compare_outputs(run, twin, ["a.npy"]).verdict == IDENTICAL
+    np.save(twin / "a.npy", np.array([0.0, 1.0]))
+    assert compare_outputs(run, twin, ["a.npy"]).max_abs_diff == float("inf")
+
+
+@pytest.mark.drill  # imports torch
+def test_a_file_that_is_not_what_its_suffix_says_is_compared_by_its_bytes(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    for side in sides:
+        side.mkdir()
+        (side / "weights.pt").write_bytes(b"not a torch file")
+    [file] = compare_outputs(run, twin, ["*.pt"]).files
+    assert file.verdict == IDENTICAL and file.how.startswith("bytes (")
+
+
+def test_matched_outputs_are_named_relative_to_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "last.ckpt").write_text("x")
+    assert list(matched_outputs(tmp_path, ["a/**/*.ckpt"])) == ["a/b/last.ckpt"]
+
+
+def _report_of(tmp_path: Path, outputs: list[str]) -> dict[str, object]:
+    """A zero-code run and its twin through the ledger and the report (no drill: the rows written as
+    the controller writes them)."""
+    from orchestrator.campaign.runs import expand_runs
+    from orchestrator.campaign.spec import parse_campaign
+    from orchestrator.record.ledger import Ledger, RunRow
+    from orchestrator.record.measure import record_determinism
+    from orchestrator.report.document import build_report
+
+    raw = {"name": "id", "backend": "local", "workdir": str(tmp_path / "work"), "baseline": True,
+           "workload": {"command": ["python", "t.py"], "framework": "torch", "steps": 10, "outputs": outputs,
+                        "progress": {"log": r"step (\d+)"}},
+           "faults": [{"kind": "kill-rank", "after": {"at_step": 5}}]}
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    (tmp_path / "work").mkdir()
+    ledger = Ledger(tmp_path / "work" / "ledger.sqlite")
+    for run in runs:
+        ledger.add_run(RunRow(run_id=run.run_id, framework="torch", ranks=1, nodes=1, strategy="resubmit",
+                              target_steps=10, baseline_of=run.baseline_of, twin=run.twin, status="completed",
+                              config=json.dumps(run.campaign.model_dump(mode="json"))))
+        assert run.command is not None
+        Path(run.command.cwd).mkdir(parents=True)
+        np.savez(Path(run.command.cwd) / "final.npz", **{**WEIGHTS, "fc.bias": np.array([0.0, 0.5 if run.twin else 0.0])})
+    record_determinism(ledger, runs)
+    ledger.close()
+    document = build_report(tmp_path / "work")
+    return next(run for run in document["runs"] if not run["is_baseline"])
+
+
+def test_the_report_says_how_the_outputs_compare_or_that_identity_was_not_checked(tmp_path: Path) -> None:
+    (tmp_path / "checked").mkdir()
+    run = _report_of(tmp_path / "checked", ["final.npz"])
+    assert run["identical_to_baseline"] is False and run["max_abs_weight_diff"] == pytest.approx(0.5)
+    assert run["outputs"]["verdict"] == DIFFERS and run["outputs"]["files"][0]["worst"] == "fc.bias"
+    (tmp_path / "unchecked").mkdir()
+    unchecked = _report_of(tmp_path / "unchecked", [])
+    assert unchecked["identical_to_baseline"] is None
+    assert "identity not checked" in unchecked["outputs"]["note"] and "workload.outputs" in unchecked["outputs"]["note"]
