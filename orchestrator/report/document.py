@@ -129,7 +129,13 @@ def progress_figures(run: RunRow) -> dict[str, Any]:
         return {"source": "built-in", "inferred": []}
     progress = workload.get("progress") or {}
     source = "log" if progress.get("log") else "checkpoints" if progress.get("checkpoints") else "api"
-    return {"source": source, "inferred": [] if source == "api" else list(INFERRED_IN_ZERO_CODE)}
+    figures: dict[str, Any] = {"source": source, "inferred": [] if source == "api" else list(INFERRED_IN_ZERO_CODE)}
+    if source != "api" and run.final_step > run.target_steps:
+        # The script's own step count went past the plan: a resume that replayed steps (an epoch
+        # restarted at its first batch, Keras 3's BackupAndRestore) trains more than its twin.
+        figures["replayed"] = (f"the script's steps went past its last step ({run.final_step} of {run.target_steps}): "
+                               "a resume replayed steps it had already run")
+    return figures
 
 
 STRATEGY_PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",

@@ -89,10 +89,17 @@ def determinism_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "max_abs_weight_diff": run["max_abs_weight_diff"],
             "first_divergent_step": run["first_divergent_step"],
             "switches": run["determinism_switches"],
+            "compared": "digest" if run["baseline_digest"] is not None else "outputs",
         }
         for run in runs
-        if run["baseline_digest"] is not None and run["resumed"]
+        if (run["baseline_digest"] is not None or _outputs_compared(run)) and run["resumed"]
     ]
+
+
+def _outputs_compared(run: dict[str, Any]) -> bool:
+    """The user's script: its outputs were compared with its twin's (workload.outputs)."""
+    outputs = run.get("outputs") or {}
+    return outputs.get("verdict") is not None
 
 
 def recovery_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

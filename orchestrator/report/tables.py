@@ -37,9 +37,24 @@ def runs_table(report: dict[str, Any]) -> Table:
             run["run_id"], run["framework"], str(run["ranks"]), str(run["nodes"]), run["status"],
             f"{run['final_step']}/{run['target_steps']}", str(len(run["attempts"])), str(len(run["faults"])),
             f"{ckpt['count']} x {ckpt['bytes'] / 1e6:.1f} MB",
-            _fmt(run["identical_to_baseline"]) if not run["is_baseline"] else "(baseline)",
+            _identity(run),
         )
     return table
+
+
+def _identity(run: dict[str, Any]) -> str:
+    """The run against its twin: identical or not (by digest, or by the script's outputs and their
+    largest difference), or why it was not checked; a replayed resume says so beside it."""
+    if run["is_baseline"]:
+        return "(baseline)"
+    outputs = run.get("outputs") or {}
+    text = _fmt(run["identical_to_baseline"])
+    if outputs.get("verdict") in ("differs", "missing"):
+        text = f"{outputs['verdict']}" + (f" (max {outputs['max_abs_diff']:.3g})" if outputs.get("max_abs_diff") else "")
+    elif outputs.get("note"):
+        text = "not checked (workload.outputs)"
+    replayed = (run.get("progress") or {}).get("replayed")
+    return f"{text}; replayed steps" if replayed else text
 
 
 def _cost_caption(cost: dict[str, Any]) -> str | None:

@@ -128,3 +128,21 @@ def test_the_report_says_how_the_outputs_compare_or_that_identity_was_not_checke
     unchecked = _report_of(tmp_path / "unchecked", [])
     assert unchecked["identical_to_baseline"] is None
     assert "identity not checked" in unchecked["outputs"]["note"] and "workload.outputs" in unchecked["outputs"]["note"]
+
+
+def test_a_resume_that_replayed_steps_is_named(tmp_path: Path) -> None:
+    """Keras 3's BackupAndRestore restores the weights and restarts the epoch at its first batch: the
+    script's own step count goes past its last step. The report says so, beside the identity."""
+    from orchestrator.record.ledger import RunRow
+    from orchestrator.report.document import progress_figures
+    from orchestrator.report.tables import _identity
+
+    config = json.dumps({"workload": {"command": ["python", "k.py"], "progress": {"log": "step (\\d+)"}}})
+    row = RunRow(run_id="r000", framework="tensorflow", ranks=1, nodes=1, strategy="resubmit", target_steps=400,
+                 baseline_of=None, config=config, status="completed", final_step=450)
+    figures = progress_figures(row)
+    assert "went past its last step (450 of 400)" in figures["replayed"]
+    run = {"is_baseline": False, "identical_to_baseline": False, "progress": figures,
+           "outputs": {"verdict": DIFFERS, "max_abs_diff": 0.011}}
+    assert _identity(run) == "differs (max 0.011); replayed steps"
+    assert "replayed" not in progress_figures(RunRow(**{**row.__dict__, "final_step": 400}))
