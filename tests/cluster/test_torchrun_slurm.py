@@ -1,4 +1,4 @@
-"""Issue 27, item 1 on the real Slurm cluster: experiments/examples/torchrun_ddp.py (plain DDP,
+"""Issue 27, item 1 on the real Slurm cluster (and through its PBS commands): experiments/examples/torchrun_ddp.py (plain DDP,
 ``torch.save`` and a load of it, nothing of Faultdrill) under ``torchrun --nproc-per-node=2``, one
 torchrun per node of a 2-node job (experiments/campaigns/example-torchrun-slurm.yaml). The ranks
 are torchrun's workers, registered on their own nodes: a worker SIGKILLed, and a whole node crashed
@@ -21,21 +21,25 @@ from experiments.layout import RunPaths
 EVERY = 25  # the campaign's --every
 
 
-def _drill(shared_tmp: Path, slurm: Any, fault: dict[str, Any]) -> tuple[dict[str, Any], RunPaths]:
-    report = drill_report(campaign_copy("example-torchrun-slurm", shared_tmp, faults=[fault]), timeout_s=600)
+def _drill(shared_tmp: Path, slurm: Any, fault: dict[str, Any], backend: str) -> tuple[dict[str, Any], RunPaths]:
+    overrides: dict[str, Any] = {"faults": [fault]}
+    if backend == "pbs":  # the same job through the PBS commands (its ranks' launch: one mpiexec task per node)
+        overrides.update(backend="pbs", resources={"nodes": 2, "tasks_per_node": 2, "time": "00:15:00"})
+    report = drill_report(campaign_copy("example-torchrun-slurm", shared_tmp, **overrides), timeout_s=600)
     [run] = report["runs"]
     for attempt in run["attempts"]:
         slurm.track(attempt["job_id"])
     return run, RunPaths(shared_tmp / "work" / "runs" / run["run_id"])
 
 
-@pytest.mark.parametrize("fault,failure_class", [
-    ({"kind": "kill-rank", "after": {"at_step": 80}, "rank": 3}, "RANK_SIGNAL"),
-    ({"kind": "node-crash", "after": {"at_step": 80}, "node": -1}, "NODE_FAIL"),
-], ids=["worker-killed", "node-crashed"])
+@pytest.mark.parametrize("backend,fault,failure_class", [
+    ("slurm", {"kind": "kill-rank", "after": {"at_step": 80}, "rank": 3}, "RANK_SIGNAL"),
+    ("slurm", {"kind": "node-crash", "after": {"at_step": 80}, "node": -1}, "NODE_FAIL"),
+    ("pbs", {"kind": "kill-rank", "after": {"at_step": 80}, "rank": 2}, "RANK_SIGNAL"),
+], ids=["slurm-worker-killed", "slurm-node-crashed", "pbs-worker-killed"])
 def test_torchrun_workers_on_two_nodes_recover_as_their_own_log_says(
-        shared_tmp: Path, cluster: Any, slurm: Any, fault: dict[str, Any], failure_class: str) -> None:
-    run, paths = _drill(shared_tmp, slurm, fault)
+        shared_tmp: Path, cluster: Any, slurm: Any, backend: str, fault: dict[str, Any], failure_class: str) -> None:
+    run, paths = _drill(shared_tmp, slurm, fault, backend)
     assert run["status"] == "completed" and run["final_step"] == 200 and run["ranks"] == 4, run
     identities = [json.loads(paths.rank_file(0, rank).read_text()) for rank in range(4)]
     assert len({identity["node"] for identity in identities}) == 2, identities
