@@ -68,6 +68,7 @@ from experiments.runtime.processes import children_of
 from experiments.runtime.torchrun import WorkerRegistry, first_rank, root_cause_exit, torchrun_argv
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # the scheduler's warning (walltime near, preemption)
 CHECKPOINT_SCAN_S = 0.5
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_CHILD_SUBREAPER = 36
@@ -259,8 +260,15 @@ class Supervisor:
         return child
 
     def _forward(self, signum: int, frame: Any) -> None:
-        if self.child is not None and self.child.poll() is None:
-            signal_group(self.child.pid, signum)
+        if self.child is None or self.child.poll() is not None:
+            return
+        if self.workers is not None and signum in WARNING_SIGNALS:
+            # The scheduler's warning is for the workers: torchrun does not handle it (it would die
+            # of it), and each worker leads a session of its own.
+            for pid in self.workers.worker_pids():
+                signal_group(pid, signum)
+            return
+        signal_group(self.child.pid, signum)
 
     def _register(self, child: subprocess.Popen[bytes]) -> None:
         """The child is the rank the fault injector acts on (its pid and kernel start time); under

@@ -30,6 +30,9 @@ RUN_ID_VAR = "TORCHELASTIC_RUN_ID"  # in every worker's environment: torchrun's 
 WORKER_SCAN_S = 0.05
 ROOT_CAUSE = re.compile(r"Root Cause")
 EXIT_CODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+# torchrun itself ended by a signal it handles (SIGTERM, SIGINT, SIGHUP): it ends its workers and
+# exits 1 with no summary, only this.
+AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 
 
 def first_rank(command: CommandSpec, env: DistEnv) -> int:
@@ -77,6 +80,9 @@ class WorkerRegistry:
     def stop(self) -> None:
         self._stop.set()
 
+    def worker_pids(self) -> list[int]:
+        return list(self.registered)
+
     def _scan(self) -> None:
         expected = rendezvous_id(self.run_id, self.attempt)
         launcher_ticks = start_ticks(self.launcher_pid) or 0
@@ -112,11 +118,15 @@ def worker_rank(pid: int, rendezvous: str) -> int | None:
 
 def root_cause_exit(stderr_lines: list[str]) -> int | None:
     """The exit code of the first failed worker, as torchrun's failure summary gives it (negative:
-    the signal that ended it); None when the lines hold no summary."""
+    the signal that ended it), or minus the signal that ended torchrun itself; None when the lines
+    say neither."""
     for index, line in enumerate(stderr_lines):
         if ROOT_CAUSE.search(line):
             for later in stderr_lines[index + 1:]:
                 if match := EXIT_CODE.search(later):
                     return int(match.group(1))
             return None
+    for line in reversed(stderr_lines):
+        if match := AGENT_SIGNAL.search(line):
+            return -int(match.group(1))
     return None

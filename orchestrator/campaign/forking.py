@@ -36,6 +36,10 @@ def forking_launcher(argv: list[str]) -> ForkingLauncher | None:
         return ForkingLauncher("lightning run", "Lightning's Trainer finds torchrun's workers: workload.launcher: torchrun")
     if program == "torch.distributed.launch":
         return ForkingLauncher("torch.distributed.launch", "its successor is torchrun: workload.launcher: torchrun")
+    if any(os.path.basename(word) == "torchrun" or word == "torch.distributed.run" for word in argv[1:5]):
+        return ForkingLauncher(f"torchrun behind {os.path.basename(argv[0])}",
+                               "write the command as [torchrun, ...], with variables in workload.env, and the drill "
+                               "places its workers as the ranks")
     if program in ("mpirun", "mpiexec") and any(word in ("-np", "-n", "--np") or word.startswith("-np=")
                                                   for word in rest):
         return ForkingLauncher(f"{program} -np", "workload.launcher: mpi starts the ranks through MPI itself")

@@ -19,10 +19,7 @@ from experiments.workloads import LAUNCHER_MPI, LAUNCHER_TORCHRUN, REGISTRY, Wor
 from orchestrator.campaign.placeholders import ATTEMPT_MARK, fill
 from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
-from orchestrator.campaign.torchrun import TorchrunError, split_torchrun, starts_torchrun
-
-PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
-
+from orchestrator.campaign.torchrun import PYTHON_NAMES, TorchrunError, split_torchrun
 
 
 @dataclass(frozen=True)
@@ -92,9 +89,7 @@ class RunConfig:
     def torchrun(self) -> bool:
         """The ranks are the workers of one torchrun per node (workload.launcher torchrun, or a
         command that starts torchrun)."""
-        w = self.campaign.workload
-        return w.command is not None and (w.launcher == LAUNCHER_TORCHRUN or
-                                          (w.launcher is None and starts_torchrun(w.command)))
+        return self.campaign.workload.torchrun
 
     @property
     def launch_tasks_per_node(self) -> int:

@@ -37,6 +37,8 @@ from orchestrator.campaign.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
 from orchestrator.campaign.placeholders import problems as placeholder_problems
 from orchestrator.campaign.policy import PolicyEntry
 from orchestrator.campaign.strategies import TRAITS, StrategyName, strategies_on, traits_of
+from orchestrator.campaign.torchrun import starts_torchrun
+from orchestrator.record.outputs import output_glob_problem
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -160,6 +162,9 @@ def _secret_flag_words(words: list[str]) -> bool:
     return qualified or looks_secret("_".join(clear))
 
 
+PER_RUN_PLACEHOLDERS = ("run_id", "run_dir", "checkpoint_dir", "attempt")  # a run's own, never its twin's
+
+
 def _refuse_secret_flags(words: list[str], field: str) -> None:
     if flags := secret_flags(words):
         raise ValueError(f"{', '.join(flags)}: looks like a secret on the ranks' command line ({field}), which every "
@@ -228,6 +233,20 @@ class WorkloadConfig(_Strict):
             _refuse_secret_flags(value, f"workload.{info.field_name}")
         return value
 
+    @field_validator("outputs")
+    @classmethod
+    def _outputs_relative(cls, value: list[str]) -> list[str]:
+        """Compared with the twin's, which lie in the twin's own working directory: relative names
+        that are the same for both (no placeholder of the run's own)."""
+        for index, pattern in enumerate(value):
+            if why := output_glob_problem(pattern):
+                raise ValueError(f"workload.outputs[{index}] {pattern!r} {why}")
+            if found := [name for name in PER_RUN_PLACEHOLDERS if "{" + name + "}" in pattern]:
+                raise ValueError(f"workload.outputs[{index}] {pattern!r}: {{{found[0]}}} differs between a run and its "
+                                 "twin, whose files are compared under the same names; name them relative to the "
+                                 "script's working directory")
+        return value
+
     @field_validator("framework")
     @classmethod
     def _known_framework(cls, value: str, info: ValidationInfo) -> str:
@@ -252,6 +271,12 @@ class WorkloadConfig(_Strict):
                 raise ValueError(f"workload.{', workload.'.join(unused)}: only for a command workload "
                                  "(set workload.command)")
         return self
+
+    @property
+    def torchrun(self) -> bool:
+        """The ranks are torchrun's workers (workload.launcher torchrun, or a command that starts it)."""
+        return self.command is not None and (self.launcher == "torchrun" or
+                                             (self.launcher is None and starts_torchrun(self.command)))
 
     @property
     def zero_code(self) -> bool:
@@ -512,6 +537,9 @@ class Campaign(_Strict):
             if workload is not None and workload.zero_code and kind.needs_rank_api:
                 problems.append(f"fault {index}: {fault.kind} needs the rank API ({kind.needs_rank_api}); "
                                 "this command workload is in zero-code mode (workload.progress)")
+            if getattr(fault, "process", "rank") == "launcher" and not (workload is not None and workload.torchrun):
+                problems.append(f"fault {index}: process: launcher aims at the torchrun that started the ranks; this "
+                                "run's ranks are the processes the scheduler starts (workload.launcher torchrun has one)")
             works_on = kind.works_on
             if backend is not None and backend not in works_on:
                 problems.append(f"fault {index}: {fault.kind} works on the {', '.join(works_on)} backend(s), "

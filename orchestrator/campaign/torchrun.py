@@ -26,6 +26,7 @@ NODES, PER_NODE = "nnodes", "nproc-per-node"
 OWNED = frozenset({NODES, PER_NODE, "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
                    "standalone", "master-addr", "master-port", "max-restarts", "local-addr"})
 SCRIPT_FLAGS = frozenset({"-m", "--module", "--no-python", "--no_python"})  # they say what the script is
+PYTHON_NAMES = ("python", "python3")  # a command's argv[0] run with workload.python (the drill's by default)
 
 
 class TorchrunError(ValueError):
@@ -59,9 +60,11 @@ def split_torchrun(argv: list[str], python: str, nodes: int, per_node: int) -> T
     kept = _kept(options, {NODES: str(nodes), PER_NODE: str(per_node)})
     script_flags = [word for word in kept if word in SCRIPT_FLAGS]
     kept = [word for word in kept if word not in SCRIPT_FLAGS]
-    # A bare "torchrun" is the drill's interpreter's (workload.python): the same program, found
-    # whether or not the virtual environment's bin is on the ranks' PATH.
-    program = (python, "-m", TORCHRUN_MODULE) if argv[0] in TORCHRUN_PROGRAMS else tuple(argv[:skip])
+    # A bare "torchrun" (or "python -m torch.distributed.run") is the drill's interpreter's
+    # (workload.python): the same program, found whether or not the virtual environment's bin is on
+    # the ranks' PATH. A path to either stays as written.
+    bare = argv[0] in TORCHRUN_PROGRAMS or argv[0] in PYTHON_NAMES
+    program = (python, "-m", TORCHRUN_MODULE) if bare else tuple(argv[:skip])
     return TorchrunCommand(program, tuple(kept), tuple(script_flags + rest))
 
 
@@ -70,7 +73,11 @@ def _script_of(argv: list[str], python: str) -> tuple[str, ...]:
         words = argv[1:]
         if not words:
             raise TorchrunError("workload.command: a Python interpreter with no script to run under torchrun")
-        return tuple(words) if words[0] != "-m" else ("-m", *words[1:])
+        if words[0].startswith("-") and words[0] != "-m":
+            raise TorchrunError(f"workload.command: the interpreter option {words[0]} cannot pass through torchrun, "
+                                "which starts the workers' Python itself; drop it (PYTHONUNBUFFERED=1 is set) or give "
+                                "its PYTHON* variable in workload.env")
+        return tuple(words)
     if argv[0].endswith(".py"):
         return tuple(argv)
     return ("--no-python", *argv)
@@ -82,6 +89,8 @@ def _options(words: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]
     index = 0
     while index < len(words) and words[index].startswith("-"):
         word = words[index]
+        if word == "--":  # the end of torchrun's options: the script follows
+            return options, words[index + 1:]
         name, equals, value = word.partition("=")
         if equals:
             options.append((name, value))
@@ -99,7 +108,7 @@ def _options(words: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]
 def _kept(options: list[tuple[str, str | None]], spec: dict[str, str]) -> list[str]:
     kept: list[str] = []
     for name, value in options:
-        canonical = name.lstrip("-").replace("_", "-")
+        canonical = _unabbreviated(name.lstrip("-").replace("_", "-"))
         if canonical in spec and value is not None and value != spec[canonical]:
             field = "resources.nodes" if canonical == NODES else "resources.tasks_per_node"
             raise TorchrunError(f"workload.command: torchrun --{canonical}={value}, but {field} is {spec[canonical]}: "
@@ -108,3 +117,12 @@ def _kept(options: list[tuple[str, str | None]], spec: dict[str, str]) -> list[s
             continue  # Faultdrill's: written by the rank side for the node it runs on
         kept += [name] if value is None else [f"{name}={value}"]
     return kept
+
+
+def _unabbreviated(name: str) -> str:
+    """torchrun's parser takes an unambiguous prefix of an option (``--nproc`` for
+    ``--nproc-per-node``): the option it stands for, if it is one of Faultdrill's."""
+    if name in OWNED:
+        return name
+    longer = [owned for owned in OWNED if owned.startswith(name)]
+    return longer[0] if len(longer) == 1 else name

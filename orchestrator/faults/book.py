@@ -11,7 +11,7 @@ for):
 - every fault row ends as INJECTED (with what it caused), REFUSED (its target could not be verified;
   why), ABSORBED (it hit an attempt that was already failing), LATE (it came after its attempt had
   trained to the run's last step: that attempt completed all the same, or the failure it caused cost
-  no step, the next attempt finding the run complete) or NOT_FIRED (why);
+  no step, the next attempt finding the run complete, as the run's end shows) or NOT_FIRED (why);
 - a fault that acted records the step its attempt had reached then (``met_step``), beside the step
   an ``at_step`` fault was planned for.
 """
@@ -191,7 +191,7 @@ class FaultBook:
 
     def _settle(self, row: FaultRow, attempt: int, end: AttemptEnd) -> None:
         assert row.fault_id is not None
-        met = self._met_step(row, attempt)
+        self._met_step(row, attempt)
         if row.outcome == INJECTED and (row.detail is None or row.detail.startswith(ACTED)):
             acted = f"; {row.detail.removeprefix(ACTED)}" if row.detail else ""
             sign = end.sign
@@ -206,12 +206,6 @@ class FaultBook:
                   and sign.at + FAILURE_MOMENT_EVIDENCE[sign.evidence] < row.at):
                 self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
                     f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
-            elif self.progress is not None and met is not None and met >= self.progress.last_step:
-                # It failed the attempt, but after its last step: no step lost, the next attempt
-                # finds the run complete.
-                self.ledger.update_fault(row.fault_id, outcome=LATE, detail=(
-                    f"came too late: attempt {attempt} had reached the run's last step ({met}) before it; "
-                    f"it then failed ({sign.reason}){acted}"))
             else:
                 self.ledger.update_fault(row.fault_id, detail=f"{CAUSED}attempt {attempt} failed: {sign.reason}{acted}")
                 if get_kind(row.kind).oom_kill_record and self.on_record is not None:
@@ -285,6 +279,25 @@ class FaultBook:
         for fault in self.plan[self.next_index:]:
             self.ledger.add_fault(_row(self.run_id, last_attempt, fault, NOT_FIRED, _not_fired_because(status)))
         self.next_index = len(self.plan)
+        if status == "completed":
+            self._late_after_the_last_step(last_attempt)
+
+    def _late_after_the_last_step(self, last_attempt: int) -> None:
+        """A fault that failed its attempt after the attempt had reached the run's last step, and the
+        next attempt ran no step (it found the run complete: every framework's resume does): it cost
+        nothing, it came too late. (One whose next attempt trained again lost steps: a kill between
+        the last step's heartbeat and its checkpoint.)"""
+        if self.progress is None:
+            return
+        for row in self.ledger.faults(self.run_id):
+            if (row.fault_id is None or row.outcome != INJECTED or not (row.detail or "").startswith(CAUSED)
+                    or row.met_step is None or row.met_step < self.progress.last_step or row.attempt >= last_attempt):
+                continue
+            if self.progress.step_at(row.attempt + 1, float("inf")) == 0:
+                self.ledger.update_fault(row.fault_id, outcome=LATE, detail=(
+                    f"came too late: attempt {row.attempt} had reached the run's last step ({row.met_step}) before "
+                    f"it, and attempt {row.attempt + 1} found the run complete; "
+                    f"{(row.detail or '').removeprefix(CAUSED)}"))
 
 
 def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: str | None = None) -> FaultRow:

@@ -22,6 +22,7 @@ import numpy as np
 IDENTICAL, DIFFERS, MISSING = "identical", "differs", "missing"
 NOT_CHECKED = "identity not checked (name the files the script leaves in workload.outputs)"
 TENSORS_AT_MOST = 100_000  # arrays read per file: a pathological checkpoint cannot make this unbounded
+INTS_EXACT_AT_MOST = 1 << 20  # integer arrays up to this size are compared exactly (as Python ints)
 
 
 @dataclass(frozen=True)
@@ -44,26 +45,44 @@ class OutputsVerdict:
 
 
 def matched_outputs(cwd: Path, globs: list[str]) -> dict[str, Path]:
-    """The files ``globs`` match under ``cwd`` (absolute globs as they are), by their name relative to it."""
+    """The regular files ``globs`` match under ``cwd``, by their name relative to it (a link that
+    leads out of it is not the run's output)."""
     found: dict[str, Path] = {}
+    root = cwd.resolve()
     for pattern in globs:
-        base = Path(pattern)
-        paths = base.parent.glob(base.name) if base.is_absolute() else cwd.glob(pattern)
-        for path in paths:
-            if path.is_file():
-                found[str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)] = path
+        for path in cwd.glob(pattern):
+            if path.is_file() and path.resolve().is_relative_to(root):
+                found[str(path.relative_to(cwd))] = path
     return found
 
 
+def output_glob_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot name a run's outputs (they are compared with its twin's, which lie in
+    the twin's own working directory: the same relative names); None if it can."""
+    if not pattern.strip() or pattern.strip() in (".", "./"):
+        return "is empty: name files, e.g. model_final.pt or ckpt/*.pt"
+    if Path(pattern).is_absolute() or pattern.startswith("~"):
+        return "is absolute: give it relative to the script's working directory (the twin's files lie in its own)"
+    if ".." in Path(pattern).parts:
+        return "leaves the script's working directory (..)"
+    return None
+
+
 def compare_outputs(run_cwd: Path, twin_cwd: Path, globs: list[str]) -> OutputsVerdict:
+    """``globs`` (relative, checked at load: orchestrator/campaign/spec.py) in the run's working
+    directory against the same in its twin's."""
     mine, theirs = matched_outputs(run_cwd, globs), matched_outputs(twin_cwd, globs)
     files = [compare_file(name, mine.get(name), theirs.get(name)) for name in sorted(set(mine) | set(theirs))]
     if not files:
         return OutputsVerdict(MISSING, None, [FileVerdict(", ".join(globs), MISSING, how="no file matched")])
     verdicts = {f.verdict for f in files}
     verdict = MISSING if MISSING in verdicts else DIFFERS if DIFFERS in verdicts else IDENTICAL
-    diffs = [f.max_abs_diff for f in files if f.max_abs_diff is not None]
-    return OutputsVerdict(verdict, max(diffs) if diffs else None, files)
+    if verdict == IDENTICAL:
+        return OutputsVerdict(verdict, 0.0, files)
+    # Of the files that differ; none if one of them differs only as bytes (no size to give).
+    differing = [f for f in files if f.verdict == DIFFERS]
+    sized = all(f.max_abs_diff is not None for f in differing) and differing
+    return OutputsVerdict(verdict, max(f.max_abs_diff or 0.0 for f in differing) if sized else None, files)
 
 
 def compare_file(name: str, mine: Path | None, theirs: Path | None) -> FileVerdict:
@@ -79,7 +98,10 @@ def compare_file(name: str, mine: Path | None, theirs: Path | None) -> FileVerdi
 
 
 def _byte_verdict(name: str, mine: Path, theirs: Path, how: str = "bytes") -> FileVerdict:
-    same = _sha256(mine) == _sha256(theirs)
+    try:
+        same = _sha256(mine) == _sha256(theirs)
+    except OSError as error:
+        return FileVerdict(name, MISSING, how=f"unreadable: {error.strerror or error}")
     return FileVerdict(name, IDENTICAL if same else DIFFERS, how=how)
 
 
@@ -99,12 +121,20 @@ def _tensor_verdict(name: str, mine: dict[str, np.ndarray], theirs: dict[str, np
 
 
 def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
-    if a.dtype.kind in "fiub" and b.dtype.kind in "fiub":
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-        same_nan = np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
-        return float(np.max(np.where(same_nan, 0.0, np.nan_to_num(diff, nan=np.inf)), initial=0.0))
-    return 0.0 if np.array_equal(a, b) else float("inf")
+    """0 where the values are equal (infinities and NaN alike included), else the largest absolute
+    difference (inf: a NaN against a number, or values that are not numbers and differ)."""
+    numeric = a.dtype.kind in "fiub" and b.dtype.kind in "fiub"
+    if not numeric:
+        return 0.0 if np.array_equal(a, b) else float("inf")
+    if a.dtype.kind in "iub" and b.dtype.kind in "iub":  # exact: int64 beyond 2**53 is not a float64
+        diff = np.abs(a.astype(object) - b.astype(object)) if a.size <= INTS_EXACT_AT_MOST else None
+        if diff is not None:
+            return float(max(diff.flat, default=0))
+    first, second = a.astype(np.float64), b.astype(np.float64)
+    equal = (first == second) | (np.isnan(first) & np.isnan(second))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(equal, 0.0, np.nan_to_num(np.abs(first - second), nan=np.inf))
+    return float(np.max(diff, initial=0.0))
 
 
 def _sha256(path: Path) -> str:
@@ -129,11 +159,15 @@ def _reader(name: str) -> Reader | None:
 
 
 def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
-    """Tensors and arrays of a nested structure (a state dict, an optimizer's state), by path."""
+    """Tensors, arrays and plain values of a nested structure (a state dict, an optimizer's state),
+    by path."""
     import torch
 
+    FLOAT8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
     if isinstance(value, torch.Tensor):
-        yield prefix, value.detach().cpu().numpy()
+        tensor = value.detach().cpu()
+        # NumPy has no bfloat16 (nor float8): widened, every value exactly as it was.
+        yield prefix, (tensor.float() if tensor.dtype in (torch.bfloat16, *FLOAT8) else tensor).numpy()
     elif isinstance(value, np.ndarray):
         yield prefix, value
     elif isinstance(value, dict):
@@ -142,7 +176,7 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, np.ndarray]]:
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             yield from _flatten(item, f"{prefix}[{index}]")
-    elif isinstance(value, (int, float, bool)):
+    elif isinstance(value, (int, float, bool, str)):
         yield prefix, np.asarray(value)
 
 

@@ -195,4 +195,6 @@ def _outputs_note(run: RunRow) -> dict[str, Any] | None:
     workload = json.loads(run.config).get("workload", {})
     if workload.get("command") is None or not run.twin:
         return None
+    if workload.get("outputs"):
+        return {"verdict": None, "note": "outputs not compared: the run or its twin did not complete"}
     return {"verdict": None, "note": NOT_CHECKED}

@@ -8,6 +8,8 @@ from rich.console import Console, Group
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from orchestrator.record.outputs import NOT_CHECKED
+
 
 class Table(RichTable):
     """A table whose cells are plain text: reasons and details quote errors such as gloo's
@@ -51,7 +53,7 @@ def _identity(run: dict[str, Any]) -> str:
     text = _fmt(run["identical_to_baseline"])
     if outputs.get("verdict") in ("differs", "missing"):
         text = f"{outputs['verdict']}" + (f" (max {outputs['max_abs_diff']:.3g})" if outputs.get("max_abs_diff") else "")
-    elif outputs.get("note"):
+    elif outputs.get("note") == NOT_CHECKED:
         text = "not checked (workload.outputs)"
     replayed = (run.get("progress") or {}).get("replayed")
     return f"{text}; replayed steps" if replayed else text

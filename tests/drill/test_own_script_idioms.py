@@ -1,30 +1,61 @@
-"""Issue 27: the resume idioms users really write, drilled zero-code as the README says, each
-report held against what the script itself logged and left. Keras 3's BackupAndRestore
-(experiments/examples/keras_backup.py), killed mid-epoch: the report's resumed step and lost steps
-are the script's own, a resume that ran more optimizer steps than planned is named, and the final
-weights (workload.outputs) are compared with the twin's as the test compares them itself."""
+"""Issue 27: the resume idioms users really write, drilled zero-code as the README says (one
+``step N`` line per step, a kill mid-run, a fault-free twin beside it), each report held against what
+the script itself logged and left:
+
+- Keras 3 ``BackupAndRestore(save_freq=N)`` (experiments/examples/keras_backup.py), killed mid-epoch;
+- Lightning ``ModelCheckpoint(every_n_train_steps, save_last=True)`` + ``fit(ckpt_path="last")``
+  (lightning_last.py);
+- Chainer ``snapshot(autoload=True)`` into a relative ``result/`` (chainer_snapshot.py).
+
+The report's resumed step and lost steps are the script's own; a resume that ran more steps than
+planned is named; the final weights (``workload.outputs``) are compared with the twin's as the test
+compares them itself (its own reader of each format)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-import h5py
 import numpy as np
+import pytest
 from step_logs import executed
 
 from drills import drill
 from faultdrill_cli import campaign_copy
 
+Weights = dict[str, np.ndarray]
+EVERY = 20  # the campaigns' checkpoint interval
+KILL_AT = 90
 
-def _weights(path: Path) -> dict[str, np.ndarray]:
-    found: dict[str, np.ndarray] = {}
+
+def _h5(path: Path) -> Weights:
+    import h5py
+
+    found: Weights = {}
     with h5py.File(path, "r") as file:
         file.visititems(lambda key, item: found.__setitem__(key, item[()]) if isinstance(item, h5py.Dataset) else None)
     return found
 
 
-def test_keras_backup_and_restore_killed_mid_epoch_is_reported_as_it_ran(tmp_path: Path) -> None:
-    report = drill(campaign_copy("example-keras-backup", tmp_path), timeout=600)
+def _torch(path: Path) -> Weights:
+    import torch
+
+    return {key: value.numpy() for key, value in torch.load(path, weights_only=True).items()}
+
+
+def _npz(path: Path) -> Weights:
+    with np.load(path) as archive:
+        return {key: archive[key] for key in archive.files}
+
+
+IDIOMS = [("example-keras-backup", "final.weights.h5", _h5), ("example-lightning-last", "final.pt", _torch),
+          ("example-chainer-snapshot", "final.npz", _npz)]
+
+
+@pytest.mark.parametrize(("campaign", "output", "read"), IDIOMS, ids=["keras", "lightning", "chainer"])
+def test_a_zero_code_resume_idiom_is_reported_as_it_ran(tmp_path: Path, campaign: str, output: str,
+                                                        read: Callable[[Path], Weights]) -> None:
+    report = drill(campaign_copy(campaign, tmp_path), timeout=600)
     [run] = [run for run in report["runs"] if not run["is_baseline"]]
     [twin] = [run for run in report["runs"] if run["is_baseline"]]
     assert run["status"] == "completed" and twin["status"] == "completed", run
@@ -33,19 +64,20 @@ def test_keras_backup_and_restore_killed_mid_epoch_is_reported_as_it_ran(tmp_pat
     failed_pid = steps[0].pid
     later = [step for step in steps if step.pid != failed_pid]
     [recovery] = run["recoveries"]
-    # Keras restored its backup: the optimizer's iterations go on from it.
+    # It resumed from its own newest checkpoint, not its twin's (which trains beside it, further on).
     assert recovery["resumed_from_step"] == later[0].step - 1, (recovery, later[0])
-    assert recovery["resumed_from_step"] % 20 == 0 and recovery["resumed_from_step"] < 90
+    assert recovery["resumed_from_step"] % EVERY == 0 and recovery["resumed_from_step"] <= KILL_AT, recovery
     reached = max(step.step for step in steps if step.pid == failed_pid and step.at <= recovery["fault_at"])
     assert reached - 2 <= recovery["resumed_from_step"] + recovery["lost_steps"] <= reached, (recovery, reached)
-    # More optimizer steps than planned if Keras started the epoch over: the report says so.
+    # More steps than planned when the resume replayed some (an epoch started over): named.
     final = max(step.step for step in later)
     assert run["final_step"] == final
     assert ("replayed" in run["progress"]) == (final > run["target_steps"]), (final, run["progress"])
-    # The weights as the test reads them against what the report says of them.
-    mine = _weights(runs / run["run_id"] / "work" / "final.weights.h5")
-    theirs = _weights(runs / twin["run_id"] / "work" / "final.weights.h5")
-    largest = max(float(np.max(np.abs(mine[key] - theirs[key]))) for key in mine)
+    # The final weights as the test reads them, against what the report says of them.
+    mine = read(runs / run["run_id"] / "work" / output)
+    theirs = read(runs / twin["run_id"] / "work" / output)
+    largest = max(float(np.max(np.abs(mine[key].astype(np.float64) - theirs[key].astype(np.float64))))
+                  for key in mine)
     assert run["identical_to_baseline"] is (largest == 0.0), (largest, run["outputs"])
-    assert run["max_abs_weight_diff"] == (largest if largest else 0.0), (largest, run["max_abs_weight_diff"])
+    assert run["max_abs_weight_diff"] == pytest.approx(largest), (largest, run["max_abs_weight_diff"])
     assert run["outputs"]["verdict"] == ("identical" if largest == 0.0 else "differs")

@@ -5,6 +5,7 @@ missing; and the report never says nothing when identity was not checked."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +147,52 @@ def test_a_resume_that_replayed_steps_is_named(tmp_path: Path) -> None:
            "outputs": {"verdict": DIFFERS, "max_abs_diff": 0.011}}
     assert _identity(run) == "differs (max 0.011); replayed steps"
     assert "replayed" not in progress_figures(RunRow(**{**row.__dict__, "final_step": 400}))
+
+
+def test_equal_infinities_big_integers_and_plain_values_compare_as_they_are(sides: tuple[Path, Path]) -> None:
+    """Lightning's ModelCheckpoint keeps kth_value = inf: equal on both sides is no difference;
+    int64 beyond 2**53 differs by 1, not 0; a string that differs is a difference."""
+    run, twin = sides
+    for side, big, note in ((run, 2**53, "epoch 1.0"), (twin, 2**53 + 1, "epoch 1.5")):
+        side.mkdir()
+        np.savez(side / "a.npz", kth=np.array([np.inf, -np.inf]))
+        np.savez(side / "b.npz", count=np.array([big], dtype=np.int64))
+        np.savez(side / "c.npz", note=np.array(note))
+    by_name = {f.name: f for f in compare_outputs(run, twin, ["*.npz"]).files}
+    assert by_name["a.npz"].verdict == IDENTICAL and by_name["a.npz"].max_abs_diff == 0.0
+    assert by_name["b.npz"].max_abs_diff == 1.0
+    assert by_name["c.npz"].verdict == DIFFERS
+
+
+def test_a_file_that_differs_only_as_bytes_gives_no_size_of_difference(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    for side, text in ((run, "x"), (twin, "y")):
+        side.mkdir()
+        np.savez(side / "w.npz", a=np.ones(2))
+        (side / "notes.txt").write_text(text)
+    verdict = compare_outputs(run, twin, ["w.npz", "notes.txt"])
+    assert verdict.verdict == DIFFERS and verdict.max_abs_diff is None
+
+
+def test_a_link_out_of_the_working_directory_is_not_an_output(sides: tuple[Path, Path], tmp_path: Path) -> None:
+    run, twin = sides
+    (tmp_path / "elsewhere.txt").write_text("not the run's")
+    for side in sides:
+        side.mkdir()
+        (side / "out.txt").symlink_to(tmp_path / "elsewhere.txt")
+    assert matched_outputs(run, ["*.txt"]) == {}
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [
+    ("", "is empty"), (".", "is empty"), ("/abs/model.pt", "is absolute"), ("../twin/model.pt", "leaves the script's"),
+    ("{run_dir}/model.pt", "{run_dir} differs between a run and its twin"), ("m-{run_id}.pt", "{run_id} differs"),
+])
+def test_outputs_that_cannot_name_the_same_files_for_the_twin_are_refused(tmp_path: Path, pattern: str,
+                                                                          expected: str) -> None:
+    from orchestrator.campaign.spec import SpecError, parse_campaign
+
+    raw = {"name": "o", "backend": "local", "workdir": str(tmp_path / "work"),
+           "workload": {"command": ["python", "t.py"], "framework": "torch", "outputs": [pattern],
+                        "progress": {"log": r"step (\d+)"}}}
+    with pytest.raises(SpecError, match=re.escape(expected)):
+        parse_campaign(raw, base_dir=tmp_path)

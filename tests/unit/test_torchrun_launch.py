@@ -153,3 +153,83 @@ def test_validate_says_what_a_drill_cannot_target_under_such_a_launcher(
         plan_drill(parse_campaign(raw, base_dir=tmp_path))
     notes = [record.getMessage() for record in caplog.records if "forks its own workers" in record.getMessage()]
     assert len(notes) == 1 and "accelerate launch" in notes[0] and "workload.launcher: torchrun" in notes[0], notes
+
+
+def test_interpreter_options_cannot_pass_through_torchrun() -> None:
+    with pytest.raises(TorchrunError, match="the interpreter option -u cannot pass through torchrun"):
+        split_torchrun(["python", "-u", "t.py"], PY, nodes=1, per_node=2)
+
+
+def test_python_m_torch_distributed_run_uses_the_drills_interpreter_and_its_prefixes_are_options() -> None:
+    split = split_torchrun(["python", "-m", TORCHRUN_MODULE, "--nproc=2", "--", "t.py", "--nproc=9"], PY, 1, 2)
+    assert split.program == (PY, "-m", TORCHRUN_MODULE) and split.options == () and split.script == ("t.py", "--nproc=9")
+    with pytest.raises(TorchrunError, match="--nproc-per-node=4"):
+        split_torchrun(["torchrun", "--nproc=4", "t.py"], PY, 1, 2)
+
+
+def test_torchrun_behind_a_wrapper_is_named_up_front() -> None:
+    from orchestrator.campaign.forking import forking_launcher
+    for argv in (["uv", "run", "torchrun", "t.py"], ["env", "X=1", "torchrun", "t.py"],
+                 ["python", "-u", "-m", "torch.distributed.run", "t.py"]):
+        found = forking_launcher(argv)
+        assert found is not None and found.name.startswith("torchrun behind"), argv
+
+
+def test_torchrun_ended_by_a_signal_it_handles_is_a_rank_ended_by_it() -> None:
+    """SIGTERM (the scheduler's, or kill-rank process: launcher with SIGTERM): torchrun ends its
+    workers and exits 1 without a summary."""
+    tail = ["Traceback (most recent call last):",
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15"]
+    assert root_cause_exit(tail) == -15
+
+
+def test_a_launcher_fault_on_a_run_without_a_launcher_is_refused_at_load(tmp_path: Path) -> None:
+    raw = {"name": "l", "backend": "local", "workdir": str(tmp_path / "work"),
+           "workload": {"framework": "torch", "steps": 50},
+           "faults": [{"kind": "kill-rank", "process": "launcher", "after": {"at_step": 10}}]}
+    with pytest.raises(SpecError, match="process: launcher aims at the torchrun"):
+        parse_campaign(raw, base_dir=tmp_path)
+
+
+RECORDS_SIGNALS = """
+import signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+for number in (signal.SIGUSR2, signal.SIGTERM):
+    signal.signal(number, lambda n, f: out.write_text(out.read_text() + signal.Signals(n).name + " " if out.exists() else signal.Signals(n).name + " "))
+out.with_suffix(".ready").write_text("")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.drill  # starts processes
+def test_the_schedulers_warning_goes_to_the_workers_not_to_torchrun(tmp_path: Path) -> None:
+    """torchrun does not handle SIGUSR2 (it would die of it) and each worker leads a session of its
+    own: the supervisor passes the warning to the workers' groups; SIGTERM still goes to torchrun."""
+    import signal
+    import subprocess
+
+    from experiments.runtime.command import Supervisor
+    from rank_launch import wait_for
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([PY, "-c", RECORDS_SIGNALS, str(tmp_path / name)], process_group=0)
+        wait_for(lambda: (tmp_path / name).with_suffix(".ready").exists(), 30, f"{name} to start")
+        return proc
+
+    agent, worker = start("agent.txt"), start("worker.txt")
+    try:
+        supervisor = object.__new__(Supervisor)
+        supervisor.child = agent  # torchrun's stand-in
+        supervisor.workers = type("Registry", (), {"worker_pids": lambda self: [worker.pid]})()  # type: ignore[assignment]
+        supervisor._forward(signal.SIGUSR2, None)
+        wait_for(lambda: (tmp_path / "worker.txt").exists(), 10, "the worker to get the warning")
+        supervisor._forward(signal.SIGTERM, None)
+        wait_for(lambda: (tmp_path / "agent.txt").exists(), 10, "torchrun to get SIGTERM")
+        assert (tmp_path / "worker.txt").read_text().split() == ["SIGUSR2"]
+        assert (tmp_path / "agent.txt").read_text().split() == ["SIGTERM"]
+    finally:
+        for proc in (agent, worker):
+            proc.kill()
+            proc.wait(timeout=10)
