@@ -93,7 +93,8 @@ def compare_file(name: str, mine: Path | None, theirs: Path | None) -> FileVerdi
         try:
             return _tensor_verdict(name, dict(reader(mine)), dict(reader(theirs)))
         except Exception as error:  # an unreadable file of a known suffix: its bytes still say
-            return _byte_verdict(name, mine, theirs, how=f"bytes ({type(error).__name__} reading its tensors)")
+            hint = "; a torch file of tensors alone (a state_dict) is compared by value" if reader is _torch_tensors else ""
+            return _byte_verdict(name, mine, theirs, how=f"bytes ({type(error).__name__} reading its tensors{hint})")
     return _byte_verdict(name, mine, theirs)
 
 

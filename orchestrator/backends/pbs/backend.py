@@ -80,7 +80,7 @@ class PBSBackend(Backend):
         script = render_pbs(run, job.attempt, self.drill_id, self.python)
         executor = TemplatePBSExecutor(run.paths.submitit, script, self.python)
         resources = run.campaign.resources
-        executor.update_parameters(nodes=resources.nodes, tasks_per_node=resources.tasks_per_node,
+        executor.update_parameters(nodes=resources.nodes, tasks_per_node=run.launch_tasks_per_node,
                                    timeout_min=job_timeout_min(run))
         submitted = executor.submit(run_rank, job)
         self._folders[submitted.job_id] = run.paths.submitit

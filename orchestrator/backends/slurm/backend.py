@@ -140,7 +140,7 @@ class SlurmBackend(Backend):
         script = render_slurm(run, job.attempt, self.drill_id, self.python, exclude_nodes=tuple(job.exclude_nodes))
         executor = TemplateSlurmExecutor(run.paths.submitit, script, python=self.python)
         resources = run.campaign.resources
-        executor.update_parameters(nodes=resources.nodes, ntasks_per_node=resources.tasks_per_node)
+        executor.update_parameters(nodes=resources.nodes, ntasks_per_node=run.launch_tasks_per_node)
         submitted = executor.submit(run_rank, job)
         return Submission(job_id=_with_cluster(submitted.job_id, executor.cluster), accepted_at=time.time())
 
