@@ -38,7 +38,6 @@ from orchestrator.campaign.placeholders import problems as placeholder_problems
 from orchestrator.campaign.policy import PolicyEntry
 from orchestrator.campaign.strategies import TRAITS, StrategyName, strategies_on, traits_of
 from orchestrator.campaign.torchrun import starts_torchrun
-from orchestrator.record.outputs import output_glob_problem
 
 FRAMEWORKS = tuple(sorted(WORKLOAD_REGISTRY))
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -163,6 +162,18 @@ def _secret_flag_words(words: list[str]) -> bool:
 
 
 PER_RUN_PLACEHOLDERS = ("run_id", "run_dir", "checkpoint_dir", "attempt")  # a run's own, never its twin's
+
+
+def output_glob_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot name a run's outputs (they are compared with its twin's, which lie in
+    the twin's own working directory: the same relative names); None if it can."""
+    if not pattern.strip() or pattern.strip() in (".", "./"):
+        return "is empty: name files, e.g. model_final.pt or ckpt/*.pt"
+    if Path(pattern).is_absolute() or pattern.startswith("~"):
+        return "is absolute: give it relative to the script's working directory (the twin's files lie in its own)"
+    if ".." in Path(pattern).parts:
+        return "leaves the script's working directory (..)"
+    return None
 
 
 def _refuse_secret_flags(words: list[str], field: str) -> None:

@@ -56,20 +56,8 @@ def matched_outputs(cwd: Path, globs: list[str]) -> dict[str, Path]:
     return found
 
 
-def output_glob_problem(pattern: str) -> str | None:
-    """Why ``pattern`` cannot name a run's outputs (they are compared with its twin's, which lie in
-    the twin's own working directory: the same relative names); None if it can."""
-    if not pattern.strip() or pattern.strip() in (".", "./"):
-        return "is empty: name files, e.g. model_final.pt or ckpt/*.pt"
-    if Path(pattern).is_absolute() or pattern.startswith("~"):
-        return "is absolute: give it relative to the script's working directory (the twin's files lie in its own)"
-    if ".." in Path(pattern).parts:
-        return "leaves the script's working directory (..)"
-    return None
-
-
 def compare_outputs(run_cwd: Path, twin_cwd: Path, globs: list[str]) -> OutputsVerdict:
-    """``globs`` (relative, checked at load: orchestrator/campaign/spec.py) in the run's working
+    """``globs`` (relative, checked at load: orchestrator/campaign/spec.py output_glob_problem) in the run's working
     directory against the same in its twin's."""
     mine, theirs = matched_outputs(run_cwd, globs), matched_outputs(twin_cwd, globs)
     files = [compare_file(name, mine.get(name), theirs.get(name)) for name in sorted(set(mine) | set(theirs))]
@@ -195,13 +183,15 @@ def _torch_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def _safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    from safetensors.numpy import load_file  # type: ignore[import-not-found,unused-ignore]
+    from safetensors.numpy import (
+        load_file,  # type: ignore[import-not-found,unused-ignore]  # optional: not installed here
+    )
 
     return _bounded(iter(load_file(str(path)).items()))
 
 
 def _h5_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    import h5py  # type: ignore[import-untyped,unused-ignore]
+    import h5py  # type: ignore[import-untyped,unused-ignore]  # h5py ships no type hints
 
     found: list[tuple[str, np.ndarray]] = []
     with h5py.File(path, "r") as file:
@@ -211,7 +201,7 @@ def _h5_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
 
 def _keras_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     """A ``.keras`` file is a zip whose weights are ``model.weights.h5``."""
-    import h5py  # type: ignore[import-untyped,unused-ignore]
+    import h5py  # type: ignore[import-untyped,unused-ignore]  # h5py ships no type hints
 
     with zipfile.ZipFile(path) as archive:
         data = archive.read("model.weights.h5")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import psutil
 from step_logs import check_one_recovery, executed
@@ -18,14 +19,14 @@ from faultdrill_cli import campaign_copy
 EVERY = 25  # the campaign's --every
 
 
-def _drill_torchrun(tmp_path: Path, fault: dict[str, object]) -> tuple[dict[str, object], Path]:
+def _drill_torchrun(tmp_path: Path, fault: dict[str, Any]) -> tuple[dict[str, Any], Path]:
     """experiments/campaigns/example-torchrun.yaml (experiments/examples/torchrun_ddp.py) with ``fault``."""
     report = drill(campaign_copy("example-torchrun", tmp_path, faults=[fault]), timeout=400)
     [run] = report["runs"]
     return run, tmp_path / "work" / "runs" / str(run["run_id"])
 
 
-def _check_recovery(run: dict[str, object], run_dir: Path) -> None:
+def _check_recovery(run: dict[str, Any], run_dir: Path) -> None:
     """The report against the script's own log; none of the killed attempt's workers alive; the
     workers, on one torchrun, are the ranks."""
     assert run["status"] == "completed", run
@@ -41,16 +42,16 @@ def _check_recovery(run: dict[str, object], run_dir: Path) -> None:
 def test_a_kill_of_a_torchrun_worker_is_a_kill_of_that_rank(tmp_path: Path) -> None:
     run, run_dir = _drill_torchrun(tmp_path, {"kind": "kill-rank", "after": {"at_step": 60}, "rank": 1})
     _check_recovery(run, run_dir)
-    [fault] = run["faults"]  # type: ignore[misc]
+    [fault] = run["faults"]
     assert fault["target"].startswith("rank 1@") and fault["outcome"] == "injected", fault
     # torchrun exits 1 for its failed worker; the rank ends as that worker did: by SIGKILL.
-    assert run["attempts"][0]["failure_class"] == "RANK_SIGNAL", run["attempts"]  # type: ignore[index]
+    assert run["attempts"][0]["failure_class"] == "RANK_SIGNAL", run["attempts"]
 
 
 def test_a_kill_of_torchrun_itself_ends_its_workers_with_it(tmp_path: Path) -> None:
     run, run_dir = _drill_torchrun(tmp_path, {"kind": "kill-rank", "after": {"at_step": 60}, "rank": 0,
                                               "process": "launcher"})
     _check_recovery(run, run_dir)
-    [fault] = run["faults"]  # type: ignore[misc]
+    [fault] = run["faults"]
     assert "launcher" in fault["detail"] and fault["outcome"] == "injected", fault
-    assert run["attempts"][0]["failure_class"] == "RANK_SIGNAL", run["attempts"]  # type: ignore[index]
+    assert run["attempts"][0]["failure_class"] == "RANK_SIGNAL", run["attempts"]

@@ -67,7 +67,7 @@ def _finished(tmp_path: Path, next_attempt_steps: int) -> FaultRow:
                                   node="n1", outcome=INJECTED, detail=f"{ACTED}SIGKILL"))
         progress = RunProgress(lambda attempt, at: 400 if attempt == 0 else next_attempt_steps, last_step=400)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            book = FaultBook("r000", [], ledger, pool, act=lambda *args: None,  # type: ignore[arg-type,return-value]
+            book = FaultBook("r000", [], ledger, pool, act=lambda *args: None,  # type: ignore[arg-type,return-value]  # never acts here
                              progress=progress)
             book.attempt_ended(0, _killed(), completed=False)
             book.finish("completed", last_attempt=1)

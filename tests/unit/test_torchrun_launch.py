@@ -222,7 +222,7 @@ def test_the_schedulers_warning_goes_to_the_workers_not_to_torchrun(tmp_path: Pa
     try:
         supervisor = object.__new__(Supervisor)
         supervisor.child = agent  # torchrun's stand-in
-        supervisor.workers = type("Registry", (), {"worker_pids": lambda self: [worker.pid]})()  # type: ignore[assignment]
+        supervisor.workers = type("Registry", (), {"worker_pids": lambda self: [worker.pid]})()  # type: ignore[assignment]  # the registry's one method used here
         supervisor._forward(signal.SIGUSR2, None)
         wait_for(lambda: (tmp_path / "worker.txt").exists(), 10, "the worker to get the warning")
         supervisor._forward(signal.SIGTERM, None)
