@@ -183,11 +183,9 @@ def _torch_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def _safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    from safetensors.numpy import (
-        load_file,  # type: ignore[import-not-found,unused-ignore]  # optional: not installed here
-    )
+    import safetensors.numpy  # type: ignore[import-not-found,unused-ignore]  # optional: may be absent
 
-    return _bounded(iter(load_file(str(path)).items()))
+    return _bounded(iter(safetensors.numpy.load_file(str(path)).items()))
 
 
 def _h5_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
