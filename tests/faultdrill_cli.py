@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import yaml
 
 from orchestrator.campaign.spec import anchored
@@ -54,6 +55,11 @@ def report(workdir: Path) -> dict[str, Any]:
 def full_campaigns() -> bool:
     """FAULTDRILL_FULL=1: the campaigns at full size (by hand); CI runs their cut."""
     return bool(os.environ.get("FAULTDRILL_FULL"))
+
+
+# A parametrized case that runs with FAULTDRILL_FULL=1 only (scripts/test --full): CI keeps one case
+# of the feature, the others are the long campaigns' (the CI time bound).
+FULL_ONLY = pytest.mark.skipif(not full_campaigns(), reason="runs with FAULTDRILL_FULL=1 (scripts/test --full)")
 
 
 def leave_out_fault_kinds(spec: Path, kinds: "set[str]") -> None:

@@ -17,6 +17,7 @@ from step_logs import check_one_recovery, executed
 
 from campaigns import campaign_copy, drill_report
 from experiments.layout import RunPaths
+from faultdrill_cli import FULL_ONLY
 
 EVERY = 25  # the campaign's --every
 
@@ -34,8 +35,8 @@ def _drill(shared_tmp: Path, slurm: Any, fault: dict[str, Any], backend: str) ->
 
 @pytest.mark.parametrize("backend,fault,failure_class", [
     ("slurm", {"kind": "kill-rank", "after": {"at_step": 80}, "rank": 3}, "RANK_SIGNAL"),
-    ("slurm", {"kind": "node-crash", "after": {"at_step": 80}, "node": -1}, "NODE_FAIL"),
-    ("pbs", {"kind": "kill-rank", "after": {"at_step": 80}, "rank": 2}, "RANK_SIGNAL"),
+    pytest.param("slurm", {"kind": "node-crash", "after": {"at_step": 80}, "node": -1}, "NODE_FAIL", marks=FULL_ONLY),
+    pytest.param("pbs", {"kind": "kill-rank", "after": {"at_step": 80}, "rank": 2}, "RANK_SIGNAL", marks=FULL_ONLY),
 ], ids=["slurm-worker-killed", "slurm-node-crashed", "pbs-worker-killed"])
 def test_torchrun_workers_on_two_nodes_recover_as_their_own_log_says(
         shared_tmp: Path, cluster: Any, slurm: Any, backend: str, fault: dict[str, Any], failure_class: str) -> None:

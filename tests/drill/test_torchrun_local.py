@@ -14,7 +14,7 @@ import psutil
 from step_logs import check_one_recovery, executed
 
 from drills import drill
-from faultdrill_cli import campaign_copy
+from faultdrill_cli import FULL_ONLY, campaign_copy
 
 EVERY = 25  # the campaign's --every
 
@@ -48,6 +48,7 @@ def test_a_kill_of_a_torchrun_worker_is_a_kill_of_that_rank(tmp_path: Path) -> N
     assert run["attempts"][0]["failure_class"] == "RANK_SIGNAL", run["attempts"]
 
 
+@FULL_ONLY
 def test_a_kill_of_torchrun_itself_ends_its_workers_with_it(tmp_path: Path) -> None:
     run, run_dir = _drill_torchrun(tmp_path, {"kind": "kill-rank", "after": {"at_step": 60}, "rank": 0,
                                               "process": "launcher"})
