@@ -26,13 +26,13 @@ STEPS_PER_EPOCH, BATCH = 50, 16
 class StepLines(keras.callbacks.Callback):
     def __init__(self, log: Path | None) -> None:
         super().__init__()
-        self.log = open(log / "steps-0.log", "a") if log else None
+        self.step_file = open(log / "steps-0.log", "a") if log else None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         step = int(self.model.optimizer.iterations.numpy())
-        if self.log:
-            self.log.write(f"{os.getpid()} {step} {time.time():.3f}\n")
-            self.log.flush()
+        if self.step_file:
+            self.step_file.write(f"{os.getpid()} {step} {time.time():.3f}\n")
+            self.step_file.flush()
         print(f"step {step}", flush=True)
         time.sleep(0.02)
 

@@ -33,12 +33,12 @@ class Regressor(lightning.LightningModule):
 
 class StepLines(Callback):
     def __init__(self, log: Path | None) -> None:
-        self.log = open(log / "steps-0.log", "a") if log else None
+        self.step_file = open(log / "steps-0.log", "a") if log else None
 
     def on_train_batch_end(self, trainer: lightning.Trainer, *args: object) -> None:
-        if self.log:
-            self.log.write(f"{os.getpid()} {trainer.global_step} {time.time():.3f}\n")
-            self.log.flush()
+        if self.step_file:
+            self.step_file.write(f"{os.getpid()} {trainer.global_step} {time.time():.3f}\n")
+            self.step_file.flush()
         print(f"step {trainer.global_step}", flush=True)
         time.sleep(0.02)
 

@@ -37,24 +37,29 @@ AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
 
 def first_rank(command: CommandSpec, env: DistEnv) -> int:
     """The rank of this node's first worker (torchrun places ranks node by node)."""
-    return env.node_rank * workers_per_node(command, env)
+    return env.rank * workers_per_node(command, env)
 
 
 def rendezvous_id(run_id: str, attempt: int) -> str:
     return f"{run_id}-a{attempt}"
 
 
+# The node's place is its task's rank and world: the launch is one task per node
+# (RunConfig.launch_tasks_per_node), whatever the node variables say where the task runs (an
+# mpiexec task on a PBS job's second node sees none of the job's: one node, it would say).
+
+
 def workers_per_node(command: CommandSpec, env: DistEnv) -> int:
-    """This node's share of the run's ranks (the local backend's one node: all of them)."""
-    if command.torchrun_ranks % env.num_nodes:
-        raise ValueError(f"torchrun: {command.torchrun_ranks} ranks do not split evenly over {env.num_nodes} nodes")
-    return command.torchrun_ranks // env.num_nodes
+    """This node's share of the run's ranks (the local backend's one task: all of them)."""
+    if command.torchrun_ranks % env.world_size:
+        raise ValueError(f"torchrun: {command.torchrun_ranks} ranks do not split evenly over {env.world_size} nodes")
+    return command.torchrun_ranks // env.world_size
 
 
 def torchrun_argv(command: CommandSpec, env: DistEnv, run_id: str, attempt: int, script: list[str]) -> list[str]:
     """The node's torchrun: the spec's program and options, Faultdrill's placement, the script."""
-    placement = [f"--nnodes={env.num_nodes}", f"--nproc-per-node={workers_per_node(command, env)}",
-                 f"--node-rank={env.node_rank}", f"--master-addr={env.master_addr}", f"--master-port={env.master_port}",
+    placement = [f"--nnodes={env.world_size}", f"--nproc-per-node={workers_per_node(command, env)}",
+                 f"--node-rank={env.rank}", f"--master-addr={env.master_addr}", f"--master-port={env.master_port}",
                  f"--rdzv-id={rendezvous_id(run_id, attempt)}", "--max-restarts=0"]
     return [*command.torchrun, *placement, *script]
 

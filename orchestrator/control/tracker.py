@@ -156,7 +156,7 @@ class RunTracker:
         last = attempts[-1] if attempts else None
         final = self._own_final()
         in_flight = last is not None and last.ended is None and last.job_id is not None
-        if final is not None and final.step == self.run.workload.steps and not (in_flight and last is not None and final.attempt == last.attempt):
+        if final is not None and final.step >= self.run.workload.steps and not (in_flight and last is not None and final.attempt == last.attempt):
             self._complete_from_record(final, last, now)
             return
         if last is not None and last.ended is None:
@@ -495,11 +495,12 @@ class RunTracker:
 
     # completion -------------------------------------------------------------------------------
     def _final_of(self, watch: AttemptWatch) -> FinalRecord | None:
-        """This attempt's final record, if the run reached its target step in it."""
+        """This attempt's final record, if the run reached its target step in it (a script whose own
+        step count went past it, a resume that replayed steps, reached it too: the report names that)."""
         if not watch.completed:
             return None
         final = _read_final(self.run)
-        if final is None or final.attempt != watch.attempt or final.step != self.run.workload.steps:
+        if final is None or final.attempt != watch.attempt or final.step < self.run.workload.steps:
             return None
         return final
 
@@ -524,7 +525,7 @@ class RunTracker:
         elif not state.is_terminal:
             self.closing.add(watch.attempt, watch.job_id, now, cancelled=False, state=state)
         self._ingest_checkpoints()
-        reached = final is not None and final.step == self.run.workload.steps
+        reached = final is not None and final.step >= self.run.workload.steps
         self.faults.attempt_ended(watch.attempt, None, completed=reached)
         with self.ledger.transaction():
             if not reached or final is None:

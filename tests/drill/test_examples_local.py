@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from drills import drill, run_of, write_spec
-from faultdrill_cli import campaign_copy
+from faultdrill_cli import FULL_ONLY, campaign_copy
 
 
 def test_the_rank_api_example_resumes_from_its_newest_checkpoint_identical_to_its_twin(tmp_path: Path) -> None:
@@ -40,6 +40,7 @@ def test_the_rank_api_saves_on_the_preemption_warning_and_loses_no_work(tmp_path
     assert '"event": "warned"' in events and f'"step": {recovery["resumed_from_step"]}' in events
 
 
+@FULL_ONLY  # CI: tests/cluster/test_own_scripts_slurm.py drills the callback on two nodes
 def test_a_lightning_trainer_with_the_callback_resumes_identical_to_its_twin(tmp_path: Path) -> None:
     report = drill(campaign_copy("example-lightning", tmp_path), timeout=600)
     run = run_of(report, "r000")

@@ -39,6 +39,7 @@ def _check_recovery(run: dict[str, Any], run_dir: Path) -> None:
     assert not [pid for pid in killed if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
+@FULL_ONLY  # CI: tests/cluster/test_torchrun_slurm.py's worker kill
 def test_a_kill_of_a_torchrun_worker_is_a_kill_of_that_rank(tmp_path: Path) -> None:
     run, run_dir = _drill_torchrun(tmp_path, {"kind": "kill-rank", "after": {"at_step": 60}, "rank": 1})
     _check_recovery(run, run_dir)

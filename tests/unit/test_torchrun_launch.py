@@ -233,3 +233,14 @@ def test_the_schedulers_warning_goes_to_the_workers_not_to_torchrun(tmp_path: Pa
         for proc in (agent, worker):
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_a_node_is_placed_by_its_tasks_rank_not_by_node_variables_it_may_lack(tmp_path: Path) -> None:
+    """Under PBS the second node's mpiexec task sees none of the job's node variables (its DistEnv
+    says one node): its torchrun started all four workers alone and the first node's waited for ever."""
+    run = _run(tmp_path, ["torchrun", "--nproc-per-node=2", "t.py"], nodes=2, per_node=2)
+    assert run.command is not None
+    second = DistEnv(rank=1, local_rank=0, world_size=2, node_rank=0, num_nodes=1, master_addr="n1",
+                     master_port=29400, job_id="77", node="n2", scheduler="single")
+    argv = torchrun_argv(run.command, second, "r0", 0, ["t.py"])
+    assert "--nnodes=2" in argv and "--node-rank=1" in argv and "--nproc-per-node=2" in argv
