@@ -15,6 +15,12 @@ import yaml
 
 from faultdrill_cli import FAULTDRILL
 
+# The end-to-end drill's fault: rank 1 SIGKILLed 0.2 s after the first checkpoint.
+KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}]
+# Its workload, paced: 160 unpaced steps of this model take well under a second on an idle machine,
+# and that kill (the agent's start on top) once came after the last step in CI.
+PACED = {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_size": 16, "step_s": 0.02}
+
 
 def write_spec(tmp_path: Path, **overrides: Any) -> Path:
     """A small torch drill on 2 local ranks; ``overrides`` replace top-level sections."""

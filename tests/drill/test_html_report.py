@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
-from drills import FAULTDRILL, write_spec
+from drills import FAULTDRILL, KILL_RANK_1, PACED, write_spec
 from report_page import every_image_loaded, open_page
-
-KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}]
 
 
 @pytest.fixture(scope="module")
 def drilled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp_path = tmp_path_factory.mktemp("page")
-    spec = write_spec(tmp_path, name="page", faults=KILL_RANK_1, baseline=True, parallel_runs=2)
+    spec = write_spec(tmp_path, name="page", faults=KILL_RANK_1, baseline=True, parallel_runs=2, workload=PACED)
     done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json"], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -15,16 +15,14 @@ from typing import Any
 
 import pytest
 
-from drills import FAULTDRILL, drill, run_of, write_spec
+from drills import FAULTDRILL, KILL_RANK_1, PACED, drill, run_of, write_spec
 from orchestrator.record.ledger import Ledger
-
-KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_checkpoint", "rank": 1}]
 
 
 def _write_spec(tmp_path: Path, **overrides: Any) -> Path:
     """The e2e drill: a rank killed after the first checkpoint, with a fault-free twin."""
     return write_spec(tmp_path, **{"name": "local-e2e", "faults": KILL_RANK_1, "baseline": True,
-                                   "parallel_runs": 2, **overrides})
+                                   "parallel_runs": 2, "workload": PACED, **overrides})
 
 
 def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path) -> None:
