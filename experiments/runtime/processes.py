@@ -1,4 +1,4 @@
-"""The processes of this machine as /proc shows them: children by parent, environments."""
+"""The processes of this machine as /proc shows them: children by parent."""
 
 from __future__ import annotations
 
@@ -20,13 +20,3 @@ def children_of(parent: int, zombies: bool = False) -> list[int]:
         if len(fields) > 1 and int(fields[1]) == parent and (zombies or fields[0] != "Z"):
             children.append(int(entry.name))
     return children
-
-
-def process_environ(pid: int) -> dict[str, str]:
-    """``pid``'s environment as it was started (empty if it is gone or not readable)."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
-    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}

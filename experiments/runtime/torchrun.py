@@ -20,11 +20,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import psutil
+
 from experiments.layout import CommandSpec, RankIdentity, RunPaths, record_dict, write_json_atomic
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fence import own_job_id
 from experiments.runtime.identity import start_ticks
-from experiments.runtime.processes import children_of, process_environ
+from experiments.runtime.processes import children_of
 
 RUN_ID_VAR = "TORCHELASTIC_RUN_ID"  # in every worker's environment: torchrun's --rdzv-id
 WORKER_SCAN_S = 0.05
@@ -44,13 +46,11 @@ def rendezvous_id(run_id: str, attempt: int) -> str:
     return f"{run_id}-a{attempt}"
 
 
-# The node's place is its task's rank and world: the launch is one task per node
-# (RunConfig.launch_tasks_per_node), whatever the node variables say where the task runs (an
-# mpiexec task on a PBS job's second node sees none of the job's: one node, it would say).
-
-
 def workers_per_node(command: CommandSpec, env: DistEnv) -> int:
-    """This node's share of the run's ranks (the local backend's one task: all of them)."""
+    """This node's share of the run's ranks (the local backend's one task: all of them). A node's
+    place is its task's rank and world: the launch is one task per node
+    (RunConfig.launch_tasks_per_node), whatever the node variables say where the task runs (an
+    mpiexec task on a PBS job's second node sees none of the job's: one node, it would say)."""
     if command.torchrun_ranks % env.world_size:
         raise ValueError(f"torchrun: {command.torchrun_ranks} ranks do not split evenly over {env.world_size} nodes")
     return command.torchrun_ranks // env.world_size
@@ -115,7 +115,10 @@ class WorkerRegistry:
 
 def worker_rank(pid: int, rendezvous: str) -> int | None:
     """The RANK of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
-    environ = process_environ(pid)
+    try:
+        environ = psutil.Process(pid).environ()
+    except psutil.Error:
+        return None  # gone, or not ours to read
     if environ.get(RUN_ID_VAR) != rendezvous or not environ.get("RANK", "").isdigit():
         return None
     return int(environ["RANK"])

@@ -19,7 +19,7 @@ from experiments.workloads import LAUNCHER_MPI, LAUNCHER_TORCHRUN, REGISTRY, Wor
 from orchestrator.campaign.placeholders import ATTEMPT_MARK, fill
 from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
-from orchestrator.campaign.torchrun import PYTHON_NAMES, TorchrunError, split_torchrun
+from orchestrator.campaign.torchrun import PYTHON_NAMES, TorchrunCommand, TorchrunError, split_torchrun
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ class RunConfig:
         values = self._placeholders()
         argv = [fill(text, values) for text in w.command]
         torchrun: tuple[str, ...] = ()
-        if self.torchrun:
-            launch = split_torchrun(argv, python, self.campaign.resources.nodes, self.campaign.resources.tasks_per_node)
+        if (launch := self.torchrun_launch(argv)) is not None:
             torchrun, argv = (*launch.program, *launch.options), list(launch.script)
         if argv[0] in PYTHON_NAMES:
             argv[0] = python
@@ -90,6 +89,17 @@ class RunConfig:
         """The ranks are the workers of one torchrun per node (workload.launcher torchrun, or a
         command that starts torchrun)."""
         return self.campaign.workload.torchrun
+
+    def torchrun_launch(self, argv: list[str] | None = None) -> TorchrunCommand | None:
+        """The command (placeholders filled) split into torchrun, its kept options and the script;
+        None unless the run is a torchrun's. TorchrunError when its options disagree with the spec."""
+        if not self.torchrun:
+            return None
+        w = self.campaign.workload
+        assert w.command is not None  # a torchrun run has a command
+        words = argv if argv is not None else [fill(text, self._placeholders()) for text in w.command]
+        resources = self.campaign.resources
+        return split_torchrun(words, w.python or sys.executable, resources.nodes, resources.tasks_per_node)
 
     @property
     def launch_tasks_per_node(self) -> int:
@@ -191,10 +201,9 @@ def expand_runs(campaign: Campaign) -> list[RunConfig]:
 def _check_torchrun(run: RunConfig) -> None:
     """A torchrun command whose options disagree with the spec (its run's resources): refused at load."""
     try:
-        command = run.command
+        run.torchrun_launch()
     except TorchrunError as error:
         raise SpecError(str(error)) from None
-    assert command is not None and command.torchrun
 
 
 def _check_cwds_apart(runs: list[RunConfig]) -> None:
