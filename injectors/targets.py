@@ -95,6 +95,22 @@ def check_not_left(target: VerifiedTarget) -> None:
         raise TargetRefused(_left_why(target.rank, target.pid, left_at), gone=True)
 
 
+def still_in_attempt(targets: list[VerifiedTarget]) -> list[VerifiedTarget]:
+    """The targets that have not left their attempt since their verification; TargetRefused (gone)
+    if none has (the first one's why)."""
+    staying, left = [], []
+    for target in targets:
+        try:
+            check_not_left(target)
+        except TargetRefused as error:
+            left.append(error)
+            continue
+        staying.append(target)
+    if targets and not staying:
+        raise left[0]
+    return staying
+
+
 def _left_why(rank: int, pid: int, left_at: float) -> str:
     return (f"rank {rank} (pid {pid}) left its attempt at {left_at:.3f} (its generation ended): the process "
             "serves the next one, the fault came too late")

@@ -18,7 +18,7 @@ from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
 from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
 from injectors.kinds.signals import RankFaultOptions, outcome, verify_all, wait_until
 from injectors.memory_cgroup import MemoryCap
-from injectors.targets import TargetRefused, VerifiedTarget, check_not_left
+from injectors.targets import TargetRefused, VerifiedTarget, still_in_attempt
 
 MB = 1 << 20
 
@@ -43,13 +43,16 @@ class OomRank(RankKind):
         caps: list[MemoryCap] = []
         ending = JobEnding()  # the job ends when the rank dies: finish the record first
         wait_until(task.not_before)
+        # Capped only now, each once it is shown still in its attempt: a warm process that left it
+        # (it serves the next one now) must not run on under this fault's cap; the others go on.
+        targets = still_in_attempt(targets)
         try:  # every cap made is removed again, whatever happens after it (a later target gone too)
-            # Capped only now, each once it is shown still in its attempt: a warm process that left
-            # it (it serves the next one now) must not run on under this fault's cap.
-            for target in targets:
-                check_not_left(target)
-                caps.append(_cap(task, target, headroom * MB))
+            caps.extend(_cap(task, target, headroom * MB) for target in targets)
             at, targets = ask(task, targets, {"action": ACTION_LEAK})
+            asked = {target.pid for target in targets}
+            for cap in [cap for cap in caps if cap.pid not in asked]:  # not asked: no cap a moment longer
+                caps.remove(cap)
+                cap.remove()
             ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
             kills = {cap.pid: cap.oom_kills() for cap in caps}
             peaks = {cap.pid: cap.peak_bytes() for cap in caps}

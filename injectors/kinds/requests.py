@@ -13,30 +13,25 @@ from experiments.layout import RunPaths, write_json_atomic
 from experiments.runtime.fault_requests import FAULT_SIGNAL
 from experiments.runtime.identity import start_ticks
 from injectors.kinds.base import FaultTask
-from injectors.targets import TargetRefused, VerifiedTarget, signal_target
+from injectors.kinds.signals import delivered
+from injectors.targets import TargetRefused, VerifiedTarget
 
 
 def ask(task: FaultTask, targets: list[VerifiedTarget], request: dict[str, Any]) -> tuple[float, list[VerifiedTarget]]:
     """Write each target's request, then signal them all; when the signals went out, and the targets
-    asked. A target that left its attempt since it was verified (a warm process, now in the next
-    one) is not asked (its request is taken back); if every target left, TargetRefused (gone)."""
+    asked. A target that ended or left its attempt since it was verified (a warm process, now in the
+    next one) is not asked (its request is taken back); if none was asked, TargetRefused (gone)."""
     paths = RunPaths(Path(task.run_dir))
     for target in targets:
         write_json_atomic(paths.fault_request_file(task.attempt, target.rank), request)
     at = time.time()
-    asked, left = [], []
+    asked = [target for target in targets if delivered(target, FAULT_SIGNAL)]
     for target in targets:
-        try:
-            signal_target(target, FAULT_SIGNAL)
-        except TargetRefused as error:
-            if not error.gone:
-                raise
+        if target not in asked:
             paths.fault_request_file(task.attempt, target.rank).unlink(missing_ok=True)
-            left.append(error)
-            continue
-        asked.append(target)
     if not asked:
-        raise left[0]
+        raise TargetRefused(f"rank(s) {','.join(str(t.rank) for t in targets)} ended or left their attempt after "
+                            "they were verified, before they were asked", gone=True)
     return at, asked
 
 

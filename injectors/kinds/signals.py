@@ -37,26 +37,37 @@ def wait_until(moment: float) -> None:
 
 
 def send(targets: list[VerifiedTarget], name: str) -> float:
-    """Signal every target at once (one instant, as near as the kernel allows); when it happened.
-    A target that ended since it was verified (or left its attempt) gets nothing (the agent once died of the
+    """Signal every target at once (one instant, as near as the kernel allows); when it happened
+    (see ``send_to``)."""
+    return send_to(targets, name)[0]
+
+
+def send_to(targets: list[VerifiedTarget], name: str) -> tuple[float, list[VerifiedTarget]]:
+    """Signal every target at once; when it happened, and the targets signalled. A target that
+    ended since it was verified (or left its attempt) gets nothing (the agent once died of the
     ProcessLookupError, which the controller took for a failed kill); if every target ended, they are
     gone (TargetRefused, gone): their launch ended them first."""
     number = signal.Signals[name]
     at = time.time()
-    ended = []
-    for target in targets:
-        try:
-            signal_target(target, number)
-        except ProcessLookupError:
-            ended.append(target)
-        except TargetRefused as error:  # it left the attempt (a warm process, now in the next one)
-            if not error.gone:
-                raise
-            ended.append(target)
-    if targets and len(ended) == len(targets):
-        ranks = ",".join(str(target.rank) for target in ended)
+    signalled = [target for target in targets if delivered(target, number)]
+    if targets and not signalled:
+        ranks = ",".join(str(target.rank) for target in targets)
         raise TargetRefused(f"rank(s) {ranks} ended after they were verified, before the {name}", gone=True)
-    return at
+    return at, signalled
+
+
+def delivered(target: VerifiedTarget, number: int) -> bool:
+    """``number`` to ``target``; False if it has ended or left its attempt since its verification
+    (signal_target's gone), so it got nothing."""
+    try:
+        signal_target(target, number)
+    except ProcessLookupError:
+        return False
+    except TargetRefused as error:  # it left the attempt (a warm process, now in the next one)
+        if not error.gone:
+            raise
+        return False
+    return True
 
 
 def outcome(kind: str, targets: list[VerifiedTarget], name: str, at: float, detail: str = "") -> FaultOutcome:

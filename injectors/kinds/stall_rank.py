@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
-from injectors.kinds.signals import RankFaultOptions, outcome, send, verify_all, wait_until
+from injectors.kinds.signals import RankFaultOptions, outcome, send_to, verify_all, wait_until
 from injectors.targets import VerifiedTarget, signal_target
 
 
@@ -28,7 +28,7 @@ class StallRank(RankKind):
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
         wait_until(task.not_before)
-        at = send(targets, "SIGSTOP")
+        at, targets = send_to(targets, "SIGSTOP")  # only the ones stopped are continued, and recorded
         duration = float(task.options["duration_s"])
         time.sleep(duration)
         resumed, gone = _resume(targets)

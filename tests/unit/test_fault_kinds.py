@@ -319,3 +319,71 @@ def test_a_process_that_left_takes_no_request_of_the_attempt_it_left(tmp_path: P
 def test_a_warm_process_still_in_its_attempt_is_hit(tmp_path: Path, warm: list[WarmProcess]) -> None:
     outcome = get_kind("kill-rank").act_on_node(_task(tmp_path, "kill-rank", (0,), signal="SIGKILL"))
     assert outcome.pid == warm[0].proc.pid and warm[0].proc.wait(timeout=10) == -9
+
+
+@pytest.mark.drill
+def test_a_stall_continues_only_the_processes_it_stopped(tmp_path: Path, warm: list[WarmProcess],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 left during the agreed wait, and something of its next attempt stopped it (a hang
+    fault, a suspend): the stall of attempt 0 neither stopped it nor may continue it."""
+    import signal
+
+    import injectors.kinds.stall_rank as stall_rank
+
+    def rank_1_leaves_and_is_stopped(moment: float) -> None:
+        warm[1].leave()
+        os.kill(warm[1].proc.pid, signal.SIGSTOP)
+
+    monkeypatch.setattr(stall_rank, "wait_until", rank_1_leaves_and_is_stopped)
+    try:
+        outcome = get_kind("stall-rank").act_on_node(_task(tmp_path, "stall-rank", (0, 1), duration_s=0.2))
+        assert outcome.target.startswith("rank 0@"), outcome
+        wait_for(warm[0].alive_and_running, 10, "rank 0 to go on")
+        assert _status(warm[1].proc) == psutil.STATUS_STOPPED, "attempt 1's stop was undone"
+    finally:
+        os.kill(warm[1].proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.drill
+def test_a_request_goes_on_when_a_target_ended_after_its_verification(
+        tmp_path: Path, warm: list[WarmProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+    """rank-error on ranks 0 and 1; rank 1 died (and was reaped) during the agreed wait: rank 0 is
+    still asked and the fault is what it did (the agent died of ProcessLookupError: 'refused')."""
+    import injectors.kinds.rank_error as rank_error
+
+    def rank_1_dies(moment: float) -> None:
+        warm[1].proc.kill()
+        warm[1].proc.wait(timeout=10)
+
+    monkeypatch.setattr(rank_error, "wait_until", rank_1_dies)
+    outcome = get_kind("rank-error").act_on_node(_task(tmp_path, "rank-error", (0, 1), deadline_s=10))
+    assert warm[0].proc.wait(timeout=10) == 1 and outcome.target.startswith("rank 0@"), outcome
+
+
+@pytest.mark.drill
+def test_oom_rank_takes_its_cap_off_a_target_it_did_not_ask(tmp_path: Path, warm: list[WarmProcess],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 left between its cap and the request: it is not asked, and its cap is gone before the
+    fault waits for rank 0's end (not only once the fault is done, up to deadline_s later)."""
+    from drills import memory_cgroup_writable
+    if not memory_cgroup_writable():
+        pytest.skip("no writable cgroup v1 memory controller here")
+    import injectors.kinds.oom_rank as oom_rank
+    real_cap, real_wait = oom_rank._cap, oom_rank.wait_for_ends
+    seen: list[str] = []
+
+    def cap_then_rank_1_leaves(task: FaultTask, target: Any, headroom: int) -> Any:
+        cap = real_cap(task, target, headroom)
+        if target.rank == 1:
+            warm[1].leave("wait")
+        return cap
+
+    def wait_noting_rank_1s_cgroup(*args: Any) -> Any:
+        seen.append(Path(f"/proc/{warm[1].proc.pid}/cgroup").read_text())
+        return real_wait(*args)
+
+    monkeypatch.setattr(oom_rank, "_cap", cap_then_rank_1_leaves)
+    monkeypatch.setattr(oom_rank, "wait_for_ends", wait_noting_rank_1s_cgroup)
+    outcome = get_kind("oom-rank").act_on_node(_task(tmp_path, "oom-rank", (0, 1), deadline_s=10))
+    assert outcome.target.startswith("rank 0@") and "faultdrill-oom" not in seen[0], (outcome, seen)
+    assert warm[0].proc.wait(timeout=10) == -9 and _settled(warm[1])
