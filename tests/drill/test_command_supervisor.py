@@ -4,6 +4,7 @@ script ended; zero-code progress comes from its log lines."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -236,10 +237,19 @@ def _started_trainer(tmp_path: Path, deadline_s: float = 30.0) -> tuple[subproce
 def _gone(pid: int, deadline_s: float = 10.0) -> bool:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
             return True
         time.sleep(0.05)
     return False
+
+
+def _kill_if_alive(pid: int) -> None:
+    """The test's own trainer or worker, should it have outlived the test (it may end meanwhile)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(pid).kill()
 
 
 def test_a_faults_signal_reaches_the_trainer_behind_a_wrapper(tmp_path: Path) -> None:
@@ -257,8 +267,7 @@ def test_a_faults_signal_reaches_the_trainer_behind_a_wrapper(tmp_path: Path) ->
         assert rank.wait(timeout=30) == -signal.SIGKILL
     finally:
         rank.kill()
-        if psutil.pid_exists(trainer):
-            psutil.Process(trainer).kill()
+        _kill_if_alive(trainer)
 
 
 def test_the_trainer_a_wrapper_leaves_behind_ends_with_the_rank(tmp_path: Path) -> None:
@@ -275,8 +284,7 @@ def test_the_trainer_a_wrapper_leaves_behind_ends_with_the_rank(tmp_path: Path) 
         assert ended_in < 4.0, f"the rank took {ended_in:.1f} s to end after its script"
     finally:
         rank.kill()
-        if psutil.pid_exists(trainer):
-            psutil.Process(trainer).kill()
+        _kill_if_alive(trainer)
 
 
 def test_the_schedulers_signal_is_passed_on_to_the_whole_group(tmp_path: Path) -> None:
@@ -288,8 +296,7 @@ def test_the_schedulers_signal_is_passed_on_to_the_whole_group(tmp_path: Path) -
         rank.wait(timeout=30)
     finally:
         rank.kill()
-        if psutil.pid_exists(trainer):
-            psutil.Process(trainer).kill()
+        _kill_if_alive(trainer)
 
 
 def test_a_worker_that_left_the_group_is_ended_when_its_parent_dies_late(tmp_path: Path) -> None:
@@ -309,5 +316,4 @@ def test_a_worker_that_left_the_group_is_ended_when_its_parent_dies_late(tmp_pat
         assert _gone(worker, deadline_s=1.0), "the worker that left the group outlived its rank"
         assert took < 20, f"the rank took {took:.1f} s"
     finally:
-        if psutil.pid_exists(worker):
-            psutil.Process(worker).kill()
+        _kill_if_alive(worker)
