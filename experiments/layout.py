@@ -139,6 +139,7 @@ class RankJob:
     drill_id: str = ""
     keep_final_weights: bool = False
     exclude_nodes: tuple[str, ...] = ()  # nodes this attempt is kept off (restart.policy exclude_node)
+    fault_steps: tuple[int, ...] = ()  # the steps at_step faults name: heartbeats written at once there
 
 
 @dataclass(frozen=True)
@@ -398,7 +399,8 @@ def rank_job_from_dict(data: dict[str, Any]) -> RankJob:
             "env": tuple((str(name), str(value)) for name, value in command.get("env", ())),
         })
     return RankJob(**{**data, "workload": WorkloadSpec(**workload),
-                      "exclude_nodes": tuple(data.get("exclude_nodes", ()))})
+                      "exclude_nodes": tuple(data.get("exclude_nodes", ())),
+                      "fault_steps": tuple(data.get("fault_steps", ()))})
 
 
 def append_json_line(path: Path, record: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@
 On a cluster the login node cannot see compute-node processes, so the controller starts this agent
 on the target's node inside the job's own allocation (``srun --overlap``, the PBS route, or a local
 process on the local backend). It hands the task to the kind, which verifies its targets and acts,
-and prints one JSON line: {"ok": true, ...outcome} or {"ok": false, "error", "gone"}.
+and prints one JSON line: {"ok": true, ...outcome} or {"ok": false, "error", "gone", "not_reached"}
+(an at_step fault's agent that waited its time short of the step: injectors/kinds/moment.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from experiments.layout import write_json_atomic
 from injectors.kinds import REGISTRY, get_kind
 from injectors.kinds.base import FaultTask
-from injectors.targets import TargetRefused
+from injectors.targets import StepNotReached, TargetRefused
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"the task is for {task.kind}, the agent was started as {args.kind}")
         outcome = get_kind(args.kind).act_on_node(task)
     except TargetRefused as error:
-        _report({"ok": False, "error": str(error), "gone": error.gone}, args.record)
+        _report({"ok": False, "error": str(error), "gone": error.gone,
+                 "not_reached": isinstance(error, StepNotReached)}, args.record)
         return 3
     except (ValueError, KeyError) as error:
         _report({"ok": False, "error": str(error), "gone": False}, args.record)

@@ -39,6 +39,11 @@ class TargetRefused(RuntimeError):
         self.gone = gone
 
 
+class StepNotReached(TargetRefused):
+    """An at_step fault's agent waited its time and the attempt had not reached the step: nothing
+    was done; the controller starts it again closer to the step."""
+
+
 @dataclass(frozen=True)
 class VerifiedTarget:
     pid: int

@@ -226,7 +226,7 @@ class Supervisor:
         # torchrun: the node's workers print into one pipe; its first worker's rank stands for them.
         rank = first_rank(self.command, self.env) if self.command.torchrun else self.env.rank
         heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.job.attempt, rank), self.job.attempt,
-                                    self.job.heartbeat_interval_s)
+                                    self.job.heartbeat_interval_s, fault_steps=self.job.fault_steps)
         resumed_from = None
         if self.command.checkpoint_glob:
             steps = checkpoint_steps(self.cwd, self.command)

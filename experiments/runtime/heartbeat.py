@@ -2,7 +2,8 @@
 
 Bounded rate, because a fast workload would otherwise spend its time appending to shared storage;
 but the step before a checkpoint and the final step are always written, so lost work (last step
-reached minus resume step) can be computed exactly at those points.
+reached minus resume step) can be computed exactly at those points; so is the first step at or past
+each step an ``at_step`` fault names (its agent, waiting on the node, acts on it: injectors/kinds/moment.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from experiments.layout import Heartbeat, append_json_line, record_dict
 
 class HeartbeatWriter:
     def __init__(
-        self, path: Path, attempt: int, interval_s: float, clock: Callable[[], float] = time.time
+        self, path: Path, attempt: int, interval_s: float, clock: Callable[[], float] = time.time,
+        fault_steps: tuple[int, ...] = (),
     ) -> None:
         self.path = path
         self.attempt = attempt
@@ -25,10 +27,14 @@ class HeartbeatWriter:
         self.clock = clock
         self.last_time: float | None = None
         self.last_step: int | None = None
+        self.fault_steps = sorted(fault_steps)
 
     def beat(self, step: int, force: bool = False, phase: str | None = None, timeout_s: float | None = None) -> bool:
         """Append a heartbeat unless one was written less than ``interval_s`` ago; True if written."""
         now = self.clock()
+        if self.fault_steps and step >= self.fault_steps[0]:  # the first beat at or past a fault's step
+            force = True
+            self.fault_steps = [planned for planned in self.fault_steps if planned > step]
         if not force and self.last_time is not None and now - self.last_time < self.interval_s:
             return False
         beat = Heartbeat(attempt=self.attempt, step=step, time=now, phase=phase, timeout_s=timeout_s)

@@ -78,7 +78,8 @@ class RankSession:
         self.paths = RunPaths(Path(job.run_dir))
         self.store = CheckpointStore(self.paths.root, job.checkpoint_keep)
         self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
-        self.heartbeat = HeartbeatWriter(self.paths.heartbeat_file(job.attempt, env.rank), job.attempt, job.heartbeat_interval_s)
+        self.heartbeat = HeartbeatWriter(self.paths.heartbeat_file(job.attempt, env.rank), job.attempt,
+                                         job.heartbeat_interval_s, fault_steps=job.fault_steps)
         self.persist = PersistWorker()
         self.job_id = own_job_id(env.job_id)
         self.start_step = 0

@@ -92,6 +92,10 @@ class FaultTask:
     ranks: tuple[int, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     not_before: float = 0.0  # agents on several nodes act together at this wall time
+    # An at_step fault's agent is started ahead of the step: it waits on the node until the attempt's
+    # heartbeats reach this step, for at most wait_s (then it answers "not reached" and is started again).
+    at_step: int | None = None
+    wait_s: float = 0.0
 
     def to_json_dict(self) -> dict[str, Any]:
         return {**asdict(self), "run_dir": str(self.run_dir), "ranks": list(self.ranks)}

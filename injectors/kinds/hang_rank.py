@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Literal
 
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
-from injectors.kinds.signals import RankFaultOptions, outcome, send, verify_all, wait_until
+from injectors.kinds.moment import wait_for_moment
+from injectors.kinds.signals import RankFaultOptions, outcome, send, verify_all
 
 
 class HangRankOptions(RankFaultOptions):
@@ -20,5 +21,5 @@ class HangRank(RankKind):
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
-        wait_until(task.not_before)
+        wait_for_moment(task, targets)
         return outcome(self.name, targets, "SIGSTOP", send(targets, "SIGSTOP"))

@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
-from injectors.kinds.signals import RankFaultOptions, outcome, send, signal_name, verify_all, wait_until
+from injectors.kinds.moment import wait_for_moment
+from injectors.kinds.signals import RankFaultOptions, outcome, send, signal_name, verify_all
 from injectors.targets import VerifiedTarget, verify_launcher
 
 
@@ -37,7 +38,7 @@ class KillRank(RankKind):
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         launcher = task.options.get("process") == "launcher"
         targets = _launchers(task) if launcher else verify_all(task)
-        wait_until(task.not_before)
+        wait_for_moment(task, targets)
         name = str(task.options.get("signal", "SIGKILL"))
         detail = f"the launcher (pid {targets[0].pid}) of the ranks" if launcher and targets else ""
         return outcome(self.name, targets, name, send(targets, name), detail=detail)

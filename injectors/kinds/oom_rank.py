@@ -15,8 +15,9 @@ from pydantic import Field
 
 from experiments.runtime.fault_requests import ACTION_LEAK
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
+from injectors.kinds.moment import wait_for_moment
 from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
-from injectors.kinds.signals import RankFaultOptions, outcome, verify_all, wait_until
+from injectors.kinds.signals import RankFaultOptions, outcome, verify_all
 from injectors.memory_cgroup import MemoryCap
 from injectors.targets import TargetRefused, VerifiedTarget, still_in_attempt
 
@@ -42,7 +43,7 @@ class OomRank(RankKind):
         ticks = live_ticks(targets)
         caps: list[MemoryCap] = []
         ending = JobEnding()  # the job ends when the rank dies: finish the record first
-        wait_until(task.not_before)
+        wait_for_moment(task, targets, ending)
         # Capped only now, each once it is shown still in its attempt: a warm process that left it
         # (it serves the next one now) must not run on under this fault's cap; the others go on.
         targets = still_in_attempt(targets)

@@ -13,8 +13,9 @@ from pydantic import Field
 
 from experiments.runtime.fault_requests import ACTION_RAISE
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
+from injectors.kinds.moment import wait_for_moment
 from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
-from injectors.kinds.signals import RankFaultOptions, outcome, verify_all, wait_until
+from injectors.kinds.signals import RankFaultOptions, outcome, verify_all
 from injectors.targets import TargetRefused
 
 DEFAULT_MESSAGE = "raised in the training loop by the rank-error fault"
@@ -37,7 +38,7 @@ class RankError(RankKind):
         deadline_s = float(task.options.get("deadline_s", 30.0))
         ticks = live_ticks(targets)
         ending = JobEnding()
-        wait_until(task.not_before)
+        wait_for_moment(task, targets, ending)
         at, targets = ask(task, targets, {"action": ACTION_RAISE, "message": message})
         ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
         if len(ended) < len(targets):

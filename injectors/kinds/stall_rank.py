@@ -11,7 +11,8 @@ from typing import Literal
 from pydantic import Field
 
 from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
-from injectors.kinds.signals import RankFaultOptions, outcome, send_to, verify_all, wait_until
+from injectors.kinds.moment import wait_for_moment
+from injectors.kinds.signals import RankFaultOptions, outcome, send_to, verify_all
 from injectors.targets import VerifiedTarget, signal_target
 
 
@@ -27,7 +28,7 @@ class StallRank(RankKind):
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
-        wait_until(task.not_before)
+        wait_for_moment(task, targets)
         at, targets = send_to(targets, "SIGSTOP")  # only the ones stopped are continued, and recorded
         duration = float(task.options["duration_s"])
         time.sleep(duration)

@@ -42,6 +42,12 @@ class RunConfig:
         return self.campaign.baseline or self.is_baseline
 
     @property
+    def fault_steps(self) -> tuple[int, ...]:
+        """The steps the run's at_step faults name (its ranks write a heartbeat at once at each)."""
+        named = {getattr(fault.after, "at_step", None) for fault in self.campaign.faults}
+        return tuple(sorted(step for step in named if step is not None))
+
+    @property
     def paths(self) -> RunPaths:
         return RunPaths(self.campaign.workdir / "runs" / self.run_id)
 

@@ -263,6 +263,7 @@ class RunTracker:
             run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
             drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights, exclude_nodes=excluded,
+            fault_steps=run.fault_steps,
         )
 
     def _exclusions(self, attempt: int) -> tuple[str, ...]:
@@ -364,7 +365,7 @@ class RunTracker:
         and how the run goes on (orchestrator/strategies/)."""
         evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
                                     self.faults.oom_killed(watch.attempt), self.cancels.why(watch.job_id),
-                                    self.faults.signalled(watch.attempt),
+                                    self.faults.signalled(watch.attempt, watch.last_step),
                                     time_limit_s=time_limit_minutes(self.run.campaign.resources.time) * 60)
         classified = classify(evidence)
         facts = FailureFacts(job_ended=state.is_terminal, requeued=requeued(watch, state),

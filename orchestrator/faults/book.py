@@ -13,7 +13,10 @@ for):
   trained to the run's last step: that attempt completed all the same, or the failure it caused cost
   no step, the next attempt finding the run complete, as the run's end shows) or NOT_FIRED (why);
 - a fault that acted records the step its attempt had reached then (``met_step``), beside the step
-  an ``at_step`` fault was planned for.
+  an ``at_step`` fault was planned for;
+- an ``at_step`` fault that acts on ranks is sent ahead of its step (ARM_LEAD_S) and acts on the
+  node when the step comes; an agent that waited its time short of it is sent again, on the same
+  row, once the step is near.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from injectors.kinds import get_kind
-from injectors.kinds.base import FaultOutcome, Target
+from injectors.kinds.base import FaultOutcome, Site, Target
 from injectors.schedule import PlannedFault
-from injectors.targets import TargetRefused
+from injectors.targets import StepNotReached, TargetRefused
 from orchestrator.commands import one_line
 from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.ledger import FaultRow, Ledger
@@ -48,6 +51,10 @@ ACTED = "acted: "  # what the agent said of a fault whose effect is not known ye
 # that was already failing.
 FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "warm": 0.0, "scheduler_end": 1.0}
 COLLECT_TIMEOUT_S = 120.0
+# An at_step fault acting on ranks: its agent is started this long before the step is due (at the
+# attempt's speed), or as soon as the ranks have registered while the speed is not known yet; it
+# waits on the node for the step (injectors/kinds/moment.py).
+ARM_LEAD_S = 3.0
 
 
 @dataclass
@@ -98,6 +105,7 @@ class FaultBook:
                 ledger.update_fault(row.fault_id, outcome=UNKNOWN,
                                     detail="the controller stopped while the fault agent was acting")
         self.next_index = max((row.plan_index for row in rows), default=-1) + 1
+        self.rearm: int | None = None  # the row of an at_step fault whose agent came back short of its step
         # After a fault that ends its attempt reached attempt A, the next one waits for a later attempt.
         reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, LATE, UNKNOWN)
                    and get_kind(row.kind).ends_attempt]
@@ -118,7 +126,11 @@ class FaultBook:
         fault = self.plan[self.next_index]
         if not _due(fault, watch, now):
             return
-        fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
+        if self.rearm is not None:  # its row stays: sent again, into the attempt now running
+            fault_id, self.rearm = self.rearm, None
+            self.ledger.update_fault(fault_id, attempt=watch.attempt)
+        else:
+            fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
         self.next_index += 1
         pending: Future[FaultOutcome] = Future()
         flight = InFlight(fault_id, watch.attempt, pending, fault)
@@ -141,6 +153,8 @@ class FaultBook:
         self.in_flight = None
         try:
             outcome = flight.future.result(timeout=COLLECT_TIMEOUT_S if wait else 0)
+        except StepNotReached:
+            self.rearm, self.next_index = flight.fault_id, self.next_index - 1
         except TargetRefused as error:
             self._refused(flight, error)
         except Exception as error:  # the agent could not be started or gave no answer
@@ -253,12 +267,14 @@ class FaultBook:
                      if row.attempt == attempt and row.outcome == INJECTED and row.target
                      and get_kind(row.kind).oom_kill_record)
 
-    def signalled(self, attempt: int) -> str | None:
+    def signalled(self, attempt: int, last_step: int) -> str | None:
         """The signal the agent's record says it sent a rank of ``attempt`` last (kill-rank), if any;
         while its answer is still on its way, the signal it was sent to send (the agent on the node
-        answers after it killed, often after the rank's death has been seen)."""
+        answers after it killed, often after the rank's death has been seen), unless it waits for a
+        step ``attempt`` has not reached (``last_step``): it has sent nothing yet."""
         flight = self.in_flight
-        if flight is not None and flight.attempt == attempt and flight.fault.kind == "kill-rank":
+        if (flight is not None and flight.attempt == attempt and flight.fault.kind == "kill-rank"
+                and (flight.fault.at_step is None or last_step >= flight.fault.at_step)):
             return flight.fault.signal or "SIGKILL"
         sent = [row for row in self.ledger.faults(self.run_id)
                 if row.attempt == attempt and row.outcome == INJECTED and row.signal and row.kind == "kill-rank"]
@@ -276,6 +292,10 @@ class FaultBook:
         """Collect the fault in flight, settle, and record every planned fault that never fired."""
         self.collect(wait=True)
         self._settle_ready()
+        if self.rearm is not None:  # its agent came back short of its step, and no attempt reached it since
+            self.ledger.update_fault(self.rearm, outcome=NOT_FIRED,
+                                     detail=f"{_not_fired_because(status)}; its agent had waited for its step in vain")
+            self.rearm, self.next_index = None, self.next_index + 1
         for fault in self.plan[self.next_index:]:
             self.ledger.add_fault(_row(self.run_id, last_attempt, fault, NOT_FIRED, _not_fired_because(status)))
         self.next_index = len(self.plan)
@@ -310,10 +330,19 @@ def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: s
 def _due(fault: PlannedFault, watch: AttemptWatch, now: float) -> bool:
     """At its step in this attempt, or at its anchor in this attempt plus its delay."""
     if fault.at_step is not None:
-        return watch.last_step >= fault.at_step
+        return watch.last_step >= fault.at_step or _arm_ahead(fault.at_step, fault, watch)
     anchor = {"first_checkpoint": watch.first_checkpoint, "ranks_started": watch.ranks_started}.get(
         fault.anchor, watch.training_started)
     return anchor is not None and now >= anchor + fault.delay_s
+
+
+def _arm_ahead(at_step: int, fault: PlannedFault, watch: AttemptWatch) -> bool:
+    """Send an at_step rank fault's agent now, ahead of its step: once every rank has registered
+    (the agent verifies them), while the attempt's speed is unknown or the step is ARM_LEAD_S away."""
+    if get_kind(fault.kind).site is not Site.NODE or watch.ranks_started is None:
+        return False
+    speed = watch.steps_per_s()
+    return speed is None or (at_step - watch.last_step) / speed <= ARM_LEAD_S
 
 
 def _not_fired_because(status: str) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from injectors.kinds import get_kind
 from injectors.kinds.base import FaultOutcome, FaultTask, Site
 from injectors.schedule import PlannedFault
-from injectors.targets import TargetRefused, read_identity
+from injectors.targets import StepNotReached, TargetRefused, read_identity
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, CommandResult
 from orchestrator.faults.job_control import BackendJobControl, Menders
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 AGENT_TIMEOUT_S = 60.0  # beyond what the kind itself takes (a stall's duration)
 TOGETHER_S = 2.0  # agents on several nodes are told to act this long after they are launched (srun takes ~1 s)
+# An at_step fault's agent, started ahead of its step, waits this long for it on the node before it
+# answers "not reached" (the controller starts it again nearer the step): a controller that stops
+# meanwhile leaves an agent that may still act this long (its row says unknown).
+STEP_WAIT_S = 30.0
 # The launcher could not start the agent because the job is ending: the fault came too late.
 _JOB_ENDED = re.compile(r"already completing or completed|Invalid job id|Job has expired", re.IGNORECASE)
 
@@ -74,9 +78,11 @@ def kill_every_rank(backend: "Backend", run: RunConfig, attempt: int, job_id: st
 
 def _task(backend: "Backend", request: FaultRequest) -> FaultTask:
     """What the kind acts on: the request's run, attempt, job (as the agent names it), ranks, options."""
+    at_step = request.fault.at_step
     return FaultTask(kind=request.fault.kind, run_dir=request.run.paths.root, run_id=request.run.run_id,
                      attempt=request.attempt, job_id=backend.agent_job_id(request.job_id),
-                     ranks=request.fault.ranks, options=dict(request.fault.options))
+                     ranks=request.fault.ranks, options=dict(request.fault.options),
+                     at_step=at_step, wait_s=STEP_WAIT_S if at_step is not None else 0.0)
 
 
 def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -> FaultOutcome:
@@ -84,10 +90,11 @@ def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -
     by_node: dict[str, list[int]] = {}
     for rank in task.ranks:
         by_node.setdefault(read_identity(task.run_dir, task.attempt, rank).node, []).append(rank)
-    not_before = time.time() + TOGETHER_S if len(by_node) > 1 else 0.0
+    # Several nodes act together at an agreed moment, or each at the step (an at_step fault).
+    not_before = time.time() + TOGETHER_S if len(by_node) > 1 and task.at_step is None else 0.0
     node_tasks = {node: FaultTask(**{**task.__dict__, "ranks": tuple(ranks), "not_before": not_before})
                   for node, ranks in by_node.items()}
-    timeout_s = AGENT_TIMEOUT_S + float(task.options.get("duration_s", 0.0))
+    timeout_s = AGENT_TIMEOUT_S + float(task.options.get("duration_s", 0.0)) + task.wait_s
     with ThreadPoolExecutor(max_workers=len(node_tasks) or 1) as pool:
         futures = [pool.submit(_on_node, backend, request, node, node_task, timeout_s)
                    for node, node_task in node_tasks.items()]
@@ -124,7 +131,10 @@ def agent_verdict(result: CommandResult, record: Path) -> FaultOutcome:
         if answer.get("ok"):
             fields = {key: answer[key] for key in ("kind", "target", "at", "node", "pid", "signal", "detail")}
             return FaultOutcome(**fields)
-        raise TargetRefused(f"fault agent refused: {answer.get('error', result.stderr)}", gone=bool(answer.get("gone")))
+        why = f"fault agent refused: {answer.get('error', result.stderr)}"
+        if answer.get("not_reached"):
+            raise StepNotReached(why)
+        raise TargetRefused(why, gone=bool(answer.get("gone")))
     if _JOB_ENDED.search(result.stderr):
         raise TargetRefused(f"the target's job is ending: {result.stderr.strip()[-500:]}", gone=True)
     raise CommandError(result.args, result.returncode, result.stdout, result.stderr, "fault agent gave no answer")

@@ -99,6 +99,9 @@ class AttemptWatch:
     beats: dict[int, RankBeat] = field(default_factory=dict)
     since: float = field(default_factory=time.time)  # when the controller began to watch it
     silent_since: float | None = None  # a rank fell silent: a hang unless the scheduler says suspended
+    # (this controller's clock, step): the first training step heard, and when last_step was first heard
+    first_step_heard: tuple[float, int] | None = None
+    last_step_heard: float | None = None
 
     def __post_init__(self) -> None:
         self.events = JsonlTail(self.paths.events_file(self.attempt), EventRecord.from_json)
@@ -160,7 +163,19 @@ class AttemptWatch:
         previous = self.beats.get(rank)
         if previous is None or beat.time >= previous.time:
             self.beats[rank] = RankBeat(beat.time, beat.timeout_s, beat.phase, seen)
-        self.last_step = max(self.last_step, beat.step)
+        if beat.step > self.last_step:
+            self.last_step, self.last_step_heard = beat.step, seen
+            if self.first_step_heard is None and beat.phase is None:
+                self.first_step_heard = (seen, beat.step)
+
+    def steps_per_s(self, least_span_s: float = 0.2) -> float | None:
+        """The attempt's training speed as this controller heard it (its own clock), once it has
+        heard steps for ``least_span_s``; None before."""
+        if self.first_step_heard is None or self.last_step_heard is None:
+            return None
+        since, first = self.first_step_heard
+        span = self.last_step_heard - since
+        return (self.last_step - first) / span if span >= least_span_s and self.last_step > first else None
 
     def observe_state(self, state: JobState, now: float) -> bool:
         """Note the scheduler's state; True when it changed."""
