@@ -140,6 +140,8 @@ class RankJob:
     keep_final_weights: bool = False
     exclude_nodes: tuple[str, ...] = ()  # nodes this attempt is kept off (restart.policy exclude_node)
     fault_steps: tuple[int, ...] = ()  # the steps at_step faults name: heartbeats written at once there
+    # restart.strategy elastic: torchrun's --max-restarts; each round of its workers is attempt + round
+    torchrun_restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -377,10 +379,12 @@ EVENT_FIRST_STEP = "first_step"  # rank 0: {"step"} first step finished in this 
 EVENT_COMPLETED = "completed"  # rank 0, target step reached and final digest written
 EVENT_WARNED = "warned"  # rank 0: {"step", "signal", "received_at", "checkpoint_s"}: saved on the warning
 EVENT_STEP_EXIT = "step_exit"  # batch script: {"exit_code"} when the rank launch returns
-# The warm coordinator (experiments/warm/): a rank of this attempt died {"rank", "exit_code", ...};
+# The warm coordinator (experiments/warm/), or the supervisor of torchrun's workers under elastic: a
+# rank of this attempt died {"rank", "exit_code", ...};
 # the plan of this attempt (a re-formation: {"resume", "source_rank", "step", "spares_used", ...}).
 EVENT_WARM_FAILURE = "warm_failure"
 EVENT_WARM_PLAN = "warm_plan"
+EVENT_ELASTIC_ROUND = "elastic_round"  # torchrun started its workers again: the attempt's acceptance
 EVENT_WARM_REFUSED = "warm_refused"  # the coordinator turned a connection away (no proof, a slot not launched)
 EVENT_WARM_FORMED = "warm_formed"  # the coordinator: every member of this attempt said hello
 

@@ -42,9 +42,11 @@ from experiments.layout import (
     ENV_WORLD_SIZE,
     EVENT_CHECKPOINT_LOADED,
     EVENT_COMPLETED,
+    EVENT_ELASTIC_ROUND,
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
     EVENT_PROCESS_START,
+    EVENT_WARM_FAILURE,
     PROGRESS_API,
     PROGRESS_CHECKPOINTS,
     PROGRESS_LOG,
@@ -61,11 +63,11 @@ from experiments.layout import (
 )
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.events import EventLog
-from experiments.runtime.fence import check_current, own_job_id
+from experiments.runtime.fence import Fence, StaleAttemptError, advance_fence, check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.identity import start_ticks
 from experiments.runtime.processes import children_of
-from experiments.runtime.torchrun import WorkerRegistry, first_rank, root_cause_exit, torchrun_argv
+from experiments.runtime.torchrun import ELASTIC_ENV, WorkerRegistry, first_rank, root_cause_exit, torchrun_argv
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # the scheduler's warning (walltime near, preemption)
@@ -108,6 +110,8 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE):
             conventional.pop(name, None)
             drill.pop(name, None)
+        if job.torchrun_restarts:
+            conventional.update(ELASTIC_ENV)
     return {**os.environ, **conventional, **drill, **{name: fill_attempt(value, job.attempt) for name, value in command.env}}
 
 
@@ -189,6 +193,7 @@ class Supervisor:
         self.command = job.workload.command
         self.paths = RunPaths(Path(job.run_dir))
         self.cwd = Path(fill_attempt(self.command.cwd, job.attempt)) if self.command.cwd else Path.cwd()
+        self.attempt = job.attempt  # under elastic, torchrun's current round's (experiments/runtime/torchrun.py)
         self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
         self.child: subprocess.Popen[bytes] | None = None
         self.stderr_tail: list[str] = []
@@ -198,9 +203,7 @@ class Supervisor:
         self._stop = threading.Event()
 
     def run(self) -> dict[str, Any]:
-        self.events.emit(EVENT_PROCESS_START, when=self.started_at, pid=os.getpid(), world_size=self.env.world_size,
-                         num_nodes=self.env.num_nodes, scheduler=self.env.scheduler, job_id=self.env.job_id,
-                         node=self.env.node, command=self.command.argv[0], progress=self.command.progress)
+        self._emit_start(self.started_at)
         if self.command.progress != PROGRESS_API:
             self.progress = self._inferred_progress()
         _adopt_orphans()
@@ -222,10 +225,15 @@ class Supervisor:
             self._scan_once()  # the last files, written after the last look
         return self._end(returncode)
 
+    def _emit_start(self, when: float, **extra: Any) -> None:
+        self.events.emit(EVENT_PROCESS_START, when=when, pid=os.getpid(), world_size=self.env.world_size,
+                         num_nodes=self.env.num_nodes, scheduler=self.env.scheduler, job_id=self.env.job_id,
+                         node=self.env.node, command=self.command.argv[0], progress=self.command.progress, **extra)
+
     def _inferred_progress(self) -> InferredProgress:
         # torchrun: the node's workers print into one pipe; its first worker's rank stands for them.
         rank = first_rank(self.command, self.env) if self.command.torchrun else self.env.rank
-        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.job.attempt, rank), self.job.attempt,
+        heartbeat = HeartbeatWriter(self.paths.heartbeat_file(self.attempt, rank), self.attempt,
                                     self.job.heartbeat_interval_s, fault_steps=self.job.fault_steps)
         resumed_from = None
         if self.command.checkpoint_glob:
@@ -237,7 +245,8 @@ class Supervisor:
     def _start(self) -> subprocess.Popen[bytes]:
         argv = command_argv(self.command, self.paths, self.job.attempt)
         if self.command.torchrun:
-            argv = torchrun_argv(self.command, self.env, self.job.run_id, self.job.attempt, argv)
+            argv = torchrun_argv(self.command, self.env, self.job.run_id, self.job.attempt, argv,
+                                 restarts=self.job.torchrun_restarts)
         if self.cwd.is_relative_to(self.paths.root):  # the run's own (the default): made on first use
             self.cwd.mkdir(parents=True, exist_ok=True)
         if not self.cwd.is_dir():
@@ -275,7 +284,7 @@ class Supervisor:
         torchrun, each worker it starts is (registered as it appears)."""
         if self.command.torchrun:
             self.workers = WorkerRegistry(self.paths, self.env, self.command, self.job.attempt, self.job.run_id,
-                                          child.pid)
+                                          child.pid, elastic=self.job.torchrun_restarts > 0, on_round=self._next_round)
             self.workers.start()
             return
         ticks = start_ticks(child.pid)
@@ -283,6 +292,38 @@ class Supervisor:
                                 host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
                                 attempt=self.job.attempt, group=True)
         write_json_atomic(self.paths.rank_file(self.job.attempt, self.env.rank), record_dict(identity))
+
+    def _next_round(self, round_: int, lost_rank: int, lost_at: float) -> None:
+        """restart.strategy elastic: torchrun started its workers again after one of ``lost_rank``'s
+        round was gone at ``lost_at``. The round before failed (told in its events: the controller
+        follows, as it follows warm's coordinator); this round is the next attempt: fenced by the
+        main node (unless the controller moved the run on: the job's workers are then ended), its
+        start, progress and heartbeats under it."""
+        failed, self.attempt = self.attempt, self.job.attempt + round_
+        self.events.emit(EVENT_WARM_FAILURE, when=lost_at, rank=lost_rank, exit_code=-1, node=self.env.node,
+                         elastic_round=round_ - 1)
+        if self.env.is_main and not self._fence_round(failed):
+            return
+        self.events = EventLog(self.paths.events_file(self.attempt), enabled=self.env.is_main)
+        now = time.time()
+        self.events.emit(EVENT_ELASTIC_ROUND, when=now, round=round_, resume="the script's own checkpoint")
+        self._emit_start(now, elastic_round=round_)
+        if self.progress is not None:
+            self.progress = self._inferred_progress()
+
+    def _fence_round(self, failed: int) -> bool:
+        """The run's fence moved from the failed round's attempt to this one's; False (and the
+        launch ended) when it no longer named the failed one: the controller moved the run on."""
+        job, drill = own_job_id(self.env.job_id), self.job.drill_id or None
+        try:
+            advance_fence(self.paths, Fence(failed, job, drill), Fence(self.attempt, job, drill))
+        except StaleAttemptError as error:
+            print(f"faultdrill: torchrun's round {self.attempt - self.job.attempt} is not the run's: {error}",
+                  file=sys.stderr, flush=True)
+            if self.child is not None:
+                signal_group(self.child.pid, signal.SIGTERM)
+            return False
+        return True
 
     def _watch(self, child: subprocess.Popen[bytes]) -> list[threading.Thread]:
         watchers = [self._thread(self._pump, child.stderr, sys.stderr, True)]
@@ -341,7 +382,7 @@ class Supervisor:
 
     def _final_written(self) -> bool:
         try:
-            return int(json.loads(self.paths.final.read_text()).get("attempt", -1)) == self.job.attempt
+            return int(json.loads(self.paths.final.read_text()).get("attempt", -1)) == self.attempt
         except (OSError, ValueError):
             return False
 
@@ -351,7 +392,7 @@ class Supervisor:
             return  # scripts commonly log on rank 0 only: rank 0's account of the run is the one read
         steps = self.job.workload.steps
         last_step, note = self.progress.last_step, ""
-        if last_step < steps and (reached := steps_reached_before(self.paths, self.job.attempt)) is not None:
+        if last_step < steps and (reached := steps_reached_before(self.paths, self.attempt)) is not None:
             # A restart that found the final checkpoint runs no step and exits 0 (every framework's
             # resume does): the run was complete before, when the kill came.
             if reached[1] >= steps:
@@ -360,9 +401,9 @@ class Supervisor:
             raise CommandFailed(f"the script exited 0 at step {last_step} of {steps} (as its "
                                 f"{'logs' if self.command.progress == PROGRESS_LOG else 'checkpoints'} show): "
                                 "the run did not reach its last step")
-        check_current(self.paths, self.job.attempt, own_job_id(self.env.job_id), "writing the final record",
+        check_current(self.paths, self.attempt, own_job_id(self.env.job_id), "writing the final record",
                       drill_id=self.job.drill_id or None)
-        record = FinalRecord(step=last_step, digest="", time=time.time(), attempt=self.job.attempt,
+        record = FinalRecord(step=last_step, digest="", time=time.time(), attempt=self.attempt,
                              drill_id=self.job.drill_id)
         write_json_atomic(self.paths.final, record_dict(record))
         extra: dict[str, Any] = {"note": note} if note else {}

@@ -4,10 +4,15 @@ each node starts that node's torchrun, and torchrun's workers are the ranks.
 - The launch: torchrun's program and the user's options (the spec's), then Faultdrill's placement
   of the workers: this node's rank among the job's nodes, its share of the ranks, a static
   rendezvous at the job's master address and port, ``--max-restarts=0`` (the drill's restart
-  strategy recovers, not torchrun) and a rendezvous id that names the run and attempt.
+  strategy recovers, not torchrun) and a rendezvous id that names the run and the job's first
+  attempt. Under restart.strategy elastic, torchrun starts its workers again itself: the run's
+  restarts, through a c10d rendezvous at that address (ELASTIC_ENV: why); the nodes' order is then
+  the rendezvous's.
 - The ranks: torchrun starts each worker in a session of its own; the supervisor finds them among
   torchrun's children (their environment names the rendezvous id and their RANK) and registers each
-  as its rank, with torchrun as the launcher that started it.
+  as its rank, with torchrun as the launcher that started it. Under elastic each round of workers
+  (TORCHELASTIC_RESTART_COUNT) is the next attempt: the registry tells the supervisor when a worker
+  of the round it watches is gone and when the next round's first worker appears.
 - The end: torchrun exits 1 when a worker failed; its summary names the first failure's exit code,
   which the supervisor ends with (a worker killed by SIGKILL is a rank killed by SIGKILL).
 """
@@ -19,6 +24,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import psutil
 
@@ -29,6 +35,11 @@ from experiments.runtime.identity import start_ticks
 from experiments.runtime.processes import children_of
 
 RUN_ID_VAR = "TORCHELASTIC_RUN_ID"  # in every worker's environment: torchrun's --rdzv-id
+ROUND_VAR = "TORCHELASTIC_RESTART_COUNT"  # which of torchrun's starts of its workers this one is
+# torch 2.13's torchrun, restarting its workers, hangs the next round's init_process_group about half
+# the time with the static rendezvous and every time with c10d's store shared with the workers (the
+# old round's keys are read: pytorch/pytorch#135712); with c10d and this, 5 of 5 restarts formed.
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 WORKER_SCAN_S = 0.05
 ROOT_CAUSE = re.compile(r"Root Cause")
 EXIT_CODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
@@ -56,17 +67,27 @@ def workers_per_node(command: CommandSpec, env: DistEnv) -> int:
     return command.torchrun_ranks // env.world_size
 
 
-def torchrun_argv(command: CommandSpec, env: DistEnv, run_id: str, attempt: int, script: list[str]) -> list[str]:
+def torchrun_argv(command: CommandSpec, env: DistEnv, run_id: str, attempt: int, script: list[str],
+                  restarts: int = 0) -> list[str]:
     """The node's torchrun: the spec's program and options, Faultdrill's placement, the script."""
-    placement = [f"--nnodes={env.world_size}", f"--nproc-per-node={workers_per_node(command, env)}",
-                 f"--node-rank={env.rank}", f"--master-addr={env.master_addr}", f"--master-port={env.master_port}",
-                 f"--rdzv-id={rendezvous_id(run_id, attempt)}", "--max-restarts=0"]
+    nodes = [f"--nnodes={env.world_size}", f"--nproc-per-node={workers_per_node(command, env)}"]
+    if restarts:  # elastic: the c10d rendezvous, its store not shared with the workers (see ELASTIC_ENV)
+        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint={env.master_addr}:{env.master_port}"]
+    else:
+        rendezvous = [f"--node-rank={env.rank}", f"--master-addr={env.master_addr}", f"--master-port={env.master_port}"]
+    placement = [*nodes, *rendezvous, f"--rdzv-id={rendezvous_id(run_id, attempt)}", f"--max-restarts={restarts}"]
     return [*command.torchrun, *placement, *script]
+
+
+# (round, rank, when): the first worker of this later round appeared; a worker of the round before
+# (that rank) was seen gone then. Told only now: workers also end when the training does.
+OnRound = Callable[[int, int, float], None]
 
 
 @dataclass
 class WorkerRegistry:
-    """Finds the workers the node's torchrun starts and registers each as its rank of the attempt."""
+    """Finds the workers the node's torchrun starts and registers each as its rank of the attempt
+    (its round's: the job's first attempt plus the round, under elastic)."""
 
     paths: RunPaths
     env: DistEnv
@@ -74,7 +95,11 @@ class WorkerRegistry:
     attempt: int
     run_id: str
     launcher_pid: int
-    registered: dict[int, int] = field(default_factory=dict)  # worker pid -> its rank (torchrun does not restart them)
+    elastic: bool = False  # torchrun restarts its workers: keep watching for its next rounds
+    on_round: OnRound = lambda round_, rank, at: None
+    registered: dict[int, int] = field(default_factory=dict)  # worker pid -> its rank (this round's)
+    round: int = 0
+    lost: tuple[int, float] | None = None  # (rank, when) the first worker of this round seen gone
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> threading.Thread:
@@ -92,10 +117,32 @@ class WorkerRegistry:
         expected = rendezvous_id(self.run_id, self.attempt)
         launcher_ticks = start_ticks(self.launcher_pid) or 0
         expected_here = workers_per_node(self.command, self.env)
-        while len(self.registered) < expected_here and not self._stop.wait(WORKER_SCAN_S):
+        while (self.elastic or len(self.registered) < expected_here) and not self._stop.wait(WORKER_SCAN_S):
+            if self.elastic:
+                self._note_losses()
             for pid in children_of(self.launcher_pid):
-                if pid not in self.registered and (rank := worker_rank(pid, expected)) is not None:
+                if pid in self.registered or (place := worker_place(pid, expected)) is None:
+                    continue
+                rank, round_ = place
+                if round_ > self.round:
+                    self._next_round(round_)
+                if round_ == self.round:
                     self._register(pid, rank, launcher_ticks)
+
+    def _note_losses(self) -> None:
+        """The first registered worker of the round seen gone, and when."""
+        if self.lost is not None:
+            return
+        for pid, rank in list(self.registered.items()):
+            if not _alive(pid):
+                self.lost = (rank, time.time())
+                return
+
+    def _next_round(self, round_: int) -> None:
+        first_rank = next(iter(self.registered.values()), 0)
+        rank, at = self.lost if self.lost is not None else (first_rank, time.time())  # it ended between two looks
+        self.round, self.registered, self.lost = round_, {}, None
+        self.on_round(round_, rank, at)
 
     def _register(self, pid: int, rank: int, launcher_ticks: int) -> None:
         ticks = start_ticks(pid)
@@ -105,23 +152,32 @@ class WorkerRegistry:
             group = os.getpgid(pid) == pid
         except ProcessLookupError:
             return
+        attempt = self.attempt + self.round
         identity = RankIdentity(rank=rank, pid=pid, create_time=time.time(), start_ticks=ticks,
                                 host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
-                                attempt=self.attempt, group=group, launcher_pid=self.launcher_pid,
+                                attempt=attempt, group=group, launcher_pid=self.launcher_pid,
                                 launcher_start_ticks=launcher_ticks)
-        write_json_atomic(self.paths.rank_file(self.attempt, rank), record_dict(identity))
+        write_json_atomic(self.paths.rank_file(attempt, rank), record_dict(identity))
         self.registered[pid] = rank
 
 
-def worker_rank(pid: int, rendezvous: str) -> int | None:
-    """The RANK of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def worker_place(pid: int, rendezvous: str) -> tuple[int, int] | None:
+    """(RANK, round) of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
     try:
         environ = psutil.Process(pid).environ()
     except psutil.Error:
         return None  # gone, or not ours to read
     if environ.get(RUN_ID_VAR) != rendezvous or not environ.get("RANK", "").isdigit():
         return None
-    return int(environ["RANK"])
+    round_ = environ.get(ROUND_VAR, "0")
+    return int(environ["RANK"]), int(round_) if round_.isdigit() else 0
 
 
 def root_cause_exit(stderr_lines: list[str]) -> int | None:

@@ -412,6 +412,13 @@ def _workload_problems(restart: RestartConfig, workload: "WorkloadConfig | None"
     traits = traits_of(restart.strategy)
     if why := traits.why_not_for(workload.framework, command=workload.command is not None):
         return [why]
+    if traits.torchrun and not (workload.torchrun and workload.zero_code):
+        return [f"restart.strategy {traits.name} is torchrun's own restart (--max-restarts): it needs your script "
+                "launched with torchrun (workload.launcher: torchrun, or a command that starts torchrun) in "
+                "zero-code mode (workload.progress: log or checkpoints); use resubmit, in-allocation or requeue"]
+    if traits.torchrun and workload.resume_args:
+        return [f"restart.strategy {traits.name}: torchrun restarts the same command, so workload.resume_args "
+                "would never be added; make the script resume when its checkpoint exists, or use resubmit"]
 
     if traits.warm and workload.framework in RESTART_ALL_FRAMEWORKS and restart.warm_spares < 1:
         return [f"restart.warm_spares is 0: {workload.framework} restarts every rank in a warm spare set, "

@@ -16,6 +16,7 @@ class StrategyName(StrEnum):
     IN_ALLOCATION = "in-allocation"  # the batch script keeps its allocation and relaunches the ranks
     REQUEUE = "requeue"  # the scheduler's own: the same job again as the next attempt
     WARM = "warm"  # survivors keep their processes and state, a warm spare takes a dead rank's place
+    ELASTIC = "elastic"  # torchrun restarts its workers in place (--max-restarts); each round an attempt
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class StrategyTraits:
     warm: bool = False  # a coordinator in the job, spares beside the ranks
     # The built-in workloads it runs (None: every workload, the user's command too).
     frameworks: tuple[str, ...] | None = None
+    torchrun: bool = False  # torchrun's own restart: a command launched with torchrun, in zero-code mode
 
     def why_not_on(self, backend: str) -> str | None:
         """Why this strategy cannot run on ``backend``; None if it can."""
@@ -42,7 +44,8 @@ class StrategyTraits:
         if self.frameworks is None:
             return None
         # What runs any workload on every backend.
-        instead = " or ".join(name for name, traits in TRAITS.items() if traits.frameworks is None and not traits.needs)
+        instead = " or ".join(name for name, traits in TRAITS.items()
+                              if traits.frameworks is None and not traits.needs and not traits.torchrun)
         if command:
             return (f"restart.strategy {self.name} re-forms the built-in workloads' process group in place; a "
                     f"command workload brings its own: use {instead}")
@@ -60,6 +63,8 @@ TRAITS: dict[StrategyName, StrategyTraits] = {traits.name: traits for traits in 
                    needs=frozenset({Capability.REQUEUE}), scheduler_requeues=True),
     StrategyTraits(StrategyName.WARM, "survivors keep their state; warm spares take the dead ranks' places",
                    uses_spare_nodes=True, warm=True, frameworks=("torch", *RESTART_ALL_FRAMEWORKS)),
+    StrategyTraits(StrategyName.ELASTIC, "torchrun restarts its workers in place (--max-restarts); each round an attempt",
+                   torchrun=True),
 )}
 
 

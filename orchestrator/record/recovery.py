@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
+    EVENT_ELASTIC_ROUND,
     EVENT_FIRST_STEP,
     EVENT_FRAMEWORK_READY,
     EVENT_JOB_START,
@@ -94,8 +95,10 @@ def compute_recovery(
     resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
     lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
-    plan = first_event(read_events(paths.events_file(resumed.attempt)), EVENT_WARM_PLAN)
-    # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later)
+    resumed_events = read_events(paths.events_file(resumed.attempt))
+    plan = first_event(resumed_events, EVENT_WARM_PLAN) or first_event(resumed_events, EVENT_ELASTIC_ROUND)
+    # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later);
+    # elastic: torchrun's start of the round
     accepted = plan.time if plan is not None else resumed.accepted
     moments, correction = ordered([failure.at, failure.detected, accepted, timeline.job_start,
                                    timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
@@ -129,7 +132,8 @@ def compute_recovery(
 
 
 def warm_recovery(plan: EventRecord | None) -> dict[str, str | None]:
-    """What the warm coordinator did to make an attempt (its plan): the spare used, the state's source."""
+    """What the warm coordinator did to make an attempt (its plan): the spare used, the state's
+    source (elastic: torchrun's round, its state the script's own checkpoint)."""
     if plan is None:
         return {}
     used = plan.fields.get("spares_used", {})

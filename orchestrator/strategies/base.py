@@ -22,8 +22,9 @@ class Continuation(Enum):
       job name; the fence naming the attempt and the job is the go the script waits for.
     - REQUEUE: the scheduler runs the same job again; recorded like a relaunch; fenced with the job
       before the scheduler is asked, so the job's next start runs as it.
-    - FOLLOW_WARM: the job's coordinator already made it and fenced it; the controller records and
-      watches it, and writes no fence (it could name an attempt the job has left behind).
+    - FOLLOW_WARM: the job already made it and fenced it (warm's coordinator; under elastic, the
+      supervisor of torchrun's restarted workers); the controller records and watches it, and
+      writes no fence (it could name an attempt the job has left behind).
     """
 
     NEW_JOB = "new job"

@@ -197,13 +197,13 @@ def test_shipped_campaigns_are_valid(name: str) -> None:
 def test_a_strategy_the_backend_cannot_run_names_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the local backend: the local "
                                         r"backend has no scheduler queue to put a job back in; "
-                                        r"valid there: resubmit, in-allocation, warm"):
+                                        r"valid there: resubmit, in-allocation, warm, elastic"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "requeue"}), base_dir=tmp_path)
     with pytest.raises(SpecError, match=r"restart.strategy 'requeue' does not run on the pbs backend: the pbs "
                                         r"backend cannot requeue a job \(the PBS wrappers' qrerun does not work\); "
-                                        r"valid there: resubmit, in-allocation, warm"):
+                                        r"valid there: resubmit, in-allocation, warm, elastic"):
         parse_campaign(_spec(tmp_path, backend="pbs", restart={"strategy": "requeue"}), base_dir=tmp_path)
-    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation', 'requeue' or 'warm'"):
+    with pytest.raises(SpecError, match=r"strategy.*Input should be 'resubmit', 'in-allocation', 'requeue', 'warm' or 'elastic'"):
         parse_campaign(_spec(tmp_path, restart={"strategy": "hot"}), base_dir=tmp_path)
 
 

@@ -93,7 +93,7 @@ def test_a_capability_is_offered_or_explained_never_both_nor_neither() -> None:
 def test_the_strategies_each_backend_runs_follow_from_its_capabilities() -> None:
     assert strategies_on("slurm") == tuple(StrategyName)
     assert strategies_on("local") == strategies_on("pbs") == (
-        StrategyName.RESUBMIT, StrategyName.IN_ALLOCATION, StrategyName.WARM)
+        StrategyName.RESUBMIT, StrategyName.IN_ALLOCATION, StrategyName.WARM, StrategyName.ELASTIC)
     assert TRAITS[StrategyName.REQUEUE].why_not_on("local") == "the local backend has no scheduler queue to put a job back in"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.runtime.distenv import DistEnv
-from experiments.runtime.torchrun import root_cause_exit, torchrun_argv
+from experiments.runtime.torchrun import ELASTIC_ENV, root_cause_exit, torchrun_argv
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import SpecError, parse_campaign
 from orchestrator.campaign.torchrun import TORCHRUN_MODULE, TorchrunError, split_torchrun, starts_torchrun
@@ -90,6 +90,35 @@ def test_the_rank_side_places_its_node_and_names_the_attempt(tmp_path: Path) -> 
     assert argv == [PY, "-m", TORCHRUN_MODULE, "--log-dir=l", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
                     "--master-addr=n1", "--master-port=29400", "--rdzv-id=r0-a3", "--max-restarts=0", "t.py",
                     "--resume"]
+
+
+def test_elastic_lets_torchrun_restart_through_a_c10d_rendezvous_whose_store_the_workers_do_not_share(
+        tmp_path: Path) -> None:
+    """torch 2.13: a restarted round's init_process_group hung 2 times in 4 with the static
+    rendezvous and 3 in 3 with c10d's shared store; c10d unshared formed 5 of 5."""
+    run = _run(tmp_path, ["torchrun", "--nproc-per-node=2", "t.py"], nodes=2, per_node=2, progress={"log": "^step (\\d+)"})
+    assert run.command is not None
+    env = DistEnv(rank=1, local_rank=0, world_size=2, node_rank=1, num_nodes=2, master_addr="n1", master_port=29400,
+                  job_id="77", node="n2", scheduler="slurm")
+    argv = torchrun_argv(run.command, env, "r0", 3, ["t.py"], restarts=2)
+    assert argv == [PY, "-m", TORCHRUN_MODULE, "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                    "--rdzv-endpoint=n1:29400", "--rdzv-id=r0-a3", "--max-restarts=2", "t.py"]
+    assert ELASTIC_ENV == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+@pytest.mark.parametrize(("workload", "named"), [
+    ({"command": ["python", "t.py"], "progress": {"log": "^step (\\d+)"}}, "launched with torchrun"),
+    ({"command": ["torchrun", "--nproc-per-node=2", "t.py"]}, "zero-code mode"),
+    ({"command": ["torchrun", "--nproc-per-node=2", "t.py"], "progress": {"log": "^step (\\d+)"},
+      "resume_args": ["--resume"]}, "workload.resume_args would never be added"),
+    ({"framework": "torch"}, "launched with torchrun"),
+])
+def test_elastic_is_refused_for_what_torchrun_cannot_restart(tmp_path: Path, workload: dict, named: str) -> None:
+    raw = {"name": "tr", "backend": "local", "workdir": str(tmp_path / "work"),
+           "workload": {"framework": "torch", "steps": 50, **workload},
+           "resources": {"nodes": 1, "tasks_per_node": 2}, "restart": {"strategy": "elastic"}}
+    with pytest.raises(SpecError, match=named):
+        parse_campaign(raw, base_dir=tmp_path)
 
 
 def test_a_worker_takes_its_place_from_torchrun_not_from_its_nodes_task() -> None:
