@@ -300,8 +300,10 @@ class Supervisor:
         main node (unless the controller moved the run on: the job's workers are then ended), its
         start, progress and heartbeats under it."""
         failed, self.attempt = self.attempt, self.job.attempt + round_
+        what = (f"torchrun's round {round_ - 1} of workers ended (rank {lost_rank}, on {self.env.node}, the first "
+                "of this node's seen gone) and torchrun started them again")
         self.events.emit(EVENT_WARM_FAILURE, when=lost_at, rank=lost_rank, exit_code=-1, node=self.env.node,
-                         elastic_round=round_ - 1)
+                         elastic_round=round_ - 1, what=what)
         if self.env.is_main and not self._fence_round(failed):
             return
         self.events = EventLog(self.paths.events_file(self.attempt), enabled=self.env.is_main)

@@ -11,8 +11,9 @@ each node starts that node's torchrun, and torchrun's workers are the ranks.
 - The ranks: torchrun starts each worker in a session of its own; the supervisor finds them among
   torchrun's children (their environment names the rendezvous id and their RANK) and registers each
   as its rank, with torchrun as the launcher that started it. Under elastic each round of workers
-  (TORCHELASTIC_RESTART_COUNT) is the next attempt: the registry tells the supervisor when a worker
-  of the round it watches is gone and when the next round's first worker appears.
+  is the next attempt: a new worker after one of the round was seen gone starts the next round (not
+  TORCHELASTIC_RESTART_COUNT: it counts only the restarts of the node's own agent, whose workers
+  failed; another node's agent starts its workers again under the same count).
 - The end: torchrun exits 1 when a worker failed; its summary names the first failure's exit code,
   which the supervisor ends with (a worker killed by SIGKILL is a rank killed by SIGKILL).
 """
@@ -35,7 +36,6 @@ from experiments.runtime.identity import start_ticks
 from experiments.runtime.processes import children_of
 
 RUN_ID_VAR = "TORCHELASTIC_RUN_ID"  # in every worker's environment: torchrun's --rdzv-id
-ROUND_VAR = "TORCHELASTIC_RESTART_COUNT"  # which of torchrun's starts of its workers this one is
 # torch 2.13's torchrun, restarting its workers, hangs the next round's init_process_group about half
 # the time with the static rendezvous and every time with c10d's store shared with the workers (the
 # old round's keys are read: pytorch/pytorch#135712); with c10d and this, 5 of 5 restarts formed.
@@ -98,7 +98,7 @@ class WorkerRegistry:
     elastic: bool = False  # torchrun restarts its workers: keep watching for its next rounds
     on_round: OnRound = lambda round_, rank, at: None
     registered: dict[int, int] = field(default_factory=dict)  # worker pid -> its rank (this round's)
-    round: int = 0
+    round: int = 0  # the round of workers registered: how many times this node's were started again
     lost: tuple[int, float] | None = None  # (rank, when) the first worker of this round seen gone
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -121,13 +121,11 @@ class WorkerRegistry:
             if self.elastic:
                 self._note_losses()
             for pid in children_of(self.launcher_pid):
-                if pid in self.registered or (place := worker_place(pid, expected)) is None:
+                if pid in self.registered or (rank := worker_rank(pid, expected)) is None:
                     continue
-                rank, round_ = place
-                if round_ > self.round:
-                    self._next_round(round_)
-                if round_ == self.round:
-                    self._register(pid, rank, launcher_ticks)
+                if self.lost is not None:  # a new worker after one of the round was gone: the next round
+                    self._next_round()
+                self._register(pid, rank, launcher_ticks)
 
     def _note_losses(self) -> None:
         """The first registered worker of the round seen gone, and when."""
@@ -138,11 +136,11 @@ class WorkerRegistry:
                 self.lost = (rank, time.time())
                 return
 
-    def _next_round(self, round_: int) -> None:
-        first_rank = next(iter(self.registered.values()), 0)
-        rank, at = self.lost if self.lost is not None else (first_rank, time.time())  # it ended between two looks
-        self.round, self.registered, self.lost = round_, {}, None
-        self.on_round(round_, rank, at)
+    def _next_round(self) -> None:
+        assert self.lost is not None
+        rank, at = self.lost
+        self.round, self.registered, self.lost = self.round + 1, {}, None
+        self.on_round(self.round, rank, at)
 
     def _register(self, pid: int, rank: int, launcher_ticks: int) -> None:
         ticks = start_ticks(pid)
@@ -168,16 +166,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def worker_place(pid: int, rendezvous: str) -> tuple[int, int] | None:
-    """(RANK, round) of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
+def worker_rank(pid: int, rendezvous: str) -> int | None:
+    """The RANK of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
     try:
         environ = psutil.Process(pid).environ()
     except psutil.Error:
         return None  # gone, or not ours to read
     if environ.get(RUN_ID_VAR) != rendezvous or not environ.get("RANK", "").isdigit():
         return None
-    round_ = environ.get(ROUND_VAR, "0")
-    return int(environ["RANK"]), int(round_) if round_.isdigit() else 0
+    return int(environ["RANK"])
 
 
 def root_cause_exit(stderr_lines: list[str]) -> int | None:

@@ -32,7 +32,8 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
     if watch.warm_failure is not None:
         lost = watch.warm_failure
         how = f", exit code {lost.exit_code}" if lost.exit_code >= 0 else ""
-        return FailureSign(f"rank {lost.rank} lost{how}{rank_error_suffix(watch)}", lost.time, "warm")
+        what = lost.what or f"rank {lost.rank} lost{how}"
+        return FailureSign(f"{what}{rank_error_suffix(watch)}", lost.time, "warm")
     if watch.step_exit is not None and watch.step_exit.exit_code != 0:
         return FailureSign(f"rank launch exited with code {watch.step_exit.exit_code}"
                            f"{rank_error_suffix(watch)}", watch.step_exit.time, "step_exit")

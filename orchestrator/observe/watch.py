@@ -64,11 +64,14 @@ class LaunchExit:
 
 @dataclass(frozen=True)
 class WarmLoss:
-    """The warm coordinator's warm_failure event: a rank of the attempt died (-1: no exit code)."""
+    """The warm coordinator's warm_failure event: a rank of the attempt died (-1: no exit code);
+    ``what``: the event's own words where it knows less (elastic: the first of a node's workers
+    seen gone, not necessarily the one that failed)."""
 
     time: float
     rank: int
     exit_code: int
+    what: str = ""
 
 
 @dataclass
@@ -157,7 +160,8 @@ class AttemptWatch:
         elif name == EVENT_STEP_EXIT:
             self.step_exit = LaunchExit(when, int(event.number("exit_code", -1.0)))
         elif name == EVENT_WARM_FAILURE and self.warm_failure is None:
-            self.warm_failure = WarmLoss(when, int(event.number("rank", 0.0)), int(event.number("exit_code", -1.0)))
+            self.warm_failure = WarmLoss(when, int(event.number("rank", 0.0)), int(event.number("exit_code", -1.0)),
+                                         str(event.fields.get("what") or ""))
 
     def _beat(self, rank: int, beat: Heartbeat, seen: float) -> None:
         previous = self.beats.get(rank)

@@ -54,3 +54,25 @@ def test_torchrun_workers_on_two_nodes_recover_as_their_own_log_says(
     assert not alive, alive
     assert slurm.wait_sacct_state(run["attempts"][0]["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED",
                                                                                           "NODE_FAIL"}
+
+
+@FULL_ONLY  # CI: tests/drill/test_torchrun_elastic_local.py (two restarts, one node)
+def test_elastic_torchrun_restarts_its_workers_on_both_nodes_in_the_job(shared_tmp: Path, cluster: Any, slurm: Any) -> None:
+    """restart.strategy elastic on 2 nodes: a worker of the second node killed; both nodes' torchruns
+    start their workers again (the other's agent under its old restart count), each node's
+    supervisor sees the new round as attempt 1, and the job completes as that attempt."""
+    report = drill_report(campaign_copy("example-torchrun-slurm", shared_tmp,
+                                        restart={"strategy": "elastic", "max_restarts": 2, "poll_interval_s": 0.2}),
+                          timeout_s=600)
+    [run] = report["runs"]
+    for attempt in run["attempts"]:
+        slurm.track(attempt["job_id"])
+    paths = RunPaths(shared_tmp / "work" / "runs" / run["run_id"])
+    assert run["status"] == "completed" and run["final_step"] == 200, run
+    assert [a["job_id"] for a in run["attempts"]] == [run["attempts"][0]["job_id"]] * 2, run["attempts"]
+    assert run["attempts"][0]["failure_class"] == "RANK_SIGNAL", run["attempts"]
+    check_one_recovery(run, paths.root, EVERY)
+    for rank in range(4):  # every rank's round 1 is registered under attempt 1, on its own node
+        round_pids = [step.pid for step in executed(paths.root / f"steps-{rank}.log")]
+        assert json.loads(paths.rank_file(1, rank).read_text())["pid"] == round_pids[-1], rank
+    assert slurm.wait_sacct_state(run["attempts"][0]["job_id"])["State"].split()[0] == "COMPLETED"
