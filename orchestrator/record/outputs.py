@@ -6,6 +6,11 @@ tensor that has it, for the formats whose tensors can be read: torch ``.pt``/``.
 (``torch.load`` with ``weights_only``), ``.safetensors``, Keras/HDF5 ``.keras``/``.h5``, NumPy
 ``.npz``/``.npy``; byte equality for any other file), or ``missing`` (one side has no such file).
 A run is identical only if every file is; one missing file makes it ``missing``.
+
+Memory (the controller's, on a login node): files equal byte for byte are identical without being
+read as tensors; a file larger than TENSOR_FILE_BYTES_AT_MOST is compared byte for byte (streamed);
+torch files are memory-mapped where their format allows; each pair of tensors is compared a chunk
+at a time, so the comparison's own arrays stay at DIFF_CHUNK elements whatever the tensor's size.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ IDENTICAL, DIFFERS, MISSING = "identical", "differs", "missing"
 NOT_CHECKED = "identity not checked (name the files the script leaves in workload.outputs)"
 TENSORS_AT_MOST = 100_000  # arrays read per file: a pathological checkpoint cannot make this unbounded
 INTS_EXACT_AT_MOST = 1 << 20  # integer arrays up to this size are compared exactly (as Python ints)
+TENSOR_FILE_BYTES_AT_MOST = 4 << 30  # larger files are compared byte for byte (both sides are read at once)
+DIFF_CHUNK = 1 << 20  # elements of a tensor pair compared at a time
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,33 @@ def compare_file(name: str, mine: Path | None, theirs: Path | None) -> FileVerdi
         return FileVerdict(name, MISSING, how=f"only the {'twin' if mine is None else 'run'} has it")
     reader = _reader(name)
     if reader is not None:
+        if _same_bytes(mine, theirs):  # identical whatever it holds: nothing to read as tensors
+            return FileVerdict(name, IDENTICAL, 0.0, how="bytes (equal)")
+        largest = max(_size(mine), _size(theirs))
+        if largest > TENSOR_FILE_BYTES_AT_MOST:
+            return _byte_verdict(name, mine, theirs, how=(
+                f"bytes ({largest / 2**30:.1f} GiB: files over {TENSOR_FILE_BYTES_AT_MOST / 2**30:g} GiB are not "
+                "read as tensors)"))
         try:
             return _tensor_verdict(name, dict(reader(mine)), dict(reader(theirs)))
         except Exception as error:  # an unreadable file of a known suffix: its bytes still say
             hint = "; a torch file of tensors alone (a state_dict) is compared by value" if reader is _torch_tensors else ""
             return _byte_verdict(name, mine, theirs, how=f"bytes ({type(error).__name__} reading its tensors{hint})")
     return _byte_verdict(name, mine, theirs)
+
+
+def _same_bytes(mine: Path, theirs: Path) -> bool:
+    try:
+        return _size(mine) == _size(theirs) and _sha256(mine) == _sha256(theirs)
+    except OSError:
+        return False  # said by the comparison that follows
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _byte_verdict(name: str, mine: Path, theirs: Path, how: str = "bytes") -> FileVerdict:
@@ -119,6 +147,12 @@ def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
         diff = np.abs(a.astype(object) - b.astype(object)) if a.size <= INTS_EXACT_AT_MOST else None
         if diff is not None:
             return float(max(diff.flat, default=0))
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    return max((_chunk_diff(flat_a[start:start + DIFF_CHUNK], flat_b[start:start + DIFF_CHUNK])
+                for start in range(0, flat_a.size, DIFF_CHUNK)), default=0.0)
+
+
+def _chunk_diff(a: np.ndarray, b: np.ndarray) -> float:
     first, second = a.astype(np.float64), b.astype(np.float64)
     equal = (first == second) | (np.isnan(first) & np.isnan(second))
     with np.errstate(invalid="ignore", over="ignore"):
@@ -179,7 +213,11 @@ def _bounded(items: Iterator[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.
 def _torch_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     import torch
 
-    return _bounded(_flatten(torch.load(path, map_location="cpu", weights_only=True)))
+    try:  # memory-mapped: its tensors are read as they are compared
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # the legacy (non-zip) format cannot be mapped
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    return _bounded(_flatten(loaded))
 
 
 def _safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:

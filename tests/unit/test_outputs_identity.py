@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.record import outputs
 from orchestrator.record.outputs import DIFFERS, IDENTICAL, MISSING, compare_outputs, matched_outputs
 
 
@@ -36,7 +37,7 @@ def test_torch_files_that_hold_the_same_tensors_are_identical(sides: tuple[Path,
     _torch_save(twin / "model.pt", WEIGHTS, 100)
     verdict = compare_outputs(run, twin, ["*.pt"])
     assert verdict.verdict == IDENTICAL and verdict.max_abs_diff == 0.0
-    assert verdict.files[0].how == "tensors"
+    assert verdict.files[0].how == "bytes (equal)"  # equal bytes: not read as tensors at all
 
 
 @pytest.mark.drill  # imports torch
@@ -59,7 +60,7 @@ def test_numpy_and_other_files_and_missing_ones(sides: tuple[Path, Path]) -> Non
     (twin / "log.txt").write_text("other\n")
     verdict = compare_outputs(run, twin, ["*.npz", "*.txt"])
     by_name = {f.name: f for f in verdict.files}
-    assert by_name["w.npz"].verdict == IDENTICAL and by_name["w.npz"].how == "tensors"
+    assert by_name["w.npz"].verdict == IDENTICAL and by_name["w.npz"].how == "bytes (equal)"
     assert by_name["log.txt"].verdict == DIFFERS and by_name["log.txt"].how == "bytes"
     assert by_name["extra.bin.txt"].verdict == MISSING and verdict.verdict == MISSING
     assert compare_outputs(run, twin, ["nothing-*"]).verdict == MISSING
@@ -196,3 +197,45 @@ def test_outputs_that_cannot_name_the_same_files_for_the_twin_are_refused(tmp_pa
                         "progress": {"log": r"step (\d+)"}}}
     with pytest.raises(SpecError, match=re.escape(expected)):
         parse_campaign(raw, base_dir=tmp_path)
+
+
+def test_the_same_tensors_in_other_bytes_are_identical_by_value(sides: tuple[Path, Path]) -> None:
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    np.savez(run / "w.npz", a=np.arange(10.0))
+    np.savez_compressed(twin / "w.npz", a=np.arange(10.0))
+    [file] = compare_outputs(run, twin, ["*.npz"]).files
+    assert file.verdict == IDENTICAL and file.how == "tensors"
+
+
+def test_a_large_tensor_is_compared_a_chunk_at_a_time_to_the_same_answer(sides: tuple[Path, Path],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    values = np.random.default_rng(1).standard_normal((50, 41)).astype(np.float32)
+    other = values.copy()
+    other[49, 40] += 0.5  # in the last, partial chunk
+    other[3, 2] = np.nan
+    np.savez(run / "w.npz", a=values)
+    np.savez(twin / "w.npz", a=other)
+    whole = compare_outputs(run, twin, ["*.npz"]).files[0]
+    monkeypatch.setattr(outputs, "DIFF_CHUNK", 97)
+    chunked = compare_outputs(run, twin, ["*.npz"]).files[0]
+    assert whole.max_abs_diff == chunked.max_abs_diff == float("inf")  # the one-sided NaN
+    other[3, 2] = values[3, 2]
+    np.savez(twin / "w.npz", a=other)
+    assert compare_outputs(run, twin, ["*.npz"]).files[0].max_abs_diff == pytest.approx(0.5)
+
+
+def test_a_file_too_large_to_read_as_tensors_is_compared_by_its_bytes(sides: tuple[Path, Path],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    np.savez(run / "w.npz", a=np.zeros(1000))
+    np.savez(twin / "w.npz", a=np.ones(1000))
+    monkeypatch.setattr(outputs, "TENSOR_FILE_BYTES_AT_MOST", 100)
+    [file] = compare_outputs(run, twin, ["*.npz"]).files
+    assert file.verdict == DIFFERS and file.max_abs_diff is None and "not read as tensors" in file.how
