@@ -149,6 +149,7 @@ class InferredProgress:
     events: EventLog
     heartbeat: HeartbeatWriter
     resumed_from: int | None = None  # from the script's own checkpoints, when it has some
+    logged: bool = False  # steps come from the script's log lines (not from its checkpoint files)
     last_step: int = 0
     first_seen: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -165,11 +166,19 @@ class InferredProgress:
     def _first(self, step: int) -> None:
         self.first_seen = True
         resumed = self.resumed_from if self.resumed_from is not None else max(0, step - 1)
+        extra: dict[str, Any] = {}
+        if self.resumed_from is not None and self.logged and step != self.resumed_from + 1:
+            # The script's log says what it resumed from: not its newest checkpoint file (it loaded
+            # an older one, or none). Its log is taken, and the difference named.
+            resumed = max(0, step - 1)
+            extra["resume_mismatch"] = (f"its newest checkpoint file was step {self.resumed_from}, but its first "
+                                        f"step logged was {step}: it resumed from step {resumed}")
         now = time.time()
         # The script says nothing of its set-up and load: start-up ends at the first step seen.
         self.events.emit(EVENT_FRAMEWORK_READY, when=now, inferred=True)
         self.events.emit(EVENT_CHECKPOINT_LOADED, when=now, step=resumed, load_s=0.0, inferred=True,
-                         source="script's checkpoints" if self.resumed_from is not None else "first step logged")
+                         source="script's checkpoints" if self.resumed_from is not None else "first step logged",
+                         **extra)
         self.events.emit(EVENT_FIRST_STEP, when=now, step=step, inferred=True)
 
 
@@ -240,7 +249,8 @@ class Supervisor:
             steps = checkpoint_steps(self.cwd, self.command)
             resumed_from = steps[-1] if steps else 0
             self.known_checkpoints = set(steps)
-        return InferredProgress(self.job, self.events, heartbeat, resumed_from)
+        return InferredProgress(self.job, self.events, heartbeat, resumed_from,
+                                logged=self.command.progress == PROGRESS_LOG)
 
     def _start(self) -> subprocess.Popen[bytes]:
         argv = command_argv(self.command, self.paths, self.job.attempt)

@@ -69,7 +69,9 @@ COMMAND_FRAMEWORKS = (*FRAMEWORKS, "other")
 
 class ProgressConfig(_Strict):
     """Zero-code mode: where a script that does not use the rank API shows its steps. Neither key:
-    the script reports through the rank API (``progress: api``, the default)."""
+    the script reports through the rank API (``progress: api``, the default). Both ``log`` and
+    ``checkpoints``: the steps from the log, and each restart's first step logged held against the
+    script's newest checkpoint file (a resume from an older one is named)."""
 
     log: str | None = Field(None, description="regex on the script's output lines; group 1 is the step")
     checkpoints: str | None = Field(None, description="glob of the script's own checkpoint files")
@@ -88,9 +90,7 @@ class ProgressConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ProgressConfig":
-        if self.log and self.checkpoints:
-            raise ValueError("progress: give log or checkpoints, not both")
+    def _step_sources(self) -> "ProgressConfig":
         if self.checkpoints and not self.step:
             raise ValueError("progress.checkpoints needs progress.step, a regex whose group 1 is the step in a "
                              "file's name (e.g. 'ckpt-(\\d+)')")

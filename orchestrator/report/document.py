@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import EVENT_WARM_REFUSED, RunPaths, read_events
+from experiments.layout import EVENT_CHECKPOINT_LOADED, EVENT_WARM_REFUSED, RunPaths, first_event, read_events
 from orchestrator.campaign.strategies import traits_of
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.outputs import IDENTICAL, MISSING, NOT_CHECKED
@@ -102,7 +102,7 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "max_abs_weight_diff": run.max_abs_weight_diff,
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
-        "progress": progress_figures(run),
+        "progress": progress_figures(run, RunPaths(ledger.path.parent / "runs" / run.run_id)),
         # warm: connections the job's coordinator turned away (no proof of the job's secret, a slot
         # it never launched or one held): a stranger on the nodes, or a member that went wrong.
         "warm_refused": _warm_refused(RunPaths(ledger.path.parent / "runs" / run.run_id),
@@ -121,9 +121,10 @@ INFERRED_IN_ZERO_CODE = ("startup_s", "load_s", "first_step_s", "resumed_from_st
                          "lost_rank_s", "final_digest")
 
 
-def progress_figures(run: RunRow) -> dict[str, Any]:
+def progress_figures(run: RunRow, paths: RunPaths | None = None) -> dict[str, Any]:
     """Where the run's progress came from (built-in, the rank API, a script's logs or files) and
-    which of its figures are therefore inferred, not measured."""
+    which of its figures are therefore inferred, not measured; a resume the script's log says was
+    not from its newest checkpoint file, by attempt."""
     workload = json.loads(run.config or "{}").get("workload", {})
     if not workload.get("command"):
         return {"source": "built-in", "inferred": []}
@@ -135,7 +136,20 @@ def progress_figures(run: RunRow) -> dict[str, Any]:
         # restarted at its first batch, Keras 3's BackupAndRestore) trains more than its twin.
         figures["replayed"] = (f"the script's steps went past its last step ({run.final_step} of {run.target_steps}): "
                                "a resume replayed steps it had already run")
+    mismatches = _resume_mismatches(paths) if paths is not None and source != "api" else {}
+    if mismatches:
+        figures["resume_mismatch"] = mismatches
     return figures
+
+
+def _resume_mismatches(paths: RunPaths) -> dict[str, str]:
+    """Attempt -> what its resume's log said against the script's newest checkpoint file."""
+    found: dict[str, str] = {}
+    for attempt in paths.heartbeat_attempts():
+        loaded = first_event(read_events(paths.events_file(attempt)), EVENT_CHECKPOINT_LOADED)
+        if loaded is not None and loaded.fields.get("resume_mismatch"):
+            found[str(attempt)] = str(loaded.fields["resume_mismatch"])
+    return found
 
 
 STRATEGY_PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",

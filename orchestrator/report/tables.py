@@ -46,7 +46,8 @@ def runs_table(report: dict[str, Any]) -> Table:
 
 def _identity(run: dict[str, Any]) -> str:
     """The run against its twin: identical or not (by digest, or by the script's outputs and their
-    largest difference), or why it was not checked; a replayed resume says so beside it."""
+    largest difference), or why it was not checked; a replayed resume, or one the script's log says
+    was not from its newest checkpoint file, says so beside it."""
     if run["is_baseline"]:
         return "(baseline)"
     outputs = run.get("outputs") or {}
@@ -55,8 +56,12 @@ def _identity(run: dict[str, Any]) -> str:
         text = f"{outputs['verdict']}" + (f" (max {outputs['max_abs_diff']:.3g})" if outputs.get("max_abs_diff") else "")
     elif outputs.get("note") == NOT_CHECKED:
         text = "not checked (workload.outputs)"
-    replayed = (run.get("progress") or {}).get("replayed")
-    return f"{text}; replayed steps" if replayed else text
+    progress = run.get("progress") or {}
+    if progress.get("replayed"):
+        text += "; replayed steps"
+    if progress.get("resume_mismatch"):
+        text += "; resumed from an older step than its newest checkpoint file"
+    return text
 
 
 def _cost_caption(cost: dict[str, Any]) -> str | None:

@@ -77,7 +77,7 @@ def test_command_settings_without_a_command_are_refused(tmp_path: Path) -> None:
     ({"log": "step \\d+"}, "has no group"),
     ({"log": "step (\\d+"}, "not a regular expression"),
     ({"checkpoints": "ckpt/*.pt"}, "needs progress.step"),
-    ({"log": "step (\\d+)", "checkpoints": "c/*", "step": "(\\d+)"}, "not both"),
+    ({"log": "step (\\d+)", "checkpoints": "c/*"}, "needs progress.step"),
 ])
 def test_zero_code_progress_is_checked(tmp_path: Path, progress: dict, expected: str) -> None:
     assert expected in _error(_spec(tmp_path, {"command": ["./train"], "progress": progress}), tmp_path)

@@ -150,6 +150,42 @@ def test_a_resume_that_replayed_steps_is_named(tmp_path: Path) -> None:
     assert "replayed" not in progress_figures(RunRow(**{**row.__dict__, "final_step": 400}))
 
 
+@pytest.mark.parametrize(("first_logged", "resumed", "named"), [(101, 100, False), (51, 50, True)])
+def test_a_resume_the_log_says_was_not_from_the_newest_checkpoint_file_is_named(
+        tmp_path: Path, first_logged: int, resumed: int, named: bool) -> None:
+    """Log mode with the script's checkpoint files known: its first step logged after a restart
+    should follow its newest file; one that does not (it loaded an older file, or none) is taken
+    from the log and named."""
+    from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, first_event, read_events
+    from experiments.runtime.command import InferredProgress
+    from experiments.runtime.events import EventLog
+    from experiments.runtime.heartbeat import HeartbeatWriter
+    from orchestrator.record.ledger import RunRow
+    from orchestrator.report.document import progress_figures
+    from orchestrator.report.tables import _identity
+
+    paths = RunPaths(tmp_path / "runs" / "r000")
+    job = RankJob(run_id="r000", run_dir=str(paths.root), attempt=1, workload=WorkloadSpec(steps=400),
+                  checkpoint_every=50, checkpoint_keep=2)
+    progress = InferredProgress(job, EventLog(paths.events_file(1), enabled=True),
+                                HeartbeatWriter(paths.heartbeat_file(1, 0), 1, 0.05), resumed_from=100, logged=True)
+    progress.saw(first_logged)
+    loaded = first_event(read_events(paths.events_file(1)), EVENT_CHECKPOINT_LOADED)
+    assert loaded is not None and loaded.number("step", -1) == resumed
+    assert bool(loaded.fields.get("resume_mismatch")) is named
+    config = json.dumps({"workload": {"command": ["python", "t.py"], "progress": {"log": "step (\\d+)"}}})
+    row = RunRow(run_id="r000", framework="torch", ranks=1, nodes=1, strategy="resubmit", target_steps=400,
+                 baseline_of=None, config=config, status="completed", final_step=400)
+    figures = progress_figures(row, paths)
+    if named:
+        assert figures["resume_mismatch"] == {"1": "its newest checkpoint file was step 100, but its first step "
+                                                     "logged was 51: it resumed from step 50"}
+        assert _identity({"is_baseline": False, "identical_to_baseline": None, "progress": figures}).endswith(
+            "resumed from an older step than its newest checkpoint file")
+    else:
+        assert "resume_mismatch" not in figures
+
+
 def test_equal_infinities_big_integers_and_plain_values_compare_as_they_are(sides: tuple[Path, Path]) -> None:
     """Lightning's ModelCheckpoint keeps kth_value = inf: equal on both sides is no difference;
     int64 beyond 2**53 differs by 1, not 0; a string that differs is a difference."""
