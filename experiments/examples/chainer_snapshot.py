@@ -7,7 +7,6 @@ iteration and saves its final weights to ``final.npz`` (the drill's ``workload.o
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
@@ -18,6 +17,7 @@ import chainer.links as L  # noqa: E402
 import numpy as np  # noqa: E402
 from chainer import training  # noqa: E402
 from chainer.training import extensions  # noqa: E402
+from step_log import StepLog  # noqa: E402
 
 
 def main() -> None:
@@ -38,16 +38,11 @@ def main() -> None:
     trainer = training.Trainer(updater, (args.steps, "iteration"), out="result")
     trainer.extend(extensions.snapshot(filename="snapshot_iter_{.updater.iteration}", autoload=True),
                    trigger=(args.every, "iteration"))
-    log = open(args.step_log / "steps-0.log", "a") if args.step_log else None
+    steps = StepLog(args.step_log)
 
     @training.make_extension(trigger=(1, "iteration"))
     def step_line(trainer: training.Trainer) -> None:
-        step = trainer.updater.iteration
-        if log:
-            log.write(f"{os.getpid()} {step} {time.time():.3f}\n")
-            log.flush()
-        print(f"step {step}", flush=True)
-        time.sleep(0.02)
+        steps.ran(trainer.updater.iteration)
 
     trainer.extend(step_line)
     trainer.run()

@@ -12,13 +12,13 @@ drill's report says which happened: the step count against the plan, the weights
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from step_log import StepLog  # noqa: E402
 
 STEPS_PER_EPOCH, BATCH = 50, 16
 
@@ -26,15 +26,10 @@ STEPS_PER_EPOCH, BATCH = 50, 16
 class StepLines(keras.callbacks.Callback):
     def __init__(self, log: Path | None) -> None:
         super().__init__()
-        self.step_file = open(log / "steps-0.log", "a") if log else None
+        self.steps = StepLog(log)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        step = int(self.model.optimizer.iterations.numpy())
-        if self.step_file:
-            self.step_file.write(f"{os.getpid()} {step} {time.time():.3f}\n")
-            self.step_file.flush()
-        print(f"step {step}", flush=True)
-        time.sleep(0.02)
+        self.steps.ran(int(self.model.optimizer.iterations.numpy()))
 
 
 def main() -> None:

@@ -7,13 +7,12 @@ each batch (N: the trainer's global step) and saves its final weights to ``final
 """
 
 import argparse
-import os
-import time
 from pathlib import Path
 
 import lightning
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from step_log import StepLog
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,14 +32,10 @@ class Regressor(lightning.LightningModule):
 
 class StepLines(Callback):
     def __init__(self, log: Path | None) -> None:
-        self.step_file = open(log / "steps-0.log", "a") if log else None
+        self.steps = StepLog(log)
 
     def on_train_batch_end(self, trainer: lightning.Trainer, *args: object) -> None:
-        if self.step_file:
-            self.step_file.write(f"{os.getpid()} {trainer.global_step} {time.time():.3f}\n")
-            self.step_file.flush()
-        print(f"step {trainer.global_step}", flush=True)
-        time.sleep(0.02)
+        self.steps.ran(trainer.global_step)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from step_log import StepLog
 from torch.nn.parallel import DistributedDataParallel
 
 CHECKPOINT = Path("checkpoint.pt")
@@ -41,7 +42,7 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
-    log = open(args.step_log / f"steps-{rank}.log", "a") if args.step_log else None
+    steps = StepLog(args.step_log, rank)
     for step in range(start + 1, args.steps + 1):
         began = time.monotonic()
         inputs = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 31 + rank))
@@ -49,11 +50,8 @@ def main() -> None:
         model(inputs).pow(2).mean().backward()
         optimizer.step()
         time.sleep(max(0.0, args.step_s - (time.monotonic() - began)))
-        if log:
-            log.write(f"{os.getpid()} {step} {time.time():.3f}\n")
-            log.flush()
+        steps.ran(step, announce=rank == 0, pace_s=0.0)
         if rank == 0:
-            print(f"step {step}", flush=True)
             if step % args.every == 0:
                 state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
                 torch.save(state, "checkpoint.tmp")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from clocks import ManualClock
 
 from experiments.layout import RunPaths, append_json_line, read_json_lines
 from experiments.runtime.heartbeat import HeartbeatWriter
@@ -28,16 +29,8 @@ from orchestrator.record.ledger import Ledger
 from orchestrator.states import JobState
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_first_beat_at_or_past_a_faults_step_is_written_at_once(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     path = tmp_path / "rank-0.jsonl"
     writer = HeartbeatWriter(path, attempt=0, interval_s=1.0, clock=clock, fault_steps=(7, 4))
     for step in range(0, 10):
@@ -48,7 +41,7 @@ def test_the_first_beat_at_or_past_a_faults_step_is_written_at_once(tmp_path: Pa
 
 
 def test_a_fault_step_skipped_by_the_log_is_written_at_the_first_step_past_it(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     path = tmp_path / "rank-0.jsonl"
     writer = HeartbeatWriter(path, attempt=0, interval_s=1.0, clock=clock, fault_steps=(15,))
     for step in (0, 10, 20, 30):  # a script that logs every 10 steps

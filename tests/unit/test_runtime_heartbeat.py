@@ -3,6 +3,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from clocks import ManualClock
 
 from experiments.layout import RankIdentity, RunPaths, read_json_lines
 from experiments.runtime.distenv import DistEnv
@@ -13,16 +14,8 @@ from experiments.workloads import UnknownFrameworkError, get_workload
 from experiments.workloads.base import digest_arrays
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_heartbeats_are_rate_limited_but_forced_ones_always_land(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     path = tmp_path / "hb" / "rank-0.jsonl"
     writer = HeartbeatWriter(path, attempt=2, interval_s=1.0, clock=clock)
     assert writer.beat(0)

@@ -7,18 +7,11 @@ import threading
 import time
 
 import pytest
+from clocks import ManualClock
 
 from orchestrator.commands import CommandError, run_command
 from orchestrator.observe.scheduler_poll import URGENT_MIN_S, SchedulerPoller, SchedulerUnavailable
 from orchestrator.states import JobState
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingScheduler:
@@ -26,7 +19,7 @@ class CountingScheduler:
 
     name = "slurm"
 
-    def __init__(self, clock: Clock, took_s: float = 0.0) -> None:
+    def __init__(self, clock: ManualClock, took_s: float = 0.0) -> None:
         self.clock, self.took_s, self.calls, self.down = clock, took_s, 0, False
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
@@ -37,12 +30,12 @@ class CountingScheduler:
         return {job_id: JobState.RUNNING for job_id in job_ids}
 
 
-def poller(clock: Clock, interval_s: float = 5.0, timeout_s: float = 60.0) -> SchedulerPoller:
+def poller(clock: ManualClock, interval_s: float = 5.0, timeout_s: float = 60.0) -> SchedulerPoller:
     return SchedulerPoller(interval_s, timeout_s, clock=clock)
 
 
 def test_polls_once_per_interval_whatever_the_fast_loop_does() -> None:
-    clock = Clock()
+    clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock), poller(clock)
     answered = []
     for _ in range(100):  # 20 s of a 0.2 s fast loop
@@ -53,7 +46,7 @@ def test_polls_once_per_interval_whatever_the_fast_loop_does() -> None:
 
 
 def test_news_brings_the_poll_forward_but_not_more_than_once_a_second() -> None:
-    clock = Clock()
+    clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock), poller(clock)
     assert slow_path.poll(scheduler, ["1"]) == {"1": JobState.RUNNING}
     clock.now += 0.5
@@ -64,7 +57,7 @@ def test_news_brings_the_poll_forward_but_not_more_than_once_a_second() -> None:
 
 
 def test_a_slow_scheduler_is_asked_less_often() -> None:
-    clock = Clock()
+    clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock, took_s=2.0), poller(clock)
     slow_path.poll(scheduler, ["1"])
     clock.now += 10.0
@@ -74,7 +67,7 @@ def test_a_slow_scheduler_is_asked_less_often() -> None:
 
 
 def test_a_failing_scheduler_is_retried_with_a_growing_wait_then_named_at_its_deadline() -> None:
-    clock = Clock()
+    clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock), poller(clock, interval_s=1.0, timeout_s=20.0)
     scheduler.down = True
     tries = []
@@ -92,7 +85,7 @@ def test_a_failing_scheduler_is_retried_with_a_growing_wait_then_named_at_its_de
 
 
 def test_it_answers_again_and_the_interval_comes_back() -> None:
-    clock = Clock()
+    clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock), poller(clock, interval_s=5.0, timeout_s=60.0)
     scheduler.down = True
     slow_path.poll(scheduler, ["1"])
@@ -117,7 +110,7 @@ class HangingScheduler:
 
 
 def test_a_hanging_poll_never_holds_up_the_fast_path_and_its_answer_is_taken_when_it_comes() -> None:
-    clock, scheduler = Clock(), HangingScheduler()
+    clock, scheduler = ManualClock(), HangingScheduler()
     slow_path = SchedulerPoller(5.0, 60.0, clock=clock, background=True)
     try:
         assert slow_path.poll(scheduler, ["1"]) == {}, "the poll went to its thread; no answer yet"
@@ -133,7 +126,7 @@ def test_a_hanging_poll_never_holds_up_the_fast_path_and_its_answer_is_taken_whe
 
 
 def test_a_poll_that_hangs_past_the_deadline_names_the_scheduler() -> None:
-    clock, scheduler = Clock(), HangingScheduler()
+    clock, scheduler = ManualClock(), HangingScheduler()
     slow_path = SchedulerPoller(5.0, 20.0, clock=clock, background=True)
     try:
         slow_path.poll(scheduler, ["1"])
@@ -182,7 +175,7 @@ def test_the_commands_each_poll_ran_are_counted(background: bool) -> None:
 
 def test_an_interval_longer_than_a_minute_is_kept() -> None:
     """Issue 21, item 10: scheduler_poll_s allows 600 s (a site that asks for it); it was cut to 60."""
-    clock = Clock()
+    clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock), poller(clock, interval_s=300.0, timeout_s=3600.0)
     for _ in range(900):  # 15 minutes of a 1 s loop
         slow_path.poll(scheduler, ["1"])
@@ -193,7 +186,7 @@ def test_an_interval_longer_than_a_minute_is_kept() -> None:
 def test_a_step_of_the_wall_clock_neither_ends_the_drill_nor_stops_the_polls() -> None:
     """Issue 21, item 10: the poller schedules on the monotonic clock; the wall clock only dates
     the answers (a job's state from before its attempt was accepted says nothing of it)."""
-    clock, wall = Clock(), Clock()
+    clock, wall = ManualClock(), ManualClock()
     scheduler = CountingScheduler(clock)
     slow_path = SchedulerPoller(5.0, 60.0, clock=clock, wall=wall)
     assert slow_path.poll(scheduler, ["1"]) and slow_path.answered_as_of == wall.now
