@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 # Environment variables Faultdrill sets for the ranks of a job (in the batch script / executor).
 ENV_RUN_DIR = "FAULTDRILL_RUN_DIR"
@@ -451,6 +451,40 @@ def _json_record(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
+
+
+Record = TypeVar("Record")
+
+
+class JsonlTail(Generic[Record]):
+    """An incremental reader of a JSON-lines file ranks and batch scripts append to (the controller's
+    watch, an at_step fault's agent): only what was appended since the last call, each line through
+    ``parse`` (a record's ``from_json``); a torn last line waits for its end, a line that is no record
+    is skipped."""
+
+    def __init__(self, path: Path, parse: Callable[[dict[str, Any]], Record]) -> None:
+        self.path, self.parse = path, parse
+        self._offset = 0
+        self._partial = b""
+
+    def read_new(self) -> list[Record]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        records = []
+        for line in lines:
+            try:
+                records.append(self.parse(json.loads(line.decode("utf-8", errors="replace"))))
+            except (ValueError, KeyError, TypeError, AttributeError):  # a torn line, NULs a node crash left
+                continue
+        return records
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

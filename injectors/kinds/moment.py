@@ -12,11 +12,10 @@ late), when the scheduler ends the job's steps (SIGTERM: gone), or after the tas
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from experiments.layout import RunPaths
+from experiments.layout import Heartbeat, JsonlTail, RunPaths
 from injectors.kinds.base import FaultTask
 from injectors.kinds.requests import JobEnding
 from injectors.kinds.signals import delivered, wait_until
@@ -67,47 +66,20 @@ def _require_one_alive(targets: list[VerifiedTarget], step: int, at_step: int) -
 
 class HeartbeatSteps:
     """The newest step in the attempt's heartbeat files: the targets' own where they write one (a
-    rank API rank), else every file of the attempt (torchrun's workers: one file per node). Each
-    file is read from where the last read stopped (appends only)."""
+    rank API rank), else every file of the attempt (torchrun's workers: one file per node)."""
 
     def __init__(self, paths: RunPaths, attempt: int, ranks: tuple[int, ...]) -> None:
         self.paths, self.attempt, self.ranks = paths, attempt, ranks
-        self.offsets: dict[Path, int] = {}
-        self.partial: dict[Path, bytes] = {}
+        self.tails: dict[Path, JsonlTail[Heartbeat]] = {}
         self.step = 0
         self.look_for_files()
 
     def look_for_files(self) -> None:
         own = [self.paths.heartbeat_file(self.attempt, rank) for rank in self.ranks]
-        found = [path for path in own if path.exists()] or self.paths.heartbeat_files(self.attempt)
-        for path in found:
-            self.offsets.setdefault(path, 0)
+        for path in [path for path in own if path.exists()] or self.paths.heartbeat_files(self.attempt):
+            self.tails.setdefault(path, JsonlTail(path, Heartbeat.from_json))
 
     def newest(self) -> int:
-        for path in self.offsets:
-            self._read(path)
+        for tail in self.tails.values():
+            self.step = max([self.step, *(beat.step for beat in tail.read_new() if beat.attempt == self.attempt)])
         return self.step
-
-    def _read(self, path: Path) -> None:
-        try:
-            with path.open("rb") as handle:
-                handle.seek(self.offsets[path])
-                chunk = handle.read()
-        except OSError:
-            return
-        if not chunk:
-            return
-        self.offsets[path] += len(chunk)
-        *lines, rest = (self.partial.pop(path, b"") + chunk).split(b"\n")
-        if rest:
-            self.partial[path] = rest
-        for line in lines:
-            self._take(line)
-
-    def _take(self, line: bytes) -> None:
-        try:
-            beat = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(beat, dict) and beat.get("attempt") == self.attempt and isinstance(beat.get("step"), int):
-            self.step = max(self.step, beat["step"])

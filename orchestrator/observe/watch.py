@@ -26,11 +26,11 @@ from experiments.layout import (
     CheckpointRecord,
     EventRecord,
     Heartbeat,
+    JsonlTail,
     RankError,
     RunPaths,
 )
 from orchestrator.campaign.failure_classes import is_peer_loss
-from orchestrator.observe.tails import JsonlTail
 from orchestrator.states import JobState
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import experiments.layout as layout
-import orchestrator.observe.tails as tails
 from experiments.layout import RunPaths, append_json_line, read_json_lines, read_json_lines_backwards
 from experiments.runtime.command import trained_before
 from orchestrator.observe.watch import AttemptWatch
@@ -83,7 +82,7 @@ def test_a_new_attempts_watch_reads_nothing_of_the_attempts_before(tmp_path: Pat
     _long_attempt(paths, 0, 5000)
     _beat(paths, 0, 1, 4000, 2000.0)
     counting = _CountingOpen()
-    monkeypatch.setattr(tails, "open", counting, raising=False)
+    monkeypatch.setattr(layout, "open", counting, raising=False)
     watch = AttemptWatch(attempt=1, job_id="2", paths=paths, ranks=2)
     watch.read()
     assert watch.last_step == 4000 and watch.beats[0].time == 2000.0 and 1 not in watch.beats
