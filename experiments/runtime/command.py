@@ -167,9 +167,10 @@ class InferredProgress:
         self.first_seen = True
         resumed = self.resumed_from if self.resumed_from is not None else max(0, step - 1)
         extra: dict[str, Any] = {}
-        if self.resumed_from is not None and self.logged and step != self.resumed_from + 1:
-            # The script's log says what it resumed from: not its newest checkpoint file (it loaded
-            # an older one, or none). Its log is taken, and the difference named.
+        if self.resumed_from and self.logged and step <= self.resumed_from:
+            # Its first step logged is one its newest checkpoint file already holds: it loaded an
+            # older file, or none. Its log is taken, and the difference named. (A later first step
+            # is a script that logs every N steps: the file stands.)
             resumed = max(0, step - 1)
             extra["resume_mismatch"] = (f"its newest checkpoint file was step {self.resumed_from}, but its first "
                                         f"step logged was {step}: it resumed from step {resumed}")

@@ -150,9 +150,15 @@ def test_a_resume_that_replayed_steps_is_named(tmp_path: Path) -> None:
     assert "replayed" not in progress_figures(RunRow(**{**row.__dict__, "final_step": 400}))
 
 
-@pytest.mark.parametrize(("first_logged", "resumed", "named"), [(101, 100, False), (51, 50, True)])
+@pytest.mark.parametrize(("newest_file", "first_logged", "resumed", "named"), [
+    (100, 101, 100, False),
+    (100, 51, 50, True),  # it loaded an older file: its log is taken
+    (100, 100, 99, True),  # it ran step 100 again
+    (200, 210, 200, False),  # review: a script that logs every 10 steps resumed right from 200
+    (0, 0, 0, False),  # review: no file yet (0), the script logs from step 0
+])
 def test_a_resume_the_log_says_was_not_from_the_newest_checkpoint_file_is_named(
-        tmp_path: Path, first_logged: int, resumed: int, named: bool) -> None:
+        tmp_path: Path, newest_file: int, first_logged: int, resumed: int, named: bool) -> None:
     """Log mode with the script's checkpoint files known: its first step logged after a restart
     should follow its newest file; one that does not (it loaded an older file, or none) is taken
     from the log and named."""
@@ -168,7 +174,8 @@ def test_a_resume_the_log_says_was_not_from_the_newest_checkpoint_file_is_named(
     job = RankJob(run_id="r000", run_dir=str(paths.root), attempt=1, workload=WorkloadSpec(steps=400),
                   checkpoint_every=50, checkpoint_keep=2)
     progress = InferredProgress(job, EventLog(paths.events_file(1), enabled=True),
-                                HeartbeatWriter(paths.heartbeat_file(1, 0), 1, 0.05), resumed_from=100, logged=True)
+                                HeartbeatWriter(paths.heartbeat_file(1, 0), 1, 0.05), resumed_from=newest_file,
+                                logged=True)
     progress.saw(first_logged)
     loaded = first_event(read_events(paths.events_file(1)), EVENT_CHECKPOINT_LOADED)
     assert loaded is not None and loaded.number("step", -1) == resumed
@@ -178,8 +185,8 @@ def test_a_resume_the_log_says_was_not_from_the_newest_checkpoint_file_is_named(
                  baseline_of=None, config=config, status="completed", final_step=400)
     figures = progress_figures(row, paths)
     if named:
-        assert figures["resume_mismatch"] == {"1": "its newest checkpoint file was step 100, but its first step "
-                                                     "logged was 51: it resumed from step 50"}
+        assert figures["resume_mismatch"] == {"1": f"its newest checkpoint file was step {newest_file}, but its "
+                                                     f"first step logged was {first_logged}: it resumed from step {resumed}"}
         assert _identity({"is_baseline": False, "identical_to_baseline": None, "progress": figures}).endswith(
             "resumed from an older step than its newest checkpoint file")
     else:
