@@ -7,10 +7,11 @@ tensor that has it, for the formats whose tensors can be read: torch ``.pt``/``.
 ``.npz``/``.npy``; byte equality for any other file), or ``missing`` (one side has no such file).
 A run is identical only if every file is; one missing file makes it ``missing``.
 
-Memory (the controller's, on a login node): files equal byte for byte are identical without being
-read as tensors; a file larger than TENSOR_FILE_BYTES_AT_MOST is compared byte for byte (streamed);
-torch files are memory-mapped where their format allows; each pair of tensors is compared a chunk
-at a time, so the comparison's own arrays stay at DIFF_CHUNK elements whatever the tensor's size.
+Memory (the controller's, on a login node): each file is hashed once, streamed; files equal byte for
+byte are identical without being read as tensors; a file that unpacks to more than
+TENSOR_FILE_BYTES_AT_MOST (a zip's members: .npz, .keras, torch) is compared byte for byte; torch files
+are memory-mapped where their format allows (bfloat16 and float8 tensors are still widened in
+memory); each pair of tensors is compared DIFF_CHUNK values at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -83,34 +84,32 @@ def compare_outputs(run_cwd: Path, twin_cwd: Path, globs: list[str]) -> OutputsV
 def compare_file(name: str, mine: Path | None, theirs: Path | None) -> FileVerdict:
     if mine is None or theirs is None:
         return FileVerdict(name, MISSING, how=f"only the {'twin' if mine is None else 'run'} has it")
+    by_bytes = _byte_verdict(name, mine, theirs)  # each file hashed once (streamed)
     reader = _reader(name)
-    if reader is not None:
-        if _same_bytes(mine, theirs):  # identical whatever it holds: nothing to read as tensors
-            return FileVerdict(name, IDENTICAL, 0.0, how="bytes (equal)")
-        largest = max(_size(mine), _size(theirs))
-        if largest > TENSOR_FILE_BYTES_AT_MOST:
-            return _byte_verdict(name, mine, theirs, how=(
-                f"bytes ({largest / 2**30:.1f} GiB: files over {TENSOR_FILE_BYTES_AT_MOST / 2**30:g} GiB are not "
-                "read as tensors)"))
-        try:
-            return _tensor_verdict(name, dict(reader(mine)), dict(reader(theirs)))
-        except Exception as error:  # an unreadable file of a known suffix: its bytes still say
-            hint = "; a torch file of tensors alone (a state_dict) is compared by value" if reader is _torch_tensors else ""
-            return _byte_verdict(name, mine, theirs, how=f"bytes ({type(error).__name__} reading its tensors{hint})")
-    return _byte_verdict(name, mine, theirs)
-
-
-def _same_bytes(mine: Path, theirs: Path) -> bool:
+    if reader is None or by_bytes.verdict == MISSING:
+        return by_bytes
+    if by_bytes.verdict == IDENTICAL:  # whatever it holds: nothing to read as tensors
+        return replace(by_bytes, max_abs_diff=0.0, how="bytes (equal)")
+    largest = max(_unpacked_size(mine), _unpacked_size(theirs))
+    if largest > TENSOR_FILE_BYTES_AT_MOST:
+        return replace(by_bytes, how=(f"bytes ({largest / 2**30:.1f} GiB unpacked: files over "
+                                      f"{TENSOR_FILE_BYTES_AT_MOST / 2**30:g} GiB are not read as tensors)"))
     try:
-        return _size(mine) == _size(theirs) and _sha256(mine) == _sha256(theirs)
-    except OSError:
-        return False  # said by the comparison that follows
+        return _tensor_verdict(name, dict(reader(mine)), dict(reader(theirs)))
+    except Exception as error:  # an unreadable file of a known suffix: its bytes still say
+        hint = "; a torch file of tensors alone (a state_dict) is compared by value" if reader is _torch_tensors else ""
+        return replace(by_bytes, how=f"bytes ({type(error).__name__} reading its tensors{hint})")
 
 
-def _size(path: Path) -> int:
+def _unpacked_size(path: Path) -> int:
+    """What reading the file's tensors takes at least: a zip's members unpacked (.npz, .keras, a
+    torch file), else its size on disk."""
     try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                return sum(member.file_size for member in archive.infolist())
         return path.stat().st_size
-    except OSError:
+    except (OSError, zipfile.BadZipFile):
         return 0
 
 

@@ -282,3 +282,30 @@ def test_a_file_too_large_to_read_as_tensors_is_compared_by_its_bytes(sides: tup
     monkeypatch.setattr(outputs, "TENSOR_FILE_BYTES_AT_MOST", 100)
     [file] = compare_outputs(run, twin, ["*.npz"]).files
     assert file.verdict == DIFFERS and file.max_abs_diff is None and "not read as tensors" in file.how
+
+
+def test_a_compressed_file_is_measured_by_what_it_unpacks_to(sides: tuple[Path, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: 128 KiB of savez_compressed unpacked to 128 MiB under a limit that read the disk size."""
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    np.savez_compressed(run / "w.npz", a=np.zeros(100_000))
+    np.savez_compressed(twin / "w.npz", a=np.ones(100_000))
+    assert (run / "w.npz").stat().st_size < 100_000
+    monkeypatch.setattr(outputs, "TENSOR_FILE_BYTES_AT_MOST", 100_000)
+    [file] = compare_outputs(run, twin, ["*.npz"]).files
+    assert file.verdict == DIFFERS and "not read as tensors" in file.how
+
+
+def test_each_file_is_hashed_once(sides: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    (run / "w.npz").write_bytes(b"not a zip")
+    (twin / "w.npz").write_bytes(b"not a zap")  # the same size: only a hash tells them apart
+    hashed: list[str] = []
+    real = outputs._sha256
+    monkeypatch.setattr(outputs, "_sha256", lambda path: hashed.append(path.parent.name) or real(path))
+    [file] = compare_outputs(run, twin, ["*.npz"]).files
+    assert file.verdict == DIFFERS and sorted(hashed) == ["run", "twin"], hashed
