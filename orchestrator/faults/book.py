@@ -16,7 +16,8 @@ for):
   an ``at_step`` fault was planned for;
 - an ``at_step`` fault that acts on ranks is sent ahead of its step (ARM_LEAD_S) and acts on the
   node when the step comes; an agent that waited its time short of it is sent again, on the same
-  row, once the step is near.
+  row (journaled: SHORT_OF_STEP), at once while the attempt's speed is unknown, else once the step is
+  near.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ NOT_FIRED = "not fired"
 UNKNOWN = "unknown"  # sent by a controller that stopped before the agent answered
 WENT_ON = "went on: "  # the detail of a fault its attempt survived (it caused no failure)
 ACTED = "acted: "  # what the agent said of a fault whose effect is not known yet
+SHORT_OF_STEP = "its agent came back short of its step: sent again nearer to it"  # an at_step fault's
 # Evidence that dates the failure itself (not just the last sign of life), with its resolution in
 # seconds (the scheduler's end time is whole seconds): a fault that acted after it hit an attempt
 # that was already failing.
@@ -100,15 +102,19 @@ class FaultBook:
         self.in_flight: InFlight | None = None
         self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
         rows = ledger.faults(run_id)
+        # The row of an at_step fault whose agent came back short of its step (journaled: it is sent
+        # again, by this controller or the next).
+        self.rearm: int | None = None
         for row in rows:
-            if row.outcome == SENDING and row.fault_id is not None:
+            if row.outcome == SENDING and row.fault_id is not None and row.detail == SHORT_OF_STEP:
+                self.rearm = row.fault_id
+            elif row.outcome == SENDING and row.fault_id is not None:
                 ledger.update_fault(row.fault_id, outcome=UNKNOWN,
                                     detail="the controller stopped while the fault agent was acting")
-        self.next_index = max((row.plan_index for row in rows), default=-1) + 1
-        self.rearm: int | None = None  # the row of an at_step fault whose agent came back short of its step
+        self.next_index = max((row.plan_index for row in rows), default=-1) + (0 if self.rearm is not None else 1)
         # After a fault that ends its attempt reached attempt A, the next one waits for a later attempt.
         reached = [row.attempt for row in rows if row.outcome in (SENDING, INJECTED, ABSORBED, LATE, UNKNOWN)
-                   and get_kind(row.kind).ends_attempt]
+                   and get_kind(row.kind).ends_attempt and row.fault_id != self.rearm]
         self.blocked_through: int | None = max(reached, default=None)
 
     @property
@@ -128,7 +134,7 @@ class FaultBook:
             return
         if self.rearm is not None:  # its row stays: sent again, into the attempt now running
             fault_id, self.rearm = self.rearm, None
-            self.ledger.update_fault(fault_id, attempt=watch.attempt)
+            self.ledger.update_fault(fault_id, attempt=watch.attempt, detail=None)
         else:
             fault_id = self.ledger.add_fault(_row(self.run_id, watch.attempt, fault, SENDING))
         self.next_index += 1
@@ -154,6 +160,7 @@ class FaultBook:
         try:
             outcome = flight.future.result(timeout=COLLECT_TIMEOUT_S if wait else 0)
         except StepNotReached:
+            self.ledger.update_fault(flight.fault_id, detail=SHORT_OF_STEP)
             self.rearm, self.next_index = flight.fault_id, self.next_index - 1
         except TargetRefused as error:
             self._refused(flight, error)

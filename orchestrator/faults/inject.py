@@ -98,19 +98,21 @@ def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -
     with ThreadPoolExecutor(max_workers=len(node_tasks) or 1) as pool:
         futures = [pool.submit(_on_node, backend, request, node, node_task, timeout_s)
                    for node, node_task in node_tasks.items()]
-        outcomes, gone = [], []
+        outcomes: list[FaultOutcome] = []
+        missed: list[TargetRefused] = []  # gone, or (at_step) short of the step when its wait ran out
         for future in futures:
             try:
                 outcomes.append(future.result())
             except TargetRefused as error:
-                if not error.gone or len(futures) == 1:
+                if not (error.gone or isinstance(error, StepNotReached)) or len(futures) == 1:
                     raise
-                gone.append(error)
-    if not outcomes:
-        raise gone[0]
+                missed.append(error)
+    if not outcomes:  # short of the step somewhere: sent again; else every node's ranks were gone
+        raise next((error for error in missed if isinstance(error, StepNotReached)), missed[0])
     # A node whose ranks were gone by the agreed moment: the job was already ending, from this
-    # very fault's other half (srun ends the step when one rank dies).
-    return _merged(outcomes, [str(error) for error in gone])
+    # very fault's other half (srun ends the step when one rank dies). One whose agent's wait ran
+    # out a moment before the step: the other nodes' acts stand.
+    return _merged(outcomes, missed)
 
 
 def _on_node(backend: "Backend", request: FaultRequest, node: str, task: FaultTask, timeout_s: float) -> FaultOutcome:
@@ -140,13 +142,14 @@ def agent_verdict(result: CommandResult, record: Path) -> FaultOutcome:
     raise CommandError(result.args, result.returncode, result.stdout, result.stderr, "fault agent gave no answer")
 
 
-def _merged(outcomes: list[FaultOutcome], gone: list[str]) -> FaultOutcome:
-    if len(outcomes) == 1 and not gone:
+def _merged(outcomes: list[FaultOutcome], missed: list[TargetRefused]) -> FaultOutcome:
+    if len(outcomes) == 1 and not missed:
         return outcomes[0]
     first = min(outcomes, key=lambda outcome: outcome.at)
     spread = max(outcome.at for outcome in outcomes) - first.at
     details = [o.detail for o in outcomes if o.detail] + [f"{len(outcomes)} nodes acted within {spread:.3f} s"]
-    details += [f"gone before its agent acted: {text}" for text in gone]
+    details += [f"{'short of its step when its wait ran out' if isinstance(error, StepNotReached) else 'gone before its agent acted'}: {error}"
+                for error in missed]
     return FaultOutcome(kind=first.kind, target="; ".join(o.target for o in outcomes), at=first.at,
                         node=",".join(o.node for o in outcomes), pid=first.pid, signal=first.signal,
                         detail="; ".join(details))

@@ -263,3 +263,48 @@ def test_an_agent_that_waited_its_time_says_not_reached(tmp_path: Path, rank) ->
     with pytest.raises(StepNotReached):
         wait_for_step(_task(tmp_path, at_step=40, wait_s=0.3), [_target(rank)], JobEnding())
     assert time.monotonic() - started < 5
+
+
+def test_a_controller_started_again_sends_a_fault_whose_agent_came_back_short_of_its_step(
+        tmp_path: Path, pool) -> None:
+    """Review: the re-send was only in memory; a controller started again took the row for an agent
+    still acting (unknown), never sent the fault, and held every later fault out of the attempt."""
+    agent = Agent(StepNotReached("short"), FaultOutcome(kind="kill-rank", target="rank 1@n1", at=time.time()))
+    book, ledger = _book(tmp_path, pool, _kill_at(500), agent)
+    try:
+        watch = _watch(tmp_path, registered=True)
+        watch.read()
+        book.maybe_fire(watch, time.time())
+        _settle(book, watch)
+        again = FaultBook("r000", [_kill_at(500)], ledger, pool, act=agent)  # the controller started again
+        [row] = ledger.faults("r000")
+        assert row.outcome == SENDING and again.blocked_through is None and again.rearm == row.fault_id
+        again.maybe_fire(watch, time.time())
+        _settle(again, watch)
+        [row] = ledger.faults("r000")
+        assert agent.calls == 2 and row.outcome == INJECTED
+    finally:
+        ledger.close()
+
+
+def test_a_node_whose_agent_came_back_short_does_not_undo_another_nodes_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: two nodes' agents each wait for the step from their own start; one ran out of time a
+    moment before the step and the other killed: the kill was thrown away and the row sent again."""
+    from types import SimpleNamespace
+
+    from orchestrator.faults import inject
+
+    monkeypatch.setattr(inject, "read_identity", lambda run_dir, attempt, rank: SimpleNamespace(node=f"n{rank}"))
+
+    def on_node(backend: object, request: object, node: str, task: FaultTask, timeout_s: float) -> FaultOutcome:
+        if node == "n0":
+            return FaultOutcome(kind="kill-rank", target="rank 0@n0", at=time.time(), node="n0", signal="SIGKILL")
+        raise StepNotReached("the attempt was at step 59 after 30 s, short of step 60")
+
+    monkeypatch.setattr(inject, "_on_node", on_node)
+    run = SimpleNamespace(paths=SimpleNamespace(root=Path("/nonexistent")), run_id="r000")
+    fault = PlannedFault(index=0, kind="kill-rank", delay_s=0.0, anchor="training_start", at_step=60, ranks=(0, 1),
+                         options={"signal": "SIGKILL"})
+    request = inject.FaultRequest(run=run, attempt=0, job_id="j1", fault=fault)  # type: ignore[arg-type]  # a stand-in run
+    outcome = inject.inject(SimpleNamespace(agent_job_id=lambda job: job), request)  # type: ignore[arg-type]  # no backend call
+    assert outcome.target.startswith("rank 0@n0") and "short of step 60" in outcome.detail
