@@ -72,6 +72,7 @@ from experiments.runtime.torchrun import ELASTIC_ENV, WorkerRegistry, first_rank
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # the scheduler's warning (walltime near, preemption)
 CHECKPOINT_SCAN_S = 0.5
+ROUND_FENCE_WAIT_S = 10.0  # elastic: how long a node waits for the main node to fence torchrun's next round
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_CHILD_SUBREAPER = 36
 REAP_S = 5.0
@@ -304,39 +305,56 @@ class Supervisor:
                                 attempt=self.job.attempt, group=True)
         write_json_atomic(self.paths.rank_file(self.job.attempt, self.env.rank), record_dict(identity))
 
-    def _next_round(self, round_: int, lost_rank: int, lost_at: float) -> None:
+    def _next_round(self, round_: int, lost_rank: int, lost_at: float) -> bool:
         """restart.strategy elastic: torchrun started its workers again after one of ``lost_rank``'s
         round was gone at ``lost_at``. The round before failed (told in its events: the controller
-        follows, as it follows warm's coordinator); this round is the next attempt: fenced by the
-        main node (unless the controller moved the run on: the job's workers are then ended), its
-        start, progress and heartbeats under it."""
-        failed, self.attempt = self.attempt, self.job.attempt + round_
+        follows, as it follows warm's coordinator); this round is the next attempt, once the fence
+        names it (unless the controller moved the run on: False, this node's workers are ended):
+        its start, progress and heartbeats under it."""
+        failed, attempt = self.attempt, self.job.attempt + round_
         what = (f"torchrun's round {round_ - 1} of workers ended (rank {lost_rank}, on {self.env.node}, the first "
                 "of this node's seen gone) and torchrun started them again")
         self.events.emit(EVENT_WARM_FAILURE, when=lost_at, rank=lost_rank, exit_code=-1, node=self.env.node,
                          elastic_round=round_ - 1, what=what)
-        if self.env.is_main and not self._fence_round(failed):
-            return
-        self.events = EventLog(self.paths.events_file(self.attempt), enabled=self.env.is_main)
+        if not self._round_fenced(failed, attempt):
+            return False
+        self.attempt = attempt
+        self.events = EventLog(self.paths.events_file(attempt), enabled=self.env.is_main)
         now = time.time()
         self.events.emit(EVENT_ELASTIC_ROUND, when=now, round=round_, resume="the script's own checkpoint")
         self._emit_start(now, elastic_round=round_)
         if self.progress is not None:
             self.progress = self._inferred_progress()
+        return True
 
-    def _fence_round(self, failed: int) -> bool:
-        """The run's fence moved from the failed round's attempt to this one's; False (and the
-        launch ended) when it no longer named the failed one: the controller moved the run on."""
+    def _round_fenced(self, failed: int, attempt: int) -> bool:
+        """The main node moves the run's fence from the failed round's attempt to this one's (only
+        while it names the failed one); the others wait for it to (ROUND_FENCE_WAIT_S). False, and
+        this node's torchrun ended, when the controller moved the run on."""
         job, drill = own_job_id(self.env.job_id), self.job.drill_id or None
         try:
-            advance_fence(self.paths, Fence(failed, job, drill), Fence(self.attempt, job, drill))
+            if self.env.is_main:
+                advance_fence(self.paths, Fence(failed, job, drill), Fence(attempt, job, drill))
+            else:
+                self._await_fence(attempt, job, drill)
         except StaleAttemptError as error:
-            print(f"faultdrill: torchrun's round {self.attempt - self.job.attempt} is not the run's: {error}",
+            print(f"faultdrill: torchrun's round {attempt - self.job.attempt} is not the run's: {error}",
                   file=sys.stderr, flush=True)
             if self.child is not None:
                 signal_group(self.child.pid, signal.SIGTERM)
             return False
         return True
+
+    def _await_fence(self, attempt: int, job: str, drill: str | None) -> None:
+        deadline = time.monotonic() + ROUND_FENCE_WAIT_S
+        while True:
+            try:
+                check_current(self.paths, attempt, job, "starting torchrun's next round", drill_id=drill)
+                return
+            except StaleAttemptError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def _watch(self, child: subprocess.Popen[bytes]) -> list[threading.Thread]:
         watchers = [self._thread(self._pump, child.stderr, sys.stderr, True)]
@@ -377,6 +395,8 @@ class Supervisor:
                 self.progress.saw(step)
 
     def _end(self, returncode: int) -> dict[str, Any]:
+        if self.workers is not None and self.workers.misplaced:  # it ended torchrun itself: no drill here
+            raise CommandFailed(self.workers.misplaced)
         if returncode < 0:
             die_of(signal.Signals(-returncode))
         if returncode != 0 and self.command.torchrun and (worker_exit := root_cause_exit(self.stderr_tail)):

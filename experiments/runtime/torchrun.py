@@ -11,9 +11,7 @@ each node starts that node's torchrun, and torchrun's workers are the ranks.
 - The ranks: torchrun starts each worker in a session of its own; the supervisor finds them among
   torchrun's children (their environment names the rendezvous id and their RANK) and registers each
   as its rank, with torchrun as the launcher that started it. Under elastic each round of workers
-  is the next attempt: a new worker after one of the round was seen gone starts the next round (not
-  TORCHELASTIC_RESTART_COUNT: it counts only the restarts of the node's own agent, whose workers
-  failed; another node's agent starts its workers again under the same count).
+  is the next attempt (WorkerRegistry says how a round is told).
 - The end: torchrun exits 1 when a worker failed; its summary names the first failure's exit code,
   which the supervisor ends with (a worker killed by SIGKILL is a rank killed by SIGKILL).
 """
@@ -22,8 +20,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -80,14 +80,22 @@ def torchrun_argv(command: CommandSpec, env: DistEnv, run_id: str, attempt: int,
 
 
 # (round, rank, when): the first worker of this later round appeared; a worker of the round before
-# (that rank) was seen gone then. Told only now: workers also end when the training does.
-OnRound = Callable[[int, int, float], None]
+# (that rank) was seen gone then. Told only now: workers also end when the training does. False:
+# the round is not the run's (the controller moved it on): nothing more is registered.
+OnRound = Callable[[int, int, float], bool]
 
 
 @dataclass
 class WorkerRegistry:
     """Finds the workers the node's torchrun starts and registers each as its rank of the attempt
-    (its round's: the job's first attempt plus the round, under elastic)."""
+    (its round's: the job's first attempt plus the round, under elastic).
+
+    A node's next round is a worker whose RANK this round already had (torchrun starts all of its
+    workers again), or any new worker once one of the round was seen gone. Not
+    TORCHELASTIC_RESTART_COUNT: it counts only the restarts of the node's own agent, whose workers
+    failed; another node's agent starts its workers again under the same count. Under elastic the
+    workers must hold the ranks of the node's place (``misplaced`` says why not, and torchrun is
+    ended: its c10d rendezvous orders nodes by host name, which may not be the job's order)."""
 
     paths: RunPaths
     env: DistEnv
@@ -96,10 +104,17 @@ class WorkerRegistry:
     run_id: str
     launcher_pid: int
     elastic: bool = False  # torchrun restarts its workers: keep watching for its next rounds
-    on_round: OnRound = lambda round_, rank, at: None
+    on_round: OnRound = lambda round_, rank, at: True
     registered: dict[int, int] = field(default_factory=dict)  # worker pid -> its rank (this round's)
-    round: int = 0  # the round of workers registered: how many times this node's were started again
+    seen: dict[int, int] = field(default_factory=dict)  # every worker of this round, ended ones too
+    round: int = 0  # the round of workers seen: how many times this node's were started again
     lost: tuple[int, float] | None = None  # (rank, when) the first worker of this round seen gone
+    misplaced: str | None = None
+    # on_round's answers, by round, from a thread of their own: the scan goes on meanwhile (a round
+    # that came and went while the fence was moved would otherwise go uncounted).
+    verdicts: dict[int, Future[bool]] = field(default_factory=dict)
+    pending: list[tuple[int, int, int]] = field(default_factory=list)  # (pid, rank, round) awaiting its verdict
+    _rounds: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "faultdrill-torchrun-rounds"))
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> threading.Thread:
@@ -121,28 +136,60 @@ class WorkerRegistry:
             if self.elastic:
                 self._note_losses()
             for pid in children_of(self.launcher_pid):
-                if pid in self.registered or (rank := worker_rank(pid, expected)) is None:
+                if pid in self.seen or (rank := worker_rank(pid, expected)) is None:
                     continue
-                if self.lost is not None:  # a new worker after one of the round was gone: the next round
+                if self.elastic and (self.lost is not None or rank in self.seen.values()):
                     self._next_round()
-                self._register(pid, rank, launcher_ticks)
+                self.seen[pid] = rank
+                if self.elastic and not self._in_place(rank):
+                    return
+                self.pending.append((pid, rank, self.round))
+            if not self._register_ready(launcher_ticks):
+                return
 
     def _note_losses(self) -> None:
-        """The first registered worker of the round seen gone, and when."""
+        """The first worker of the round seen gone, and when."""
         if self.lost is not None:
             return
-        for pid, rank in list(self.registered.items()):
+        for pid, rank in list(self.seen.items()):
             if not _alive(pid):
                 self.lost = (rank, time.time())
                 return
 
     def _next_round(self) -> None:
-        assert self.lost is not None
-        rank, at = self.lost
-        self.round, self.registered, self.lost = self.round + 1, {}, None
-        self.on_round(self.round, rank, at)
+        first_rank = next(iter(self.seen.values()), 0)
+        rank, at = self.lost if self.lost is not None else (first_rank, time.time())  # it ended between two looks
+        self.round, self.registered, self.seen, self.lost = self.round + 1, {}, {}, None
+        self.verdicts[self.round] = self._rounds.submit(self.on_round, self.round, rank, at)
 
-    def _register(self, pid: int, rank: int, launcher_ticks: int) -> None:
+    def _register_ready(self, launcher_ticks: int) -> bool:
+        """The workers whose round is the run's, registered; False once a round is not (nothing more is)."""
+        waiting = []
+        for pid, rank, round_ in self.pending:
+            verdict = self.verdicts.get(round_)
+            if verdict is not None and not verdict.done():
+                waiting.append((pid, rank, round_))
+            elif verdict is not None and not verdict.result():
+                self.pending = []
+                return False
+            elif round_ == self.round:  # a worker of a round already left behind is no rank
+                self._register(pid, rank, round_, launcher_ticks)
+        self.pending = waiting
+        return True
+
+    def _in_place(self, rank: int) -> bool:
+        """The worker's rank is one of this node's place (else torchrun is ended, and why kept)."""
+        per_node = workers_per_node(self.command, self.env)
+        if rank // per_node == self.env.rank:
+            return True
+        self.misplaced = (f"restart.strategy elastic: torchrun's c10d rendezvous gave this node ({self.env.node}, the "
+                          f"job's node {self.env.rank}) the worker of rank {rank}: it orders the nodes by host name, "
+                          "which is not the job's order here, so the drill cannot tell which node's log and events "
+                          "are rank 0's; use resubmit or in-allocation on this site")
+        os.kill(self.launcher_pid, signal.SIGTERM)
+        return False
+
+    def _register(self, pid: int, rank: int, round_: int, launcher_ticks: int) -> None:
         ticks = start_ticks(pid)
         if ticks is None:
             return  # ended already: a worker that never ran is not a rank to aim at
@@ -150,7 +197,7 @@ class WorkerRegistry:
             group = os.getpgid(pid) == pid
         except ProcessLookupError:
             return
-        attempt = self.attempt + self.round
+        attempt = self.attempt + round_
         identity = RankIdentity(rank=rank, pid=pid, create_time=time.time(), start_ticks=ticks,
                                 host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
                                 attempt=attempt, group=group, launcher_pid=self.launcher_pid,
