@@ -75,6 +75,7 @@ class FaultOutcome:
     pid: int | None = None
     signal: str = ""
     detail: str = ""
+    met_step: int | None = None  # an at_step fault: the step its agent saw when it acted
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -21,5 +21,5 @@ class HangRank(RankKind):
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
-        wait_for_moment(task, targets)
-        return outcome(self.name, targets, "SIGSTOP", send(targets, "SIGSTOP"))
+        met = wait_for_moment(task, targets)
+        return outcome(self.name, targets, "SIGSTOP", send(targets, "SIGSTOP"), met_step=met)

@@ -38,10 +38,10 @@ class KillRank(RankKind):
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         launcher = task.options.get("process") == "launcher"
         targets = _launchers(task) if launcher else verify_all(task)
-        wait_for_moment(task, targets)
+        met = wait_for_moment(task, targets)
         name = str(task.options.get("signal", "SIGKILL"))
         detail = f"the launcher (pid {targets[0].pid}) of the ranks" if launcher and targets else ""
-        return outcome(self.name, targets, name, send(targets, name), detail=detail)
+        return outcome(self.name, targets, name, send(targets, name), detail=detail, met_step=met)
 
 
 def _launchers(task: FaultTask) -> list[VerifiedTarget]:

@@ -25,13 +25,14 @@ POLL_S = 0.005  # a step of 20 ms is met within a quarter of it
 LIVENESS_EVERY_S = 0.1  # the targets' liveness and the heartbeat files present, checked this often
 
 
-def wait_for_moment(task: FaultTask, targets: list[VerifiedTarget], ending: JobEnding | None = None) -> None:
-    """Until the task's step (an ``at_step`` fault) or its agreed moment (agents on several nodes);
-    ``ending``: the kind's own SIGTERM watch, if it made one (a second would replace it)."""
+def wait_for_moment(task: FaultTask, targets: list[VerifiedTarget], ending: JobEnding | None = None) -> int | None:
+    """Until the task's step (an ``at_step`` fault: the step seen, which the fault met) or its agreed
+    moment (agents on several nodes); ``ending``: the kind's own SIGTERM watch, if it made one (a
+    second would replace it)."""
     if task.at_step is None:
         wait_until(task.not_before)
-        return
-    wait_for_step(task, targets, ending or JobEnding())
+        return None
+    return wait_for_step(task, targets, ending or JobEnding())
 
 
 def wait_for_step(task: FaultTask, targets: list[VerifiedTarget], ending: JobEnding) -> int:

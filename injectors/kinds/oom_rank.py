@@ -43,7 +43,7 @@ class OomRank(RankKind):
         ticks = live_ticks(targets)
         caps: list[MemoryCap] = []
         ending = JobEnding()  # the job ends when the rank dies: finish the record first
-        wait_for_moment(task, targets, ending)
+        met = wait_for_moment(task, targets, ending)
         # Capped only now, each once it is shown still in its attempt: a warm process that left it
         # (it serves the next one now) must not run on under this fault's cap; the others go on.
         targets = still_in_attempt(targets)
@@ -65,7 +65,7 @@ class OomRank(RankKind):
             raise TargetRefused(_why_not(survivors[0], ended, kills, headroom, deadline_s))
         took = max(ended.values()) - at
         peak = max(peaks.values()) / MB
-        return outcome(self.name, targets, "SIGKILL", at, detail=(
+        return outcome(self.name, targets, "SIGKILL", at, met_step=met, detail=(
             f"memory capped at +{headroom} MB, the rank made to grow: the kernel's OOM killer ended it "
             f"{took:.2f} s later (oom_kill {sum(kills.values())}, peak +{peak:.0f} MB)"))
 

@@ -38,7 +38,7 @@ class RankError(RankKind):
         deadline_s = float(task.options.get("deadline_s", 30.0))
         ticks = live_ticks(targets)
         ending = JobEnding()
-        wait_for_moment(task, targets, ending)
+        met = wait_for_moment(task, targets, ending)
         at, targets = ask(task, targets, {"action": ACTION_RAISE, "message": message})
         ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
         if len(ended) < len(targets):
@@ -46,6 +46,6 @@ class RankError(RankKind):
             raise TargetRefused(f"rank {alive[0]} did not end within {deadline_s:g} s of the request to raise "
                                 "(a process without Faultdrill's rank runtime ignores it)")
         took = max(ended.values()) - at
-        return outcome(self.name, targets, "", at,
+        return outcome(self.name, targets, "", at, met_step=met,
                        detail=f"raised InjectedRankError({message!r}); the rank ended {took:.2f} s later")
 

@@ -70,9 +70,11 @@ def delivered(target: VerifiedTarget, number: int) -> bool:
     return True
 
 
-def outcome(kind: str, targets: list[VerifiedTarget], name: str, at: float, detail: str = "") -> FaultOutcome:
+def outcome(kind: str, targets: list[VerifiedTarget], signal_name: str, at: float, detail: str = "",
+            met_step: int | None = None) -> FaultOutcome:
+    """What the kind did to ``targets``; ``met_step``: the step an at_step fault's agent saw when it acted."""
     ranks = ",".join(str(t.rank) for t in targets)
     node = targets[0].node if targets else ""
     label = f"rank {ranks}" if len(targets) == 1 else f"ranks {ranks}"
     return FaultOutcome(kind=kind, target=f"{label}@{node}", at=at, node=node,
-                        pid=targets[0].pid if targets else None, signal=name, detail=detail)
+                        pid=targets[0].pid if targets else None, signal=signal_name, detail=detail, met_step=met_step)

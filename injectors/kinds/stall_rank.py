@@ -28,13 +28,13 @@ class StallRank(RankKind):
 
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
-        wait_for_moment(task, targets)
+        met = wait_for_moment(task, targets)
         at, targets = send_to(targets, "SIGSTOP")  # only the ones stopped are continued, and recorded
         duration = float(task.options["duration_s"])
         time.sleep(duration)
         resumed, gone = _resume(targets)
         detail = f"stopped for {resumed - at:.2f} s, then SIGCONT" + (f" ({gone} had ended meanwhile)" if gone else "")
-        return outcome(self.name, targets, "SIGSTOP", at, detail=detail)
+        return outcome(self.name, targets, "SIGSTOP", at, detail=detail, met_step=met)
 
 
 def _resume(targets: list[VerifiedTarget]) -> tuple[float, int]:

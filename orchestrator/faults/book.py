@@ -172,8 +172,10 @@ class FaultBook:
         self._settle_ready()
 
     def _injected(self, flight: InFlight, outcome: FaultOutcome, watch: AttemptWatch | None) -> None:
+        # An at_step fault's agent says the step it met (read on the node, no clock between).
+        met = {"met_step": outcome.met_step} if outcome.met_step is not None else {}
         self.ledger.update_fault(flight.fault_id, at=outcome.at, pid=outcome.pid, node=outcome.node,
-                                 target=outcome.target, signal=outcome.signal, outcome=INJECTED)
+                                 target=outcome.target, signal=outcome.signal, outcome=INJECTED, **met)
         if get_kind(flight.fault.kind).ends_attempt:
             self.blocked_through = flight.attempt
             if outcome.detail:

@@ -132,6 +132,7 @@ def agent_verdict(result: CommandResult, record: Path) -> FaultOutcome:
     for answer in answers:
         if answer.get("ok"):
             fields = {key: answer[key] for key in ("kind", "target", "at", "node", "pid", "signal", "detail")}
+            fields["met_step"] = answer.get("met_step")
             return FaultOutcome(**fields)
         why = f"fault agent refused: {answer.get('error', result.stderr)}"
         if answer.get("not_reached"):
@@ -152,4 +153,4 @@ def _merged(outcomes: list[FaultOutcome], missed: list[TargetRefused]) -> FaultO
                 for error in missed]
     return FaultOutcome(kind=first.kind, target="; ".join(o.target for o in outcomes), at=first.at,
                         node=",".join(o.node for o in outcomes), pid=first.pid, signal=first.signal,
-                        detail="; ".join(details))
+                        detail="; ".join(details), met_step=first.met_step)

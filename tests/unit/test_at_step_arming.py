@@ -308,3 +308,25 @@ def test_a_node_whose_agent_came_back_short_does_not_undo_another_nodes_kill(mon
     request = inject.FaultRequest(run=run, attempt=0, job_id="j1", fault=fault)  # type: ignore[arg-type]  # a stand-in run
     outcome = inject.inject(SimpleNamespace(agent_job_id=lambda job: job), request)  # type: ignore[arg-type]  # no backend call
     assert outcome.target.startswith("rank 0@n0") and "short of step 60" in outcome.detail
+
+
+def test_the_step_an_agent_met_is_recorded_as_it_saw_it(tmp_path: Path, pool) -> None:
+    """Review: the met step was rebuilt from heartbeat times up to the agent's clock; an agent reading
+    another node's file 0.3 s apart in clocks made step 60 into step 10."""
+    from orchestrator.faults.book import RunProgress
+    from orchestrator.observe.watch import FailureSign
+
+    agent = Agent(FaultOutcome(kind="kill-rank", target="rank 1@n1", at=time.time(), signal="SIGKILL", met_step=60))
+    ledger = Ledger.in_workdir(tmp_path)
+    book = FaultBook("r000", [_kill_at(60)], ledger, pool, act=agent,
+                     progress=RunProgress(lambda attempt, at: 10, last_step=400))  # what the clocks would say
+    try:
+        watch = _watch(tmp_path, registered=True)
+        watch.read()
+        book.maybe_fire(watch, time.time())
+        _settle(book, watch)
+        book.attempt_ended(0, FailureSign("rank 1 lost", time.time() + 1, "step_exit"), completed=False)
+        [row] = ledger.faults("r000")
+        assert row.met_step == 60, row
+    finally:
+        ledger.close()
