@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import psutil
 import pytest
@@ -244,13 +244,18 @@ def test_a_fault_aimed_at_an_attempt_a_warm_process_left_never_reaches_it(
     assert not RunPaths(tmp_path).fault_request_file(0, 0).exists()
 
 
+def _during_the_wait(act: Callable[[float], None]) -> Callable[..., None]:
+    """In place of a kind's wait for its moment (between verification and the act): ``act(moment)``."""
+    return lambda task, targets, ending=None: act(task.not_before)
+
+
 @pytest.mark.drill
 def test_a_warm_process_that_leaves_after_its_verification_gets_no_signal(
         tmp_path: Path, warm: list[WarmProcess], monkeypatch: pytest.MonkeyPatch) -> None:
     """Verified in attempt 0, then the generation ended and the process left before the agreed
     moment (agents on several nodes wait up to two seconds): the signal is not sent."""
     import injectors.kinds.kill_rank as kill_rank
-    monkeypatch.setattr(kill_rank, "wait_until", lambda moment: warm[0].leave())
+    monkeypatch.setattr(kill_rank, "wait_for_moment", _during_the_wait(lambda moment: warm[0].leave()))
     with pytest.raises(TargetRefused, match="ended after they were verified") as refused:
         get_kind("kill-rank").act_on_node(_task(tmp_path, "kill-rank", (0,), signal="SIGKILL"))
     assert refused.value.gone and _settled(warm[0])
@@ -262,7 +267,7 @@ def test_a_request_reaches_the_ranks_still_in_the_attempt_and_not_the_one_that_l
     """rank-error on ranks 0 and 1; rank 1 left during the agreed wait: rank 0 raises, rank 1 is not
     asked (its request taken back), and the fault is what it did to rank 0 (not "gone" for all)."""
     import injectors.kinds.rank_error as rank_error
-    monkeypatch.setattr(rank_error, "wait_until", lambda moment: warm[1].leave())
+    monkeypatch.setattr(rank_error, "wait_for_moment", _during_the_wait(lambda moment: warm[1].leave()))
     outcome = get_kind("rank-error").act_on_node(_task(tmp_path, "rank-error", (0, 1), deadline_s=10))
     assert warm[0].proc.wait(timeout=10) == 1 and "raised InjectedRankError" in outcome.detail
     assert _settled(warm[1]) and not RunPaths(tmp_path).fault_request_file(0, 1).exists()
@@ -297,7 +302,7 @@ def test_oom_rank_caps_no_process_that_left_during_the_agreed_wait(
     if not memory_cgroup_writable():
         pytest.skip("no writable cgroup v1 memory controller here")
     import injectors.kinds.oom_rank as oom_rank
-    monkeypatch.setattr(oom_rank, "wait_until", lambda moment: warm[0].leave())
+    monkeypatch.setattr(oom_rank, "wait_for_moment", _during_the_wait(lambda moment: warm[0].leave()))
     with pytest.raises(TargetRefused, match="left its attempt") as refused:
         get_kind("oom-rank").act_on_node(_task(tmp_path, "oom-rank", (0,), deadline_s=5))
     assert refused.value.gone and _settled(warm[0])
@@ -334,7 +339,7 @@ def test_a_stall_continues_only_the_processes_it_stopped(tmp_path: Path, warm: l
         warm[1].leave()
         os.kill(warm[1].proc.pid, signal.SIGSTOP)
 
-    monkeypatch.setattr(stall_rank, "wait_until", rank_1_leaves_and_is_stopped)
+    monkeypatch.setattr(stall_rank, "wait_for_moment", _during_the_wait(rank_1_leaves_and_is_stopped))
     try:
         outcome = get_kind("stall-rank").act_on_node(_task(tmp_path, "stall-rank", (0, 1), duration_s=0.2))
         assert outcome.target.startswith("rank 0@"), outcome
@@ -355,7 +360,7 @@ def test_a_request_goes_on_when_a_target_ended_after_its_verification(
         warm[1].proc.kill()
         warm[1].proc.wait(timeout=10)
 
-    monkeypatch.setattr(rank_error, "wait_until", rank_1_dies)
+    monkeypatch.setattr(rank_error, "wait_for_moment", _during_the_wait(rank_1_dies))
     outcome = get_kind("rank-error").act_on_node(_task(tmp_path, "rank-error", (0, 1), deadline_s=10))
     assert warm[0].proc.wait(timeout=10) == 1 and outcome.target.startswith("rank 0@"), outcome
 
