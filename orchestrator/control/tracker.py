@@ -264,7 +264,8 @@ class RunTracker:
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
             drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights, exclude_nodes=excluded,
             fault_steps=run.fault_steps,
-            torchrun_restarts=self.restart.max_restarts if run.strategy_traits.torchrun else 0,
+            # elastic: the restarts the run has left (attempts so far count against restart.max_restarts)
+            torchrun_restarts=max(0, self.restart.max_restarts - attempt) if run.strategy_traits.torchrun else 0,
         )
 
     def _exclusions(self, attempt: int) -> tuple[str, ...]:
