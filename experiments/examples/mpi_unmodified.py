@@ -30,7 +30,8 @@ def main() -> None:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    print(f"mpi rank {rank} of {size}", flush=True)
+    library = MPI.Get_library_version().split(",")[0].strip()  # "Open MPI v5.0.11": the venv's, or the site's
+    print(f"mpi rank {rank} of {size} ({library})", flush=True)
     args.ckpt_dir.mkdir(parents=True, exist_ok=True)
     start, total = 0, np.zeros(1)
     found = newest(args.ckpt_dir) if args.resume else None

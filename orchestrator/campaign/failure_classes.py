@@ -175,6 +175,9 @@ def _exit(known: FailureEvidence) -> Classified | None:
         return Classified(FailureClass.RANK_SIGNAL, f"{_signal_name(code - SIGNAL_EXIT_BASE)} (exit code {code})")
     if code < 0:  # a process killed by a signal, as Python's subprocess reports it
         return Classified(FailureClass.RANK_SIGNAL, f"{_signal_name(-code)} (exit code {code})")
+    if known.signalled:  # a survivor's exit came first (Open MPI 5 aborts a peer's world at once)
+        return Classified(FailureClass.RANK_SIGNAL, f"{known.signalled} (the injector's record; the launch then "
+                                                    f"exited with code {code}, a survivor's)")
     return Classified(FailureClass.RANK_EXIT, f"exit code {code}")
 
 

