@@ -175,10 +175,15 @@ def _exit(known: FailureEvidence) -> Classified | None:
         return Classified(FailureClass.RANK_SIGNAL, f"{_signal_name(code - SIGNAL_EXIT_BASE)} (exit code {code})")
     if code < 0:  # a process killed by a signal, as Python's subprocess reports it
         return Classified(FailureClass.RANK_SIGNAL, f"{_signal_name(-code)} (exit code {code})")
-    if known.signalled:  # a survivor's exit came first (Open MPI 5 aborts a peer's world at once)
+    if known.signalled in LETHAL_SIGNALS:  # a survivor's exit came first (Open MPI 5 aborts its world at once)
         return Classified(FailureClass.RANK_SIGNAL, f"{known.signalled} (the injector's record; the launch then "
                                                     f"exited with code {code}, a survivor's)")
     return Classified(FailureClass.RANK_EXIT, f"exit code {code}")
+
+
+# The signals a kill-rank may send that end a process that does not handle them (SIGUSR1/2: the
+# ranks' warning; SIGSTOP/SIGCONT: a pause).
+LETHAL_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGBUS"})
 
 
 def _signal_name(number: int) -> str:

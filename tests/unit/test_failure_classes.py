@@ -59,6 +59,8 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
     # (exit code 14) before the launch sees the killed rank's end; the injector's record is the cause.
     (FailureEvidence(JobState.FAILED, "poll", exit_code=14, signalled="SIGKILL"), C.RANK_SIGNAL,
      "SIGKILL (the injector's record; the launch then exited with code 14"),
+    # ... but a signal that ends nothing (SIGCONT) leaves a rank's own exit code its own.
+    (FailureEvidence(JobState.FAILED, "poll", exit_code=2, signalled="SIGCONT"), C.RANK_EXIT, "exit code 2"),
     (FailureEvidence(JobState.FAILED, "poll"), C.UNKNOWN, "scheduler state FAILED"),
     (FailureEvidence(JobState.UNKNOWN, "poll"), C.UNKNOWN, "noticed by poll"),
 ])

@@ -27,6 +27,13 @@ PYTHON = "/opt/faultdrill/.venv/bin/python"
 HOSTILE = "/data/it's a \"drill\" $HOME `x`\nsecond line"
 
 
+@pytest.fixture(autouse=True)
+def _no_site_libmpi_exported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site's MPI4PY_LIBMPI in the shell that runs the tests would reach the ranks as it is, and
+    the scripts would not say MPI4PY_LIBMPI='' (orchestrator/campaign/mpi.py)."""
+    monkeypatch.delenv("MPI4PY_LIBMPI", raising=False)
+
+
 def _campaign(workdir: str, grid: dict[str, list[object]] | None = None, **resources: object) -> Campaign:
     return Campaign.model_validate({
         "name": "golden",
