@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
-STEPS, EVERY, FAULT_STEP = 900, 300, 400  # the campaign's steps, checkpoint interval and faults' step
+STEPS, EVERY, FAULT_STEP = 600, 200, 270  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
     "preempt": "drilled on Slurm by tests/cluster/test_strategies.py (requeue) and on PBS by test_pbs_drill.py",
