@@ -63,7 +63,7 @@ from experiments.layout import (
 )
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.events import EventLog
-from experiments.runtime.fence import Fence, StaleAttemptError, advance_fence, check_current, own_job_id
+from experiments.runtime.fence import Fence, StaleAttemptError, advance_fence, check_current, own_job_id, read_fence
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.identity import start_ticks
 from experiments.runtime.processes import children_of
@@ -311,6 +311,16 @@ class Supervisor:
         follows, as it follows warm's coordinator); this round is the next attempt, once the fence
         names it (unless the controller moved the run on: False, this node's workers are ended):
         its start, progress and heartbeats under it."""
+        try:
+            return self._take_round(round_, lost_rank, lost_at)
+        except Exception as error:  # noqa: BLE001  # a round that cannot be taken is not trained on unwatched
+            print(f"faultdrill: torchrun's round {round_} could not be taken ({type(error).__name__}: {error}); "
+                  "ending torchrun", file=sys.stderr, flush=True)
+            if self.child is not None:
+                signal_group(self.child.pid, signal.SIGTERM)
+            return False
+
+    def _take_round(self, round_: int, lost_rank: int, lost_at: float) -> bool:
         failed, attempt = self.attempt, self.job.attempt + round_
         what = (f"torchrun's round {round_ - 1} of workers ended (rank {lost_rank}, on {self.env.node}, the first "
                 "of this node's seen gone) and torchrun started them again")
@@ -346,10 +356,16 @@ class Supervisor:
         return True
 
     def _await_fence(self, attempt: int, job: str, drill: str | None) -> None:
+        """Until the fence names ``attempt`` of this very job: a fence with no job yet is the
+        controller submitting the next attempt, not the main node's move."""
         deadline = time.monotonic() + ROUND_FENCE_WAIT_S
         while True:
             try:
                 check_current(self.paths, attempt, job, "starting torchrun's next round", drill_id=drill)
+                fence = read_fence(self.paths)
+                if fence is None or fence.job_id is None:
+                    raise StaleAttemptError(f"faultdrill: stale attempt: the fence names attempt {attempt} with no job "
+                                            f"yet (the controller is submitting it), not job {job}'s next round")
                 return
             except StaleAttemptError:
                 if time.monotonic() >= deadline:

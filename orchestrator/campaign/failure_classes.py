@@ -181,9 +181,10 @@ def _exit(known: FailureEvidence) -> Classified | None:
     return Classified(FailureClass.RANK_EXIT, f"exit code {code}")
 
 
-# The signals a kill-rank may send that end a process that does not handle them (SIGUSR1/2: the
-# ranks' warning; SIGSTOP/SIGCONT: a pause).
-LETHAL_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGBUS"})
+# The signals whose default action ends a process (a script with no handler for SIGUSR1 dies of it);
+# not SIGSTOP/SIGCONT (a pause) or the others a process ignores by default.
+LETHAL_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGHUP", "SIGSEGV", "SIGBUS",
+                            "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE"})
 
 
 def _signal_name(number: int) -> str:
@@ -196,7 +197,7 @@ def _signal_name(number: int) -> str:
 def _signalled(known: FailureEvidence) -> Classified | None:
     """No exit code to read (a warm job's coordinator on Slurm sees a connection end, not how the
     process ended): the signal the injector sent is the evidence."""
-    if known.exit_code is None and known.signalled:
+    if known.exit_code is None and known.signalled in LETHAL_SIGNALS:
         return Classified(FailureClass.RANK_SIGNAL, f"{known.signalled} (the injector's record)")
     return None
 

@@ -121,24 +121,41 @@ _CACHED_LIBMPI = re.compile(rb"(/[^\x00]*/libmpi\.so(?:\.12|\.40)?)\x00")
 
 
 def site_libmpi(workload_env: dict[str, str]) -> str | None:
-    """The libmpi mpi4py would find in a rank of the site's MPI launch, as this node sees it: the
-    file MPI4PY_LIBMPI names, else one of its names in LD_LIBRARY_PATH or the loader's cache; None
-    when there is none. (Looked up, not loaded: a library loaded here would stay in the drill.)"""
+    """The libmpi mpi4py would find in a rank of the site's MPI launch, as this node sees it, or
+    None: MPI4PY_LIBMPI's entries as mpi4py takes them (a file, a directory holding one of its
+    names, a bare name the loader finds; $VARS and ~ expanded), else one of its names in
+    LD_LIBRARY_PATH or the loader's cache. (Looked up, not loaded: a library loaded here would stay.)"""
     environment = {**os.environ, **workload_env}
-    named = [Path(part) for part in environment.get(LIBMPI_VARIABLE, "").split(os.pathsep) if part]
-    if named:
-        return next((str(path) for path in named if path.is_file()), None)
+    entries = [part for part in environment.get(LIBMPI_VARIABLE, "").split(os.pathsep) if part]
+    if not entries:
+        return _on_loader_path(LIBMPI_NAMES, environment)
+    for entry in (os.path.expanduser(os.path.expandvars(part)) for part in entries):
+        path = Path(entry)
+        if path.is_dir():
+            found = next((path / name for name in LIBMPI_NAMES if (path / name).is_file()), None)
+        elif "/" not in entry:
+            found = Path(name) if (name := _on_loader_path((entry,), environment)) else None
+        else:
+            found = path if path.is_file() else None
+        if found is not None:
+            return str(found)
+    return None
+
+
+def _on_loader_path(names: tuple[str, ...], environment: dict[str, str]) -> str | None:
+    """The first of ``names`` in LD_LIBRARY_PATH's directories or the system loader's cache."""
     for directory in environment.get("LD_LIBRARY_PATH", "").split(os.pathsep):
-        found = [Path(directory) / name for name in LIBMPI_NAMES if directory and (Path(directory) / name).is_file()]
+        found = [Path(directory) / name for name in names if directory and (Path(directory) / name).is_file()]
         if found:
             return str(found[0])
-    return _cached_libmpi(LOADER_CACHE)
+    return next((path for path in _cached_libraries(LOADER_CACHE) if path.rsplit("/", 1)[-1] in names), None)
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_libmpi(cache: Path) -> str | None:
+def _cached_libraries(cache: Path) -> tuple[str, ...]:
+    """The libmpi files the loader's cache lists that exist."""
     try:
         listed = _CACHED_LIBMPI.findall(cache.read_bytes())
     except OSError:
-        return None
-    return next((path.decode() for path in listed if Path(path.decode()).is_file()), None)
+        return ()
+    return tuple(path.decode() for path in listed if Path(path.decode()).is_file())

@@ -57,6 +57,12 @@ class Decision:
     backoff_s: float = 0.0
 
 
+def restarts_left(policy: dict[FailureClass, PolicyEntry], history: list[FailureClass], max_restarts: int) -> int:
+    """What is left of restart.max_restarts after the failures of ``history``: only the classes
+    that spend it count (a preemption or a walltime does not, by default), as in ``decide``."""
+    return max(0, max_restarts - sum(1 for earlier in history if policy_entry(policy, earlier).spends_budget))
+
+
 def decide(policy: dict[FailureClass, PolicyEntry], history: list[FailureClass], max_restarts: int) -> Decision:
     """After the failure ``history[-1]`` (``history``: every failed attempt's class, in order)."""
     failure_class = history[-1]

@@ -36,7 +36,7 @@ from injectors.schedule import PlannedFault
 from orchestrator.backends.base import Backend, Submission
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
-from orchestrator.campaign.policy import Decision, decide, policy_entry
+from orchestrator.campaign.policy import Decision, decide, policy_entry, restarts_left
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.control.cancels import DrillCancels, cancel_every_job
@@ -264,9 +264,12 @@ class RunTracker:
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
             drill_id=self.drill_id, keep_final_weights=run.keeps_final_weights, exclude_nodes=excluded,
             fault_steps=run.fault_steps,
-            # elastic: the restarts the run has left (attempts so far count against restart.max_restarts)
-            torchrun_restarts=max(0, self.restart.max_restarts - attempt) if run.strategy_traits.torchrun else 0,
+            # elastic: the restarts the run has left (its failures so far, as the policy counts them)
+            torchrun_restarts=self._restarts_left(attempt) if run.strategy_traits.torchrun else 0,
         )
+
+    def _restarts_left(self, attempt: int) -> int:
+        return restarts_left(self.restart.policy, self._history(attempt - 1), self.restart.max_restarts)
 
     def _exclusions(self, attempt: int) -> tuple[str, ...]:
         """The nodes ``attempt`` stays off: those earlier attempts lost in a failure whose policy
@@ -487,9 +490,12 @@ class RunTracker:
 
     def _decide(self, attempt: int) -> Decision:
         """The restart policy on every failed attempt's class up to ``attempt`` (orchestrator/policy)."""
-        history = [FailureClass(row.failure_class or FailureClass.UNKNOWN.value)
-                   for row in self.ledger.attempts(self.run.run_id) if row.attempt <= attempt and row.reason]
-        return decide(self.restart.policy, history or [FailureClass.UNKNOWN], self.restart.max_restarts)
+        return decide(self.restart.policy, self._history(attempt) or [FailureClass.UNKNOWN], self.restart.max_restarts)
+
+    def _history(self, attempt: int) -> list[FailureClass]:
+        """Every failed attempt's class up to ``attempt``, in order."""
+        return [FailureClass(row.failure_class or FailureClass.UNKNOWN.value)
+                for row in self.ledger.attempts(self.run.run_id) if row.attempt <= attempt and row.reason]
 
     def _give_up(self, reason: str, now: float) -> None:
         log.warning("%s: gave up: %s", self.run.run_id, reason)

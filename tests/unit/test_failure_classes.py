@@ -61,6 +61,9 @@ ENOSPC = ("OSError: [Errno 28] checkpoint step 2000 could not be written: no spa
      "SIGKILL (the injector's record; the launch then exited with code 14"),
     # ... but a signal that ends nothing (SIGCONT) leaves a rank's own exit code its own.
     (FailureEvidence(JobState.FAILED, "poll", exit_code=2, signalled="SIGCONT"), C.RANK_EXIT, "exit code 2"),
+    (FailureEvidence(JobState.FAILED, "poll", exit_code=2, signalled="SIGUSR1"), C.RANK_SIGNAL, "SIGUSR1"),
+    # A warm job (no exit code): a continue is no cause of a death either.
+    (FailureEvidence(JobState.RUNNING, "warm", signalled="SIGCONT"), C.UNKNOWN, "noticed by warm"),
     (FailureEvidence(JobState.FAILED, "poll"), C.UNKNOWN, "scheduler state FAILED"),
     (FailureEvidence(JobState.UNKNOWN, "poll"), C.UNKNOWN, "noticed by poll"),
 ])

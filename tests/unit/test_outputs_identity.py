@@ -309,3 +309,34 @@ def test_each_file_is_hashed_once(sides: tuple[Path, Path], monkeypatch: pytest.
     monkeypatch.setattr(outputs, "_sha256", lambda path: hashed.append(path.parent.name) or real(path))
     [file] = compare_outputs(run, twin, ["*.npz"]).files
     assert file.verdict == DIFFERS and sorted(hashed) == ["run", "twin"], hashed
+
+
+def test_files_of_different_sizes_differ_without_being_read(sides: tuple[Path, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-review: a pair whose sizes differ was hashed in full before its tensors were read."""
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    (run / "w.bin").write_bytes(b"short")
+    (twin / "w.bin").write_bytes(b"longer bytes")
+    monkeypatch.setattr(outputs, "_sha256", lambda path: pytest.fail(f"{path} was hashed"))
+    [file] = compare_outputs(run, twin, ["*.bin"]).files
+    assert file.verdict == DIFFERS
+
+
+@pytest.mark.drill  # h5py's import starts a process
+def test_a_compressed_hdf5_file_is_measured_by_its_datasets(sides: tuple[Path, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-review: a gzip-compressed .h5 of 36 KB read as 32 MiB under a limit that took its disk size."""
+    import h5py
+
+    run, twin = sides
+    run.mkdir()
+    twin.mkdir()
+    for side, value in ((run, 0.0), (twin, 1.0)):
+        with h5py.File(side / "w.weights.h5", "w") as file:
+            file.create_dataset("layer/kernel", data=np.full(100_000, value), compression="gzip")
+    assert (run / "w.weights.h5").stat().st_size < 100_000
+    monkeypatch.setattr(outputs, "TENSOR_FILE_BYTES_AT_MOST", 100_000)
+    [file] = compare_outputs(run, twin, ["*.h5"]).files
+    assert file.verdict == DIFFERS and "not read as tensors" in file.how

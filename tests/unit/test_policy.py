@@ -10,7 +10,7 @@ import pytest
 
 from drills import drill, run_of, write_spec
 from orchestrator.campaign.failure_classes import FailureClass as C
-from orchestrator.campaign.policy import PolicyEntry, decide, policy_entry
+from orchestrator.campaign.policy import PolicyEntry, decide, policy_entry, restarts_left
 
 
 def test_a_persons_cancel_gives_up_by_default() -> None:
@@ -47,6 +47,15 @@ def test_the_global_budget_counts_every_class_that_spends_it() -> None:
     assert decide({}, [C.RANK_SIGNAL, C.HANG], max_restarts=2).restart
     spent = decide({}, [C.RANK_SIGNAL, C.HANG, C.RANK_EXIT], max_restarts=2)
     assert not spent.restart and spent.reason == "RANK_EXIT: the restart budget (max_restarts 2) is spent"
+
+
+def test_the_restarts_left_to_an_elastic_torchrun_count_as_the_policy_counts() -> None:
+    """restart.strategy elastic gives each job's torchrun the restarts the run has left. Counted as
+    attempts, a preemption and a walltime (which spend nothing) left it 0: torchrun started static,
+    with no rounds to measure, and the drill was a resubmit under elastic's name (review)."""
+    assert restarts_left({}, [C.PREEMPTED, C.TIMEOUT], 2) == 2
+    assert restarts_left({}, [C.RANK_SIGNAL, C.PREEMPTED], 2) == 1
+    assert restarts_left({}, [C.RANK_SIGNAL, C.RANK_EXIT, C.HANG], 2) == 0
 
 
 def test_a_policy_for_an_unknown_class_is_a_spec_error(tmp_path: Path) -> None:
