@@ -51,6 +51,8 @@ def _spec(campaign: str, direct: bool, workdir: Path) -> dict[str, Any]:
     # A word naming a file beside the campaign, by its absolute path (the copy lies elsewhere).
     workload["command"] = [str((CAMPAIGNS / word).resolve()) if word.startswith("../") else word
                            for word in workload["command"]]
+    if campaign == "example-torchrun":  # its final checkpoint.pt (in the run's own directory) is its identity
+        workload["outputs"] = ["checkpoint.pt"]
     if direct:
         workload["command"] = ["python", *[word for word in workload["command"][1:] if not word.startswith("--nproc")]]
         spec["resources"]["tasks_per_node"] = 1
@@ -84,6 +86,7 @@ def drill(name: str, campaign: str, direct: bool) -> dict[str, Any]:
                 "resumed_report": recovery["resumed_from_step"], "resumed_log": resumed,
                 "lost_report": recovery["lost_steps"], "lost_log": reached - resumed,
                 "identity": outputs.get("verdict"), "max_abs_diff": run.get("max_abs_weight_diff"),
+                "outputs": outputs,
                 "progress": run.get("progress")}
 
 
