@@ -317,10 +317,10 @@ def test_files_of_different_sizes_differ_without_being_read(sides: tuple[Path, P
     run, twin = sides
     run.mkdir()
     twin.mkdir()
-    (run / "w.bin").write_bytes(b"short")
-    (twin / "w.bin").write_bytes(b"longer bytes")
+    (run / "w.txt").write_bytes(b"short")  # a suffix with no tensor reader: its bytes alone say
+    (twin / "w.txt").write_bytes(b"longer bytes")
     monkeypatch.setattr(outputs, "_sha256", lambda path: pytest.fail(f"{path} was hashed"))
-    [file] = compare_outputs(run, twin, ["*.bin"]).files
+    [file] = compare_outputs(run, twin, ["*.txt"]).files
     assert file.verdict == DIFFERS
 
 
