@@ -76,6 +76,10 @@ ROUND_FENCE_WAIT_S = 10.0  # elastic: how long a node waits for the main node to
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_CHILD_SUBREAPER = 36
 REAP_S = 5.0
+# After the script's end, its output is read to the end of the pipes (its last step lines are there:
+# a pipe holds thousands) however far behind the reader is; a pipe still open with nothing read for
+# this long is held by a process that escaped the script's group, and is left.
+PIPE_QUIET_S = 5.0
 TAIL_LINES = 20
 
 
@@ -212,6 +216,7 @@ class Supervisor:
         self.known_checkpoints: set[int] = set()  # the script's checkpoint files seen so far
         self.workers: WorkerRegistry | None = None  # torchrun: its workers, the ranks
         self._stop = threading.Event()
+        self.last_read = time.monotonic()  # when a reader of the script's pipes last got a line
 
     def run(self) -> dict[str, Any]:
         self._emit_start(self.started_at)
@@ -230,11 +235,17 @@ class Supervisor:
         self._stop.set()
         if self.workers is not None:
             self.workers.stop()
-        for watcher in watchers:
-            watcher.join(timeout=5)
+        self._drain(watchers)
         if self.command.progress == PROGRESS_CHECKPOINTS:
             self._scan_once()  # the last files, written after the last look
         return self._end(returncode)
+
+    def _drain(self, watchers: list[threading.Thread]) -> None:
+        """Wait for the readers of the script's pipes to reach their end, for as long as they read."""
+        started = time.monotonic()
+        for watcher in watchers:
+            while watcher.is_alive() and time.monotonic() - max(self.last_read, started) < PIPE_QUIET_S:
+                watcher.join(timeout=0.1)
 
     def _emit_start(self, when: float, **extra: Any) -> None:
         self.events.emit(EVENT_PROCESS_START, when=when, pid=os.getpid(), world_size=self.env.world_size,
@@ -390,6 +401,7 @@ class Supervisor:
         """Pass the script's output on line by line; a matching line is a step (log mode)."""
         pattern = re.compile(self.command.step_regex) if self.command.progress == PROGRESS_LOG else None
         for raw in iter(source.readline, b""):
+            self.last_read = time.monotonic()
             line = raw.decode(errors="replace")
             target.write(line)
             target.flush()
