@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import asdict, replace
@@ -233,7 +234,7 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, h
     claim_workdir(campaign)  # the user's, before its lock file is opened; its log is written before the controller starts
     controller = live_controller(campaign.workdir)
     if controller is not None:
-        raise ControllerBusy(f"a controller (pid {controller.pid}) already drives {campaign.workdir}; "
+        raise ControllerBusy(f"a controller ({controller.where()}) already drives {campaign.workdir}; "
                              f"`faultdrill status {campaign.workdir}` shows it")
     argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format,
             *([] if html else ["--no-html"])]
@@ -256,7 +257,8 @@ def _status(workdir: Path, output_format: str) -> int:
     identity = live_controller(workdir)
     ended = read_exit(workdir) if identity is None else None
     progress = read_progress(workdir)
-    controller: dict[str, Any] = ({"running": True, "pid": identity.pid, "started": identity.started} if identity else
+    controller: dict[str, Any] = ({"running": True, "pid": identity.pid, "host": identity.host or socket.gethostname(),
+                                   "started": identity.started} if identity else
                                   {"running": False, "last_exit": asdict(ended) if ended else None})
     if output_format == "json":
         print(json.dumps({"workdir": str(workdir), "controller": controller,
@@ -264,7 +266,7 @@ def _status(workdir: Path, output_format: str) -> int:
                           "runs": [asdict(row) for row in progress[1]] if progress else []}, indent=2))
         return 0
     if identity is not None:
-        print(f"controller: running, pid {identity.pid}, since {time.ctime(identity.started)}")
+        print(f"controller: running, {identity.where()}, since {time.ctime(identity.started)}")
     elif ended is not None:
         print(f"controller: not running; the last one ended {time.ctime(ended.ended)}: {ended.how} "
               f"(exit code {ended.code})")

@@ -42,6 +42,15 @@ def faultdrill(*args: str, expect: int = 0, timeout: float = 180) -> str:
     return done.stdout + done.stderr
 
 
+def faultdrill_on(host: str, *args: str, expect: int = 0, timeout: float = 180) -> str:
+    """``faultdrill ARGS`` as on another login node: in a UTS namespace of its own whose host name is
+    ``host`` (same filesystem, same kernel: the workdir and its lock are shared, the host is not)."""
+    namespaced = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', host, *FAULTDRILL, *args]
+    done = subprocess.run(namespaced, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == expect, f"{args} on {host}: rc {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
 def status(workdir: Path) -> dict[str, Any]:
     """``faultdrill status WORKDIR --format json``."""
     return json.loads(faultdrill("status", str(workdir), "--format", "json"))

@@ -6,16 +6,28 @@ a second controller on the same workdir is refused, and ``stop``/``cancel`` sign
 that is that controller — the pid alive, with the same start time, and the lock held.
 ``drill --detach`` starts the same ``drill`` command in a new session, its output in
 ``controller.log``, and returns once the child holds the lock.
+
+Several login nodes share the workdir on a network filesystem, where a pid means nothing on
+another host and a lock may be the node's own (NFS with ``local_lock``, Lustre ``localflock``).
+So ``controller.json`` names the host, and the controller renews the lock file's modification
+time every RENEW_S: from another host, a controller is live when that time moves while one
+watches (LEASE_S; a change, never a comparison of two machines' clocks). ``status`` there says
+where it runs, ``stop`` and ``cancel`` name the host to run them on, and a second controller is
+refused even where the lock did not stop it. A filesystem with no locks at all (Lustre mounted
+``noflock``: ENOSYS) is a clear error naming the workdir, before anything is submitted.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,10 +41,18 @@ LOG_NAME = "controller.log"
 EXIT_NAME = "controller-exit.json"
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 120.0  # a fault in flight is let finish (it may owe a node's restore)
+RENEW_S = 1.0  # the controller touches its lock file this often
+LEASE_S = 3.5  # another host's controller is live if its lock file's time moved within this long
+# flock's errors on a filesystem that has no locks (Lustre noflock: ENOSYS; NFS nolock: ENOLCK)
+NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 class ControllerBusy(RuntimeError):
     """Another controller drives this workdir."""
+
+
+class ControllerElsewhere(ControllerBusy):
+    """The live controller of this workdir runs on another host: only there can it be signalled."""
 
 
 class NoController(RuntimeError):
@@ -45,6 +65,14 @@ class ControllerIdentity:
     start_ticks: int  # /proc/<pid>/stat field 22: tells a reused pid from ours
     started: float
     argv: list[str]
+    host: str = ""  # where it runs ("": written before hosts were recorded, taken for this one)
+
+    @property
+    def elsewhere(self) -> bool:
+        return bool(self.host) and self.host != socket.gethostname()
+
+    def where(self) -> str:
+        return f"pid {self.pid} on {self.host or socket.gethostname()}"
 
 
 def _gone(identity: ControllerIdentity) -> bool:
@@ -57,31 +85,97 @@ class ControllerLock:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self._handle: IO[str] | None = None
+        self._renewing = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     def __enter__(self) -> "ControllerLock":
         self.workdir.mkdir(parents=True, exist_ok=True)
         handle = os.fdopen(os.open(self.workdir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            _take(handle, self.workdir)
+            _refuse_a_live_one_elsewhere(self.workdir)
+        except BaseException:
             handle.close()
-            holder = read_identity(self.workdir)
-            who = f"pid {holder.pid}, started {time.ctime(holder.started)}" if holder else "another process"
-            raise ControllerBusy(
-                f"a controller ({who}) already drives {self.workdir}; wait for it, see it with "
-                f"`faultdrill status {self.workdir}`, or stop it with `faultdrill stop {self.workdir}`") from None
+            raise
         self._handle = handle
         pid = os.getpid()
-        identity = ControllerIdentity(pid, start_ticks(pid) or 0, time.time(), sys.argv)
+        identity = ControllerIdentity(pid, start_ticks(pid) or 0, time.time(), sys.argv, socket.gethostname())
         _write_json(self.workdir / IDENTITY_NAME, asdict(identity))
         (self.workdir / EXIT_NAME).unlink(missing_ok=True)
+        self._renewing.set()
+        self._renewer = threading.Thread(target=self._renew, name="controller-lease", daemon=True)
+        self._renewer.start()
         return self
 
+    def _renew(self) -> None:
+        """The lock file's time moves while this controller lives (seen from other hosts)."""
+        while self._renewing.is_set():
+            try:
+                stamp = time.time_ns()
+                os.utime(self.workdir / LOCK_NAME, ns=(stamp, stamp))
+            except OSError:
+                pass  # a moment the filesystem refused: the next renewal counts
+            time.sleep(RENEW_S)
+
     def __exit__(self, *exc: object) -> None:
+        self._renewing.clear()
+        if self._renewer is not None:
+            self._renewer.join(timeout=RENEW_S * 2)
         (self.workdir / IDENTITY_NAME).unlink(missing_ok=True)
         if self._handle is not None:
             self._handle.close()  # releases the lock
             self._handle = None
+
+
+def _take(handle: IO[str], workdir: Path) -> None:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = read_identity(workdir)
+        who = f"{holder.where()}, started {time.ctime(holder.started)}" if holder else "another process"
+        raise ControllerBusy(
+            f"a controller ({who}) already drives {workdir}; wait for it, see it with "
+            f"`faultdrill status {workdir}`, or stop it with `faultdrill stop {workdir}`") from None
+    except OSError as error:
+        if error.errno not in NO_LOCKS:
+            raise
+        raise ControllerBusy(
+            f"{workdir}: its filesystem gives no file locks ({os.strerror(error.errno or 0)}; Lustre mounted "
+            "noflock, NFS mounted nolock): one controller per workdir cannot be ensured there. Give the "
+            "spec a `workdir` on a filesystem with locks (a local disk, or Lustre with flock)") from None
+
+
+def _refuse_a_live_one_elsewhere(workdir: Path) -> None:
+    """A lock taken here says nothing of a controller on another host where locks are the node's
+    own: one that renews its lock file drives the workdir still."""
+    holder = read_identity(workdir)
+    if holder is not None and holder.elsewhere and lease_moves(workdir):
+        raise ControllerElsewhere(
+            f"a controller ({holder.where()}, started {time.ctime(holder.started)}) drives {workdir}, and this "
+            f"filesystem's locks do not reach across hosts; wait for it, or run `faultdrill stop {workdir}` on "
+            f"{holder.host}")
+
+
+def lease_moves(workdir: Path, within_s: float = LEASE_S) -> bool:
+    """True when the lock file's modification time changes within ``within_s`` (its controller,
+    wherever it runs, is alive). Each look opens the file again: NFS checks its attributes on open."""
+    first = _lock_mtime(workdir)
+    if first is None:
+        return False
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        time.sleep(0.1)
+        if _lock_mtime(workdir) != first:
+            return True
+    return False
+
+
+def _lock_mtime(workdir: Path) -> int | None:
+    try:
+        with open(workdir / LOCK_NAME, "rb") as handle:
+            return os.fstat(handle.fileno()).st_mtime_ns
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -114,10 +208,15 @@ def read_identity(workdir: Path) -> ControllerIdentity | None:
 
 
 def live_controller(workdir: Path) -> ControllerIdentity | None:
-    """The controller driving ``workdir``, verified: its lock is held, its pid alive with the start
-    time it recorded. None when there is none (a stale identity file is not one)."""
+    """The controller driving ``workdir``, verified: on this host, its lock is held and its pid alive
+    with the start time it recorded; on another, its lock file renewed while watched. None when
+    there is none (a stale identity file is not one)."""
     identity = read_identity(workdir)
-    if identity is None or start_ticks(identity.pid) != identity.start_ticks or not _lock_held(workdir):
+    if identity is None:
+        return None
+    if identity.elsewhere:
+        return identity if lease_moves(workdir) else None
+    if start_ticks(identity.pid) != identity.start_ticks or not _lock_held(workdir):
         return None
     return identity
 
@@ -164,6 +263,9 @@ def stop_controller(workdir: Path, deadline_s: float = STOP_DEADLINE_S) -> Contr
     identity = live_controller(workdir)
     if identity is None:
         raise NoController(f"no controller drives {workdir} now")
+    if identity.elsewhere:
+        raise ControllerElsewhere(f"the controller of {workdir} runs on another host ({identity.where()}): "
+                                  f"run this command on {identity.host}")
     os.kill(identity.pid, signal.SIGTERM)
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:

@@ -4,7 +4,9 @@ controller runs on, ``status`` shows it, a second controller on the same workdir
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 import psutil
 
 from drills import FAULTDRILL, drill, drill_processes, kill_verified, run_of, write_spec
-from faultdrill_cli import faultdrill, report, status
+from faultdrill_cli import faultdrill, faultdrill_on, report, status
 from orchestrator.control.detach import live_controller
 
 SLOW = {"framework": "torch", "params": 20000, "steps": 4000, "seed": 3, "batch_size": 16}
@@ -56,6 +58,17 @@ def test_a_detached_drill_is_watched_stopped_and_adopted_by_the_next_drill(tmp_p
         assert controller is not None and alive(controller.pid)
         busy = faultdrill("drill", str(spec), expect=2)
         assert f"pid {controller.pid}" in busy and "already drives" in busy
+
+        # From another login node (issue 22, item 11): the controller is seen where it runs, and
+        # neither signalled by a pid that means nothing there nor joined by a second one.
+        here = socket.gethostname()
+        seen = json.loads(faultdrill_on("login2", "status", str(workdir), "--format", "json"))["controller"]
+        assert seen["running"] is True and (seen["pid"], seen["host"]) == (controller.pid, here)
+        refused = faultdrill_on("login2", "stop", str(workdir), expect=2)
+        assert f"pid {controller.pid} on {here}" in refused and f"run this command on {here}" in refused
+        busy = faultdrill_on("login2", "drill", str(spec), expect=2)
+        assert f"pid {controller.pid} on {here}" in busy and "already drives" in busy
+        assert alive(controller.pid)
 
         said = faultdrill("stop", str(workdir))
         assert f"pid {controller.pid}" in said and "keep running" in said
