@@ -88,6 +88,15 @@ class Backend(abc.ABC):
         """When the scheduler says the job ended (the evidence of a natural failure), if it knows."""
         return None
 
+    def site_notes(self) -> list[str]:
+        """What this site did not give the drill (accounting, ...) and what the drill then knows
+        less of: said in the report."""
+        return []
+
+    def vanished_why(self) -> str:
+        """The reason given for a job the scheduler no longer knows."""
+        return "job vanished from the scheduler"
+
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
         """Watch a job this controller did not see accepted (an earlier controller's, or one whose
         submission command failed after the scheduler took it). Its submitit pickle is put in

@@ -314,7 +314,15 @@ class Controller:
         self.calls.close()
         self.poller.close()
         self._record_cost()
+        self._record_site_notes()
         self.ledger.close()
+
+    def _record_site_notes(self) -> None:
+        """What the site did not give this drill (the backend says), kept with every earlier controller's."""
+        notes = list(self.ledger.meta("site_notes") or [])
+        new = [note for note in self.backend.site_notes() if note not in notes]
+        if new:
+            self.ledger.set_meta("site_notes", notes + new)
 
     def _record_cost(self) -> None:
         """What the drill cost the scheduler and the login node, summed over the controllers a

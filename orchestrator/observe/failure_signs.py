@@ -42,7 +42,7 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
         return FailureSign(f"job {state.value.lower()}{rank_error_suffix(watch)}", ended or now,
                            "scheduler_end" if ended else "poll")
     if state is JobState.UNKNOWN:
-        return FailureSign("job vanished from the scheduler", now, "poll")
+        return FailureSign(backend.vanished_why(), now, "poll")
     if requeued(watch, state):
         return FailureSign(f"the scheduler requeued the job{rank_error_suffix(watch)}", now, "requeued")
     if watch.completed:

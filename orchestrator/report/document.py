@@ -40,6 +40,7 @@ def build_report(workdir: Path) -> dict[str, Any]:
             "backend": ledger.meta("backend", ""),
             "drill_id": ledger.meta("drill_id", ""),
             "controller_cost": ledger.meta("controller_cost", {}),
+            "site_notes": ledger.meta("site_notes", []),  # what the site did not give the drill
             "runs": run_reports,
             "strategies": strategy_summary(run_reports),
             "study": checkpoint_study(run_reports),

@@ -351,6 +351,7 @@ def _page(report: dict[str, Any], sections: list[Section]) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{_e(title)}</h1>",
              f"<p>drill {_e(report['drill_id'])}: {len(report['runs'])} run(s)</p>",
+             *(f"<p class=\"note\">This site: {_e(note)}</p>" for note in report.get("site_notes") or []),
              _table(["run", "framework", "strategy", "status", "steps", "attempts", "faults", "identical to twin"],
                     [[r["run_id"], r["framework"], r["strategy"], r["status"], f"{r['final_step']}/{r['target_steps']}",
                       len(r["attempts"]), len(r["faults"]),

@@ -162,6 +162,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     console.print(Group(runs_table(report), faults_table(report), recoveries_table(report), strategies_table(report),
                         checkpoints_table(report)))
     console.print(Group(*study_tables(report)))
+    for note in report.get("site_notes") or []:
+        console.print(f"This site: {note}", markup=False)
 
 
 def advice_table(document: dict[str, Any]) -> Table:

@@ -5,6 +5,7 @@ and duplicates of a submission are listed oldest first. The real commands: tests
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,55 @@ def test_a_failing_sacct_is_a_failed_poll_not_a_vanished_job(fake: FakeCommands)
     fake.answer("sacct", "", rc=1, stderr="sacct: error: slurmdbd: Connection refused")
     with pytest.raises(CommandError, match="sacct"):
         SlurmBackend("d-1").poll(["43"])
+
+
+NO_DBD = "sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection: Connection refused"
+
+
+def test_a_site_without_accounting_is_drilled_from_the_queue_and_says_so(fake: FakeCommands) -> None:
+    """Issue 22, item 5: AccountingStorageType=accounting_storage/none (recorded `scontrol show
+    config`): a job that left the queue ended in a state not known, at once, never a failed poll."""
+    fake.answer("scontrol", "MaxArraySize            = 1001\nAccountingStorageType   = accounting_storage/none\n")
+    fake.answer("squeue", "44|RUNNING\n")
+    fake.answer("sacct", "", rc=1, stderr="sacct: error: Slurm accounting storage is disabled")
+    backend = SlurmBackend("d-1")
+    assert backend.poll(["43", "44"]) == {"43": JobState.UNKNOWN, "44": JobState.RUNNING}
+    assert "how it ended" in backend.vanished_why()
+    [note] = backend.site_notes()
+    assert "accounting storage is disabled" in note and "left the queue" in note
+
+
+def test_accounting_that_stays_down_past_its_grace_is_done_without(fake: FakeCommands,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmdbd down (configured, not answering): the poll fails while it may come back, then the
+    drill goes on from the queue; once sacct answers again, it is used again."""
+    from orchestrator.backends.slurm import backend as slurm
+
+    monkeypatch.setattr(slurm, "ACCOUNTING_GRACE_S", 0.2)
+    fake.answer("scontrol", "AccountingStorageType   = accounting_storage/slurmdbd\n")
+    fake.answer("squeue", "")
+    fake.answer("sacct", "", rc=1, stderr=NO_DBD)
+    backend = SlurmBackend("d-1")
+    with pytest.raises(CommandError, match="Connection refused"):
+        backend.poll(["43"])
+    assert backend.site_notes() == [] and backend.vanished_why() == "job vanished from the scheduler"
+    time.sleep(0.25)
+    assert backend.poll(["43"]) == {"43": JobState.UNKNOWN}
+    assert "Connection refused" in backend.site_notes()[0]
+    fake.answer("sacct", "43|TIMEOUT\n")
+    assert backend.poll(["43"]) == {"43": JobState.TIMEOUT}
+
+
+def test_a_lost_submission_is_looked_for_in_the_queue_when_accounting_does_not_answer(
+        fake: FakeCommands, tmp_path: Path) -> None:
+    """A failed sbatch's lookup raised on every retry (SUBMIT_FAILED) where sacct fails."""
+    run = _run(tmp_path, [])
+    name = attempt_job_name(run, 0, "d-1")
+    fake.answer("squeue", "112\n")
+    fake.answer("sacct", "", rc=1, stderr=NO_DBD)
+    backend = SlurmBackend("d-1")
+    assert backend.find_submitted(AttemptRef(run, 0, name, None, 1.0e9)) == ["112"]
+    assert backend.site_notes(), "the report says what the drill knew less of"
 
 
 def test_a_failing_scancel_is_retried_then_raised(fake: FakeCommands) -> None:

@@ -63,7 +63,7 @@ def modules() -> list[str]:
 
 def test_the_docs_pages_exist() -> None:
     expected = ["architecture", "benchmarks", "contributing", "faults", "local-cluster", "own-script", "pbs",
-                "report", "safety", "spec", "strategies"]
+                "report", "safety", "sites", "spec", "strategies"]
     missing = [f"docs/{name}.md" for name in expected if not (DOCS / f"{name}.md").is_file()]
     assert not missing, f"docs pages missing: {missing}"
 

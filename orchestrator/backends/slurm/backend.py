@@ -37,6 +37,15 @@ log = logging.getLogger(__name__)
 
 SUBMIT_TIMEOUT_S = 60.0
 POLL_TIMEOUT_S = 20.0
+# Said in the report when sacct did not answer (a site without slurmdbd, or with it down): what the
+# drill then knows less of.
+NO_ACCOUNTING = ("accounting (sacct) did not answer ({why}): a job that left the queue (MinJobAge) ended "
+                 "in a state not known, its failure class taken from the run's own files; failure "
+                 "times from the poll, not the scheduler's end time; a submission whose answer was "
+                 "lost looked for in the queue only")
+# A poll whose forgotten jobs sacct cannot place fails (the poller asks again) this long before the
+# drill goes on without accounting; at once where the site configures none.
+ACCOUNTING_GRACE_S = 60.0
 _CLUSTER = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -107,6 +116,13 @@ def parse_slurm_time(text: str) -> float | None:
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default of MaxArraySize
 
 
+def accounting_configured(config: str) -> bool:
+    """``AccountingStorageType`` of ``scontrol show config`` names a storage (not ``none``);
+    True when the config is unread (its absence is not proof)."""
+    match = re.search(r"^AccountingStorageType\s*=\s*(\S+)", config, re.MULTILINE)
+    return match is None or not match.group(1).endswith("/none")
+
+
 def parse_max_array_size(config: str) -> int:
     """``MaxArraySize = N`` of ``scontrol show config``; Slurm's default when absent or unreadable."""
     match = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
@@ -122,18 +138,26 @@ class SlurmBackend(Backend):
         self.python = python
         self.user = current_user()
         self._max_array_size: int | None = None
+        self.accounting_error: str | None = None  # why sacct did not answer, once the drill went on without it
+        self._accounting_failing_since: float | None = None  # monotonic
+        self._config: str | None = None
+
+    def site_config(self) -> str:
+        """``scontrol show config`` (asked once; "" if it did not answer)."""
+        if self._config is None:
+            try:
+                self._config = run_command(["scontrol", "show", "config"], timeout_s=POLL_TIMEOUT_S, retries=2).stdout
+            except CommandError as error:
+                log.warning("scontrol show config failed (%s): the site's limits are taken as Slurm's defaults",
+                            error.summary)
+                self._config = ""
+        return self._config
 
     def max_array_size(self) -> int:
         """The site's MaxArraySize (``scontrol show config``; asked once): an array's indices run
         below it. Slurm's default (1001) if the site does not say."""
         if self._max_array_size is None:
-            try:
-                config = run_command(["scontrol", "show", "config"], timeout_s=POLL_TIMEOUT_S, retries=2).stdout
-            except CommandError as error:
-                log.warning("scontrol show config failed (%s): arrays of at most %d runs", error.summary,
-                            DEFAULT_MAX_ARRAY_SIZE)
-                config = ""
-            self._max_array_size = parse_max_array_size(config)
+            self._max_array_size = parse_max_array_size(self.site_config())
         return self._max_array_size
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
@@ -174,15 +198,49 @@ class SlurmBackend(Backend):
         held = run_command(["squeue", *cluster_args(cluster), "-h", "-t", "all", "-u", self.user,
                             "-n", ref.job_name, "-o", "%i"], timeout_s=POLL_TIMEOUT_S, retries=2)
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ref.submitted - 60))
-        accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID", "-u", self.user,
-                                 "--name", ref.job_name, "-S", since], timeout_s=POLL_TIMEOUT_S, retries=2)
+        accounted = self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID", "-u", self.user,
+                                 "--name", ref.job_name, "-S", since], retries=2)
         # squeue -M/sacct -M print the bare number; the id carries the cluster sbatch chose.
-        return [_with_cluster(job_id, cluster) for job_id in attempt_jobs(held.stdout, accounted.stdout,
-                                                                          ref.array_index)]
+        return [_with_cluster(job_id, cluster) for job_id in attempt_jobs(held.stdout, accounted, ref.array_index)]
+
+    def _sacct(self, args: list[str], retries: int = 0, wait_for_it: bool = False) -> str:
+        """sacct's output; "" when accounting does not answer (the queue is then all there is, and
+        the report says so). ``wait_for_it``: raise instead while accounting may come back (it is
+        configured and has failed for less than ACCOUNTING_GRACE_S)."""
+        try:
+            result = run_command(["sacct", *args], timeout_s=POLL_TIMEOUT_S, retries=retries)
+        except CommandError as error:
+            if self._accounting_failing_since is None:
+                self._accounting_failing_since = time.monotonic()
+            if wait_for_it and not self._without_accounting():
+                raise
+            if self.accounting_error is None:
+                log.warning("sacct does not answer (%s): the drill goes on without accounting", error.summary)
+            self.accounting_error = error.summary
+            return ""
+        self._accounting_failing_since = None
+        return result.stdout
+
+    def _without_accounting(self) -> bool:
+        """Accounting is not there to wait for: the site configures none, or it has failed past the grace."""
+        if not accounting_configured(self.site_config()):
+            return True
+        since = self._accounting_failing_since
+        return since is not None and time.monotonic() - since >= ACCOUNTING_GRACE_S
+
+    def vanished_why(self) -> str:
+        if self.accounting_error is None:
+            return super().vanished_why()
+        return "the job left the queue, and accounting (sacct) did not answer to say how it ended"
+
+    def site_notes(self) -> list[str]:
+        return [NO_ACCOUNTING.format(why=self.accounting_error)] if self.accounting_error else []
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
-        forgotten. A failing squeue or sacct raises: it says nothing about the jobs."""
+        forgotten. A failing squeue raises: it says nothing about the jobs. A failing sacct raises
+        too while accounting may come back (ACCOUNTING_GRACE_S), then leaves the forgotten ones
+        UNKNOWN (they ended; how is not known here)."""
         states: dict[str, JobState] = {}
         for cluster, numbers in _by_cluster(job_ids).items():
             states.update(self._poll_cluster(cluster, numbers))
@@ -195,20 +253,16 @@ class SlurmBackend(Backend):
                               "-o", "%i|%T"], timeout_s=POLL_TIMEOUT_S)
         states = {number: state for number, state in parse_squeue(result.stdout).items() if number in numbers}
         missing = [number for number in numbers if number not in states]
-        if missing:
-            accounted = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
-                                     "-j", ",".join(missing)], timeout_s=POLL_TIMEOUT_S)
-            states.update({n: s for n, s in parse_sacct(accounted.stdout).items() if n in missing})
+        if missing:  # they left the queue: accounting knows how they ended, if the site keeps it
+            accounted = self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
+                                     "-j", ",".join(missing)], wait_for_it=True)
+            states.update({n: s for n, s in parse_sacct(accounted).items() if n in missing})
         return {_with_cluster(number, cluster): state for number, state in states.items()}
 
     def end_time(self, job_id: str) -> float | None:
         number, cluster = split_job_id(job_id)
-        try:
-            result = run_command(["sacct", *cluster_args(cluster), "-X", "-n", "-P", "-o", "End", "-j", number],
-                                 timeout_s=POLL_TIMEOUT_S, retries=1)
-        except CommandError:
-            return None
-        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        lines = [line for line in self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "End", "-j", number],
+                                              retries=1).splitlines() if line.strip()]
         return parse_slurm_time(lines[0]) if lines else None
 
     def cancel(self, job_id: str, force: bool = False) -> None:
