@@ -93,6 +93,11 @@ class Backend(abc.ABC):
         less of: said in the report."""
         return []
 
+    def set_patience(self, scheduler_timeout_s: float) -> None:
+        """How long the controller waits on the scheduler (restart.scheduler_timeout_s): a backend
+        that waits on a part of it (Slurm's accounting) waits less."""
+        return None
+
     def vanished_why(self) -> str:
         """The reason given for a job the scheduler no longer knows."""
         return "job vanished from the scheduler"

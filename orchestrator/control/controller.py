@@ -143,6 +143,8 @@ class Controller:
         restart = campaign.restart
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
+        self.backend.set_patience(restart.scheduler_timeout_s)
+        self._notes_recorded: list[str] = []  # the backend's site notes already in the ledger
         self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
         self._cpu_at_start = time.process_time()
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
@@ -309,6 +311,8 @@ class Controller:
             tracker.settle_closing(states, now)
         for tracker in active:
             tracker.advance(states, now, asked_at=self.poller.answered_as_of)
+        if states:
+            self._record_site_notes()  # as they come: a controller killed later keeps them
 
     def close(self) -> None:
         self.calls.close()
@@ -319,10 +323,14 @@ class Controller:
 
     def _record_site_notes(self) -> None:
         """What the site did not give this drill (the backend says), kept with every earlier controller's."""
+        said = self.backend.site_notes()
+        if not said or said == self._notes_recorded:
+            return
         notes = list(self.ledger.meta("site_notes") or [])
-        new = [note for note in self.backend.site_notes() if note not in notes]
+        new = [note for note in said if note not in notes]
         if new:
             self.ledger.set_meta("site_notes", notes + new)
+        self._notes_recorded = said
 
     def _record_cost(self) -> None:
         """What the drill cost the scheduler and the login node, summed over the controllers a

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from experiments.runtime.identity import start_ticks
 
@@ -82,11 +82,14 @@ def _gone(identity: ControllerIdentity) -> bool:
 class ControllerLock:
     """Held for the life of one controller; ``with ControllerLock(workdir):``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, on_lost: Callable[[ControllerIdentity | None], None] | None = None) -> None:
         self.workdir = workdir
         self._handle: IO[str] | None = None
-        self._renewing = threading.Event()
+        self._stop_renewing = threading.Event()
         self._renewer: threading.Thread | None = None
+        self.identity: ControllerIdentity | None = None
+        # Another controller took the workdir (this one was paused past its lease): stop this one.
+        self.on_lost = on_lost or _stop_this_controller
 
     def __enter__(self) -> "ControllerLock":
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -99,32 +102,45 @@ class ControllerLock:
             raise
         self._handle = handle
         pid = os.getpid()
-        identity = ControllerIdentity(pid, start_ticks(pid) or 0, time.time(), sys.argv, socket.gethostname())
-        _write_json(self.workdir / IDENTITY_NAME, asdict(identity))
+        self.identity = ControllerIdentity(pid, start_ticks(pid) or 0, time.time(), sys.argv, socket.gethostname())
+        _write_json(self.workdir / IDENTITY_NAME, asdict(self.identity))
         (self.workdir / EXIT_NAME).unlink(missing_ok=True)
-        self._renewing.set()
-        self._renewer = threading.Thread(target=self._renew, name="controller-lease", daemon=True)
+        self._renewer = threading.Thread(target=self._renew, args=(handle.fileno(),), name="controller-lease",
+                                         daemon=True)
         self._renewer.start()
         return self
 
-    def _renew(self) -> None:
-        """The lock file's time moves while this controller lives (seen from other hosts)."""
-        while self._renewing.is_set():
+    def _renew(self, fd: int) -> None:
+        """The lock file's time moves while this controller lives (seen from other hosts), through
+        the file it holds; and this controller stops once the workdir names another one (it was
+        paused, or starved, past its lease, and a controller elsewhere took over)."""
+        while not self._stop_renewing.wait(RENEW_S):
+            holder = read_identity(self.workdir)
+            if holder is not None and holder != self.identity:
+                self.on_lost(holder)
+                return
             try:
                 stamp = time.time_ns()
-                os.utime(self.workdir / LOCK_NAME, ns=(stamp, stamp))
+                os.utime(fd, ns=(stamp, stamp))
             except OSError:
                 pass  # a moment the filesystem refused: the next renewal counts
-            time.sleep(RENEW_S)
 
     def __exit__(self, *exc: object) -> None:
-        self._renewing.clear()
+        self._stop_renewing.set()
         if self._renewer is not None:
             self._renewer.join(timeout=RENEW_S * 2)
-        (self.workdir / IDENTITY_NAME).unlink(missing_ok=True)
+        if self.identity is not None and read_identity(self.workdir) == self.identity:
+            (self.workdir / IDENTITY_NAME).unlink(missing_ok=True)  # never a successor's
         if self._handle is not None:
             self._handle.close()  # releases the lock
             self._handle = None
+
+
+def _stop_this_controller(successor: ControllerIdentity | None) -> None:
+    who = successor.where() if successor is not None else "another controller"
+    print(f"faultdrill: the workdir now names another controller ({who}): this one was paused past its "
+          "lease and stops at its next round, leaving the jobs to that one", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # the stop that `faultdrill stop` asks for
 
 
 def _take(handle: IO[str], workdir: Path) -> None:
@@ -156,13 +172,14 @@ def _refuse_a_live_one_elsewhere(workdir: Path) -> None:
             f"{holder.host}")
 
 
-def lease_moves(workdir: Path, within_s: float = LEASE_S) -> bool:
-    """True when the lock file's modification time changes within ``within_s`` (its controller,
-    wherever it runs, is alive). Each look opens the file again: NFS checks its attributes on open."""
+def lease_moves(workdir: Path, within_s: float | None = None) -> bool:
+    """True when the lock file's modification time changes within ``within_s`` (LEASE_S): its
+    controller, wherever it runs, is alive. Each look opens the file again: NFS checks its
+    attributes on open."""
     first = _lock_mtime(workdir)
     if first is None:
         return False
-    end = time.monotonic() + within_s
+    end = time.monotonic() + (LEASE_S if within_s is None else within_s)
     while time.monotonic() < end:
         time.sleep(0.1)
         if _lock_mtime(workdir) != first:

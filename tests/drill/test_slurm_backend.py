@@ -76,10 +76,11 @@ def test_a_failing_sacct_is_a_failed_poll_not_a_vanished_job(fake: FakeCommands)
 NO_DBD = "sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection: Connection refused"
 
 
-def test_a_site_without_accounting_is_drilled_from_the_queue_and_says_so(fake: FakeCommands) -> None:
-    """Issue 22, item 5: AccountingStorageType=accounting_storage/none (recorded `scontrol show
-    config`): a job that left the queue ended in a state not known, at once, never a failed poll."""
-    fake.answer("scontrol", "MaxArraySize            = 1001\nAccountingStorageType   = accounting_storage/none\n")
+@pytest.mark.parametrize("storage", ["accounting_storage/none", "(null)"])  # Slurm < 23.11; 23.11 and later
+def test_a_site_without_accounting_is_drilled_from_the_queue_and_says_so(fake: FakeCommands, storage: str) -> None:
+    """Issue 22, item 5: no AccountingStorageType (recorded `scontrol show config`): a job that
+    left the queue ended in a state not known, at once, never a failed poll."""
+    fake.answer("scontrol", f"MaxArraySize            = 1001\nAccountingStorageType   = {storage}\n")
     fake.answer("squeue", "44|RUNNING\n")
     fake.answer("sacct", "", rc=1, stderr="sacct: error: Slurm accounting storage is disabled")
     backend = SlurmBackend("d-1")
@@ -102,12 +103,45 @@ def test_accounting_that_stays_down_past_its_grace_is_done_without(fake: FakeCom
     backend = SlurmBackend("d-1")
     with pytest.raises(CommandError, match="Connection refused"):
         backend.poll(["43"])
-    assert backend.site_notes() == [] and backend.vanished_why() == "job vanished from the scheduler"
+    assert backend.site_notes() == [], "while it may come back, the drill has not gone without it"
     time.sleep(0.25)
     assert backend.poll(["43"]) == {"43": JobState.UNKNOWN}
-    assert "Connection refused" in backend.site_notes()[0]
+    assert "Connection refused" in backend.site_notes()[0] and "how it ended" in backend.vanished_why()
     fake.answer("sacct", "43|TIMEOUT\n")
-    assert backend.poll(["43"]) == {"43": JobState.TIMEOUT}
+    assert backend.poll(["43", "47"]) == {"43": JobState.TIMEOUT, "47": JobState.UNKNOWN}
+    assert backend.vanished_why() == "job vanished from the scheduler", "accounting answers again"
+    assert "Connection refused" in backend.site_notes()[0], "the report still says the drill went without it"
+
+
+def test_an_old_failure_of_sacct_elsewhere_does_not_spend_the_polls_grace(fake: FakeCommands,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sacct error in end_time, then none needed for a long time: a poll that meets an outage
+    later still waits for accounting (review of issue 22)."""
+    from orchestrator.backends.slurm import backend as slurm
+
+    monkeypatch.setattr(slurm, "ACCOUNTING_GRACE_S", 0.2)
+    fake.answer("scontrol", "AccountingStorageType   = accounting_storage/slurmdbd\n")
+    fake.answer("sacct", "", rc=1, stderr=NO_DBD)
+    backend = SlurmBackend("d-1")
+    assert backend.end_time("43") is None
+    time.sleep(0.25)
+    fake.answer("squeue", "")
+    with pytest.raises(CommandError):
+        backend.poll(["43"])
+
+
+def test_the_poll_waits_for_accounting_less_than_the_controller_waits_for_the_scheduler() -> None:
+    backend = SlurmBackend("d-1")
+    backend.set_patience(40.0)
+    assert backend.accounting_grace_s == 20.0
+    backend.set_patience(3600.0)
+    assert backend.accounting_grace_s == slurm_grace()
+
+
+def slurm_grace() -> float:
+    from orchestrator.backends.slurm.backend import ACCOUNTING_GRACE_S
+
+    return ACCOUNTING_GRACE_S
 
 
 def test_a_lost_submission_is_looked_for_in_the_queue_when_accounting_does_not_answer(

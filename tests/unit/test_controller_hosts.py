@@ -117,3 +117,19 @@ def test_a_filesystem_without_locks_is_a_clear_error_before_anything_starts(tmp_
         with ControllerLock(workdir):
             pass
     assert not (workdir / IDENTITY_NAME).exists()
+
+
+def test_a_controller_paused_past_its_lease_stops_and_leaves_its_successors_record(tmp_path: Path) -> None:
+    """Review of issue 22: a controller stopped (Ctrl-Z) past its lease while one on another host
+    took the workdir came back, drove beside it, and unlinked its controller.json at exit."""
+    workdir = tmp_path / "work"
+    lost: list[object] = []
+    with ControllerLock(workdir, on_lost=lost.append):
+        write_foreign(workdir, host="login2", pid=777)  # the successor's record, written while this one slept
+        end = time.monotonic() + 5
+        while not lost and time.monotonic() < end:
+            time.sleep(0.05)
+    assert lost and getattr(lost[0], "host", None) == "login2", "this controller is told to stop"
+    holder = read_identity(workdir)
+    assert holder is not None and holder.pid == 777, "the successor's record stays"
+

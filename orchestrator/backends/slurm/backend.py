@@ -117,10 +117,14 @@ DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default of MaxArraySize
 
 
 def accounting_configured(config: str) -> bool:
-    """``AccountingStorageType`` of ``scontrol show config`` names a storage (not ``none``);
-    True when the config is unread (its absence is not proof)."""
-    match = re.search(r"^AccountingStorageType\s*=\s*(\S+)", config, re.MULTILINE)
-    return match is None or not match.group(1).endswith("/none")
+    """``AccountingStorageType`` of ``scontrol show config`` names a storage: not ``.../none``
+    (Slurm < 23.11), ``(null)`` or empty (23.11 removed the none plugin); True when the config is
+    unread (its absence is not proof)."""
+    match = re.search(r"^AccountingStorageType\s*=[ \t]*(\S*)", config, re.MULTILINE)
+    if match is None:
+        return True
+    value = match.group(1).lower()
+    return bool(value) and value != "(null)" and "none" not in value
 
 
 def parse_max_array_size(config: str) -> int:
@@ -138,8 +142,13 @@ class SlurmBackend(Backend):
         self.python = python
         self.user = current_user()
         self._max_array_size: int | None = None
-        self.accounting_error: str | None = None  # why sacct did not answer, once the drill went on without it
-        self._accounting_failing_since: float | None = None  # monotonic
+        # Accounting (sacct): why it does not answer now (None: it did last time); why it did not
+        # when the drill went on without it (kept: the report says so); since when the poll's
+        # lookups have failed (monotonic), and how long the poll waits for it.
+        self.accounting_down: str | None = None
+        self.accounting_missed: str | None = None
+        self._poll_outage_since: float | None = None
+        self.accounting_grace_s = ACCOUNTING_GRACE_S
         self._config: str | None = None
 
     def site_config(self) -> str:
@@ -203,38 +212,44 @@ class SlurmBackend(Backend):
         # squeue -M/sacct -M print the bare number; the id carries the cluster sbatch chose.
         return [_with_cluster(job_id, cluster) for job_id in attempt_jobs(held.stdout, accounted, ref.array_index)]
 
-    def _sacct(self, args: list[str], retries: int = 0, wait_for_it: bool = False) -> str:
+    def _sacct(self, args: list[str], retries: int = 0, in_poll: bool = False) -> str:
         """sacct's output; "" when accounting does not answer (the queue is then all there is, and
-        the report says so). ``wait_for_it``: raise instead while accounting may come back (it is
-        configured and has failed for less than ACCOUNTING_GRACE_S)."""
+        the report says so). ``in_poll``: the poll's lookup of jobs that left the queue, which raises
+        instead while accounting may come back (configured, and down for less than the grace)."""
         try:
             result = run_command(["sacct", *args], timeout_s=POLL_TIMEOUT_S, retries=retries)
         except CommandError as error:
-            if self._accounting_failing_since is None:
-                self._accounting_failing_since = time.monotonic()
-            if wait_for_it and not self._without_accounting():
-                raise
-            if self.accounting_error is None:
+            self.accounting_down = error.summary
+            if in_poll:
+                if self._poll_outage_since is None:
+                    self._poll_outage_since = time.monotonic()
+                if not self._past_grace():
+                    raise
+            if self.accounting_missed is None:
                 log.warning("sacct does not answer (%s): the drill goes on without accounting", error.summary)
-            self.accounting_error = error.summary
+            self.accounting_missed = error.summary
             return ""
-        self._accounting_failing_since = None
+        self.accounting_down, self._poll_outage_since = None, None
         return result.stdout
 
-    def _without_accounting(self) -> bool:
-        """Accounting is not there to wait for: the site configures none, or it has failed past the grace."""
+    def _past_grace(self) -> bool:
+        """Accounting is not to be waited for: the site configures none, or it has been down past the grace."""
         if not accounting_configured(self.site_config()):
             return True
-        since = self._accounting_failing_since
-        return since is not None and time.monotonic() - since >= ACCOUNTING_GRACE_S
+        since = self._poll_outage_since
+        return since is not None and time.monotonic() - since >= self.accounting_grace_s
+
+    def set_patience(self, scheduler_timeout_s: float) -> None:
+        """The poll waits for accounting at most half the time the controller waits for the scheduler."""
+        self.accounting_grace_s = min(ACCOUNTING_GRACE_S, scheduler_timeout_s / 2)
 
     def vanished_why(self) -> str:
-        if self.accounting_error is None:
+        if self.accounting_down is None:
             return super().vanished_why()
         return "the job left the queue, and accounting (sacct) did not answer to say how it ended"
 
     def site_notes(self) -> list[str]:
-        return [NO_ACCOUNTING.format(why=self.accounting_error)] if self.accounting_error else []
+        return [NO_ACCOUNTING.format(why=self.accounting_missed)] if self.accounting_missed else []
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
@@ -255,7 +270,7 @@ class SlurmBackend(Backend):
         missing = [number for number in numbers if number not in states]
         if missing:  # they left the queue: accounting knows how they ended, if the site keeps it
             accounted = self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
-                                     "-j", ",".join(missing)], wait_for_it=True)
+                                     "-j", ",".join(missing)], in_poll=True)
             states.update({n: s for n, s in parse_sacct(accounted).items() if n in missing})
         return {_with_cluster(number, cluster): state for number, state in states.items()}
 
