@@ -32,7 +32,7 @@ from orchestrator.commands import CommandError, one_line
 from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
-from orchestrator.faults.job_control import Menders
+from orchestrator.faults.job_control import Menders, node_fault_refusals
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.measure import record_determinism
@@ -69,7 +69,8 @@ def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]
     tell, so there it is a warning)."""
     runs = expand_runs(campaign)
     missing = missing_programs(runs)
-    refusals = mpi_refusals(runs) + ([item.line() for item in missing] if campaign.backend == "local" else [])
+    refusals = (mpi_refusals(runs) + node_fault_refusals(runs)
+                + ([item.line() for item in missing] if campaign.backend == "local" else []))
     if refusals:
         raise SpecError("\n".join(refusals))
     for item in missing:

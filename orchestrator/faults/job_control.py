@@ -15,6 +15,7 @@ from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, RunPaths, wr
 from experiments.runtime.fence import read_fence
 from injectors.actions import WalltimeSet
 from injectors.kinds.disk_full import BALLAST_PREFIX
+from injectors.kinds.node_faults import NodeFaultOptions
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
 from orchestrator.campaign.capabilities import Capability
@@ -23,6 +24,7 @@ from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
+    from orchestrator.campaign.runs import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "scripts" / "cluster"
@@ -127,14 +129,9 @@ class BackendJobControl:
 
     def _own_cluster(self, action: str, node: str) -> list[str]:
         """The project's cluster script, only on the cluster it made (its nodes, its name)."""
-        facts = _cluster_facts()
-        nodes = facts.get(CLUSTER_NODES_KEY, "").split()
-        own_name = facts.get(CLUSTER_NAME_KEY, "")
-        if self.backend_impl.name != "slurm" or node not in nodes or not _is_own_slurm(own_name):
-            raise TargetRefused(
-                f"{action} on {node}: this is not the project's own cluster (scripts/cluster up), and the "
-                "fault names no site command for it; give one, e.g. "
-                "`command: {crash: [ipmitool, ..., '{node}'], restore: [...]}`")
+        nodes = _cluster_facts().get(CLUSTER_NODES_KEY, "").split()
+        if self.backend_impl.name != "slurm" or node not in nodes or not on_own_cluster():
+            raise TargetRefused(f"{action} on {node}: {NOT_OWN_CLUSTER}")
         return [str(CLUSTER_SCRIPT), action, node]
 
 
@@ -208,6 +205,25 @@ def _carry_out(mend: Mend) -> str | None:
         path.unlink()
         return "removed"
     return run_command(mend.argv, timeout_s=CLUSTER_TIMEOUT_S).stdout.strip()
+
+
+NOT_OWN_CLUSTER = ("this is not the project's own cluster (scripts/cluster up), and the fault names no site "
+                   "command for it; give one, e.g. `command: {act: [ipmitool, ..., '{node}'], mend: [...]}`")
+
+
+def node_fault_refusals(runs: list[RunConfig]) -> list[str]:
+    """Up front, not mid-drill: a node fault with no site command acts through scripts/cluster,
+    which only the project's own cluster has (Slurm is asked once, and only if a run names one)."""
+    named = {f"faults[{index}] ({fault.kind}): {NOT_OWN_CLUSTER}": None
+             for run in runs if run.campaign.backend == "slurm"
+             for index, fault in enumerate(run.campaign.faults)
+             if isinstance(fault, NodeFaultOptions) and fault.command is None}
+    return [] if not named or on_own_cluster() else list(named)
+
+
+def on_own_cluster() -> bool:
+    """The Slurm cluster here is the one scripts/cluster made (its facts file, and Slurm's ClusterName)."""
+    return _is_own_slurm(_cluster_facts().get(CLUSTER_NAME_KEY, ""))
 
 
 def _cluster_facts() -> dict[str, str]:
