@@ -44,8 +44,12 @@ def drill(spec: Path, timeout: float = 300, expect: int | None = 0, html: bool =
     """``faultdrill drill SPEC --format json`` (exit code ``expect``; None: 0, or 1 when a run did not
     complete, for tests that each look at their own run), its report. The report page (matplotlib,
     ~2 s a drill) only if asked: tests/drill/test_html_report.py checks it."""
-    done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json", *([] if html else ["--no-html"])],
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        done = subprocess.run([*FAULTDRILL, "drill", str(spec), "--format", "json", *([] if html else ["--no-html"])],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # the controller is killed; what it started is the test's to end
+        kill_verified(drill_leftovers(workdir_of(spec)))
+        raise
     assert done.returncode in ((0, 1) if expect is None else (expect,)), done.stderr[-4000:]
     return json.loads(done.stdout)
 
@@ -73,6 +77,28 @@ def drill_processes(run_dir: Path, attempt: int | None = None) -> list[psutil.Pr
                 attempt is None or environ.get("FAULTDRILL_ATTEMPT") == str(attempt)):
             if os.getpid() != process.pid and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
+    return found
+
+
+def workdir_of(spec: Path) -> Path:
+    workdir = Path(yaml.safe_load(spec.read_text())["workdir"])
+    return workdir if workdir.is_absolute() else spec.parent / workdir
+
+
+def drill_leftovers(workdir: Path) -> list[psutil.Process]:
+    """This machine's processes of the drill in ``workdir`` (a test's own folder): its ranks by the
+    run directory in their environment, the local backend's job controllers by the run folder in
+    their arguments."""
+    runs = str(workdir.resolve() / "runs") + os.sep
+    found = []
+    for process in psutil.process_iter():
+        try:
+            ours = (process.environ().get("FAULTDRILL_RUN_DIR", "").startswith(runs)
+                    or any(arg.startswith(runs) for arg in process.cmdline()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if ours and process.pid != os.getpid():
+            found.append(process)
     return found
 
 
