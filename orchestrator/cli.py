@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict, replace
@@ -257,7 +256,7 @@ def _status(workdir: Path, output_format: str) -> int:
     identity = live_controller(workdir)
     ended = read_exit(workdir) if identity is None else None
     progress = read_progress(workdir)
-    controller: dict[str, Any] = ({"running": True, "pid": identity.pid, "host": identity.host or socket.gethostname(),
+    controller: dict[str, Any] = ({"running": True, "pid": identity.pid, "host": identity.host_name,
                                    "started": identity.started} if identity else
                                   {"running": False, "last_exit": asdict(ended) if ended else None})
     if output_format == "json":

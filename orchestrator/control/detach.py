@@ -71,8 +71,12 @@ class ControllerIdentity:
     def elsewhere(self) -> bool:
         return bool(self.host) and self.host != socket.gethostname()
 
+    @property
+    def host_name(self) -> str:
+        return self.host or socket.gethostname()
+
     def where(self) -> str:
-        return f"pid {self.pid} on {self.host or socket.gethostname()}"
+        return f"pid {self.pid} on {self.host_name}"
 
 
 def _gone(identity: ControllerIdentity) -> bool:
@@ -82,7 +86,7 @@ def _gone(identity: ControllerIdentity) -> bool:
 class ControllerLock:
     """Held for the life of one controller; ``with ControllerLock(workdir):``."""
 
-    def __init__(self, workdir: Path, on_lost: Callable[[ControllerIdentity | None], None] | None = None) -> None:
+    def __init__(self, workdir: Path, on_lost: Callable[[ControllerIdentity], None] | None = None) -> None:
         self.workdir = workdir
         self._handle: IO[str] | None = None
         self._stop_renewing = threading.Event()
@@ -136,9 +140,8 @@ class ControllerLock:
             self._handle = None
 
 
-def _stop_this_controller(successor: ControllerIdentity | None) -> None:
-    who = successor.where() if successor is not None else "another controller"
-    print(f"faultdrill: the workdir now names another controller ({who}): this one was paused past its "
+def _stop_this_controller(successor: ControllerIdentity) -> None:
+    print(f"faultdrill: the workdir now names another controller ({successor.where()}): this one was paused past its "
           "lease and stops at its next round, leaving the jobs to that one", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGTERM)  # the stop that `faultdrill stop` asks for
 
@@ -172,14 +175,14 @@ def _refuse_a_live_one_elsewhere(workdir: Path) -> None:
             f"{holder.host}")
 
 
-def lease_moves(workdir: Path, within_s: float | None = None) -> bool:
-    """True when the lock file's modification time changes within ``within_s`` (LEASE_S): its
-    controller, wherever it runs, is alive. Each look opens the file again: NFS checks its
+def lease_moves(workdir: Path) -> bool:
+    """True when the lock file's modification time changes within LEASE_S: its controller,
+    wherever it runs, is alive. Each look opens the file again: NFS checks its
     attributes on open."""
     first = _lock_mtime(workdir)
     if first is None:
         return False
-    end = time.monotonic() + (LEASE_S if within_s is None else within_s)
+    end = time.monotonic() + LEASE_S
     while time.monotonic() < end:
         time.sleep(0.1)
         if _lock_mtime(workdir) != first:

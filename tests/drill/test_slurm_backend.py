@@ -12,7 +12,13 @@ import pytest
 
 from fake_commands import FakeCommands, install
 from orchestrator.backends.base import AttemptRef
-from orchestrator.backends.slurm.backend import SlurmBackend, parse_duration, parse_scontrol_record, parse_slurm_time
+from orchestrator.backends.slurm.backend import (
+    ACCOUNTING_GRACE_S,
+    SlurmBackend,
+    parse_duration,
+    parse_scontrol_record,
+    parse_slurm_time,
+)
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import Campaign
 from orchestrator.commands import CommandError, run_command
@@ -135,13 +141,7 @@ def test_the_poll_waits_for_accounting_less_than_the_controller_waits_for_the_sc
     backend.set_patience(40.0)
     assert backend.accounting_grace_s == 20.0
     backend.set_patience(3600.0)
-    assert backend.accounting_grace_s == slurm_grace()
-
-
-def slurm_grace() -> float:
-    from orchestrator.backends.slurm.backend import ACCOUNTING_GRACE_S
-
-    return ACCOUNTING_GRACE_S
+    assert backend.accounting_grace_s == ACCOUNTING_GRACE_S
 
 
 def test_a_lost_submission_is_looked_for_in_the_queue_when_accounting_does_not_answer(
