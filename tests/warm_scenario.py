@@ -13,6 +13,7 @@ from typing import Any, Callable
 from experiments.warm.coordinator import Coordinator, CoordinatorGaveUp, Placement, Timing
 from experiments.warm.member import WarmMember
 from experiments.warm.protocol import new_secret
+from experiments.warm.store_host import StoreHost
 
 SECRET = new_secret()  # the job's warm channel secret, as the host makes one
 
@@ -46,14 +47,14 @@ class Host:
 
 
 def start_coordinator(host: Host, world: int, spares: int, timing: Timing | None = None,
-                      restart_all: bool = False, spawn: Callable[[int, int, Placement], None] | None = None
-                      ) -> tuple[Coordinator, str, dict]:
+                      restart_all: bool = False, spawn: Callable[[int, int, Placement], None] | None = None,
+                      stores: StoreHost | None = None) -> tuple[Coordinator, str, dict]:
     listener = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     coordinator = Coordinator(world_size=world, spares_wanted=spares, first_attempt=3, port_base=40000, secret=SECRET,
                               events=host.event, fence=host.fence, spawn=spawn or host.spawn,
                               exit_code=lambda slot: -9, timing=timing or Timing(report_s=5, spare_s=5, start_s=5),
-                              restart_all=restart_all, end=host.ended.append)
+                              restart_all=restart_all, end=host.ended.append, stores=stores)
     outcome: dict[str, Any] = {}
 
     def serve() -> None:

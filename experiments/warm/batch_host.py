@@ -58,6 +58,7 @@ from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveU
 from experiments.warm.held_fence import HeldFence
 from experiments.warm.processes import end_members, processes_of, retire
 from experiments.warm.protocol import new_secret, set_port
+from experiments.warm.store_host import StoreHost
 
 log = logging.getLogger("faultdrill.warm")
 
@@ -179,7 +180,8 @@ class BatchWarmJob:
             events=lambda attempt, event: append_json_line(self.paths.events_file(attempt), event),
             fence=HeldFence(self.paths, Fence(self.args.attempt, self.args.job, os.environ.get(ENV_DRILL_ID))).advance,
             secret=secret,
-            spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots)
+            spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots,
+            stores=None if restart_all else StoreHost(socket.gethostname()))
         if restart_all:
             for number in range(1 + self.args.spare_sets):
                 self._spawn_set(number * self.world, self.args.attempt)

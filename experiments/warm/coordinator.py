@@ -1,5 +1,6 @@
 """The warm strategy's coordinator: one per job, beside its ranks (the local backend's job process;
-on Slurm, the batch script's), never imports a framework.
+on Slurm, the batch script's); of a framework it uses only PyTorch's rendezvous store, which it
+hosts for each generation (``store_host.py``).
 
 Every process of the job (the ranks and the warm spares: framework imported, model built, idle)
 holds a connection to it. When a rank's connection ends (its process died) the coordinator waits
@@ -45,6 +46,7 @@ from experiments.warm.protocol import (
     new_nonce,
     proven,
 )
+from experiments.warm.store_host import StoreHost
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,9 @@ ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired
 # Spares whose launches end before their hello are started again, this many in a row (a launch onto
 # a node that is down fails at once, again and again).
 FAILED_LAUNCHES_REPLACED = 3
+# Re-formations in a row whose group never formed (every rendezvous failed, or a member died in each)
+# before the job gives up: the controller's policy restarts the run in a new job, from a checkpoint.
+UNFORMED_GENERATIONS = 3
 # Connections that have not proven the job's secret yet, at most: a newer one takes the oldest's
 # place (shut, counted as refused), so a stranger who holds them all cannot keep a member out, and
 # its flood cannot take the job's threads and descriptors; a member whose connection ends before
@@ -102,6 +107,7 @@ class Member:
     role: str = SPARE
     rank: int | None = None
     lost_step: int | None = None  # reported after its collective failed (this re-formation)
+    lost_why: str = ""  # its collective's error, in its words
     warm_at: float = field(default_factory=time.time)  # when it said hello: set up and waiting
     nonce: str = ""  # its hello's: each plan answers it with the job's secret (coordinator_proof)
 
@@ -121,7 +127,7 @@ class Coordinator:
     world_size: int
     spares_wanted: int
     first_attempt: int  # generation g is the run's attempt first_attempt + g
-    port_base: int  # generation g rendezvous at port_base + g
+    port_base: int  # without stores: generation g's rank 0 hosts its rendezvous at port_base + g
     events: EventSink
     fence: Fence
     secret: str  # the job's warm channel secret (hex): a hello must prove it (protocol.proof)
@@ -131,11 +137,16 @@ class Coordinator:
     # TensorFlow, Chainer: every rank restarts, in a warm spare set (spares_wanted counts sets).
     restart_all: bool = False
     end: EndSlots | None = None
+    # PyTorch (peer mode): each generation's rendezvous store, hosted here (outlives every rank)
+    stores: StoreHost | None = None
     generation: int = -1
     members: dict[int, Member] = field(default_factory=dict)
     _lock: threading.Condition = field(default_factory=threading.Condition)
     _failed_at: float | None = None
     _formed: set[int] = field(default_factory=set)
+    _generation_formed: bool = False  # every member of the current generation said formed
+    _unformed_in_a_row: int = 0  # re-formations since the last generation that formed
+    _failure_told: bool = False  # the current generation's failure is in a warm_failure event
     _next_slot: int = 0
     _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
     _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
@@ -160,11 +171,15 @@ class Coordinator:
             self._pending |= set(range(self.world_size, self._next_slot)) - set(self.members)
         threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
         try:
+            if self.stores is not None:
+                self.stores.open(0)  # while the first members start
             self._drive()
             return self._verdict or "completed"
         finally:
             self._release_spares()
             _close_listener(listener)
+            if self.stores is not None:
+                self.stores.close_all()
             with self._lock:
                 self._record_refusals()
 
@@ -334,12 +349,16 @@ class Coordinator:
         op = message.get("op")
         if op == "formed" and message.get("generation") == self.generation:
             self._formed.add(member.slot)
-            if self._formed >= self._active_slots():
+            if self._formed >= self._active_slots() and not self._generation_formed:
+                self._generation_formed = True
                 self._event({"event": EVENT_WARM_FORMED, "time": time.time(), "generation": self.generation})
         elif op == "lost":
             member.lost_step = _step_of(message)
+            member.lost_why = str(message.get("why") or "")
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
+            if message.get("generation") == self.generation:
+                self._void_rendezvous()
         elif op == "warned":
             member.role = WARNED
             self._warned_step = _step_of(message)
@@ -355,8 +374,10 @@ class Coordinator:
             now = time.time()
             if self._failed_at is None:
                 self._failed_at = now
+            self._void_rendezvous()
             self._failed_nodes.add(member.node)
             code = self.exit_code(member.slot) if self.exit_code is not None else None
+            self._failure_told = True
             self._event({"event": EVENT_WARM_FAILURE, "time": now, "generation": self.generation, "rank": member.rank,
                          "slot": member.slot, "node": member.node, "pid": member.pid, "exit_code": code})
         elif was == SPARE and self._verdict is None:
@@ -406,6 +427,7 @@ class Coordinator:
         self._wait(lambda: all(m.lost_step is not None or m.role != ACTIVE for m in survivors), self.timing.report_s,
                    "a survivor did not report the step it completed (is it hung?)")
         survivors = self._of_role(ACTIVE)
+        self._tell_failure_of_the_living(survivors)
         dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
         self._awaiting(len(dead_ranks), lambda: len(self._of_role(SPARE)) >= len(dead_ranks),
                        f"no warm spare for rank(s) {dead_ranks}")
@@ -421,6 +443,26 @@ class Coordinator:
         self._send_plans(ranks, resume, source.rank if source is not None else None, step,
                          spares={m.slot: rank for rank, m in ranks.items() if m in spares})
         self._replace_spares()
+
+    def _void_rendezvous(self) -> None:
+        """The current generation failed: its store ends, so the members still in its rendezvous
+        (waiting on a rank that died there) stop waiting now, not at their join's timeout."""
+        if self.stores is not None:
+            self.stores.close(self.generation)
+
+    def _tell_failure_of_the_living(self, reported: list[Member]) -> None:
+        """A generation that failed with no member's end (every collective or rendezvous failed: a
+        hang, a rendezvous that never answered) is the attempt's failure all the same: told to the
+        controller as one (its policy counts it, as it counts a dead rank)."""
+        if self._failure_told or not reported:
+            return
+        first = min(reported, key=lambda m: m.rank if m.rank is not None else self.world_size)
+        stage = "its collectives" if self._generation_formed else "its rendezvous"
+        words = f": {first.lost_why}" if first.lost_why else ""
+        self._failure_told = True
+        self._event({"event": EVENT_WARM_FAILURE, "time": self._failed_at or time.time(), "generation": self.generation,
+                     "rank": first.rank, "slot": first.slot, "node": first.node, "pid": first.pid, "exit_code": -1,
+                     "what": f"generation {self.generation}: {stage} failed on rank {first.rank}, no rank died{words}"})
 
     def _restart_all(self) -> None:
         """The active set retired (its processes ended), the next complete spare set resumes from the
@@ -475,6 +517,7 @@ class Coordinator:
     def _send_plans(self, ranks: dict[int, Member], resume: str, source_rank: int | None, step: int,
                     spares: dict[int, int] | None = None) -> None:
         """The next generation: the run's next attempt (fenced before anyone hears of it), its plans."""
+        self._count_unformed()
         self.generation += 1
         attempt = self.first_attempt + self.generation
         if self.generation > 0:
@@ -482,11 +525,16 @@ class Coordinator:
         master = ranks[0]
         for rank, member in ranks.items():
             member.role, member.rank, member.lost_step = ACTIVE, rank, None
-        self._formed = set()
+        self._formed, self._generation_formed, self._failure_told = set(), False, False
         now = time.time()
         join_timeout_s = self.timing.reform_s if self.generation > 0 else None
-        plans = {rank: Plan(self.generation, attempt, rank, self.world_size, master.address,
-                            self.port_base + self.generation, resume, source_rank, step, now, join_timeout_s)
+        if self.stores is not None:
+            self.stores.close_before(self.generation)
+            address, port = self.stores.address, self.stores.open(self.generation)
+        else:
+            address, port = master.address, self.port_base + self.generation
+        plans = {rank: Plan(self.generation, attempt, rank, self.world_size, address, port, resume, source_rank, step,
+                            now, join_timeout_s, store_hosted=self.stores is not None)
                  for rank in ranks}
         self._event({"event": EVENT_WARM_PLAN, "time": now, "generation": self.generation, "resume": resume,
                      "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
@@ -501,6 +549,16 @@ class Coordinator:
                                   "proof": coordinator_proof(self.secret, member.nonce, member.slot)})
             except OSError:
                 pass  # it died meanwhile: its connection's end starts the next re-formation
+
+    def _count_unformed(self) -> None:
+        """The job gives up after UNFORMED_GENERATIONS re-formations in a row that never formed (each
+        one's failure told already): whatever voids them would void the next one too."""
+        if self.generation < 0:
+            return
+        self._unformed_in_a_row = 0 if self._generation_formed else self._unformed_in_a_row + 1
+        if self._unformed_in_a_row >= UNFORMED_GENERATIONS:
+            raise CoordinatorGaveUp(f"warm: generations {self.generation - UNFORMED_GENERATIONS + 1} to {self.generation} "
+                                    "did not form (each rendezvous failed or lost a member): the job gives up")
 
     def _event(self, event: dict[str, Any]) -> None:
         """An event of the current generation's attempt."""

@@ -26,6 +26,10 @@ CONNECT_RETRY_S = 0.05
 TURNED_AWAY_RETRY_S = 0.05
 
 
+# The start of a failed collective's message that a lost report carries (the coordinator tells it on).
+LOST_WHY_CHARS = 300
+
+
 class CoordinatorGone(RuntimeError):
     """The coordinator's connection ended: the job is ending (or its coordinator died)."""
 
@@ -65,8 +69,10 @@ class WarmMember:
     def formed(self, generation: int, **timings: float) -> None:
         self._send({"op": "formed", "generation": generation, **timings})
 
-    def lost(self, generation: int, step: int) -> None:
-        self._send({"op": "lost", "generation": generation, "step": step})
+    def lost(self, generation: int, step: int, why: str = "") -> None:
+        """A collective (or the rendezvous) of ``generation`` failed, ``why`` in its own words;
+        ``step``: the last step this member completed."""
+        self._send({"op": "lost", "generation": generation, "step": step, "why": why[:LOST_WHY_CHARS]})
 
     def warned(self, generation: int, step: int) -> None:
         """This rank saved ``step`` on the scheduler's warning and holds until the job ends."""

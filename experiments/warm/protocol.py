@@ -61,6 +61,7 @@ class Plan:
     # A re-formed group's rendezvous gives up after this (its members are all warm: seconds do); a
     # member that died meanwhile voids the generation: the others report lost and a new plan comes.
     join_timeout_s: float | None = None
+    store_hosted: bool = False  # the coordinator hosts the rendezvous store (rank 0 does not)
 
     def message(self) -> dict[str, Any]:
         return {"op": "plan", **asdict(self)}

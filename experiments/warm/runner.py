@@ -71,10 +71,10 @@ class WarmRunner:
             self.attempt, self.rank = plan.attempt, plan.rank
             try:
                 return self._generation(plan)
-            except GroupLost:
+            except GroupLost as error:
                 leave_attempt(RunPaths(Path(self.job.run_dir)), plan.rank, plan.attempt)
                 self.workload.leave()
-                self.member.lost(plan.generation, self.completed)
+                self.member.lost(plan.generation, self.completed, why=str(error))
         return None
 
     def _generation(self, plan: Plan) -> RunOutcome:
@@ -91,7 +91,7 @@ class WarmRunner:
             timeouts = replace(timeouts, rendezvous_s=min(timeouts.rendezvous_s, plan.join_timeout_s))
         try:
             joined = time.monotonic()
-            self.workload.join(env, timeouts)
+            self.workload.join(env, timeouts, host_store=not plan.store_hosted)
             session.ready(determinism=self.workload.determinism, rendezvous_s=time.monotonic() - joined)
             self._resume(plan, session)
             self.workload.wrap()

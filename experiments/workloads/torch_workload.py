@@ -101,10 +101,11 @@ class TorchWorkload(Workload):
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=LEARNING_RATE)
         return param_count
 
-    def join(self, env: DistEnv, timeouts: Timeouts) -> None:
-        """This rank's place in the job's process group (and the patient group beside it)."""
+    def join(self, env: DistEnv, timeouts: Timeouts, host_store: bool = True) -> None:
+        """This rank's place in the job's process group (and the patient group beside it);
+        ``host_store``: rank 0 hosts the rendezvous store (not when the warm coordinator does)."""
         self.env = env
-        _join_process_group(env, timeouts)
+        _join_process_group(env, timeouts, host_store)
         self.patient = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeouts.checkpoint_s))
 
     def wrap(self) -> None:
@@ -217,7 +218,7 @@ def _make_deterministic() -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
+def _join_process_group(env: DistEnv, timeouts: Timeouts, host_store: bool = True) -> None:
     """Rendezvous at tcp://master_addr:master_port, with a long wait for late ranks (the store)
     and a short one for collectives (how quickly a rank gives up on a peer that died)."""
     if env.scheduler in ("local", "single"):
@@ -225,7 +226,7 @@ def _join_process_group(env: DistEnv, timeouts: Timeouts) -> None:
         # resolves to (gloo warns and guesses otherwise).
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore(
-        env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
+        env.master_addr, env.master_port, env.world_size, is_master=host_store and env.rank == 0,
         timeout=timedelta(seconds=timeouts.rendezvous_s), wait_for_workers=True,
     )
     dist.init_process_group(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from experiments.warm.protocol import (
     new_secret,
     proof,
 )
+from experiments.warm.store_host import StoreHost
 from warm_scenario import SECRET, Host, start_coordinator, warm_member, within
 
 
@@ -441,4 +443,73 @@ def test_a_rank_whose_connection_ended_before_the_first_plan_is_a_failure_a_spar
     assert [(p.generation, p.rank, p.resume) for p in plans] == [(1, 0, RESUME_CHECKPOINT), (1, 1, RESUME_CHECKPOINT)]
     [(attempt, failure)] = host.named("warm_failure")
     assert (attempt, failure["generation"], failure["rank"], failure["slot"]) == (3, 0, 1, 1)
+    _complete(outcome, rank0, spare)
+
+
+def test_a_generation_that_failed_with_no_rank_dead_is_told_to_the_controller_as_a_failure() -> None:
+    """Hardening issue (the full run's warm livelock): a re-formation whose rendezvous failed on every
+    member, none dead, was re-planned without a warm_failure event: the controller never saw the
+    attempt fail, its restart budget was never spent, and the job re-formed every 10 s for 10 min.
+    Each such failure is the attempt's warm_failure (the policy counts it), with the members' words."""
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=1, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
+    rank0.next_plan(), rank1.next_plan()
+    rank0.formed(0), rank1.formed(0)
+    rank0.lost(0, 12, why="gloo: Timed out waiting 10000ms for recv")  # a hang: no connection ended
+    rank1.lost(0, 12, why="gloo: Timed out waiting 10000ms for recv")
+    assert (rank0.next_plan().generation, rank1.next_plan().generation) == (1, 1)
+    [(attempt, failure)] = host.named("warm_failure")
+    assert attempt == 3 and failure["exit_code"] == -1 and failure["rank"] == 0
+    assert "no rank died" in failure["what"] and "Timed out waiting 10000ms" in failure["what"], failure
+    _complete(outcome, rank0, rank1)
+    spare.line.close()
+
+
+def test_generations_that_never_form_end_the_job_instead_of_re_forming_forever() -> None:
+    """Three re-formations in a row whose rendezvous failed (none formed): the coordinator gives up
+    (the job fails, the controller's policy takes over), each told to the controller first."""
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=1, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
+    rank0.next_plan(), rank1.next_plan()
+    rank0.formed(0), rank1.formed(0)
+    for generation in range(4):
+        rank0.lost(generation, 12, why="TCPStore: waitForInput timed out")
+        rank1.lost(generation, 12, why="TCPStore: waitForInput timed out")
+        if generation < 3:
+            assert (rank0.next_plan().generation, rank1.next_plan().generation) == (generation + 1,) * 2
+    outcome["thread"].join(timeout=10)
+    assert "did not form" in str(outcome.get("gave_up")), outcome
+    assert [attempt for attempt, _ in host.named("warm_failure")] == [3, 4, 5, 6]
+    spare.line.close()
+
+
+@pytest.mark.drill  # torch's store
+def test_a_rank_that_dies_in_a_rendezvous_ends_the_others_wait_on_its_store_at_once() -> None:
+    """The coordinator hosts each generation's rendezvous store (PyTorch): a member that dies while
+    the generation forms voids it, and its store ends, so a survivor waiting there raises now,
+    not at its join's timeout (it waited 15 s on the dead rank 0's store, each such kill)."""
+    from torch.distributed import DistError, TCPStore
+
+    host = Host()
+    stores = StoreHost("127.0.0.1")
+    _, address, outcome = start_coordinator(host, world=2, spares=1, stores=stores,
+                                            timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=30))
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
+    first = rank0.next_plan()
+    rank1.next_plan()
+    assert first.store_hosted and first.master_addr == "127.0.0.1" and first.master_port != 40000
+    waiting = TCPStore(first.master_addr, first.master_port, 2, False, timedelta(seconds=30))
+    waiting.set("rank 0 is here", "1")
+    started = time.monotonic()
+    rank1.line.close()  # rank 1 died before it joined
+    with pytest.raises(DistError):
+        waiting.wait(["rank 1 is here"])  # as gloo's rendezvous waits on its peer's address
+    assert time.monotonic() - started < 5, "the survivor waited for its timeout"
+    rank0.lost(0, 0, why="the store ended")
+    again, taken = rank0.next_plan(), spare.next_plan()
+    assert again.master_port != first.master_port and again.generation == taken.generation == 1
+    fresh = TCPStore(again.master_addr, again.master_port, 2, False, timedelta(seconds=5))
+    fresh.set("reachable", "1")  # the next generation's store is up
     _complete(outcome, rank0, spare)

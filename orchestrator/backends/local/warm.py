@@ -44,6 +44,7 @@ from experiments.warm.coordinator import ANYWHERE, Coordinator, CoordinatorGaveU
 from experiments.warm.held_fence import HeldFence
 from experiments.warm.processes import end_members, processes_of, retire
 from experiments.warm.protocol import new_secret, set_port
+from experiments.warm.store_host import StoreHost
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class LocalWarmJob:
             fence=HeldFence(self.paths, Fence(self.first_attempt, str(self.controller.pid), os.environ.get(ENV_DRILL_ID))).advance,
             secret=secret,
             spawn=self._spawn_set if self.restart_all else self._spawn, exit_code=self._exit_code,
-            restart_all=self.restart_all, end=self._end_slots)
+            restart_all=self.restart_all, end=self._end_slots,
+            stores=None if self.restart_all else StoreHost(LOOPBACK))
         verdict: dict[str, str] = {}
         serving = threading.Thread(target=self._serve, args=(coordinator, listener, verdict), name="warm", daemon=True)
         if self.restart_all:
