@@ -61,6 +61,10 @@ CLUSTER_NODES_KEY = "FAULTDRILL_CLUSTER_NODES"
 CLUSTER_NAME_KEY = "FAULTDRILL_CLUSTER_NAME"
 
 SIGNAL_EXIT_BASE = 128  # srun and shells: a task killed by signal N exits 128 + N
+# What PyTorch's NCCL process group says on a rank whose peer died or hung (its watchdog's timeout,
+# NCCL's remote error, an abort after another rank's): a consequence, not the rank's own cause.
+NCCL_PEER_LOSS_MARKERS = ("Watchdog caught collective operation timeout", "ncclRemoteError",
+                          "remote process exited or there was a network error", "communicator was aborted")
 
 MANIFEST_NAME = "manifest.json"
 EVENTS_FILE_NAME = "events.jsonl"  # an attempt's timeline, in its attempt folder

@@ -123,8 +123,20 @@ PBS_LIMIT_EXITS: dict[int, JobState] = {
 }
 
 
-def from_pbs(letter: str, exit_status: str | int | None = None) -> JobState:
-    """Map a ``job_state`` letter (and, for finished jobs, the exit status) to a JobState."""
+# PBS Pro and Torque: a job a signal N ended exits 256 + N (271: SIGTERM, what qdel sends, and what
+# Torque's MOM sends at the walltime on many sites instead of its -11).
+PBS_SIGNAL_BASE = 256
+
+
+def pbs_signal(exit_status: int) -> int | None:
+    """The signal that ended a PBS job, from its exit status (256 + N), if one did."""
+    return exit_status - PBS_SIGNAL_BASE if PBS_SIGNAL_BASE < exit_status <= PBS_SIGNAL_BASE + 64 else None
+
+
+def from_pbs(letter: str, exit_status: str | int | None = None, walltime_spent: bool = False) -> JobState:
+    """Map a ``job_state`` letter (and, for finished jobs, the exit status) to a JobState.
+    ``walltime_spent``: the job's record shows it used all of its walltime, so a signal's end
+    (256 + N) was the walltime's (TIMEOUT), not a failure of its own."""
     state = PBS_STATES.get(letter.strip().upper()[:1], JobState.UNKNOWN)
     if state is not JobState.COMPLETED:
         return state
@@ -134,4 +146,6 @@ def from_pbs(letter: str, exit_status: str | int | None = None) -> JobState:
         return JobState.FAILED  # finished, but nothing shows it succeeded
     if code == 0:
         return JobState.COMPLETED
+    if pbs_signal(code) is not None and walltime_spent:
+        return JobState.TIMEOUT
     return PBS_LIMIT_EXITS.get(code, JobState.FAILED)

@@ -61,7 +61,7 @@ from experiments.layout import (
     record_dict,
     write_json_atomic,
 )
-from experiments.runtime.distenv import DistEnv
+from experiments.runtime.distenv import DistEnv, device_local_rank
 from experiments.runtime.events import EventLog
 from experiments.runtime.fence import Fence, StaleAttemptError, advance_fence, check_current, own_job_id, read_fence
 from experiments.runtime.heartbeat import HeartbeatWriter
@@ -109,7 +109,10 @@ def child_environment(job: RankJob, env: DistEnv, started_at: float) -> dict[str
     }
     # PYTHONUNBUFFERED: a Python script's step lines reach the supervisor as printed, not in 8 KB
     # blocks of a pipe (a step-anchored fault met the script steps late); the spec's env may say 0.
-    conventional = {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
+    # LOCAL_RANK: the GPU index a script gives set_device (the task's own GPUs only, under a per-task
+    # binding); FAULTDRILL_LOCAL_RANK stays the task's place on its node.
+    conventional = {"RANK": str(env.rank), "LOCAL_RANK": str(device_local_rank(os.environ, env.local_rank)),
+                    "WORLD_SIZE": str(env.world_size),
                     "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port), "PYTHONUNBUFFERED": "1"}
     if command.torchrun:  # the task is the node's torchrun: it gives each worker its own place
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE):

@@ -69,6 +69,25 @@ class DistEnv:
         return detect(env, hostname or socket.gethostname())
 
 
+# The variables that list the GPUs a process sees (NVIDIA's, AMD's): set per task by Slurm's
+# --gpus-per-task / --gpu-bind and by PBS's cgroup hooks, to the task's own GPUs only.
+VISIBLE_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def device_local_rank(environ: Mapping[str, str], local_rank: int) -> int:
+    """The LOCAL_RANK a script passes to ``torch.cuda.set_device``: its index among the GPUs this
+    task sees. With every GPU of the node visible to every task, its local rank; bound to its own
+    GPUs (``--gpus-per-task``: SLURM_GPUS_PER_TASK set, or fewer GPUs listed than the local rank
+    reaches), its first one: ``set_device(SLURM_LOCALID)`` failed on every rank but the first."""
+    if environ.get("SLURM_GPUS_PER_TASK"):
+        return 0
+    for name in VISIBLE_GPU_VARIABLES:
+        listed = [device for device in environ.get(name, "").split(",") if device.strip()]
+        if listed and listed != ["NoDevFiles"] and local_rank >= len(listed):
+            return local_rank % len(listed)
+    return local_rank
+
+
 def derive_port(seed: str) -> int:
     """A port that differs between concurrent jobs (consecutive numeric ids never collide)."""
     if seed.isdigit():

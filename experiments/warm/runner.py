@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
-from experiments.layout import RankJob, RunPaths
+from experiments.layout import NCCL_PEER_LOSS_MARKERS, RankJob, RunPaths
 from experiments.runner import RunnerOptions, RunOutcome
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fault_requests import InjectedRankError
@@ -35,7 +35,8 @@ from experiments.workloads.torch_workload import TorchWorkload
 # peer whose node lost power sends nothing: gloo then ends the pair with "Application timeout caused
 # pair closure"), compared in lower case.
 PEER_LOST_MARKERS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout", "socket",
-                     "pair closure", "no route to host", "gloo", "peer")
+                     "pair closure", "no route to host", "gloo", "peer",
+                     *(marker.lower() for marker in NCCL_PEER_LOSS_MARKERS))
 
 
 class GroupLost(RuntimeError):

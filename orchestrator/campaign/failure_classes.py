@@ -13,7 +13,7 @@ import signal
 from dataclasses import dataclass
 from enum import Enum
 
-from experiments.layout import SIGNAL_EXIT_BASE
+from experiments.layout import NCCL_PEER_LOSS_MARKERS, SIGNAL_EXIT_BASE
 from orchestrator.states import JobState
 
 # What a rank's error says when the checkpoint filesystem was full (experiments/runtime/checkpoint).
@@ -21,7 +21,8 @@ CHECKPOINT_WRITE_MARKERS = ("could not be written: no space left on device", "[E
 OUT_OF_MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory")
 # What a survivor says when a peer vanished: a consequence, not the cause.
 PEER_LOSS_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
-                     "Socket Timeout", "Timed out waiting", "UnavailableError", "peer", "MPI_ABORT")
+                     "Socket Timeout", "Timed out waiting", "UnavailableError", "peer", "MPI_ABORT",
+                     *NCCL_PEER_LOSS_MARKERS)
 
 
 class FailureClass(str, Enum):

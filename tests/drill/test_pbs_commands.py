@@ -37,7 +37,7 @@ FakePBS = FakeCommands
 @pytest.fixture
 def fake_pbs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeCommands:
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")
-    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qdel", "qrerun", "srun", "squeue", "sacct"))
+    return install(tmp_path, monkeypatch, ("qsub", "qstat", "qselect", "qdel", "qrerun", "srun", "squeue", "sacct"))
 
 
 def test_one_qstat_call_for_all_jobs_and_wrapper_elements(fake_pbs: FakePBS, tmp_path: Path) -> None:
@@ -87,6 +87,29 @@ def test_without_accounting_a_silent_end_stays_a_failure(fake_pbs: FakePBS, tmp_
 ])
 def test_limit_exit_statuses_of_torque_and_pbs_pro(exit_status: str, state: JobState) -> None:
     assert from_pbs("C", exit_status) is state
+
+
+@pytest.mark.parametrize(("server", "used", "state"), [
+    ("torque", "00:20:01", JobState.TIMEOUT), ("torque", "00:19:58", JobState.TIMEOUT),
+    ("torque", "00:07:12", JobState.FAILED), ("pro", "00:20:00", JobState.TIMEOUT), ("pro", "00:03:00", JobState.FAILED),
+])
+def test_a_signal_death_256_plus_n_is_the_walltimes_only_when_the_record_shows_it_spent(
+        fake_pbs: FakePBS, monkeypatch: pytest.MonkeyPatch, server: str, used: str, state: JobState) -> None:
+    """Real-sites issue, item 10: PBS Pro and Torque give a job a signal ended 256 + N; Torque's MOM
+    ends a job at its walltime with SIGTERM on many sites (271, not -11), which was FAILED (a rank
+    failure, its node blamed). 271 with the walltime used up is TIMEOUT; a qdel's 271 is not."""
+    monkeypatch.setenv(pbs_commands.ENV_SERVER, server)
+    record = (RECORDED / "pbs_torque_qstat_f.txt").read_text().split("\n\n")[1]  # job 1346: exit_status = 271
+    fake_pbs.answer("qstat", record.replace("    exit_status = 271", f"    resources_used.walltime = {used}\n"
+                                                                     "    exit_status = 271"))
+    job = "1346.torque-srv.example.com"
+    assert qstat_states([job], {}) == {job: state}
+
+
+def test_a_job_without_its_walltime_used_or_limit_in_the_record_is_not_judged_timed_out() -> None:
+    assert not pbs_commands.walltime_spent({"Resource_List.walltime": "00:20:00"})
+    assert not pbs_commands.walltime_spent({"resources_used.walltime": "00:20:00", "Resource_List.walltime": "1-00"})
+    assert pbs_commands.walltime_spent({"resources_used.walltime": "1201", "Resource_List.walltime": "20:00"})
 
 
 def test_the_walltime_stays_on_pbs_and_its_end_is_due_within_it(fake_pbs: FakePBS, tmp_path: Path) -> None:
@@ -222,16 +245,22 @@ def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_p
     name = attempt_job_name(run, 0, "unit-1")
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "torque")
     monkeypatch.setattr(pbs_backend, "current_user", lambda: "alice")  # the recording's user
-    fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name)
-                    .replace("alice@", "mallory@"))
-    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == [], "a stranger's job"
-    fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name))
+    # The server selects by name and owner (qselect), not a qstat -f of every job it holds (with PBS
+    # Pro's -x: its whole history; real-sites issue, item 10). Its answer, as Torque prints it:
+    fake_pbs.answer("qselect", "1347.torque-srv.example.com\n")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["1347.torque-srv.example.com"]
+    assert fake_pbs.calls[-1] == f"qselect -u alice -N {name}"
+    fake_pbs.answer("qselect", "")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 1, attempt_job_name(run, 1, "unit-1"), None, 0.0)) == []
-    # An attempt that went out as element 2 of an array: the array is found by its name.
-    fake_pbs.answer("qstat", (RECORDED / "pbs_torque_qstat_f.txt").read_text().replace("fd-quick-r001-a0", name)
-                    .replace("Job Id: 1347.", "Job Id: 1347[]."))
+    # An attempt that went out as element 2 of an array: the array is found by its name (Torque's
+    # qselect lists its elements too; the array is what the drill submitted).
+    fake_pbs.answer("qselect", "1347[].torque-srv.example.com\n1347[0].torque-srv.example.com\n")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 2, 0.0)) == ["1347[2].torque-srv.example.com"]
+    # PBS Pro keeps finished jobs apart: -x selects them too.
+    monkeypatch.setenv(pbs_commands.ENV_SERVER, "pro")
+    fake_pbs.answer("qselect", "1025.pbs-srv\n")
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["1025.pbs-srv"]
+    assert fake_pbs.calls[-1] == f"qselect -u alice -N {name} -x"
     # Under Slurm's wrappers the started elements of an array are listed under Slurm ids of their
     # own (with the array's name): the array is what Slurm calls the array.
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import orchestrator.backends.pbs.backend as pbs_backend
+import orchestrator.backends.pbs.commands as pbs_commands
 from orchestrator.backends.pbs.backend import PBSBackend
 from orchestrator.backends.pbs.commands import ServerKind
 from orchestrator.commands import CommandResult, current_user
@@ -17,15 +18,21 @@ pytestmark = pytest.mark.unit
 NAME = "fd-d1-r000-a0"
 
 
-def test_qstat_records_of_another_owner_are_not_the_drills(monkeypatch: pytest.MonkeyPatch) -> None:
-    records = {
-        "101.server": {"Job_Name": NAME, "Job_Owner": "mallory@login2"},
-        "102.server": {"Job_Name": NAME, "Job_Owner": f"{current_user()}@login1"},
-        "103.server": {"Job_Name": "other", "Job_Owner": f"{current_user()}@login1"},
-    }
-    monkeypatch.setattr(pbs_backend, "detect_server", lambda: ServerKind.PRO)
-    monkeypatch.setattr(pbs_backend, "qstat_all", lambda: records)
-    assert PBSBackend("d1")._named(NAME) == {"102.server"}
+@pytest.mark.parametrize(("server", "extra"), [(ServerKind.PRO, ["-x"]), (ServerKind.TORQUE, [])])
+def test_the_servers_look_up_selects_the_users_jobs_only(monkeypatch: pytest.MonkeyPatch, server: ServerKind,
+                                                         extra: list[str]) -> None:
+    """qselect -u: the server selects by owner and name (it was a qstat -f of every job, filtered here)."""
+    asked: list[list[str]] = []
+
+    def qselect(argv: list[str], **_: object) -> CommandResult:
+        asked.append(argv)
+        return CommandResult(args=tuple(argv), returncode=0, stdout="102.server\n102[3].server\n", stderr="",
+                             duration_s=0.0)
+
+    monkeypatch.setattr(pbs_backend, "detect_server", lambda: server)
+    monkeypatch.setattr(pbs_commands, "run_command", qselect)
+    assert PBSBackend("d1")._named(NAME) == {"102.server"}, "an array's element is not what was submitted"
+    assert asked == [["qselect", "-u", current_user(), "-N", NAME, *extra]]
 
 
 def test_the_slurm_wrappers_look_up_asks_for_the_users_jobs_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,6 +74,9 @@ def test_pro_array_matches_golden() -> None:
     _check_golden("pbs_pro_array.pbs", script.text)
     directives = _directives(script.text)
     assert "#PBS -l select=2:ncpus=2:mpiprocs=2" in directives
+    # Real-sites issue, item 10: without place=scatter PBS Pro may put two chunks on one node
+    # (place=free is its default), and the launch's ranks-per-node layout is then wrong.
+    assert "#PBS -l place=scatter" in directives
     assert "#PBS -J 0-2%2" in directives
     subprocess.run(["bash", "-n"], input=script.text, text=True, check=True)
 

@@ -39,7 +39,7 @@ from orchestrator.backends.pbs.commands import (
     detect_server,
     is_element,
     qdel,
-    qstat_all,
+    qselect_named,
     qstat_records,
     qstat_states,
     qsub,
@@ -123,9 +123,7 @@ class PBSBackend(Backend):
             result = run_command(["squeue", "-h", "-t", "all", "-u", user, "-n", name, "-o", "%F"],
                                  timeout_s=QSTAT_TIMEOUT_S, retries=2)
             return set(result.stdout.split())
-        return {job_id for job_id, record in qstat_all().items()
-                if record.get("Job_Name") == name and not is_element(job_id)
-                and record.get("Job_Owner", "").split("@", 1)[0] == user}
+        return {job_id for job_id in qselect_named(name, user, detect_server()) if not is_element(job_id)}
 
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
         super().adopt(job_id, run, job)

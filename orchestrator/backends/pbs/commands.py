@@ -34,6 +34,9 @@ _QSUB_ID = re.compile(r"^\d+(\[\d*\])?(\.[A-Za-z0-9_.-]+)?$")
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_.%^+=@/-]+$")  # the wrappers pass -o/-e through a shell
 _JOB_LINE = re.compile(r"^Job Id:\s*(\S+)\s*$")
 _ATTRIBUTE_LINE = re.compile(r"^([ \t]+)([A-Za-z_][\w.]*) = (.*)$")
+# A walltime this close to used up was used up (the MOM kills at the limit or a poll after it, never
+# before; the final resources_used.walltime is taken at the job's end, in whole seconds).
+WALLTIME_SLACK_S = 5
 # Exit codes of qstat/qdel that answer "no such job" (Torque 153, PBS Pro 35): a job that ended.
 QSTAT_ANSWERS = (0, 35, 153)
 _UNKNOWN_JOB = re.compile(r"unknown job id|has finished|job has been deleted", re.IGNORECASE)
@@ -49,6 +52,11 @@ class ServerKind(str, Enum):
         """-x (PBS Pro): finished jobs too; -t (Torque, PBS Pro): array subjobs. The wrappers take
         neither (Torque's own -x means XML)."""
         return {"pro": ["-x", "-t"], "torque": ["-t"], "slurm-wrappers": []}[self.value]
+
+    @property
+    def qselect_options(self) -> list[str]:
+        """-x (PBS Pro): finished jobs too (Torque keeps them listed for keep_completed)."""
+        return ["-x"] if self is ServerKind.PRO else []
 
 
 def detect_server() -> ServerKind:
@@ -197,7 +205,31 @@ def record_state(job_id: str, record: dict[str, str] | None, folder: Path | None
     the exit code the batch script recorded."""
     if record is None:
         return JobState.UNKNOWN
-    return from_pbs(record.get("job_state", ""), _exit_status(job_id, record, folder))
+    return _state_of(record, _exit_status(job_id, record, folder))
+
+
+def _state_of(record: dict[str, str], exit_status: str | None) -> JobState:
+    return from_pbs(record.get("job_state", ""), exit_status, walltime_spent=walltime_spent(record))
+
+
+def walltime_spent(record: dict[str, str]) -> bool:
+    """The record shows the job used its whole walltime (``resources_used.walltime`` within
+    WALLTIME_SLACK_S of ``Resource_List.walltime``, PBS Pro's and Torque's): a signal that ended it
+    then was the walltime's. False where either is missing (the wrappers print neither)."""
+    used = _hms_seconds(record.get("resources_used.walltime"))
+    limit = _hms_seconds(record.get("Resource_List.walltime"))
+    return used is not None and limit is not None and limit > 0 and used >= limit - WALLTIME_SLACK_S
+
+
+def _hms_seconds(text: str | None) -> int | None:
+    """``[[HH:]MM:]SS`` (PBS's durations) in seconds; None for anything else."""
+    parts = (text or "").strip().split(":")
+    if not 1 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return seconds
 
 
 def _exit_status(job_id: str, record: dict[str, str], folder: Path | None) -> str | None:
@@ -232,7 +264,7 @@ def qstat_states(
     for job_id, target in targets.items():
         record = records.get(target.scheduler_id) or by_short.get(short_id(target.scheduler_id))
         exit_status = _exit_status(job_id, record, folders.get(job_id)) if record is not None else None
-        state = from_pbs(record.get("job_state", ""), exit_status) if record is not None else JobState.UNKNOWN
+        state = _state_of(record, exit_status) if record is not None else JobState.UNKNOWN
         if target.array_only:
             # A wrapper element that has not recorded its own id yet: the array's record says only
             # that something of the array is queued or running.
@@ -269,6 +301,14 @@ def qdel(job_id: str, folder: Path | None, server: ServerKind | None = None, for
 def qrerun(job_id: str, folder: Path | None, server: ServerKind | None = None) -> None:
     """Put a running job back in the queue (it must be rerunnable: ``-r y``)."""
     run_command(["qrerun", scheduler_id(job_id, folder, server or detect_server())], timeout_s=QSTAT_TIMEOUT_S)
+
+
+def qselect_named(name: str, user: str, server: ServerKind) -> set[str]:
+    """The ids of ``user``'s jobs and arrays named ``name``, selected by the server (Torque and PBS
+    Pro; not a qstat -f of every job it holds, with -x its whole history)."""
+    result = run_command(["qselect", "-u", user, "-N", name, *server.qselect_options], timeout_s=QSTAT_TIMEOUT_S,
+                         retries=2)
+    return set(result.stdout.split())
 
 
 def qstat_all(server: ServerKind | None = None) -> dict[str, dict[str, str]]:
