@@ -130,8 +130,11 @@ def srun_on_node(job: str, node: str, command: Sequence[str], cluster: Sequence[
     """One task of ``command`` on ``node`` inside job ``job``'s allocation, beside its steps: how
     the login side reaches a job's node (the fault agent; Slurm, and PBS under the Slurm wrappers).
     ``cluster``: srun's ``--clusters`` words for a job of another cluster."""
-    return ["srun", *cluster, f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            "--quiet", *command]
+    # --mem=0: within the job's memory, taking none of it from its steps; --gres=none: no GPU (before
+    # Slurm 22.05 --overlap shares CPUs only, and a step asking the default memory or a GPU that the
+    # ranks hold waits, "step creation temporarily disabled", until the agent's timeout).
+    return ["srun", *cluster, f"--jobid={job}", "--overlap", "--mem=0", "--gres=none", "--nodes=1", "--ntasks=1",
+            f"--nodelist={node}", "--quiet", *command]
 
 
 def argv(words: Sequence[Word]) -> list[str]:

@@ -88,6 +88,12 @@ class Backend(abc.ABC):
         """When the scheduler says the job ended (the evidence of a natural failure), if it knows."""
         return None
 
+    @classmethod
+    def site_refusals(cls, runs: list[RunConfig]) -> list[str]:
+        """What this site cannot do that these runs need (its scheduler's release, ...), one line
+        each, said before anything is created or submitted; none by default."""
+        return []
+
     def site_notes(self) -> list[str]:
         """What this site did not give the drill (accounting, ...) and what the drill then knows
         less of: said in the report."""

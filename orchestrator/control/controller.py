@@ -21,7 +21,7 @@ from typing import Callable
 from experiments.runtime.fence import sync_filesystem
 from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
-from orchestrator.backends import make_backend
+from orchestrator.backends import backend_class, make_backend
 from orchestrator.backends.base import Backend
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.forking import forking_launcher, forking_note
@@ -63,13 +63,15 @@ def plan_faults(run: RunConfig) -> list[PlannedFault]:
     return plan
 
 
-def plan_drill(campaign: Campaign) -> list[tuple[RunConfig, list[PlannedFault]]]:
+def plan_drill(campaign: Campaign, site: type[Backend] | None = None) -> list[tuple[RunConfig, list[PlannedFault]]]:
     """Every run and its planned faults; raises SpecError before anything is created, also for a
     program the ranks start that is not there (on this machine; a cluster's compute nodes alone can
-    tell, so there it is a warning)."""
+    tell, so there it is a warning), or for what the site cannot do (``site``: the backend whose
+    site is asked; the spec's backend by default)."""
     runs = expand_runs(campaign)
     missing = missing_programs(runs)
-    refusals = (mpi_refusals(runs) + node_fault_refusals(runs)
+    site_refusals = (site or backend_class(campaign.backend)).site_refusals(runs)
+    refusals = (mpi_refusals(runs) + node_fault_refusals(runs) + site_refusals
                 + ([item.line() for item in missing] if campaign.backend == "local" else []))
     if refusals:
         raise SpecError("\n".join(refusals))
@@ -133,7 +135,8 @@ def _gone(state: JobState | None) -> bool:
 class Controller:
     def __init__(self, campaign: Campaign, backend: Backend | None = None,
                  plan: list[tuple[RunConfig, list[PlannedFault]]] | None = None) -> None:
-        self.plan = plan if plan is not None else plan_drill(campaign)  # spec errors before any file
+        # Spec errors before any file; a backend given is its own site (a test's recorded scheduler).
+        self.plan = plan if plan is not None else plan_drill(campaign, type(backend) if backend is not None else None)
         claim_workdir(campaign)  # the user's alone (or the team's, as the spec says), before anything is read
         self.campaign = campaign
         self.ledger = Ledger.in_workdir(campaign.workdir)

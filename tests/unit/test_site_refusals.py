@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.slurm import version as slurm_version
 from orchestrator.campaign.spec import SpecError, parse_campaign
 from orchestrator.control.controller import plan_drill
 from orchestrator.faults import job_control
@@ -26,6 +27,7 @@ def _campaign(tmp_path: Path, fault: dict[str, Any]) -> Any:
 @pytest.fixture
 def not_our_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job_control, "_cluster_facts", lambda: {})  # no scripts/cluster here
+    monkeypatch.setattr(slurm_version, "site_version", lambda: (22, 5))  # a Slurm with srun --overlap
 
 
 def test_a_node_fault_without_a_site_command_is_refused_before_anything_is_made(

@@ -20,6 +20,7 @@ from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission
+from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
 from orchestrator.campaign.runs import RunConfig
@@ -247,6 +248,10 @@ class SlurmBackend(Backend):
         if self.accounting_down is None:
             return super().vanished_why()
         return "the job left the queue, and accounting (sacct) did not answer to say how it ended"
+
+    @classmethod
+    def site_refusals(cls, runs: list[RunConfig]) -> list[str]:
+        return overlap_refusals(runs)
 
     def site_notes(self) -> list[str]:
         return [NO_ACCOUNTING.format(why=self.accounting_missed)] if self.accounting_missed else []
