@@ -62,6 +62,9 @@ FAILED_LAUNCHES_REPLACED = 3
 # Re-formations in a row whose group never formed (every rendezvous failed, or a member died in each)
 # before the job gives up: the controller's policy restarts the run in a new job, from a checkpoint.
 UNFORMED_GENERATIONS = 3
+# While a re-formation awaits the survivors' reports, the failed generation's store is voided
+# again this often (a member that connected after the last void waits there otherwise).
+VOID_AGAIN_S = 1.0
 # Connections that have not proven the job's secret yet, at most: a newer one takes the oldest's
 # place (shut, counted as refused), so a stranger who holds them all cannot keep a member out, and
 # its flood cannot take the job's threads and descriptors; a member whose connection ends before
@@ -171,8 +174,7 @@ class Coordinator:
             self._pending |= set(range(self.world_size, self._next_slot)) - set(self.members)
         threading.Thread(target=self._accept, args=(listener,), name="warm-accept", daemon=True).start()
         try:
-            if self.stores is not None:
-                self.stores.open(0)  # while the first members start
+            self._open_store(0)  # while the first members start
             self._drive()
             return self._verdict or "completed"
         finally:
@@ -422,15 +424,19 @@ class Coordinator:
         self._verdict = f"warned: the ranks saved step {self._warned_step} on the scheduler's warning"
 
     def _reform(self) -> None:
-        """Survivors' steps in, a spare for each dead rank, the next generation's plans out."""
-        survivors = self._of_role(ACTIVE)
-        self._wait(lambda: all(m.lost_step is not None or m.role != ACTIVE for m in survivors), self.timing.report_s,
-                   "a survivor did not report the step it completed (is it hung?)")
-        survivors = self._of_role(ACTIVE)
-        self._tell_failure_of_the_living(survivors)
-        dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
-        self._awaiting(len(dead_ranks), lambda: len(self._of_role(SPARE)) >= len(dead_ranks),
-                       f"no warm spare for rank(s) {dead_ranks}")
+        """Survivors' steps in, a spare for each dead rank, the next generation's plans out. A
+        survivor that dies while the spares are awaited (the lock is let go meanwhile) is dead
+        too: the survivors are counted again once the spares are there."""
+        while True:
+            self._await_reports()
+            survivors = self._of_role(ACTIVE)
+            self._tell_failure_of_the_living(survivors)
+            dead_ranks = sorted(set(range(self.world_size)) - {m.rank for m in survivors if m.rank is not None})
+            wanted = len(dead_ranks)
+            self._awaiting(wanted, lambda: len(self._of_role(SPARE)) >= wanted,  # noqa: B023 - called within this turn
+                           f"no warm spare for rank(s) {dead_ranks}")
+            if all(member.role == ACTIVE for member in survivors):
+                break
         spares = sorted(self._of_role(SPARE), key=lambda m: m.slot)[:len(dead_ranks)]
         ranks = {m.rank: m for m in survivors if m.rank is not None}
         ranks.update(zip(dead_ranks, spares, strict=False))
@@ -444,11 +450,39 @@ class Coordinator:
                          spares={m.slot: rank for rank, m in ranks.items() if m in spares})
         self._replace_spares()
 
+    def _await_reports(self) -> None:
+        """Every active member's report of the step it completed (or its end), within report_s. With
+        the stores here, the failed generation's is voided again each VOID_AGAIN_S meanwhile: a
+        member that connected to it after the last void stops waiting there too."""
+        deadline = time.monotonic() + self.timing.report_s
+        reported = lambda: all(m.lost_step is not None or m.role != ACTIVE for m in self._of_role(ACTIVE))  # noqa: E731
+        while not reported():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CoordinatorGaveUp(f"warm: a survivor did not report the step it completed (is it hung?) "
+                                        f"within {self.timing.report_s:g} s")
+            if self.stores is None:
+                self._wait(reported, left, "a survivor did not report the step it completed (is it hung?)")
+                return
+            if not self._lock.wait_for(lambda: reported() or self._verdict is not None, timeout=min(VOID_AGAIN_S, left)):
+                self._void_rendezvous()
+            self._check_aborted()
+
+    def _open_store(self, generation: int) -> int:
+        """The port of ``generation``'s store (none: 0); one that cannot start here ends the job."""
+        if self.stores is None:
+            return 0
+        try:
+            return self.stores.open(generation)
+        except Exception as error:  # torch missing, no port, the host's own name not answering
+            raise CoordinatorGaveUp(f"warm: generation {generation}'s rendezvous store could not start on "
+                                    f"{self.stores.address}: {error}") from error
+
     def _void_rendezvous(self) -> None:
         """The current generation failed: its store ends, so the members still in its rendezvous
         (waiting on a rank that died there) stop waiting now, not at their join's timeout."""
         if self.stores is not None:
-            self.stores.close(self.generation)
+            self.stores.void(self.generation)
 
     def _tell_failure_of_the_living(self, reported: list[Member]) -> None:
         """A generation that failed with no member's end (every collective or rendezvous failed: a
@@ -530,7 +564,7 @@ class Coordinator:
         join_timeout_s = self.timing.reform_s if self.generation > 0 else None
         if self.stores is not None:
             self.stores.close_before(self.generation)
-            address, port = self.stores.address, self.stores.open(self.generation)
+            address, port = self.stores.address, self._open_store(self.generation)
         else:
             address, port = master.address, self.port_base + self.generation
         plans = {rank: Plan(self.generation, attempt, rank, self.world_size, address, port, resume, source_rank, step,

@@ -513,3 +513,98 @@ def test_a_rank_that_dies_in_a_rendezvous_ends_the_others_wait_on_its_store_at_o
     fresh = TCPStore(again.master_addr, again.master_port, 2, False, timedelta(seconds=5))
     fresh.set("reachable", "1")  # the next generation's store is up
     _complete(outcome, rank0, spare)
+
+
+@pytest.mark.drill  # torch's store
+def test_a_member_that_reaches_a_voided_rendezvous_late_is_let_go_within_seconds() -> None:
+    """A member whose store connection comes after its generation was voided (it got its plan, the
+    kill came before it connected) is let go too: the voided store answers its port afresh, and the
+    coordinator ends its connections again each second until every survivor has reported. A store
+    that was only closed left such a member retrying its connection for its whole timeout (17-31 s
+    measured for a 15 s join; the coordinator gives up on a survivor after 30 s)."""
+    from torch.distributed import DistError, TCPStore
+
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=1, stores=StoreHost("127.0.0.1"),
+                                            timing=Timing(report_s=20, spare_s=5, start_s=5, reform_s=30))
+    rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
+    first = rank0.next_plan()
+    rank1.next_plan()
+    rank1.line.close()  # rank 1 died before anyone joined: generation 0 is void
+    assert within(5, lambda: bool(host.named("warm_failure")))
+    started = time.monotonic()
+    with pytest.raises(DistError):
+        late = TCPStore(first.master_addr, first.master_port, 2, False, timedelta(seconds=30))
+        late.wait(["rank 1 is here"])
+    assert time.monotonic() - started < 5, "the late member waited for its timeout"
+    rank0.lost(0, 0, why="the store ended")
+    again, taken = rank0.next_plan(), spare.next_plan()
+    assert again.generation == taken.generation == 1
+    with pytest.raises(DistError):  # generation 0's store is gone once generation 1 is planned
+        TCPStore(first.master_addr, first.master_port, 2, False, timedelta(seconds=1))
+    _complete(outcome, rank0, spare)
+
+
+@pytest.mark.drill  # torch's store
+def test_a_lost_report_with_no_rank_dead_voids_the_generations_store() -> None:
+    """A hang: a member's collective timed out, no connection ended. Its report voids the store, so
+    a member still waiting in the rendezvous stops waiting now."""
+    from torch.distributed import DistError, TCPStore
+
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=0, stores=StoreHost("127.0.0.1"),
+                                            timing=Timing(report_s=20, spare_s=5, start_s=5, reform_s=30))
+    rank0, rank1 = (warm_member(address, slot) for slot in (0, 1))
+    first = rank0.next_plan()
+    rank1.next_plan()
+    waiting = TCPStore(first.master_addr, first.master_port, 2, False, timedelta(seconds=30))
+    started = time.monotonic()
+    rank0.lost(0, 7, why="gloo: Timed out waiting 10000ms")
+    with pytest.raises(DistError):
+        waiting.wait(["never set"])
+    assert time.monotonic() - started < 5, "the member waited for its timeout"
+    rank1.lost(0, 7, why="the store ended")
+    assert rank0.next_plan().generation == rank1.next_plan().generation == 1
+    _complete(outcome, rank0, rank1)
+
+
+def test_a_generation_that_forms_starts_the_count_of_unformed_ones_again() -> None:
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=0, timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=2))
+    rank0, rank1 = (warm_member(address, slot) for slot in (0, 1))
+    rank0.next_plan(), rank1.next_plan()
+    formed = {0, 2}  # generations 1, 3, 4 and 5 never form: only the last three in a row end the job
+    for generation in range(6):
+        if generation in formed:
+            rank0.formed(generation), rank1.formed(generation)
+        rank0.lost(generation, 12)
+        rank1.lost(generation, 12)
+        if generation < 5:
+            assert (rank0.next_plan().generation, rank1.next_plan().generation) == (generation + 1,) * 2
+    outcome["thread"].join(timeout=10)
+    assert "generations 3 to 5 did not form" in str(outcome.get("gave_up")), outcome
+
+
+def test_a_survivor_that_dies_while_the_re_formation_waits_for_a_spare_is_not_planned_in() -> None:
+    """A second failure during the recovery: the survivor dies while the re-formation waits for the
+    spare it lacked. It was planned into the next generation all the same (its role reset to active,
+    its state named the source): the spare waited on a dead peer and the job gave up. Now the
+    re-formation counts its survivors again once the spare is there: none is left, so two spares
+    take both ranks, from the newest valid checkpoint."""
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=0,
+                                            timing=Timing(report_s=5, spare_s=10, start_s=5, reform_s=2))
+    rank0, rank1 = (warm_member(address, slot) for slot in (0, 1))
+    rank0.next_plan(), rank1.next_plan()
+    rank1.line.close()
+    rank0.lost(0, 12)
+    assert within(5, lambda: [slot for slot, _ in host.spawned] == [2]), host.spawned
+    rank0.line.close()  # the survivor dies while its spare starts
+    assert within(5, lambda: [e["rank"] for _, e in host.named("warm_failure")] == [1, 0]), host.events
+    first = warm_member(address, 2)
+    assert within(5, lambda: [slot for slot, _ in host.spawned] == [2, 3]), host.spawned
+    second = warm_member(address, 3)
+    plans = [first.next_plan(), second.next_plan()]
+    assert {(p.generation, p.resume, p.source_rank) for p in plans} == {(1, RESUME_CHECKPOINT, None)}, plans
+    assert sorted(p.rank for p in plans) == [0, 1]
+    _complete(outcome, first, second)
