@@ -41,6 +41,15 @@ class AttemptRef:
     submitted: float  # when the controller began submitting it (wall time)
 
 
+@dataclass(frozen=True)
+class SubmitRefusal:
+    """The scheduler refused a submission: ``held`` (a limit of submitted jobs: tried again as the
+    drill's jobs end, not counted as a failed try) or for good (the run fails at once, saying why)."""
+
+    held: bool
+    why: str
+
+
 class Backend(abc.ABC):
     name: str = ""
     # What it can do (orchestrator/campaign/capabilities.py): callers ask before they call; the
@@ -78,6 +87,12 @@ class Backend(abc.ABC):
         """The jobs of attempt ``ref`` the scheduler accepted although their id was never recorded
         (a controller stopped, or a submission that failed on our side but not the scheduler's),
         oldest first: more than one means duplicates. Raises CommandError if it cannot tell."""
+
+    def submit_refusal(self, error: BaseException) -> "SubmitRefusal | None":
+        """What a failed submission's error says of the site's answer, where it is a refusal of the
+        job as asked (held: a limit of the jobs one may have submitted, which clears as they end;
+        else the job can never be taken as asked), not a failure to reach the scheduler."""
+        return None
 
     def exit_code(self, job_id: str) -> int | None:
         """How an ended job's rank launch exited, where the batch script could not say (the local

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from experiments.layout import RankJob
-from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.base import AttemptRef, Backend, Submission, SubmitRefusal
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import RestartConfig
 from orchestrator.commands import CommandError, one_line
@@ -29,6 +29,9 @@ from orchestrator.render.scripts import TemplateError, attempt_job_name
 log = logging.getLogger(__name__)
 
 SUBMIT_FAILED = "SUBMIT_FAILED"  # an attempt whose submission failed every try
+# A submission the site held back (its limit of submitted jobs) is tried again this often.
+HELD_RETRY_S = 10.0
+HELD_LOG_EVERY = 30  # a held try's warning, once and then every this many
 
 
 @dataclass
@@ -41,6 +44,7 @@ class PendingSubmission:
     next_try_at: float = 0.0
     error: str = ""
     looked_up: bool = False  # this try's look for the job found none: it is submitted now
+    holds: int = 0  # tries the site held back (a limit of submitted jobs): no failures
     asked: "Future[Submission | list[str]] | None" = None  # the command in flight: a submission, or the look
 
 
@@ -50,6 +54,7 @@ class SubmissionHooks:
 
     accepted: Callable[[int, Submission], None]  # (attempt, submission)
     gave_up: Callable[[int, float], None]  # (attempt, now): every try failed; the policy decides
+    refused: Callable[[str, float], None]  # (why, now): the scheduler refuses the job as asked: the run gives up
     cancel: Callable[[str], None]  # a duplicate job found for the attempt
 
 
@@ -124,21 +129,44 @@ class Submitter:
             pending.looked_up = True  # none: submitted next, in the same round when it runs inline
 
     def _failed(self, pending: PendingSubmission, error: BaseException, now: float) -> None:
+        refusal = self.backend.submit_refusal(error)
+        if refusal is not None and refusal.held:
+            self._held(pending, refusal, now)
+            return
         pending.failures += 1
         pending.looked_up = False
         pending.error = one_line(error)
+        if refusal is not None:  # refused as asked: no try, no attempt can succeed
+            reason = f"the scheduler refused the job as asked: {refusal.why}"
+            self._give_up(pending, reason, now, hook=lambda _attempt, when: self.hooks.refused(reason, when))
+            return
         if pending.failures <= self.restart.submit_retries:
             delay = self.restart.submit_backoff_s * 2 ** (pending.failures - 1)
             pending.next_try_at = now + delay
             log.warning("%s: submitting attempt %d failed (%s); trying again in %.1f s", self.run.run_id,
                         pending.attempt, pending.error, delay)
             return
+        self._give_up(pending, f"submission failed {pending.failures} times: {pending.error}", now)
+
+    def _held(self, pending: PendingSubmission, refusal: SubmitRefusal, now: float) -> None:
+        """A limit of submitted jobs: the same try again later (the scheduler took nothing: no look
+        for the job), not a failed try; the run's turn waits as the drill's other jobs end."""
+        pending.holds += 1
+        pending.looked_up = True
+        pending.next_try_at = now + max(HELD_RETRY_S, self.restart.poll_interval_s)
+        if pending.holds == 1 or pending.holds % HELD_LOG_EVERY == 0:
+            log.warning("%s: attempt %d held by the site's limit of submitted jobs (%s); tried again every %.0f s",
+                        self.run.run_id, pending.attempt, refusal.why, pending.next_try_at - now)
+
+    def _give_up(self, pending: PendingSubmission, reason: str, now: float,
+                 hook: Callable[[int, float], None] | None = None) -> None:
+        """The attempt's submission failed for good: recorded, then the tracker's hook (the policy
+        decides, or the run gives up)."""
         self.pending = None
-        reason = f"submission failed {pending.failures} times: {pending.error}"
         log.warning("%s: attempt %d: %s", self.run.run_id, pending.attempt, reason)
         self.ledger.update_attempt(self.run.run_id, pending.attempt, state=SUBMIT_FAILED, ended=now,
                                    detected=now, reason=reason)
-        self.hooks.gave_up(pending.attempt, now)
+        (hook or self.hooks.gave_up)(pending.attempt, now)
 
     def _ref(self, attempt: int) -> AttemptRef:
         row = self._row(attempt)

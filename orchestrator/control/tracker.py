@@ -98,7 +98,7 @@ class RunTracker:
         calls = calls or SchedulerCalls(off_loop=False)  # sbatch and scancel, off the loop where they are slow
         self.cancels = DrillCancels(run.run_id, ledger, backend, calls)  # the drill's own, journaled first
         self.submitter = Submitter(run, backend, ledger, drill_id, self.restart,
-                                   SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up,
+                                   SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up, refused=self._give_up,
                                                    cancel=self.cancels.ask), calls)
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
                                  refused=self._requeue_refused)

@@ -19,7 +19,7 @@ from experiments.launchers import srun_on_node
 from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
-from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission
+from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitRefusal
 from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
@@ -74,6 +74,31 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
         job: submitit.SlurmJob[Any] = submitit.SlurmJob(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
         job.paths.move_temporary_file(script_path, "submission_file", keep_as_symlink=False)
         return job
+
+
+# sbatch's words for a limit of submitted jobs (the user's, the account's, the QOS's: Slurm's job
+# reasons QOSMaxSubmitJobPerUserLimit, AssocMaxSubmitJobLimit, AssocGrpSubmitJobsLimit, ...; the
+# system's MaxJobCount): it clears as jobs end.
+SUBMIT_LIMIT_MARKERS = ("SubmitJob", "Slurm temporarily unable to accept job", "Resource temporarily unavailable")
+# What refuses a job as asked, for good: a per-job limit of the QOS or association, an invalid
+# QOS, account, partition, time or size.
+SUBMIT_REFUSED_MARKERS = ("Job violates accounting/QOS policy", "Invalid qos", "Invalid account",
+                          "Invalid partition", "Requested time limit is invalid",
+                          "Requested node configuration is not available", "More processors requested than permitted",
+                          "Node count specification invalid", "Invalid generic resource")
+
+
+def sbatch_refusal(error: BaseException) -> SubmitRefusal | None:
+    """sbatch's refusal in ``error`` (held: a limit of submitted jobs; else for good), if it is one."""
+    if not isinstance(error, CommandError) or not error.command or error.command[0] != "sbatch":
+        return None
+    said = [line.strip().removeprefix("sbatch: error: ") for line in error.stderr.splitlines() if line.strip()]
+    text = "; ".join(said)
+    if any(marker in text for marker in SUBMIT_LIMIT_MARKERS):
+        return SubmitRefusal(held=True, why=text)
+    if any(marker in text for marker in SUBMIT_REFUSED_MARKERS):
+        return SubmitRefusal(held=False, why=text)
+    return None
 
 
 def parse_sbatch_parsable(stdout: str) -> str:
@@ -252,6 +277,9 @@ class SlurmBackend(Backend):
     @classmethod
     def site_refusals(cls, runs: list[RunConfig]) -> list[str]:
         return overlap_refusals(runs)
+
+    def submit_refusal(self, error: BaseException) -> SubmitRefusal | None:
+        return sbatch_refusal(error)
 
     def site_notes(self) -> list[str]:
         return [NO_ACCOUNTING.format(why=self.accounting_missed)] if self.accounting_missed else []

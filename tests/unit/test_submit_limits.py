@@ -1,0 +1,113 @@
+"""A site's limits at submission (real-sites issue, item 6): a limit of submitted jobs (Slurm's
+MaxSubmitJobs of the user's association or QOS, the system's MaxJobCount) holds a run's submission
+until the drill's other jobs end, without spending its submit_retries or looking the job up; a
+refusal of the job as asked (a per-job QOS limit, an invalid account or QOS) fails the run at once,
+saying the scheduler's words, instead of being tried and restarted until the budget is spent.
+sbatch's stderr as Slurm 22.05 prints it (recorded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiments.layout import RankJob
+from fake_scheduler import FakeScheduler
+from orchestrator.backends.base import Submission, SubmitRefusal
+from orchestrator.backends.slurm.backend import sbatch_refusal
+from orchestrator.campaign.runs import RunConfig
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.commands import CommandError
+from orchestrator.control.controller import Controller
+from orchestrator.control.submission import SUBMIT_FAILED
+
+pytestmark = pytest.mark.unit
+
+SUBMIT_LIMIT = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates "
+                "accounting/QOS policy (job submit limit, user's size and/or time limits)\n")
+ASSOC_LIMIT = ("sbatch: error: AssocMaxSubmitJobLimit\nsbatch: error: Batch job submission failed: Job violates "
+               "accounting/QOS policy (job submit limit, user's size and/or time limits)\n")
+WALL_LIMIT = ("sbatch: error: QOSMaxWallDurationPerJobLimit\nsbatch: error: Batch job submission failed: Job violates "
+              "accounting/QOS policy (job submit limit, user's size and/or time limits)\n")
+BAD_ACCOUNT = ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination "
+               "specified\n")
+NO_CONTROLLER = ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n")
+
+
+def _error(stderr: str, command: str = "sbatch") -> CommandError:
+    return CommandError([command, "--parsable", "x.sh"], 1, "", stderr, "command failed")
+
+
+@pytest.mark.parametrize(("stderr", "held"), [(SUBMIT_LIMIT, True), (ASSOC_LIMIT, True), (WALL_LIMIT, False),
+                                              (BAD_ACCOUNT, False)])
+def test_sbatch_refusals_are_told_apart(stderr: str, held: bool) -> None:
+    refusal = sbatch_refusal(_error(stderr))
+    assert refusal is not None and refusal.held is held
+    assert stderr.splitlines()[0].removeprefix("sbatch: error: ") in refusal.why
+
+
+def test_a_failure_to_reach_the_scheduler_is_no_refusal() -> None:
+    assert sbatch_refusal(_error(NO_CONTROLLER)) is None
+    assert sbatch_refusal(_error(SUBMIT_LIMIT, command="squeue")) is None
+
+
+class SiteWithLimits(FakeScheduler):
+    """Its first ``refusals`` submissions are answered with ``stderr``; then it takes them."""
+
+    def __init__(self, stderr: str, refusals: int) -> None:
+        super().__init__()
+        self.stderr, self.refusals = stderr, refusals
+
+    def submit(self, run: RunConfig, job: RankJob) -> Submission:
+        if self.refusals:
+            self.refusals -= 1
+            self._called("submit", (run.run_id, job.attempt))
+            raise _error(self.stderr)
+        return super().submit(run, job)
+
+    def submit_refusal(self, error: BaseException) -> SubmitRefusal | None:
+        return sbatch_refusal(error)
+
+
+def _spec(tmp_path: Path) -> Path:
+    spec = {"name": "limits", "backend": "slurm", "workdir": str(tmp_path / "work"), "baseline": False,
+            "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1},
+            "restart": {"max_restarts": 3, "poll_interval_s": 0.01, "submit_retries": 1, "submit_backoff_s": 0.0}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _rounds(controller: Controller, rounds: int) -> None:
+    seen = []
+    controller.run(observer=lambda trackers: seen.append(1) or (len(seen) >= rounds and controller.stop_requested.set()))
+
+
+def test_a_submission_held_by_the_sites_submit_limit_waits_and_spends_no_retry(tmp_path: Path) -> None:
+    site = SiteWithLimits(SUBMIT_LIMIT, refusals=5)  # more refusals than submit_retries (1) allows failures
+    controller = Controller(load_campaign(_spec(tmp_path)), backend=site)
+    try:
+        _rounds(controller, 5)
+        [run] = controller.runs
+        [row] = controller.ledger.attempts(run.run_id)
+        assert row.state != SUBMIT_FAILED and not row.reason, row
+        assert site.called("find_submitted") == [], "a held submission reached nothing: it is not looked up"
+        assert len(site.called("submit")) == 1, "tried again later (every 10 s), not each round"
+    finally:
+        controller.close()
+
+
+def test_a_job_the_site_refuses_as_asked_fails_the_run_at_once_with_its_words(tmp_path: Path) -> None:
+    site = SiteWithLimits(WALL_LIMIT, refusals=10)
+    controller = Controller(load_campaign(_spec(tmp_path)), backend=site)
+    try:
+        _rounds(controller, 5)
+        [run] = controller.runs
+        rows = controller.ledger.attempts(run.run_id)
+        assert [row.state for row in rows] == [SUBMIT_FAILED], "no second try, no restart: none can be taken"
+        assert "QOSMaxWallDurationPerJobLimit" in (rows[0].reason or ""), rows[0]
+        assert controller.ledger.run(run.run_id).status in ("gave_up", "failed")
+        assert len(site.called("submit")) == 1
+    finally:
+        controller.close()
