@@ -37,6 +37,18 @@ def own_memory_cgroup(pid: int) -> Path:
     raise TargetRefused(f"process {pid} is in no v1 memory cgroup")
 
 
+def can_cap_memory(pid: int) -> str | None:
+    """Why this process may not cap ``pid``'s memory (oom-rank), or None if it may: root and a
+    writable cgroup v1 memory controller holding ``pid``."""
+    if os.geteuid() != 0:
+        return "not root: oom-rank creates a memory cgroup, which only root may"
+    try:
+        cgroup = own_memory_cgroup(pid)
+    except (TargetRefused, OSError) as error:
+        return str(error)
+    return None if os.access(cgroup, os.W_OK) else f"{cgroup} is not writable"
+
+
 @dataclass
 class MemoryCap:
     directory: Path

@@ -91,6 +91,20 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
     report.add_argument("--html", type=Path, metavar="OUT_DIR",
                         help="also write the report as a page with plots: OUT_DIR/index.html and its PNGs")
+    doctor = sub.add_parser("doctor", help="check a site before the first drill: scheduler, nodes, clocks, files",
+                            description="Check what a drill will meet here: the scheduler's commands and release, "
+                                        "accounting and limits, a test job on the nodes (their Python and framework, "
+                                        "their clocks against this node's, how late this node sees their files), the "
+                                        "workdir's filesystem, and which fault kinds can act as you. With SPEC, its "
+                                        "backend, workdir, partition, nodes and framework; exit code 1 if a check fails.")
+    doctor.add_argument("spec", type=Path, nargs="?", help=spec_help)
+    doctor.add_argument("--backend", choices=("local", "slurm", "pbs"), help="without a spec (default: slurm)")
+    doctor.add_argument("--workdir", type=Path, help="without a spec: where the test job writes (shared with the nodes; "
+                                                     "default ./.faultdrill-doctor)")
+    doctor.add_argument("--nodes", type=int, help="nodes for the test job (default: the spec's, else 1)")
+    doctor.add_argument("--partition", help="the test job's partition (default: the spec's, else the site's)")
+    doctor.add_argument("--framework", help="the framework the nodes must import (default: the spec's)")
+    doctor.add_argument("--format", choices=("table", "json"), default="table", help="a table or one JSON document")
     advise = sub.add_parser("advise", help="the Young and Daly checkpoint intervals for a drill's measured cost",
                             description="Young's and Daly's optimal checkpoint intervals (seconds and steps) and the "
                                         "goodput each predicts, from a drill's measured checkpoint cost, time to "
@@ -124,6 +138,29 @@ def _advise(args: argparse.Namespace) -> int:
     else:
         Console(width=REPORT_WIDTH).print(advice_table(document))
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from orchestrator.doctor import Site, diagnose
+    from orchestrator.report.tables import doctor_table
+
+    if args.spec is not None:
+        campaign = load_campaign(args.spec)
+        resources = campaign.resources
+        site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
+                    args.partition or resources.partition, args.framework or campaign.workload.framework,
+                    campaign.parallel_runs)
+    else:
+        site = Site(args.backend or "slurm", (args.workdir or Path(".faultdrill-doctor")).resolve(), args.nodes or 1,
+                    args.partition, args.framework)
+    if site.nodes < 1:
+        raise SpecError(f"--nodes {site.nodes}: the test job needs at least one node")
+    document = diagnose(site).document()
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        Console(width=REPORT_WIDTH).print(doctor_table(document))
+    return 1 if document["summary"]["fail"] else 0
 
 
 def _validate(campaign: Campaign) -> int:
@@ -358,6 +395,8 @@ def _report(workdir: Path, output_format: str, exit_on_failure: bool = False, ht
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "advise":
         return _advise(args)
+    if args.command == "doctor":
+        return _doctor(args)
     if args.command == "report":
         return _report(args.workdir, args.format, html=args.html)
     if args.command == "status":

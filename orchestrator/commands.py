@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import selectors
 import subprocess
 import threading
 import time
@@ -141,3 +142,63 @@ def _text(value: bytes | str | None) -> str:
 def current_user() -> str:
     """The user this process runs as (from its uid, not from $USER): whose jobs a look-up may match."""
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+class Conversation:
+    """A command that answers line by line while it runs (an srun step the login node talks to):
+    an argument list, never a shell string; ended when the conversation closes."""
+
+    def __init__(self, args: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        if isinstance(args, str):
+            raise TypeError("Conversation takes an argument list, not a shell string")
+        self.args = tuple(args)
+        _this_thread.count = commands_run_here() + 1
+        try:
+            self.process = subprocess.Popen(list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True, bufsize=1, cwd=cwd, env=env)
+        except FileNotFoundError as error:
+            raise CommandError(args, None, "", str(error), "command not found") from error
+
+    def read_line(self, timeout_s: float) -> str:
+        """The command's next line (without its end); CommandError if none comes in time."""
+        assert self.process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout_s):
+                raise self._failed(f"no answer within {timeout_s:g} s")
+        line = self.process.stdout.readline()
+        if not line:
+            raise self._failed("it ended")
+        return line.rstrip("\n")
+
+    def say(self, line: str) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except OSError as error:
+            raise self._failed(f"it stopped listening ({error})") from error
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Its input ends (it should exit); killed if it has not within ``timeout_s``."""
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> "Conversation":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _failed(self, why: str) -> CommandError:
+        self.process.kill()
+        _, stderr = self.process.communicate()
+        return CommandError(self.args, self.process.returncode, "", stderr or "", why)

@@ -114,10 +114,8 @@ def kill_verified(processes: list[psutil.Process]) -> None:
 def memory_cgroup_writable() -> bool:
     """Whether this process may cap another's memory (oom-rank): root and a writable cgroup v1 memory
     controller."""
-    from injectors.memory_cgroup import own_memory_cgroup
-    from injectors.targets import TargetRefused
+    from injectors.memory_cgroup import can_cap_memory
 
-    try:
-        return os.geteuid() == 0 and os.access(own_memory_cgroup(os.getpid()), os.W_OK)
-    except (TargetRefused, OSError):
-        return False
+    return can_cap_memory(os.getpid()) is None
+
+

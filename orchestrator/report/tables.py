@@ -178,3 +178,15 @@ def advice_table(document: dict[str, Any]) -> Table:
         table.add_row(interval["rule"], f"{interval['seconds']:.4g}", _fmt(interval["steps"]),
                       f"{interval['goodput']:.4f}", f"{interval['lost_per_failure_s']:.4g}")
     return table
+
+
+def doctor_table(document: dict[str, Any]) -> Table:
+    """``faultdrill doctor``: each finding, worst first within its order, with what to do."""
+    summary = document["summary"]
+    table = Table(title=f"faultdrill doctor: {document['backend']} backend, workdir {document['workdir']}",
+                  caption=f"{summary['pass']} pass, {summary['warn']} warn, {summary['fail']} fail")
+    for column in ("", "check", "found", "what to do"):
+        table.add_column(column, overflow="fold")
+    for check in document["checks"]:
+        table.add_row(check["status"].upper(), check["name"], check["detail"], check["fix"])
+    return table

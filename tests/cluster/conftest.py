@@ -33,7 +33,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import pytest
 
@@ -331,3 +331,16 @@ def slurm() -> Slurm:
 @pytest.fixture(name="wait_until")
 def wait_until_fixture():
     return wait_until
+
+
+CLUSTER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
+
+
+@pytest.fixture
+def no_accounting() -> Iterator[None]:
+    """The no-accounting profile: slurmdbd stopped (``scripts/cluster accounting off``), sacct failing."""
+    subprocess.run([str(CLUSTER_SCRIPT), "accounting", "off"], check=True, capture_output=True, timeout=120)
+    try:
+        yield
+    finally:
+        subprocess.run([str(CLUSTER_SCRIPT), "accounting", "on"], check=True, capture_output=True, timeout=180)

@@ -7,24 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-CLUSTER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 DRILL_TIMEOUT_S = 600
-
-
-@pytest.fixture
-def no_accounting() -> Iterator[None]:
-    subprocess.run([str(CLUSTER_SCRIPT), "accounting", "off"], check=True, capture_output=True, timeout=120)
-    try:
-        yield
-    finally:
-        subprocess.run([str(CLUSTER_SCRIPT), "accounting", "on"], check=True, capture_output=True, timeout=180)
 
 
 def _spec(shared_tmp: Path) -> Path:

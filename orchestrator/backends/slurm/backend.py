@@ -146,17 +146,23 @@ def accounting_configured(config: str) -> bool:
     """``AccountingStorageType`` of ``scontrol show config`` names a storage: not ``.../none``
     (Slurm < 23.11), ``(null)`` or empty (23.11 removed the none plugin); True when the config is
     unread (its absence is not proof)."""
-    match = re.search(r"^AccountingStorageType\s*=[ \t]*(\S*)", config, re.MULTILINE)
-    if match is None:
+    value = config_value(config, "AccountingStorageType")
+    if value is None:
         return True
-    value = match.group(1).lower()
+    value = value.lower()
     return bool(value) and value != "(null)" and "none" not in value
+
+
+def config_value(config: str, key: str) -> str | None:
+    """``KEY = value`` of ``scontrol show config`` (the value's first word), if it is there."""
+    match = re.search(rf"^{re.escape(key)}\s*=[ \t]*(\S*)", config, re.MULTILINE)
+    return match.group(1) if match else None
 
 
 def parse_max_array_size(config: str) -> int:
     """``MaxArraySize = N`` of ``scontrol show config``; Slurm's default when absent or unreadable."""
-    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", config, re.MULTILINE)
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else DEFAULT_MAX_ARRAY_SIZE
+    value = config_value(config, "MaxArraySize") or ""
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_ARRAY_SIZE
 
 
 class SlurmBackend(Backend):

@@ -1,0 +1,90 @@
+"""``faultdrill doctor``: before the first drill on a site, what the drill will meet there — the
+scheduler and its release, accounting and limits, a test job on the nodes (their Python and
+framework, their clocks against the login node's, how late the login node sees their files), the
+workdir's filesystem (flock, rename, its type), and which fault kinds can act as this user. Each
+finding passes, warns (the drill runs, knowing or doing less: the detail says what) or fails, with
+what to do."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.commands import CommandError
+from orchestrator.doctor.checks import Check, Status, failed, passed, warned
+from orchestrator.doctor.filesystems import check_directory
+from orchestrator.doctor.nodes import kind_checks, node_checks
+from orchestrator.doctor.probe_job import NodeReport, SlurmProbe, probe_local
+
+DOCTOR_FOLDER = ".doctor"
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the doctor is asked about: the spec's, or the command line's."""
+
+    backend: str
+    workdir: Path
+    nodes: int = 1
+    partition: str | None = None
+    framework: str | None = None
+    parallel_runs: int = 1
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    site: Site
+    checks: list[Check]
+    nodes: list[NodeReport]
+
+    @property
+    def failed(self) -> bool:
+        return any(check.status is Status.FAIL for check in self.checks)
+
+    def document(self) -> dict[str, Any]:
+        return {"backend": self.site.backend, "workdir": str(self.site.workdir),
+                "checks": [check.to_dict() for check in self.checks],
+                "nodes": [_node_dict(report) for report in self.nodes],
+                "summary": {status.value: sum(1 for check in self.checks if check.status is status) for status in Status}}
+
+
+def diagnose(site: Site) -> Diagnosis:
+    checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir)]
+    folder = site.workdir / DOCTOR_FOLDER / time.strftime("%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        reports = _probe(site, folder)
+    except CommandError as error:
+        checks.append(failed("test job", error.summary if error.reason else str(error),
+                             "check that a one-node job of this partition starts, and that sbatch works here"))
+        return Diagnosis(site, checks, [])
+    checks.append(passed("test job", f"ran on {', '.join(report.node for report in reports)}"))
+    return Diagnosis(site, [*checks, *node_checks(reports, site.framework),
+                            *kind_checks(site.backend, reports, site.workdir)], reports)
+
+
+def _scheduler_checks(site: Site) -> list[Check]:
+    if site.backend == "slurm":
+        from orchestrator.doctor.slurm import scheduler_checks
+
+        return scheduler_checks(site.parallel_runs)
+    if site.backend == "local":
+        return [passed("scheduler", "the local backend: no scheduler (each job a process tree on this host)")]
+    return [warned("scheduler", f"the doctor does not check the {site.backend} backend yet",
+                   "run the drill's own commands (validate, plan, a small drill) to see what it meets")]
+
+
+def _probe(site: Site, folder: Path) -> list[NodeReport]:
+    if site.backend == "local":
+        return probe_local(folder, site.framework)
+    return SlurmProbe(folder, site.nodes, site.partition, site.framework).run()
+
+
+def _node_dict(report: NodeReport) -> dict[str, Any]:
+    facts = report.facts or {}
+    return {"node": report.node, "python": facts.get("python"), "framework_version": facts.get("framework_version"),
+            "clock_offset_s": report.clock.offset_s if report.clock else None,
+            "clock_uncertainty_s": report.clock.uncertainty_s if report.clock else None,
+            "visible_after_s": report.visible_after_s, "error": report.error or None}

@@ -1,0 +1,90 @@
+"""The filesystems a drill writes to, as the login node sees them: whether flock works there (the
+controller's lock and the ledger's), whether a rename replaces a file atomically (every record and
+checkpoint is published that way), and their type (a network filesystem shows other nodes' writes
+late and is unsafe for SQLite's WAL)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import uuid
+from pathlib import Path
+
+from orchestrator.doctor.checks import Check, failed, passed, warned
+
+NETWORK_TYPES = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "fuse.sshfs", "ceph", "fuse.glusterfs",
+                 "panfs", "wekafs")
+NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem ``path`` is on (the longest mount point that holds it)."""
+    text = mountinfo if mountinfo is not None else MOUNTINFO.read_text()
+    resolved, best, kind = str(path.resolve()), "", "?"
+    for line in text.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ")
+        after = line.split(" - ", 1)[1].split()
+        inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best) and after:
+            best, kind = point, after[0]
+    return kind
+
+
+def check_directory(name: str, directory: Path) -> list[Check]:
+    """Writable, flock, atomic rename, and the filesystem's type, for ``directory`` (made if absent)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return [failed(name, f"{directory}: cannot be made ({error.strerror})", "name a directory you may write")]
+    probe = directory / f".faultdrill-doctor-{uuid.uuid4().hex[:8]}"
+    try:
+        return [_lock(name, directory, probe), _rename(name, directory, probe), _kind(name, directory)]
+    finally:
+        for leftover in (probe, probe.with_suffix(".renamed")):
+            leftover.unlink(missing_ok=True)
+
+
+def _lock(name: str, directory: Path, probe: Path) -> Check:
+    try:
+        with open(probe, "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError as error:
+        if error.errno in NO_LOCKS:
+            return failed(f"{name}: flock", f"{directory}: flock is not supported here ({error.strerror})",
+                          "mount it with locking (Lustre: -o flock), or put the workdir on a filesystem that has it")
+        return failed(f"{name}: flock", f"{directory}: {error.strerror}", "name a directory you may write")
+    return passed(f"{name}: flock", f"{directory}: flock works")
+
+
+def _rename(name: str, directory: Path, probe: Path) -> Check:
+    target = probe.with_suffix(".renamed")
+    try:
+        target.write_text("old")
+        probe.write_text("new")
+        os.replace(probe, target)
+        ok = target.read_text() == "new"
+    except OSError as error:
+        return failed(f"{name}: rename", f"{directory}: a rename failed ({error.strerror})",
+                      "name a directory where files can be replaced by rename")
+    if not ok:
+        return failed(f"{name}: rename", f"{directory}: a rename did not replace the file",
+                      "name a directory where files can be replaced by rename")
+    return passed(f"{name}: rename", f"{directory}: a rename replaces a file at once")
+
+
+def _kind(name: str, directory: Path) -> Check:
+    kind = filesystem_type(directory)
+    if kind in NETWORK_TYPES:
+        return warned(f"{name}: filesystem", f"{directory} is on {kind}: other nodes see its files late "
+                      "(attribute caches), and SQLite's WAL is unsafe there",
+                      "the drill waits for what it reads; keep the workdir's ledger on the login node's disk if "
+                      "the site allows (a workdir on local disk with the run directories shared is not supported "
+                      "yet)")
+    return passed(f"{name}: filesystem", f"{directory} is on {kind}")
+

@@ -1,0 +1,104 @@
+"""What the test job found on the nodes, as checks: the Python and the framework there, each node's
+clock against the login node's, how late the login node saw their files, and which fault kinds
+can act here as this user."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from injectors.kinds import REGISTRY, get_kind
+from orchestrator.doctor.checks import Check, failed, passed, warned
+from orchestrator.doctor.probe_job import NodeReport
+from orchestrator.faults.job_control import NOT_OWN_CLUSTER, on_own_cluster
+
+# A node's clock this far from the login node's (beyond the reading's own uncertainty) shifts the
+# recovery phases measured across nodes by as much.
+CLOCK_WARN_S = 0.05
+VISIBLE_WARN_S = 1.0  # a file the login node sees this late makes every cross-node wait that long
+NODE_KINDS = ("node-crash", "network-partition")
+DISK_FULL_DEFAULT_MB = 1024.0  # disk-full's default max_fill_mb
+
+
+def node_checks(reports: list[NodeReport], framework: str | None) -> list[Check]:
+    checks = [_python(reports)]
+    if framework:
+        checks.append(_framework(reports, framework))
+    return [*checks, _clocks(reports), _visibility(reports)]
+
+
+def _python(reports: list[NodeReport]) -> Check:
+    broken = [f"{report.node}: {report.error}" for report in reports if report.facts is None]
+    if broken:
+        return failed("nodes: python", "; ".join(broken),
+                      "the compute nodes need the login node's Python at the same path, with this checkout "
+                      "importable (a shared filesystem), as the drill's jobs run it")
+    pythons = {f"{report.facts['python']} {report.facts['python_version']}" for report in reports if report.facts}
+    return passed("nodes: python", f"{len(reports)} node(s): {', '.join(sorted(pythons))}")
+
+
+def _framework(reports: list[NodeReport], framework: str) -> Check:
+    errors = [f"{report.node}: {report.facts['framework_error']}" for report in reports
+              if report.facts and "framework_error" in report.facts]
+    if errors:
+        return failed("nodes: framework", f"{framework} does not import: {'; '.join(errors)}",
+                      f"install {framework} in the Python the nodes run")
+    versions = {str(report.facts.get("framework_version")) for report in reports if report.facts}
+    return passed("nodes: framework", f"{framework} {', '.join(sorted(versions))} imports on every node")
+
+
+def _clocks(reports: list[NodeReport]) -> Check:
+    read = [report for report in reports if report.clock is not None]
+    unread = [f"{report.node}: {report.error}" for report in reports if report.facts is not None and report.clock is None]
+    said = ", ".join(f"{r.node} {r.clock.offset_s:+.4f} s (+-{r.clock.uncertainty_s:.4f})" for r in read if r.clock)
+    off = [r.node for r in read if r.clock and abs(r.clock.offset_s) - r.clock.uncertainty_s > CLOCK_WARN_S]
+    if unread:
+        return warned("clocks", "; ".join(unread) + (f"; read: {said}" if said else ""),
+                      "the clock conversation runs as a step of the test job: check srun --overlap there")
+    if off:
+        return warned("clocks", f"off the login node's by more than {CLOCK_WARN_S:g} s: {', '.join(off)} ({said})",
+                      "recovery phases measured across nodes are off by as much: have the nodes' clocks synchronized "
+                      "(NTP, chrony)")
+    return passed("clocks", f"against the login node's: {said}" if said else "no node answered")
+
+
+def _visibility(reports: list[NodeReport]) -> Check:
+    late = {r.node: r.visible_after_s for r in reports if r.visible_after_s is not None}
+    said = ", ".join(f"{node} {seconds:.2f} s" for node, seconds in late.items())
+    if any(seconds > VISIBLE_WARN_S for seconds in late.values()):
+        return warned("shared filesystem", f"the login node saw the nodes' files late: {said}",
+                      "the drill waits for what it reads, but each cross-node step (a fault's arming, a "
+                      "checkpoint's receipt) takes that much longer; a mount with shorter attribute caching "
+                      "(NFS: actimeo) helps")
+    return passed("shared filesystem", f"the nodes' files seen here after {said}" if said
+                  else "not measured (one host: no filesystem between nodes)")
+
+
+def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:
+    """Which fault kinds can act here as this user, and why not."""
+    checks = []
+    capped = [f"{report.node}: {report.facts['memory_cap']}" for report in reports
+              if report.facts and report.facts.get("memory_cap")]
+    if capped:
+        checks.append(warned("fault kinds: oom-rank", f"cannot cap a rank's memory here ({'; '.join(capped)})",
+                             "an oom-rank fault is refused at injection, with this reason; the other kinds act"))
+    else:
+        checks.append(passed("fault kinds: oom-rank", "a rank's memory can be capped (root, cgroup v1 memory)"))
+    node_kinds = [name for name in NODE_KINDS if backend in get_kind(name).works_on]
+    if node_kinds and not on_own_cluster():
+        checks.append(warned(f"fault kinds: {', '.join(node_kinds)}", f"this is not the project's cluster: "
+                             f"{NOT_OWN_CLUSTER}", "give each node fault the site's own commands, or leave them out"))
+    elif node_kinds:
+        checks.append(passed(f"fault kinds: {', '.join(node_kinds)}", "the project's cluster: scripts/cluster acts"))
+    free_mb = shutil.disk_usage(workdir).free / 2**20
+    if free_mb > DISK_FULL_DEFAULT_MB:
+        checks.append(warned("fault kinds: disk-full", f"the workdir's filesystem has {free_mb:.0f} MB free, more "
+                             f"than disk-full fills ({DISK_FULL_DEFAULT_MB:g} MB, max_fill_mb)",
+                             "mount a small filesystem for the run's checkpoints (scripts/cluster small-fs), or "
+                             "raise max_fill_mb"))
+    else:
+        checks.append(passed("fault kinds: disk-full", f"{free_mb:.0f} MB free: disk-full can fill it"))
+    others = sorted(set(REGISTRY) - {"oom-rank", "disk-full", *NODE_KINDS}
+                    - {name for name in REGISTRY if backend not in get_kind(name).works_on})
+    checks.append(passed("fault kinds: the rest", f"{', '.join(others)} act as your own user"))
+    return checks

@@ -1,0 +1,73 @@
+"""The Slurm site as a drill meets it: its commands and release, accounting, the limits that shape
+a sweep, and whether a preempted job may be requeued."""
+
+from __future__ import annotations
+
+import shutil
+
+from orchestrator.backends.slurm.backend import SlurmBackend, accounting_configured, config_value
+from orchestrator.backends.slurm.version import OVERLAP_SINCE, site_version
+from orchestrator.commands import current_user, run_command
+from orchestrator.doctor.checks import Check, failed, passed, warned
+
+COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "srun", "sacct")
+LIMIT_KEYS = ("MaxArraySize", "MaxJobCount", "MinJobAge")
+
+
+def scheduler_checks(parallel_runs: int) -> list[Check]:
+    missing = [command for command in COMMANDS if shutil.which(command) is None]
+    if missing:
+        return [failed("scheduler", f"not found on this node: {', '.join(missing)}",
+                       "run the doctor (and the drill) on a login node of the cluster, with Slurm's commands on PATH")]
+    config = SlurmBackend("doctor").site_config()
+    return [_release(), _accounting(config), _limits(config, parallel_runs), _requeue(config)]
+
+
+def _release() -> Check:
+    version = site_version()
+    if version is None:
+        return warned("scheduler", "srun --version did not answer", "check that srun works on this node")
+    found = f"Slurm {version[0]}.{version[1]:02d}"
+    if version < OVERLAP_SINCE:
+        return failed("scheduler", f"{found}: no srun --overlap (20.11 and later)",
+                      "faults and the in-allocation and warm strategies need it: drill on a newer Slurm, "
+                      "or without faults and with restart.strategy resubmit or requeue")
+    return passed("scheduler", f"{found}: srun --overlap")
+
+
+def _accounting(config: str) -> Check:
+    without = ("the drill works without it: states from squeue and the run's own files; a job that left "
+               "squeue ended in a state the report calls unknown")
+    if not accounting_configured(config):
+        return warned("accounting", "no accounting storage (sacct has nothing)", without)
+    answered = run_command(["sacct", "-n", "-X", "-S", "now-1minutes", "-o", "JobID"], timeout_s=20.0, check=False)
+    if answered.returncode != 0:
+        return warned("accounting", f"sacct failed: {answered.stderr.strip()[:200]}", without)
+    return passed("accounting", "sacct answers")
+
+
+def _limits(config: str, parallel_runs: int) -> Check:
+    found = {key: config_value(config, key) for key in LIMIT_KEYS}
+    said = ", ".join(f"{key} {value}" for key, value in found.items() if value)
+    submit = _max_submit_jobs(config)
+    if submit is not None and submit < parallel_runs:
+        return warned("limits", f"{said}; your MaxSubmitJobs {submit} < parallel_runs {parallel_runs}",
+                      "submissions past the limit wait their turn (held, every 10 s); lower parallel_runs to match")
+    return passed("limits", f"{said}" + (f"; your MaxSubmitJobs {submit}" if submit is not None else ""))
+
+
+def _max_submit_jobs(config: str) -> int | None:
+    """The user's association's MaxSubmitJobs, where the site enforces limits and sacctmgr says."""
+    if "limits" not in (config_value(config, "AccountingStorageEnforce") or ""):
+        return None
+    answered = run_command(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={current_user()}",
+                            "format=MaxSubmit"], timeout_s=20.0, check=False)
+    values = [int(word) for word in answered.stdout.split() if word.isdigit()]
+    return min(values) if answered.returncode == 0 and values else None
+
+
+def _requeue(config: str) -> Check:
+    if config_value(config, "JobRequeue") == "0":
+        return warned("requeue", "JobRequeue = 0: jobs are not requeued unless they ask (--requeue)",
+                      "restart.strategy requeue and preempt's then: requeue submit with --requeue, as they do")
+    return passed("requeue", "a job may be requeued (restart.strategy requeue, preempt then: requeue)")

@@ -1,0 +1,55 @@
+"""``faultdrill doctor`` on the real cluster (real-sites issue, `faultdrill doctor`): a test job on
+two nodes, its facts seen from the login node, each node's clock read against the login node's,
+and the site's scheduler checks; with accounting off (the no-accounting profile) it says so as a
+warning with what the drill then knows less of, and the rest still passes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+DOCTOR_TIMEOUT_S = 300
+
+
+def _doctor(workdir: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "slurm", "--workdir",
+                           str(workdir), "--nodes", "2", "--partition", "debug", "--framework", "torch",
+                           "--format", "json", *extra], capture_output=True, text=True, timeout=DOCTOR_TIMEOUT_S)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def _statuses(document: dict[str, Any]) -> dict[str, str]:
+    return {check["name"]: check["status"] for check in document["checks"]}
+
+
+def test_the_doctor_runs_a_test_job_reads_each_nodes_clock_and_checks_the_site(shared_tmp: Path, wait_until) -> None:
+    code, document = _doctor(shared_tmp / "work")
+    statuses = _statuses(document)
+    assert code == 0 and document["summary"]["fail"] == 0, document
+    for name in ("scheduler", "accounting", "limits", "test job", "nodes: python", "nodes: framework", "clocks",
+                 "shared filesystem", "workdir: flock", "workdir: rename"):
+        assert statuses[name] == "pass", (name, document)
+    nodes = document["nodes"]
+    assert len({node["node"] for node in nodes}) == 2, nodes
+    for node in nodes:  # the cluster's nodes share this host's clock: an offset within what was read
+        assert node["clock_uncertainty_s"] is not None and 0 <= node["clock_uncertainty_s"] < 0.05, node
+        assert abs(node["clock_offset_s"]) <= node["clock_uncertainty_s"] + 0.005, node
+        assert node["visible_after_s"] is not None and node["framework_version"], node
+    [folder] = (shared_tmp / "work" / ".doctor").iterdir()  # the probe's files stay for a look
+    assert (folder / "done").exists() and len(list(folder.glob("facts-*.json"))) == 2
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-n", "fd-doctor", "-t", "PD,R,CG"], capture_output=True,
+                                          text=True, timeout=30).stdout.strip(), timeout=60,
+               message="the doctor's test job to end")
+
+
+def test_without_accounting_the_doctor_warns_and_says_what_the_drill_knows_less_of(
+        shared_tmp: Path, no_accounting: None) -> None:
+    code, document = _doctor(shared_tmp / "work")
+    [accounting] = [check for check in document["checks"] if check["name"] == "accounting"]
+    assert accounting["status"] == "warn" and "sacct failed" in accounting["detail"], accounting
+    assert "unknown" in accounting["fix"], accounting
+    assert code == 0 and _statuses(document)["test job"] == "pass", document

@@ -1,0 +1,31 @@
+"""``faultdrill doctor`` on the local backend: its test job is this host's process, its clock read
+over a real conversation with the probe, the framework imported there; every check passes or
+says why (disk-full's small filesystem is the one expected warning on a big disk)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.drill
+
+
+def test_the_local_doctor_probes_this_host_and_reads_its_clock(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "local", "--workdir",
+                           str(tmp_path / "work"), "--framework", "torch", "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    statuses = {check["name"]: check["status"] for check in document["checks"]}
+    for name in ("scheduler", "test job", "nodes: python", "nodes: framework", "clocks", "workdir: flock"):
+        assert statuses[name] == "pass", (name, document["checks"])
+    [node] = document["nodes"]
+    assert abs(node["clock_offset_s"]) <= node["clock_uncertainty_s"] + 0.001, node
+    assert node["framework_version"].startswith("2."), node
+    table = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "local", "--workdir",
+                            str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
+    assert table.returncode == 0 and "faultdrill doctor" in table.stdout and "PASS" in table.stdout, table.stdout

@@ -1,0 +1,86 @@
+"""``faultdrill doctor``'s judgements (real-sites issue): the clock offset from timed exchanges (the
+quickest one's, within half its round trip), a node whose clock is off, whose framework does not
+import or that wrote nothing, files the login node saw late, and a workdir on a network filesystem.
+The node facts and mount tables as they come (recorded); the cluster test runs the real thing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.doctor.checks import Status
+from orchestrator.doctor.clock import ClockReading, Exchange, offset_of
+from orchestrator.doctor.filesystems import check_directory, filesystem_type
+from orchestrator.doctor.nodes import node_checks
+from orchestrator.doctor.probe_job import NodeReport
+
+pytestmark = pytest.mark.unit
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:35 / /home rw,relatime shared:20 - nfs4 filer:/export/home rw,vers=4.2
+41 22 0:36 / /scratch rw,relatime shared:21 - lustre 10.0.0.1@o2ib:/scratch rw,flock
+42 41 0:37 / /scratch/local\\040disk rw - xfs /dev/sdb1 rw
+"""
+
+
+def test_the_offset_is_the_quickest_exchanges_within_half_its_round_trip() -> None:
+    # A node 0.8 s ahead; the exchanges' round trips 40, 2 and 10 ms (the answer late in the slow ones).
+    exchanges = [Exchange(100.000, 100.835, 100.040), Exchange(101.000, 101.801, 101.002),
+                 Exchange(102.000, 102.809, 102.010)]
+    reading = offset_of(exchanges)
+    assert reading.offset_s == pytest.approx(0.8, abs=1e-9) and reading.uncertainty_s == pytest.approx(0.001)
+    assert reading.exchanges == 3
+    with pytest.raises(ValueError):
+        offset_of([])
+
+
+def _node(name: str, offset: float = 0.0, facts: dict | None = None, seen_after: float = 0.01) -> NodeReport:
+    written = 1000.0
+    found = {"node": name, "python": "/opt/py/bin/python", "python_version": "3.11.7", "written_at": written,
+             "framework": "torch", "framework_version": "2.4.0", "memory_cap": None, **(facts or {})}
+    # seen on the login node's clock: the node's write (its clock minus its offset) plus the delay
+    return NodeReport(name, found, written - offset + seen_after, ClockReading(offset, 0.0005, 16))
+
+
+def _status(reports: list[NodeReport], name: str) -> tuple[Status, str]:
+    [check] = [check for check in node_checks(reports, "torch") if check.name == name]
+    return check.status, check.detail
+
+
+def test_a_node_whose_clock_is_off_is_a_warning_that_names_it() -> None:
+    status, detail = _status([_node("n1", 0.0003), _node("n2", -0.8)], "clocks")
+    assert status is Status.WARN and "n2" in detail and "n1" not in detail.split("(")[0], detail
+    assert _status([_node("n1", 0.0003), _node("n2", 0.02)], "clocks")[0] is Status.PASS
+
+
+def test_a_framework_that_does_not_import_on_a_node_fails() -> None:
+    broken = _node("n2", facts={"framework_error": "ModuleNotFoundError: No module named 'torch'"})
+    status, detail = _status([_node("n1"), broken], "nodes: framework")
+    assert status is Status.FAIL and "n2: ModuleNotFoundError" in detail
+
+
+def test_a_node_that_wrote_nothing_fails_with_its_jobs_words() -> None:
+    silent = NodeReport("n2", None, None, None, "no facts from n2 within 90 s (its output: execve(): python: No such file)")
+    status, detail = _status([_node("n1"), silent], "nodes: python")
+    assert status is Status.FAIL and "No such file" in detail
+
+
+def test_files_the_login_node_saw_late_are_a_warning_with_the_delay_on_its_own_clock() -> None:
+    status, detail = _status([_node("n1", offset=0.5, seen_after=2.5)], "shared filesystem")
+    assert status is Status.WARN and "n1 2.50 s" in detail, detail  # the node's 0.5 s offset taken out
+    assert _status([_node("n1", offset=0.5, seen_after=0.2)], "shared filesystem")[0] is Status.PASS
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount_points() -> None:
+    assert filesystem_type(Path("/home/alice/drill"), MOUNTINFO) == "nfs4"
+    assert filesystem_type(Path("/scratch/alice"), MOUNTINFO) == "lustre"
+    assert filesystem_type(Path("/scratch/local disk/x"), MOUNTINFO) == "xfs"
+    assert filesystem_type(Path("/var/tmp"), MOUNTINFO) == "ext4"
+
+
+def test_a_local_workdir_passes_flock_rename_and_type(tmp_path: Path) -> None:
+    checks = check_directory("workdir", tmp_path / "work")
+    assert [check.status for check in checks] == [Status.PASS] * 3, checks
+    assert not [path for path in (tmp_path / "work").iterdir()], "the doctor's probe files are removed"
