@@ -77,14 +77,15 @@ VISIBLE_GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VI
 def device_local_rank(environ: Mapping[str, str], local_rank: int) -> int:
     """The LOCAL_RANK a script passes to ``torch.cuda.set_device``: its index among the GPUs this
     task sees. With every GPU of the node visible to every task, its local rank; bound to its own
-    GPUs (``--gpus-per-task``: SLURM_GPUS_PER_TASK set, or fewer GPUs listed than the local rank
-    reaches), its first one: ``set_device(SLURM_LOCALID)`` failed on every rank but the first."""
-    if environ.get("SLURM_GPUS_PER_TASK"):
-        return 0
+    (``--gpus-per-task`` with a per-task binding, Slurm 21.08 and later: the list names fewer GPUs
+    than the local rank reaches), the matching one of its own: ``set_device(SLURM_LOCALID)`` failed
+    on every rank but the node's first. MIG instances count as one (CUDA shows a process one)."""
     for name in VISIBLE_GPU_VARIABLES:
-        listed = [device for device in environ.get(name, "").split(",") if device.strip()]
-        if listed and listed != ["NoDevFiles"] and local_rank >= len(listed):
-            return local_rank % len(listed)
+        listed = [device.strip() for device in environ.get(name, "").split(",") if device.strip()]
+        if not listed or listed == ["NoDevFiles"]:
+            continue
+        visible = 1 if all(device.startswith("MIG-") for device in listed) else len(listed)
+        return local_rank % visible if local_rank >= visible else local_rank
     return local_rank
 
 

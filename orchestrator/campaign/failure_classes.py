@@ -134,8 +134,15 @@ def _warned(known: FailureEvidence) -> Classified | None:
     return None
 
 
+# What PyTorch's NCCL abort adds before the failure that caused it (which may be the rank's own).
+ORIGINAL_REASON = "Original reason for failure was:"
+
+
 def is_peer_loss(error: str) -> bool:
-    """A survivor's word that a peer vanished: a consequence, not a cause."""
+    """A survivor's word that a peer vanished: a consequence, not a cause. An abort that names its
+    original reason is judged by that reason."""
+    if ORIGINAL_REASON in error:
+        return is_peer_loss(error.split(ORIGINAL_REASON, 1)[1])
     return any(marker in error for marker in PEER_LOSS_MARKERS)
 
 

@@ -91,7 +91,8 @@ def test_limit_exit_statuses_of_torque_and_pbs_pro(exit_status: str, state: JobS
 
 @pytest.mark.parametrize(("server", "used", "state"), [
     ("torque", "00:20:01", JobState.TIMEOUT), ("torque", "00:19:58", JobState.TIMEOUT),
-    ("torque", "00:07:12", JobState.FAILED), ("pro", "00:20:00", JobState.TIMEOUT), ("pro", "00:03:00", JobState.FAILED),
+    ("torque", "00:07:12", JobState.FAILED), ("torque", "00:19:50", JobState.FAILED),  # 10 s short: a qdel's
+    ("pro", "00:20:00", JobState.TIMEOUT), ("pro", "00:03:00", JobState.FAILED),
 ])
 def test_a_signal_death_256_plus_n_is_the_walltimes_only_when_the_record_shows_it_spent(
         fake_pbs: FakePBS, monkeypatch: pytest.MonkeyPatch, server: str, used: str, state: JobState) -> None:
@@ -252,15 +253,19 @@ def test_backend_finds_an_unrecorded_submission_by_name(fake_pbs: FakePBS, tmp_p
     assert fake_pbs.calls[-1] == f"qselect -u alice -N {name}"
     fake_pbs.answer("qselect", "")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 1, attempt_job_name(run, 1, "unit-1"), None, 0.0)) == []
-    # An attempt that went out as element 2 of an array: the array is found by its name (Torque's
-    # qselect lists its elements too; the array is what the drill submitted).
-    fake_pbs.answer("qselect", "1347[].torque-srv.example.com\n1347[0].torque-srv.example.com\n")
+    # An attempt that went out as element 2 of an array: the array is found by its name. Torque's
+    # qselect lists an array's elements, never the array itself (its server walks real jobs only).
+    fake_pbs.answer("qselect", "1347[0].torque-srv.example.com\n1347[1].torque-srv.example.com\n")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, 2, 0.0)) == ["1347[2].torque-srv.example.com"]
     # PBS Pro keeps finished jobs apart: -x selects them too.
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "pro")
     fake_pbs.answer("qselect", "1025.pbs-srv\n")
     assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == ["1025.pbs-srv"]
     assert fake_pbs.calls[-1] == f"qselect -u alice -N {name} -x"
+    # A PBS Pro server without job history refuses -x (and exits 0, saying so): asked again without.
+    fake_pbs.answer("qselect", "", stderr="qselect: job_history_enable is not set on the server\n")
+    assert PBSBackend("unit-1").find_submitted(AttemptRef(run, 0, name, None, 0.0)) == []
+    assert fake_pbs.calls[-2:] == [f"qselect -u alice -N {name} -x", f"qselect -u alice -N {name}"]
     # Under Slurm's wrappers the started elements of an array are listed under Slurm ids of their
     # own (with the array's name): the array is what Slurm calls the array.
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "slurm-wrappers")

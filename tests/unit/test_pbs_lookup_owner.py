@@ -26,12 +26,12 @@ def test_the_servers_look_up_selects_the_users_jobs_only(monkeypatch: pytest.Mon
 
     def qselect(argv: list[str], **_: object) -> CommandResult:
         asked.append(argv)
-        return CommandResult(args=tuple(argv), returncode=0, stdout="102.server\n102[3].server\n", stderr="",
+        return CommandResult(args=tuple(argv), returncode=0, stdout="102.server\n105[3].server\n", stderr="",
                              duration_s=0.0)
 
     monkeypatch.setattr(pbs_backend, "detect_server", lambda: server)
     monkeypatch.setattr(pbs_commands, "run_command", qselect)
-    assert PBSBackend("d1")._named(NAME) == {"102.server"}, "an array's element is not what was submitted"
+    assert PBSBackend("d1")._named(NAME) == {"102.server", "105[].server"}, "an element stands for its array"
     assert asked == [["qselect", "-u", current_user(), "-N", NAME, *extra]]
 
 

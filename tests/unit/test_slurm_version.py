@@ -46,14 +46,18 @@ def test_faults_and_same_job_strategies_are_refused_before_20_11(tmp_path: Path,
     asked = _answering(monkeypatch, "slurm 20.02.7\n")
     faults = [{"kind": "kill-rank", "after": {"fixed": 1.0}}]
     [line] = version.overlap_refusals(_runs(tmp_path, faults=faults))
-    assert "Slurm 20.02" in line and "--overlap" in line and line.startswith("faults:"), line
+    assert "Slurm 20.02" in line and "--overlap" in line and line.startswith("faults (kill-rank):"), line
     [line] = version.overlap_refusals(_runs(tmp_path, restart={"strategy": "in-allocation"}))
     assert line.startswith("restart.strategy in-allocation:") and "use resubmit or requeue" in line, line
     assert version.overlap_refusals(_runs(tmp_path)) == [], "a drill without faults on a plain resubmit needs none"
+    on_the_job = [{"kind": "preempt", "after": {"fixed": 1.0}}, {"kind": "timeout", "after": {"fixed": 1.0}},
+                  {"kind": "corrupt-checkpoint", "after": {"fixed": 1.0}}]
+    assert version.overlap_refusals(_runs(tmp_path, faults=on_the_job)) == [], \
+        "faults the controller carries out (scancel, scontrol, files) need no step on a node"
     assert asked == [["srun", "--version"]], "asked once a process"
     spec = Campaign.model_validate({"name": "v", "backend": "slurm", "workdir": str(tmp_path / "w"), "baseline": False,
                                     "workload": {"framework": "torch", "steps": 10}, "faults": faults})
-    with pytest.raises(SpecError, match=r"faults: Slurm 20\.02 here has no srun --overlap"):
+    with pytest.raises(SpecError, match=r"faults \(kill-rank\): Slurm 20\.02 here has no srun --overlap"):
         plan_drill(spec)  # validate, plan and drill: before the workdir is made
     assert not (tmp_path / "w").exists()
 

@@ -37,7 +37,6 @@ from orchestrator.backends.pbs.commands import (
     ServerKind,
     array_element_id,
     detect_server,
-    is_element,
     qdel,
     qselect_named,
     qstat_records,
@@ -123,7 +122,7 @@ class PBSBackend(Backend):
             result = run_command(["squeue", "-h", "-t", "all", "-u", user, "-n", name, "-o", "%F"],
                                  timeout_s=QSTAT_TIMEOUT_S, retries=2)
             return set(result.stdout.split())
-        return {job_id for job_id in qselect_named(name, user, detect_server()) if not is_element(job_id)}
+        return qselect_named(name, user, detect_server())
 
     def adopt(self, job_id: str, run: RunConfig, job: RankJob) -> None:
         super().adopt(job_id, run, job)

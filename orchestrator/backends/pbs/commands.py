@@ -39,6 +39,8 @@ _ATTRIBUTE_LINE = re.compile(r"^([ \t]+)([A-Za-z_][\w.]*) = (.*)$")
 WALLTIME_SLACK_S = 5
 # Exit codes of qstat/qdel that answer "no such job" (Torque 153, PBS Pro 35): a job that ended.
 QSTAT_ANSWERS = (0, 35, 153)
+_NO_HISTORY = re.compile(r"job.?history", re.IGNORECASE)  # PBS Pro: job_history_enable is not set
+_ELEMENT = re.compile(r"^(\d+)\[\d+\]")
 _UNKNOWN_JOB = re.compile(r"unknown job id|has finished|job has been deleted", re.IGNORECASE)
 
 
@@ -305,10 +307,19 @@ def qrerun(job_id: str, folder: Path | None, server: ServerKind | None = None) -
 
 def qselect_named(name: str, user: str, server: ServerKind) -> set[str]:
     """The ids of ``user``'s jobs and arrays named ``name``, selected by the server (Torque and PBS
-    Pro; not a qstat -f of every job it holds, with -x its whole history)."""
-    result = run_command(["qselect", "-u", user, "-N", name, *server.qselect_options], timeout_s=QSTAT_TIMEOUT_S,
-                         retries=2)
-    return set(result.stdout.split())
+    Pro; not a qstat -f of every job it holds, with -x its whole history). Torque lists an array's
+    elements, never the array: each stands for its array. A PBS Pro server without job history
+    refuses -x (exit 0, saying so): asked again without it."""
+    args = ["qselect", "-u", user, "-N", name]
+    result = run_command([*args, *server.qselect_options], timeout_s=QSTAT_TIMEOUT_S, retries=2)
+    if server.qselect_options and _NO_HISTORY.search(result.stderr):
+        result = run_command(args, timeout_s=QSTAT_TIMEOUT_S, retries=2)
+    return {array_of(job_id) for job_id in result.stdout.split()}
+
+
+def array_of(job_id: str) -> str:
+    """``123[4].server`` -> ``123[].server`` (the array an element is of); any other id as it is."""
+    return _ELEMENT.sub(r"\1[]", job_id, count=1)
 
 
 def qstat_all(server: ServerKind | None = None) -> dict[str, dict[str, str]]:
