@@ -62,9 +62,6 @@ FAILED_LAUNCHES_REPLACED = 3
 # Re-formations in a row whose group never formed (every rendezvous failed, or a member died in each)
 # before the job gives up: the controller's policy restarts the run in a new job, from a checkpoint.
 UNFORMED_GENERATIONS = 3
-# While a re-formation awaits the survivors' reports, the failed generation's store is voided
-# again this often (a member that connected after the last void waits there otherwise).
-VOID_AGAIN_S = 1.0
 # Connections that have not proven the job's secret yet, at most: a newer one takes the oldest's
 # place (shut, counted as refused), so a stranger who holds them all cannot keep a member out, and
 # its flood cannot take the job's threads and descriptors; a member whose connection ends before
@@ -123,6 +120,9 @@ class Timing:
     reform_s: float = 15.0
     spare_s: float = 120.0  # no warm spare by then: the job gives up
     start_s: float = 600.0  # the first generation's members all connected by then
+    # While a re-formation awaits the survivors' reports, the failed generation's store is voided
+    # again this often (a member that connected after the last void waits there otherwise).
+    void_again_s: float = 1.0
 
 
 @dataclass
@@ -150,6 +150,7 @@ class Coordinator:
     _generation_formed: bool = False  # every member of the current generation said formed
     _unformed_in_a_row: int = 0  # re-formations since the last generation that formed
     _failure_told: bool = False  # the current generation's failure is in a warm_failure event
+    _voided: bool = False  # the current generation's store was voided on its first failure sign
     _next_slot: int = 0
     _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
     _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
@@ -360,7 +361,7 @@ class Coordinator:
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
             if message.get("generation") == self.generation:
-                self._void_rendezvous()
+                self._void_rendezvous(first_sign=True)
         elif op == "warned":
             member.role = WARNED
             self._warned_step = _step_of(message)
@@ -376,7 +377,7 @@ class Coordinator:
             now = time.time()
             if self._failed_at is None:
                 self._failed_at = now
-            self._void_rendezvous()
+            self._void_rendezvous(first_sign=True)
             self._failed_nodes.add(member.node)
             code = self.exit_code(member.slot) if self.exit_code is not None else None
             self._failure_told = True
@@ -452,19 +453,17 @@ class Coordinator:
 
     def _await_reports(self) -> None:
         """Every active member's report of the step it completed (or its end), within report_s. With
-        the stores here, the failed generation's is voided again each VOID_AGAIN_S meanwhile: a
+        the stores here, the failed generation's is voided again each ``void_again_s`` meanwhile: a
         member that connected to it after the last void stops waiting there too."""
         deadline = time.monotonic() + self.timing.report_s
-        reported = lambda: all(m.lost_step is not None or m.role != ACTIVE for m in self._of_role(ACTIVE))  # noqa: E731
+        reported = lambda: all(m.lost_step is not None for m in self._of_role(ACTIVE))  # noqa: E731
         while not reported():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CoordinatorGaveUp(f"warm: a survivor did not report the step it completed (is it hung?) "
                                         f"within {self.timing.report_s:g} s")
-            if self.stores is None:
-                self._wait(reported, left, "a survivor did not report the step it completed (is it hung?)")
-                return
-            if not self._lock.wait_for(lambda: reported() or self._verdict is not None, timeout=min(VOID_AGAIN_S, left)):
+            period = left if self.stores is None else min(self.timing.void_again_s, left)
+            if not self._lock.wait_for(lambda: reported() or self._verdict is not None, timeout=period):
                 self._void_rendezvous()
             self._check_aborted()
 
@@ -478,11 +477,15 @@ class Coordinator:
             raise CoordinatorGaveUp(f"warm: generation {generation}'s rendezvous store could not start on "
                                     f"{self.stores.address}: {error}") from error
 
-    def _void_rendezvous(self) -> None:
+    def _void_rendezvous(self, first_sign: bool = False) -> None:
         """The current generation failed: its store ends, so the members still in its rendezvous
-        (waiting on a rank that died there) stop waiting now, not at their join's timeout."""
-        if self.stores is not None:
-            self.stores.void(self.generation)
+        (waiting on a rank that died there) stop waiting now, not at their join's timeout. On the
+        first sign of its failure only (the others' reports and deaths follow in a burst: each void
+        starts a store); after that, each ``void_again_s`` while reports are awaited."""
+        if self.stores is None or (first_sign and self._voided):
+            return
+        self._voided = True
+        self.stores.void(self.generation)
 
     def _tell_failure_of_the_living(self, reported: list[Member]) -> None:
         """A generation that failed with no member's end (every collective or rendezvous failed: a
@@ -559,7 +562,7 @@ class Coordinator:
         master = ranks[0]
         for rank, member in ranks.items():
             member.role, member.rank, member.lost_step = ACTIVE, rank, None
-        self._formed, self._generation_formed, self._failure_told = set(), False, False
+        self._formed, self._generation_formed, self._failure_told, self._voided = set(), False, False, False
         now = time.time()
         join_timeout_s = self.timing.reform_s if self.generation > 0 else None
         if self.stores is not None:

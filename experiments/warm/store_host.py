@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # The coordinator's own connection to a store it serves (its address must answer at once: it is
 # this host's); the members' waits have their own timeouts.
 STORE_TIMEOUT = timedelta(seconds=30)
+OWN_CLIENT_ADDRESS = "127.0.0.1"
 
 
 class StoreHost:
@@ -48,7 +49,9 @@ class StoreHost:
         """A store served here, at ``port`` (0: one the system chooses)."""
         from torch.distributed import TCPStore  # the coordinator's only framework import
 
-        return TCPStore(self.address, port, None, True, STORE_TIMEOUT, wait_for_workers=False)
+        # Its server listens on every interface; its own client goes by loopback (no name to look up:
+        # a lookup that went unanswered held every re-formation 5 s).
+        return TCPStore(OWN_CLIENT_ADDRESS, port, None, True, STORE_TIMEOUT, wait_for_workers=False)
 
     def void(self, generation: int) -> None:
         """End every connection to ``generation``'s store (a member waiting on it raises at once) and

@@ -9,6 +9,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,9 +17,18 @@ from pydantic import ValidationError
 from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, LAUNCHER_TORCHRUN, REGISTRY, WorkloadEntry, entry
+from injectors.kinds import get_kind
+from injectors.kinds.base import Site
 from orchestrator.campaign.mpi import default_mpi
 from orchestrator.campaign.placeholders import ATTEMPT_MARK, fill
-from orchestrator.campaign.spec import Campaign, SpecError, expanded_values, format_errors, time_limit_minutes
+from orchestrator.campaign.spec import (
+    RUN_ID_FIELD,
+    Campaign,
+    SpecError,
+    expanded_values,
+    format_errors,
+    time_limit_minutes,
+)
 from orchestrator.campaign.strategies import StrategyName, StrategyTraits, traits_of
 from orchestrator.campaign.torchrun import PYTHON_NAMES, TorchrunCommand, TorchrunError, split_torchrun
 
@@ -51,6 +61,19 @@ class RunConfig:
     @property
     def paths(self) -> RunPaths:
         return RunPaths(self.campaign.workdir / "runs" / self.run_id)
+
+    @property
+    def faults_on_nodes(self) -> list[str]:
+        """The run's fault kinds whose agent acts on a rank's node (a step of its job); those the
+        controller carries out (scancel, scontrol, files) need none."""
+        return [fault.kind for fault in self.campaign.faults if get_kind(fault.kind).site is Site.NODE]
+
+    @property
+    def checkpoint_home(self) -> Path | None:
+        """Where the run's checkpoints are kept when the spec names a directory (checkpoint.directory,
+        {run_id} filled in); None: in the run directory."""
+        directory = self.campaign.checkpoint.directory
+        return Path(directory.replace(RUN_ID_FIELD, self.run_id)) if directory else None
 
     @property
     def ranks(self) -> int:

@@ -29,6 +29,7 @@ from orchestrator.campaign.programs import missing_programs, mpi_refusals, mpi_w
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
+from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_checkpoint_homes
 from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
@@ -71,7 +72,7 @@ def plan_drill(campaign: Campaign, site: type[Backend] | None = None) -> list[tu
     runs = expand_runs(campaign)
     missing = missing_programs(runs)
     site_refusals = (site or backend_class(campaign.backend)).site_refusals(runs)
-    refusals = (mpi_refusals(runs) + node_fault_refusals(runs) + site_refusals
+    refusals = (mpi_refusals(runs) + node_fault_refusals(runs) + site_refusals + checkpoint_home_refusals(runs)
                 + ([item.line() for item in missing] if campaign.backend == "local" else []))
     if refusals:
         raise SpecError("\n".join(refusals))
@@ -144,6 +145,7 @@ class Controller:
         self.backend = backend or make_backend(campaign.backend, self.drill_id)
         self.runs = [run for run, _ in self.plan]
         _register_runs(self.ledger, self.runs)
+        link_checkpoint_homes(self.runs)  # before anything is submitted
         restart = campaign.restart
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)

@@ -495,7 +495,7 @@ def test_a_rank_that_dies_in_a_rendezvous_ends_the_others_wait_on_its_store_at_o
     host = Host()
     stores = StoreHost("127.0.0.1")
     _, address, outcome = start_coordinator(host, world=2, spares=1, stores=stores,
-                                            timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=30))
+                                            timing=Timing(report_s=5, spare_s=5, start_s=5, reform_s=30, void_again_s=60))
     rank0, rank1, spare = (warm_member(address, slot) for slot in (0, 1, 2))
     first = rank0.next_plan()
     rank1.next_plan()
@@ -553,7 +553,7 @@ def test_a_lost_report_with_no_rank_dead_voids_the_generations_store() -> None:
 
     host = Host()
     _, address, outcome = start_coordinator(host, world=2, spares=0, stores=StoreHost("127.0.0.1"),
-                                            timing=Timing(report_s=20, spare_s=5, start_s=5, reform_s=30))
+                                            timing=Timing(report_s=20, spare_s=5, start_s=5, reform_s=30, void_again_s=60))
     rank0, rank1 = (warm_member(address, slot) for slot in (0, 1))
     first = rank0.next_plan()
     rank1.next_plan()
@@ -608,3 +608,17 @@ def test_a_survivor_that_dies_while_the_re_formation_waits_for_a_spare_is_not_pl
     assert {(p.generation, p.resume, p.source_rank) for p in plans} == {(1, RESUME_CHECKPOINT, None)}, plans
     assert sorted(p.rank for p in plans) == [0, 1]
     _complete(outcome, first, second)
+
+
+def test_a_store_that_cannot_start_ends_the_job_saying_why() -> None:
+    """The coordinator's store for the first generation cannot start (no torch there, no port): the
+    job gives up with the reason, instead of a traceback and no verdict."""
+    class Broken(StoreHost):
+        def open(self, generation: int) -> int:
+            raise OSError(98, "Address already in use")
+
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=1, spares=0, stores=Broken("127.0.0.1"))
+    outcome["thread"].join(timeout=10)
+    assert "generation 0's rendezvous store could not start" in str(outcome.get("gave_up")), outcome
+    assert "Address already in use" in str(outcome.get("gave_up"))

@@ -11,8 +11,6 @@ from __future__ import annotations
 import functools
 import re
 
-from injectors.kinds import get_kind
-from injectors.kinds.base import Site
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, run_command
 
@@ -39,7 +37,7 @@ def overlap_refusals(runs: list[RunConfig]) -> list[str]:
     """The Slurm runs that need ``srun --overlap`` (a fault, a same-job strategy) on a Slurm older
     than 20.11: one line each kind of need, naming the release and what would run."""
     needing = [run for run in runs if run.campaign.backend == "slurm"
-               and (_on_nodes(run) or run.strategy_traits.relaunches_in_job or run.strategy_traits.warm)]
+               and (run.faults_on_nodes or run.strategy_traits.relaunches_in_job or run.strategy_traits.warm)]
     if not needing:
         return []
     version = site_version()
@@ -48,8 +46,8 @@ def overlap_refusals(runs: list[RunConfig]) -> list[str]:
     found = f"{version[0]}.{version[1]:02d}"
     lines = {}
     for run in needing:
-        if _on_nodes(run):
-            lines["faults"] = (f"faults ({', '.join(sorted(set(_on_nodes(run))))}): Slurm {found} here has no srun "
+        if run.faults_on_nodes:
+            lines["faults"] = (f"faults ({', '.join(sorted(set(run.faults_on_nodes)))}): Slurm {found} here has no srun "
                                "--overlap (20.11 and later), which a fault that reaches a rank's node needs (its "
                                "agent is a step inside the job); drill with the faults the controller carries out "
                                "(preempt, timeout, corrupt-checkpoint, ...), or on a newer Slurm")
@@ -59,8 +57,3 @@ def overlap_refusals(runs: list[RunConfig]) -> list[str]:
                                  "use resubmit or requeue")
     return list(lines.values())
 
-
-def _on_nodes(run: RunConfig) -> list[str]:
-    """The run's fault kinds whose agent acts on a rank's node (a step of the job); those the
-    controller carries out (scancel, scontrol, files) need none."""
-    return [fault.kind for fault in run.campaign.faults if get_kind(fault.kind).site is Site.NODE]

@@ -1,0 +1,53 @@
+"""Checkpoints on another filesystem than the run directory (real-sites issue, item 2): the
+spec's ``checkpoint.directory`` (here a tmpfs, the workdir on the disk). A corrupted newest
+checkpoint is moved aside within that filesystem and the run resumes from the one before, to its
+last step; the checkpoints are physically there, the run directory links to them."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from drills import drill, write_spec
+from experiments.layout import RunPaths, read_json_lines
+
+pytestmark = pytest.mark.drill
+
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture
+def scratch() -> Path:
+    if not SHM.is_dir():
+        pytest.skip("no /dev/shm (a tmpfs) on this machine")
+    path = SHM / f"faultdrill-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_checkpoints_on_a_scratch_filesystem_fall_back_past_a_corrupt_one_within_it(tmp_path: Path,
+                                                                                   scratch: Path) -> None:
+    faults = [{"kind": "corrupt-checkpoint", "after": {"at_step": 160}, "mode": "flip"},  # the newest: 150
+              {"kind": "kill-rank", "after": {"at_step": 170}, "rank": 1}]
+    spec = write_spec(tmp_path, faults=faults, baseline=False,
+                      workload={"framework": "torch", "params": 20000, "steps": 300, "seed": 3, "batch_size": 16,
+                                "step_s": 0.02},
+                      checkpoint={"every_steps": 50, "keep": 3, "directory": str(scratch / "{run_id}")})
+    report = drill(spec)
+    [run] = [run for run in report["runs"] if run["faults"]]
+    assert run["status"] == "completed" and run["final_step"] == 300, run["attempts"]
+    [recovery] = run["recoveries"]
+    assert recovery["fallback_from_step"] == 150 and recovery["resumed_from_step"] == 100, (recovery, run["faults"])
+    paths = RunPaths(tmp_path / "work" / "runs" / run["run_id"])
+    home = scratch / run["run_id"]
+    assert paths.checkpoints.is_symlink() and paths.checkpoints.resolve() == home.resolve()
+    assert home.stat().st_dev != paths.root.stat().st_dev, "the test's point: another filesystem"
+    [aside] = read_json_lines(home / "quarantine" / "index.jsonl")
+    assert aside["from"].endswith("step-00000150") and Path(aside["to"]).resolve().is_relative_to(home.resolve())
+    assert sorted(path.name for path in home.iterdir() if path.name.startswith("step-"))[-1] == "step-00000300"

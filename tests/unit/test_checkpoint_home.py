@@ -1,0 +1,61 @@
+"""``checkpoint.directory`` (real-sites issue, item 2): the spec says where each run's checkpoints
+go; each run needs its own ({run_id}); a relative path is the spec folder's; what cannot be made is
+said before anything is; the run directory's checkpoints/ links there, a restarted controller keeps
+the link, and a spec changed under an unfinished drill is refused, not followed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import SpecError, parse_campaign
+from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_checkpoint_homes
+
+pytestmark = pytest.mark.unit
+
+
+def _campaign(tmp_path: Path, directory: str, **extra: object):
+    return parse_campaign({"name": "ck", "backend": "local", "workdir": str(tmp_path / "work"),
+                           "workload": {"framework": "torch", "steps": 10},
+                           "checkpoint": {"every_steps": 5, "directory": directory}, **extra}, base_dir=tmp_path)
+
+
+def test_each_run_needs_a_directory_of_its_own(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"put \{run_id\} in it"):
+        _campaign(tmp_path, "/scratch/drill")
+    with pytest.raises(SpecError, match=r"only \{run_id\} may be named"):
+        _campaign(tmp_path, "/scratch/{user}/{run_id}")
+
+
+def test_a_relative_directory_is_the_spec_folders_and_each_run_fills_in_its_id(tmp_path: Path) -> None:
+    runs = expand_runs(_campaign(tmp_path, "scratch/{run_id}", baseline=True))
+    assert sorted(str(run.checkpoint_home) for run in runs) == [str(tmp_path / "scratch" / "r000"),
+                                                              str(tmp_path / "scratch" / "r000-baseline")]
+
+
+def test_what_cannot_be_made_is_said_before_anything_is(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    runs = expand_runs(_campaign(tmp_path, str(tmp_path / "afile" / "{run_id}")))
+    [problem] = checkpoint_home_refusals(runs)
+    assert "afile is not a directory you may write" in problem
+    runs = expand_runs(_campaign(tmp_path, str(tmp_path / "work" / "runs" / "{run_id}" / "ck")))
+    [problem] = checkpoint_home_refusals(runs)
+    assert "inside the run directory" in problem
+
+
+def test_the_run_directory_links_to_its_checkpoints_and_a_changed_spec_is_refused(tmp_path: Path) -> None:
+    [run] = expand_runs(_campaign(tmp_path, str(tmp_path / "scratch" / "{run_id}")))
+    link_checkpoint_homes([run])
+    link_checkpoint_homes([run])  # a restarted controller: the link kept
+    assert run.paths.checkpoints.is_symlink() and run.paths.checkpoints.resolve() == tmp_path / "scratch" / "r000"
+    assert (tmp_path / "scratch" / "r000").stat().st_mode & 0o777 == 0o700
+    [moved] = expand_runs(_campaign(tmp_path, str(tmp_path / "elsewhere" / "{run_id}")))
+    with pytest.raises(SpecError, match="the spec changed under an unfinished drill"):
+        link_checkpoint_homes([moved])
+    (tmp_path / "other").mkdir()
+    [plain] = expand_runs(_campaign(tmp_path / "other", str(tmp_path / "s2" / "{run_id}")))
+    (plain.paths.checkpoints / "step-00000005").mkdir(parents=True)  # checkpoints a spec without it wrote
+    with pytest.raises(SpecError, match="already holds checkpoints"):
+        link_checkpoint_homes([plain])
