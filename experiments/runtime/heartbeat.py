@@ -14,6 +14,17 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from experiments.layout import Heartbeat, append_json_line, record_dict
+from experiments.runtime.mounts import on_network_filesystem
+
+LOCAL_INTERVAL_S = 0.05  # a rank's heartbeat at most this often, on a local filesystem
+SHARED_INTERVAL_S = 1.0  # on a network filesystem: each append a round trip to its server, from every rank
+
+
+def interval_for(directory: Path, asked: float | None = None) -> float:
+    """The heartbeat interval for a run directory in ``directory``: the spec's, else by its filesystem."""
+    if asked is not None:
+        return asked
+    return SHARED_INTERVAL_S if on_network_filesystem(directory) else LOCAL_INTERVAL_S
 
 
 class HeartbeatWriter:

@@ -378,6 +378,9 @@ else:
     ]
 
 
+HEARTBEATS_PER_HANG = 5  # a hang is at least this many missed heartbeats
+
+
 class RestartConfig(_Strict):
     # resubmit: a new job from the controller; in-allocation: the batch script keeps its allocation
     # and launches the ranks again after a failure, on the controller's word; requeue: the
@@ -401,6 +404,9 @@ class RestartConfig(_Strict):
     # run's files say the scheduler has news, and later when the scheduler is slow.
     scheduler_poll_s: float | None = Field(None, ge=0, le=600)
     hang_timeout_s: float = Field(120.0, gt=0, description="no heartbeat for this long: a hang")
+    # A rank's progress line at most this often (None: 0.05 s, or 1 s when the workdir is on a
+    # network filesystem, where each append is a round trip to its server from every rank).
+    heartbeat_s: float | None = Field(None, gt=0, le=60)
     start_timeout_s: float = Field(600.0, gt=0, description="no training step this long after the job started")
     # A rank announces its long phases (resume, checkpoint, finish); each may last this long before
     # it counts as a hang. Ranks also wait this long for each other around a checkpoint.
@@ -418,6 +424,13 @@ class RestartConfig(_Strict):
     max_excluded_nodes: int = Field(1, ge=0, le=64)
     # Failure class -> what to do (orchestrator/campaign/policy.py); classes not named keep their default.
     policy: dict[FailureClass, PolicyEntry] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _beats_within_a_hang(self) -> "RestartConfig":
+        if self.heartbeat_s is not None and self.heartbeat_s * HEARTBEATS_PER_HANG > self.hang_timeout_s:
+            raise ValueError(f"heartbeat_s {self.heartbeat_s:g}: at most hang_timeout_s / {HEARTBEATS_PER_HANG} "
+                             f"({self.hang_timeout_s / HEARTBEATS_PER_HANG:g}), so that a live rank is never taken for hung")
+        return self
 
     @field_serializer("policy")
     def _policy_as_given(self, policy: dict[FailureClass, PolicyEntry]) -> dict[str, dict[str, Any]]:

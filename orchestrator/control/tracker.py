@@ -30,6 +30,7 @@ from experiments.runtime.fence import (
     write_fence,
     write_fence_unless_ahead,
 )
+from experiments.runtime.heartbeat import interval_for
 from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
@@ -89,6 +90,7 @@ class RunTracker:
         self.ledger = ledger
         self.drill_id = drill_id
         self.restart = run.campaign.restart
+        self.heartbeat_s = interval_for(run.paths.root.parent, self.restart.heartbeat_s)
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress)
@@ -266,6 +268,7 @@ class RunTracker:
             fault_steps=run.fault_steps,
             # elastic: the restarts the run has left (its failures so far, as the policy counts them)
             torchrun_restarts=self._restarts_left(attempt) if run.strategy_traits.torchrun else 0,
+            heartbeat_interval_s=self.heartbeat_s,
         )
 
     def _restarts_left(self, attempt: int) -> int:

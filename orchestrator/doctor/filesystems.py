@@ -11,28 +11,10 @@ import os
 import uuid
 from pathlib import Path
 
+from experiments.runtime.mounts import NETWORK_TYPES, filesystem_type
 from orchestrator.doctor.checks import Check, failed, passed, warned
 
-NETWORK_TYPES = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "fuse.sshfs", "ceph", "fuse.glusterfs",
-                 "panfs", "wekafs")
 NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
-MOUNTINFO = Path("/proc/self/mountinfo")
-
-
-def filesystem_type(path: Path, mountinfo: str | None = None) -> str:
-    """The type of the filesystem ``path`` is on (the longest mount point that holds it)."""
-    text = mountinfo if mountinfo is not None else MOUNTINFO.read_text()
-    resolved, best, kind = str(path.resolve()), "", "?"
-    for line in text.splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 5:
-            continue
-        point = fields[4].replace("\\040", " ")
-        after = line.split(" - ", 1)[1].split()
-        inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best) and after:
-            best, kind = point, after[0]
-    return kind
 
 
 def check_directory(name: str, directory: Path) -> list[Check]:
