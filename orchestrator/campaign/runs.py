@@ -69,11 +69,17 @@ class RunConfig:
         return [fault.kind for fault in self.campaign.faults if get_kind(fault.kind).site is Site.NODE]
 
     @property
-    def checkpoint_home(self) -> Path | None:
-        """Where the run's checkpoints are kept when the spec names a directory (checkpoint.directory,
-        {run_id} filled in); None: in the run directory."""
+    def checkpoint_root(self) -> Path | None:
+        """The run's folder of checkpoint.directory ({run_id} filled in), which holds one folder
+        per drill (checkpoint_home); None: checkpoints in the run directory."""
         directory = self.campaign.checkpoint.directory
         return Path(directory.replace(RUN_ID_FIELD, self.run_id)) if directory else None
+
+    def checkpoint_home(self, drill_id: str) -> Path | None:
+        """Where this drill keeps the run's checkpoints (a drill's own folder: a later drill of the
+        same spec, or another workdir's, never resumes from them)."""
+        root = self.checkpoint_root
+        return root / drill_id if root is not None else None
 
     @property
     def ranks(self) -> int:

@@ -303,9 +303,9 @@ RUN_ID_FIELD = "{run_id}"
 class CheckpointConfig(_Strict):
     every_steps: int = Field(50, ge=1)
     keep: int = Field(2, ge=1)
-    # Where each run's checkpoints go (a scratch filesystem), {run_id} its run's id; relative to the
-    # spec's folder. Default: <run directory>/checkpoints. The run directory's checkpoints/ then
-    # links there; everything that moves a checkpoint does so within that directory.
+    # Where each run's checkpoints go (a scratch filesystem the nodes see), an absolute path, {run_id}
+    # its run's id; each drill keeps its own folder in there. Default: <run directory>/checkpoints,
+    # which then links there; everything that moves a checkpoint does so within that directory.
     directory: str | None = Field(None, min_length=1)
 
     @field_validator("directory")
@@ -318,6 +318,8 @@ class CheckpointConfig(_Strict):
                              f"directory of its own, e.g. /scratch/me/drill/{RUN_ID_FIELD}")
         if set(value.replace(RUN_ID_FIELD, "")) & set("{}"):
             raise ValueError(f"only {RUN_ID_FIELD} may be named in braces: {value!r}")
+        if not Path(value).is_absolute():
+            raise ValueError(f"an absolute path (the compute nodes' and the login node's view of it): {value!r}")
         return value
 
 
@@ -702,9 +704,6 @@ def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
     update: dict[str, Any] = {"workdir": Path(os.path.realpath(_absolute(campaign.workdir, base_dir)))}
     if campaign.template is not None:
         update["template"] = _absolute(campaign.template, base_dir)
-    if campaign.checkpoint.directory is not None:
-        update["checkpoint"] = campaign.checkpoint.model_copy(update={
-            "directory": str(_absolute(Path(campaign.checkpoint.directory), base_dir))})
     workload = campaign.workload
     if workload.command is not None:
         # The script runs in a directory of its run's own unless the spec says where; the command's

@@ -8,9 +8,13 @@ to its ``quarantine/``): never across filesystems."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import SpecError
+from orchestrator.control.workdir import UnsafeWorkdir, check_ancestors, check_workdir
+
+PRIVATE = 0o700
 
 
 def checkpoint_home_refusals(runs: list[RunConfig]) -> list[str]:
@@ -18,7 +22,7 @@ def checkpoint_home_refusals(runs: list[RunConfig]) -> list[str]:
     and is no run directory's own."""
     problems = {}
     for run in runs:
-        home = run.checkpoint_home
+        home = run.checkpoint_root
         if home is None:
             continue
         if home.resolve().is_relative_to(run.paths.root.resolve()):
@@ -32,15 +36,16 @@ def checkpoint_home_refusals(runs: list[RunConfig]) -> list[str]:
     return list(problems.values())
 
 
-def link_checkpoint_homes(runs: list[RunConfig]) -> None:
-    """Each run's checkpoint directory made (0700) and ``<run>/checkpoints`` linked to it; a link a
-    restarted controller finds is kept if it leads there. SpecError if the run already keeps
-    checkpoints of its own somewhere else (the spec changed under an unfinished drill)."""
+def link_checkpoint_homes(runs: list[RunConfig], drill_id: str) -> None:
+    """Each run's checkpoint directory of this drill made (0700, under directories nobody else may
+    rename it in) and ``<run>/checkpoints`` linked to it; a link a restarted controller finds is
+    kept if it leads there. SpecError if the run already keeps checkpoints of its own somewhere else
+    (the spec changed under an unfinished drill), or if the directory is not safe to load from."""
     for run in runs:
-        home = run.checkpoint_home
+        home = run.checkpoint_home(drill_id)
         if home is None:
             continue
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _make_private(home)
         link = run.paths.checkpoints
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink():
@@ -55,3 +60,17 @@ def link_checkpoint_homes(runs: list[RunConfig]) -> None:
             link.rmdir()
         os.symlink(home, link)
 
+
+
+def _make_private(home: Path) -> None:
+    """The drill's checkpoint folder: made 0700, the user's, and under directories that nobody else
+    may rename it in (the workdir's rule: the ranks load what is there)."""
+    try:
+        check_ancestors(home, PRIVATE)
+        for folder in (*reversed(home.parents), home):
+            if not folder.exists():
+                folder.mkdir(mode=PRIVATE)
+                os.chmod(folder, PRIVATE)
+        check_workdir(home, PRIVATE, "0700: the drill's own")
+    except UnsafeWorkdir as error:
+        raise SpecError(f"checkpoint.directory: {error}") from None

@@ -145,7 +145,7 @@ class Controller:
         self.backend = backend or make_backend(campaign.backend, self.drill_id)
         self.runs = [run for run, _ in self.plan]
         _register_runs(self.ledger, self.runs)
-        link_checkpoint_homes(self.runs)  # before anything is submitted
+        link_checkpoint_homes(self.runs, self.drill_id)  # before anything is submitted
         restart = campaign.restart
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)

@@ -23,7 +23,7 @@ def claim_workdir(campaign: Campaign) -> None:
     modes); and set the umask so that every file the drill writes (and its jobs: the scheduler keeps
     the submitter's umask) is as private. Raises UnsafeWorkdir, naming the fix."""
     workdir, mode = campaign.workdir, int(campaign.workdir_mode, 8)
-    _check_ancestors(Path(os.path.realpath(workdir)), mode)  # before the workdir is made in one
+    check_ancestors(Path(os.path.realpath(workdir)), mode)  # before the workdir is made in one
     try:
         workdir.mkdir(mode=mode)
         os.chmod(workdir, mode)  # mkdir's mode went through the umask
@@ -39,7 +39,7 @@ def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most grou
     rename it in; else UnsafeWorkdir (before anything in it is read: the cancel of a drill whose spec
     is not read yet)."""
     workdir = Path(os.path.realpath(workdir))
-    _check_ancestors(workdir, mode)
+    check_ancestors(workdir, mode)
     info = os.lstat(workdir)
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeWorkdir(f"workdir {workdir} is not a directory")
@@ -55,14 +55,17 @@ def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most grou
     return workdir
 
 
-def _check_ancestors(workdir: Path, mode: int) -> None:
+def check_ancestors(workdir: Path, mode: int) -> None:
     """Whoever may write a directory above the workdir may rename the workdir away and put one of
     theirs in its place (as ssh's StrictModes reasons about a key's directories): each must be
     root's or the user's, and writable by nobody else, unless sticky (each entry stays its owner's)
     or ``mode`` shares the workdir with the group (the group is trusted then)."""
     group_trusted = bool(mode & 0o070)
     for ancestor in workdir.parents:
-        info = os.stat(ancestor)
+        try:
+            info = os.stat(ancestor)
+        except FileNotFoundError:  # to be made, by the drill, as private as the folder it holds
+            continue
         if info.st_uid not in (0, os.geteuid()) and not group_trusted:
             raise UnsafeWorkdir(f"{ancestor}, above the workdir, belongs to uid {info.st_uid}: its owner could move "
                                 "the workdir away and put another in its place; keep the workdir under directories "

@@ -29,10 +29,23 @@ def test_each_run_needs_a_directory_of_its_own(tmp_path: Path) -> None:
         _campaign(tmp_path, "/scratch/{user}/{run_id}")
 
 
-def test_a_relative_directory_is_the_spec_folders_and_each_run_fills_in_its_id(tmp_path: Path) -> None:
-    runs = expand_runs(_campaign(tmp_path, "scratch/{run_id}", baseline=True))
-    assert sorted(str(run.checkpoint_home) for run in runs) == [str(tmp_path / "scratch" / "r000"),
-                                                              str(tmp_path / "scratch" / "r000-baseline")]
+def test_each_run_fills_in_its_id_and_each_drill_keeps_a_folder_of_its_own(tmp_path: Path) -> None:
+    runs = expand_runs(_campaign(tmp_path, str(tmp_path / "scratch" / "{run_id}"), baseline=True))
+    assert sorted(str(run.checkpoint_home("d1")) for run in runs) == sorted(
+        [str(tmp_path / "scratch" / "r000" / "d1"), str(tmp_path / "scratch" / "r000-baseline" / "d1")])
+    with pytest.raises(SpecError, match="an absolute path"):  # in a sweep point too: nothing to anchor it to
+        _campaign(tmp_path, "scratch/{run_id}")
+
+
+def test_a_later_drill_of_the_same_spec_never_resumes_from_an_earlier_drills_checkpoints(tmp_path: Path) -> None:
+    """The review's finding: the folder was the run id's alone; a finished drill archived and the spec
+    drilled again linked to the old checkpoints, and the new run resumed from them."""
+    [run] = expand_runs(_campaign(tmp_path, str(tmp_path / "scratch" / "{run_id}")))
+    link_checkpoint_homes([run], "drill-1")
+    (run.paths.checkpoints / "step-00000010").mkdir()
+    run.paths.checkpoints.unlink()  # the workdir archived: a fresh run directory, a new drill
+    link_checkpoint_homes([run], "drill-2")
+    assert list(run.paths.checkpoints.iterdir()) == []
 
 
 def test_what_cannot_be_made_is_said_before_anything_is(tmp_path: Path) -> None:
@@ -47,15 +60,26 @@ def test_what_cannot_be_made_is_said_before_anything_is(tmp_path: Path) -> None:
 
 def test_the_run_directory_links_to_its_checkpoints_and_a_changed_spec_is_refused(tmp_path: Path) -> None:
     [run] = expand_runs(_campaign(tmp_path, str(tmp_path / "scratch" / "{run_id}")))
-    link_checkpoint_homes([run])
-    link_checkpoint_homes([run])  # a restarted controller: the link kept
-    assert run.paths.checkpoints.is_symlink() and run.paths.checkpoints.resolve() == tmp_path / "scratch" / "r000"
-    assert (tmp_path / "scratch" / "r000").stat().st_mode & 0o777 == 0o700
+    link_checkpoint_homes([run], "d1")
+    link_checkpoint_homes([run], "d1")  # a restarted controller: the link kept
+    home = tmp_path / "scratch" / "r000" / "d1"
+    assert run.paths.checkpoints.is_symlink() and run.paths.checkpoints.resolve() == home
+    assert home.stat().st_mode & 0o777 == 0o700 and home.parent.stat().st_mode & 0o777 == 0o700
     [moved] = expand_runs(_campaign(tmp_path, str(tmp_path / "elsewhere" / "{run_id}")))
     with pytest.raises(SpecError, match="the spec changed under an unfinished drill"):
-        link_checkpoint_homes([moved])
+        link_checkpoint_homes([moved], "d1")
     (tmp_path / "other").mkdir()
     [plain] = expand_runs(_campaign(tmp_path / "other", str(tmp_path / "s2" / "{run_id}")))
     (plain.paths.checkpoints / "step-00000005").mkdir(parents=True)  # checkpoints a spec without it wrote
     with pytest.raises(SpecError, match="already holds checkpoints"):
-        link_checkpoint_homes([plain])
+        link_checkpoint_homes([plain], "d1")
+
+
+def test_a_checkpoint_directory_others_may_write_under_is_refused(tmp_path: Path) -> None:
+    """The workdir's rule, for what the ranks load: nobody else may rename the folder away."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # not sticky
+    [run] = expand_runs(_campaign(tmp_path, str(shared / "{run_id}")))
+    with pytest.raises(SpecError, match="checkpoint.directory: .*writable by others"):
+        link_checkpoint_homes([run], "d1")
