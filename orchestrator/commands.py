@@ -11,6 +11,7 @@ import os
 import pwd
 import selectors
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -153,10 +154,12 @@ class Conversation:
             raise TypeError("Conversation takes an argument list, not a shell string")
         self.args = tuple(args)
         _this_thread.count = commands_run_here() + 1
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: never full, never blocking it
         try:
             self.process = subprocess.Popen(list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True, bufsize=1, cwd=cwd, env=env)
+                                            stderr=self._stderr, text=True, bufsize=1, cwd=cwd, env=env)
         except FileNotFoundError as error:
+            self._stderr.close()
             raise CommandError(args, None, "", str(error), "command not found") from error
 
     def read_line(self, timeout_s: float) -> str:
@@ -165,10 +168,10 @@ class Conversation:
         with selectors.DefaultSelector() as selector:
             selector.register(self.process.stdout, selectors.EVENT_READ)
             if not selector.select(timeout_s):
-                raise self._failed(f"no answer within {timeout_s:g} s")
+                raise self.failed(f"no answer within {timeout_s:g} s")
         line = self.process.stdout.readline()
         if not line:
-            raise self._failed("it ended")
+            raise self.failed("it ended")
         return line.rstrip("\n")
 
     def say(self, line: str) -> None:
@@ -177,7 +180,7 @@ class Conversation:
             self.process.stdin.write(line + "\n")
             self.process.stdin.flush()
         except OSError as error:
-            raise self._failed(f"it stopped listening ({error})") from error
+            raise self.failed(f"it stopped listening ({error})") from error
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Its input ends (it should exit); killed if it has not within ``timeout_s``."""
@@ -191,6 +194,7 @@ class Conversation:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._stderr.close()
 
     def __enter__(self) -> "Conversation":
         return self
@@ -198,7 +202,9 @@ class Conversation:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _failed(self, why: str) -> CommandError:
+    def failed(self, why: str) -> CommandError:
+        """The conversation is over (the command killed): why, with what it said on stderr."""
         self.process.kill()
-        _, stderr = self.process.communicate()
-        return CommandError(self.args, self.process.returncode, "", stderr or "", why)
+        self.process.wait()
+        self._stderr.seek(0)
+        return CommandError(self.args, self.process.returncode, "", self._stderr.read()[-4000:], why)

@@ -20,11 +20,13 @@ LOCAL_INTERVAL_S = 0.05  # a rank's heartbeat at most this often, on a local fil
 SHARED_INTERVAL_S = 1.0  # on a network filesystem: each append a round trip to its server, from every rank
 
 
-def interval_for(directory: Path, asked: float | None = None) -> float:
-    """The heartbeat interval for a run directory in ``directory``: the spec's, else by its filesystem."""
+def interval_for(directory: Path, asked: float | None = None, most_s: float | None = None) -> float:
+    """The heartbeat interval for a run directory in ``directory``: the spec's, else by its
+    filesystem, never more than ``most_s`` (a fifth of the hang timeout)."""
     if asked is not None:
         return asked
-    return SHARED_INTERVAL_S if on_network_filesystem(directory) else LOCAL_INTERVAL_S
+    chosen = SHARED_INTERVAL_S if on_network_filesystem(directory) else LOCAL_INTERVAL_S
+    return min(chosen, most_s) if most_s is not None else chosen
 
 
 class HeartbeatWriter:

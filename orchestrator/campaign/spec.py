@@ -415,6 +415,8 @@ class RestartConfig(_Strict):
     checkpoint_timeout_s: float = Field(300.0, gt=0)
     submit_retries: int = Field(3, ge=0, description="tries after a failed sbatch/qsub, then the attempt failed")
     submit_backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles each time")
+    submit_hold_s: float = Field(3600.0, gt=0, description="a submission the site holds back (its limit of "
+                                                         "submitted jobs) this long fails")
     scheduler_timeout_s: float = Field(300.0, gt=0, description="the scheduler unanswered this long: the drill stops")
     cancel_timeout_s: float = Field(120.0, gt=0, description="a cancelled job still not ended after this long is "
                                                             "killed, and after twice as long left behind")

@@ -45,6 +45,7 @@ class PendingSubmission:
     error: str = ""
     looked_up: bool = False  # this try's look for the job found none: it is submitted now
     holds: int = 0  # tries the site held back (a limit of submitted jobs): no failures
+    held_since: float | None = None  # the first of them
     asked: "Future[Submission | list[str]] | None" = None  # the command in flight: a submission, or the look
 
 
@@ -150,10 +151,18 @@ class Submitter:
 
     def _held(self, pending: PendingSubmission, refusal: SubmitRefusal, now: float) -> None:
         """A limit of submitted jobs: the same try again later (the scheduler took nothing: no look
-        for the job), not a failed try; the run's turn waits as the drill's other jobs end."""
+        for the job), not a failed try; the run's turn waits as the drill's other jobs end, for
+        restart.submit_hold_s at most (a limit that never clears: 0 jobs allowed)."""
+        if pending.held_since is None:
+            pending.held_since = now
+        elif now - pending.held_since >= self.restart.submit_hold_s:  # no later attempt would fare better
+            reason = (f"held by the site's limit of submitted jobs for {now - pending.held_since:.0f} s "
+                      f"(restart.submit_hold_s {self.restart.submit_hold_s:g}): {refusal.why}")
+            self._give_up(pending, reason, now, hook=lambda _attempt, when: self.hooks.refused(reason, when))
+            return
         pending.holds += 1
         pending.looked_up = True
-        pending.next_try_at = now + max(HELD_RETRY_S, self.restart.poll_interval_s)
+        pending.next_try_at = now + min(max(HELD_RETRY_S, self.restart.poll_interval_s), self.restart.submit_hold_s)
         if pending.holds == 1 or pending.holds % HELD_LOG_EVERY == 0:
             log.warning("%s: attempt %d held by the site's limit of submitted jobs (%s); tried again every %.0f s",
                         self.run.run_id, pending.attempt, refusal.why, pending.next_try_at - now)

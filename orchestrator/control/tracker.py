@@ -39,7 +39,7 @@ from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.campaign.policy import Decision, decide, policy_entry, restarts_left
 from orchestrator.campaign.runs import RunConfig
-from orchestrator.campaign.spec import time_limit_minutes
+from orchestrator.campaign.spec import HEARTBEATS_PER_HANG, time_limit_minutes
 from orchestrator.control.cancels import DrillCancels, cancel_every_job
 from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, reclassify_with_record, record_failure
@@ -90,7 +90,8 @@ class RunTracker:
         self.ledger = ledger
         self.drill_id = drill_id
         self.restart = run.campaign.restart
-        self.heartbeat_s = interval_for(run.paths.root.parent, self.restart.heartbeat_s)
+        self.heartbeat_s = interval_for(run.paths.root.parent, self.restart.heartbeat_s,
+                                        self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress)

@@ -7,6 +7,7 @@ what to do."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from orchestrator.doctor.nodes import kind_checks, node_checks
 from orchestrator.doctor.probe_job import NodeReport, SlurmProbe, probe_local
 
 DOCTOR_FOLDER = ".doctor"
+PROBED_BACKENDS = ("local", "slurm")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Site:
     partition: str | None = None
     framework: str | None = None
     parallel_runs: int = 1
+    extra_directives: tuple[str, ...] = ()  # the spec's (account, QOS, ...): the test job asks them too
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,24 @@ class Diagnosis:
 
 def diagnose(site: Site) -> Diagnosis:
     checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir)]
+    if site.backend not in PROBED_BACKENDS:
+        checks.append(warned("test job", f"not run on the {site.backend} backend yet",
+                             "a small drill shows what the nodes give a job"))
+        return Diagnosis(site, checks, [])
     folder = site.workdir / DOCTOR_FOLDER / time.strftime("%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         reports = _probe(site, folder)
     except CommandError as error:
-        checks.append(failed("test job", error.summary if error.reason else str(error),
+        checks.append(failed("test job", f"{error.summary} (its files: {folder})",
                              "check that a one-node job of this partition starts, and that sbatch works here"))
         return Diagnosis(site, checks, [])
     checks.append(passed("test job", f"ran on {', '.join(report.node for report in reports)}"))
-    return Diagnosis(site, [*checks, *node_checks(reports, site.framework),
-                            *kind_checks(site.backend, reports, site.workdir)], reports)
+    diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework),
+                                 *kind_checks(site.backend, reports, site.workdir)], reports)
+    if not diagnosis.failed:  # kept for a look where something failed
+        shutil.rmtree(folder, ignore_errors=True)
+    return diagnosis
 
 
 def _scheduler_checks(site: Site) -> list[Check]:
@@ -79,7 +89,7 @@ def _scheduler_checks(site: Site) -> list[Check]:
 def _probe(site: Site, folder: Path) -> list[NodeReport]:
     if site.backend == "local":
         return probe_local(folder, site.framework)
-    return SlurmProbe(folder, site.nodes, site.partition, site.framework).run()
+    return SlurmProbe(folder, site.nodes, site.partition, site.framework, site.extra_directives).run()
 
 
 def _node_dict(report: NodeReport) -> dict[str, Any]:

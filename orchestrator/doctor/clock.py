@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from injectors.probe import ECHO_READY
 from orchestrator.commands import Conversation
 
 PINGS = 16
 ANSWER_TIMEOUT_S = 30.0  # the first answer waits for the step to start on the node
+STRAY_LINES = 50  # lines a site's Python may print before the probe's own
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,21 @@ def offset_of(exchanges: list[Exchange]) -> ClockReading:
 
 
 def read_offset(probe: Conversation, pings: int = PINGS) -> ClockReading:
-    """Talk to a started ``injectors.probe echo``: its ready line, then ``pings`` exchanges."""
-    probe.read_line(ANSWER_TIMEOUT_S)
+    """Talk to a started ``injectors.probe echo``: its ready line (what a site prints before it is
+    skipped), then ``pings`` exchanges."""
+    for _ in range(STRAY_LINES):
+        if probe.read_line(ANSWER_TIMEOUT_S) == ECHO_READY:
+            break
+    else:
+        raise probe.failed(f"no {ECHO_READY!r} line among its first {STRAY_LINES}")
     exchanges = []
     for _ in range(pings):
         asked_at = time.time()
         probe.say("t")
-        node_time = float(probe.read_line(ANSWER_TIMEOUT_S))
+        answer = probe.read_line(ANSWER_TIMEOUT_S)
+        try:
+            node_time = float(answer)
+        except ValueError:
+            raise probe.failed(f"answered {answer[:80]!r}, not its clock") from None
         exchanges.append(Exchange(asked_at, node_time, time.time()))
     return offset_of(exchanges)

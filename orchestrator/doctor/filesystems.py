@@ -20,7 +20,7 @@ NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 def check_directory(name: str, directory: Path) -> list[Check]:
     """Writable, flock, atomic rename, and the filesystem's type, for ``directory`` (made if absent)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # as a drill makes its workdir
     except OSError as error:
         return [failed(name, f"{directory}: cannot be made ({error.strerror})", "name a directory you may write")]
     probe = directory / f".faultdrill-doctor-{uuid.uuid4().hex[:8]}"

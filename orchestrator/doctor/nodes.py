@@ -70,8 +70,12 @@ def _visibility(reports: list[NodeReport]) -> Check:
                       "the drill waits for what it reads, but each cross-node step (a fault's arming, a "
                       "checkpoint's receipt) takes that much longer; a mount with shorter attribute caching "
                       "(NFS: actimeo) helps")
-    return passed("shared filesystem", f"the nodes' files seen here after {said}" if said
-                  else "not measured (one host: no filesystem between nodes)")
+    if said:
+        return passed("shared filesystem", f"the nodes' files seen here after {said}")
+    if any(report.seen_at is not None for report in reports):
+        return warned("shared filesystem", "not measured: no node's clock could be read (see clocks)",
+                      "the delay is measured on the login node's clock, from each node's offset")
+    return passed("shared filesystem", "not measured (one host: no filesystem between nodes)")
 
 
 def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:

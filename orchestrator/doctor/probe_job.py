@@ -7,6 +7,7 @@ Ended (and cancelled) whatever happens. The local backend's "node" is this host.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import sys
@@ -18,9 +19,11 @@ from typing import Any
 from experiments.launchers import srun_on_node
 from injectors.probe import FACTS_PREFIX
 from orchestrator.backends.slurm.backend import parse_sbatch_parsable
+from orchestrator.campaign.directives import parse_directive, slurm_line
 from orchestrator.commands import CommandError, Conversation, run_command
 from orchestrator.doctor.clock import ClockReading, read_offset
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # the job's wait in the queue
 FACTS_TIMEOUT_S = 90.0  # a node's facts visible on the login node after the job started
@@ -67,6 +70,7 @@ class SlurmProbe:
     nodes: int
     partition: str | None
     framework: str | None
+    extra_directives: tuple[str, ...] = ()
     python: str = sys.executable
     job_id: str | None = None
 
@@ -79,12 +83,17 @@ class SlurmProbe:
         finally:
             (self.folder / "done").touch()
             if self.job_id is not None:
-                run_command(["scancel", self.job_id], timeout_s=20.0, check=False)
+                try:
+                    run_command(["scancel", self.job_id], timeout_s=20.0, check=False)
+                except CommandError as error:  # the job ends by itself (the done file, its time limit)
+                    log.warning("cancelling the test job %s failed: %s", self.job_id, error.summary)
 
     def script(self) -> str:
         q = shlex.quote
         directives = ["-J fd-doctor", f"-N {self.nodes}", "--ntasks-per-node=1", "-t 10",
-                      f"-o {q(str(self.folder / 'job.out'))}", *([f"-p {q(self.partition)}"] if self.partition else [])]
+                      f"-o {q(str(self.folder / 'job.out')).replace('%', '%%')}",
+                      *([f"-p {q(self.partition)}"] if self.partition else []),
+                      *(slurm_line(parse_directive(text)) for text in self.extra_directives)]
         facts = [self.python, "-m", "injectors.probe", "facts", "--out-dir", str(self.folder),
                  *(["--framework", self.framework] if self.framework else [])]
         return "\n".join(["#!/bin/bash", *(f"#SBATCH {line}" for line in directives),

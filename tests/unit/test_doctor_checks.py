@@ -85,3 +85,11 @@ def test_a_local_workdir_passes_flock_rename_and_type(tmp_path: Path) -> None:
     checks = check_directory("workdir", tmp_path / "work")
     assert [check.status for check in checks] == [Status.PASS] * 3, checks
     assert not [path for path in (tmp_path / "work").iterdir()], "the doctor's probe files are removed"
+
+
+def test_the_test_jobs_script_asks_what_the_spec_asks_and_escapes_its_output_path(tmp_path: Path) -> None:
+    from orchestrator.doctor.probe_job import SlurmProbe
+
+    script = SlurmProbe(tmp_path / "50%", 2, "debug", "torch", ("--account=ml", "--qos=short")).script()
+    assert "#SBATCH --account=ml" in script and "#SBATCH --qos=short" in script and "#SBATCH -N 2" in script
+    assert "50%%" in script.split("#SBATCH -o ", 1)[1].splitlines()[0], "a % in the path is no Slurm pattern"

@@ -70,3 +70,9 @@ def test_the_spec_may_say_how_often_within_a_fifth_of_the_hang_timeout(tmp_path:
     assert _first_job(tmp_path, heartbeat_s=0.2).heartbeat_interval_s == 0.2
     with pytest.raises(SpecError, match="heartbeat_s 30: at most hang_timeout_s / 5"):
         _first_job(tmp_path, heartbeat_s=30, hang_timeout_s=120)
+
+
+def test_the_network_filesystems_interval_stays_within_a_fifth_of_a_short_hang_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _mounted_as(monkeypatch, tmp_path, "nfs4")
+    assert _first_job(tmp_path, hang_timeout_s=3.0).heartbeat_interval_s == pytest.approx(0.6)

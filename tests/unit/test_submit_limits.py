@@ -47,9 +47,26 @@ def test_sbatch_refusals_are_told_apart(stderr: str, held: bool) -> None:
     assert stderr.splitlines()[0].removeprefix("sbatch: error: ") in refusal.why
 
 
+QUEUE_FULL = ("sbatch: error: Slurm job queue full, sleeping and retrying\nsbatch: error: Batch job submission failed: "
+              "Unable to create job record, try again\n")
+MUNGE_EAGAIN = ("sbatch: error: Munge encode failed: Failed to connect to \"/run/munge/munge.socket.2\": Resource "
+                "temporarily unavailable\nsbatch: error: Batch job submission failed: Protocol authentication error\n")
+
+
 def test_a_failure_to_reach_the_scheduler_is_no_refusal() -> None:
     assert sbatch_refusal(_error(NO_CONTROLLER)) is None
     assert sbatch_refusal(_error(SUBMIT_LIMIT, command="squeue")) is None
+    assert sbatch_refusal(_error(MUNGE_EAGAIN)) is None, "an EAGAIN of the client's own spends submit retries"
+
+
+def test_the_systems_job_count_limit_holds_and_a_timed_out_sbatch_is_looked_up() -> None:
+    refusal = sbatch_refusal(_error(QUEUE_FULL))
+    assert refusal is not None and refusal.held
+    # sbatch killed at its timeout while retrying: it may have got the job in; looked up, not held
+    timed_out = CommandError(["sbatch", "--parsable", "x.sh"], None, "",
+                             "sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying\n",
+                             "command timed out after 60 s")
+    assert sbatch_refusal(timed_out) is None
 
 
 class SiteWithLimits(FakeScheduler):
@@ -109,5 +126,21 @@ def test_a_job_the_site_refuses_as_asked_fails_the_run_at_once_with_its_words(tm
         assert "QOSMaxWallDurationPerJobLimit" in (rows[0].reason or ""), rows[0]
         assert controller.ledger.run(run.run_id).status in ("gave_up", "failed")
         assert len(site.called("submit")) == 1
+    finally:
+        controller.close()
+
+
+def test_a_limit_that_never_clears_fails_the_run_after_submit_hold_s(tmp_path: Path) -> None:
+    site = SiteWithLimits(SUBMIT_LIMIT, refusals=10**6)
+    path = _spec(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["restart"]["submit_hold_s"] = 0.05
+    path.write_text(yaml.safe_dump(spec))
+    controller = Controller(load_campaign(path), backend=site)
+    try:
+        controller.run(observer=lambda trackers: None)  # to the end: the run fails
+        [run] = controller.runs
+        [row] = controller.ledger.attempts(run.run_id)  # no restart: a new attempt would be held as long
+        assert row.state == SUBMIT_FAILED and "held by the site's limit of submitted jobs" in (row.reason or ""), row
     finally:
         controller.close()

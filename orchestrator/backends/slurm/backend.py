@@ -78,8 +78,9 @@ class TemplateSlurmExecutor(submitit.SlurmExecutor):
 
 # sbatch's words for a limit of submitted jobs (the user's, the account's, the QOS's: Slurm's job
 # reasons QOSMaxSubmitJobPerUserLimit, AssocMaxSubmitJobLimit, AssocGrpSubmitJobsLimit, ...; the
-# system's MaxJobCount): it clears as jobs end.
-SUBMIT_LIMIT_MARKERS = ("SubmitJob", "Slurm temporarily unable to accept job", "Resource temporarily unavailable")
+# system's MaxJobCount: "Slurm job queue full", then "Unable to create job record"): it clears as
+# jobs end.
+SUBMIT_LIMIT_MARKERS = ("SubmitJob", "Slurm job queue full", "Unable to create job record")
 # What refuses a job as asked, for good: a per-job limit of the QOS or association, an invalid
 # QOS, account, partition, time or size.
 SUBMIT_REFUSED_MARKERS = ("Job violates accounting/QOS policy", "Invalid qos", "Invalid account",
@@ -91,6 +92,8 @@ SUBMIT_REFUSED_MARKERS = ("Job violates accounting/QOS policy", "Invalid qos", "
 def sbatch_refusal(error: BaseException) -> SubmitRefusal | None:
     """sbatch's refusal in ``error`` (held: a limit of submitted jobs; else for good), if it is one."""
     if not isinstance(error, CommandError) or not error.command or error.command[0] != "sbatch":
+        return None
+    if error.returncode is None:  # timed out (or not found): what it said is no answer, it may have taken the job
         return None
     said = [line.strip().removeprefix("sbatch: error: ") for line in error.stderr.splitlines() if line.strip()]
     text = "; ".join(said)
