@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultdrill_cli import FULL_ONLY
+
 DOCTOR_TIMEOUT_S = 300
 
 
@@ -46,6 +48,7 @@ def test_the_doctor_runs_a_test_job_reads_each_nodes_clock_and_checks_the_site(s
                message="the doctor's test job to end")
 
 
+@FULL_ONLY  # CI keeps the no-accounting profile's drill (test_site_profiles.py); this its doctor
 def test_without_accounting_the_doctor_warns_and_says_what_the_drill_knows_less_of(
         shared_tmp: Path, no_accounting: None) -> None:
     code, document = _doctor(shared_tmp / "work")
