@@ -139,7 +139,10 @@ def test_a_refused_sbatch_costs_that_run_only_and_a_half_accepted_one_is_not_sen
     good = next(run for run in report["runs"] if run["run_id"].endswith("partition=debug"))
     bad = next(run for run in report["runs"] if run["run_id"].endswith("partition=nosuch"))
     assert good["status"] == "completed" and bad["status"] == "gave_up"
-    assert [a["state"] for a in bad["attempts"]] == ["SUBMIT_FAILED", "SUBMIT_FAILED"]
+    # The site refuses that job as asked (no such partition): the run fails at once, no retry, no
+    # restart (issue 22, item 6: it was tried and restarted until its budget was spent).
+    assert [a["state"] for a in bad["attempts"]] == ["SUBMIT_FAILED"]
+    assert "refused the job as asked" in bad["attempts"][0]["reason"]
     assert "Invalid partition" in bad["attempts"][0]["reason"]
     [attempt] = good["attempts"]
     assert attempt["job_id"].endswith(f";{CLUSTER_NAME}"), "the id lost the cluster sbatch chose"
