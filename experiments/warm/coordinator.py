@@ -456,16 +456,19 @@ class Coordinator:
         the stores here, the failed generation's is voided again each ``void_again_s`` meanwhile: a
         member that connected to it after the last void stops waiting there too."""
         deadline = time.monotonic() + self.timing.report_s
-        reported = lambda: all(m.lost_step is not None for m in self._of_role(ACTIVE))  # noqa: E731
-        while not reported():
+        while not self._all_reported():
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CoordinatorGaveUp(f"warm: a survivor did not report the step it completed (is it hung?) "
                                         f"within {self.timing.report_s:g} s")
             period = left if self.stores is None else min(self.timing.void_again_s, left)
-            if not self._lock.wait_for(lambda: reported() or self._verdict is not None, timeout=period):
+            if not self._lock.wait_for(lambda: self._all_reported() or self._verdict is not None, timeout=period):
                 self._void_rendezvous()
             self._check_aborted()
+
+    def _all_reported(self) -> bool:
+        """Every active member reported the step it completed (its collective failed)."""
+        return all(member.lost_step is not None for member in self._of_role(ACTIVE))
 
     def _open_store(self, generation: int) -> int:
         """The port of ``generation``'s store (none: 0); one that cannot start here ends the job."""
