@@ -17,6 +17,7 @@ import yaml
 
 from campaigns import drill_report
 from experiments.layout import RunPaths, read_json_lines
+from faultdrill_cli import FULL_ONLY
 from orchestrator.backends.pbs.commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
 from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
 
@@ -45,6 +46,7 @@ def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
     return next(run for run in report["runs"] if run["run_id"] == run_id)
 
 
+@FULL_ONLY  # CI: the same checks on the rank kill of the scheduler-ends drill below (1 rank a node)
 def test_pbs_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster) -> None:
     spec = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-quick.yaml")
     done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec), "--format", "json"],
@@ -53,19 +55,21 @@ def test_pbs_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster) -> Non
     report = json.loads(done.stdout)
     job_ids = [attempt["job_id"] for run in report["runs"] for attempt in run["attempts"]]
     try:
-        _check_report(report, shared_tmp, cluster)
-        _check_scheduler_view(report, shared_tmp)
+        _check_report(report, shared_tmp, cluster, "r000")
+        _check_scheduler_view(report, shared_tmp, "r000")
     finally:
         for job_id in job_ids:
             qdel(job_id, None)
 
 
-def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
+def _check_report(report: dict[str, Any], shared_tmp: Path, cluster, run_id: str) -> None:
+    """``run_id``, a rank killed after its first checkpoint: on both nodes, resubmitted with qsub,
+    every recovery field measured, ended as its twin."""
     assert report["backend"] == "pbs"
-    faulted = _run(report, "r000")
+    faulted = _run(report, run_id)
     assert faulted["status"] == "completed"
     assert faulted["final_step"] == faulted["target_steps"]
-    assert faulted["ranks"] == 4 and faulted["nodes"] == 2
+    assert faulted["nodes"] == 2 and faulted["ranks"] % 2 == 0
     assert any(fault["at"] and fault["outcome"] == "injected" for fault in faulted["faults"])
     recoveries = faulted["recoveries"]
     assert recoveries and all(set(recovery) == RECOVERY_FIELDS for recovery in recoveries)
@@ -76,24 +80,24 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster) -> None:
     assert all(recovery["spare"] is None and recovery["state_source"] is None for recovery in recoveries)
     assert any(recovery["resumed_from_step"] > 0 for recovery in recoveries)
     assert faulted["identical_to_baseline"] is True
-    assert _run(report, "r000-baseline")["status"] == "completed"
+    assert _run(report, "r000-baseline")["status"] == "completed"  # the twin of every run here
 
-    paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
-    nodes = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(4)}
+    paths = RunPaths(shared_tmp / "work" / "runs" / run_id)
+    nodes = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(faulted["ranks"])}
     assert len(nodes) == 2 and nodes <= set(cluster), f"ranks ran on {nodes}, expected 2 nodes of {set(cluster)}"
     start = read_json_lines(paths.events_file(0))[0]
     assert start["event"] == "job_start" and start["job_id"] == faulted["attempts"][0]["job_id"]
 
 
-def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path) -> None:
+def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path, run_id: str) -> None:
     """qstat still lists every attempt under its name; the killed attempt's record says it failed."""
-    faulted = _run(report, "r000")
+    faulted = _run(report, run_id)
     listed = qstat_all()
     for run in report["runs"]:
         for number, attempt in enumerate(run["attempts"]):
             assert listed[attempt["job_id"]]["Job_Name"] == f"fd-{report['drill_id']}-{run['run_id']}-a{number}"
     failed_job = faulted["attempts"][0]["job_id"]
-    folder = shared_tmp / "work" / "runs" / "r000" / "submitit"
+    folder = shared_tmp / "work" / "runs" / run_id / "submitit"
     assert int((folder / EXIT_CODE_FILE.format(job=failed_job)).read_text()) != 0
     last_job = faulted["attempts"][-1]["job_id"]
     states = qstat_states([failed_job, last_job], {failed_job: folder, last_job: folder})
@@ -141,7 +145,8 @@ def _batch_logs(workdir: Path) -> str:
 
 
 def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(shared_tmp: Path, cluster) -> None:
-    """PBS has no qsig here and moves no running job's walltime: a preemption is the agent's
+    """A rank SIGKILLed by the agent after the first checkpoint (r002) recovers in a new job as the
+    quick drill's does (its checks above). PBS has no qsig here and moves no running job's walltime: a preemption is the agent's
     warning to every verified rank on both nodes, then qdel; a walltime is the job's own (a minute),
     its warning sent by the batch script ``resources.warning_s`` before it and forwarded by mpiexec.
     Both times the ranks save on the warning, the run resumes at that step in a new job (nothing
@@ -158,9 +163,13 @@ def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(share
     spec.pop("faults")
     spec["sweep"] = {"grid": [{"faults": [[{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 30}]]},
                               {"faults": [[{"kind": "timeout", "after": {"at_step": 50}}]],
-                               "resources.time": ["00:01:00"]}]}
+                               "resources.time": ["00:01:00"]},
+                              {"faults": [[{"kind": "kill-rank", "after": {"fixed": 0.5}, "anchor": "first_checkpoint",
+                                            "rank": "random", "signal": "SIGKILL"}]]}]}
     report = _drill(spec_path, spec)
     try:
+        _check_report(report, shared_tmp, cluster, "r002")
+        _check_scheduler_view(report, shared_tmp, "r002")
         for run_id, kind, first_class in (("r000", "preempt", "PREEMPTED"), ("r001", "timeout", "TIMEOUT")):
             run = _run(report, run_id)
             assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]

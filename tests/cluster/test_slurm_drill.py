@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from experiments.layout import RunPaths, read_json_lines
+from faultdrill_cli import FULL_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_TIMEOUT_S = 600
@@ -29,6 +30,7 @@ def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
     return next(run for run in report["runs"] if run["run_id"] == run_id)
 
 
+@FULL_ONLY  # CI: its checks on the resubmit run of tests/cluster/test_strategies.py (1 rank a node)
 def test_slurm_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster, slurm) -> None:
     spec = _slurm_quick_spec(shared_tmp / "work", shared_tmp / "slurm-quick.yaml")
     done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec), "--format", "json"],

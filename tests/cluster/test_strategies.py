@@ -8,6 +8,7 @@ runs the same job again, through the scheduler's hold."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import uuid
@@ -17,6 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from campaigns import campaign_copy, drill_report
+from experiments.layout import RunPaths, read_json_lines
 from experiments.runtime.hostlist import expand_hostlist
 from report_page import every_image_loaded, open_page
 
@@ -32,7 +34,7 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     shared.mkdir(parents=True)
     try:
         yield {**drill_report(campaign_copy("strategies", shared), DRILL_TIMEOUT_S, html=True),
-               "page": shared / "work" / "report" / "index.html"}
+               "page": shared / "work" / "report" / "index.html", "workdir": str(shared / "work")}
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -63,6 +65,24 @@ def test_every_run_recovers_bit_for_bit_with_class_and_strategy(report: dict[str
     pairs = {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
     assert pairs == {("resubmit", "RANK_SIGNAL"), ("resubmit", "NODE_FAIL"), ("in-allocation", "RANK_SIGNAL"),
                      ("in-allocation", "NODE_FAIL"), ("requeue", "RANK_SIGNAL"), ("requeue", "PREEMPTED")}
+
+
+def test_resubmit_after_a_rank_kill_is_a_new_job_and_accounting_shows_the_one_that_failed(
+        report: dict[str, Any], slurm) -> None:
+    """The quick drill's checks on the real cluster, on the resubmit run of the rank SIGKILL: ranks on
+    both of the job's nodes, a new job from the newest valid checkpoint, the batch script's first
+    event its job's start, and sacct's record of the killed job (tests/cluster/test_slurm_drill.py's
+    own campaign, 2 ranks a node, runs with FAULTDRILL_FULL=1)."""
+    run = _by(report, "resubmit", "kill-rank")
+    failed, restarted = run["attempts"]
+    assert restarted["job_id"] != failed["job_id"] and run["recoveries"][0]["resumed_from_step"] > 0
+    assert run["nodes"] == 2 and len(set(_node_list(failed["job_id"]))) == 2
+    paths = RunPaths(Path(report["workdir"]) / "runs" / run["run_id"])
+    ranks_on = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(run["ranks"])}
+    assert ranks_on == set(_node_list(failed["job_id"])), ranks_on
+    start = read_json_lines(paths.events_file(0))[0]
+    assert start["event"] == "job_start" and start["job_id"] == failed["job_id"], start
+    assert slurm.wait_sacct_state(failed["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
 
 
 def test_resubmit_keeps_the_next_job_off_the_crashed_node(report: dict[str, Any], cluster) -> None:

@@ -14,7 +14,7 @@ from recovery_checks import assert_phases_follow_the_moments
 from drills import drill, drill_processes, run_of, write_spec
 
 EVERY = 300  # checkpoints; the faults come at step 400, a paced step (step_s) before the next
-WORKLOAD = {"framework": "torch", "params": 200000, "steps": 900, "step_s": 0.02, "seed": 5, "batch_size": 16}
+WORKLOAD = {"framework": "torch", "params": 200000, "steps": 600, "step_s": 0.02, "seed": 5, "batch_size": 16}
 RESTART = {"strategy": "in-allocation", "max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0,
            "checkpoint_timeout_s": 10.0, "relaunch_wait_s": 30}
 
