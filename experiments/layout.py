@@ -68,6 +68,7 @@ NCCL_PEER_LOSS_MARKERS = ("Watchdog caught collective operation timeout", "ncclR
 
 MANIFEST_NAME = "manifest.json"
 EVENTS_FILE_NAME = "events.jsonl"  # an attempt's timeline, in its attempt folder
+CLOCKS_FILE_NAME = "clocks.json"  # the controller's readings of an attempt's nodes' clocks
 RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
 RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
 CHECKPOINT_PREFIX = "step-"
@@ -215,6 +216,11 @@ class RunPaths:
     def events_file(self, attempt: int) -> Path:
         """Timeline of one attempt, appended by the batch script and rank 0 (one JSON object a line)."""
         return self.attempt_dir(attempt) / EVENTS_FILE_NAME
+
+    def clocks_file(self, attempt: int) -> Path:
+        """The clock of each of ``attempt``'s nodes against the login node's (orchestrator.record.clocks),
+        written by the controller alone."""
+        return self.attempt_dir(attempt) / CLOCKS_FILE_NAME
 
     def relaunch_exclude_file(self, attempt: int) -> Path:
         """in-allocation: the nodes ``attempt``'s rank step stays off (written by the controller)."""

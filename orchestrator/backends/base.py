@@ -17,7 +17,7 @@ from injectors.actions import WalltimeSet
 from orchestrator.campaign.capabilities import BackendCapabilities, Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
-from orchestrator.commands import CommandResult
+from orchestrator.commands import CommandResult, Conversation
 from orchestrator.render.scripts import SubmissionScript
 from orchestrator.states import JobState
 
@@ -61,6 +61,8 @@ class Backend(abc.ABC):
     # Its commands wait on a scheduler that may take up to their timeouts to answer: the controller
     # runs submissions and cancels off its loop (orchestrator/control/scheduler_calls.py).
     slow_commands: ClassVar[bool] = True
+    # Every moment of its jobs is stamped by this host's clock (the local backend): no clock to read.
+    one_clock: ClassVar[bool] = False
 
     def offers(self, capability: Capability) -> bool:
         return capability in self.capabilities
@@ -146,6 +148,11 @@ class Backend(abc.ABC):
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         """Run ``python <argv>`` (the fault agent) on ``node`` inside job ``job_id``'s allocation and
         return what it printed; a failure to start it is in the result, not raised."""
+
+    def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
+        """``python <argv>`` on ``node`` inside job ``job_id``'s allocation, as the fault agent runs,
+        talked to line by line (a clock's reading: orchestrator.observe.node_clocks)."""
+        raise NotSupported(f"the {self.name} backend reaches no node of a job to talk to")
 
     def agent_job_id(self, job_id: str) -> str:
         """The job's id as its ranks carry it in their environment (what the agent verifies)."""

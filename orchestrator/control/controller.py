@@ -34,6 +34,7 @@ from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
 from orchestrator.faults.job_control import Menders, node_fault_refusals
+from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.measure import record_determinism
@@ -161,7 +162,8 @@ class Controller:
         menders = Menders(self.campaign.workdir)
         self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
         pools = self.injector_pools()
-        trackers = self.trackers(pools)
+        clocks = ClockBook(self.backend)
+        trackers = self.trackers(pools, clocks)
         now = time.time()
         for tracker in trackers:
             tracker.reclaim_cancels(now)
@@ -175,6 +177,7 @@ class Controller:
         finally:
             for pool in pools.values():
                 pool.shutdown(wait=True)  # a fault still acting may owe a mend
+            clocks.close()
             self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
             for tracker in trackers:
                 if tracker.done:
@@ -238,9 +241,9 @@ class Controller:
         return {run.run_id: ThreadPoolExecutor(max_workers=INJECTORS_PER_RUN, thread_name_prefix=f"injector-{run.run_id}")
                 for run in self.runs}
 
-    def trackers(self, pools: dict[str, ThreadPoolExecutor]) -> list[RunTracker]:
-        return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id, self.calls)
-                for run, faults in self.plan]
+    def trackers(self, pools: dict[str, ThreadPoolExecutor], clocks: ClockBook | None = None) -> list[RunTracker]:
+        return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id, self.calls,
+                           clocks) for run, faults in self.plan]
 
     def _mend(self, menders: Menders, when: str) -> None:
         for said in menders.run_all():

@@ -4,16 +4,23 @@ its time to recover and the work lost go into the ledger (orchestrator.record.re
 
 from __future__ import annotations
 
+from typing import Callable
+
+from injectors.kinds import get_kind
+from injectors.kinds.base import Site
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.control.submission import SUBMIT_FAILED
 from orchestrator.faults.book import FaultBook
-from orchestrator.record.ledger import AttemptRow, Ledger
-from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
+from orchestrator.record.clocks import LOGIN, SCHEDULER
+from orchestrator.record.ledger import AttemptRow, FaultRow, Ledger
+from orchestrator.record.recovery import UNKNOWN_NODE, Failure, batch_host, compute_recovery, recovering_from
 
 
 class RecoveryRecorder:
-    def __init__(self, run: RunConfig, ledger: Ledger, faults: FaultBook) -> None:
+    def __init__(self, run: RunConfig, ledger: Ledger, faults: FaultBook,
+                 clocks_pending: Callable[[int], bool] = lambda attempt: False) -> None:
         self.run, self.ledger, self.faults = run, ledger, faults
+        self.clocks_pending = clocks_pending  # an attempt's node clocks are being read: its moments wait
         self.awaiting: int | None = None  # the attempt whose recovery is not recorded yet
 
     def expect(self, attempt: int) -> None:
@@ -31,7 +38,7 @@ class RecoveryRecorder:
         if not attempts_that_ran:
             return
         failed = recovering_from(self.run.paths, attempts_that_ran)
-        if not self.faults.settled(failed):
+        if not self.faults.settled(failed) or self.clocks_pending(failed) or self.clocks_pending(attempt):
             return
         failure = self.failure_of(rows[failed])
         if failure is None:
@@ -46,13 +53,34 @@ class RecoveryRecorder:
         """Why the attempt ended: the injected fault that hit it, else a natural failure."""
         if row.detected is None:
             return None
+        detected_clock = batch_host(self.run.paths, row.attempt) if row.failure_evidence == "warm" else LOGIN
         fault = self.faults.credited(row.attempt)
         if fault is not None and fault.at is not None:
-            return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault")
+            return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault",
+                           clock=self._fault_clock(fault), detected_clock=detected_clock)
         kind = (row.reason or "failure").split(":")[0]
         at = row.failed_at if row.failed_at is not None else row.detected
-        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected,
-                       evidence=row.failure_evidence or "detection")
+        evidence = row.failure_evidence or "detection"
+        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected, evidence=evidence,
+                       clock=self._evidence_clock(evidence, row.attempt), detected_clock=detected_clock)
+
+    @staticmethod
+    def _fault_clock(fault: FaultRow) -> str:
+        """A kind that acts from here stamps its moment on this clock; one an agent acts out, on the
+        node that acted first (listed first)."""
+        if get_kind(fault.kind).site is Site.CONTROLLER or not fault.node:
+            return LOGIN
+        return fault.node.split(",")[0]
+
+    def _evidence_clock(self, evidence: str, attempt: int) -> str:
+        """The clock a natural failure's moment was stamped on, by the evidence it comes from."""
+        if evidence in ("step_exit", "warm"):  # the batch script's event, the job's coordinator's
+            return batch_host(self.run.paths, attempt)
+        if evidence == "scheduler_end":
+            return SCHEDULER
+        if evidence == "last_heartbeat":
+            return UNKNOWN_NODE  # some rank's node
+        return LOGIN  # the controller's own look (poll, detection)
 
 
 def ran(row: AttemptRow) -> bool:

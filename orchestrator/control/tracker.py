@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
@@ -55,7 +55,9 @@ from orchestrator.observe.failure_signs import (
     failure_sign,
     requeued,
 )
+from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.watch import AttemptWatch, FailureSign
+from orchestrator.record.clocks import AttemptClocks
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.measure import completion_facts
 from orchestrator.record.recovery import last_progress
@@ -83,6 +85,7 @@ class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
         injector_pool: ThreadPoolExecutor, drill_id: str, calls: SchedulerCalls | None = None,
+        clocks: ClockBook | None = None,
     ) -> None:
         self.run = run
         self.plan = plan
@@ -110,7 +113,9 @@ class RunTracker:
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
-        self.recoveries = RecoveryRecorder(run, ledger, self.faults)
+        self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
+        self._clock_reads: dict[int, Future[AttemptClocks]] = {}
+        self.recoveries = RecoveryRecorder(run, ledger, self.faults, clocks_pending=self._clocks_pending)
         self._started_recorded = False
         self._finalized = False
 
@@ -367,6 +372,13 @@ class RunTracker:
         if watch.job_started is not None and not self._started_recorded:
             self.ledger.update_attempt(self.run.run_id, watch.attempt, started=watch.job_started)
             self._started_recorded = True
+        if self.clocks is not None and watch.ranks_started is not None and watch.attempt not in self._clock_reads:
+            self._clock_reads[watch.attempt] = self.clocks.read_attempt(self.run.paths, watch.attempt, self.run.ranks,
+                                                                        watch.job_id)
+
+    def _clocks_pending(self, attempt: int) -> bool:
+        read = self._clock_reads.get(attempt)
+        return read is not None and not read.done()
 
     # failure ----------------------------------------------------------------------------------
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:

@@ -21,7 +21,8 @@ from injectors.probe import FACTS_PREFIX
 from orchestrator.backends.slurm.backend import parse_sbatch_parsable
 from orchestrator.campaign.directives import parse_directive, slurm_line
 from orchestrator.commands import CommandError, Conversation, run_command
-from orchestrator.doctor.clock import ClockReading, read_offset
+from orchestrator.observe.node_clocks import read_offset
+from orchestrator.record.clocks import ClockReading
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]

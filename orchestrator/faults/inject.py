@@ -152,5 +152,5 @@ def _merged(outcomes: list[FaultOutcome], missed: list[TargetRefused]) -> FaultO
     details += [f"{'short of its step when its wait ran out' if isinstance(error, StepNotReached) else 'gone before its agent acted'}: {error}"
                 for error in missed]
     return FaultOutcome(kind=first.kind, target="; ".join(o.target for o in outcomes), at=first.at,
-                        node=",".join(o.node for o in outcomes), pid=first.pid, signal=first.signal,
+                        node=",".join([first.node, *(o.node for o in outcomes if o is not first)]), pid=first.pid, signal=first.signal,
                         detail="; ".join(details), met_step=first.met_step)

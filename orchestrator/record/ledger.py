@@ -63,7 +63,8 @@ ADDED_COLUMNS = {
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
                    "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''",
-                   "failed_restarts": "INTEGER NOT NULL DEFAULT 0", "spare": "TEXT", "state_source": "TEXT"},
+                   "failed_restarts": "INTEGER NOT NULL DEFAULT 0", "spare": "TEXT", "state_source": "TEXT",
+                   "phase_uncertainty": "TEXT NOT NULL DEFAULT '{}'", "clock_offsets": "TEXT NOT NULL DEFAULT '{}'"},
 }
 
 
@@ -170,6 +171,10 @@ class RecoveryRow:
     # state came from ("peer": a survivor's, no rollback; "checkpoint": none survived).
     spare: str | None = None
     state_source: str | None = None
+    # JSON: each phase's (and ttr_s's) uncertainty from the clocks its two moments were stamped on
+    # (0: one clock; null: a clock not read), and the offsets applied (node -> [offset, uncertainty]).
+    phase_uncertainty: str = "{}"
+    clock_offsets: str = "{}"
 
 
 Row = TypeVar("Row")

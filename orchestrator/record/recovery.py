@@ -4,16 +4,20 @@ Phases (DESIGN.md): fault -> detected -> new job accepted -> job started -> fram
 checkpoint loaded -> first step done. Each phase is a difference of two of these wall times, so the
 phases add up to ttr_s exactly.
 
-The times come from two kinds of clock: the controller's (detected, accepted) and the compute
-nodes' (the fault agent's, the batch script's and the ranks'). Each moment happens after the one
-before it, so under clock skew a later moment may read earlier: it is then moved up to the one
-before it (no phase is ever negative), and the largest such move is recorded as
-``clock_correction_s``, a lower bound of the skew between the clocks involved (0 on one clock).
+The times come from several clocks: the controller's (detected, accepted: the login clock, the
+reference) and the compute nodes' (the fault agent's, the batch script's, rank 0's). Each node
+stamp is moved onto the login clock by the offset read from its node while the attempt ran
+(orchestrator.record.clocks), and each phase carries the uncertainty of that move: none between two
+stamps of one clock, the sum of both bounds across two, unknown (None) where a clock was not read.
+Each moment happens after the one before it, so a later moment that still reads earlier (within
+the bounds, or on a clock not read) is moved up to the one before it (no phase is ever negative),
+and the largest such move is recorded as ``clock_correction_s``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
@@ -30,7 +34,12 @@ from experiments.layout import (
     read_events,
     read_json_lines_backwards,
 )
+from injectors.targets import TargetRefused, read_identity
+from orchestrator.record.clocks import LOGIN, OnLogin, Stamp, between, load_clocks
 from orchestrator.record.ledger import AttemptRow, RecoveryRow
+
+PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
+UNKNOWN_NODE = "an unknown node"  # a node stamp whose node is not known (no reading applies to it)
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,8 @@ class Failure:
     at: float
     detected: float
     evidence: str = "fault"
+    clock: str = LOGIN  # the clock ``at`` was stamped on: a fault agent's node, the batch host's, the login node's
+    detected_clock: str = LOGIN  # warm: the job's coordinator stamps the detection on the batch host
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class AttemptTimeline:
     resumed_from_step: int
     first_step: float
     skipped_steps: tuple[int, ...] = ()  # newer checkpoints rank 0 could not use (a fallback)
+    batch_host: str = UNKNOWN_NODE  # whose clock stamped job_start (rank 0's start on the local backend)
 
 
 def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
@@ -70,7 +82,36 @@ def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
         resumed_from_step=int(loaded.number("step", 0)),
         first_step=first.time,
         skipped_steps=tuple(int(step) for step in loaded.fields.get("skipped") or ()),
+        batch_host=str(start.fields.get("node") or UNKNOWN_NODE),
     )
+
+
+def batch_host(paths: RunPaths, attempt: int) -> str:
+    """The node whose clock stamped ``attempt``'s batch script events (its job_start's node)."""
+    events = read_events(paths.events_file(attempt))
+    start = first_event(events, EVENT_JOB_START) or first_event(events, EVENT_PROCESS_START)
+    return str(start.fields.get("node") or UNKNOWN_NODE) if start is not None else UNKNOWN_NODE
+
+
+def rank_node(paths: RunPaths, attempt: int, rank: int) -> str:
+    """The node rank ``rank`` of ``attempt`` ran on (its identity file), whose clock stamped its records."""
+    try:
+        return read_identity(paths.root, attempt, rank).node
+    except TargetRefused:
+        return UNKNOWN_NODE
+
+
+def rank_offsets(paths: RunPaths, attempt: int, ranks: int) -> list[float]:
+    """Each rank's clock of ``attempt`` minus the login node's (0 where it was not read): a rank's
+    heartbeat at ``t`` was at ``t - offset`` on the login clock."""
+    clocks = load_clocks(paths.clocks_file(attempt))
+    if clocks.one_clock or not clocks.readings:
+        return [0.0] * ranks
+    offsets = []
+    for rank in range(ranks):
+        reading = clocks.readings.get(rank_node(paths, attempt, rank))
+        offsets.append(reading.offset_s if reading is not None else 0.0)
+    return offsets
 
 
 def recovering_from(paths: RunPaths, ran: list[int]) -> int:
@@ -91,23 +132,32 @@ def compute_recovery(
     timeline = attempt_timeline(paths, resumed.attempt)
     if timeline is None or resumed.accepted is None:
         return None
-    last_step, last_time = last_progress(paths, ranks, failed.attempt, failure.at)
-    resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, failure.at)
+    failed_clocks = load_clocks(paths.clocks_file(failed.attempt))
+    resumed_clocks = load_clocks(paths.clocks_file(resumed.attempt))
+    fault_at = failed_clocks.on_login(Stamp(failure.at, failure.clock)).time
+    last_step, last_time = last_progress(paths, ranks, failed.attempt, fault_at)
+    resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, fault_at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
     lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
     resumed_events = read_events(paths.events_file(resumed.attempt))
     plan = first_event(resumed_events, EVENT_WARM_PLAN) or first_event(resumed_events, EVENT_ELASTIC_ROUND)
     # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later);
-    # elastic: torchrun's start of the round
-    accepted = plan.time if plan is not None else resumed.accepted
-    moments, correction = ordered([failure.at, failure.detected, accepted, timeline.job_start,
-                                   timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step])
+    # elastic: torchrun's start of the round. Both are stamped in the batch script's job.
+    accepted = Stamp(plan.time, timeline.batch_host) if plan is not None else Stamp(resumed.accepted, LOGIN)
+    rank0 = rank_node(paths, resumed.attempt, 0)
+    stamps = [failed_clocks.on_login(Stamp(failure.at, failure.clock)),
+              failed_clocks.on_login(Stamp(failure.detected, failure.detected_clock)),
+              resumed_clocks.on_login(accepted),
+              resumed_clocks.on_login(Stamp(timeline.job_start, timeline.batch_host)),
+              *(resumed_clocks.on_login(Stamp(moment, rank0))
+                for moment in (timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step))]
+    moments, correction = ordered([stamp.time for stamp in stamps])
     detect, resubmit, queue, startup, load, first_step = (b - a for a, b in zip(moments, moments[1:], strict=False))
     return RecoveryRow(
         run_id=failed.run_id,
         attempt=resumed.attempt,
         fault_kind=failure.kind,
-        fault_at=failure.at,
+        fault_at=failure.at,  # as the fault recorded it (its clock): what ties the recovery to its fault
         detect_s=detect,
         resubmit_s=resubmit,
         queue_s=queue,
@@ -127,8 +177,18 @@ def compute_recovery(
         fallback_lost_steps=max(timeline.skipped_steps, default=timeline.resumed_from_step)
         - timeline.resumed_from_step,
         failed_restarts=failed_restarts,
+        phase_uncertainty=json.dumps(phase_uncertainty(stamps)),
+        clock_offsets=json.dumps({**failed_clocks.offsets_json(), **resumed_clocks.offsets_json()}, sort_keys=True),
         **warm_recovery(plan),
     )
+
+
+def phase_uncertainty(stamps: list[OnLogin]) -> dict[str, float | None]:
+    """Each phase's (and ttr_s's) uncertainty from the clocks of the two moments it lies between."""
+    bounds: dict[str, float | None] = {phase: between(a, b)
+                                       for phase, a, b in zip(PHASES, stamps[:-1], stamps[1:], strict=True)}
+    bounds["ttr_s"] = between(stamps[0], stamps[-1])
+    return {phase: None if bound is None else round(bound, 6) for phase, bound in bounds.items()}
 
 
 def warm_recovery(plan: EventRecord | None) -> dict[str, str | None]:
@@ -152,16 +212,18 @@ def ordered(moments: list[float]) -> tuple[list[float], float]:
 
 
 def _newest_beat(paths: RunPaths, attempt: int, rank: int, before: float, step: int | None = None,
-                 earliest_of_its_step: bool = False) -> Heartbeat | None:
+                 earliest_of_its_step: bool = False, offset: float = 0.0) -> Heartbeat | None:
     """The rank's beat of ``attempt`` with the highest step (at most ``step``) at or before
-    ``before``: the latest beat of that step, or the earliest. Read from the file's end back: a
-    recovery pays for the beats since that step, never for the attempt's age."""
+    ``before`` (the login clock's; the beat's own clock is ``offset`` ahead of it, and the beat
+    returned is on the login clock): the latest beat of that step, or the earliest. Read from the
+    file's end back: a recovery pays for the beats since that step, never for the attempt's age."""
     found: Heartbeat | None = None
     for record in read_json_lines_backwards(paths.heartbeat_file(attempt, rank)):
         try:
             beat = Heartbeat.from_json(record)
         except (KeyError, TypeError, ValueError):
             continue  # not a beat (a torn line's remains)
+        beat = replace(beat, time=beat.time - offset)
         if beat.attempt != attempt or beat.time > before or (step is not None and beat.step > step):
             continue
         if found is not None and beat.step != found.step:
@@ -173,8 +235,11 @@ def _newest_beat(paths: RunPaths, attempt: int, rank: int, before: float, step: 
 
 
 def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> tuple[int, float]:
-    """The highest step any rank of ``attempt`` reported before ``before``, and when."""
-    beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, earliest_of_its_step=True))]
+    """The highest step any rank of ``attempt`` reported before ``before``, and when (both times on
+    the login clock, each rank's beats moved onto it by its node's reading)."""
+    offsets = rank_offsets(paths, attempt, ranks)
+    beats = [beat for rank in range(ranks)
+             if (beat := _newest_beat(paths, attempt, rank, before, earliest_of_its_step=True, offset=offsets[rank]))]
     if not beats:
         return 0, before
     best = max(beats, key=lambda beat: (beat.step, -beat.time))
@@ -182,9 +247,12 @@ def last_progress(paths: RunPaths, ranks: int, attempt: int, before: float) -> t
 
 
 def step_reached_at(paths: RunPaths, ranks: int, step: int, before: float) -> float:
-    """When the run reached ``step`` on its way to the failure (the newest attempt that did)."""
+    """When the run reached ``step`` on its way to the failure (the newest attempt that did), on the
+    login clock."""
     for attempt in reversed(paths.heartbeat_attempts()):
-        beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, step))]
+        offsets = rank_offsets(paths, attempt, ranks)
+        beats = [beat for rank in range(ranks) if (beat := _newest_beat(paths, attempt, rank, before, step,
+                                                                          offset=offsets[rank]))]
         if beats:
             return max(beats, key=lambda beat: (beat.step, beat.time)).time
     return before

@@ -20,7 +20,11 @@ LEDGER_RECOVERY_FIELDS = (
     "failure_class", "class_evidence", "fallback_from_step", "fallback_lost_steps", "failed_restarts",
     "spare", "state_source",
 )
-RECOVERY_FIELDS = (*LEDGER_RECOVERY_FIELDS, "strategy")  # a report's recovery: the ledger's, and the run's strategy
+# A report's recovery: the ledger's, the run's strategy, and what the clocks allow of its phases:
+# each phase's uncertainty (0: one clock; null: a clock not read), the node offsets applied, the
+# phases shorter than their uncertainty, and the phases across a clock that was not read.
+CLOCK_FIELDS = ("phase_uncertainty_s", "clock_offsets", "below_uncertainty", "clocks_not_read")
+RECOVERY_FIELDS = (*LEDGER_RECOVERY_FIELDS, "strategy", *CLOCK_FIELDS)
 
 
 class ReportError(RuntimeError):
@@ -58,8 +62,8 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     if outputs is not None and outputs["verdict"] != MISSING:
         identical = outputs["verdict"] == IDENTICAL
     checkpoints = _checkpoint_summary(ledger, run.run_id, run)
-    recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy}
-                  for r in ledger.recoveries(run.run_id)]
+    recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy,
+                   **clock_view(asdict(r))} for r in ledger.recoveries(run.run_id)]
     return {
         "run_id": run.run_id,
         "framework": run.framework,
@@ -109,6 +113,14 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "warm_refused": _warm_refused(RunPaths(ledger.path.parent / "runs" / run.run_id),
                                       [a.attempt for a in ledger.attempts(run.run_id)]) if traits_of(run.strategy).warm else 0,
     }
+
+
+def clock_view(recovery: dict[str, Any]) -> dict[str, Any]:
+    """What the clocks allow of a recovery's phases (CLOCK_FIELDS)."""
+    bounds = json.loads(recovery.get("phase_uncertainty") or "{}")
+    return {"phase_uncertainty_s": bounds, "clock_offsets": json.loads(recovery.get("clock_offsets") or "{}"),
+            "below_uncertainty": [phase for phase, bound in bounds.items() if bound and recovery[phase] <= bound],
+            "clocks_not_read": [phase for phase, bound in bounds.items() if bound is None]}
 
 
 def _warm_refused(paths: RunPaths, attempts: list[int]) -> int:

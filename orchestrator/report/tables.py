@@ -85,14 +85,41 @@ def recoveries_table(report: dict[str, Any]) -> Table:
     for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
         inferred = set(run.get("progress", {}).get("inferred", ()))
         table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(
-            ("~" if key in inferred else "") + _fmt(rec[key]) for key in (
+            ("~" if key in inferred else "") + _phase(rec, key) for key in (
                 "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
                 "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")),
             *((rec.get("state_source") or "-", rec.get("spare") or "-") if warm else ()))
+    captions = []
     if any(run.get("progress", {}).get("inferred") for run in report["runs"]):
-        table.caption = ("~ inferred, not measured: a zero-code script's start-up ends at its first step logged, "
-                         "and the step it resumed from is read from its logs or files")
+        captions.append("~ inferred, not measured: a zero-code script's start-up ends at its first step logged, "
+                        "and the step it resumed from is read from its logs or files")
+    if any(rec.get("below_uncertainty") for _, rec in recoveries):
+        captions.append("<= x: shorter than the uncertainty of the node clocks it is measured across; at most x")
+    if any(rec.get("clocks_not_read") for _, rec in recoveries):
+        captions.append("? across a node clock that could not be read: not corrected for its offset")
+    offsets = clock_offsets_line(recoveries)
+    if offsets:
+        captions.append(offsets)
+    table.caption = "\n".join(captions) or None
     return table
+
+
+def _phase(recovery: dict[str, Any], key: str) -> str:
+    """A phase as the clocks allow: its bound where it is shorter than its uncertainty, marked where
+    a clock was not read."""
+    bound = (recovery.get("phase_uncertainty_s") or {}).get(key)
+    if key in recovery.get("below_uncertainty", ()):
+        return f"<={_fmt(recovery[key] + bound)}"
+    return _fmt(recovery[key]) + ("?" if key in recovery.get("clocks_not_read", ()) else "")
+
+
+def clock_offsets_line(recoveries: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """The node clocks the phases were corrected by (the newest reading of each node)."""
+    newest: dict[str, list[float]] = {}
+    for _, recovery in recoveries:
+        newest.update(recovery.get("clock_offsets") or {})
+    said = ", ".join(f"{node} {offset:+.4f} +-{bound:.4f}" for node, (offset, bound) in sorted(newest.items()))
+    return f"node clocks against the login node's (s): {said}" if said else ""
 
 
 def faults_table(report: dict[str, Any]) -> Table:

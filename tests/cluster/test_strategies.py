@@ -20,10 +20,12 @@ import pytest
 from campaigns import campaign_copy, drill_report
 from experiments.layout import RunPaths, read_json_lines
 from experiments.runtime.hostlist import expand_hostlist
+from orchestrator.record.clocks import load_clocks
 from report_page import every_image_loaded, open_page
 
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")
 DRILL_TIMEOUT_S = 1200
+ONE_KERNEL_SLACK_S = 0.005  # an echo's answer is timed a little after the clock was read
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,25 @@ def test_resubmit_after_a_rank_kill_is_a_new_job_and_accounting_shows_the_one_th
     start = read_json_lines(paths.events_file(0))[0]
     assert start["event"] == "job_start" and start["job_id"] == failed["job_id"], start
     assert slurm.wait_sacct_state(failed["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
+
+
+def test_every_attempts_node_clocks_are_read_and_every_phase_carries_their_bounds(report: dict[str, Any]) -> None:
+    """Each attempt that trained had its nodes' clocks read through a step of its job (the local
+    cluster's nodes share one kernel clock: each offset is 0 within its bounds, a few ms), and each
+    recovery's phases carry the uncertainty of the clocks they lie between: none unread."""
+    for run in _faulted(report):
+        paths = RunPaths(Path(report["workdir"]) / "runs" / run["run_id"])
+        for number in range(len(run["attempts"])):
+            if not paths.rank_file(number, 0).exists():
+                continue  # never started its ranks: no clock of it was needed
+            clocks = load_clocks(paths.clocks_file(number))
+            ran_on = {json.loads(paths.rank_file(number, rank).read_text())["node"] for rank in range(run["ranks"])}
+            assert ran_on <= set(clocks.readings) and not clocks.unmeasured, (run["run_id"], number, clocks)
+            for node, reading in clocks.readings.items():
+                assert abs(reading.offset_s) <= reading.uncertainty_s + ONE_KERNEL_SLACK_S < 0.05, (node, reading)
+        for recovery in run["recoveries"]:
+            assert recovery["clocks_not_read"] == [], recovery
+            assert all(bound < 0.1 for bound in recovery["phase_uncertainty_s"].values()), recovery
 
 
 def test_resubmit_keeps_the_next_job_off_the_crashed_node(report: dict[str, Any], cluster) -> None:

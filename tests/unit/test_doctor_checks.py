@@ -11,10 +11,10 @@ import pytest
 
 from experiments.runtime.mounts import filesystem_type
 from orchestrator.doctor.checks import Status
-from orchestrator.doctor.clock import ClockReading, Exchange, offset_of
 from orchestrator.doctor.filesystems import check_directory
 from orchestrator.doctor.nodes import node_checks
 from orchestrator.doctor.probe_job import NodeReport
+from orchestrator.record.clocks import ClockReading, Exchange, offset_of
 
 pytestmark = pytest.mark.unit
 

@@ -97,6 +97,7 @@ class LocalBackend(Backend):
     name = "local"
     poll_interval_s = 0.0  # asking the local processes costs nothing
     slow_commands = False  # its submissions start processes at once (and share its table of jobs)
+    one_clock = True  # its jobs run on this host
 
     def __init__(self, drill_id: str) -> None:
         self.drill_id = drill_id

@@ -48,7 +48,7 @@ from orchestrator.backends.pbs.plugin import PBSExecutor
 from orchestrator.campaign.capabilities import PBS
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
-from orchestrator.commands import CommandError, CommandResult, current_user, run_command
+from orchestrator.commands import CommandError, CommandResult, Conversation, current_user, run_command
 from orchestrator.render.scripts import SubmissionScript, array_job_name, render_pbs, render_pbs_array
 from orchestrator.states import JobState
 
@@ -154,6 +154,9 @@ class PBSBackend(Backend):
     def run_agent(self, job_id: str, node: str, argv: list[str], timeout_s: float) -> CommandResult:
         """The agent on ``node``: a step of the job under the wrappers, else over ssh (see the module doc)."""
         return run_command(self._on_node(job_id, node, [self.python, *argv]), timeout_s=timeout_s, check=False)
+
+    def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
+        return Conversation(self._on_node(job_id, node, [self.python, *argv]))
 
     def _on_node(self, job_id: str, node: str, agent: list[str]) -> list[str]:
         launch = os.environ.get(ENV_AGENT_LAUNCH, "auto")

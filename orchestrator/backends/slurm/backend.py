@@ -24,7 +24,7 @@ from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
 from orchestrator.campaign.runs import RunConfig
-from orchestrator.commands import CommandError, CommandResult, current_user, run_command
+from orchestrator.commands import CommandError, CommandResult, Conversation, current_user, run_command
 from orchestrator.render.scripts import (
     SubmissionScript,
     array_job_name,
@@ -333,6 +333,11 @@ class SlurmBackend(Backend):
         number = self._own_number(number, cluster)
         return run_command(srun_on_node(number, node, [self.python, *argv], cluster_args(cluster)),
                            timeout_s=timeout_s, check=False)
+
+    def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
+        number, cluster = split_job_id(job_id)
+        return Conversation(srun_on_node(self._own_number(number, cluster), node, [self.python, *argv],
+                                         cluster_args(cluster)))
 
     def agent_job_id(self, job_id: str) -> str:
         return split_job_id(job_id)[0]

@@ -1,0 +1,133 @@
+"""Recovery phases across skewed node clocks (issue 22, item 1): every node stamp is moved onto the
+login clock by the offset read from its node, each phase carries the uncertainty of the clocks it
+lies between, a phase shorter than that uncertainty is shown as such, and a clock not read is said.
+
+The scene, on the true (login) clock: rank 1 on n1 is killed at 106.00, the controller detects it
+at 106.20 and its new job is accepted at 106.50; the new job starts on n2 at 110.00, is ready at
+112.00, has loaded at 112.50 and steps at 112.75. n1's clock is 0.8 s behind, n2's 1.3 s ahead."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from experiments.layout import RankIdentity, RunPaths, append_json_line, write_json_atomic
+from orchestrator.record.clocks import AttemptClocks, ClockReading, Exchange, offset_of, save_clocks
+from orchestrator.record.ledger import AttemptRow
+from orchestrator.record.recovery import Failure, compute_recovery, last_progress
+from orchestrator.report.document import clock_view
+from orchestrator.report.tables import recoveries_table
+
+pytestmark = pytest.mark.unit
+
+N1, N2 = -0.8, 1.3  # each node's clock minus the login node's
+U1, U2 = 0.002, 0.005  # each reading's bounds (widened by 100 ppm of drift a second since: < 1 ms here)
+FAILED = AttemptRow(run_id="r", attempt=0, job_id="1", state="FAILED", submitted=99.0, accepted=99.5)
+RESUMED = AttemptRow(run_id="r", attempt=1, job_id="2", state="RUNNING", submitted=106.3, accepted=106.5)
+
+
+def _identity(paths: RunPaths, attempt: int, rank: int, node: str) -> None:
+    write_json_atomic(paths.rank_file(attempt, rank), asdict(RankIdentity(
+        rank=rank, pid=1000 + rank, create_time=0.0, host=node, node=node, job_id=str(attempt + 1), attempt=attempt)))
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> RunPaths:
+    paths = RunPaths(tmp_path)
+    for attempt, nodes in ((0, ("n2", "n1")), (1, ("n2", "n2"))):
+        for rank, node in enumerate(nodes):
+            _identity(paths, attempt, rank, node)
+    # attempt 0: rank 0 on n2 beats every 0.1 s from 100.0 (true), a step each, until the kill at
+    # 106.0; rank 1 on n1 (a step behind in its beats: it beat last at step 40)
+    for tenth in range(0, 61):
+        true = 100.0 + tenth / 10
+        append_json_line(paths.heartbeat_file(0, 0), {"attempt": 0, "step": tenth, "time": true + N2})
+        if tenth <= 40:
+            append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": tenth, "time": true + N1})
+    for name, true, extra in (("job_start", 110.0, {"node": "n2", "job_id": "2"}), ("framework_ready", 112.0, {}),
+                              ("checkpoint_loaded", 112.5, {"step": 40}), ("first_step", 112.75, {"step": 41})):
+        append_json_line(paths.events_file(1), {"event": name, "time": true + N2, **extra})
+    return paths
+
+
+def _read_clocks(paths: RunPaths, n2: bool = True) -> None:
+    readings = {"n1": ClockReading(N1, U1, 16, 106.0)}
+    if n2:
+        readings["n2"] = ClockReading(N2, U2, 16, 106.0)
+    for attempt in (0, 1):
+        save_clocks(paths.clocks_file(attempt), AttemptClocks(readings=readings,
+                                                              unmeasured={} if n2 else {"n2": "srun refused"}))
+
+
+def _recovery(paths: RunPaths) -> dict[str, object]:
+    failure = Failure(kind="kill-rank", at=106.0 + N1, detected=106.2, clock="n1")
+    rec = compute_recovery(paths, failure, FAILED, RESUMED, ranks=2)
+    assert rec is not None
+    row = rec.__dict__
+    return {**row, **clock_view(row)}
+
+
+def test_each_phase_is_measured_on_the_login_clock_within_its_clocks_bounds(paths: RunPaths) -> None:
+    _read_clocks(paths)
+    rec = _recovery(paths)
+    true = {"detect_s": 0.2, "resubmit_s": 0.3, "queue_s": 3.5, "startup_s": 2.0, "load_s": 0.5,
+            "first_step_s": 0.25, "ttr_s": 6.75}
+    assert {phase: rec[phase] for phase in true} == pytest.approx(true, abs=1e-9)
+    assert rec["clock_correction_s"] == 0, "nothing left to clamp once the offsets are applied"
+    bounds = rec["phase_uncertainty_s"]
+    assert bounds["detect_s"] == pytest.approx(U1, abs=1e-3)  # n1 -> login
+    assert bounds["resubmit_s"] == 0  # login -> login
+    assert bounds["queue_s"] == pytest.approx(U2, abs=1e-3)  # login -> n2
+    assert bounds["startup_s"] == bounds["load_s"] == bounds["first_step_s"] == 0  # n2 -> n2: the offset cancels
+    assert bounds["ttr_s"] == pytest.approx(U1 + U2, abs=1e-3)
+    assert rec["clock_offsets"] == {"n1": [N1, U1], "n2": [N2, U2]}
+    assert rec["below_uncertainty"] == [] and rec["clocks_not_read"] == []
+
+
+def test_uncorrected_the_same_stamps_are_wrong_by_the_skew(paths: RunPaths) -> None:
+    """What the drill reported before it read clocks: detect inflated by n1's 0.8 s, the queue by
+    n2's 1.3 s; and the clocks not read are said."""
+    rec = _recovery(paths)
+    assert rec["detect_s"] == pytest.approx(0.2 + 0.8) and rec["queue_s"] == pytest.approx(3.5 + 1.3)
+    assert rec["clocks_not_read"] == ["detect_s", "queue_s", "ttr_s"]
+
+
+def test_a_phase_shorter_than_its_clocks_uncertainty_is_shown_as_a_bound(paths: RunPaths) -> None:
+    """The warm case: a detection 1 ms after the kill, across clocks known to +-2 and +-3 ms."""
+    _read_clocks(paths)
+    failure = Failure(kind="kill-rank", at=106.199 + N1, detected=106.2, clock="n1")
+    rec = compute_recovery(paths, failure, FAILED, RESUMED, ranks=2)
+    assert rec is not None
+    row = {**rec.__dict__, **clock_view(rec.__dict__), "strategy": "resubmit"}
+    assert row["below_uncertainty"] == ["detect_s"]
+    report = {"runs": [{"run_id": "r", "recoveries": [row], "progress": {}}]}
+    table = recoveries_table(report)
+    detect = str(table.columns[3]._cells[0])
+    assert detect == f"<={row['detect_s'] + row['phase_uncertainty_s']['detect_s']:.3f}", detect
+    assert "shorter than the uncertainty" in str(table.caption) and "n1 -0.8000 +-0.0020" in str(table.caption)
+
+
+def test_a_node_whose_clock_was_not_read_leaves_its_phases_uncorrected_and_said(paths: RunPaths) -> None:
+    _read_clocks(paths, n2=False)
+    rec = _recovery(paths)
+    assert rec["detect_s"] == pytest.approx(0.2), "n1 was read: its stamp is corrected"
+    assert rec["clocks_not_read"] == ["queue_s", "ttr_s"], rec["phase_uncertainty_s"]
+
+
+def test_the_work_lost_counts_every_beat_before_the_kill_on_the_login_clock(paths: RunPaths) -> None:
+    """Rank 0's node is 1.3 s ahead: uncorrected, its beats of the last 1.3 s before the kill read as
+    after it, and the work lost looks 13 steps smaller than it was."""
+    assert last_progress(paths, 2, 0, before=106.0)[0] == 47, "uncorrected: n2's beats after 104.7 read late"
+    _read_clocks(paths)
+    step, at = last_progress(paths, 2, 0, before=106.0)
+    assert step == 60 and at == pytest.approx(106.0)
+    assert _recovery(paths)["lost_steps"] == 60 - 40
+
+
+def test_an_offset_is_read_from_the_quickest_exchange_and_dated() -> None:
+    reading = offset_of([Exchange(10.0, 11.35, 10.2), Exchange(11.0, 12.302, 11.004)])
+    assert reading.offset_s == pytest.approx(1.3) and reading.uncertainty_s == pytest.approx(0.002)
+    assert reading.measured_at == pytest.approx(11.002)
+    assert reading.uncertainty_at(11.002 + 100) == pytest.approx(0.002 + 0.01), "100 ppm of drift a second"
