@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from injectors.kinds import get_kind
-from injectors.kinds.base import Site
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.control.submission import SUBMIT_FAILED
 from orchestrator.faults.book import FaultBook
-from orchestrator.record.clocks import LOGIN, SCHEDULER
-from orchestrator.record.ledger import AttemptRow, FaultRow, Ledger
-from orchestrator.record.recovery import UNKNOWN_NODE, Failure, batch_host, compute_recovery, recovering_from
+from orchestrator.record.clocks import LOGIN
+from orchestrator.record.ledger import AttemptRow, Ledger
+from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
+from orchestrator.record.stamps import batch_host, evidence_clock, fault_clock
 
 
 class RecoveryRecorder:
@@ -57,30 +56,12 @@ class RecoveryRecorder:
         fault = self.faults.credited(row.attempt)
         if fault is not None and fault.at is not None:
             return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault",
-                           clock=self._fault_clock(fault), detected_clock=detected_clock)
+                           clock=fault_clock(fault.kind, fault.node), detected_clock=detected_clock)
         kind = (row.reason or "failure").split(":")[0]
         at = row.failed_at if row.failed_at is not None else row.detected
         evidence = row.failure_evidence or "detection"
         return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected, evidence=evidence,
-                       clock=self._evidence_clock(evidence, row.attempt), detected_clock=detected_clock)
-
-    @staticmethod
-    def _fault_clock(fault: FaultRow) -> str:
-        """A kind that acts from here stamps its moment on this clock; one an agent acts out, on the
-        node that acted first (listed first)."""
-        if get_kind(fault.kind).site is Site.CONTROLLER or not fault.node:
-            return LOGIN
-        return fault.node.split(",")[0]
-
-    def _evidence_clock(self, evidence: str, attempt: int) -> str:
-        """The clock a natural failure's moment was stamped on, by the evidence it comes from."""
-        if evidence in ("step_exit", "warm"):  # the batch script's event, the job's coordinator's
-            return batch_host(self.run.paths, attempt)
-        if evidence == "scheduler_end":
-            return SCHEDULER
-        if evidence == "last_heartbeat":
-            return UNKNOWN_NODE  # some rank's node
-        return LOGIN  # the controller's own look (poll, detection)
+                       clock=evidence_clock(self.run.paths, evidence, row.attempt), detected_clock=detected_clock)
 
 
 def ran(row: AttemptRow) -> bool:

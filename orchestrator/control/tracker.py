@@ -97,7 +97,8 @@ class RunTracker:
                                         self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
-        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress)
+        self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress,
+                                run.paths)
         for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
             self._late_record(attempt)
         self.watch: AttemptWatch | None = None

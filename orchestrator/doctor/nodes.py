@@ -57,8 +57,9 @@ def _clocks(reports: list[NodeReport]) -> Check:
                       "the clock conversation runs as a step of the test job: check srun --overlap there")
     if off:
         return warned("clocks", f"off the login node's by more than {CLOCK_WARN_S:g} s: {', '.join(off)} ({said})",
-                      "recovery phases measured across nodes are off by as much: have the nodes' clocks synchronized "
-                      "(NTP, chrony)")
+                      "the drill reads each node's clock while a job runs and moves its stamps onto the login clock "
+                      "(the report shows each phase's bounds); clocks that drift apart within a job are not followed: "
+                      "have the nodes' clocks synchronized (NTP, chrony)")
     return passed("clocks", f"against the login node's: {said}" if said else "no node answered")
 
 

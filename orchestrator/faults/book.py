@@ -27,13 +27,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from experiments.layout import RunPaths
 from injectors.kinds import get_kind
 from injectors.kinds.base import FaultOutcome, Site, Target
 from injectors.schedule import PlannedFault
 from injectors.targets import StepNotReached, TargetRefused
 from orchestrator.commands import one_line
 from orchestrator.observe.watch import AttemptWatch, FailureSign
+from orchestrator.record.clocks import LOGIN, AttemptClocks, Stamp, load_clocks
 from orchestrator.record.ledger import FaultRow, Ledger
+from orchestrator.record.stamps import evidence_clock, fault_clock
 from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
@@ -95,8 +98,9 @@ class RunProgress:
 
 class FaultBook:
     def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act,
-                 on_record: OnRecord | None = None, progress: RunProgress | None = None):
+                 on_record: OnRecord | None = None, progress: RunProgress | None = None, paths: RunPaths | None = None):
         self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
+        self.paths = paths  # the run's files: its attempts' node clocks (a fault's moment against a failure's)
         self.on_record = on_record
         self.progress = progress
         self.in_flight: InFlight | None = None
@@ -226,9 +230,9 @@ class FaultBook:
             elif end.completed or sign is None:
                 self.ledger.update_fault(row.fault_id, detail=f"no failure: attempt {attempt} completed{acted}")
             elif (sign.evidence in FAILURE_MOMENT_EVIDENCE and row.at is not None
-                  and sign.at + FAILURE_MOMENT_EVIDENCE[sign.evidence] < row.at):
+                  and (gap := self._failing_before(row, sign, attempt)) is not None):
                 self.ledger.update_fault(row.fault_id, outcome=ABSORBED, detail=(
-                    f"attempt {attempt} was already failing ({sign.reason}, {row.at - sign.at:.3f} s before){acted}"))
+                    f"attempt {attempt} was already failing ({sign.reason}, {gap:.3f} s before){acted}"))
             else:
                 self.ledger.update_fault(row.fault_id, detail=f"{CAUSED}attempt {attempt} failed: {sign.reason}{acted}")
                 if get_kind(row.kind).oom_kill_record and self.on_record is not None:
@@ -238,6 +242,19 @@ class FaultBook:
         elif row.outcome == ABSORBED and end.completed:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
                                      detail=f"its target had exited: attempt {attempt} completed first")
+
+    def _failing_before(self, row: FaultRow, sign: FailureSign, attempt: int) -> float | None:
+        """How long before the fault acted its attempt was dated failing, if surely before: both
+        moments on the login clock (each node's stamp moved by the offset read from it), beyond the
+        evidence's resolution and the clocks' bounds."""
+        assert row.at is not None
+        fault = Stamp(row.at, fault_clock(row.kind, row.node))
+        failure = Stamp(sign.at, evidence_clock(self.paths, sign.evidence, attempt) if self.paths else LOGIN)
+        clocks = load_clocks(self.paths.clocks_file(attempt)) if self.paths is not None else AttemptClocks(one_clock=True)
+        fault_at, failed_at = clocks.on_login(fault), clocks.on_login(failure)
+        gap = fault_at.time - failed_at.time
+        bounds = (fault_at.uncertainty_s or 0.0) + (failed_at.uncertainty_s or 0.0)
+        return gap if gap > FAILURE_MOMENT_EVIDENCE[sign.evidence] + bounds else None
 
     def _met_step(self, row: FaultRow, attempt: int) -> int | None:
         """The step ``attempt`` had reached when the fault acted, recorded with it (once)."""

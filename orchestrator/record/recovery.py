@@ -34,12 +34,11 @@ from experiments.layout import (
     read_events,
     read_json_lines_backwards,
 )
-from injectors.targets import TargetRefused, read_identity
 from orchestrator.record.clocks import LOGIN, OnLogin, Stamp, between, load_clocks
 from orchestrator.record.ledger import AttemptRow, RecoveryRow
+from orchestrator.record.stamps import UNKNOWN_NODE, rank_node, rank_offsets
 
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
-UNKNOWN_NODE = "an unknown node"  # a node stamp whose node is not known (no reading applies to it)
 
 
 @dataclass(frozen=True)
@@ -84,34 +83,6 @@ def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
         skipped_steps=tuple(int(step) for step in loaded.fields.get("skipped") or ()),
         batch_host=str(start.fields.get("node") or UNKNOWN_NODE),
     )
-
-
-def batch_host(paths: RunPaths, attempt: int) -> str:
-    """The node whose clock stamped ``attempt``'s batch script events (its job_start's node)."""
-    events = read_events(paths.events_file(attempt))
-    start = first_event(events, EVENT_JOB_START) or first_event(events, EVENT_PROCESS_START)
-    return str(start.fields.get("node") or UNKNOWN_NODE) if start is not None else UNKNOWN_NODE
-
-
-def rank_node(paths: RunPaths, attempt: int, rank: int) -> str:
-    """The node rank ``rank`` of ``attempt`` ran on (its identity file), whose clock stamped its records."""
-    try:
-        return read_identity(paths.root, attempt, rank).node
-    except TargetRefused:
-        return UNKNOWN_NODE
-
-
-def rank_offsets(paths: RunPaths, attempt: int, ranks: int) -> list[float]:
-    """Each rank's clock of ``attempt`` minus the login node's (0 where it was not read): a rank's
-    heartbeat at ``t`` was at ``t - offset`` on the login clock."""
-    clocks = load_clocks(paths.clocks_file(attempt))
-    if clocks.one_clock or not clocks.readings:
-        return [0.0] * ranks
-    offsets = []
-    for rank in range(ranks):
-        reading = clocks.readings.get(rank_node(paths, attempt, rank))
-        offsets.append(reading.offset_s if reading is not None else 0.0)
-    return offsets
 
 
 def recovering_from(paths: RunPaths, ran: list[int]) -> int:

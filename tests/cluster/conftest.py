@@ -344,3 +344,18 @@ def no_accounting() -> Iterator[None]:
         yield
     finally:
         subprocess.run([str(CLUSTER_SCRIPT), "accounting", "on"], check=True, capture_output=True, timeout=180)
+
+
+# The skew profile's offsets (scripts/cluster SKEW_OFFSETS): each node's clock minus the controller's.
+SKEW_OFFSETS = {"fd-n1": -0.8, "fd-n2": 1.3, "fd-n3": 0.5, "fd-n4": -0.3}
+
+
+@pytest.fixture
+def skewed_clocks() -> Iterator[dict[str, float]]:
+    """The skew profile (``scripts/cluster skew on``): each job's tasks see their node's clock set
+    off by libfaketime; its offsets."""
+    subprocess.run([str(CLUSTER_SCRIPT), "skew", "on"], check=True, capture_output=True, timeout=60)
+    try:
+        yield SKEW_OFFSETS
+    finally:
+        subprocess.run([str(CLUSTER_SCRIPT), "skew", "off"], check=True, capture_output=True, timeout=60)

@@ -1,6 +1,8 @@
 """Issue 22: the drill on a site that is not the project's own, on the real cluster. No accounting
 (slurmdbd stopped: `scripts/cluster accounting off`, sacct failing): a preempted drill recovers
-from the queue and the run's own files, and its report says what it knew less of."""
+from the queue and the run's own files, and its report says what it knew less of. Skewed clocks
+(`scripts/cluster skew on`): the drill reads each node's offset and measures every phase on the
+login clock; the doctor warns of them."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from experiments.layout import RunPaths
+from orchestrator.record.clocks import load_clocks
 
 DRILL_TIMEOUT_S = 600
 
@@ -48,3 +53,66 @@ def test_a_drill_without_accounting_recovers_from_the_queue_and_says_what_it_kne
     text = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
                           capture_output=True, text=True, timeout=120).stdout
     assert "This site: accounting (sacct) did not answer" in text
+
+
+def _skew_spec(shared_tmp: Path) -> Path:
+    """2 nodes, one rank each, pinned to fd-n1 (-0.8 s) and fd-n2 (+1.3 s); rank 1 (fd-n2) killed."""
+    spec: dict[str, Any] = {
+        "name": "site-skew", "backend": "slurm", "workdir": str(shared_tmp / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.01, "seed": 4, "batch_size": 16},
+        "checkpoint": {"every_steps": 100, "keep": 2},
+        "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug",
+                      "extra_directives": ["--nodelist=fd-n1,fd-n2"]},
+        "faults": [{"kind": "kill-rank", "after": {"at_step": 150}, "rank": 1, "signal": "SIGKILL"}],
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.2},
+        "baseline": True, "parallel_runs": 2,
+    }
+    path = shared_tmp / "skew.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_under_skewed_node_clocks_the_offsets_are_read_and_the_phases_measured_on_the_login_clock(
+        shared_tmp: Path, skewed_clocks: dict[str, float]) -> None:
+    """The skew profile: each job's tasks see fd-n1's clock 0.8 s behind and fd-n2's 1.3 s ahead. The
+    drill reads both offsets, the kill's moment (stamped on fd-n2) and the new job's start (fd-n1)
+    are moved onto the login clock, no phase is clamped, and the run still ends as its twin. The
+    uncorrected stamps show what was reported before: the kill 'after' its own detection."""
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_skew_spec(shared_tmp)), "--format",
+                           "json"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    run = next(run for run in report["runs"] if not run["is_baseline"])
+    assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
+    paths = RunPaths(shared_tmp / "work" / "runs" / run["run_id"])
+    clocks = load_clocks(paths.clocks_file(0))
+    for node in ("fd-n1", "fd-n2"):
+        reading = clocks.readings[node]
+        assert abs(reading.offset_s - skewed_clocks[node]) <= reading.uncertainty_s + 0.005, (node, reading)
+    [fault] = run["faults"]
+    [recovery] = run["recoveries"]
+    failed = run["attempts"][0]
+    assert fault["outcome"] == "injected" and "fd-n2" in fault["target"], (fault["outcome"], fault["detail"])
+    assert failed["ended"] - fault["at"] < 0, "uncorrected, fd-n2's stamp of the kill reads after its detection"
+    assert recovery["clocks_not_read"] == [] and recovery["clock_correction_s"] < 0.05, recovery
+    assert 0.0 < recovery["detect_s"] < 5.0 and recovery["queue_s"] > 0, recovery
+    bounds = recovery["phase_uncertainty_s"]
+    assert bounds["resubmit_s"] == 0 and 0 < bounds["detect_s"] < 0.05 and 0 < bounds["ttr_s"] < 0.1, bounds
+    assert set(recovery["clock_offsets"]) == {"fd-n1", "fd-n2"}
+    text = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "node clocks against the login node's (s): fd-n1 -0.8" in " ".join(text.split()), text[-3000:]
+
+
+def test_the_doctor_warns_of_the_skewed_clocks_and_names_the_nodes(shared_tmp: Path,
+                                                                    skewed_clocks: dict[str, float]) -> None:
+    """The skew profile's expected warning: the clocks check names each node off by more than 50 ms."""
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "slurm", "--workdir",
+                           str(shared_tmp / "work"), "--nodes", "2", "--partition", "debug", "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    document = json.loads(done.stdout)
+    [clocks] = [check for check in document["checks"] if check["name"] == "clocks"]
+    nodes = {node["node"]: node for node in document["nodes"]}
+    assert clocks["status"] == "warn" and all(name in clocks["detail"] for name in nodes), clocks
+    for name, node in nodes.items():
+        assert abs(node["clock_offset_s"] - skewed_clocks[name]) <= node["clock_uncertainty_s"] + 0.005, node

@@ -38,7 +38,7 @@ class SkewedNodes(LocalBackend):
         self.talks.append(node)
         if node not in OFFSETS:
             return Conversation(["false"])
-        env = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"{OFFSETS[node]:+}", "DONT_FAKE_MONOTONIC": "1",
+        env = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"{OFFSETS[node]:+}",
                "PATH": "/usr/bin:/bin"}
         return Conversation([sys.executable, *argv], env=env)
 

@@ -8,14 +8,19 @@ at 106.20 and its new job is accepted at 106.50; the new job starts on n2 at 110
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from experiments.layout import RankIdentity, RunPaths, append_json_line, write_json_atomic
+from injectors.kinds.base import FaultOutcome
+from injectors.schedule import PlannedFault
+from orchestrator.faults.book import SENDING, FaultBook, InFlight, _row
+from orchestrator.observe.watch import FailureSign
 from orchestrator.record.clocks import AttemptClocks, ClockReading, Exchange, offset_of, save_clocks
-from orchestrator.record.ledger import AttemptRow
+from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.recovery import Failure, compute_recovery, last_progress
 from orchestrator.report.document import clock_view
 from orchestrator.report.tables import recoveries_table
@@ -131,3 +136,41 @@ def test_an_offset_is_read_from_the_quickest_exchange_and_dated() -> None:
     assert reading.offset_s == pytest.approx(1.3) and reading.uncertainty_s == pytest.approx(0.002)
     assert reading.measured_at == pytest.approx(11.002)
     assert reading.uncertainty_at(11.002 + 100) == pytest.approx(0.002 + 0.01), "100 ppm of drift a second"
+
+
+def _ended_by_a_kill(tmp_path: Path, clocks_read: bool) -> str:
+    """Attempt 0's launch exited at 110.0 (true; stamped by its batch host n1, 0.8 s behind); the
+    kill that caused it acted at 109.5 (true; stamped on n2, 1.3 s ahead: 110.8, after the exit as
+    read). The fault's outcome."""
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    paths = RunPaths(tmp_path / "work" / "runs" / "r")
+    ledger.add_attempt("r", 0)
+    ledger.update_attempt("r", 0, job_id="42", state="RUNNING")
+    append_json_line(paths.events_file(0), {"event": "job_start", "time": 100.0 + N1, "node": "n1", "job_id": "42"})
+    if clocks_read:
+        save_clocks(paths.clocks_file(0), AttemptClocks(readings={"n1": ClockReading(N1, U1, 16, 109.0),
+                                                                  "n2": ClockReading(N2, U2, 16, 109.0)}))
+    fault = PlannedFault(index=0, kind="kill-rank", delay_s=1.0, anchor="training_start", ranks=(1,), target="rank 1")
+    answer: Future[FaultOutcome] = Future()
+    answer.set_result(FaultOutcome(kind="kill-rank", target="rank 1@n2", at=109.5 + N2, node="n2", pid=99,
+                                   signal="SIGKILL", detail=""))
+    with ThreadPoolExecutor(1) as pool:
+        book = FaultBook("r", [fault], ledger, pool, act=None, paths=paths)  # type: ignore[arg-type]  # never acts
+        fault_id = ledger.add_fault(_row("r", 0, fault, SENDING))
+        book.next_index = 1
+        book.in_flight = InFlight(fault_id, 0, answer, fault)
+        book.attempt_ended(0, FailureSign(reason="rank launch exited with code 137", at=110.0 + N1,
+                                          evidence="step_exit"), completed=False)
+        book.collect()
+    [row] = ledger.faults("r")
+    ledger.close()
+    return f"{row.outcome}: {row.detail}"
+
+
+def test_a_kill_stamped_on_a_clock_ahead_is_credited_with_the_failure_it_caused(tmp_path: Path) -> None:
+    """Read on one clock, the kill came before the exit it caused: injected, the failure's cause.
+    Unread, as the drill took it before: 'absorbed' by a failure it caused itself."""
+    read = _ended_by_a_kill(tmp_path / "read", clocks_read=True)
+    assert read.startswith("injected: caused: attempt 0 failed"), read
+    unread = _ended_by_a_kill(tmp_path / "unread", clocks_read=False)
+    assert unread.startswith("absorbed: attempt 0 was already failing") and "1.600 s before" in unread, unread

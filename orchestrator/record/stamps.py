@@ -1,0 +1,65 @@
+"""Which clock stamped which moment of a drill: the one place that knows it.
+
+The login node's clock (the controller's) is the reference. A fault that acts from here (the
+scheduler's and the cluster's kinds) is stamped on it; one an agent acts out, on the node that
+acted first. The batch script's events (a job's start, its launch's exit, the warm coordinator's
+reports) are stamped on the batch host; a rank's events and heartbeats on its node; the
+scheduler's own end time on a clock nobody reads.
+"""
+
+from __future__ import annotations
+
+from experiments.layout import EVENT_JOB_START, EVENT_PROCESS_START, RunPaths, first_event, read_events
+from injectors.kinds import get_kind
+from injectors.kinds.base import Site
+from injectors.targets import TargetRefused, read_identity
+from orchestrator.record.clocks import LOGIN, SCHEDULER, load_clocks
+
+UNKNOWN_NODE = "an unknown node"  # a node stamp whose node is not known (no reading applies to it)
+
+
+def batch_host(paths: RunPaths, attempt: int) -> str:
+    """The node whose clock stamped ``attempt``'s batch script events (its job_start's node)."""
+    events = read_events(paths.events_file(attempt))
+    start = first_event(events, EVENT_JOB_START) or first_event(events, EVENT_PROCESS_START)
+    return str(start.fields.get("node") or UNKNOWN_NODE) if start is not None else UNKNOWN_NODE
+
+
+def rank_node(paths: RunPaths, attempt: int, rank: int) -> str:
+    """The node rank ``rank`` of ``attempt`` ran on (its identity file), whose clock stamped its records."""
+    try:
+        return read_identity(paths.root, attempt, rank).node
+    except TargetRefused:
+        return UNKNOWN_NODE
+
+
+def fault_clock(kind: str, node: str | None) -> str:
+    """A fault's moment: this clock for a kind that acts from here, else the node that acted first
+    (listed first)."""
+    if get_kind(kind).site is Site.CONTROLLER or not node:
+        return LOGIN
+    return node.split(",")[0]
+
+
+def evidence_clock(paths: RunPaths, evidence: str, attempt: int) -> str:
+    """The clock a failure's moment was stamped on, by the evidence it comes from."""
+    if evidence in ("step_exit", "warm"):  # the batch script's event, the job's coordinator's
+        return batch_host(paths, attempt)
+    if evidence == "scheduler_end":
+        return SCHEDULER
+    if evidence == "last_heartbeat":
+        return UNKNOWN_NODE  # some rank's node
+    return LOGIN  # the controller's own look (poll, detection)
+
+
+def rank_offsets(paths: RunPaths, attempt: int, ranks: int) -> list[float]:
+    """Each rank's clock of ``attempt`` minus the login node's (0 where it was not read): a rank's
+    heartbeat at ``t`` was at ``t - offset`` on the login clock."""
+    clocks = load_clocks(paths.clocks_file(attempt))
+    if clocks.one_clock or not clocks.readings:
+        return [0.0] * ranks
+    offsets = []
+    for rank in range(ranks):
+        reading = clocks.readings.get(rank_node(paths, attempt, rank))
+        offsets.append(reading.offset_s if reading is not None else 0.0)
+    return offsets
