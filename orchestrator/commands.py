@@ -155,9 +155,12 @@ class Conversation:
         self.args = tuple(args)
         _this_thread.count = commands_run_here() + 1
         self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: never full, never blocking it
+        # Its output read from the pipe's descriptor into a buffer of our own: a buffered reader may
+        # hold a whole line the descriptor no longer signals (two lines in one chunk).
+        self._pending = b""
         try:
             self.process = subprocess.Popen(list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=self._stderr, text=True, bufsize=1, cwd=cwd, env=env)
+                                            stderr=self._stderr, bufsize=0, cwd=cwd, env=env)
         except FileNotFoundError as error:
             self._stderr.close()
             raise CommandError(args, None, "", str(error), "command not found") from error
@@ -165,19 +168,24 @@ class Conversation:
     def read_line(self, timeout_s: float) -> str:
         """The command's next line (without its end); CommandError if none comes in time."""
         assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        descriptor = self.process.stdout.fileno()
         with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            if not selector.select(timeout_s):
-                raise self.failed(f"no answer within {timeout_s:g} s")
-        line = self.process.stdout.readline()
-        if not line:
-            raise self.failed("it ended")
-        return line.rstrip("\n")
+            selector.register(descriptor, selectors.EVENT_READ)
+            while b"\n" not in self._pending:
+                if not selector.select(max(0.0, deadline - time.monotonic())):
+                    raise self.failed(f"no answer within {timeout_s:g} s")
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
+                    raise self.failed("it ended")
+                self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode(errors="replace")
 
     def say(self, line: str) -> None:
         assert self.process.stdin is not None
         try:
-            self.process.stdin.write(line + "\n")
+            self.process.stdin.write(line.encode() + b"\n")
             self.process.stdin.flush()
         except OSError as error:
             raise self.failed(f"it stopped listening ({error})") from error

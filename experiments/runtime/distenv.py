@@ -163,7 +163,7 @@ def _from_slurm(env: Mapping[str, str], hostname: str) -> tuple[DistEnv, dict[st
     job_id = raw_job
     if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
         job_id = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    node = env.get("SLURMD_NODENAME") or hostname
+    node = node_name(env, hostname)
     found = DistEnv(rank, local_rank, world, node_rank, nodes, hosts[0], 0, job_id, node, "slurm")
     names = {"rank": rank_var, "local_rank": local_var, "world_size": world_var,
              "node_rank": node_var, "num_nodes": nodes_var}
@@ -487,3 +487,9 @@ def _check_own_slot(env: DistEnv, hosts: list[str], own_host: str | None, source
 
 def _first_set(env: Mapping[str, str], names: tuple[str, ...]) -> str:
     return next((name for name in names if env.get(name)), "")
+
+
+def node_name(env: Mapping[str, str], hostname: str) -> str:
+    """This node as the scheduler names it (Slurm's node name, else the host name): what the
+    controller names when it reaches the node (srun --nodelist) and reads its clock by."""
+    return env.get("SLURMD_NODENAME") or hostname

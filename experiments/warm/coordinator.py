@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import threading
 import time
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from experiments.layout import EVENT_WARM_FAILURE, EVENT_WARM_FORMED, EVENT_WARM_PLAN, EVENT_WARM_REFUSED
+from experiments.runtime.distenv import node_name
 from experiments.warm.protocol import (
     HELLO_TIMEOUT_S,
     RESUME_CHECKPOINT,
@@ -86,6 +88,7 @@ class Placement:
     avoid: frozenset[str] = frozenset()
 
 
+THIS_NODE = node_name(os.environ, socket.gethostname())  # whose clock stamps the coordinator's events
 ANYWHERE = Placement()  # the host's choice of node, none avoided (a default argument: Placement is frozen)
 
 
@@ -601,8 +604,8 @@ class Coordinator:
                                     "did not form (each rendezvous failed or lost a member): the job gives up")
 
     def _event(self, event: dict[str, Any]) -> None:
-        """An event of the current generation's attempt."""
-        self.events(self.first_attempt + max(self.generation, 0), event)
+        """An event of the current generation's attempt, with the node whose clock stamped it."""
+        self.events(self.first_attempt + max(self.generation, 0), {**event, "node": THIS_NODE})
 
     def _awaiting(self, spares: int, ready: Callable[[], bool], what: str) -> None:
         """A re-formation waits for ``spares`` spares (sets): those the job lacks (more deaths than

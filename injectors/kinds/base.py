@@ -97,6 +97,17 @@ class FaultTask:
     # heartbeats reach this step, for at most wait_s (then it answers "not reached" and is started again).
     at_step: int | None = None
     wait_s: float = 0.0
+    # Each node's clock minus the login node's, as the controller read them for the attempt: a
+    # node's stamp t is t - offset on the login clock (a node not here: read as it is).
+    clock_offsets: dict[str, float] = field(default_factory=dict)
+
+    def on_login(self, moment: float, node: str) -> float:
+        """``moment``, stamped on ``node``'s clock, on the login node's."""
+        return moment - self.clock_offsets.get(node, 0.0)
+
+    def on_node(self, moment: float, node: str) -> float:
+        """``moment`` on the login node's clock, as ``node``'s clock reads it."""
+        return moment + self.clock_offsets.get(node, 0.0)
 
     def to_json_dict(self) -> dict[str, Any]:
         return {**asdict(self), "run_dir": str(self.run_dir), "ranks": list(self.ranks)}

@@ -17,6 +17,10 @@ from experiments.runtime.warning import DEFAULT_WARNING_SIGNAL
 from injectors.kinds.base import FaultKind, FaultOptions, FaultOutcome, FaultTask, JobControl, Site, Target
 from injectors.kinds.scheduler_end import saved, wait_for_warned
 
+# A warned event counts from this long before the signal (both on the login clock): room for the
+# bounds of rank 0's clock reading.
+WARNED_SLACK_S = 1.0
+
 
 class PreemptOptions(FaultOptions):
     kind: Literal["preempt"] = "preempt"
@@ -48,7 +52,7 @@ class Preempt(FaultKind):
         control.verify_running()
         at = time.time()
         control.signal_ranks(DEFAULT_WARNING_SIGNAL)
-        warned = wait_for_warned(task.run_dir, task.attempt, at - 1.0, float(task.options.get("grace_s", 30.0)))
+        warned = wait_for_warned(task, at - WARNED_SLACK_S, float(task.options.get("grace_s", 30.0)))
         then = str(task.options.get("then", "cancel"))
         # Still this attempt's job? In the grace time the ranks may have exited and the job gone on
         # as the next attempt (in-allocation, warm): that one is not the preemption's to end.

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from experiments.layout import EVENT_WARNED, RunPaths, read_events
-from injectors.kinds.base import JobControl
-from injectors.targets import TargetRefused
+from injectors.kinds.base import FaultTask, JobControl
+from injectors.targets import TargetRefused, read_identity
 
 POLL_S = 0.25
 
 
 @dataclass(frozen=True)
 class Warned:
-    """Rank 0's ``warned`` event: it got the warning at ``received_at`` and saved ``step``."""
+    """Rank 0's ``warned`` event: it got the warning at ``received_at`` and saved ``step`` (both
+    moments on the login node's clock: rank 0's stamps moved by its node's offset)."""
 
     received_at: float
     step: int
@@ -24,19 +24,26 @@ class Warned:
     saved_at: float  # when rank 0 had the checkpoint durable (the event's time)
 
 
-def warned_event(run_dir: Path, attempt: int, since: float) -> Warned | None:
-    for event in read_events(RunPaths(run_dir).events_file(attempt)):
-        if event.name == EVENT_WARNED and event.time >= since:
-            return Warned(received_at=event.number("received_at", event.time), step=int(event.number("step", 0)),
-                          checkpoint_s=event.number("checkpoint_s", 0.0), saved_at=event.time)
+def warned_event(task: FaultTask, since: float) -> Warned | None:
+    """Rank 0's first ``warned`` event of the task's attempt at or after ``since`` (the login clock's)."""
+    try:
+        node = read_identity(task.run_dir, task.attempt, 0).node
+    except TargetRefused:
+        node = ""  # rank 0 never registered: its stamps are read as they are
+    for event in read_events(RunPaths(task.run_dir).events_file(task.attempt)):
+        saved_at = task.on_login(event.time, node)
+        if event.name == EVENT_WARNED and saved_at >= since:
+            return Warned(received_at=task.on_login(event.number("received_at", event.time), node),
+                          step=int(event.number("step", 0)), checkpoint_s=event.number("checkpoint_s", 0.0),
+                          saved_at=saved_at)
     return None
 
 
-def wait_for_warned(run_dir: Path, attempt: int, since: float, deadline_s: float) -> Warned | None:
+def wait_for_warned(task: FaultTask, since: float, deadline_s: float) -> Warned | None:
     """The ranks' checkpoint on the warning, once it is durable, or None by the deadline."""
     end = time.monotonic() + deadline_s
     while True:
-        found = warned_event(run_dir, attempt, since)
+        found = warned_event(task, since)
         if found is not None or time.monotonic() >= end:
             return found
         time.sleep(POLL_S)

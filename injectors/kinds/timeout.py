@@ -47,7 +47,7 @@ class Timeout(FaultKind):
         if ended_at is None:
             raise TargetRefused(f"job {control.job_id} still runs {END_DEADLINE_S:.0f} s past its walltime ({what})")
         # Any warning of this attempt: on PBS it may have come before the fault fired.
-        warned = warned_event(task.run_dir, task.attempt, 0.0)
+        warned = warned_event(task, 0.0)
         at = warned.received_at if warned is not None else ended_at
         warning = (f"warned {ended_at - warned.received_at:.1f} s before the end; {saved(warned, warned.received_at)}"
                    if warned is not None else "no warning reached the ranks")

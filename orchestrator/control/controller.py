@@ -177,8 +177,8 @@ class Controller:
         finally:
             for pool in pools.values():
                 pool.shutdown(wait=True)  # a fault still acting may owe a mend
-            clocks.close()
             self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
+            clocks.close()  # after the mends: a read under way may wait on a node that does not answer
             for tracker in trackers:
                 if tracker.done:
                     tracker.finalize()

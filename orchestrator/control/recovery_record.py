@@ -23,12 +23,15 @@ class RecoveryRecorder:
         self.awaiting: int | None = None  # the attempt whose recovery is not recorded yet
 
     def expect(self, attempt: int) -> None:
-        """``attempt`` is watched from now on: a recovery if an earlier attempt ran (and failed)."""
+        """``attempt`` is watched from now on: a recovery if an earlier attempt ran (and failed). A
+        recovery still awaited (its clocks being read) is recorded first, with the clocks read so far."""
+        self.record(force=True)
         ran_before = any(row.attempt < attempt and ran(row) for row in self.ledger.attempts(self.run.run_id))
         self.awaiting = attempt if ran_before else None
 
-    def record(self) -> None:
-        """The awaited recovery, once its attempt has taken its first step and its fault settled."""
+    def record(self, force: bool = False) -> None:
+        """The awaited recovery, once its attempt has taken its first step and its fault settled, and
+        (unless ``force``: the run ends, or its next attempt comes) its nodes' clocks are read."""
         attempt = self.awaiting
         if attempt is None:
             return
@@ -37,7 +40,9 @@ class RecoveryRecorder:
         if not attempts_that_ran:
             return
         failed = recovering_from(self.run.paths, attempts_that_ran)
-        if not self.faults.settled(failed) or self.clocks_pending(failed) or self.clocks_pending(attempt):
+        if not self.faults.settled(failed):
+            return
+        if not force and (self.clocks_pending(failed) or self.clocks_pending(attempt)):
             return
         failure = self.failure_of(rows[failed])
         if failure is None:
@@ -52,15 +57,19 @@ class RecoveryRecorder:
         """Why the attempt ended: the injected fault that hit it, else a natural failure."""
         if row.detected is None:
             return None
-        detected_clock = batch_host(self.run.paths, row.attempt) if row.failure_evidence == "warm" else LOGIN
+        # warm: a failure followed in its job is detected when the coordinator stamped it (its host)
+        warm_stamped = row.failure_evidence == "warm" and row.detected == row.failed_at
+        detected_clock = batch_host(self.run.paths, row.attempt) if warm_stamped else LOGIN
         fault = self.faults.credited(row.attempt)
         if fault is not None and fault.at is not None:
             return Failure(kind=fault.kind, at=fault.at, detected=row.detected, evidence="fault",
                            clock=fault_clock(fault.kind, fault.node), detected_clock=detected_clock)
         kind = (row.reason or "failure").split(":")[0]
-        at = row.failed_at if row.failed_at is not None else row.detected
         evidence = row.failure_evidence or "detection"
-        return Failure(kind=f"natural ({kind})", at=min(at, row.detected), detected=row.detected, evidence=evidence,
+        if row.failed_at is None:  # no moment of its own: its detection (compute_recovery takes the earlier)
+            return Failure(kind=f"natural ({kind})", at=row.detected, detected=row.detected, evidence=evidence,
+                           clock=detected_clock, detected_clock=detected_clock)
+        return Failure(kind=f"natural ({kind})", at=row.failed_at, detected=row.detected, evidence=evidence,
                        clock=evidence_clock(self.run.paths, evidence, row.attempt), detected_clock=detected_clock)
 
 

@@ -97,8 +97,10 @@ class RunTracker:
                                         self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
+        self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
+        self._clock_reads: dict[int, Future[AttemptClocks]] = {}
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress,
-                                run.paths)
+                                run.paths, clocks_pending=self._clocks_pending)
         for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
             self._late_record(attempt)
         self.watch: AttemptWatch | None = None
@@ -114,8 +116,6 @@ class RunTracker:
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
-        self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
-        self._clock_reads: dict[int, Future[AttemptClocks]] = {}
         self.recoveries = RecoveryRecorder(run, ledger, self.faults, clocks_pending=self._clocks_pending)
         self._started_recorded = False
         self._finalized = False
@@ -565,7 +565,7 @@ class RunTracker:
             self._finish("completed", now)
 
     def _finish(self, status: str, now: float) -> None:
-        self.recoveries.record()
+        self.recoveries.record(force=True)
         self.status = status
         self.ledger.update_run(self.run.run_id, status=status, ended=now)
         log.info("%s: %s", self.run.run_id, status)
@@ -577,7 +577,7 @@ class RunTracker:
         self._finalized = True
         attempts = self.ledger.attempts(self.run.run_id)
         self.faults.finish(self.status, attempts[-1].attempt if attempts else 0)
-        self.recoveries.record()
+        self.recoveries.record(force=True)
 
     def _ingest_checkpoints(self) -> None:
         records = [CheckpointRecord.from_json(r) for r in read_json_lines(self.run.paths.checkpoint_log)]

@@ -34,9 +34,9 @@ from injectors.schedule import PlannedFault
 from injectors.targets import StepNotReached, TargetRefused
 from orchestrator.commands import one_line
 from orchestrator.observe.watch import AttemptWatch, FailureSign
-from orchestrator.record.clocks import LOGIN, AttemptClocks, Stamp, load_clocks
+from orchestrator.record.clocks import LOGIN, SCHEDULER, AttemptClocks, OnLogin, Stamp, load_clocks
 from orchestrator.record.ledger import FaultRow, Ledger
-from orchestrator.record.stamps import evidence_clock, fault_clock
+from orchestrator.record.stamps import evidence_clock, fault_clock, rank_node
 from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,13 @@ class RunProgress:
 
 class FaultBook:
     def __init__(self, run_id: str, plan: list[PlannedFault], ledger: Ledger, pool: ThreadPoolExecutor, act: Act,
-                 on_record: OnRecord | None = None, progress: RunProgress | None = None, paths: RunPaths | None = None):
+                 on_record: OnRecord | None = None, progress: RunProgress | None = None, paths: RunPaths | None = None,
+                 clocks_pending: Callable[[int], bool] = lambda attempt: False):
         self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
         self.paths = paths  # the run's files: its attempts' node clocks (a fault's moment against a failure's)
+        self.clocks_pending = clocks_pending  # an attempt's node clocks are being read: its faults settle after
+        self._clocks_read: dict[int, AttemptClocks] = {}
+        self._rank0_offsets: dict[int, float] = {}
         self.on_record = on_record
         self.progress = progress
         self.in_flight: InFlight | None = None
@@ -134,7 +138,7 @@ class FaultBook:
         if watch.state is not JobState.RUNNING or watch.completed or watch.failing:
             return
         fault = self.plan[self.next_index]
-        if not _due(fault, watch, now):
+        if not _due(fault, watch, now, self._rank0_offset(watch.attempt)):
             return
         if self.rearm is not None:  # its row stays: sent again, into the attempt now running
             fault_id, self.rearm = self.rearm, None
@@ -154,6 +158,8 @@ class FaultBook:
     def collect(self, watch: AttemptWatch | None = None, wait: bool = False) -> None:
         """Record the agent's answer once it is in (``wait``: block for it, at the end of a run).
         ``watch``: the attempt now watched, to tell whether one the fault was not to end went on."""
+        if self.ended:  # an ended attempt whose faults wait for its clocks
+            self._settle_ready()
         flight = self.in_flight
         if flight is not None and flight.acted is not None and not flight.acted_recorded:
             flight.acted_recorded = True  # in the ledger before the fault ends: a controller that dies knows it
@@ -207,9 +213,13 @@ class FaultBook:
         in_flight = self.in_flight is not None and self.in_flight.attempt == attempt
         return not in_flight and attempt not in self.ended
 
-    def _settle_ready(self) -> None:
+    def _settle_ready(self, force: bool = False) -> None:
+        """Settle the faults of each ended attempt whose fault has answered and (unless ``force``: the
+        run's end) whose nodes' clocks are read: a fault is dated against the failure on one clock."""
         for attempt in sorted(self.ended):
             if self.in_flight is not None and self.in_flight.attempt == attempt:
+                continue
+            if not force and self.clocks_pending(attempt):
                 continue
             end = self.ended.pop(attempt)
             for row in self.ledger.faults(self.run_id):
@@ -243,6 +253,29 @@ class FaultBook:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,
                                      detail=f"its target had exited: attempt {attempt} completed first")
 
+    def _clocks(self, attempt: int) -> AttemptClocks:
+        """``attempt``'s node clocks as the controller read them (kept once read: written once)."""
+        if self.paths is None:
+            return AttemptClocks(one_clock=True)
+        known = self._clocks_read.get(attempt)
+        if known is None:
+            known = load_clocks(self.paths.clocks_file(attempt))
+            if known.one_clock or known.readings or known.unmeasured:
+                self._clocks_read[attempt] = known
+        return known
+
+    def _rank0_offset(self, attempt: int) -> float:
+        """How far rank 0's node's clock reads ahead of the login node's in ``attempt`` (0 unread)."""
+        if self.paths is None:
+            return 0.0
+        if attempt not in self._rank0_offsets:
+            clocks = self._clocks(attempt)
+            if not clocks.readings:
+                return 0.0  # one clock, or not read (yet)
+            reading = clocks.readings.get(rank_node(self.paths, attempt, 0))
+            self._rank0_offsets[attempt] = reading.offset_s if reading is not None else 0.0
+        return self._rank0_offsets[attempt]
+
     def _failing_before(self, row: FaultRow, sign: FailureSign, attempt: int) -> float | None:
         """How long before the fault acted its attempt was dated failing, if surely before: both
         moments on the login clock (each node's stamp moved by the offset read from it), beyond the
@@ -250,17 +283,20 @@ class FaultBook:
         assert row.at is not None
         fault = Stamp(row.at, fault_clock(row.kind, row.node))
         failure = Stamp(sign.at, evidence_clock(self.paths, sign.evidence, attempt) if self.paths else LOGIN)
-        clocks = load_clocks(self.paths.clocks_file(attempt)) if self.paths is not None else AttemptClocks(one_clock=True)
+        clocks = self._clocks(attempt)
         fault_at, failed_at = clocks.on_login(fault), clocks.on_login(failure)
+        if fault.clock != failure.clock and None in (_bound(fault_at), _bound(failed_at)):
+            return None  # across a node clock that was not read: not surely before
         gap = fault_at.time - failed_at.time
-        bounds = (fault_at.uncertainty_s or 0.0) + (failed_at.uncertainty_s or 0.0)
+        bounds = (_bound(fault_at) or 0.0) + (_bound(failed_at) or 0.0)
         return gap if gap > FAILURE_MOMENT_EVIDENCE[sign.evidence] + bounds else None
 
     def _met_step(self, row: FaultRow, attempt: int) -> int | None:
-        """The step ``attempt`` had reached when the fault acted, recorded with it (once)."""
+        """The step ``attempt`` had reached when the fault acted, recorded with it (once): the
+        fault's moment and the ranks' beats on the login clock."""
         if row.met_step is not None or row.at is None or self.progress is None or row.fault_id is None:
             return row.met_step
-        met = self.progress.step_at(attempt, row.at)
+        met = self.progress.step_at(attempt, self._on_login(row))
         self.ledger.update_fault(row.fault_id, met_step=met)
         return met
 
@@ -311,13 +347,18 @@ class FaultBook:
         attempt, after its last step)."""
         hits = [row for row in self.ledger.faults(self.run_id) if row.attempt == attempt and row.outcome in (INJECTED, LATE)
                 and row.at is not None and not (row.detail or "").startswith(WENT_ON)]
-        return max(hits, key=lambda row: row.at or 0.0) if hits else None
+        return max(hits, key=lambda row: self._on_login(row)) if hits else None
+
+    def _on_login(self, row: FaultRow) -> float:
+        """The fault's moment on the login clock (as recorded where its clock was not read)."""
+        assert row.at is not None
+        return self._clocks(row.attempt).on_login(Stamp(row.at, fault_clock(row.kind, row.node))).time
 
     # the end of the run -----------------------------------------------------------------------
     def finish(self, status: str, last_attempt: int) -> None:
         """Collect the fault in flight, settle, and record every planned fault that never fired."""
         self.collect(wait=True)
-        self._settle_ready()
+        self._settle_ready(force=True)
         if self.rearm is not None:  # its agent came back short of its step, and no attempt reached it since
             self.ledger.update_fault(self.rearm, outcome=NOT_FIRED,
                                      detail=f"{_not_fired_because(status)}; its agent had waited for its step in vain")
@@ -353,13 +394,23 @@ def _row(run_id: str, attempt: int, fault: PlannedFault, outcome: str, detail: s
                     node=None, outcome=outcome, detail=detail)
 
 
-def _due(fault: PlannedFault, watch: AttemptWatch, now: float) -> bool:
-    """At its step in this attempt, or at its anchor in this attempt plus its delay."""
+def _bound(moment: OnLogin) -> float | None:
+    """A moment's uncertainty on the login clock; the scheduler's own clock counts as the login
+    node's (its end time's whole seconds are its resolution: FAILURE_MOMENT_EVIDENCE)."""
+    return 0.0 if moment.clock == SCHEDULER else moment.uncertainty_s
+
+
+def _due(fault: PlannedFault, watch: AttemptWatch, now: float, rank0_offset: float = 0.0) -> bool:
+    """At its step in this attempt, or at its anchor in this attempt plus its delay. ``now`` is the
+    login clock's; rank 0 stamps the first checkpoint and the first step on its node's clock, which
+    reads ``rank0_offset`` ahead (the identity files' times are the filesystem's)."""
     if fault.at_step is not None:
         return watch.last_step >= fault.at_step or _arm_ahead(fault.at_step, fault, watch)
-    anchor = {"first_checkpoint": watch.first_checkpoint, "ranks_started": watch.ranks_started}.get(
-        fault.anchor, watch.training_started)
-    return anchor is not None and now >= anchor + fault.delay_s
+    rank0 = {"first_checkpoint": watch.first_checkpoint, "training_started": watch.training_started}
+    anchor = watch.ranks_started if fault.anchor == "ranks_started" else rank0.get(fault.anchor, watch.training_started)
+    if anchor is None:
+        return False
+    return now >= anchor - (0.0 if fault.anchor == "ranks_started" else rank0_offset) + fault.delay_s
 
 
 def _arm_ahead(at_step: int, fault: PlannedFault, watch: AttemptWatch) -> bool:

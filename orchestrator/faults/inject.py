@@ -20,6 +20,7 @@ from injectors.targets import StepNotReached, TargetRefused, read_identity
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, CommandResult
 from orchestrator.faults.job_control import BackendJobControl, Menders
+from orchestrator.record.clocks import load_clocks
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -79,10 +80,12 @@ def kill_every_rank(backend: "Backend", run: RunConfig, attempt: int, job_id: st
 def _task(backend: "Backend", request: FaultRequest) -> FaultTask:
     """What the kind acts on: the request's run, attempt, job (as the agent names it), ranks, options."""
     at_step = request.fault.at_step
+    clocks = load_clocks(request.run.paths.clocks_file(request.attempt))
     return FaultTask(kind=request.fault.kind, run_dir=request.run.paths.root, run_id=request.run.run_id,
                      attempt=request.attempt, job_id=backend.agent_job_id(request.job_id),
                      ranks=request.fault.ranks, options=dict(request.fault.options),
-                     at_step=at_step, wait_s=STEP_WAIT_S if at_step is not None else 0.0)
+                     at_step=at_step, wait_s=STEP_WAIT_S if at_step is not None else 0.0,
+                     clock_offsets={node: reading.offset_s for node, reading in clocks.readings.items()})
 
 
 def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -> FaultOutcome:
@@ -90,9 +93,11 @@ def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -
     by_node: dict[str, list[int]] = {}
     for rank in task.ranks:
         by_node.setdefault(read_identity(task.run_dir, task.attempt, rank).node, []).append(rank)
-    # Several nodes act together at an agreed moment, or each at the step (an at_step fault).
-    not_before = time.time() + TOGETHER_S if len(by_node) > 1 and task.at_step is None else 0.0
-    node_tasks = {node: FaultTask(**{**task.__dict__, "ranks": tuple(ranks), "not_before": not_before})
+    # Several nodes act together at an agreed moment (each told it on its own clock), or each at the
+    # step (an at_step fault).
+    together = time.time() + TOGETHER_S if len(by_node) > 1 and task.at_step is None else 0.0
+    node_tasks = {node: FaultTask(**{**task.__dict__, "ranks": tuple(ranks),
+                                     "not_before": task.on_node(together, node) if together else 0.0})
                   for node, ranks in by_node.items()}
     timeout_s = AGENT_TIMEOUT_S + float(task.options.get("duration_s", 0.0)) + task.wait_s
     with ThreadPoolExecutor(max_workers=len(node_tasks) or 1) as pool:

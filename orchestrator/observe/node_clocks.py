@@ -22,7 +22,7 @@ from injectors.probe import ECHO_READY
 from injectors.targets import TargetRefused, read_identity
 from orchestrator.backends.base import NotSupported
 from orchestrator.commands import CommandError, Conversation
-from orchestrator.record.clocks import AttemptClocks, ClockReading, Exchange, offset_of, save_clocks
+from orchestrator.record.clocks import AttemptClocks, ClockReading, Exchange, load_clocks, offset_of, save_clocks
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -84,29 +84,45 @@ class ClockBook:
 
     def read_attempt(self, paths: RunPaths, attempt: int, ranks: int, job_id: str) -> "Future[AttemptClocks]":
         """Read the clocks of ``attempt``'s nodes (in the background) and write its clocks file."""
-        return self._pool.submit(self._read_attempt, paths, attempt, ranks, job_id)
+        future = self._pool.submit(self._read_attempt, paths, attempt, ranks, job_id)
+        future.add_done_callback(lambda done: _log_failure(done, paths, attempt))
+        return future
 
     def close(self) -> None:
+        """No new read; a read under way ends within its conversations' timeouts (the drill's end waits)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _read_attempt(self, paths: RunPaths, attempt: int, ranks: int, job_id: str) -> AttemptClocks:
+        path = paths.clocks_file(attempt)
         if self.backend.one_clock:
             clocks = AttemptClocks(one_clock=True)
         else:
-            clocks = AttemptClocks()
+            clocks = load_clocks(path)  # what an earlier controller read of this attempt stands
             for node in attempt_nodes(paths, attempt, ranks):
+                if node in clocks.readings:
+                    continue
                 try:
                     clocks.readings[node] = self._reading(job_id, node)
-                except (CommandError, NotSupported) as error:
-                    why = error.summary if isinstance(error, CommandError) else str(error)
-                    clocks.unmeasured[node] = why
-                    log.info("%s attempt %d: the clock of %s was not read: %s", paths.root.name, attempt, node, why)
-        save_clocks(paths.clocks_file(attempt), clocks)
+                    clocks.unmeasured.pop(node, None)
+                except (CommandError, NotSupported, OSError, ValueError) as error:
+                    why = error.summary if isinstance(error, CommandError) else f"{type(error).__name__}: {error}"
+                    older = self._older_reading(node)
+                    if older is not None:  # the node's last reading, its bounds widened by its age
+                        clocks.readings[node] = older
+                        clocks.unmeasured.pop(node, None)
+                    else:
+                        clocks.unmeasured[node] = why
+                    log.info("%s attempt %d: the clock of %s was not read (%s)%s", paths.root.name, attempt, node,
+                             why, "; its last reading stands" if older is not None else "")
+        save_clocks(path, clocks)
         return clocks
 
-    def _reading(self, job_id: str, node: str) -> ClockReading:
+    def _older_reading(self, node: str) -> ClockReading | None:
         with self._lock:
-            known = self._readings.get(node)
+            return self._readings.get(node)
+
+    def _reading(self, job_id: str, node: str) -> ClockReading:
+        known = self._older_reading(node)
         if known is not None and time.time() - known.measured_at < REUSE_S:
             return known
         with self.backend.talk_on_node(job_id, node, PROBE_ARGV) as probe:
@@ -114,3 +130,9 @@ class ClockBook:
         with self._lock:
             self._readings[node] = reading
         return reading
+
+
+def _log_failure(done: "Future[AttemptClocks]", paths: RunPaths, attempt: int) -> None:
+    """A read that raised (nobody waits on its result): said, not lost."""
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("%s attempt %d: its nodes' clocks were not read: %s", paths.root.name, attempt, done.exception())

@@ -24,6 +24,7 @@ from experiments.layout import write_json_atomic
 
 LOGIN = "login"  # the controller's clock: the reference, offset 0 by definition
 SCHEDULER = "scheduler"  # the scheduler's own stamps (sacct's End): a clock nobody measured
+UNKNOWN_NODE = "an unknown node"  # a node stamp whose node is not known: no reading applies, none is one clock
 # A reading's bounds widen as it ages: clocks that NTP disciplines drift well under this (100 ppm).
 DRIFT_PER_S = 1e-4
 
@@ -79,11 +80,13 @@ class Stamp:
 
 @dataclass(frozen=True)
 class OnLogin:
-    """A stamp moved onto the login clock: ``uncertainty_s`` None where its clock was not read."""
+    """A stamp moved onto the login clock: ``uncertainty_s`` None where its clock was not read;
+    ``offset_s`` the offset it was moved by (0 on the login clock, None unread)."""
 
     time: float
     uncertainty_s: float | None
     clock: str
+    offset_s: float | None = 0.0
 
 
 @dataclass
@@ -100,8 +103,15 @@ class AttemptClocks:
             return OnLogin(stamp.time, 0.0, stamp.clock)
         reading = self.readings.get(stamp.clock)
         if reading is None:
-            return OnLogin(stamp.time, None, stamp.clock)
-        return OnLogin(stamp.time - reading.offset_s, reading.uncertainty_at(stamp.time), stamp.clock)
+            return OnLogin(stamp.time, None, stamp.clock, None)
+        return OnLogin(stamp.time - reading.offset_s, reading.uncertainty_at(stamp.time), stamp.clock, reading.offset_s)
+
+    def merged_with(self, other: "AttemptClocks") -> "AttemptClocks":
+        """These readings, and ``other``'s of the nodes not read here (an attempt that ended before
+        its node's clock was read: the same node's reading of the attempt beside it)."""
+        readings = {**other.readings, **self.readings}
+        return AttemptClocks(self.one_clock or other.one_clock, readings,
+                             {node: why for node, why in self.unmeasured.items() if node not in readings})
 
     def to_json(self) -> dict[str, Any]:
         return {"one_clock": self.one_clock, "readings": {node: r.to_json() for node, r in self.readings.items()},
@@ -133,9 +143,12 @@ def save_clocks(path: Path, clocks: AttemptClocks) -> None:
 
 
 def between(earlier: OnLogin, later: OnLogin) -> float | None:
-    """The uncertainty of ``later - earlier``: none on one clock (its offset cancels), the sum of
-    both bounds across two, unknown where either clock was not read."""
-    if earlier.clock == later.clock:
+    """The uncertainty of ``later - earlier``: none on one clock moved by one offset (it cancels),
+    the sum of both bounds otherwise, unknown where either clock was not read (or its node is not
+    known)."""
+    if UNKNOWN_NODE in (earlier.clock, later.clock):
+        return None
+    if earlier.clock == later.clock and earlier.offset_s == later.offset_s:
         return 0.0
     if earlier.uncertainty_s is None or later.uncertainty_s is None:
         return None

@@ -103,9 +103,14 @@ def compute_recovery(
     timeline = attempt_timeline(paths, resumed.attempt)
     if timeline is None or resumed.accepted is None:
         return None
-    failed_clocks = load_clocks(paths.clocks_file(failed.attempt))
-    resumed_clocks = load_clocks(paths.clocks_file(resumed.attempt))
-    fault_at = failed_clocks.on_login(Stamp(failure.at, failure.clock)).time
+    failed_read = load_clocks(paths.clocks_file(failed.attempt))
+    resumed_read = load_clocks(paths.clocks_file(resumed.attempt))
+    failed_clocks, resumed_clocks = failed_read.merged_with(resumed_read), resumed_read.merged_with(failed_read)
+    failed_at = failed_clocks.on_login(Stamp(failure.at, failure.clock))
+    detected = failed_clocks.on_login(Stamp(failure.detected, failure.detected_clock))
+    if failure.evidence != "fault" and detected.time < failed_at.time:
+        failed_at = detected  # a natural failure is no later than its detection (compared on one clock)
+    fault_at = failed_at.time
     last_step, last_time = last_progress(paths, ranks, failed.attempt, fault_at)
     resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, fault_at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
@@ -114,11 +119,10 @@ def compute_recovery(
     plan = first_event(resumed_events, EVENT_WARM_PLAN) or first_event(resumed_events, EVENT_ELASTIC_ROUND)
     # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later);
     # elastic: torchrun's start of the round. Both are stamped in the batch script's job.
-    accepted = Stamp(plan.time, timeline.batch_host) if plan is not None else Stamp(resumed.accepted, LOGIN)
+    accepted = (Stamp(plan.time, str(plan.fields.get("node") or timeline.batch_host)) if plan is not None
+                else Stamp(resumed.accepted, LOGIN))
     rank0 = rank_node(paths, resumed.attempt, 0)
-    stamps = [failed_clocks.on_login(Stamp(failure.at, failure.clock)),
-              failed_clocks.on_login(Stamp(failure.detected, failure.detected_clock)),
-              resumed_clocks.on_login(accepted),
+    stamps = [failed_at, detected, resumed_clocks.on_login(accepted),
               resumed_clocks.on_login(Stamp(timeline.job_start, timeline.batch_host)),
               *(resumed_clocks.on_login(Stamp(moment, rank0))
                 for moment in (timeline.framework_ready, timeline.checkpoint_loaded, timeline.first_step))]
@@ -128,7 +132,9 @@ def compute_recovery(
         run_id=failed.run_id,
         attempt=resumed.attempt,
         fault_kind=failure.kind,
-        fault_at=failure.at,  # as the fault recorded it (its clock): what ties the recovery to its fault
+        # a fault's as it recorded it (its clock: what ties the recovery to its fault); a natural
+        # failure's on the login clock
+        fault_at=failure.at if failure.evidence == "fault" else fault_at,
         detect_s=detect,
         resubmit_s=resubmit,
         queue_s=queue,

@@ -9,19 +9,34 @@ scheduler's own end time on a clock nobody reads.
 
 from __future__ import annotations
 
-from experiments.layout import EVENT_JOB_START, EVENT_PROCESS_START, RunPaths, first_event, read_events
+from experiments.layout import (
+    EVENT_JOB_START,
+    EVENT_PROCESS_START,
+    EVENT_WARM_FAILURE,
+    EVENT_WARM_FORMED,
+    EVENT_WARM_PLAN,
+    RunPaths,
+    first_event,
+    read_events,
+)
 from injectors.kinds import get_kind
 from injectors.kinds.base import Site
 from injectors.targets import TargetRefused, read_identity
-from orchestrator.record.clocks import LOGIN, SCHEDULER, load_clocks
+from orchestrator.record.clocks import LOGIN, SCHEDULER, UNKNOWN_NODE, load_clocks
 
-UNKNOWN_NODE = "an unknown node"  # a node stamp whose node is not known (no reading applies to it)
+# Events the batch script's job writes, each with the node that stamped it: the job's start, and
+# the warm coordinator's (a re-formed generation's attempt has no job_start of its own).
+BATCH_EVENTS = (EVENT_JOB_START, EVENT_WARM_PLAN, EVENT_WARM_FAILURE, EVENT_WARM_FORMED)
 
 
 def batch_host(paths: RunPaths, attempt: int) -> str:
-    """The node whose clock stamped ``attempt``'s batch script events (its job_start's node)."""
+    """The node whose clock stamped ``attempt``'s batch script events: its job start's, or its warm
+    coordinator's; rank 0's start's on the local backend (one host)."""
     events = read_events(paths.events_file(attempt))
-    start = first_event(events, EVENT_JOB_START) or first_event(events, EVENT_PROCESS_START)
+    for event in events:
+        if event.name in BATCH_EVENTS and event.fields.get("node"):
+            return str(event.fields["node"])
+    start = first_event(events, EVENT_PROCESS_START)
     return str(start.fields.get("node") or UNKNOWN_NODE) if start is not None else UNKNOWN_NODE
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 from experiments.layout import Heartbeat, RunPaths, read_json_lines
 from orchestrator.report.advise import daly_interval, predicted_goodput, young_interval
 from orchestrator.report.document import build_report
+from orchestrator.report.tables import clock_offsets_line, phase_shown
 
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
 MAX_TIMELINES = 40  # a big sweep's page shows the faulted runs' timelines first, up to this many
@@ -148,7 +149,7 @@ def _timeline(workdir: Path, run: dict[str, Any], out_dir: Path) -> Section:
     image = _figure(out_dir, f"timeline-{_safe(run['run_id'])}.png", draw)
     attempts = [[a["job_id"], a["state"], a["failure_class"] or "", _rel(a["submitted"], origin),
                  _rel(a["started"], origin), _rel(a["ended"], origin), a["reason"] or ""] for a in run["attempts"]]
-    rows = [[r["fault_kind"], r["failure_class"], _rel(r["fault_at"], origin), r["detect_s"],
+    rows = [[r["fault_kind"], r["failure_class"], _rel(r["fault_at"], origin), phase_shown(r, "detect_s"),
              r["detect_s"] + r["resubmit_s"] + r["queue_s"], r["ttr_s"], r["resumed_from_step"], r["lost_steps"]]
             for r in recoveries]
     return Section(f"Timeline of {run['run_id']}", image, [
@@ -183,7 +184,23 @@ def _ttr_section(runs: list[dict[str, Any]], out_dir: Path) -> Section:
     image = _figure(out_dir, "ttr-phases.png", draw, size=(8, 2.0 + 0.45 * max(1, len(groups))))
     rows = [[*key, len(groups[key]), *(means[key][phase] for phase in (*PHASES, "ttr_s"))] for key in groups]
     return Section("Time to recover", image,
-                   [(["framework", "strategy", "class", "recoveries", *PHASES, "ttr_s"], rows)])
+                   [(["framework", "strategy", "class", "recoveries", *PHASES, "ttr_s"], rows)],
+                   clocks_note([recovery for group in groups.values() for recovery in group]))
+
+
+def clocks_note(recoveries: list[dict[str, Any]]) -> str:
+    """What the node clocks allow of the phases above: the offsets applied, and the phases shorter
+    than their uncertainty or measured across a clock that was not read."""
+    said = [clock_offsets_line([({}, recovery) for recovery in recoveries])]
+    below = sum(1 for recovery in recoveries if recovery.get("below_uncertainty"))
+    unread = sum(1 for recovery in recoveries if recovery.get("clocks_not_read"))
+    if below:
+        said.append(f"{below} of {len(recoveries)} recoveries have a phase shorter than the uncertainty of the "
+                    "clocks it spans (the text report shows it as a bound)")
+    if unread:
+        said.append(f"{unread} of {len(recoveries)} recoveries span a node clock that could not be read: "
+                    "those phases are not corrected for its offset")
+    return "; ".join(part for part in said if part)
 
 
 def _lost_work_section(runs: list[dict[str, Any]], out_dir: Path) -> Section:

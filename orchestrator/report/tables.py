@@ -85,7 +85,7 @@ def recoveries_table(report: dict[str, Any]) -> Table:
     for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
         inferred = set(run.get("progress", {}).get("inferred", ()))
         table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(
-            ("~" if key in inferred else "") + _phase(rec, key) for key in (
+            ("~" if key in inferred else "") + phase_shown(rec, key) for key in (
                 "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
                 "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")),
             *((rec.get("state_source") or "-", rec.get("spare") or "-") if warm else ()))
@@ -104,7 +104,7 @@ def recoveries_table(report: dict[str, Any]) -> Table:
     return table
 
 
-def _phase(recovery: dict[str, Any], key: str) -> str:
+def phase_shown(recovery: dict[str, Any], key: str) -> str:
     """A phase as the clocks allow: its bound where it is shorter than its uncertainty, marked where
     a clock was not read."""
     bound = (recovery.get("phase_uncertainty_s") or {}).get(key)
@@ -114,7 +114,7 @@ def _phase(recovery: dict[str, Any], key: str) -> str:
 
 
 def clock_offsets_line(recoveries: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
-    """The node clocks the phases were corrected by (the newest reading of each node)."""
+    """The node clocks the phases were corrected by (of a node read more than once, the last listed)."""
     newest: dict[str, list[float]] = {}
     for _, recovery in recoveries:
         newest.update(recovery.get("clock_offsets") or {})

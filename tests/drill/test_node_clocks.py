@@ -16,7 +16,7 @@ from experiments.layout import RankIdentity, RunPaths, append_json_line, write_j
 from orchestrator.backends.local.backend import LocalBackend
 from orchestrator.commands import Conversation
 from orchestrator.observe.node_clocks import ClockBook
-from orchestrator.record.clocks import load_clocks
+from orchestrator.record.clocks import AttemptClocks, ClockReading, load_clocks, save_clocks
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 OFFSETS = {"n1": -0.8, "n2": 1.3}  # what each "node"'s clock is set off by
@@ -83,3 +83,27 @@ def test_the_local_backends_moments_are_on_one_clock(tmp_path: Path) -> None:
     finally:
         book.close()
     assert clocks.one_clock and not clocks.readings and load_clocks(paths.clocks_file(0)).one_clock
+
+
+def test_a_re_read_keeps_what_an_earlier_read_of_the_attempt_found(tmp_path: Path) -> None:
+    """Review: a restarted controller read an adopted attempt's clocks again after its job's nodes
+    had ended, and wrote an empty file over the good readings."""
+    paths = RunPaths(tmp_path / "r000")
+    _attempt(paths, 0, ["n1", "n3"])
+    save_clocks(paths.clocks_file(0), AttemptClocks(readings={"n3": ClockReading(0.25, 0.001, 16, 1.0)}))
+    book = ClockBook(SkewedNodes())
+    try:
+        clocks = book.read_attempt(paths, 0, 2, "7").result(timeout=120)
+    finally:
+        book.close()
+    assert clocks.readings["n3"] == ClockReading(0.25, 0.001, 16, 1.0) and "n3" not in clocks.unmeasured
+    assert abs(clocks.readings["n1"].offset_s - OFFSETS["n1"]) < 0.05
+
+
+def test_lines_that_arrive_in_one_chunk_are_each_answered_in_turn() -> None:
+    """Review: a banner line and the probe's ready line in one write; the second sat in a reader's
+    buffer while the descriptor had nothing more to signal, and the conversation timed out."""
+    code = "import sys; sys.stdout.write('banner\\nready\\n'); sys.stdout.flush(); sys.stdin.read()"
+    with Conversation([sys.executable, "-c", code]) as said:
+        assert said.read_line(10) == "banner"
+        assert said.read_line(2) == "ready"

@@ -302,7 +302,7 @@ def test_a_node_whose_agent_came_back_short_does_not_undo_another_nodes_kill(mon
         raise StepNotReached("the attempt was at step 59 after 30 s, short of step 60")
 
     monkeypatch.setattr(inject, "_on_node", on_node)
-    run = SimpleNamespace(paths=SimpleNamespace(root=Path("/nonexistent")), run_id="r000")
+    run = SimpleNamespace(paths=RunPaths(Path("/nonexistent")), run_id="r000")
     fault = PlannedFault(index=0, kind="kill-rank", delay_s=0.0, anchor="training_start", at_step=60, ranks=(0, 1),
                          options={"signal": "SIGKILL"})
     request = inject.FaultRequest(run=run, attempt=0, job_id="j1", fault=fault)  # type: ignore[arg-type]  # a stand-in run
