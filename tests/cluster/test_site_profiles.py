@@ -21,87 +21,69 @@ DRILL_TIMEOUT_S = 600
 
 
 def _spec(shared_tmp: Path) -> Path:
+    """Two runs on fd-n1 (-0.8 s under the skew profile) and fd-n2 (+1.3 s), one rank each, and
+    their shared twin: rank 1 (fd-n2) killed at step 150; the job preempted at step 120 (the
+    scheduler ends it: only the scheduler could date that end)."""
     spec: dict[str, Any] = {
-        "name": "site-no-accounting", "backend": "slurm", "workdir": str(shared_tmp / "work"),
-        "workload": {"framework": "torch", "params": 2000, "steps": 200, "seed": 4, "batch_size": 16},
-        "checkpoint": {"every_steps": 50, "keep": 2},
-        "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00", "partition": "debug"},
-        # A preemption: the scheduler ends the job (scancel), whose end only the scheduler can date.
-        "faults": [{"kind": "preempt", "after": {"at_step": 120}, "grace_s": 20}],
+        "name": "site-profiles", "backend": "slurm", "workdir": str(shared_tmp / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.01, "seed": 4, "batch_size": 16},
+        "checkpoint": {"every_steps": 100, "keep": 2},
+        "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug",
+                      "extra_directives": ["--nodelist=fd-n1,fd-n2"]},
         "restart": {"max_restarts": 2, "poll_interval_s": 0.2},
+        "baseline": True, "parallel_runs": 3,
+        "sweep": {"grid": [{"faults": [[{"kind": "kill-rank", "after": {"at_step": 150}, "rank": 1,
+                                          "signal": "SIGKILL"}]]},
+                           {"faults": [[{"kind": "preempt", "after": {"at_step": 120}, "grace_s": 20}]]}]},
     }
     path = shared_tmp / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def test_a_drill_without_accounting_recovers_from_the_queue_and_says_what_it_knew_less_of(
-        shared_tmp: Path, no_accounting: None) -> None:
+def test_without_accounting_and_on_skewed_clocks_a_drill_recovers_measures_on_one_clock_and_says_so(
+        shared_tmp: Path, no_accounting: None, skewed_clocks: dict[str, float]) -> None:
+    """Two profiles at once (they do not interfere). No accounting: the preempted run recovers from
+    the queue and the run's own files, and the report says what it knew less of. Skewed clocks: the
+    drill reads both nodes' offsets, the kill's moment (stamped on fd-n2) and the new job's start
+    are moved onto the login clock, the kill is credited with the failure it caused, no phase is
+    clamped, and both runs end as their twin. The uncorrected stamps show what was reported
+    before: the kill 'after' its own detection."""
     sacct = subprocess.run(["sacct", "-X", "-n"], capture_output=True, text=True, timeout=60)
     assert sacct.returncode != 0, "the profile: sacct does not answer"
     done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_spec(shared_tmp)), "--format",
                            "json"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
-    [run] = report["runs"]
-    assert run["status"] == "completed" and run["final_step"] == 200
-    [recovery] = run["recoveries"]
+    killed, preempted = (next(run for run in report["runs"] if run["faults"] and run["faults"][0]["kind"] == kind)
+                         for kind in ("kill-rank", "preempt"))
+    for run in (killed, preempted):
+        assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
+        assert len(run["attempts"]) == 2 and run["recoveries"][0]["clocks_not_read"] == [], run["recoveries"]
+
+    [recovery] = preempted["recoveries"]
     assert recovery["failure_class"] == "PREEMPTED" and recovery["lost_steps"] == 0, recovery
-    assert len(run["attempts"]) == 2
+    assert "ranks saved step" in preempted["faults"][0]["detail"], "rank 0's warned checkpoint, on the login clock"
     [note] = report["site_notes"]
     assert note.startswith("accounting (sacct) did not answer") and "end time" in note
-    text = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
-                          capture_output=True, text=True, timeout=120).stdout
-    assert "This site: accounting (sacct) did not answer" in text
 
-
-def _skew_spec(shared_tmp: Path) -> Path:
-    """2 nodes, one rank each, pinned to fd-n1 (-0.8 s) and fd-n2 (+1.3 s); rank 1 (fd-n2) killed."""
-    spec: dict[str, Any] = {
-        "name": "site-skew", "backend": "slurm", "workdir": str(shared_tmp / "work"),
-        "workload": {"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.01, "seed": 4, "batch_size": 16},
-        "checkpoint": {"every_steps": 100, "keep": 2},
-        "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug",
-                      "extra_directives": ["--nodelist=fd-n1,fd-n2"]},
-        "faults": [{"kind": "kill-rank", "after": {"at_step": 150}, "rank": 1, "signal": "SIGKILL"}],
-        "restart": {"max_restarts": 2, "poll_interval_s": 0.2},
-        "baseline": True, "parallel_runs": 2,
-    }
-    path = shared_tmp / "skew.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def test_under_skewed_node_clocks_the_offsets_are_read_and_the_phases_measured_on_the_login_clock(
-        shared_tmp: Path, skewed_clocks: dict[str, float]) -> None:
-    """The skew profile: each job's tasks see fd-n1's clock 0.8 s behind and fd-n2's 1.3 s ahead. The
-    drill reads both offsets, the kill's moment (stamped on fd-n2) and the new job's start (fd-n1)
-    are moved onto the login clock, no phase is clamped, and the run still ends as its twin. The
-    uncorrected stamps show what was reported before: the kill 'after' its own detection."""
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_skew_spec(shared_tmp)), "--format",
-                           "json"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout)
-    run = next(run for run in report["runs"] if not run["is_baseline"])
-    assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
-    paths = RunPaths(shared_tmp / "work" / "runs" / run["run_id"])
-    clocks = load_clocks(paths.clocks_file(0))
+    clocks = load_clocks(RunPaths(shared_tmp / "work" / "runs" / killed["run_id"]).clocks_file(0))
     for node in ("fd-n1", "fd-n2"):
         reading = clocks.readings[node]
         assert abs(reading.offset_s - skewed_clocks[node]) <= reading.uncertainty_s + 0.005, (node, reading)
-    [fault] = run["faults"]
-    [recovery] = run["recoveries"]
-    failed = run["attempts"][0]
+    [fault] = killed["faults"]
+    [recovery] = killed["recoveries"]
     assert fault["outcome"] == "injected" and "fd-n2" in fault["target"], (fault["outcome"], fault["detail"])
-    assert failed["ended"] - fault["at"] < 0, "uncorrected, fd-n2's stamp of the kill reads after its detection"
-    assert recovery["clocks_not_read"] == [] and recovery["clock_correction_s"] < 0.05, recovery
-    assert 0.0 < recovery["detect_s"] < 5.0 and recovery["queue_s"] > 0, recovery
+    assert killed["attempts"][0]["ended"] - fault["at"] < 0, "uncorrected, fd-n2's stamp of the kill is after its detection"
+    assert recovery["clock_correction_s"] < 0.05 and 0.0 < recovery["detect_s"] < 5.0 and recovery["queue_s"] > 0, recovery
     bounds = recovery["phase_uncertainty_s"]
     assert bounds["resubmit_s"] == 0 and 0 < bounds["detect_s"] < 0.05 and 0 < bounds["ttr_s"] < 0.1, bounds
     assert set(recovery["clock_offsets"]) == {"fd-n1", "fd-n2"}
-    text = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
-                          capture_output=True, text=True, timeout=120).stdout
-    assert "node clocks against the login node's (s): fd-n1 -0.8" in " ".join(text.split()), text[-3000:]
+
+    text = " ".join(subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
+                                   capture_output=True, text=True, timeout=120).stdout.split())
+    assert "This site: accounting (sacct) did not answer" in text
+    assert "node clocks against the login node's (s): fd-n1 -0.8" in text, text[-3000:]
 
 
 def test_the_doctor_warns_of_the_skewed_clocks_and_names_the_nodes(shared_tmp: Path,
