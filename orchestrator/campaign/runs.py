@@ -294,9 +294,11 @@ def _fault_free(campaign: Campaign) -> Campaign:
 
 def _twin_key(twin: Campaign) -> str:
     """What a fault-free run trains: runs that differ only in their faults or their restart settings
-    (how they would recover) or their time limit share one twin; other resources (nodes held
-    alone, another node count) make a twin of their own."""
-    return json.dumps(twin.model_dump(mode="json", exclude={"restart": True, "resources": {"time"}}), sort_keys=True)
+    (how they would recover), their time limit or where their checkpoints are kept share one twin
+    (the twin's are where the first run to need it keeps its own); other resources (nodes held alone,
+    another node count) make a twin of their own."""
+    return json.dumps(twin.model_dump(mode="json", exclude={"restart": True, "resources": {"time"},
+                                                            "checkpoint": {"directory"}}), sort_keys=True)
 
 
 def _varying(grid: dict[str, list[Any]]) -> set[str]:

@@ -2,7 +2,9 @@
 acted on its intended target (through the agent in the job's allocation, the scheduler, the cluster
 script, or the run's files), each run recovered (the stall: went on without a restart) and ended bit
 for bit as its fault-free twin, and the recoveries carry the fault's kind. disk-full gets a small
-filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory.
+filesystem (``scripts/cluster small-fs``) as its run's checkpoint directory. The scratch profile:
+every other run's checkpoints on another such filesystem (``checkpoint.directory``), apart from the
+run directories (the corrupt checkpoint is kept aside there: no move across filesystems).
 
 The whole catalogue runs with FAULTDRILL_FULL=1 (by hand, ~7 min here). Without it (CI)
 the kinds another real-cluster test in CI drills (on Slurm; the timeout on PBS) are left out of this drill, and their
@@ -11,6 +13,7 @@ tests here say where they are covered.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,16 +22,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 from campaigns import campaign_copy, drill_report, full_campaigns, leave_out_fault_kinds
 from experiments.layout import RankJob, RunPaths, read_json_lines
 from orchestrator.campaign.runs import expand_runs
-from orchestrator.campaign.spec import load_campaign
+from orchestrator.campaign.spec import RUN_ID_FIELD, load_campaign
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
+SCRATCH_MB = 160  # every other run's (and twin's) three checkpoints of 2.4 MB, and those kept aside
 STEPS, EVERY, FAULT_STEP = 600, 200, 270  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
@@ -49,18 +54,33 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
     path = campaign_copy("fault-catalogue", shared)
     if not full_campaigns():
         leave_out_fault_kinds(path, set(COVERED_ELSEWHERE))
-    small_fs = f"catalogue-{shared.name}"
-    run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(path))
-               if run.campaign.faults}
-    checkpoints = RunPaths(shared / "work" / "runs" / run_ids["disk-full"]).checkpoints
-    checkpoints.parent.mkdir(parents=True)
-    checkpoints.symlink_to(_cluster("small-fs", small_fs, str(SMALL_FS_MB)))
+    small_fs, scratch = f"catalogue-{shared.name}", f"scratch-{shared.name}"
     try:
+        on_scratch(path, Path(_cluster("small-fs", scratch, str(SCRATCH_MB))),
+                   Path(_cluster("small-fs", small_fs, str(SMALL_FS_MB))))
+        run_ids = {run.campaign.faults[0].kind: run.run_id for run in expand_runs(load_campaign(path))
+                   if run.campaign.faults}
         report = drill_report(path, DRILL_TIMEOUT_S)
+        checkpoints = RunPaths(shared / "work" / "runs" / run_ids["disk-full"]).checkpoints
         yield {**report, "workdir": str(shared / "work"), "small_fs": checkpoints.resolve(), "run_ids": run_ids}
     finally:
         _cluster("small-fs-remove", small_fs)
+        _cluster("small-fs-remove", scratch)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def on_scratch(spec: Path, scratch: Path, small_fs: Path) -> None:
+    """The scratch profile: every run's checkpoints on ``scratch`` (``checkpoint.directory``, a
+    filesystem the run directories are not on), the disk-full run's on the small one it fills."""
+    data = yaml.safe_load(spec.read_text())
+    data["checkpoint"]["directory"] = f"{scratch}/{RUN_ID_FIELD}"
+    for grid in data["sweep"]["grid"]:
+        full = [faults for faults in grid["faults"] if faults[0]["kind"] == "disk-full"]
+        if full:
+            grid["faults"] = [faults for faults in grid["faults"] if faults[0]["kind"] != "disk-full"]
+            data["sweep"]["grid"].append({"faults": full, "checkpoint.directory": [f"{small_fs}/{RUN_ID_FIELD}"]})
+            break
+    spec.write_text(yaml.safe_dump(data))
 
 
 def _cluster(*args: str) -> str:
@@ -123,6 +143,10 @@ def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]
     paths = RunPaths(Path(report["workdir"]) / "runs" / report["run_ids"]["corrupt-checkpoint"])
     assert [entry["from"].rsplit("/", 1)[-1] for entry in read_json_lines(paths.quarantine / "index.jsonl")] == [
         f"step-{2 * EVERY:08d}"]
+    # The scratch profile: its checkpoints, and the damaged one kept aside, on a filesystem the run
+    # directory is not on (a move across the two would fail with EXDEV).
+    assert paths.checkpoints.is_symlink() and "/scratch-" in str(paths.quarantine.resolve())
+    assert os.stat(paths.quarantine.resolve()).st_dev != os.stat(paths.root).st_dev
 
 
 def test_preempt_warns_the_ranks_who_save_at_once_and_lose_no_work(report: dict[str, Any]) -> None:

@@ -154,6 +154,19 @@ def test_runs_that_differ_in_how_they_recover_share_one_twin(tmp_path: Path) -> 
     assert by_id[exclusive.twin].campaign.resources.extra_directives == ["--exclusive"]
 
 
+def test_runs_that_keep_their_checkpoints_on_other_filesystems_share_one_twin(tmp_path: Path) -> None:
+    """Where a run's checkpoints live changes nothing it trains (the scratch profile: one run's on a
+    small filesystem it fills): one twin, keeping its checkpoints where the first run keeps its own."""
+    kill = [{"kind": "kill-rank", "after": {"at_step": 5}, "rank": 0}]
+    raw = _spec(tmp_path, baseline=True, checkpoint={"every_steps": 5, "directory": "/scratch/{run_id}"},
+                sweep={"grid": [{"faults": [kill]},
+                                {"faults": [kill], "checkpoint.directory": ["/small/{run_id}"]}]})
+    runs = expand_runs(parse_campaign(raw, base_dir=tmp_path))
+    assert [run.run_id for run in runs] == ["r000", "r000-baseline", "r001"]
+    assert runs[1].campaign.checkpoint.directory == "/scratch/{run_id}"
+    assert runs[2].twin == "r000-baseline" and runs[2].campaign.checkpoint.directory == "/small/{run_id}"
+
+
 def test_a_walltime_runs_twin_lives_as_long_as_the_longest_run_it_serves(tmp_path: Path) -> None:
     """A time limit changes nothing a run trains: runs that differ in it share one twin, which gets
     the longest limit, so a run whose short limit is its fault does not end its twin the same way."""
