@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import pytest
 import yaml
 
 from campaigns import drill_report
@@ -22,6 +25,7 @@ from orchestrator.backends.pbs.commands import EXIT_CODE_FILE, qdel, qstat_all, 
 from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
+SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_TIMEOUT_S = 600
 STEPS_PAST_WARNING = 1200  # the preempt and walltime runs' steps
 RECOVERY_FIELDS = set(REPORTED_RECOVERY_FIELDS)  # the contract, as the Slurm and local drills report it
@@ -46,7 +50,7 @@ def _run(report: dict[str, Any], run_id: str) -> dict[str, Any]:
     return next(run for run in report["runs"] if run["run_id"] == run_id)
 
 
-@FULL_ONLY  # CI: the same checks on the rank kill of the scheduler-ends drill below (1 rank a node)
+@FULL_ONLY  # CI: the same checks on the rank kill of the sweep below (1 rank a node)
 def test_pbs_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster) -> None:
     spec = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-quick.yaml")
     done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec), "--format", "json"],
@@ -104,88 +108,99 @@ def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path, run_id: str)
     assert states[failed_job].value == "FAILED" and states[last_job].value == "COMPLETED"
 
 
-def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(shared_tmp: Path, cluster) -> None:
-    """restart.strategy in-allocation under PBS: a killed rank ends the mpiexec launch, a hung one is
-    SIGKILLed by the agent (PBS cannot end a launch alone); both times the batch script launches
-    the ranks again in its allocation, and the run ends bit for bit as its twin in one job."""
-    spec_path = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-in-allocation.yaml")
+@pytest.fixture(scope="module")
+def sweep(_cluster_up: tuple[bool, str]) -> Iterator[tuple[dict[str, Any], Path]]:
+    """One drill, its runs side by side (the walltime run's minute bounds it): a preemption (r000),
+    a walltime (r001), a rank SIGKILL (r002), and a kill then a hang under in-allocation (r003), 2
+    nodes x 1 rank each, sharing one twin. Paced steps (36 s of training at least): the walltime
+    run is still training at its warning, 30 s into its minute, and has a few seconds left to train
+    after it resumes."""
+    if not _cluster_up[0]:
+        pytest.skip("cluster not up")  # _require_cluster fails the tests themselves when it must be up
+    shared = SHARED_TMP_ROOT / f"pbs-sweep-{uuid.uuid4().hex[:8]}"
+    shared.mkdir(parents=True)
+    spec_path = _pbs_quick_spec(shared / "work", shared / "pbs-sweep.yaml")
     spec = yaml.safe_load(spec_path.read_text())
-    spec["name"] = "pbs-in-allocation"
-    spec["restart"].update(strategy="in-allocation", hang_timeout_s=5)
-    spec["faults"] = [{"kind": "kill-rank", "after": {"fixed": 0.3}, "anchor": "first_checkpoint", "rank": 1},
-                      {"kind": "hang-rank", "after": {"fixed": 0.3}, "anchor": "first_checkpoint", "rank": 3}]
+    spec.update(name="pbs-sweep", parallel_runs=5)
+    spec["workload"].update(steps=STEPS_PAST_WARNING, batch_size=16, step_s=0.03)
+    spec["checkpoint"] = {"every_steps": 500, "keep": 3}
+    spec["resources"].update(tasks_per_node=1, warning_s=30)
+    spec.pop("faults")
+    after_checkpoint = {"after": {"fixed": 0.3}, "anchor": "first_checkpoint"}
+    spec["sweep"] = {"grid": [
+        {"faults": [[{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 30}]]},
+        {"faults": [[{"kind": "timeout", "after": {"at_step": 50}}]], "resources.time": ["00:01:00"]},
+        {"faults": [[{"kind": "kill-rank", "rank": "random", "signal": "SIGKILL", **after_checkpoint}]]},
+        {"faults": [[{"kind": "kill-rank", "rank": 1, **after_checkpoint},
+                     {"kind": "hang-rank", "rank": 0, **after_checkpoint}]],
+         "restart.strategy": ["in-allocation"], "restart.hang_timeout_s": [5]}]}
     report = _drill(spec_path, spec)
-    faulted = _run(report, "r000")
     if keep := os.environ.get("FAULTDRILL_KEEP_REPORT"):
-        Path(keep + ".logs").write_text(_batch_logs(shared_tmp / "work"))
+        Path(keep + ".logs").write_text(_batch_logs(shared / "work", "r003"))
     try:
-        assert faulted["status"] == "completed" and faulted["identical_to_baseline"] is True, faulted["attempts"]
-        attempts = faulted["attempts"]
-        summary = [(a["job_id"], a["state"], a["failure_class"], (a["reason"] or "")[:100]) for a in attempts]
-        assert len({attempt["job_id"] for attempt in attempts}) == 1, (summary, _batch_logs(shared_tmp / "work")[-3000:])
-        assert [(a["state"], a["failure_class"]) for a in attempts[:2]] == [("STEP_FAILED", "RANK_SIGNAL"),
-                                                                         ("STEP_FAILED", "HANG")], attempts
-        recoveries = faulted["recoveries"]
-        assert [(r["fault_kind"], r["strategy"]) for r in recoveries] == [("kill-rank", "in-allocation"),
-                                                                          ("hang-rank", "in-allocation")]
-        assert all(r["queue_s"] < 5 for r in recoveries), "a relaunch does not queue"
-        hang = next(fault for fault in faulted["faults"] if fault["kind"] == "hang-rank")
-        assert attempts[1]["failed_nodes"] == [hang["target"].split("@", 1)[1]], (attempts[1], hang)
+        yield report, shared
     finally:
         for run in report["runs"]:
             for attempt in run["attempts"]:
                 qdel(attempt["job_id"], None)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
-def _batch_logs(workdir: Path) -> str:
-    """The tail of the faulted run's batch script and rank logs (what a failed relaunch said)."""
-    folder = workdir / "runs" / "r000" / "submitit"
+def test_pbs_kill_resubmits_on_both_nodes_and_qstat_shows_every_attempt(sweep, cluster) -> None:
+    """A rank SIGKILLed by the agent after the first checkpoint (r002) recovers in a new job as the
+    quick drill's does (its checks above)."""
+    report, shared = sweep
+    _check_report(report, shared, cluster, "r002")
+    _check_scheduler_view(report, shared, "r002")
+
+
+def test_pbs_in_allocation_launches_mpiexec_again_in_the_same_job(sweep) -> None:
+    """restart.strategy in-allocation under PBS (r003): a killed rank ends the mpiexec launch, a hung
+    one is SIGKILLed by the agent (PBS cannot end a launch alone); both times the batch script
+    launches the ranks again in its allocation, and the run ends bit for bit as its twin in one job."""
+    report, shared = sweep
+    faulted = _run(report, "r003")
+    assert faulted["status"] == "completed" and faulted["identical_to_baseline"] is True, faulted["attempts"]
+    attempts = faulted["attempts"]
+    summary = [(a["job_id"], a["state"], a["failure_class"], (a["reason"] or "")[:100]) for a in attempts]
+    assert len({attempt["job_id"] for attempt in attempts}) == 1, (summary, _batch_logs(shared / "work", "r003")[-3000:])
+    assert [(a["state"], a["failure_class"]) for a in attempts[:2]] == [("STEP_FAILED", "RANK_SIGNAL"),
+                                                                     ("STEP_FAILED", "HANG")], attempts
+    recoveries = faulted["recoveries"]
+    assert [(r["fault_kind"], r["strategy"]) for r in recoveries] == [("kill-rank", "in-allocation"),
+                                                                      ("hang-rank", "in-allocation")]
+    assert all(r["queue_s"] < 5 for r in recoveries), "a relaunch does not queue"
+    hang = next(fault for fault in faulted["faults"] if fault["kind"] == "hang-rank")
+    assert attempts[1]["failed_nodes"] == [hang["target"].split("@", 1)[1]], (attempts[1], hang)
+
+
+def _batch_logs(workdir: Path, run_id: str = "r000") -> str:
+    """The tail of a run's batch script and rank logs (what a failed relaunch said)."""
+    folder = workdir / "runs" / run_id / "submitit"
     return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
                      for path in sorted(folder.glob("*.err")) + sorted(folder.glob("*_log.out")))
 
 
-def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(shared_tmp: Path, cluster) -> None:
-    """A rank SIGKILLed by the agent after the first checkpoint (r002) recovers in a new job as the
-    quick drill's does (its checks above). PBS has no qsig here and moves no running job's walltime: a preemption is the agent's
+def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(sweep) -> None:
+    """PBS has no qsig here and moves no running job's walltime: a preemption is the agent's
     warning to every verified rank on both nodes, then qdel; a walltime is the job's own (a minute),
     its warning sent by the batch script ``resources.warning_s`` before it and forwarded by mpiexec.
     Both times the ranks save on the warning, the run resumes at that step in a new job (nothing
     lost) and ends bit for bit as its twin; the classes are PREEMPTED and TIMEOUT (Slurm's accounting
     under the wrappers says TIMEOUT: qstat says only that the job finished)."""
-    spec_path = _pbs_quick_spec(shared_tmp / "work", shared_tmp / "pbs-scheduler-ends.yaml")
-    spec = yaml.safe_load(spec_path.read_text())
-    spec.update(name="pbs-scheduler-ends", parallel_runs=4)
-    # Paced steps (36 s of training at least): the walltime run is still training at its warning,
-    # 30 s into its minute, and has a few seconds left to train after it resumes.
-    spec["workload"].update(steps=STEPS_PAST_WARNING, batch_size=16, step_s=0.03)
-    spec["checkpoint"] = {"every_steps": 500, "keep": 3}
-    spec["resources"].update(tasks_per_node=1, warning_s=30)
-    spec.pop("faults")
-    spec["sweep"] = {"grid": [{"faults": [[{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 30}]]},
-                              {"faults": [[{"kind": "timeout", "after": {"at_step": 50}}]],
-                               "resources.time": ["00:01:00"]},
-                              {"faults": [[{"kind": "kill-rank", "after": {"fixed": 0.5}, "anchor": "first_checkpoint",
-                                            "rank": "random", "signal": "SIGKILL"}]]}]}
-    report = _drill(spec_path, spec)
-    try:
-        _check_report(report, shared_tmp, cluster, "r002")
-        _check_scheduler_view(report, shared_tmp, "r002")
-        for run_id, kind, first_class in (("r000", "preempt", "PREEMPTED"), ("r001", "timeout", "TIMEOUT")):
-            run = _run(report, run_id)
-            assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
-            [fault] = run["faults"]
-            assert fault["outcome"] == "injected", fault
-            saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
-            assert 0 < saved < STEPS_PAST_WARNING and saved % 10 == 0, fault["detail"]
-            assert run["attempts"][0]["failure_class"] == first_class, run["attempts"]
-            recovery = run["recoveries"][0]
-            assert recovery["fault_kind"] == kind and recovery["failure_class"] == first_class, recovery
-            assert recovery["resumed_from_step"] == saved and recovery["lost_steps"] == 0, recovery
-        preempt = _run(report, "r000")["faults"][0]
-        assert preempt["signal"] == "SIGUSR2" and "cancelled" in preempt["detail"], preempt
-        walltime = _run(report, "r001")["faults"][0]
-        assert "walltime kept at 00:01:00" in walltime["detail"], walltime
-    finally:
-        for run in report["runs"]:
-            for attempt in run["attempts"]:
-                qdel(attempt["job_id"], None)
+    report, _ = sweep
+    for run_id, kind, first_class in (("r000", "preempt", "PREEMPTED"), ("r001", "timeout", "TIMEOUT")):
+        run = _run(report, run_id)
+        assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
+        [fault] = run["faults"]
+        assert fault["outcome"] == "injected", fault
+        saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))
+        assert 0 < saved < STEPS_PAST_WARNING and saved % 10 == 0, fault["detail"]
+        assert run["attempts"][0]["failure_class"] == first_class, run["attempts"]
+        recovery = run["recoveries"][0]
+        assert recovery["fault_kind"] == kind and recovery["failure_class"] == first_class, recovery
+        assert recovery["resumed_from_step"] == saved and recovery["lost_steps"] == 0, recovery
+    preempt = _run(report, "r000")["faults"][0]
+    assert preempt["signal"] == "SIGUSR2" and "cancelled" in preempt["detail"], preempt
+    walltime = _run(report, "r001")["faults"][0]
+    assert "walltime kept at 00:01:00" in walltime["detail"], walltime
