@@ -381,6 +381,7 @@ class FinalRecord:
 
 
 # Event names in an attempt's events.jsonl, in the order they happen.
+EVENT_STAMPED_ON = "stamped_on"  # an event's field: the node whose clock took its time (the warm coordinator's)
 EVENT_JOB_START = "job_start"  # batch script, before the ranks are launched
 EVENT_PROCESS_START = "process_start"  # rank 0, first thing in Python
 EVENT_FRAMEWORK_READY = "framework_ready"  # rank 0, process group and model built

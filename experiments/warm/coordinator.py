@@ -34,7 +34,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from experiments.layout import EVENT_WARM_FAILURE, EVENT_WARM_FORMED, EVENT_WARM_PLAN, EVENT_WARM_REFUSED
+from experiments.layout import (
+    EVENT_STAMPED_ON,
+    EVENT_WARM_FAILURE,
+    EVENT_WARM_FORMED,
+    EVENT_WARM_PLAN,
+    EVENT_WARM_REFUSED,
+)
 from experiments.runtime.distenv import node_name
 from experiments.warm.protocol import (
     HELLO_TIMEOUT_S,
@@ -605,7 +611,7 @@ class Coordinator:
 
     def _event(self, event: dict[str, Any]) -> None:
         """An event of the current generation's attempt, with the node whose clock stamped it."""
-        self.events(self.first_attempt + max(self.generation, 0), {**event, "node": THIS_NODE})
+        self.events(self.first_attempt + max(self.generation, 0), {**event, EVENT_STAMPED_ON: THIS_NODE})
 
     def _awaiting(self, spares: int, ready: Callable[[], bool], what: str) -> None:
         """A re-formation waits for ``spares`` spares (sets): those the job lacks (more deaths than

@@ -55,6 +55,9 @@ SHORT_OF_STEP = "its agent came back short of its step: sent again nearer to it"
 # seconds (the scheduler's end time is whole seconds): a fault that acted after it hit an attempt
 # that was already failing.
 FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "warm": 0.0, "scheduler_end": 1.0}
+# A fault dated against its attempt's failure across a node clock that was not read: absorbed only
+# when it came this much later (as the clocks read), past what synchronized clocks are apart.
+UNREAD_CLOCK_ALLOWANCE_S = 0.5
 COLLECT_TIMEOUT_S = 120.0
 # An at_step fault acting on ranks: its agent is started this long before the step is due (at the
 # attempt's speed), or as soon as the ranks have registered while the speed is not known yet; it
@@ -102,7 +105,7 @@ class FaultBook:
                  clocks_pending: Callable[[int], bool] = lambda attempt: False):
         self.run_id, self.plan, self.ledger, self.pool, self.act = run_id, plan, ledger, pool, act
         self.paths = paths  # the run's files: its attempts' node clocks (a fault's moment against a failure's)
-        self.clocks_pending = clocks_pending  # an attempt's node clocks are being read: its faults settle after
+        self.clocks_pending = clocks_pending  # an attempt's node clocks are being read: not kept as read yet
         self._clocks_read: dict[int, AttemptClocks] = {}
         self._rank0_offsets: dict[int, float] = {}
         self.on_record = on_record
@@ -158,8 +161,6 @@ class FaultBook:
     def collect(self, watch: AttemptWatch | None = None, wait: bool = False) -> None:
         """Record the agent's answer once it is in (``wait``: block for it, at the end of a run).
         ``watch``: the attempt now watched, to tell whether one the fault was not to end went on."""
-        if self.ended:  # an ended attempt whose faults wait for its clocks
-            self._settle_ready()
         flight = self.in_flight
         if flight is not None and flight.acted is not None and not flight.acted_recorded:
             flight.acted_recorded = True  # in the ledger before the fault ends: a controller that dies knows it
@@ -213,13 +214,11 @@ class FaultBook:
         in_flight = self.in_flight is not None and self.in_flight.attempt == attempt
         return not in_flight and attempt not in self.ended
 
-    def _settle_ready(self, force: bool = False) -> None:
-        """Settle the faults of each ended attempt whose fault has answered and (unless ``force``: the
-        run's end) whose nodes' clocks are read: a fault is dated against the failure on one clock."""
+    def _settle_ready(self) -> None:
+        """Settle the faults of each ended attempt whose fault has answered (at once: an attempt's
+        end is known only to this controller)."""
         for attempt in sorted(self.ended):
             if self.in_flight is not None and self.in_flight.attempt == attempt:
-                continue
-            if not force and self.clocks_pending(attempt):
                 continue
             end = self.ended.pop(attempt)
             for row in self.ledger.faults(self.run_id):
@@ -254,13 +253,17 @@ class FaultBook:
                                      detail=f"its target had exited: attempt {attempt} completed first")
 
     def _clocks(self, attempt: int) -> AttemptClocks:
-        """``attempt``'s node clocks as the controller read them (kept once read: written once)."""
+        """``attempt``'s node clocks as the controller read them, a node not read there as the
+        attempts beside it read it (kept once this controller's read of it is over)."""
         if self.paths is None:
             return AttemptClocks(one_clock=True)
         known = self._clocks_read.get(attempt)
         if known is None:
-            known = load_clocks(self.paths.clocks_file(attempt))
-            if known.one_clock or known.readings or known.unmeasured:
+            paths = self.paths
+            known = load_clocks(paths.clocks_file(attempt))
+            for beside in (attempt - 1, attempt + 1):
+                known = known.merged_with(load_clocks(paths.clocks_file(beside)))
+            if not self.clocks_pending(attempt) and (known.one_clock or known.readings or known.unmeasured):
                 self._clocks_read[attempt] = known
         return known
 
@@ -285,10 +288,11 @@ class FaultBook:
         failure = Stamp(sign.at, evidence_clock(self.paths, sign.evidence, attempt) if self.paths else LOGIN)
         clocks = self._clocks(attempt)
         fault_at, failed_at = clocks.on_login(fault), clocks.on_login(failure)
-        if fault.clock != failure.clock and None in (_bound(fault_at), _bound(failed_at)):
-            return None  # across a node clock that was not read: not surely before
         gap = fault_at.time - failed_at.time
-        bounds = (_bound(fault_at) or 0.0) + (_bound(failed_at) or 0.0)
+        unread = fault.clock != failure.clock and None in (_bound(fault_at), _bound(failed_at))
+        # Across a node clock that was not read, the moments as their clocks read them, and a skew
+        # as large as this allowance
+        bounds = UNREAD_CLOCK_ALLOWANCE_S if unread else (_bound(fault_at) or 0.0) + (_bound(failed_at) or 0.0)
         return gap if gap > FAILURE_MOMENT_EVIDENCE[sign.evidence] + bounds else None
 
     def _met_step(self, row: FaultRow, attempt: int) -> int | None:
@@ -358,7 +362,7 @@ class FaultBook:
     def finish(self, status: str, last_attempt: int) -> None:
         """Collect the fault in flight, settle, and record every planned fault that never fired."""
         self.collect(wait=True)
-        self._settle_ready(force=True)
+        self._settle_ready()
         if self.rearm is not None:  # its agent came back short of its step, and no attempt reached it since
             self.ledger.update_fault(self.rearm, outcome=NOT_FIRED,
                                      detail=f"{_not_fired_because(status)}; its agent had waited for its step in vain")

@@ -117,7 +117,7 @@ def _on_rank_nodes(backend: "Backend", request: FaultRequest, task: FaultTask) -
     # A node whose ranks were gone by the agreed moment: the job was already ending, from this
     # very fault's other half (srun ends the step when one rank dies). One whose agent's wait ran
     # out a moment before the step: the other nodes' acts stand.
-    return _merged(outcomes, missed)
+    return _merged(outcomes, missed, task)
 
 
 def _on_node(backend: "Backend", request: FaultRequest, node: str, task: FaultTask, timeout_s: float) -> FaultOutcome:
@@ -148,11 +148,14 @@ def agent_verdict(result: CommandResult, record: Path) -> FaultOutcome:
     raise CommandError(result.args, result.returncode, result.stdout, result.stderr, "fault agent gave no answer")
 
 
-def _merged(outcomes: list[FaultOutcome], missed: list[TargetRefused]) -> FaultOutcome:
+def _merged(outcomes: list[FaultOutcome], missed: list[TargetRefused], task: FaultTask) -> FaultOutcome:
+    """One outcome of several nodes' agents: the first to act (its moment and node, compared on the
+    login clock: each agent stamps its own), and how far apart they acted."""
     if len(outcomes) == 1 and not missed:
         return outcomes[0]
-    first = min(outcomes, key=lambda outcome: outcome.at)
-    spread = max(outcome.at for outcome in outcomes) - first.at
+    on_login = {id(outcome): task.on_login(outcome.at, outcome.node) for outcome in outcomes}
+    first = min(outcomes, key=lambda outcome: on_login[id(outcome)])
+    spread = max(on_login.values()) - on_login[id(first)]
     details = [o.detail for o in outcomes if o.detail] + [f"{len(outcomes)} nodes acted within {spread:.3f} s"]
     details += [f"{'short of its step when its wait ran out' if isinstance(error, StepNotReached) else 'gone before its agent acted'}: {error}"
                 for error in missed]

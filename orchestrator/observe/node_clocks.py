@@ -17,12 +17,21 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from experiments.layout import EVENT_JOB_START, RunPaths, first_event, read_events
+from experiments.layout import RunPaths
 from injectors.probe import ECHO_READY
 from injectors.targets import TargetRefused, read_identity
 from orchestrator.backends.base import NotSupported
 from orchestrator.commands import CommandError, Conversation
-from orchestrator.record.clocks import AttemptClocks, ClockReading, Exchange, load_clocks, offset_of, save_clocks
+from orchestrator.record.clocks import (
+    UNKNOWN_NODE,
+    AttemptClocks,
+    ClockReading,
+    Exchange,
+    load_clocks,
+    offset_of,
+    save_clocks,
+)
+from orchestrator.record.stamps import batch_host
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -58,11 +67,12 @@ def read_offset(probe: Conversation, pings: int = PINGS) -> ClockReading:
 
 
 def attempt_nodes(paths: RunPaths, attempt: int, ranks: int) -> list[str]:
-    """The nodes whose clocks stamped ``attempt``'s moments: its batch host and its ranks' nodes."""
+    """The nodes whose clocks stamped ``attempt``'s moments: its batch host (or warm coordinator's)
+    and its ranks' nodes."""
     nodes: list[str] = []
-    start = first_event(read_events(paths.events_file(attempt)), EVENT_JOB_START)
-    if start is not None and start.fields.get("node"):
-        nodes.append(str(start.fields["node"]))
+    host = batch_host(paths, attempt)
+    if host != UNKNOWN_NODE:
+        nodes.append(host)
     for rank in range(ranks):
         try:
             node = read_identity(paths.root, attempt, rank).node

@@ -146,9 +146,7 @@ def between(earlier: OnLogin, later: OnLogin) -> float | None:
     """The uncertainty of ``later - earlier``: none on one clock moved by one offset (it cancels),
     the sum of both bounds otherwise, unknown where either clock was not read (or its node is not
     known)."""
-    if UNKNOWN_NODE in (earlier.clock, later.clock):
-        return None
-    if earlier.clock == later.clock and earlier.offset_s == later.offset_s:
+    if earlier.clock == later.clock != UNKNOWN_NODE and earlier.offset_s == later.offset_s:
         return 0.0
     if earlier.uncertainty_s is None or later.uncertainty_s is None:
         return None

@@ -26,6 +26,7 @@ from experiments.layout import (
     EVENT_FRAMEWORK_READY,
     EVENT_JOB_START,
     EVENT_PROCESS_START,
+    EVENT_STAMPED_ON,
     EVENT_WARM_PLAN,
     EventRecord,
     Heartbeat,
@@ -119,7 +120,7 @@ def compute_recovery(
     plan = first_event(resumed_events, EVENT_WARM_PLAN) or first_event(resumed_events, EVENT_ELASTIC_ROUND)
     # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later);
     # elastic: torchrun's start of the round. Both are stamped in the batch script's job.
-    accepted = (Stamp(plan.time, str(plan.fields.get("node") or timeline.batch_host)) if plan is not None
+    accepted = (Stamp(plan.time, str(plan.fields.get(EVENT_STAMPED_ON) or timeline.batch_host)) if plan is not None
                 else Stamp(resumed.accepted, LOGIN))
     rank0 = rank_node(paths, resumed.attempt, 0)
     stamps = [failed_at, detected, resumed_clocks.on_login(accepted),

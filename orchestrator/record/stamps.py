@@ -12,6 +12,7 @@ from __future__ import annotations
 from experiments.layout import (
     EVENT_JOB_START,
     EVENT_PROCESS_START,
+    EVENT_STAMPED_ON,
     EVENT_WARM_FAILURE,
     EVENT_WARM_FORMED,
     EVENT_WARM_PLAN,
@@ -34,8 +35,9 @@ def batch_host(paths: RunPaths, attempt: int) -> str:
     coordinator's; rank 0's start's on the local backend (one host)."""
     events = read_events(paths.events_file(attempt))
     for event in events:
-        if event.name in BATCH_EVENTS and event.fields.get("node"):
-            return str(event.fields["node"])
+        if event.name in BATCH_EVENTS and (node := event.fields.get(EVENT_STAMPED_ON) or
+                                           (event.name == EVENT_JOB_START and event.fields.get("node"))):
+            return str(node)
     start = first_event(events, EVENT_PROCESS_START)
     return str(start.fields.get("node") or UNKNOWN_NODE) if start is not None else UNKNOWN_NODE
 
