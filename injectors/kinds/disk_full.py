@@ -48,12 +48,9 @@ class DiskFull(FaultKind):
         control.verify_running()
         directory = RunPaths(task.run_dir).checkpoints
         free = _free_bytes(directory)
-        limit = float(task.options.get("max_fill_mb", 1024.0)) * MB
-        if free > limit:
-            raise TargetRefused(
-                f"{directory} is on a filesystem with {free / MB:.0f} MB free, more than max_fill_mb "
-                f"({limit / MB:g}): disk-full fills only a small filesystem mounted for the run's checkpoints "
-                "(scripts/cluster small-fs, a tmpfs); nothing was written")
+        problem = too_big(directory, free, float(task.options.get("max_fill_mb", 1024.0)))
+        if problem is not None:  # asked at plan too; the filesystem may have changed since
+            raise TargetRefused(f"{problem}; nothing was written")
         ballast = directory / f"{BALLAST_PREFIX}{uuid.uuid4().hex[:8]}"
         control.owe_removal(ballast)  # before the file: a controller killed while it is there leaves it owed
         at = time.time()
@@ -67,6 +64,25 @@ class DiskFull(FaultKind):
         return FaultOutcome(kind=self.name, target=f"checkpoint filesystem of {directory.name}/", at=at, detail=(
             f"filled {filled / MB:.1f} MB ({_free_bytes(directory) / MB:.1f} MB free once removed); "
             f"full for {held:.1f} s"))
+
+
+def too_big(directory: Path, free: int, max_fill_mb: float) -> str | None:
+    """Why disk-full will not fill ``directory``'s filesystem (``free`` bytes free), if it will not."""
+    if free <= max_fill_mb * MB:
+        return None
+    return (f"{directory} is on a filesystem with {free / MB:.0f} MB free, more than max_fill_mb ({max_fill_mb:g}): "
+            "disk-full fills only a small filesystem meant for the run's checkpoints (checkpoint.directory on a "
+            "small or quota-limited filesystem; scripts/cluster small-fs here), never a disk other work lives on")
+
+
+def fill_problem(directory: Path, max_fill_mb: float) -> str | None:
+    """At plan: why disk-full cannot fill the filesystem ``directory`` (or its nearest existing
+    parent: the checkpoint directory is made when the drill starts) will be on, if it cannot."""
+    existing = next((parent for parent in (directory, *directory.parents) if parent.exists()), Path("/"))
+    try:
+        return too_big(existing, _free_bytes(existing), max_fill_mb)
+    except TargetRefused as error:
+        return str(error)
 
 
 def _free_bytes(directory: Path) -> int:

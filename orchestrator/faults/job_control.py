@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, RunPaths, write_json_atomic
 from experiments.runtime.fence import read_fence
 from injectors.actions import WalltimeSet
-from injectors.kinds.disk_full import BALLAST_PREFIX
+from injectors.kinds.disk_full import BALLAST_PREFIX, DiskFullOptions, fill_problem
 from injectors.kinds.node_faults import NodeFaultOptions
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
@@ -219,6 +219,19 @@ def node_fault_refusals(runs: list[RunConfig]) -> list[str]:
              for index, fault in enumerate(run.campaign.faults)
              if isinstance(fault, NodeFaultOptions) and fault.command is None}
     return [] if not named or on_own_cluster() else list(named)
+
+
+def disk_full_refusals(runs: list[RunConfig]) -> list[str]:
+    """Up front, not mid-drill: disk-full fills the filesystem of its run's checkpoints only if it
+    is small (at most max_fill_mb free), as seen from here (the nodes see the same shared one)."""
+    problems = []
+    for run in runs:
+        for index, fault in enumerate(run.campaign.faults):
+            if isinstance(fault, DiskFullOptions):
+                directory = run.checkpoint_root or run.paths.checkpoints
+                if (problem := fill_problem(directory, fault.max_fill_mb)) is not None:
+                    problems.append(f"{run.run_id}: faults[{index}] (disk-full): {problem}")
+    return problems
 
 
 def on_own_cluster() -> bool:

@@ -18,7 +18,7 @@ from recovery_checks import assert_phases_follow_the_moments
 
 from drills import FAULTDRILL, drill, run_of, write_spec
 from experiments.layout import RunPaths, read_json_lines
-from faultdrill_cli import campaign_copy, full_campaigns, leave_out_fault_kinds
+from faultdrill_cli import campaign_copy, faultdrill, full_campaigns, leave_out_fault_kinds
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
 
@@ -189,14 +189,14 @@ def test_the_warning_checkpoint_works_for_every_framework(tmp_path: Path, framew
     assert recovery["lost_steps"] == 0 and saved % 10 == 0
 
 
-def test_disk_full_refuses_a_big_filesystem_and_writes_nothing(tmp_path: Path) -> None:
+def test_disk_full_on_a_big_filesystem_is_refused_up_front_and_nothing_is_made(tmp_path: Path) -> None:
+    """Issue 22, item 4: said at plan, not found mid-drill (the kind's own check stays, for a
+    filesystem that changed since)."""
     spec = write_spec(tmp_path, faults=[{"kind": "disk-full", "after": {"at_step": 60}, "max_fill_mb": 1}])
-    run = run_of(drill(spec), "r000")
-    [fault] = run["faults"]
-    assert fault["outcome"] == "refused" and "more than max_fill_mb" in fault["detail"], fault
-    assert run["status"] == "completed" and len(run["attempts"]) == 1
-    checkpoints = RunPaths(tmp_path / "work" / "runs" / "r000").checkpoints
-    assert not any(path.name.startswith("faultdrill-ballast") for path in checkpoints.iterdir())
+    said = faultdrill("drill", str(spec), expect=2)
+    assert "r000: faults[0] (disk-full):" in said and "more than max_fill_mb (1)" in said, said
+    assert "checkpoint.directory" in said, "it says what to do"
+    assert not (tmp_path / "work" / "ledger.sqlite").exists(), "nothing was made or submitted"
 
 
 def test_plan_prints_every_fault_and_touches_nothing(tmp_path: Path) -> None:

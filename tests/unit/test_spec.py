@@ -291,3 +291,18 @@ def test_a_swept_runs_policy_keeps_the_class_defaults_the_spec_left_unset(tmp_pa
         assert (entry.backoff_s, entry.budget, entry.spends_budget) == (10, CHAINED_JOBS_BUDGET, False), config.name
     stored = parse_campaign(campaign.model_dump(mode="json"), base_dir=tmp_path)  # as the ledger keeps it
     assert policy_entry(stored.restart.policy, FailureClass.TIMEOUT).spends_budget is False
+
+
+def test_disk_full_is_refused_at_plan_on_a_filesystem_bigger_than_it_may_fill(tmp_path: Path) -> None:
+    """Issue 22, item 4: said up front with what to do, for the run whose checkpoints it would fill
+    (checkpoint.directory, made when the drill starts: its nearest existing parent's filesystem)."""
+    from orchestrator.faults.job_control import disk_full_refusals
+
+    full = [{"kind": "disk-full", "after": {"at_step": 5}, "max_fill_mb": 0.001}]
+    raw = _spec(tmp_path, faults=full, checkpoint={"every_steps": 5, "directory": str(tmp_path / "scratch/{run_id}")})
+    [problem] = disk_full_refusals(expand_runs(parse_campaign(raw, base_dir=tmp_path)))
+    assert problem.startswith(f"r000: faults[0] (disk-full): {tmp_path} is on a filesystem with"), problem
+    assert "more than max_fill_mb (0.001)" in problem and "checkpoint.directory" in problem
+    small = _spec(tmp_path, faults=[{**full[0], "max_fill_mb": 65536}],  # /dev/shm: half the memory
+                  checkpoint={"every_steps": 5, "directory": "/dev/shm/faultdrill-never-made/{run_id}"})
+    assert disk_full_refusals(expand_runs(parse_campaign(small, base_dir=tmp_path))) == []
