@@ -70,7 +70,13 @@ class RecoveryRecorder:
             return Failure(kind=f"natural ({kind})", at=row.detected, detected=row.detected, evidence=evidence,
                            clock=detected_clock, detected_clock=detected_clock)
         return Failure(kind=f"natural ({kind})", at=row.failed_at, detected=row.detected, evidence=evidence,
-                       clock=evidence_clock(self.run.paths, evidence, row.attempt), detected_clock=detected_clock)
+                       clock=evidence_clock(self.run.paths, evidence, row.attempt, _one(row.failed_nodes)),
+                       detected_clock=detected_clock)
+
+
+def _one(nodes: str | None) -> str | None:
+    """The one node a failure was blamed on (a hang's silent rank's), if it was one."""
+    return nodes if nodes and "," not in nodes else None
 
 
 def ran(row: AttemptRow) -> bool:

@@ -58,14 +58,15 @@ def fault_clock(kind: str, node: str | None) -> str:
     return node.split(",")[0]
 
 
-def evidence_clock(paths: RunPaths, evidence: str, attempt: int) -> str:
-    """The clock a failure's moment was stamped on, by the evidence it comes from."""
+def evidence_clock(paths: RunPaths, evidence: str, attempt: int, silent_node: str | None = None) -> str:
+    """The clock a failure's moment was stamped on, by the evidence it comes from (a hang's last
+    heartbeat: the silent rank's node, where it is known)."""
     if evidence in ("step_exit", "warm"):  # the batch script's event, the job's coordinator's
         return batch_host(paths, attempt)
     if evidence == "scheduler_end":
         return SCHEDULER
     if evidence == "last_heartbeat":
-        return UNKNOWN_NODE  # some rank's node
+        return silent_node or UNKNOWN_NODE
     return LOGIN  # the controller's own look (poll, detection)
 
 

@@ -8,6 +8,7 @@ at 106.20 and its new job is accepted at 106.50; the new job starts on n2 at 110
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
@@ -344,3 +345,19 @@ def test_several_nodes_agents_are_merged_on_the_login_clock() -> None:
                 for rank, (node, offset) in enumerate((("n2", N2), ("n1", N1 + 0.01)))]
     merged = inject._merged(outcomes, [], task)
     assert merged.node == "n2,n1" and "2 nodes acted within 0.010 s" in merged.detail, merged
+
+
+def test_a_hangs_last_heartbeat_is_read_on_the_silent_ranks_node(paths: RunPaths, tmp_path: Path) -> None:
+    """Its moment is the silent rank's last beat (n2, 1.3 s ahead): detected 3 s later on the login
+    clock, not 1.7 s, and not 'across a clock not read'."""
+    _read_clocks(paths)
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    _failed_then_resumed(paths, ledger, "last_heartbeat", failed_at=103.0 + N2, detected=106.0)
+    ledger.update_attempt("r", 0, failed_nodes="n2")
+    recorder = _recorder(paths, ledger)
+    recorder.expect(1)
+    recorder.record()
+    [recovery] = ledger.recoveries("r")
+    assert recovery.detect_s == pytest.approx(3.0), recovery
+    assert json.loads(recovery.phase_uncertainty)["detect_s"] is not None
+    ledger.close()
