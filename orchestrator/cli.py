@@ -18,7 +18,7 @@ from rich.console import Console
 
 from injectors.schedule import PlannedFault
 from orchestrator.campaign.runs import RunConfig, expand_runs
-from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
+from orchestrator.campaign.spec import RUN_ID_FIELD, Campaign, SpecError, load_campaign, parse_campaign
 from orchestrator.control.detach import ControllerBusy, live_controller
 from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
 from orchestrator.report.advise import AdviceError
@@ -147,9 +147,11 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.spec is not None:
         campaign = load_campaign(args.spec)
         resources = campaign.resources
+        directory = campaign.checkpoint.directory
         site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
                     args.partition or resources.partition, args.framework or campaign.workload.framework,
-                    campaign.parallel_runs, tuple(resources.extra_directives))
+                    campaign.parallel_runs, tuple(resources.extra_directives),
+                    Path(directory.split(RUN_ID_FIELD)[0]) if directory else None)
     else:
         site = Site(args.backend or "slurm", (args.workdir or Path(".faultdrill-doctor")).resolve(), args.nodes or 1,
                     args.partition, args.framework)

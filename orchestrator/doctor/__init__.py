@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.commands import CommandError
 from orchestrator.doctor.checks import Check, Status, failed, passed, warned
-from orchestrator.doctor.filesystems import check_directory
+from orchestrator.doctor.filesystems import check_checkpoint_directory, check_directory
 from orchestrator.doctor.nodes import kind_checks, node_checks
 from orchestrator.doctor.probe_job import NodeReport, SlurmProbe, probe_local
 
@@ -34,6 +34,7 @@ class Site:
     framework: str | None = None
     parallel_runs: int = 1
     extra_directives: tuple[str, ...] = ()  # the spec's (account, QOS, ...): the test job asks them too
+    checkpoints: Path | None = None  # the spec's checkpoint.directory, up to its {run_id}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class Diagnosis:
 
 
 def diagnose(site: Site) -> Diagnosis:
-    checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir)]
+    checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir),
+              *(check_checkpoint_directory(site.checkpoints) if site.checkpoints is not None else [])]
     if site.backend not in PROBED_BACKENDS:
         checks.append(warned("test job", f"not run on the {site.backend} backend yet",
                              "a small drill shows what the nodes give a job"))

@@ -31,6 +31,25 @@ def check_directory(name: str, directory: Path) -> list[Check]:
             leftover.unlink(missing_ok=True)
 
 
+def check_checkpoint_directory(directory: Path) -> list[Check]:
+    """The spec's ``checkpoint.directory`` (its part before ``{run_id}``): made if absent (0700, as
+    the drill makes it), and a rename there replaces a file at once (every checkpoint is published,
+    and a damaged one kept aside, by a rename within it)."""
+    name = "checkpoints"
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        return [failed(name, f"{directory}: cannot be made ({error.strerror})",
+                       "give checkpoint.directory a path you may write, that the nodes see")]
+    probe = directory / f".faultdrill-doctor-{uuid.uuid4().hex[:8]}"
+    try:
+        return [_rename(name, directory, probe), passed(f"{name}: filesystem", f"{directory} is on "
+                                                        f"{filesystem_type(directory)}")]
+    finally:
+        for leftover in (probe, probe.with_suffix(".renamed")):
+            leftover.unlink(missing_ok=True)
+
+
 def _lock(name: str, directory: Path, probe: Path) -> Check:
     try:
         with open(probe, "w") as handle:

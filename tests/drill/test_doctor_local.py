@@ -26,6 +26,16 @@ def test_the_local_doctor_probes_this_host_and_reads_its_clock(tmp_path: Path) -
     [node] = document["nodes"]
     assert abs(node["clock_offset_s"]) <= node["clock_uncertainty_s"] + 0.001, node
     assert node["framework_version"].startswith("2."), node
-    table = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "local", "--workdir",
-                            str(tmp_path / "work")], capture_output=True, text=True, timeout=300)
+    # A spec's checkpoint.directory is checked too (made as the drill makes it; a checkpoint is
+    # published by a rename there), here in the table a person reads.
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "d", "backend": "local", "workdir": str(tmp_path / "work"),
+                                "workload": {"framework": "torch", "steps": 10},
+                                "checkpoint": {"directory": str(tmp_path / "scratch" / "{run_id}")}}))
+    table = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", str(spec)],
+                           capture_output=True, text=True, timeout=300)
     assert table.returncode == 0 and "faultdrill doctor" in table.stdout and "PASS" in table.stdout, table.stdout
+    said = " ".join(table.stdout.split())
+    assert "checkpoints: rename" in said and "a rename replaces a file at once" in said, table.stdout
+    assert (tmp_path / "scratch").stat().st_mode & 0o777 == 0o700
+
