@@ -94,10 +94,13 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster, run_id: str
 
 
 def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path, run_id: str) -> None:
-    """qstat still lists every attempt under its name; the killed attempt's record says it failed."""
+    """qstat still lists every attempt of ``run_id`` (a job each) and its twin under its name; the
+    killed attempt's record says it failed."""
     faulted = _run(report, run_id)
     listed = qstat_all()
     for run in report["runs"]:
+        if run["run_id"] != run_id and not run["is_baseline"]:
+            continue  # an in-allocation run's attempts share one job, named by its first
         for number, attempt in enumerate(run["attempts"]):
             assert listed[attempt["job_id"]]["Job_Name"] == f"fd-{report['drill_id']}-{run['run_id']}-a{number}"
     failed_job = faulted["attempts"][0]["job_id"]
