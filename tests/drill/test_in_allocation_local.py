@@ -12,6 +12,7 @@ import pytest
 from recovery_checks import assert_phases_follow_the_moments
 
 from drills import drill, drill_processes, run_of, write_spec
+from faultdrill_cli import FULL_ONLY
 
 EVERY = 300  # checkpoints; the faults come at step 400, a paced step (step_s) before the next
 WORKLOAD = {"framework": "torch", "params": 200000, "steps": 600, "step_s": 0.02, "seed": 5, "batch_size": 16}
@@ -38,6 +39,9 @@ def relaunched(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any]
     return drill(spec, timeout=600), tmp_path / "work"
 
 
+# CI: in-allocation's relaunch on the Slurm cluster (tests/cluster/test_strategies.py: a kill, a node
+# crash) and through PBS (tests/cluster/test_pbs_drill.py: a kill, then a hang the agent ends).
+@FULL_ONLY
 @pytest.mark.parametrize("run_id,failure_class", [("r000", "RANK_SIGNAL"), ("r001", "HANG")])
 def test_the_ranks_start_again_in_the_same_job(relaunched: tuple[dict[str, Any], Path], run_id: str,
                                                failure_class: str) -> None:
