@@ -35,6 +35,7 @@ class ControllerCrash(BaseException):
 class FakeScheduler(Backend):
     name: str = "slurm"
     max_array: int = 1001
+    max_submit: int | None = None  # the user's limit of submitted jobs (MaxSubmitJobs), where the site says
     refuse: set[str] = field(default_factory=set)  # calls that fail: "submit", "submit_array", "cancel", ...
     crash_after: set[str] = field(default_factory=set)  # calls after whose effect the controller dies
     crash_before: set[str] = field(default_factory=set)  # calls the controller dies right before
@@ -75,6 +76,9 @@ class FakeScheduler(Backend):
 
     def max_array_size(self) -> int:
         return self.max_array
+
+    def max_submit_jobs(self) -> int | None:
+        return self.max_submit
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:
         self._called("find_submitted", (ref.run.run_id, ref.attempt))

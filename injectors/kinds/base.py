@@ -185,6 +185,9 @@ class FaultKind(ABC):
     # Set: the kind works only where the ranks keep their books through the rank API (built-in
     # workloads, command workloads with progress: api), and this says why (a zero-code spec error).
     needs_rank_api: ClassVar[str | None] = None
+    # Set: the kind acts only as root on the nodes (the jobs run as the drill's user), and this
+    # says why: a drill that is not root is refused it at plan.
+    needs_root: ClassVar[str | None] = None
 
     def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
         """The ranks this fault will hit, drawn once when the drill is planned (none: not a rank kind)."""

@@ -33,6 +33,7 @@ class OomRankOptions(RankFaultOptions):
 class OomRank(RankKind):
     name = "oom-rank"
     needs_rank_api = "the rank grows its memory itself, through the rank API's fault handler"
+    needs_root = "it caps the rank's memory with a memory cgroup of its own, which only root may create"
     options = OomRankOptions
     oom_kill_record = True
 

@@ -84,6 +84,11 @@ class Backend(abc.ABC):
         """The most elements one array may have here (a larger sweep goes out in parts)."""
         return 1 << 31
 
+    def max_submit_jobs(self) -> int | None:
+        """The most jobs this user may have submitted at once here (pending and running; each
+        element of an array counts), where the site says; None: no limit known."""
+        return None
+
     @abc.abstractmethod
     def find_submitted(self, ref: AttemptRef) -> list[str]:
         """The jobs of attempt ``ref`` the scheduler accepted although their id was never recorded

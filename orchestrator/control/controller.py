@@ -33,7 +33,7 @@ from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_
 from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
-from orchestrator.faults.job_control import Menders, disk_full_refusals, node_fault_refusals
+from orchestrator.faults.job_control import Menders, disk_full_refusals, node_fault_refusals, privilege_refusals
 from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
@@ -73,7 +73,8 @@ def plan_drill(campaign: Campaign, site: type[Backend] | None = None) -> list[tu
     runs = expand_runs(campaign)
     missing = missing_programs(runs)
     site_refusals = (site or backend_class(campaign.backend)).site_refusals(runs)
-    refusals = (mpi_refusals(runs) + node_fault_refusals(runs) + disk_full_refusals(runs) + site_refusals
+    refusals = (mpi_refusals(runs) + node_fault_refusals(runs) + privilege_refusals(runs) + disk_full_refusals(runs)
+                + site_refusals
                 + checkpoint_home_refusals(runs)
                 + ([item.line() for item in missing] if campaign.backend == "local" else []))
     if refusals:
@@ -152,7 +153,8 @@ class Controller:
         interval = restart.scheduler_poll_s if restart.scheduler_poll_s is not None else self.backend.poll_interval_s
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
         self.backend.set_patience(restart.scheduler_timeout_s)
-        self._notes_recorded: list[str] = []  # the backend's site notes already in the ledger
+        self._notes_recorded: list[str] = []  # the site notes already in the ledger
+        self.in_flight_limit, self._limit_notes = in_flight_limit(campaign.parallel_runs, self.backend)
         self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
         self._cpu_at_start = time.process_time()
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
@@ -257,11 +259,11 @@ class Controller:
         if self.campaign.submit_as_array and self.backend.offers(Capability.ARRAYS):
             # Runs an earlier controller left in flight (adopted below) hold their share of parallel_runs.
             in_flight = sum(1 for t in waiting if not t.fresh)
-            arrayed = self._submit_arrays([t for t in waiting if t.fresh], self.campaign.parallel_runs - in_flight)
+            arrayed = self._submit_arrays([t for t in waiting if t.fresh], self.in_flight_limit - in_flight)
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]
         while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
-            while waiting and len(active) < self.campaign.parallel_runs:
+            while waiting and len(active) < self.in_flight_limit:
                 tracker = waiting.pop(0)
                 tracker.start(time.time())
                 active.append(tracker)
@@ -277,7 +279,10 @@ class Controller:
         (the scheduler throttles each to parallel_runs), in parts of at most the site's
         MaxArraySize. Returns the runs that went out; those of an array the scheduler did not take
         wait their turn with the others (started, each is looked up, then submitted on its own:
-        parallel_runs at a time, not all at once)."""
+        parallel_runs at a time, not all at once). Under a site's limit of submitted jobs (each
+        element counts, pending or not), only ``budget`` runs go out in arrays; the rest wait."""
+        if self.backend.max_submit_jobs() is not None:
+            fresh = fresh[:max(0, budget)]
         groups: dict[str, list[RunTracker]] = {}
         for tracker in fresh:
             key = json.dumps([tracker.run.campaign.resources.model_dump(mode="json"),
@@ -333,7 +338,7 @@ class Controller:
 
     def _record_site_notes(self) -> None:
         """What the site did not give this drill (the backend says), kept with every earlier controller's."""
-        said = self.backend.site_notes()
+        said = self._limit_notes + self.backend.site_notes()
         if not said or said == self._notes_recorded:
             return
         notes = list(self.ledger.meta("site_notes") or [])
@@ -354,6 +359,17 @@ class Controller:
             "controller_cpu_s": round(before.get("controller_cpu_s", 0.0) + time.process_time() - self._cpu_at_start, 3),
             "scheduler_poll_interval_s": self.poller.interval_s,
         })
+
+
+def in_flight_limit(parallel_runs: int, backend: Backend) -> tuple[int, list[str]]:
+    """How many runs may be in flight at once: parallel_runs, or the site's limit of jobs one may
+    have submitted where that is lower (a run in flight holds one job); and the site note that says so."""
+    limit = backend.max_submit_jobs()
+    if limit is None or limit >= parallel_runs:
+        return parallel_runs, []
+    allowed = max(1, limit)
+    return allowed, [f"the site's limit of submitted jobs ({limit}, sacctmgr's MaxSubmitJobs) is below parallel_runs "
+                     f"{parallel_runs}: at most {allowed} runs were in flight at once"]
 
 
 def array_throttles(sizes: list[int], parallel_runs: int) -> list[int]:

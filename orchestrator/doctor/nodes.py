@@ -4,10 +4,12 @@ can act here as this user."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from injectors.kinds import REGISTRY, get_kind
+from orchestrator.commands import current_user
 from orchestrator.doctor.checks import Check, failed, passed, warned
 from orchestrator.doctor.probe_job import NodeReport
 from orchestrator.faults.job_control import NOT_OWN_CLUSTER, on_own_cluster
@@ -93,6 +95,10 @@ def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[
     if node_kinds and not on_own_cluster():
         checks.append(warned(f"fault kinds: {', '.join(node_kinds)}", f"this is not the project's cluster: "
                              f"{NOT_OWN_CLUSTER}", "give each node fault the site's own commands, or leave them out"))
+    elif node_kinds and os.geteuid() != 0:
+        checks.append(warned(f"fault kinds: {', '.join(node_kinds)}", f"the project's cluster, but you are "
+                             f"{current_user()}, not root: scripts/cluster acts as root only",
+                             "give each node fault the site's own commands, drill as root, or leave them out"))
     elif node_kinds:
         checks.append(passed(f"fault kinds: {', '.join(node_kinds)}", "the project's cluster: scripts/cluster acts"))
     free_mb = shutil.disk_usage(workdir).free / 2**20

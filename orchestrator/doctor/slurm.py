@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shutil
 
-from orchestrator.backends.slurm.backend import SlurmBackend, accounting_configured, config_value
+from orchestrator.backends.slurm.backend import SlurmBackend
+from orchestrator.backends.slurm.site import accounting_configured, config_value, max_submit_jobs
 from orchestrator.backends.slurm.version import OVERLAP_SINCE, site_version
 from orchestrator.commands import current_user, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
@@ -49,21 +50,12 @@ def _accounting(config: str) -> Check:
 def _limits(config: str, parallel_runs: int) -> Check:
     found = {key: config_value(config, key) for key in LIMIT_KEYS}
     said = ", ".join(f"{key} {value}" for key, value in found.items() if value)
-    submit = _max_submit_jobs(config)
+    submit = max_submit_jobs(config, current_user())
     if submit is not None and submit < parallel_runs:
         return warned("limits", f"{said}; your MaxSubmitJobs {submit} < parallel_runs {parallel_runs}",
-                      "submissions past the limit wait their turn (held, every 10 s); lower parallel_runs to match")
+                      f"the drill keeps at most {submit} runs in flight (arrays of at most {submit}); "
+                      "lower parallel_runs to match, or ask for a larger limit")
     return passed("limits", f"{said}" + (f"; your MaxSubmitJobs {submit}" if submit is not None else ""))
-
-
-def _max_submit_jobs(config: str) -> int | None:
-    """The user's association's MaxSubmitJobs, where the site enforces limits and sacctmgr says."""
-    if "limits" not in (config_value(config, "AccountingStorageEnforce") or ""):
-        return None
-    answered = run_command(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={current_user()}",
-                            "format=MaxSubmit"], timeout_s=20.0, check=False)
-    values = [int(word) for word in answered.stdout.split() if word.isdigit()]
-    return min(values) if answered.returncode == 0 and values else None
 
 
 def _requeue(config: str) -> Check:

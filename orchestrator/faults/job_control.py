@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,12 +15,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from experiments.layout import CLUSTER_NAME_KEY, CLUSTER_NODES_KEY, RunPaths, write_json_atomic
 from experiments.runtime.fence import read_fence
 from injectors.actions import WalltimeSet
+from injectors.kinds import get_kind
 from injectors.kinds.disk_full import BALLAST_PREFIX, DiskFullOptions, fill_problem
 from injectors.kinds.node_faults import NodeFaultOptions
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
 from orchestrator.campaign.capabilities import Capability
-from orchestrator.commands import CommandError, run_command
+from orchestrator.commands import CommandError, current_user, run_command
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
@@ -219,6 +221,25 @@ def node_fault_refusals(runs: list[RunConfig]) -> list[str]:
              for index, fault in enumerate(run.campaign.faults)
              if isinstance(fault, NodeFaultOptions) and fault.command is None}
     return [] if not named or on_own_cluster() else list(named)
+
+
+def privilege_refusals(runs: list[RunConfig], uid: int | None = None) -> list[str]:
+    """Up front, not mid-drill: what a drill that is not root cannot do (its jobs, and so its
+    agents, run as the same user): the kinds that need root, and the node faults that act through
+    scripts/cluster (network namespaces, daemons) rather than a site command of the fault's own."""
+    uid = os.geteuid() if uid is None else uid
+    if uid == 0:
+        return []
+    who = f"you are {current_user()} (uid {uid}), not root"
+    named: dict[str, None] = {}
+    for run in runs:
+        for index, fault in enumerate(run.campaign.faults):
+            if (why := get_kind(fault.kind).needs_root) is not None:
+                named[f"faults[{index}] ({fault.kind}): {why}; {who}: leave it out, or drill as root"] = None
+            elif isinstance(fault, NodeFaultOptions) and fault.command is None and run.campaign.backend == "slurm":
+                named[f"faults[{index}] ({fault.kind}): scripts/cluster acts on the node as root; {who}: "
+                      "give the fault the site's own commands (command:), or drill as root"] = None
+    return list(named)
 
 
 def disk_full_refusals(runs: list[RunConfig]) -> list[str]:

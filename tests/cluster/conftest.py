@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -344,6 +345,50 @@ def no_accounting() -> Iterator[None]:
         yield
     finally:
         subprocess.run([str(CLUSTER_SCRIPT), "accounting", "on"], check=True, capture_output=True, timeout=180)
+
+
+@dataclass(frozen=True)
+class PlainUser:
+    """The user profile's ordinary user (scripts/cluster user on): its name and ids."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def own(self, path: Path) -> Path:
+        """``path``, a new directory, its own (only it may enter)."""
+        path.mkdir()
+        os.chown(path, self.uid, self.gid)
+        path.chmod(0o700)
+        return path
+
+
+@pytest.fixture
+def plain_user() -> Iterator[PlainUser]:
+    """The user profile (``scripts/cluster user on``): fd-user, no root, known to accounting; removed after."""
+    import pwd
+
+    subprocess.run([str(CLUSTER_SCRIPT), "user", "on"], check=True, capture_output=True, timeout=60)
+    try:
+        entry = pwd.getpwnam("fd-user")
+        yield PlainUser(entry.pw_name, entry.pw_uid, entry.pw_gid)
+    finally:
+        subprocess.run([str(CLUSTER_SCRIPT), "user", "off"], check=True, capture_output=True, timeout=60)
+
+
+# The limits profile (scripts/cluster LIMITS): what `limits on` sets.
+SITE_LIMITS = {"MaxArraySize": 16, "MinJobAge": 10, "MaxSubmitJobs": 8}
+
+
+@pytest.fixture
+def site_limits() -> Iterator[dict[str, int]]:
+    """The limits profile (``scripts/cluster limits on``): MaxArraySize 16, MinJobAge 10 s, limits
+    enforced and MaxSubmitJobs 8 for this user; Slurm's defaults again after."""
+    subprocess.run([str(CLUSTER_SCRIPT), "limits", "on"], check=True, capture_output=True, timeout=180)
+    try:
+        yield SITE_LIMITS
+    finally:
+        subprocess.run([str(CLUSTER_SCRIPT), "limits", "off"], check=True, capture_output=True, timeout=180)
 
 
 # The skew profile's offsets (scripts/cluster SKEW_OFFSETS): each node's clock minus the controller's.

@@ -2,11 +2,16 @@
 (slurmdbd stopped: `scripts/cluster accounting off`, sacct failing): a preempted drill recovers
 from the queue and the run's own files, and its report says what it knew less of. Skewed clocks
 (`scripts/cluster skew on`): the drill reads each node's offset and measures every phase on the
-login clock; the doctor warns of them."""
+login clock; the doctor warns of them. Limits (`scripts/cluster limits on`: MaxArraySize 16,
+MinJobAge 10 s, MaxSubmitJobs 8 enforced): a sweep of ten runs keeps to eight jobs at once, in an
+array of eight and two single jobs, every run completed as its twin; the doctor reads the limits. An ordinary user (`scripts/cluster user on`: fd-user):
+its drill recovers with jobs, agents and files its own, writes nothing outside its directory, and
+the kinds that need root are refused at plan."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from conftest import CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser
 from experiments.layout import RunPaths
 from orchestrator.record.clocks import load_clocks
 
@@ -98,3 +104,141 @@ def test_the_doctor_warns_of_the_skewed_clocks_and_names_the_nodes(shared_tmp: P
     assert clocks["status"] == "warn" and all(name in clocks["detail"] for name in nodes), clocks
     for name, node in nodes.items():
         assert abs(node["clock_offset_s"] - skewed_clocks[name]) <= node["clock_uncertainty_s"] + 0.005, node
+
+
+def _limits_spec(shared_tmp: Path, runs: int) -> Path:
+    """``runs`` runs of one small config (so one shared twin, one of them), 1 rank each, all at once
+    if the site allowed it: the first killed at step 40, the others fault-free."""
+    faults: list[list[dict[str, Any]]] = [[{"kind": "kill-rank", "after": {"at_step": 40}, "rank": 0,
+                                            "signal": "SIGKILL"}]] + [[] for _ in range(runs - 2)]
+    spec: dict[str, Any] = {
+        "name": "site-limits", "backend": "slurm", "workdir": str(shared_tmp / "work"),
+        "workload": {"framework": "torch", "params": 1000, "steps": 80, "step_s": 0.01, "seed": 5, "batch_size": 8},
+        "checkpoint": {"every_steps": 20, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.2},
+        "baseline": True, "parallel_runs": runs, "submit_as_array": True,
+        "sweep": {"grid": {"faults": faults}},
+    }
+    path = shared_tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
+        shared_tmp: Path, site_limits: dict[str, int], slurm) -> None:
+    """The limits profile: parallel_runs 10 against MaxSubmitJobs 8 (each array element counts, so
+    an array of ten is refused whole). The first eight runs go out as one array, the other two as
+    single jobs as slots free; never more than eight of the drill's jobs at once; the kill's
+    resubmission fits in; jobs that left squeue after 10 s are read from sacct; every run completes
+    as its twin; the report says why fewer than parallel_runs ran. The doctor's limits check reads
+    the profile's MaxArraySize, MinJobAge and MaxSubmitJobs and warns of parallel_runs."""
+    from orchestrator.doctor.slurm import scheduler_checks
+
+    runs = 10
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_limits_spec(shared_tmp, runs)),
+                           "--format", "json", "--no-html"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    attempts = [attempt for run in report["runs"] for attempt in run["attempts"]]
+    for attempt in attempts:
+        slurm.track(attempt["job_id"].split("_", 1)[0])
+    assert len(report["runs"]) == runs
+    for run in report["runs"]:
+        assert run["status"] == "completed" and run["identical_to_baseline"] is not False, run["attempts"]
+    killed = next(run for run in report["runs"] if run["faults"])
+    assert len(killed["attempts"]) == 2 and killed["recoveries"][0]["failure_class"] == "RANK_SIGNAL"
+
+    firsts = [run["attempts"][0]["job_id"] for run in report["runs"]]
+    arrays = {job_id.split("_", 1)[0] for job_id in firsts if "_" in job_id}
+    assert len(arrays) == 1 and sum("_" in job_id for job_id in firsts) == site_limits["MaxSubmitJobs"], firsts
+    assert "limit of submitted jobs (8" in " ".join(report["site_notes"]), report["site_notes"]
+    spans = [(attempt["submitted"], attempt["ended"]) for attempt in attempts]
+    assert _most_at_once(spans) == site_limits["MaxSubmitJobs"], spans
+
+    [limits] = [check for check in scheduler_checks(parallel_runs=runs) if check.name == "limits"]
+    assert limits.status == "warn", limits
+    for said in ("MaxArraySize 16", "MinJobAge 10", "MaxSubmitJobs 8 < parallel_runs 10"):
+        assert said in limits.detail, limits
+
+
+def _as_user(user: PlainUser, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``faultdrill ARGS`` run as ``user`` (runuser: no root left), HOME its own directory."""
+    return subprocess.run(["runuser", "-u", user.name, "--", "env", f"HOME={home}", sys.executable, "-m",
+                           "orchestrator.cli", *args], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def _owned_by(uid: int, roots: list[Path]) -> list[Path]:
+    """Every path under ``roots`` that belongs to ``uid`` (never crossing into another filesystem)."""
+    found = []
+    for root in roots:
+        listed = subprocess.run(["find", str(root), "-xdev", "-uid", str(uid)], capture_output=True, text=True,
+                                timeout=120)
+        found += [Path(line) for line in listed.stdout.splitlines()]
+    return found
+
+
+def test_as_an_ordinary_user_a_drill_recovers_in_its_own_paths_and_root_kinds_are_refused_at_plan(
+        shared_tmp: Path, plain_user: PlainUser, slurm) -> None:
+    """The user profile: fd-user drills a rank kill (1 rank, and its twin). Its jobs run as it
+    (sacct's User), the agent that killed the rank ran as it, the run recovers as its twin, and
+    nothing of it lies outside its own directory (the shared filesystem, the nodes' private /tmp,
+    /dev/shm, the repository). oom-rank and a node crash through scripts/cluster are refused at
+    plan, naming the user, before anything is made."""
+    home = plain_user.own(shared_tmp / "home")
+    spec: dict[str, Any] = {
+        "name": "site-user", "backend": "slurm", "workdir": str(home / "work"),
+        "workload": {"framework": "torch", "params": 1000, "steps": 80, "step_s": 0.01, "seed": 6, "batch_size": 8},
+        "checkpoint": {"every_steps": 20, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.2}, "baseline": True,
+        "faults": [{"kind": "kill-rank", "after": {"at_step": 40}, "rank": 0, "signal": "SIGKILL"}],
+    }
+    path = home / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    os.chown(path, plain_user.uid, plain_user.gid)
+
+    refused_spec = home / "refused.yaml"
+    refused_spec.write_text(yaml.safe_dump({**spec, "workdir": str(home / "refused"), "resources": {
+        **spec["resources"], "nodes": 2}, "faults": [{"kind": "oom-rank", "after": {"at_step": 10}},
+                                                     {"kind": "node-crash", "after": {"at_step": 20}}]}))
+    os.chown(refused_spec, plain_user.uid, plain_user.gid)
+    refused = _as_user(plain_user, home, "plan", str(refused_spec))
+    assert refused.returncode == 2, (refused.stdout, refused.stderr[-2000:])
+    for said in ("faults[0] (oom-rank)", "faults[1] (node-crash)", f"you are {plain_user.name}"):
+        assert said in refused.stderr, refused.stderr[-2000:]
+    assert not (home / "refused").exists(), "nothing is made for a refused drill"
+
+    done = _as_user(plain_user, home, "drill", str(path), "--format", "json", "--no-html")
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    killed = next(run for run in report["runs"] if run["faults"])
+    for run in report["runs"]:
+        for attempt in run["attempts"]:
+            slurm.track(attempt["job_id"])
+    assert killed["status"] == "completed" and killed["identical_to_baseline"] is True, killed["attempts"]
+    [fault] = killed["faults"]
+    assert fault["outcome"] == "injected" and len(killed["attempts"]) == 2, fault
+    for attempt in killed["attempts"]:
+        owner = subprocess.run(["sacct", "-j", attempt["job_id"], "-X", "-n", "-P", "-o", "User"], capture_output=True,
+                               text=True, timeout=60).stdout.split()
+        assert owner == [plain_user.name], (attempt["job_id"], owner)
+
+    roots = [SHARED_TMP_ROOT, Path("/tmp"), Path("/dev/shm"), Path(__file__).resolve().parents[2],
+             *sorted((CLUSTER_STATE_DIR / "nodes").glob("*/tmp"))]
+    # PyTorch's own at import: its inductor cache directory in the temporary directory (TMPDIR, the
+    # node's /tmp), per user. Not the drill's: anything else of fd-user's is.
+    framework_cache = f"torchinductor_{plain_user.name}"
+    strays = [found for found in _owned_by(plain_user.uid, roots)
+              if not found.is_relative_to(home) and framework_cache not in found.parts]
+    assert strays == [], strays

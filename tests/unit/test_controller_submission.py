@@ -62,6 +62,37 @@ def test_an_array_larger_than_the_sites_max_array_size_goes_out_in_parts(tmp_pat
     assert scheduler.throttles == [2, 2, 1] and not scheduler.called("submit")
 
 
+def test_under_the_sites_limit_of_submitted_jobs_arrays_and_runs_in_flight_keep_to_it(tmp_path: Path) -> None:
+    """Issue 22, item 6 (MaxSubmitJobs 3, parallel_runs 5, 8 runs): every element of an array counts
+    toward the limit, pending or not, so the arrays hold 3 runs in all (not 8 throttled to 5, which
+    Slurm refuses whole); as runs end, the next ones go out, never more than 3 in flight; the
+    report's site note says why fewer than parallel_runs ran."""
+    from orchestrator.states import JobState
+
+    scheduler = FakeScheduler(max_array=2, max_submit=3)
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=5)), backend=scheduler)
+    most_in_flight = []
+
+    def runs_end_one_by_one(trackers: list) -> None:
+        in_flight = [job for job, state in scheduler.states.items() if not state.is_terminal]
+        most_in_flight.append(len(in_flight))
+        if in_flight:
+            scheduler.states[in_flight[0]] = JobState.CANCELLED  # the job ends (a person's cancel: the run gives up)
+        if len(scheduler.states) == 8 and not in_flight:
+            controller.stop_requested.set()
+
+    try:
+        controller.run(observer=runs_end_one_by_one)
+        notes = controller.ledger.meta("site_notes")
+    finally:
+        controller.close()
+    arrays = scheduler.called("submit_array")
+    assert [len(array) for array in arrays] == [2, 1] and scheduler.throttles == [2, 1], arrays
+    assert len(scheduler.called("submit")) == 5, "the other five went out on their own, as runs ended"
+    assert max(most_in_flight) == 3, most_in_flight
+    assert notes and "limit of submitted jobs (3" in notes[0] and "parallel_runs 5" in notes[0], notes
+
+
 @pytest.mark.parametrize("sizes,parallel_runs,throttles", [
     ([8], 2, [2]), ([3, 3, 2], 5, [2, 2, 1]), ([3, 3, 2], 2, [1, 1, 0]), ([2, 1], 64, [2, 1]), ([1001] * 3, 64, [22, 21, 21]),
 ])

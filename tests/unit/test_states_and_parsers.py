@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.slurm.backend import (
-    DEFAULT_MAX_ARRAY_SIZE,
-    attempt_jobs,
-    parse_max_array_size,
-    parse_sacct,
-    parse_sbatch_parsable,
-    parse_squeue,
-)
-from orchestrator.commands import CommandError, run_command
+from orchestrator.backends.slurm import site
+from orchestrator.backends.slurm.backend import attempt_jobs, parse_sacct, parse_sbatch_parsable, parse_squeue
+from orchestrator.backends.slurm.site import DEFAULT_MAX_ARRAY_SIZE, parse_max_array_size
+from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.states import JobState, from_slurm
 
 # Recorded from the local cluster (slurm-wlm 22.05.8).
@@ -89,6 +84,34 @@ def test_max_array_size_is_read_from_scontrol_show_config_or_slurms_default() ->
     assert parse_max_array_size(config) == 40001
     assert parse_max_array_size("MaxJobCount = 10000\n") == DEFAULT_MAX_ARRAY_SIZE == 1001
     assert parse_max_array_size("") == DEFAULT_MAX_ARRAY_SIZE
+
+
+# sacctmgr -n -P's answers on the local cluster under the limits profile (scripts/cluster limits on).
+SACCTMGR = {
+    ("show", "assoc", "format=MaxSubmit"): "8\n",
+    ("show", "assoc", "format=QOS"): "normal\n",
+    ("show", "qos", "format=MaxSubmitPU"): "\n",
+}
+
+
+@pytest.mark.parametrize(("enforce", "answers", "limit"), [
+    ("associations,limits", SACCTMGR, 8),
+    ("associations,limits,qos", {**SACCTMGR, ("show", "qos", "format=MaxSubmitPU"): "5\n"}, 5),
+    ("associations,limits", {**SACCTMGR, ("show", "assoc", "format=MaxSubmit"): "\n"}, None),
+    ("none", SACCTMGR, None),  # the site does not enforce limits: sacctmgr's numbers bind nothing
+    ("limits", {}, None),  # sacctmgr fails
+])
+def test_the_users_limit_of_submitted_jobs_is_the_smallest_one_enforced(monkeypatch, enforce, answers, limit) -> None:
+    """Issue 22, item 6: MaxSubmitJobs of the user's associations and MaxSubmitPU of their QOS,
+    only where AccountingStorageEnforce enforces limits."""
+    def sacctmgr(args, **_kwargs):
+        key = (args[3], args[4], args[-1])
+        if key not in answers:
+            return CommandResult(tuple(args), 1, "", "sacctmgr: error: Problem talking to the database", 0.1)
+        return CommandResult(tuple(args), 0, answers[key], "", 0.1)
+
+    monkeypatch.setattr(site, "run_command", sacctmgr)
+    assert site.max_submit_jobs(f"AccountingStorageEnforce = {enforce}\n", "fd-user") == limit
 
 
 def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_array() -> None:

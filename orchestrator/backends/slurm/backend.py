@@ -20,6 +20,7 @@ from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitRefusal
+from orchestrator.backends.slurm.site import accounting_configured, max_submit_jobs, parse_max_array_size
 from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
@@ -142,32 +143,6 @@ def parse_slurm_time(text: str) -> float | None:
         return None
 
 
-DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default of MaxArraySize
-
-
-def accounting_configured(config: str) -> bool:
-    """``AccountingStorageType`` of ``scontrol show config`` names a storage: not ``.../none``
-    (Slurm < 23.11), ``(null)`` or empty (23.11 removed the none plugin); True when the config is
-    unread (its absence is not proof)."""
-    value = config_value(config, "AccountingStorageType")
-    if value is None:
-        return True
-    value = value.lower()
-    return bool(value) and value != "(null)" and "none" not in value
-
-
-def config_value(config: str, key: str) -> str | None:
-    """``KEY = value`` of ``scontrol show config`` (the value's first word), if it is there."""
-    match = re.search(rf"^{re.escape(key)}\s*=[ \t]*(\S*)", config, re.MULTILINE)
-    return match.group(1) if match else None
-
-
-def parse_max_array_size(config: str) -> int:
-    """``MaxArraySize = N`` of ``scontrol show config``; Slurm's default when absent or unreadable."""
-    value = config_value(config, "MaxArraySize") or ""
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_ARRAY_SIZE
-
-
 class SlurmBackend(Backend):
     name = "slurm"
     capabilities = SLURM
@@ -177,6 +152,7 @@ class SlurmBackend(Backend):
         self.python = python
         self.user = current_user()
         self._max_array_size: int | None = None
+        self._max_submit_jobs: tuple[int | None] | None = None  # (the limit,) once read
         # Accounting (sacct): why it does not answer now (None: it did last time); why it did not
         # when the drill went on without it (kept: the report says so); since when the poll's
         # lookups have failed (monotonic), and how long the poll waits for it.
@@ -203,6 +179,13 @@ class SlurmBackend(Backend):
         if self._max_array_size is None:
             self._max_array_size = parse_max_array_size(self.site_config())
         return self._max_array_size
+
+    def max_submit_jobs(self) -> int | None:
+        """The user's MaxSubmitJobs (association) or MaxSubmitPU (QOS) where the site enforces
+        limits (``sacctmgr``; asked once)."""
+        if self._max_submit_jobs is None:
+            self._max_submit_jobs = (max_submit_jobs(self.site_config(), self.user),)
+        return self._max_submit_jobs[0]
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         script = render_slurm(run, job.attempt, self.drill_id, self.python, exclude_nodes=tuple(job.exclude_nodes))
