@@ -4,9 +4,10 @@ from the queue and the run's own files, and its report says what it knew less of
 (`scripts/cluster skew on`): the drill reads each node's offset and measures every phase on the
 login clock; the doctor warns of them. Limits (`scripts/cluster limits on`: MaxArraySize 16,
 MinJobAge 10 s, MaxSubmitJobs 8 enforced): a sweep of ten runs keeps to eight jobs at once, in an
-array of eight and two single jobs, every run completed as its twin; the doctor reads the limits. An ordinary user (`scripts/cluster user on`: fd-user):
-its drill recovers with jobs, agents and files its own, writes nothing outside its directory, and
-the kinds that need root are refused at plan."""
+array of eight and two single jobs, every run completed as its twin; the doctor reads the limits.
+An ordinary user (`scripts/cluster user on`: fd-user), in the no-accounting and skew drill: it
+drills as itself, writes nothing outside its directory, and is refused at plan the kinds that
+need root."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ from experiments.layout import RunPaths
 from orchestrator.record.clocks import load_clocks
 
 DRILL_TIMEOUT_S = 600
+FAKETIME_SEGMENTS = ("faketime_shm_", "sem.faketime_sem_")  # libfaketime's, in /dev/shm
 
 
-def _spec(shared_tmp: Path) -> Path:
+def _spec(home: Path) -> Path:
     """Two runs on fd-n1 (-0.8 s under the skew profile) and fd-n2 (+1.3 s), one rank each, and
     their shared twin: rank 1 (fd-n2) killed at step 150; the job preempted at step 120 (the
     scheduler ends it: only the scheduler could date that end)."""
     spec: dict[str, Any] = {
-        "name": "site-profiles", "backend": "slurm", "workdir": str(shared_tmp / "work"),
+        "name": "site-profiles", "backend": "slurm", "workdir": str(home / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.01, "seed": 4, "batch_size": 16},
         "checkpoint": {"every_steps": 100, "keep": 2},
         "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug",
@@ -42,23 +44,28 @@ def _spec(shared_tmp: Path) -> Path:
                                           "signal": "SIGKILL"}]]},
                            {"faults": [[{"kind": "preempt", "after": {"at_step": 120}, "grace_s": 20}]]}]},
     }
-    path = shared_tmp / "spec.yaml"
+    path = home / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def test_without_accounting_and_on_skewed_clocks_a_drill_recovers_measures_on_one_clock_and_says_so(
-        shared_tmp: Path, no_accounting: None, skewed_clocks: dict[str, float]) -> None:
-    """Two profiles at once (they do not interfere). No accounting: the preempted run recovers from
-    the queue and the run's own files, and the report says what it knew less of. Skewed clocks: the
-    drill reads both nodes' offsets, the kill's moment (stamped on fd-n2) and the new job's start
-    are moved onto the login clock, the kill is credited with the failure it caused, no phase is
-    clamped, and both runs end as their twin. The uncorrected stamps show what was reported
-    before: the kill 'after' its own detection."""
+def test_as_an_ordinary_user_without_accounting_and_on_skewed_clocks_a_drill_recovers_on_one_clock_and_says_so(
+        shared_tmp: Path, plain_user: PlainUser, no_accounting: None, skewed_clocks: dict[str, float]) -> None:
+    """Three profiles at once (they do not interfere). An ordinary user: fd-user is refused
+    oom-rank and a node crash through scripts/cluster at plan, then drills as itself: its ranks'
+    files are its own, and nothing of it lies outside its directory. No accounting: the preempted
+    run recovers from the queue and the run's own files, and the report says what it knew less of.
+    Skewed clocks: the drill reads both nodes' offsets, the kill's moment (stamped on fd-n2) and
+    the new job's start are moved onto the login clock, the kill is credited with the failure it
+    caused, no phase is clamped, and both runs end as their twin. The uncorrected stamps show what
+    was reported before: the kill 'after' its own detection."""
+    home = plain_user.own(shared_tmp / "home")
+    _refused_at_plan(plain_user, home)
     sacct = subprocess.run(["sacct", "-X", "-n"], capture_output=True, text=True, timeout=60)
     assert sacct.returncode != 0, "the profile: sacct does not answer"
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_spec(shared_tmp)), "--format",
-                           "json"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
+    spec = _spec(home)
+    os.chown(spec, plain_user.uid, plain_user.gid)
+    done = _as_user(plain_user, home, "drill", str(spec), "--format", "json")
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
     killed, preempted = (next(run for run in report["runs"] if run["faults"] and run["faults"][0]["kind"] == kind)
@@ -73,7 +80,9 @@ def test_without_accounting_and_on_skewed_clocks_a_drill_recovers_measures_on_on
     [note] = report["site_notes"]
     assert note.startswith("accounting (sacct) did not answer") and "end time" in note
 
-    clocks = load_clocks(RunPaths(shared_tmp / "work" / "runs" / killed["run_id"]).clocks_file(0))
+    paths = RunPaths(home / "work" / "runs" / killed["run_id"])
+    assert {path.stat().st_uid for path in paths.heartbeats.iterdir()} == {plain_user.uid}, "the ranks ran as fd-user"
+    clocks = load_clocks(paths.clocks_file(0))
     for node in ("fd-n1", "fd-n2"):
         reading = clocks.readings[node]
         assert abs(reading.offset_s - skewed_clocks[node]) <= reading.uncertainty_s + 0.005, (node, reading)
@@ -86,10 +95,10 @@ def test_without_accounting_and_on_skewed_clocks_a_drill_recovers_measures_on_on
     assert bounds["resubmit_s"] == 0 and 0 < bounds["detect_s"] < 0.05 and 0 < bounds["ttr_s"] < 0.1, bounds
     assert set(recovery["clock_offsets"]) == {"fd-n1", "fd-n2"}
 
-    text = " ".join(subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(shared_tmp / "work")],
-                                   capture_output=True, text=True, timeout=120).stdout.split())
+    text = " ".join(_as_user(plain_user, home, "report", str(home / "work")).stdout.split())
     assert "This site: accounting (sacct) did not answer" in text
     assert "node clocks against the login node's (s): fd-n1 -0.8" in text, text[-3000:]
+    _nothing_outside(plain_user, home)
 
 
 def test_the_doctor_warns_of_the_skewed_clocks_and_names_the_nodes(shared_tmp: Path,
@@ -188,57 +197,30 @@ def _owned_by(uid: int, roots: list[Path]) -> list[Path]:
     return found
 
 
-def test_as_an_ordinary_user_a_drill_recovers_in_its_own_paths_and_root_kinds_are_refused_at_plan(
-        shared_tmp: Path, plain_user: PlainUser, slurm) -> None:
-    """The user profile: fd-user drills a rank kill (1 rank, and its twin). Its jobs run as it
-    (sacct's User), the agent that killed the rank ran as it, the run recovers as its twin, and
-    nothing of it lies outside its own directory (the shared filesystem, the nodes' private /tmp,
-    /dev/shm, the repository). oom-rank and a node crash through scripts/cluster are refused at
-    plan, naming the user, before anything is made."""
-    home = plain_user.own(shared_tmp / "home")
-    spec: dict[str, Any] = {
-        "name": "site-user", "backend": "slurm", "workdir": str(home / "work"),
-        "workload": {"framework": "torch", "params": 1000, "steps": 80, "step_s": 0.01, "seed": 6, "batch_size": 8},
-        "checkpoint": {"every_steps": 20, "keep": 2},
-        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
-        "restart": {"max_restarts": 2, "poll_interval_s": 0.2}, "baseline": True,
-        "faults": [{"kind": "kill-rank", "after": {"at_step": 40}, "rank": 0, "signal": "SIGKILL"}],
-    }
-    path = home / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    os.chown(path, plain_user.uid, plain_user.gid)
-
-    refused_spec = home / "refused.yaml"
-    refused_spec.write_text(yaml.safe_dump({**spec, "workdir": str(home / "refused"), "resources": {
-        **spec["resources"], "nodes": 2}, "faults": [{"kind": "oom-rank", "after": {"at_step": 10}},
-                                                     {"kind": "node-crash", "after": {"at_step": 20}}]}))
-    os.chown(refused_spec, plain_user.uid, plain_user.gid)
-    refused = _as_user(plain_user, home, "plan", str(refused_spec))
+def _refused_at_plan(user: PlainUser, home: Path) -> None:
+    """oom-rank and a node crash through scripts/cluster, refused at plan naming the user; nothing made."""
+    spec = home / "refused.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "site-user-refused", "backend": "slurm", "workdir": str(home / "refused"),
+        "workload": {"framework": "torch", "params": 1000, "steps": 80, "seed": 6},
+        "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
+        "faults": [{"kind": "oom-rank", "after": {"at_step": 10}}, {"kind": "node-crash", "after": {"at_step": 20}}]}))
+    os.chown(spec, user.uid, user.gid)
+    refused = _as_user(user, home, "plan", str(spec))
     assert refused.returncode == 2, (refused.stdout, refused.stderr[-2000:])
-    for said in ("faults[0] (oom-rank)", "faults[1] (node-crash)", f"you are {plain_user.name}"):
+    for said in ("faults[0] (oom-rank)", "faults[1] (node-crash)", f"you are {user.name}"):
         assert said in refused.stderr, refused.stderr[-2000:]
     assert not (home / "refused").exists(), "nothing is made for a refused drill"
 
-    done = _as_user(plain_user, home, "drill", str(path), "--format", "json", "--no-html")
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = json.loads(done.stdout)
-    killed = next(run for run in report["runs"] if run["faults"])
-    for run in report["runs"]:
-        for attempt in run["attempts"]:
-            slurm.track(attempt["job_id"])
-    assert killed["status"] == "completed" and killed["identical_to_baseline"] is True, killed["attempts"]
-    [fault] = killed["faults"]
-    assert fault["outcome"] == "injected" and len(killed["attempts"]) == 2, fault
-    for attempt in killed["attempts"]:
-        owner = subprocess.run(["sacct", "-j", attempt["job_id"], "-X", "-n", "-P", "-o", "User"], capture_output=True,
-                               text=True, timeout=60).stdout.split()
-        assert owner == [plain_user.name], (attempt["job_id"], owner)
 
+def _nothing_outside(user: PlainUser, home: Path) -> None:
+    """Nothing of ``user``'s lies outside ``home``: the shared filesystem, /tmp, /dev/shm, the
+    nodes' private /tmp, the repository. Let be, as not the drill's: PyTorch's own at import (its
+    inductor cache directory in the temporary directory, TMPDIR or the node's /tmp, per user), and
+    the skew profile's libfaketime segments in /dev/shm (a SIGKILLed rank's; `skew off` removes them)."""
     roots = [SHARED_TMP_ROOT, Path("/tmp"), Path("/dev/shm"), Path(__file__).resolve().parents[2],
              *sorted((CLUSTER_STATE_DIR / "nodes").glob("*/tmp"))]
-    # PyTorch's own at import: its inductor cache directory in the temporary directory (TMPDIR, the
-    # node's /tmp), per user. Not the drill's: anything else of fd-user's is.
-    framework_cache = f"torchinductor_{plain_user.name}"
-    strays = [found for found in _owned_by(plain_user.uid, roots)
-              if not found.is_relative_to(home) and framework_cache not in found.parts]
+    framework_cache = f"torchinductor_{user.name}"
+    strays = [found for found in _owned_by(user.uid, roots) if not found.is_relative_to(home)
+              and framework_cache not in found.parts and not found.name.startswith(FAKETIME_SEGMENTS)]
     assert strays == [], strays

@@ -171,7 +171,7 @@ def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_t
     assert names == [f"step-{step:08d}" for step in (EVERY, 2 * EVERY, 3 * EVERY)], names
 
 
-@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 800, 400), ("chainer", 3000, 1500)])
+@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 400, 200), ("chainer", 1600, 800)])
 def test_the_warning_checkpoint_works_for_every_framework(tmp_path: Path, framework: str, steps: int,
                                                           every: int) -> None:
     if importlib.util.find_spec(framework) is None:

@@ -89,7 +89,7 @@ def test_a_backoff_delays_the_next_attempt_and_is_part_of_the_time_to_recover(tm
 
 @pytest.mark.drill
 def test_a_preemption_restarts_even_with_no_failure_budget_left(tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, workload={"framework": "torch", "params": 20000, "steps": 2000, "seed": 3,
+    spec = write_spec(tmp_path, workload={"framework": "torch", "params": 20000, "steps": 600, "seed": 3,
                                           "batch_size": 16},
                       faults=[{"kind": "preempt", "after": {"at_step": 300}, "grace_s": 20}],
                       restart={"max_restarts": 0, "poll_interval_s": 0.05})
