@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.commands import CommandError
-from orchestrator.doctor.checks import Check, Status, failed, passed, warned
+from orchestrator.doctor.checks import Check, Status, failed, passed
 from orchestrator.doctor.filesystems import check_checkpoint_directory, check_directory
 from orchestrator.doctor.nodes import kind_checks, node_checks
-from orchestrator.doctor.probe_job import NodeReport, SlurmProbe, probe_local
+from orchestrator.doctor.probe_job import NodeReport, PBSProbe, SlurmProbe, probe_local
 
 DOCTOR_FOLDER = ".doctor"
-PROBED_BACKENDS = ("local", "slurm")
+SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub"}
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,14 @@ class Diagnosis:
 def diagnose(site: Site) -> Diagnosis:
     checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir),
               *(check_checkpoint_directory(site.checkpoints) if site.checkpoints is not None else [])]
-    if site.backend not in PROBED_BACKENDS:
-        checks.append(warned("test job", f"not run on the {site.backend} backend yet",
-                             "a small drill shows what the nodes give a job"))
-        return Diagnosis(site, checks, [])
     folder = site.workdir / DOCTOR_FOLDER / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         reports = _probe(site, folder)
     except CommandError as error:
         checks.append(failed("test job", f"{error.summary} (its files: {folder})",
-                             "check that a one-node job of this partition starts, and that sbatch works here"))
+                             f"check that a one-node job of this partition starts, and that "
+                             f"{SUBMIT_COMMANDS.get(site.backend, 'the backend')} works here"))
         return Diagnosis(site, checks, [])
     checks.append(passed("test job", f"ran on {', '.join(report.node for report in reports)}"))
     diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework),
@@ -82,16 +79,18 @@ def _scheduler_checks(site: Site) -> list[Check]:
         from orchestrator.doctor.slurm import scheduler_checks
 
         return scheduler_checks(site.parallel_runs)
-    if site.backend == "local":
-        return [passed("scheduler", "the local backend: no scheduler (each job a process tree on this host)")]
-    return [warned("scheduler", f"the doctor does not check the {site.backend} backend yet",
-                   "run the drill's own commands (validate, plan, a small drill) to see what it meets")]
+    if site.backend == "pbs":
+        from orchestrator.doctor.pbs import scheduler_checks as pbs_checks
+
+        return pbs_checks()
+    return [passed("scheduler", "the local backend: no scheduler (each job a process tree on this host)")]
 
 
 def _probe(site: Site, folder: Path) -> list[NodeReport]:
     if site.backend == "local":
         return probe_local(folder, site.framework)
-    return SlurmProbe(folder, site.nodes, site.partition, site.framework, site.extra_directives).run()
+    probe = SlurmProbe if site.backend == "slurm" else PBSProbe
+    return probe(folder, site.nodes, site.partition, site.framework, site.extra_directives).run()
 
 
 def _node_dict(report: NodeReport) -> dict[str, Any]:

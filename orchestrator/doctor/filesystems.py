@@ -83,9 +83,8 @@ def _kind(name: str, directory: Path) -> Check:
     kind = filesystem_type(directory)
     if kind in NETWORK_TYPES:
         return warned(f"{name}: filesystem", f"{directory} is on {kind}: other nodes see its files late "
-                      "(attribute caches), and SQLite's WAL is unsafe there",
-                      "the drill waits for what it reads; keep the workdir's ledger on the login node's disk if "
-                      "the site allows (a workdir on local disk with the run directories shared is not supported "
-                      "yet)")
+                      "(attribute caches), and every write is a round trip to its server",
+                      "the drill waits for what it reads, writes heartbeats at most once a second there, and keeps "
+                      "its ledger with a rollback journal (SQLite's WAL is unsafe on a network filesystem)")
     return passed(f"{name}: filesystem", f"{directory} is on {kind}")
 

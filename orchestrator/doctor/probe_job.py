@@ -12,17 +12,20 @@ import os
 import shlex
 import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.launchers import srun_on_node
+from experiments.launchers import Launch, Mpiexec, Shell, script_line, srun_on_node
 from injectors.probe import FACTS_PREFIX
 from orchestrator.backends.slurm.backend import parse_sbatch_parsable
 from orchestrator.campaign.directives import parse_directive, slurm_line
+from orchestrator.campaign.mpi import ROOT_ENVIRONMENT
 from orchestrator.commands import CommandError, Conversation, run_command
 from orchestrator.observe.node_clocks import read_offset
 from orchestrator.record.clocks import ClockReading
+from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +69,10 @@ def probe_local(folder: Path, framework: str | None, python: str = sys.executabl
 
 
 @dataclass
-class SlurmProbe:
+class JobProbe(ABC):
+    """The test job on a scheduler: submitted, waited on until it runs, its nodes' facts read as
+    they arrive, each node's clock read through a step of it, then ended whatever happens."""
+
     folder: Path
     nodes: int
     partition: str | None
@@ -80,59 +86,64 @@ class SlurmProbe:
             self.job_id = self._submit()
             hosts = self._started()
             seen = self._facts_seen(hosts)
-            return [self._report(host, seen.get(host)) for host in hosts]
+            return [self._report(host, seen.get(host)) for host in (hosts or sorted(seen))]
         finally:
             (self.folder / "done").touch()
             if self.job_id is not None:
                 try:
-                    run_command(["scancel", self.job_id], timeout_s=20.0, check=False)
+                    self._cancel(self.job_id)
                 except CommandError as error:  # the job ends by itself (the done file, its time limit)
                     log.warning("cancelling the test job %s failed: %s", self.job_id, error.summary)
 
-    def script(self) -> str:
-        q = shlex.quote
-        directives = ["-J fd-doctor", f"-N {self.nodes}", "--ntasks-per-node=1", "-t 10",
-                      f"-o {q(str(self.folder / 'job.out')).replace('%', '%%')}",
-                      *([f"-p {q(self.partition)}"] if self.partition else []),
-                      *(slurm_line(parse_directive(text)) for text in self.extra_directives)]
-        facts = [self.python, "-m", "injectors.probe", "facts", "--out-dir", str(self.folder),
-                 *(["--framework", self.framework] if self.framework else [])]
-        return "\n".join(["#!/bin/bash", *(f"#SBATCH {line}" for line in directives),
-                          f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
-                          f"srun --ntasks-per-node=1 {' '.join(q(word) for word in facts)}",
-                          f"while [ ! -e {q(str(self.folder / 'done'))} ] && [ $SECONDS -lt {HOLD_S} ]; do sleep 0.2; done",
-                          ""])
+    def facts_command(self) -> list[str]:
+        return [self.python, "-m", "injectors.probe", "facts", "--out-dir", str(self.folder),
+                *(["--framework", self.framework] if self.framework else [])]
 
-    def _submit(self) -> str:
-        path = self.folder / "probe.sbatch"
-        path.write_text(self.script())
-        result = run_command(["sbatch", "--parsable", str(path)], cwd=self.folder, timeout_s=60.0)
-        return parse_sbatch_parsable(result.stdout)
+    def hold_line(self) -> str:
+        """The job's last line: it holds its nodes until the doctor is done with them (or HOLD_S)."""
+        done = shlex.quote(str(self.folder / "done"))
+        return f"while [ ! -e {done} ] && [ $SECONDS -lt {HOLD_S} ]; do sleep 0.2; done"
+
+    @abstractmethod
+    def script(self) -> str: ...
+
+    @abstractmethod
+    def _submit(self) -> str: ...
+
+    @abstractmethod
+    def _state(self) -> tuple[str, list[str]]:
+        """The job's state ("running", "queued", "ended") and, once it runs, its nodes (empty where
+        the scheduler does not say: they are then the nodes whose facts arrive)."""
+
+    @abstractmethod
+    def _cancel(self, job_id: str) -> None: ...
+
+    @abstractmethod
+    def _on_node(self, host: str, argv: list[str]) -> Conversation: ...
 
     def _started(self) -> list[str]:
         """The job's nodes once it runs (CommandError if it does not start in time)."""
-        assert self.job_id is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            answer = run_command(["squeue", "-h", "-j", self.job_id, "-o", "%T|%N"], timeout_s=20.0, check=False)
-            state, _, nodelist = answer.stdout.strip().partition("|")
-            if state == "RUNNING" and nodelist:
-                hosts = run_command(["scontrol", "show", "hostnames", nodelist], timeout_s=20.0).stdout.split()
+            state, hosts = self._state()
+            if state == "running":
                 return hosts
-            if answer.returncode == 0 and not answer.stdout.strip():
-                raise CommandError(["squeue"], 0, "", "", f"the test job {self.job_id} ended before it ran "
+            if state == "ended":
+                raise CommandError(["qstat"], 0, "", "", f"the test job {self.job_id} ended before it ran "
                                    f"(its output: {self._output()})")
             time.sleep(POLL_S * 2)
-        raise CommandError(["squeue"], None, "", "", f"the test job {self.job_id} did not start within "
+        raise CommandError(["qstat"], None, "", "", f"the test job {self.job_id} did not start within "
                            f"{START_TIMEOUT_S:g} s")
 
     def _facts_seen(self, hosts: list[str]) -> dict[str, float]:
-        """When each node's facts file was first read here (the login node's clock)."""
+        """When each node's facts file was first read here (the login node's clock): the named
+        nodes', or any ``nodes`` nodes' where the scheduler named none."""
         seen: dict[str, float] = {}
         deadline = time.monotonic() + FACTS_TIMEOUT_S
-        while len(seen) < len(hosts) and time.monotonic() < deadline:
-            for host in hosts:
-                if host not in seen and _readable(self.folder / f"{FACTS_PREFIX}{host}.json"):
+        while len(seen) < (len(hosts) or self.nodes) and time.monotonic() < deadline:
+            for path in self.folder.glob(f"{FACTS_PREFIX}*.json"):
+                host = path.stem.removeprefix(FACTS_PREFIX)
+                if host not in seen and (not hosts or host in hosts) and _readable(path):
                     seen[host] = time.time()
             time.sleep(POLL_S / 5)
         return seen
@@ -142,10 +153,8 @@ class SlurmProbe:
             return NodeReport(host, None, None, None, f"no facts from {host} within {FACTS_TIMEOUT_S:g} s of the "
                               f"job's start (its output: {self._output()})")
         facts = json.loads((self.folder / f"{FACTS_PREFIX}{host}.json").read_text())
-        assert self.job_id is not None
         try:
-            with Conversation(srun_on_node(self.job_id, host, [self.python, "-m", "injectors.probe", "echo"]),
-                              env=probe_environment()) as probe:
+            with self._on_node(host, ["-m", "injectors.probe", "echo"]) as probe:
                 clock = read_offset(probe)
         except CommandError as error:
             return NodeReport(host, facts, seen_at, None, f"its clock could not be read: {error.summary}")
@@ -156,6 +165,97 @@ class SlurmProbe:
             return (self.folder / "job.out").read_text().strip()[-300:] or "none"
         except OSError:
             return "none"
+
+
+@dataclass
+class SlurmProbe(JobProbe):
+    def script(self) -> str:
+        q = shlex.quote
+        directives = ["-J fd-doctor", f"-N {self.nodes}", "--ntasks-per-node=1", "-t 10",
+                      f"-o {q(str(self.folder / 'job.out')).replace('%', '%%')}",
+                      *([f"-p {q(self.partition)}"] if self.partition else []),
+                      *(slurm_line(parse_directive(text)) for text in self.extra_directives)]
+        return "\n".join(["#!/bin/bash", *(f"#SBATCH {line}" for line in directives),
+                          f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
+                          f"srun --ntasks-per-node=1 {shlex.join(self.facts_command())}", self.hold_line(), ""])
+
+    def _submit(self) -> str:
+        path = self.folder / "probe.sbatch"
+        path.write_text(self.script())
+        result = run_command(["sbatch", "--parsable", str(path)], cwd=self.folder, timeout_s=60.0)
+        return parse_sbatch_parsable(result.stdout)
+
+    def _state(self) -> tuple[str, list[str]]:
+        assert self.job_id is not None
+        answer = run_command(["squeue", "-h", "-j", self.job_id, "-o", "%T|%N"], timeout_s=20.0, check=False)
+        state, _, nodelist = answer.stdout.strip().partition("|")
+        if state == "RUNNING" and nodelist:
+            return "running", run_command(["scontrol", "show", "hostnames", nodelist], timeout_s=20.0).stdout.split()
+        return ("ended" if answer.returncode == 0 and not answer.stdout.strip() else "queued"), []
+
+    def _cancel(self, job_id: str) -> None:
+        run_command(["scancel", job_id], timeout_s=20.0, check=False)
+
+    def _on_node(self, host: str, argv: list[str]) -> Conversation:
+        assert self.job_id is not None
+        return Conversation(srun_on_node(self.job_id, host, [self.python, *argv]), env=probe_environment())
+
+
+@dataclass
+class PBSProbe(JobProbe):
+    """The test job through qsub (PBS Pro, Torque, or Slurm's Torque wrappers): one task a node,
+    started as the drill's ranks are (Open MPI's mpiexec, one per node); each node's clock read as
+    the fault agent reaches a node (the PBS backend: a step under the wrappers, else ssh)."""
+
+    def script(self) -> str:
+        from orchestrator.backends.pbs.commands import ServerKind, detect_server
+
+        q = shlex.quote
+        if detect_server() is ServerKind.PRO:
+            chunks = [f"-l select={self.nodes}:ncpus=1:mpiprocs=1", "-l place=scatter"]
+        else:
+            chunks = [f"-l nodes={self.nodes}:ppn=1"]
+        extra = [parse_directive(text) for text in self.extra_directives]
+        directives = ["-N fd-doctor", *chunks, "-l walltime=00:10:00", "-j oe", "-o job.out",
+                      *([f"-q {q(self.partition)}"] if self.partition else []),
+                      *(f"{d.flag} {d.value}" if d.value is not None else d.flag for d in extra)]
+        launch = Launch(command=self.facts_command(), tasks=self.nodes, tasks_per_node=1)
+        as_root = [f"export {name}={value}" for name, value in ROOT_ENVIRONMENT.items()] if os.geteuid() == 0 else []
+        return "\n".join(["#!/bin/bash", *(f"#PBS {line}" for line in directives), *as_root,
+                          f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
+                          'ompi_tmp=$(mktemp -d "${TMPDIR:-/tmp}/faultdrill-ompi.XXXXXXXXXX") || exit 1',
+                          script_line(Mpiexec(forwarded=("PYTHONPATH",), session_dir=Shell('"$ompi_tmp"')), launch),
+                          'rm -rf "$ompi_tmp"', self.hold_line(), ""])
+
+    def _submit(self) -> str:
+        from orchestrator.backends.pbs.commands import qsub
+
+        return qsub("probe.pbs", self._written(), self.folder)
+
+    def _written(self) -> str:
+        text = self.script()
+        (self.folder / "probe.pbs").write_text(text)
+        return text
+
+    def _state(self) -> tuple[str, list[str]]:
+        from orchestrator.backends.pbs.commands import qstat_states
+
+        assert self.job_id is not None
+        state = qstat_states([self.job_id], {})[self.job_id]
+        if state is JobState.RUNNING:
+            return "running", []
+        return ("ended" if state.is_terminal else "queued"), []
+
+    def _cancel(self, job_id: str) -> None:
+        from orchestrator.backends.pbs.commands import qdel
+
+        qdel(job_id, None)
+
+    def _on_node(self, host: str, argv: list[str]) -> Conversation:
+        from orchestrator.backends.pbs.backend import PBSBackend
+
+        assert self.job_id is not None
+        return PBSBackend("doctor", python=self.python).talk_on_node(self.job_id, host, argv)
 
 
 def _readable(path: Path) -> bool:

@@ -1,4 +1,6 @@
-"""The ledger: every fact the report needs, as rows in SQLite (WAL) in the campaign's workdir.
+"""The ledger: every fact the report needs, as rows in SQLite in the campaign's workdir (its
+write-ahead log, WAL, on a local filesystem; a rollback journal on a network filesystem, where WAL's
+shared memory index is not shared between hosts and SQLite does not support it).
 
 The controller writes a row before it acts (an attempt before its submission, a fault before it is
 sent) so that a controller killed at any moment can pick up from here without duplicating work.
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
 from experiments.layout import CheckpointRecord
+from experiments.runtime.mounts import on_network_filesystem
 
 LEDGER_NAME = "ledger.sqlite"
 
@@ -180,13 +183,19 @@ class RecoveryRow:
 Row = TypeVar("Row")
 
 
+def journal_mode(path: Path, mountinfo: str | None = None) -> str:
+    """WAL on a local filesystem; DELETE (a rollback journal, which takes the filesystem's locks)
+    on a network filesystem: SQLite's WAL needs every process that opens the database on one host."""
+    return "DELETE" if on_network_filesystem(path.parent, mountinfo) else "WAL"
+
+
 class Ledger:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA journal_mode={journal_mode(path)}")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self._add_missing_columns()

@@ -16,8 +16,8 @@ from faultdrill_cli import FULL_ONLY
 DOCTOR_TIMEOUT_S = 300
 
 
-def _doctor(workdir: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "slurm", "--workdir",
+def _doctor(workdir: Path, *extra: str, backend: str = "slurm") -> tuple[int, dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", backend, "--workdir",
                            str(workdir), "--nodes", "2", "--partition", "debug", "--framework", "torch",
                            "--format", "json", *extra], capture_output=True, text=True, timeout=DOCTOR_TIMEOUT_S)
     assert done.stdout.strip(), done.stderr[-3000:]
@@ -56,3 +56,26 @@ def test_without_accounting_the_doctor_warns_and_says_what_the_drill_knows_less_
     assert accounting["status"] == "warn" and "sacct failed" in accounting["detail"], accounting
     assert "unknown" in accounting["fix"], accounting
     assert code == 0 and _statuses(document)["test job"] == "pass", document
+
+
+def test_the_doctor_on_pbs_runs_its_test_job_through_qsub_and_reads_each_nodes_clock(shared_tmp: Path,
+                                                                                     wait_until) -> None:
+    """The doctor on PBS (issue 22), through Slurm's Torque wrappers here: the server named, the
+    accounting under the wrappers and the mpiexec that starts the ranks checked, the test job
+    submitted with qsub, started on two nodes by mpiexec as the drill's ranks are, each node's clock
+    read through the PBS backend's way onto a node."""
+    code, document = _doctor(shared_tmp / "work", backend="pbs")
+    statuses = _statuses(document)
+    assert code == 0 and document["summary"]["fail"] == 0, document
+    [scheduler] = [check for check in document["checks"] if check["name"] == "scheduler"]
+    assert "Torque wrappers" in scheduler["detail"], scheduler
+    for name in ("accounting", "mpiexec", "test job", "nodes: python", "nodes: framework", "clocks",
+                 "shared filesystem"):
+        assert statuses[name] == "pass", (name, document)
+    nodes = document["nodes"]
+    assert len({node["node"] for node in nodes}) == 2, nodes
+    for node in nodes:
+        assert node["clock_uncertainty_s"] is not None and abs(node["clock_offset_s"]) <= node["clock_uncertainty_s"] + 0.005
+    wait_until(lambda: not subprocess.run(["squeue", "-h", "-n", "fd-doctor", "-t", "PD,R,CG"], capture_output=True,
+                                          text=True, timeout=30).stdout.strip(), timeout=60,
+               message="the doctor's test job to end")

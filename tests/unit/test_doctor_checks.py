@@ -93,3 +93,68 @@ def test_the_test_jobs_script_asks_what_the_spec_asks_and_escapes_its_output_pat
     script = SlurmProbe(tmp_path / "50%", 2, "debug", "torch", ("--account=ml", "--qos=short")).script()
     assert "#SBATCH --account=ml" in script and "#SBATCH --qos=short" in script and "#SBATCH -N 2" in script
     assert "50%%" in script.split("#SBATCH -o ", 1)[1].splitlines()[0], "a % in the path is no Slurm pattern"
+
+
+# --- the doctor on PBS: the server's answers as they come (recorded from the manuals' formats) ----
+
+PRO_SERVER = """\
+Server pbs01
+    server_state = Active
+    scheduling = True
+    job_history_enable = True
+    job_history_duration = 336:00:00
+"""
+PRO_SERVER_NO_HISTORY = "Server pbs01\n    server_state = Active\n    scheduling = True\n"
+TORQUE_SERVER = "Server torque01\n\tserver_state = Active\n\tkeep_completed = 300\n\tscheduling = True\n"
+
+
+@pytest.mark.parametrize(("server", "attributes", "status"), [
+    ("pro", PRO_SERVER, Status.PASS), ("pro", PRO_SERVER_NO_HISTORY, Status.WARN),
+    ("torque", TORQUE_SERVER, Status.PASS), ("torque", TORQUE_SERVER.replace("300", "0"), Status.WARN),
+    ("pro", None, Status.WARN),
+])
+def test_pbs_job_history_is_read_from_the_servers_attributes(server: str, attributes: str | None,
+                                                             status: Status) -> None:
+    """Issue 22, the doctor on PBS (item 10): a server that forgets finished jobs is a warning that
+    says what the drill then knows less of (a walltime's end), and what a manager can set."""
+    from orchestrator.backends.pbs.commands import ServerKind
+    from orchestrator.doctor.pbs import history_check
+
+    check = history_check(ServerKind(server), attributes)
+    assert check.status is status, check
+    if status is Status.WARN:
+        assert "TIMEOUT is lost" in check.fix, check
+
+
+@pytest.mark.parametrize(("version", "status", "said"), [
+    ("mpiexec (OpenRTE) 4.1.4", Status.PASS, "Open MPI 4.1"),
+    ("mpiexec (Open MPI) 5.0.3", Status.WARN, "workload.mpi: venv"),
+    ("HYDRA build details:", Status.WARN, "not Open MPI"),
+    (None, Status.FAIL, "no mpiexec"),
+])
+def test_the_mpiexec_that_starts_pbs_ranks_is_open_mpi_4(version: str | None, status: Status, said: str) -> None:
+    from orchestrator.doctor.pbs import mpiexec_check
+
+    check = mpiexec_check(version)
+    assert check.status is status and said in check.detail + check.fix, check
+
+
+@pytest.mark.parametrize(("server", "resources"), [
+    ("pro", ["#PBS -l select=2:ncpus=1:mpiprocs=1", "#PBS -l place=scatter"]),
+    ("torque", ["#PBS -l nodes=2:ppn=1"]), ("slurm-wrappers", ["#PBS -l nodes=2:ppn=1"]),
+])
+def test_the_pbs_test_job_asks_one_chunk_a_node_and_starts_one_task_on_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str, resources: list[str]) -> None:
+    from experiments.layout import ENV_PBS_SERVER
+    from orchestrator.doctor.probe_job import PBSProbe
+
+    monkeypatch.setenv(ENV_PBS_SERVER, server)
+    script = PBSProbe(tmp_path, 2, "debug", "torch", extra_directives=("-A proj1",)).script()
+    lines = script.splitlines()
+    assert all(line in lines for line in [*resources, "#PBS -q debug", "#PBS -A proj1", "#PBS -o job.out"]), script
+    first = next(index for index, line in enumerate(lines) if line.startswith("mpiexec"))
+    last = next(index for index in range(first, len(lines)) if not lines[index].endswith("\\"))
+    launch = " ".join(line.rstrip("\\").strip() for line in lines[first:last + 1])
+    assert launch.startswith("mpiexec -n 2 --map-by ppr:1:node") and "-x PYTHONPATH" in launch, launch
+    assert "injectors.probe facts --out-dir" in launch and "--framework torch" in launch, launch
+    assert lines[-1].startswith("while [ ! -e"), "the job holds its nodes until the doctor is done with them"

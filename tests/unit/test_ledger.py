@@ -37,3 +37,26 @@ def test_rows_survive_reopening_and_duplicates_are_ignored(tmp_path: Path) -> No
     again.close()
     with sqlite3.connect(tmp_path / "ledger.sqlite") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+NFS_MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:35 / /home rw,relatime shared:20 - nfs4 filer:/export/home rw,vers=4.2
+"""
+
+
+def test_the_ledger_keeps_a_rollback_journal_on_a_network_filesystem(tmp_path, monkeypatch) -> None:
+    """Issue 22, item 3: SQLite's WAL is unsafe over NFS (its index is shared memory of one host);
+    a workdir on a network filesystem gets a rollback journal, a local one WAL."""
+    from orchestrator.record import ledger as ledger_module
+    from orchestrator.record.ledger import journal_mode
+
+    assert journal_mode(Path("/home/me/work/ledger.sqlite"), NFS_MOUNTINFO) == "DELETE"
+    assert journal_mode(Path("/scratch/me/work/ledger.sqlite"), NFS_MOUNTINFO) == "WAL"
+    for network, mode in ((False, "wal"), (True, "delete")):
+        monkeypatch.setattr(ledger_module, "on_network_filesystem", lambda _path, _mountinfo=None: network)
+        ledger = Ledger(tmp_path / mode / "ledger.sqlite")
+        try:
+            assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == mode
+        finally:
+            ledger.close()
