@@ -54,7 +54,7 @@ def test_the_ledger_keeps_a_rollback_journal_on_a_network_filesystem(tmp_path, m
     assert journal_mode(Path("/home/me/work/ledger.sqlite"), NFS_MOUNTINFO) == "DELETE"
     assert journal_mode(Path("/scratch/me/work/ledger.sqlite"), NFS_MOUNTINFO) == "WAL"
     for network, mode in ((False, "wal"), (True, "delete")):
-        monkeypatch.setattr(ledger_module, "on_network_filesystem", lambda _path, _mountinfo=None: network)
+        monkeypatch.setattr(ledger_module, "on_network_filesystem", lambda _path, _mountinfo=None, network=network: network)
         ledger = Ledger(tmp_path / mode / "ledger.sqlite")
         try:
             assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == mode
