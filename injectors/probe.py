@@ -29,10 +29,16 @@ FACTS_PREFIX = "facts-"
 ECHO_READY = "ready"
 
 
-def facts(framework: str | None) -> dict[str, Any]:
+LOGIN_MARK = ".faultdrill-doctor-login"  # the login node's file in the checkpoint directory
+NODE_MARK_PREFIX = ".faultdrill-doctor-node-"  # each node's
+
+
+def facts(framework: str | None, checkpoints: Path | None = None) -> dict[str, Any]:
     found: dict[str, Any] = {"node": socket.gethostname(), "python": sys.executable,
                              "python_version": platform.python_version(), "uid": os.geteuid(),
                              "memory_cap": can_cap_memory(os.getpid())}
+    if checkpoints is not None:
+        found["checkpoints"] = checkpoint_facts(checkpoints, found["node"])
     if framework:
         found["framework"] = framework
         try:
@@ -44,8 +50,20 @@ def facts(framework: str | None) -> dict[str, Any]:
     return found
 
 
-def write_facts(out_dir: Path, framework: str | None) -> Path:
-    found = facts(framework)
+def checkpoint_facts(directory: Path, node: str) -> dict[str, Any]:
+    """Whether this node sees the checkpoint directory as the login node does (the file it left
+    there) and may write there (a file of this node's, which the login node looks for)."""
+    said: dict[str, Any] = {"sees_login_file": (directory / LOGIN_MARK).is_file()}
+    try:
+        (directory / f"{NODE_MARK_PREFIX}{node}").write_text(str(time.time()))
+        said["wrote"] = True
+    except OSError as error:
+        said["wrote"], said["error"] = False, f"{error.strerror}"
+    return said
+
+
+def write_facts(out_dir: Path, framework: str | None, checkpoints: Path | None = None) -> Path:
+    found = facts(framework, checkpoints)
     path = out_dir / f"{FACTS_PREFIX}{found['node']}.json"
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.write_text(json.dumps(found))
@@ -66,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     facts_parser = sub.add_parser("facts")
     facts_parser.add_argument("--out-dir", type=Path, required=True)
     facts_parser.add_argument("--framework")
+    facts_parser.add_argument("--checkpoints", type=Path, help="the spec's checkpoint directory: seen and written here?")
     sub.add_parser("echo")
     args = parser.parse_args(argv)
     if args.command == "facts":
-        write_facts(args.out_dir, args.framework)
+        write_facts(args.out_dir, args.framework, args.checkpoints)
     else:
         echo()
     return 0

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.commands import CommandError
 from orchestrator.doctor.checks import Check, Status, failed, passed
 from orchestrator.doctor.filesystems import check_checkpoint_directory, check_directory
-from orchestrator.doctor.nodes import kind_checks, node_checks
+from orchestrator.doctor.nodes import checkpoint_checks, checkpoint_marks, kind_checks, node_checks
 from orchestrator.doctor.probe_job import NodeReport, PBSProbe, SlurmProbe, probe_local
 
 DOCTOR_FOLDER = ".doctor"
@@ -60,14 +60,16 @@ def diagnose(site: Site) -> Diagnosis:
     folder = site.workdir / DOCTOR_FOLDER / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        reports = _probe(site, folder)
+        with checkpoint_marks(site.checkpoints):
+            reports = _probe(site, folder)
+            found = checkpoint_checks(site.checkpoints, reports) if site.checkpoints is not None else []
     except CommandError as error:
         checks.append(failed("test job", f"{error.summary} (its files: {folder})",
                              f"check that a one-node job of this partition starts, and that "
                              f"{SUBMIT_COMMANDS.get(site.backend, 'the backend')} works here"))
         return Diagnosis(site, checks, [])
     checks.append(passed("test job", f"ran on {', '.join(report.node for report in reports)}"))
-    diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework),
+    diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework), *found,
                                  *kind_checks(site.backend, reports, site.workdir)], reports)
     if not diagnosis.failed:  # kept for a look where something failed
         shutil.rmtree(folder, ignore_errors=True)
@@ -88,9 +90,9 @@ def _scheduler_checks(site: Site) -> list[Check]:
 
 def _probe(site: Site, folder: Path) -> list[NodeReport]:
     if site.backend == "local":
-        return probe_local(folder, site.framework)
+        return probe_local(folder, site.framework, site.checkpoints)
     probe = SlurmProbe if site.backend == "slurm" else PBSProbe
-    return probe(folder, site.nodes, site.partition, site.framework, site.extra_directives).run()
+    return probe(folder, site.nodes, site.partition, site.framework, site.extra_directives, site.checkpoints).run()
 
 
 def _node_dict(report: NodeReport) -> dict[str, Any]:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from injectors.kinds import REGISTRY, get_kind
+from injectors.probe import LOGIN_MARK, NODE_MARK_PREFIX
 from orchestrator.commands import current_user
 from orchestrator.doctor.checks import Check, failed, passed, warned
 from orchestrator.doctor.probe_job import NodeReport
@@ -79,6 +82,44 @@ def _visibility(reports: list[NodeReport]) -> Check:
         return warned("shared filesystem", "not measured: no node's clock could be read (see clocks)",
                       "the delay is measured on the login node's clock, from each node's offset")
     return passed("shared filesystem", "not measured (one host: no filesystem between nodes)")
+
+
+@contextmanager
+def checkpoint_marks(directory: Path | None) -> Iterator[None]:
+    """The login node's file in the checkpoint directory while the test job runs (each node looks
+    for it, and leaves one of its own); every such file removed after."""
+    if directory is None or not directory.is_dir():
+        yield
+        return
+    mark = directory / LOGIN_MARK
+    try:
+        mark.write_text("the doctor's test job looks for this file")
+        yield
+    finally:
+        for leftover in [mark, *directory.glob(f"{NODE_MARK_PREFIX}*")]:
+            leftover.unlink(missing_ok=True)
+
+
+def checkpoint_checks(directory: Path, reports: list[NodeReport]) -> list[Check]:
+    """Whether every node sees the checkpoint directory as the login node does: the login node's
+    file there, a file of the node's own written there and seen here."""
+    problems = []
+    for report in reports:
+        said = (report.facts or {}).get("checkpoints")
+        if said is None:
+            continue  # no facts from the node: its own check says so
+        if not said.get("sees_login_file"):
+            problems.append(f"{report.node} does not see the login node's file there")
+        if not said.get("wrote"):
+            problems.append(f"{report.node} cannot write there ({said.get('error', '?')})")
+        elif not (directory / f"{NODE_MARK_PREFIX}{report.node}").is_file():
+            problems.append(f"the login node does not see {report.node}'s file there")
+    if problems:
+        return [failed("checkpoints: nodes", f"{directory}: {'; '.join(problems)}",
+                       "checkpoint.directory must be one filesystem that the login node and every compute node "
+                       "mount at the same path (a node-local /tmp or scratch is not)")]
+    return [passed("checkpoints: nodes", f"{len(reports)} node(s) see {directory} and write there, as the "
+                   "login node does")]
 
 
 def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:

@@ -57,10 +57,18 @@ def probe_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
 
 
-def probe_local(folder: Path, framework: str | None, python: str = sys.executable) -> list[NodeReport]:
+def facts_command(python: str, folder: Path, framework: str | None, checkpoints: Path | None) -> list[str]:
+    """``injectors.probe facts`` on a node: its facts into ``folder``; with ``checkpoints``, whether
+    it sees the login node's file there and may write its own."""
+    return [python, "-m", "injectors.probe", "facts", "--out-dir", str(folder),
+            *(["--framework", framework] if framework else []),
+            *(["--checkpoints", str(checkpoints)] if checkpoints is not None else [])]
+
+
+def probe_local(folder: Path, framework: str | None, checkpoints: Path | None = None,
+                python: str = sys.executable) -> list[NodeReport]:
     """This host as the local backend's one node."""
-    run_command([python, "-m", "injectors.probe", "facts", "--out-dir", str(folder),
-                 *(["--framework", framework] if framework else [])], timeout_s=120.0, env=probe_environment())
+    run_command(facts_command(python, folder, framework, checkpoints), timeout_s=120.0, env=probe_environment())
     [path] = folder.glob(f"{FACTS_PREFIX}*.json")
     facts = json.loads(path.read_text())
     with Conversation([python, "-m", "injectors.probe", "echo"], env=probe_environment()) as probe:
@@ -78,6 +86,7 @@ class JobProbe(ABC):
     partition: str | None
     framework: str | None
     extra_directives: tuple[str, ...] = ()
+    checkpoints: Path | None = None  # the spec's checkpoint directory: does each node see it?
     python: str = sys.executable
     job_id: str | None = None
 
@@ -96,8 +105,7 @@ class JobProbe(ABC):
                     log.warning("cancelling the test job %s failed: %s", self.job_id, error.summary)
 
     def facts_command(self) -> list[str]:
-        return [self.python, "-m", "injectors.probe", "facts", "--out-dir", str(self.folder),
-                *(["--framework", self.framework] if self.framework else [])]
+        return facts_command(self.python, self.folder, self.framework, self.checkpoints)
 
     def hold_line(self) -> str:
         """The job's last line: it holds its nodes until the doctor is done with them (or HOLD_S)."""

@@ -158,3 +158,24 @@ def test_the_pbs_test_job_asks_one_chunk_a_node_and_starts_one_task_on_each(
     assert launch.startswith("mpiexec -n 2 --map-by ppr:1:node") and "-x PYTHONPATH" in launch, launch
     assert "injectors.probe facts --out-dir" in launch and "--framework torch" in launch, launch
     assert lines[-1].startswith("while [ ! -e"), "the job holds its nodes until the doctor is done with them"
+
+
+def test_a_checkpoint_directory_some_node_does_not_share_fails_naming_the_node(tmp_path: Path) -> None:
+    """Issue 22, the doctor: checkpoint.directory must be one filesystem for the login node and every
+    compute node. A node whose /tmp is its own sees no login file there, and the login node none of
+    its files; one that cannot write there says why."""
+    from injectors.probe import NODE_MARK_PREFIX
+    from orchestrator.doctor.nodes import checkpoint_checks
+
+    def node(name: str, **said: object) -> NodeReport:
+        return NodeReport(name, {"node": name, "written_at": 1.0, "checkpoints": said}, 2.0, None)
+
+    (tmp_path / f"{NODE_MARK_PREFIX}n1").write_text("1")
+    [good] = checkpoint_checks(tmp_path, [node("n1", sees_login_file=True, wrote=True)])
+    assert good.status is Status.PASS, good
+    [bad] = checkpoint_checks(tmp_path, [node("n1", sees_login_file=True, wrote=True),
+                                         node("n2", sees_login_file=False, wrote=True),
+                                         node("n3", sees_login_file=True, wrote=False, error="Permission denied")])
+    assert bad.status is Status.FAIL and "same path" in bad.fix, bad
+    assert "n2 does not see the login node's file" in bad.detail and "login node does not see n2's file" in bad.detail
+    assert "n3 cannot write there (Permission denied)" in bad.detail and "n1" not in bad.detail, bad
