@@ -142,7 +142,15 @@ def _text(value: bytes | str | None) -> str:
 
 def current_user() -> str:
     """The user this process runs as (from its uid, not from $USER): whose jobs a look-up may match."""
-    return pwd.getpwuid(os.geteuid()).pw_name
+    return user_name(os.geteuid())
+
+
+def user_name(uid: int) -> str:
+    """``uid``'s name (its number where the password database has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 class Conversation:

@@ -20,7 +20,7 @@ from experiments.layout import (
     record_dict,
     write_json_atomic,
 )
-from orchestrator.backends.base import AttemptRef, Backend, Submission
+from orchestrator.backends.base import AttemptRef, Backend, Submission, SubmitLimit
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, CommandResult
@@ -77,8 +77,8 @@ class FakeScheduler(Backend):
     def max_array_size(self) -> int:
         return self.max_array
 
-    def max_submit_jobs(self) -> int | None:
-        return self.max_submit
+    def max_submit_jobs(self, qos: str | None = None) -> SubmitLimit | None:
+        return None if self.max_submit is None else SubmitLimit(self.max_submit, "the test's MaxSubmitJobs")
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:
         self._called("find_submitted", (ref.run.run_id, ref.attempt))

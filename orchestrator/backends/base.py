@@ -84,9 +84,10 @@ class Backend(abc.ABC):
         """The most elements one array may have here (a larger sweep goes out in parts)."""
         return 1 << 31
 
-    def max_submit_jobs(self) -> int | None:
+    def max_submit_jobs(self, qos: str | None = None) -> "SubmitLimit | None":
         """The most jobs this user may have submitted at once here (pending and running; each
-        element of an array counts), where the site says; None: no limit known."""
+        element of an array counts), where the site says (``qos``: the one the jobs ask for); None:
+        no limit known."""
         return None
 
     @abc.abstractmethod
@@ -189,6 +190,14 @@ class Backend(abc.ABC):
     def job_nodes(self, job_id: str) -> list[str]:
         """Capability.JOB_NODES: the job's nodes, according to the scheduler, in allocation order."""
         raise self.not_supported(Capability.JOB_NODES)
+
+
+@dataclass(frozen=True)
+class SubmitLimit:
+    """A site's limit of the jobs one user may have submitted at once, and which setting it is."""
+
+    jobs: int
+    source: str  # e.g. "your association's MaxSubmitJobs", "QOS normal's MaxSubmitPU"
 
 
 class NotSupported(RuntimeError):

@@ -89,6 +89,15 @@ def slurm_line(directive: Directive) -> str:
     return f"{directive.flag}={value}" if directive.is_long else f"{directive.flag} {value}"
 
 
+def qos_of(directives: list[str]) -> str | None:
+    """The QOS the job asks for (``--qos=X``, ``-q X``), if any."""
+    for text in directives:
+        directive = parse_directive(text)
+        if directive.flag in ("--qos", "-q") and directive.value:
+            return directive.value
+    return None
+
+
 def cluster_of(directives: list[str]) -> str | None:
     """The Slurm cluster(s) the job is sent to (``--clusters=X``, ``-M X``), if any."""
     for text in directives:

@@ -22,8 +22,9 @@ from experiments.runtime.fence import sync_filesystem
 from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import backend_class, make_backend
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, SubmitLimit
 from orchestrator.campaign.capabilities import Capability
+from orchestrator.campaign.directives import qos_of
 from orchestrator.campaign.forking import forking_launcher, forking_note
 from orchestrator.campaign.programs import missing_programs, mpi_refusals, mpi_warnings
 from orchestrator.campaign.runs import RunConfig, expand_runs
@@ -154,7 +155,10 @@ class Controller:
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
         self.backend.set_patience(restart.scheduler_timeout_s)
         self._notes_recorded: list[str] = []  # the site notes already in the ledger
-        self.in_flight_limit, self._limit_notes = in_flight_limit(campaign.parallel_runs, self.backend)
+        self.submit_limit = self.backend.max_submit_jobs(qos_of(campaign.resources.extra_directives))
+        self.in_flight_limit, self._limit_notes = in_flight_limit(campaign.parallel_runs, len(self.runs),
+                                                                  self.submit_limit)
+        self._ended_jobs: set[str] = set()  # jobs of the drill seen ended: a new one frees a held submission
         self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
         self._cpu_at_start = time.process_time()
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
@@ -255,15 +259,18 @@ class Controller:
 
     def _drive(self, trackers: list[RunTracker], observer: Observer | None) -> None:
         waiting = [t for t in trackers if not t.done]
-        active: list[RunTracker] = []
+        # Runs an earlier controller left in flight hold their jobs: watched at once, whatever the
+        # limits (one of them may be lower now than when they went out).
+        active = [t for t in waiting if not t.fresh]
+        waiting = [t for t in waiting if t.fresh]
+        for tracker in active:
+            tracker.start(time.time())
         if self.campaign.submit_as_array and self.backend.offers(Capability.ARRAYS):
-            # Runs an earlier controller left in flight (adopted below) hold their share of parallel_runs.
-            in_flight = sum(1 for t in waiting if not t.fresh)
-            arrayed = self._submit_arrays([t for t in waiting if t.fresh], self.in_flight_limit - in_flight)
+            arrayed = self._submit_arrays(waiting, self.in_flight_limit - len(active), self._jobs_held(trackers))
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]
         while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
-            while waiting and len(active) < self.in_flight_limit:
+            while waiting and len(active) < self.in_flight_limit and self._room_for_a_job(trackers):
                 tracker = waiting.pop(0)
                 tracker.start(time.time())
                 active.append(tracker)
@@ -274,15 +281,25 @@ class Controller:
             if waiting or active or any(t.closing for t in trackers):
                 self.stop_requested.wait(self.campaign.restart.poll_interval_s)
 
-    def _submit_arrays(self, fresh: list[RunTracker], budget: int) -> list[RunTracker]:
+    def _jobs_held(self, trackers: list[RunTracker]) -> int:
+        """The drill's jobs the scheduler may still count: current ones and failed ones finishing."""
+        return sum(len(tracker.watched_job_ids()) for tracker in trackers)
+
+    def _room_for_a_job(self, trackers: list[RunTracker]) -> bool:
+        """Under a site's limit of submitted jobs, a new run's job fits beside those the drill holds
+        (a failed attempt's job counts until it has ended)."""
+        return self.submit_limit is None or self._jobs_held(trackers) < self.submit_limit.jobs
+
+    def _submit_arrays(self, fresh: list[RunTracker], budget: int, jobs_held: int = 0) -> list[RunTracker]:
         """The first attempts of fresh runs, one job array per set of runs with equal resources
         (the scheduler throttles each to parallel_runs), in parts of at most the site's
         MaxArraySize. Returns the runs that went out; those of an array the scheduler did not take
         wait their turn with the others (started, each is looked up, then submitted on its own:
-        parallel_runs at a time, not all at once). Under a site's limit of submitted jobs (each
-        element counts, pending or not), only ``budget`` runs go out in arrays; the rest wait."""
-        if self.backend.max_submit_jobs() is not None:
-            fresh = fresh[:max(0, budget)]
+        parallel_runs at a time, not all at once). ``budget`` runs may run at once; under a site's
+        limit of submitted jobs (each element counts, pending or not), the arrays hold no more runs
+        than fit beside the ``jobs_held``; the rest wait."""
+        if self.submit_limit is not None:
+            fresh = fresh[:max(0, self.submit_limit.jobs - jobs_held)]
         groups: dict[str, list[RunTracker]] = {}
         for tracker in fresh:
             key = json.dumps([tracker.run.campaign.resources.model_dump(mode="json"),
@@ -327,7 +344,17 @@ class Controller:
         for tracker in active:
             tracker.advance(states, now, asked_at=self.poller.answered_as_of)
         if states:
+            self._free_held_submissions(states, active, now)
             self._record_site_notes()  # as they come: a controller killed later keeps them
+
+    def _free_held_submissions(self, states: dict[str, JobState], active: list[RunTracker], now: float) -> None:
+        """A job of the drill that ended frees a place under the site's limit of submitted jobs: a
+        submission held by it is tried again now, not at its next regular try."""
+        ended = {job for job, state in states.items() if _gone(state)}
+        if ended - self._ended_jobs:
+            for tracker in active:
+                tracker.submitter.held_freed(now)
+        self._ended_jobs |= ended
 
     def close(self) -> None:
         self.calls.close()
@@ -361,15 +388,18 @@ class Controller:
         })
 
 
-def in_flight_limit(parallel_runs: int, backend: Backend) -> tuple[int, list[str]]:
+def in_flight_limit(parallel_runs: int, runs: int, limit: SubmitLimit | None) -> tuple[int, list[str]]:
     """How many runs may be in flight at once: parallel_runs, or the site's limit of jobs one may
-    have submitted where that is lower (a run in flight holds one job); and the site note that says so."""
-    limit = backend.max_submit_jobs()
-    if limit is None or limit >= parallel_runs:
+    have submitted where that is lower (a run in flight holds one job); and the site note that says
+    so, where it binds. A limit of none is a SpecError: no job could go out."""
+    if limit is None or limit.jobs >= parallel_runs:
         return parallel_runs, []
-    allowed = max(1, limit)
-    return allowed, [f"the site's limit of submitted jobs ({limit}, sacctmgr's MaxSubmitJobs) is below parallel_runs "
-                     f"{parallel_runs}: at most {allowed} runs were in flight at once"]
+    if limit.jobs < 1:
+        raise SpecError(f"the site allows you no submitted jobs ({limit.source} is {limit.jobs}): no run could go "
+                        "out; ask for a limit, or use another account or QOS (resources.extra_directives)")
+    note = (f"the site's limit of submitted jobs ({limit.source}: {limit.jobs}) is below parallel_runs "
+            f"{parallel_runs}: at most {limit.jobs} runs were in flight at once")
+    return limit.jobs, [note] if limit.jobs < runs else []
 
 
 def array_throttles(sizes: list[int], parallel_runs: int) -> list[int]:

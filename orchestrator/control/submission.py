@@ -167,6 +167,12 @@ class Submitter:
             log.warning("%s: attempt %d held by the site's limit of submitted jobs (%s); tried again every %.0f s",
                         self.run.run_id, pending.attempt, refusal.why, pending.next_try_at - now)
 
+    def held_freed(self, now: float) -> None:
+        """A job of the drill ended: a submission the site held back is tried again at once."""
+        pending = self.pending
+        if pending is not None and pending.holds and pending.asked is None:
+            pending.next_try_at = min(pending.next_try_at, now)
+
     def _give_up(self, pending: PendingSubmission, reason: str, now: float,
                  hook: Callable[[int, float], None] | None = None) -> None:
         """The attempt's submission failed for good: recorded, then the tracker's hook (the policy

@@ -80,7 +80,7 @@ def _scheduler_checks(site: Site) -> list[Check]:
     if site.backend == "slurm":
         from orchestrator.doctor.slurm import scheduler_checks
 
-        return scheduler_checks(site.parallel_runs)
+        return scheduler_checks(site.parallel_runs, site.extra_directives)
     if site.backend == "pbs":
         from orchestrator.doctor.pbs import scheduler_checks as pbs_checks
 

@@ -8,6 +8,7 @@ import shutil
 from orchestrator.backends.slurm.backend import SlurmBackend
 from orchestrator.backends.slurm.site import accounting_configured, config_value, max_submit_jobs
 from orchestrator.backends.slurm.version import OVERLAP_SINCE, site_version
+from orchestrator.campaign.directives import qos_of
 from orchestrator.commands import current_user, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
 
@@ -15,13 +16,14 @@ COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "srun", "sacct")
 LIMIT_KEYS = ("MaxArraySize", "MaxJobCount", "MinJobAge")
 
 
-def scheduler_checks(parallel_runs: int) -> list[Check]:
+def scheduler_checks(parallel_runs: int, extra_directives: tuple[str, ...] = ()) -> list[Check]:
     missing = [command for command in COMMANDS if shutil.which(command) is None]
     if missing:
         return [failed("scheduler", f"not found on this node: {', '.join(missing)}",
                        "run the doctor (and the drill) on a login node of the cluster, with Slurm's commands on PATH")]
     config = SlurmBackend("doctor").site_config()
-    return [_release(), _accounting(config), _limits(config, parallel_runs), _requeue(config)]
+    return [_release(), _accounting(config), _limits(config, parallel_runs, qos_of(list(extra_directives))),
+            _requeue(config)]
 
 
 def _release() -> Check:
@@ -47,15 +49,20 @@ def _accounting(config: str) -> Check:
     return passed("accounting", "sacct answers")
 
 
-def _limits(config: str, parallel_runs: int) -> Check:
+def _limits(config: str, parallel_runs: int, qos: str | None) -> Check:
     found = {key: config_value(config, key) for key in LIMIT_KEYS}
     said = ", ".join(f"{key} {value}" for key, value in found.items() if value)
-    submit = max_submit_jobs(config, current_user())
-    if submit is not None and submit < parallel_runs:
-        return warned("limits", f"{said}; your MaxSubmitJobs {submit} < parallel_runs {parallel_runs}",
-                      f"the drill keeps at most {submit} runs in flight (arrays of at most {submit}); "
-                      "lower parallel_runs to match, or ask for a larger limit")
-    return passed("limits", f"{said}" + (f"; your MaxSubmitJobs {submit}" if submit is not None else ""))
+    limit = max_submit_jobs(config, current_user(), qos)
+    if limit is None:
+        return passed("limits", said)
+    if limit.jobs < 1:
+        return failed("limits", f"{said}; {limit.source} {limit.jobs}: you may submit no job",
+                      "ask for a limit, or use another account or QOS (resources.extra_directives)")
+    if limit.jobs < parallel_runs:
+        return warned("limits", f"{said}; {limit.source} {limit.jobs} < parallel_runs {parallel_runs}",
+                      f"the drill keeps at most {limit.jobs} runs in flight (arrays of at most {limit.jobs} runs in "
+                      "all); lower parallel_runs to match, or ask for a larger limit")
+    return passed("limits", f"{said}; {limit.source} {limit.jobs}")
 
 
 def _requeue(config: str) -> Check:

@@ -21,7 +21,7 @@ from injectors.kinds.node_faults import NodeFaultOptions
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
 from orchestrator.campaign.capabilities import Capability
-from orchestrator.commands import CommandError, current_user, run_command
+from orchestrator.commands import CommandError, run_command, user_name
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
@@ -230,13 +230,18 @@ def privilege_refusals(runs: list[RunConfig], uid: int | None = None) -> list[st
     uid = os.geteuid() if uid is None else uid
     if uid == 0:
         return []
-    who = f"you are {current_user()} (uid {uid}), not root"
+    who = f"you are {user_name(uid)} (uid {uid}), not root"
+    own_cluster: bool | None = None  # asked only if a node fault needs it
     named: dict[str, None] = {}
     for run in runs:
         for index, fault in enumerate(run.campaign.faults):
             if (why := get_kind(fault.kind).needs_root) is not None:
                 named[f"faults[{index}] ({fault.kind}): {why}; {who}: leave it out, or drill as root"] = None
-            elif isinstance(fault, NodeFaultOptions) and fault.command is None and run.campaign.backend == "slurm":
+                continue
+            if not (isinstance(fault, NodeFaultOptions) and fault.command is None and run.campaign.backend == "slurm"):
+                continue
+            own_cluster = on_own_cluster() if own_cluster is None else own_cluster
+            if own_cluster:  # elsewhere node_fault_refusals says what is missing
                 named[f"faults[{index}] ({fault.kind}): scripts/cluster acts on the node as root; {who}: "
                       "give the fault the site's own commands (command:), or drill as root"] = None
     return list(named)

@@ -90,7 +90,55 @@ def test_under_the_sites_limit_of_submitted_jobs_arrays_and_runs_in_flight_keep_
     assert [len(array) for array in arrays] == [2, 1] and scheduler.throttles == [2, 1], arrays
     assert len(scheduler.called("submit")) == 5, "the other five went out on their own, as runs ended"
     assert max(most_in_flight) == 3, most_in_flight
-    assert notes and "limit of submitted jobs (3" in notes[0] and "parallel_runs 5" in notes[0], notes
+    assert notes and "MaxSubmitJobs: 3)" in notes[0] and "parallel_runs 5" in notes[0], notes
+
+
+def test_a_limit_far_above_parallel_runs_keeps_the_sweep_one_array(tmp_path: Path) -> None:
+    """Review of item 6: a site's limit of 100 submitted jobs binds nothing for 8 runs 2 at a time:
+    one array of 8 throttled to 2, as without a limit (not an array of 2 and six single jobs)."""
+    scheduler = FakeScheduler(max_submit=100)
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=2)), backend=scheduler)
+    try:
+        _first_round(controller)
+        notes = controller.ledger.meta("site_notes")
+    finally:
+        controller.close()
+    assert [len(array) for array in scheduler.called("submit_array")] == [8] and scheduler.throttles == [2]
+    assert not notes, "a limit that does not bind is no site note"
+
+
+def test_a_limit_of_no_jobs_is_refused_before_anything_goes_out(tmp_path: Path) -> None:
+    from orchestrator.campaign.spec import SpecError
+
+    scheduler = FakeScheduler(max_submit=0)
+    with pytest.raises(SpecError, match=r"allows you no submitted jobs \(the test's MaxSubmitJobs is 0\)"):
+        Controller(load_campaign(_sweep(tmp_path, runs=2, parallel_runs=2)), backend=scheduler)
+    assert not scheduler.called("submit_array") and not scheduler.called("submit")
+
+
+def test_a_restarted_controller_under_a_lower_limit_still_watches_every_run_in_flight(tmp_path: Path) -> None:
+    """Review of item 6: six runs left in flight (an array of 6, four running) by a controller that
+    read no limit; the next one reads a limit of 2 (an admin's change, a sacctmgr that answered
+    this time). Every job in flight is watched at once; the limit holds back only new submissions."""
+    from orchestrator.states import JobState
+
+    spec = load_campaign(_sweep(tmp_path, runs=6, parallel_runs=4))
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    try:
+        _first_round(controller)
+    finally:
+        controller.close()
+    scheduler.states.update(dict.fromkeys(scheduler.states, JobState.RUNNING))
+    scheduler.max_submit, scheduler.calls = 2, []
+    controller = Controller(spec, backend=scheduler)
+    try:
+        _first_round(controller)
+    finally:
+        controller.close()
+    polled = {job for jobs in scheduler.called("poll") for job in jobs}
+    assert polled == {f"101_{index}" for index in range(6)}, polled
+    assert not scheduler.called("submit") and not scheduler.called("submit_array"), "nothing sent again"
 
 
 @pytest.mark.parametrize("sizes,parallel_runs,throttles", [

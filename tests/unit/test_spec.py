@@ -308,10 +308,12 @@ def test_disk_full_is_refused_at_plan_on_a_filesystem_bigger_than_it_may_fill(tm
     assert disk_full_refusals(expand_runs(parse_campaign(small, base_dir=tmp_path))) == []
 
 
-def test_a_drill_that_is_not_root_is_refused_at_plan_the_kinds_that_need_root(tmp_path: Path) -> None:
+def test_a_drill_that_is_not_root_is_refused_at_plan_the_kinds_that_need_root(tmp_path: Path, monkeypatch) -> None:
     """Issue 22, the user profile: the jobs run as the drill's user, so oom-rank (a memory cgroup
     of its own) and a node fault through scripts/cluster cannot act; said up front, each with
-    what to do. A node fault with the site's own commands, and the other kinds, are not refused."""
+    what to do, naming the user. A node fault with the site's own commands, and the other kinds,
+    are not refused; off the project's cluster the node fault's refusal is node_fault_refusals'."""
+    from orchestrator.faults import job_control
     from orchestrator.faults.job_control import privilege_refusals
 
     faults = [{"kind": "oom-rank", "after": {"at_step": 5}}, {"kind": "node-crash", "after": {"at_step": 6}},
@@ -319,7 +321,10 @@ def test_a_drill_that_is_not_root_is_refused_at_plan_the_kinds_that_need_root(tm
               {"kind": "kill-rank", "after": {"at_step": 8}}]
     runs = expand_runs(parse_campaign(_spec(tmp_path, backend="slurm", faults=faults,
                                             resources={"nodes": 2, "time": "00:10:00"}), base_dir=tmp_path))
-    oom, crash = privilege_refusals(runs, uid=1000)
-    assert oom.startswith("faults[0] (oom-rank): it caps the rank's memory") and "(uid 1000), not root" in oom
+    monkeypatch.setattr(job_control, "on_own_cluster", lambda: True)
+    oom, crash = privilege_refusals(runs, uid=0o7654321)
+    assert oom.startswith("faults[0] (oom-rank): it caps the rank's memory") and "you are 2054353 (uid 2054353)" in oom
     assert crash.startswith("faults[1] (node-crash): scripts/cluster acts on the node as root") and "command:" in crash
     assert privilege_refusals(runs, uid=0) == []
+    monkeypatch.setattr(job_control, "on_own_cluster", lambda: False)
+    assert privilege_refusals(runs, uid=0o7654321) == [oom]

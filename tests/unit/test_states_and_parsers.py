@@ -87,31 +87,42 @@ def test_max_array_size_is_read_from_scontrol_show_config_or_slurms_default() ->
 
 
 # sacctmgr -n -P's answers on the local cluster under the limits profile (scripts/cluster limits on).
-SACCTMGR = {
-    ("show", "assoc", "format=MaxSubmit"): "8\n",
-    ("show", "assoc", "format=QOS"): "normal\n",
-    ("show", "qos", "format=MaxSubmitPU"): "\n",
-}
+ASSOC = ("show", "assoc", "format=MaxSubmit,DefaultQOS,QOS")
+QOS = ("show", "qos", "format=MaxSubmitPU")
+SACCTMGR = {ASSOC: "8||normal\n", QOS: "\n"}
 
 
-@pytest.mark.parametrize(("enforce", "answers", "limit"), [
-    ("associations,limits", SACCTMGR, 8),
-    ("associations,limits,qos", {**SACCTMGR, ("show", "qos", "format=MaxSubmitPU"): "5\n"}, 5),
-    ("associations,limits", {**SACCTMGR, ("show", "assoc", "format=MaxSubmit"): "\n"}, None),
-    ("none", SACCTMGR, None),  # the site does not enforce limits: sacctmgr's numbers bind nothing
-    ("limits", {}, None),  # sacctmgr fails
+@pytest.mark.parametrize(("enforce", "answers", "qos", "limit"), [
+    ("associations,limits", SACCTMGR, None, (8, "your association's MaxSubmitJobs")),
+    ("associations,limits", {ASSOC: "8||normal\n", QOS: "5\n"}, None, (5, "QOS normal's MaxSubmitPU")),
+    # several QOS, no default: which one the jobs run under is not known, unless the spec asks one
+    ("associations,limits", {ASSOC: "||normal,debug\n", QOS: "2\n"}, None, None),
+    ("associations,limits", {ASSOC: "||normal,debug\n", QOS: "2\n"}, "debug", (2, "QOS debug's MaxSubmitPU")),
+    ("associations,limits", {ASSOC: "|debug|normal,debug\n", QOS: "2\n"}, None, (2, "QOS debug's MaxSubmitPU")),
+    ("associations,limits", {ASSOC: "||normal\n", QOS: "\n"}, None, None),
+    ("associations,qos", SACCTMGR, None, None),  # qos without limits enforces no count (slurm.conf(5))
+    ("none", SACCTMGR, None, None),
+    ("safe", SACCTMGR, None, (8, "your association's MaxSubmitJobs")),  # safe sets limits
+    ("limits", {}, None, None),  # sacctmgr fails: asked once
 ])
-def test_the_users_limit_of_submitted_jobs_is_the_smallest_one_enforced(monkeypatch, enforce, answers, limit) -> None:
-    """Issue 22, item 6: MaxSubmitJobs of the user's associations and MaxSubmitPU of their QOS,
-    only where AccountingStorageEnforce enforces limits."""
+def test_the_users_limit_of_submitted_jobs_is_the_smallest_one_enforced(monkeypatch, enforce, answers, qos,
+                                                                        limit) -> None:
+    """Issue 22, item 6: MaxSubmitJobs of the user's associations and MaxSubmitPU of the QOS the
+    jobs run under, only where AccountingStorageEnforce enforces limits; sacctmgr asked once when
+    it fails."""
+    asked = []
+
     def sacctmgr(args, **_kwargs):
         key = (args[3], args[4], args[-1])
+        asked.append(key)
         if key not in answers:
             return CommandResult(tuple(args), 1, "", "sacctmgr: error: Problem talking to the database", 0.1)
         return CommandResult(tuple(args), 0, answers[key], "", 0.1)
 
     monkeypatch.setattr(site, "run_command", sacctmgr)
-    assert site.max_submit_jobs(f"AccountingStorageEnforce = {enforce}\n", "fd-user") == limit
+    found = site.max_submit_jobs(f"AccountingStorageEnforce = {enforce}\n", "fd-user", qos)
+    assert (found.jobs, found.source) == limit if limit else found is None, found
+    assert len(asked) <= (1 if not answers else 2), asked
 
 
 def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_array() -> None:

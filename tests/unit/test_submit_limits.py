@@ -8,6 +8,7 @@ sbatch's stderr as Slurm 22.05 prints it (recorded)."""
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import yaml
@@ -21,6 +22,7 @@ from orchestrator.campaign.spec import load_campaign
 from orchestrator.commands import CommandError
 from orchestrator.control.controller import Controller
 from orchestrator.control.submission import SUBMIT_FAILED
+from orchestrator.control.tracker import RunTracker
 
 pytestmark = pytest.mark.unit
 
@@ -144,3 +146,29 @@ def test_a_limit_that_never_clears_fails_the_run_after_submit_hold_s(tmp_path: P
         assert row.state == SUBMIT_FAILED and "held by the site's limit of submitted jobs" in (row.reason or ""), row
     finally:
         controller.close()
+
+
+def test_a_held_submission_is_tried_again_as_soon_as_a_job_of_the_drill_ends(tmp_path: Path) -> None:
+    """Review of item 6: at the site's limit, a run's resubmission can be refused while its failed
+    job is still finishing; it is tried again once the scheduler shows a job of the drill ended
+    (the next poll), not at its next regular try 10 s later."""
+    from orchestrator.states import JobState
+
+    site = SiteWithLimits(SUBMIT_LIMIT, refusals=1)
+    controller = Controller(load_campaign(_spec(tmp_path)), backend=site)
+    tries = []
+
+    def a_job_ends(trackers: list) -> None:
+        tries.append(len(site.called("submit")))
+        if len(tries) == 2:
+            site.states["outside-999"] = JobState.COMPLETED  # one of the drill's jobs ended (polled next round)
+        if len(tries) >= 5:
+            controller.stop_requested.set()
+
+    site.watched_extra = ["outside-999"]
+    try:
+        with patch.object(RunTracker, "watched_job_ids", lambda self: list(site.watched_extra)):
+            controller.run(observer=a_job_ends)
+    finally:
+        controller.close()
+    assert tries[0] == 1 and tries[-1] == 2, f"held once, then tried again at once after the end: {tries}"

@@ -19,7 +19,7 @@ from experiments.launchers import srun_on_node
 from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
-from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitRefusal
+from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitLimit, SubmitRefusal
 from orchestrator.backends.slurm.site import accounting_configured, max_submit_jobs, parse_max_array_size
 from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
@@ -152,7 +152,7 @@ class SlurmBackend(Backend):
         self.python = python
         self.user = current_user()
         self._max_array_size: int | None = None
-        self._max_submit_jobs: tuple[int | None] | None = None  # (the limit,) once read
+        self._max_submit_jobs: dict[str | None, SubmitLimit | None] = {}  # by QOS, once read
         # Accounting (sacct): why it does not answer now (None: it did last time); why it did not
         # when the drill went on without it (kept: the report says so); since when the poll's
         # lookups have failed (monotonic), and how long the poll waits for it.
@@ -180,12 +180,12 @@ class SlurmBackend(Backend):
             self._max_array_size = parse_max_array_size(self.site_config())
         return self._max_array_size
 
-    def max_submit_jobs(self) -> int | None:
-        """The user's MaxSubmitJobs (association) or MaxSubmitPU (QOS) where the site enforces
-        limits (``sacctmgr``; asked once)."""
-        if self._max_submit_jobs is None:
-            self._max_submit_jobs = (max_submit_jobs(self.site_config(), self.user),)
-        return self._max_submit_jobs[0]
+    def max_submit_jobs(self, qos: str | None = None) -> SubmitLimit | None:
+        """The user's MaxSubmitJobs (association) or MaxSubmitPU (the jobs' QOS) where the site
+        enforces limits (``sacctmgr``; asked once)."""
+        if qos not in self._max_submit_jobs:
+            self._max_submit_jobs[qos] = max_submit_jobs(self.site_config(), self.user, qos)
+        return self._max_submit_jobs[qos]
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         script = render_slurm(run, job.attempt, self.drill_id, self.python, exclude_nodes=tuple(job.exclude_nodes))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 
+from orchestrator.backends.base import SubmitLimit
 from orchestrator.commands import CommandError, run_command
 
-SACCTMGR_TIMEOUT_S = 20.0
+SACCTMGR_TIMEOUT_S = 10.0
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default of MaxArraySize
 
 
@@ -40,38 +41,47 @@ def parse_max_array_size(config: str) -> int:
 
 
 def enforces_limits(config: str) -> bool:
-    """``AccountingStorageEnforce`` names ``limits`` or ``qos`` (``safe`` and ``associations``
-    alone set no count of jobs)."""
+    """``AccountingStorageEnforce`` names ``limits`` (or ``safe``, which sets it): Slurm's man page,
+    "if you want QOS limits to be enforced you need to use the limits option" (``qos`` and
+    ``associations`` alone require a valid QOS or association, and count no jobs)."""
     enforced = (config_value(config, "AccountingStorageEnforce") or "").lower().split(",")
-    return "limits" in enforced or "qos" in enforced
+    return "limits" in enforced or "safe" in enforced
 
 
-def parse_limit_column(text: str) -> list[int]:
-    """The numbers of one ``sacctmgr -n -P`` column (an empty field is no limit)."""
-    return [int(word) for word in text.split() if word.isdigit()]
-
-
-def max_submit_jobs(config: str, user: str) -> int | None:
-    """The fewest jobs ``user`` may have submitted at once here: the smallest MaxSubmitJobs of
-    their associations and MaxSubmitPU of the QOS they may use; None where limits are not enforced,
-    none is set, or sacctmgr does not answer."""
+def max_submit_jobs(config: str, user: str, qos: str | None = None) -> SubmitLimit | None:
+    """The fewest jobs ``user`` may have submitted at once here, and which limit says so: the
+    smallest MaxSubmitJobs of their associations, and MaxSubmitPU of the QOS the jobs run under
+    (``qos``: the spec's ``--qos``; else the association's default QOS, or its only one). None
+    where limits are not enforced, none is set, or sacctmgr does not answer (asked once: a
+    sacctmgr that fails is not asked again)."""
     if not enforces_limits(config):
         return None
-    found = _column(["show", "assoc", "where", f"user={user}", "format=MaxSubmit"])
-    qos_names = {name for line in _lines(["show", "assoc", "where", f"user={user}", "format=QOS"])
-                 for name in line.split(",") if name}
-    if qos_names:
-        found += _column(["show", "qos", "where", f"name={','.join(sorted(qos_names))}", "format=MaxSubmitPU"])
-    return min(found) if found else None
+    rows = _rows(["show", "assoc", "where", f"user={user}", "format=MaxSubmit,DefaultQOS,QOS"])
+    if rows is None:
+        return None
+    found = [SubmitLimit(int(row[0]), "your association's MaxSubmitJobs") for row in rows if row[0].isdigit()]
+    chosen = qos or _default_qos(rows)
+    if chosen:
+        qos_rows = _rows(["show", "qos", "where", f"name={chosen}", "format=MaxSubmitPU"]) or []
+        found += [SubmitLimit(int(row[0]), f"QOS {chosen}'s MaxSubmitPU") for row in qos_rows if row[0].isdigit()]
+    return min(found, key=lambda limit: limit.jobs) if found else None
 
 
-def _lines(args: list[str]) -> list[str]:
+def _default_qos(rows: list[list[str]]) -> str | None:
+    """The association's DefaultQOS, else its one QOS (several and no default: unknown)."""
+    defaults = {row[1] for row in rows if len(row) > 1 and row[1]}
+    if len(defaults) == 1:
+        return defaults.pop()
+    allowed = {name for row in rows if len(row) > 2 for name in row[2].split(",") if name}
+    return allowed.pop() if not defaults and len(allowed) == 1 else None
+
+
+def _rows(args: list[str]) -> list[list[str]] | None:
+    """``sacctmgr -n -P ARGS``'s lines, split at ``|``; None if it failed."""
     try:
         answered = run_command(["sacctmgr", "-n", "-P", *args], timeout_s=SACCTMGR_TIMEOUT_S, check=False)
     except CommandError:
-        return []
-    return answered.stdout.split() if answered.returncode == 0 else []
-
-
-def _column(args: list[str]) -> list[int]:
-    return parse_limit_column("\n".join(_lines(args)))
+        return None
+    if answered.returncode != 0:
+        return None
+    return [line.split("|") for line in answered.stdout.splitlines() if line.strip()]
