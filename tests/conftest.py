@@ -16,6 +16,7 @@ on Slurm, not on the CPUs).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_sep("=", f"{len(dearest)} dearest tests in machine CPU (all processes, set-up included)")
     for nodeid, seconds in dearest:
         terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
+
+
+@pytest.fixture(autouse=True)
+def _umask_as_it_was() -> Iterator[None]:
+    """A drill run in the test's own process sets the umask for its workdir (claim_workdir: 077
+    unless the spec shares it); the next test's files and directories must not inherit it (an
+    ordinary user's test could no longer enter its own shared directory: seen in CI)."""
+    before = os.umask(0o022)
+    os.umask(before)
+    try:
+        yield
+    finally:
+        os.umask(before)
