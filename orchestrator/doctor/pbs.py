@@ -11,7 +11,8 @@ from orchestrator.backends.pbs.commands import ServerKind, detect_server
 from orchestrator.commands import CommandError, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
 
-COMMANDS = ("qsub", "qstat", "qdel", "qselect")
+COMMANDS = ("qsub", "qstat", "qdel")
+SERVER_COMMANDS = ("qselect",)  # PBS Pro's and Torque's own (a submission is found again by name); the wrappers have none
 QMGR_TIMEOUT_S = 20.0
 # PBS Pro's `qmgr -c "list server"`: `job_history_enable = True`; Torque's: `keep_completed = 300`.
 _HISTORY = re.compile(r"^\s*job_history_enable\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
@@ -31,6 +32,10 @@ def scheduler_checks() -> list[Check]:
         server = detect_server()
     except CommandError as error:
         return [failed("scheduler", f"qstat does not answer: {error.summary}", "check that qstat works on this node")]
+    missing = [command for command in SERVER_COMMANDS if shutil.which(command) is None]
+    if server is not ServerKind.SLURM_WRAPPERS and missing:
+        return [failed("scheduler", f"{_server_words(server)}, but not found on this node: {', '.join(missing)}",
+                       "the drill finds a submission again by its name with qselect: put it on PATH")]
     checks = [passed("scheduler", _server_words(server))]
     if server is ServerKind.SLURM_WRAPPERS:
         from orchestrator.doctor.slurm import scheduler_checks as slurm_checks

@@ -91,7 +91,7 @@ def test_the_doctor_on_pbs_runs_its_test_job_through_qsub_and_reads_each_nodes_c
     [scheduler] = [check for check in document["checks"] if check["name"] == "scheduler"]
     assert "Torque wrappers" in scheduler["detail"], scheduler
     for name in ("accounting", "mpiexec", "test job", "nodes: python", "nodes: framework", "clocks",
-                 "shared filesystem", "checkpoints", "checkpoints: nodes"):
+                 "shared filesystem", "checkpoints: rename", "checkpoints: nodes"):
         assert statuses[name] == "pass", (name, document)
     nodes = document["nodes"]
     assert len({node["node"] for node in nodes}) == 2, nodes
@@ -113,7 +113,7 @@ def test_a_checkpoint_directory_on_the_nodes_private_tmp_fails_naming_each_node(
         assert code == 1 and check["status"] == "fail" and "same path" in check["fix"], check
         for node in {node["node"] for node in document["nodes"]}:
             assert f"{node} does not see the login node's file" in check["detail"], check
-        assert _statuses(document)["checkpoints"] == "pass", "the login node alone sees nothing wrong"
+        assert _statuses(document)["checkpoints: rename"] == "pass", "the login node alone sees nothing wrong"
         assert not [path for path in private.iterdir() if path.name.startswith(".faultdrill-doctor")]
     finally:
         shutil.rmtree(private, ignore_errors=True)
