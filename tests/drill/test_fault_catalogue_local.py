@@ -38,6 +38,8 @@ COVERED_ELSEWHERE_IN_CI = {
     "disk-full": "drilled on Slurm by tests/cluster/test_fault_catalogue.py (the controller fills the filesystem)",
     "kill-rank": "every rank at one instant: drilled on Slurm, on both nodes, by tests/cluster/test_fault_catalogue.py; "
                  "a local rank's SIGKILL by tests/drill/test_local_drill.py",
+    "hang-rank": "drilled on Slurm by tests/cluster/test_fault_catalogue.py (found by its silence); a local "
+                 "rank's SIGSTOP, the hang cancelled and recovered, by tests/drill/test_local_drill.py",
     "preempt": "the local warning and cancel: drilled by tests/drill/test_examples_local.py (the rank API saves "
                "on the warning) and the warning checkpoint of every framework below; on PBS by test_pbs_drill.py",
 }

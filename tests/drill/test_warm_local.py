@@ -90,8 +90,12 @@ EDGES = {
 
 @pytest.fixture(scope="module")
 def edges(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    # CI's cut (2026-12-06): the kill while the next generation forms alone (local warm PyTorch's
+    # CI test: two kills, two peer recoveries); the preemption and the faults a rank acts out with
+    # FAULTDRILL_FULL=1 (scripts/test --full).
     tmp_path = tmp_path_factory.mktemp("warm-edges")
-    spec = write_spec(tmp_path, baseline=False, parallel_runs=3, sweep={"grid": {"faults": list(EDGES.values())}},
+    edges = EDGES if full_campaigns() else {"reform": EDGES["reform"]}
+    spec = write_spec(tmp_path, baseline=False, parallel_runs=3, sweep={"grid": {"faults": list(edges.values())}},
                       workload={"framework": "torch", "params": 20000, "steps": 500, "step_s": 0.02, "seed": 4},
                       checkpoint={"every_steps": 100, "keep": 2}, resources={"nodes": 1, "tasks_per_node": 2},
                       restart={"strategy": "warm", "warm_spares": 2, "max_restarts": 4, "poll_interval_s": 0.05})
@@ -99,6 +103,8 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
 
 
 def _edge(edges: tuple[dict[str, Any], Path], name: str) -> dict[str, Any]:
+    if name != "reform" and not full_campaigns():
+        pytest.skip(f"the warm edge {name!r} runs with FAULTDRILL_FULL=1 (scripts/test --full)")
     [run] = [run for run in edges[0]["runs"] if run["faults"][0]["kind"] == EDGES[name][0]["kind"]]
     assert run["status"] == "completed" and run["final_step"] == 500, run["attempts"]
     assert not drill_processes(edges[1] / "runs" / run["run_id"]), "a warm process outlived its job"
