@@ -404,3 +404,13 @@ def skewed_clocks() -> Iterator[dict[str, float]]:
         yield SKEW_OFFSETS
     finally:
         subprocess.run([str(CLUSTER_SCRIPT), "skew", "off"], check=True, capture_output=True, timeout=60)
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most of ``spans`` (start, end) that overlap at any moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most

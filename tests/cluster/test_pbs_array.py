@@ -14,6 +14,7 @@ import cloudpickle
 import pytest
 import submitit
 
+from conftest import most_at_once
 from experiments.layout import RankJob
 from experiments.runtime.fence import Fence, write_fence
 from orchestrator.backends.pbs.backend import PBSBackend
@@ -35,15 +36,6 @@ def timed_square(value: int) -> tuple[int, float, float]:
     return value * value, started, time.time()
 
 
-def _most_at_once(spans: list[tuple[float, float]]) -> int:
-    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    running = most = 0
-    for _, step in edges:
-        running += step
-        most = max(most, running)
-    return most
-
-
 @pytest.mark.parametrize("flavor", ["torque", "pro"])
 def test_twenty_points_run_as_one_throttled_array(shared_tmp: Path, cluster, slurm, wait_until,
                                                   flavor: str) -> None:
@@ -58,7 +50,7 @@ def test_twenty_points_run_as_one_throttled_array(shared_tmp: Path, cluster, slu
     deadline = time.time() + RESULT_TIMEOUT_S
     results = [job.result() for job in jobs if time.time() < deadline]
     assert [value for value, _, _ in results] == [index * index for index in range(POINTS)]
-    assert _most_at_once([(start, end) for _, start, end in results]) <= THROTTLE
+    assert most_at_once([(start, end) for _, start, end in results]) <= THROTTLE
 
     def all_completed() -> bool:  # the results exist before each element's batch script has ended
         jobs[0].watcher.update()  # one qstat -f for all twenty

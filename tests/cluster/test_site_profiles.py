@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from conftest import CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser
+from conftest import CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser, most_at_once
 from experiments.layout import RunPaths
 from orchestrator.record.clocks import load_clocks
 
@@ -135,15 +135,6 @@ def _limits_spec(shared_tmp: Path, runs: int) -> Path:
     return path
 
 
-def _most_at_once(spans: list[tuple[float, float]]) -> int:
-    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    running = most = 0
-    for _, step in edges:
-        running += step
-        most = max(most, running)
-    return most
-
-
 def _sacct_spans(job_ids: list[str]) -> list[tuple[float, float]]:
     """Each job's submission and end, as Slurm's accounting has them (the scheduler's own count)."""
     listed = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,Submit,End", "-j", ",".join(job_ids)],
@@ -191,7 +182,7 @@ def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
     job_ids = [attempt["job_id"] for attempt in attempts]
     spans = wait_until(lambda: (found := _sacct_spans(job_ids)) and len(found) == len(job_ids) and found,
                        timeout=60, message="sacct to hold every job's end")
-    assert _most_at_once(spans) <= site_limits["MaxSubmitJobs"], spans
+    assert most_at_once(spans) <= site_limits["MaxSubmitJobs"], spans
 
     [limits] = [check for check in scheduler_checks(parallel_runs=runs) if check.name == "limits"]
     assert limits.status == "warn", limits

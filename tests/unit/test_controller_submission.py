@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fake_scheduler import FakeScheduler
-from orchestrator.campaign.spec import load_campaign
+from orchestrator.campaign.spec import Campaign, load_campaign
 from orchestrator.control.controller import Controller, array_throttles
 
 pytestmark = pytest.mark.unit
@@ -32,6 +32,18 @@ def _sweep(tmp_path: Path, runs: int, parallel_runs: int) -> Path:
 def _first_round(controller: Controller) -> None:
     """The controller's loop, stopped after its first round."""
     controller.run(observer=lambda trackers: controller.stop_requested.set())
+
+
+def _a_controller_leaves_its_jobs_running(spec: Campaign, scheduler: FakeScheduler) -> None:
+    """One controller's first round on ``spec``; then every job it left is RUNNING."""
+    from orchestrator.states import JobState
+
+    controller = Controller(spec, backend=scheduler)
+    try:
+        _first_round(controller)
+    finally:
+        controller.close()
+    scheduler.states.update(dict.fromkeys(scheduler.states, JobState.RUNNING))
 
 
 def test_a_refused_array_does_not_flood_the_scheduler_past_parallel_runs(tmp_path: Path) -> None:
@@ -120,16 +132,10 @@ def test_a_restarted_controller_under_a_lower_limit_still_watches_every_run_in_f
     """Review of item 6: six runs left in flight (an array of 6, four running) by a controller that
     read no limit; the next one reads a limit of 2 (an admin's change, a sacctmgr that answered
     this time). Every job in flight is watched at once; the limit holds back only new submissions."""
-    from orchestrator.states import JobState
 
     spec = load_campaign(_sweep(tmp_path, runs=6, parallel_runs=4))
     scheduler = FakeScheduler()
-    controller = Controller(spec, backend=scheduler)
-    try:
-        _first_round(controller)
-    finally:
-        controller.close()
-    scheduler.states.update(dict.fromkeys(scheduler.states, JobState.RUNNING))
+    _a_controller_leaves_its_jobs_running(spec, scheduler)
     scheduler.max_submit, scheduler.calls = 2, []
     controller = Controller(spec, backend=scheduler)
     try:
@@ -257,15 +263,9 @@ def test_the_report_counts_the_connections_a_warm_coordinator_refused(tmp_path: 
 def test_a_restarted_controller_counts_the_arrays_in_flight_against_parallel_runs(tmp_path: Path) -> None:
     """Review of item 4: 8 runs in arrays of 2 with parallel_runs 2 go out as throttles 1 and 1, two
     arrays waiting; a controller started again gave the waiting ones the whole parallel_runs."""
-    from orchestrator.states import JobState
 
     spec = load_campaign(_sweep(tmp_path, runs=8, parallel_runs=2))
     scheduler = FakeScheduler(max_array=2)
     for _ in range(2):
-        controller = Controller(spec, backend=scheduler)
-        try:
-            _first_round(controller)
-        finally:
-            controller.close()
-        scheduler.states.update(dict.fromkeys(scheduler.states, JobState.RUNNING))
+        _a_controller_leaves_its_jobs_running(spec, scheduler)
     assert scheduler.throttles == [1, 1], scheduler.throttles
