@@ -391,7 +391,7 @@ class Controller:
 def in_flight_limit(parallel_runs: int, runs: int, limit: SubmitLimit | None) -> tuple[int, list[str]]:
     """How many runs may be in flight at once: parallel_runs, or the site's limit of jobs one may
     have submitted where that is lower (a run in flight holds one job); and the site note that says
-    so, where it binds. A limit of none is a SpecError: no job could go out."""
+    so, where it binds. A limit of 0 is a SpecError: no job could go out."""
     if limit is None or limit.jobs >= parallel_runs:
         return parallel_runs, []
     if limit.jobs < 1:

@@ -10,6 +10,7 @@ import shutil
 from orchestrator.backends.pbs.commands import ServerKind, detect_server
 from orchestrator.commands import CommandError, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
+from orchestrator.doctor.slurm import accounting_check
 
 COMMANDS = ("qsub", "qstat", "qdel")
 SERVER_COMMANDS = ("qselect",)  # PBS Pro's and Torque's own (a submission is found again by name); the wrappers have none
@@ -38,9 +39,7 @@ def scheduler_checks() -> list[Check]:
                        "the drill finds a submission again by its name with qselect: put it on PATH")]
     checks = [passed("scheduler", _server_words(server))]
     if server is ServerKind.SLURM_WRAPPERS:
-        from orchestrator.doctor.slurm import scheduler_checks as slurm_checks
-
-        checks += [check for check in slurm_checks(parallel_runs=1) if check.name == "accounting"]
+        checks.append(accounting_check())
     else:
         checks.append(history_check(server, _server_attributes()))
     return [*checks, mpiexec_check(_mpiexec_version())]

@@ -19,6 +19,8 @@ from typing import Any
 
 from experiments.launchers import Launch, Mpiexec, Shell, script_line, srun_on_node
 from injectors.probe import FACTS_PREFIX
+from orchestrator.backends.pbs.backend import PBSBackend
+from orchestrator.backends.pbs.commands import ServerKind, detect_server, qdel, qstat_states, qsub
 from orchestrator.backends.slurm.backend import parse_sbatch_parsable
 from orchestrator.campaign.directives import parse_directive, slurm_line
 from orchestrator.campaign.mpi import ROOT_ENVIRONMENT
@@ -216,8 +218,6 @@ class PBSProbe(JobProbe):
     the fault agent reaches a node (the PBS backend: a step under the wrappers, else ssh)."""
 
     def script(self) -> str:
-        from orchestrator.backends.pbs.commands import ServerKind, detect_server
-
         q = shlex.quote
         if detect_server() is ServerKind.PRO:
             chunks = [f"-l select={self.nodes}:ncpus=1:mpiprocs=1", "-l place=scatter"]
@@ -236,8 +236,6 @@ class PBSProbe(JobProbe):
                           'rm -rf "$ompi_tmp"', self.hold_line(), ""])
 
     def _submit(self) -> str:
-        from orchestrator.backends.pbs.commands import qsub
-
         return qsub("probe.pbs", self._written(), self.folder)
 
     def _written(self) -> str:
@@ -246,8 +244,6 @@ class PBSProbe(JobProbe):
         return text
 
     def _state(self) -> tuple[str, list[str]]:
-        from orchestrator.backends.pbs.commands import qstat_states
-
         assert self.job_id is not None
         state = qstat_states([self.job_id], {})[self.job_id]
         if state is JobState.RUNNING:
@@ -255,13 +251,9 @@ class PBSProbe(JobProbe):
         return ("ended" if state.is_terminal else "queued"), []
 
     def _cancel(self, job_id: str) -> None:
-        from orchestrator.backends.pbs.commands import qdel
-
         qdel(job_id, None)
 
     def _on_node(self, host: str, argv: list[str]) -> Conversation:
-        from orchestrator.backends.pbs.backend import PBSBackend
-
         assert self.job_id is not None
         return PBSBackend("doctor", python=self.python).talk_on_node(self.job_id, host, argv)
 

@@ -38,6 +38,11 @@ def _release() -> Check:
     return passed("scheduler", f"{found}: srun --overlap")
 
 
+def accounting_check() -> Check:
+    """Slurm's accounting alone (the PBS doctor under Slurm's Torque wrappers asks it)."""
+    return _accounting(SlurmBackend("doctor").site_config())
+
+
 def _accounting(config: str) -> Check:
     without = ("the drill works without it: states from squeue and the run's own files; a job that left "
                "squeue ended in a state the report calls unknown")
