@@ -2,7 +2,9 @@
 limit on what it charges from now on. Pages charged before the move stay with the old cgroup
 (the kernel no longer moves charges: ``move_charge_at_immigrate`` is gone), so the limit is the
 headroom the process gets. The kernel's OOM killer ends the process when it needs more; the
-cgroup counts it (``memory.oom_control``: ``oom_kill N``). Root only, on the node of the process."""
+cgroup counts it (``memory.oom_control``: ``oom_kill N``). Root only, on the node of the process.
+Where the scheduler already confines the job's memory (Slurm's task/cgroup), its limit is read
+instead (``job_memory_limit``: any user may) and no cgroup is made."""
 
 from __future__ import annotations
 
@@ -47,6 +49,59 @@ def can_cap_memory(pid: int) -> str | None:
     except (TargetRefused, OSError) as error:
         return str(error)
     return None if os.access(cgroup, os.W_OK) else f"{cgroup} is not writable"
+
+
+def machine_memory_bytes() -> int:
+    """The node's memory (MemTotal): a cgroup limit at or above it limits nothing."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no MemTotal in /proc/meminfo")
+
+
+@dataclass(frozen=True)
+class JobMemoryLimit:
+    """The tightest memory limit on a process that a cgroup above it sets (the scheduler's: Slurm's
+    task/cgroup limits the job's cgroup and each step's to the job's --mem). Read, never written:
+    any user may. The kernel's OOM killer ends a process of the cgroup that outgrows it."""
+
+    directory: Path
+    limit_bytes: int
+    usage_bytes: int
+
+    @property
+    def room_bytes(self) -> int:
+        return max(0, self.limit_bytes - self.usage_bytes)
+
+    def peak_bytes(self) -> int | None:
+        """The cgroup's peak charge so far; None once the cgroup is gone."""
+        try:
+            return int((self.directory / "memory.max_usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def job_memory_limit(pid: int) -> JobMemoryLimit | None:
+    """The limit that leaves ``pid`` the least room, over its memory cgroup and every one above it
+    (of equal room, the outermost: the job's, which outlives the rank's step); None where none
+    limits below the machine's memory (no scheduler confines the job)."""
+    machine = machine_memory_bytes()
+    root = memory_root()
+    directory = own_memory_cgroup(pid)
+    tightest: JobMemoryLimit | None = None
+    while directory != root and root in directory.parents:
+        try:
+            limit = int((directory / "memory.limit_in_bytes").read_text())
+            usage = int((directory / "memory.usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            limit = machine  # a cgroup not readable here limits nothing this process can see
+            usage = 0
+        if limit < machine:
+            found = JobMemoryLimit(directory, limit, usage)
+            if tightest is None or found.room_bytes <= tightest.room_bytes:
+                tightest = found
+        directory = directory.parent
+    return tightest
 
 
 @dataclass

@@ -22,7 +22,8 @@ ACTION_RAISE = "raise"
 ACTIONS = (ACTION_LEAK, ACTION_RAISE)
 CHUNK_BYTES = 16 << 20
 CHUNK_EVERY_S = 0.02  # ~800 MB/s: a cap of tens of MB is reached within a step or two
-LEAK_LIMIT_BYTES = 1 << 30  # a rank whose cap did not take holds at most this much
+LEAK_LIMIT_BYTES = 1 << 30  # a rank whose cap did not take holds at most this much (unless asked for more)
+LEAK_MOST_BYTES = 64 << 30  # what a request may ask the rank to hold, at most
 PAGE_BYTES = 4096
 
 
@@ -34,14 +35,18 @@ class InjectedRankError(RuntimeError):
 class MemoryLeak:
     held: list[bytearray] = field(default_factory=list)
     started_at: float | None = None
+    most_bytes: int = LEAK_LIMIT_BYTES
 
-    def start(self) -> None:
+    def start(self, most_bytes: int | None = None) -> None:
+        """Grow until ``most_bytes`` are held (the agent's request says how far: past the job's memory
+        limit when the scheduler's cgroup is the cap; LEAK_LIMIT_BYTES when the agent's own is)."""
         if self.started_at is None:
+            self.most_bytes = LEAK_LIMIT_BYTES if most_bytes is None else max(0, min(most_bytes, LEAK_MOST_BYTES))
             self.started_at = time.time()
             threading.Thread(target=self._grow, name="faultdrill-leak", daemon=True).start()
 
     def _grow(self) -> None:
-        while len(self.held) * CHUNK_BYTES < LEAK_LIMIT_BYTES:
+        while len(self.held) * CHUNK_BYTES < self.most_bytes:
             chunk = bytearray(CHUNK_BYTES)
             chunk[::PAGE_BYTES] = b"\x01" * len(range(0, CHUNK_BYTES, PAGE_BYTES))  # every page charged
             self.held.append(chunk)
@@ -64,7 +69,8 @@ class FaultRequests:
         if request is None:
             return
         if request.get("action") == ACTION_LEAK:
-            self.leak.start()
+            most = request.get("most_bytes")
+            self.leak.start(most if isinstance(most, int) and not isinstance(most, bool) else None)
         elif request.get("action") == ACTION_RAISE:
             raise InjectedRankError(str(request.get("message") or "raised in the training loop by the rank-error fault"))
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Protocol, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -188,6 +188,11 @@ class FaultKind(ABC):
     # Set: the kind acts only as root on the nodes (the jobs run as the drill's user), and this
     # says why: a drill that is not root is refused it at plan.
     needs_root: ClassVar[str | None] = None
+
+    def root_needed(self, options: FaultOptions, confines_memory: Callable[[], bool]) -> str | None:
+        """Why these options act only as root on the nodes (``needs_root`` by default); None: any
+        user may. ``confines_memory``: whether the site's scheduler limits a job's memory itself."""
+        return self.needs_root
 
     def plan_ranks(self, options: FaultOptions, world_size: int, rng: random.Random) -> tuple[int, ...]:
         """The ranks this fault will hit, drawn once when the drill is planned (none: not a rank kind)."""

@@ -1,32 +1,49 @@
 """oom-rank: a rank runs out of memory, as a leak or a batch too big for the node makes it. The
-agent caps the rank's memory (a child memory cgroup of its own, ``headroom_mb`` more than it holds
-now) and asks it to grow (experiments/runtime/fault_requests: a leak); the kernel's OOM killer
-ends it, as it does on a node whose job outgrows its memory (Slurm's task/cgroup, PBS's mem
-limit). The agent waits for the rank's end, reads the cgroup's OOM-kill count (the evidence: the
-attempt's class is OUT_OF_MEMORY) and removes the cgroup. Refused without a cgroup v1 memory
-controller the agent may write (root on the node), and if the rank did not die of it within
-``deadline_s`` (a process without Faultdrill's runtime does not grow on request)."""
+rank is asked to grow (experiments/runtime/fault_requests: a leak) past a memory limit, and the
+kernel's OOM killer ends it. Whose limit (``limit``):
+
+- ``job``: the scheduler's. Where Slurm's task/cgroup confines a job's memory (ConstrainRAMSpace),
+  the job's --mem is its memory cgroup's limit: the agent reads it (any user may), asks the rank
+  to grow past the room it leaves, and Slurm's own OOM handling follows (the step OUT_OF_MEMORY).
+  The evidence: the rank ended, and the limiting cgroup's peak reached its limit.
+- ``agent``: the agent caps the rank's memory with a child memory cgroup of its own (``headroom_mb``
+  more than it holds now): root on the node only. The evidence: that cgroup's OOM-kill count.
+- ``auto`` (the default): the job's limit where one confines the rank, else the agent's cap.
+
+Either way the attempt's class is OUT_OF_MEMORY. Refused if the rank did not die of it within
+``deadline_s`` (a process without Faultdrill's runtime does not grow on request), and where the
+job's limit would make the rank grow by more than ``most_mb``."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import Field
 
 from experiments.runtime.fault_requests import ACTION_LEAK
-from injectors.kinds.base import FaultOutcome, FaultTask, RankKind
+from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask, RankKind
 from injectors.kinds.moment import wait_for_moment
 from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
 from injectors.kinds.signals import RankFaultOptions, outcome, verify_all
-from injectors.memory_cgroup import MemoryCap
+from injectors.memory_cgroup import JobMemoryLimit, MemoryCap, job_memory_limit
 from injectors.targets import TargetRefused, VerifiedTarget, still_in_attempt
 
 MB = 1 << 20
 
 
+# The limiting cgroup's peak within this of its limit: the rank's charge met the limit (the kernel
+# charges in batches of 64 pages; it reclaims what it can before the OOM kill).
+PEAK_MARGIN_BYTES = 4 * MB
+
+
 class OomRankOptions(RankFaultOptions):
     kind: Literal["oom-rank"] = "oom-rank"
+    limit: Literal["auto", "job", "agent"] = Field("auto", description=(
+        "whose memory limit the rank outgrows: the job's (the scheduler's memory cgroup), the agent's "
+        "own cap (root), or auto: the job's where one confines the rank"))
     headroom_mb: int = Field(64, ge=8, le=1024, description="memory the rank may still charge before the OOM kill")
+    most_mb: int = Field(4096, ge=64, le=65536, description=(
+        "the most the rank is made to grow under the job's limit (a larger --mem is refused)"))
     deadline_s: float = Field(30.0, gt=0, le=600, description="the longest the rank is given to die of it")
 
 
@@ -37,8 +54,64 @@ class OomRank(RankKind):
     options = OomRankOptions
     oom_kill_record = True
 
+    def root_needed(self, options: FaultOptions, confines_memory: Callable[[], bool]) -> str | None:
+        limit = getattr(options, "limit", "auto")
+        if limit == "job" or (limit == "auto" and confines_memory()):
+            return None  # the scheduler's cgroup is the cap: reading it needs no privilege
+        if limit == "agent":
+            return self.needs_root
+        return (f"{self.needs_root}, and this site's scheduler does not confine a job's memory (Slurm: task/cgroup "
+                "with ConstrainRAMSpace), whose limit the rank would outgrow instead")
+
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
+        limit = str(task.options.get("limit", "auto"))
+        if limit != "agent":
+            try:
+                limits = {target.pid: job_memory_limit(target.pid) for target in targets}
+            except (FileNotFoundError, ProcessLookupError):
+                raise TargetRefused("a rank ended before its job's memory limit was read", gone=True) from None
+            if all(limits.values()):
+                return self._past_the_jobs_limit(task, targets)
+            if limit == "job":
+                [unlimited, *_] = [target for target in targets if limits[target.pid] is None]
+                raise TargetRefused(f"rank {unlimited.rank}'s job has no memory limit (no cgroup above "
+                                    "it limits below the node's memory): limit: job needs the scheduler to confine "
+                                    "the job's memory (Slurm: task/cgroup, ConstrainRAMSpace, and --mem)")
+        return self._under_own_cap(task, targets)
+
+    def _past_the_jobs_limit(self, task: FaultTask, targets: list[VerifiedTarget]) -> FaultOutcome:
+        """Each rank asked to grow past the room its job's memory limit leaves it."""
+        headroom = int(task.options.get("headroom_mb", 64)) * MB
+        most = int(task.options.get("most_mb", 4096)) * MB
+        deadline_s = float(task.options.get("deadline_s", 30.0))
+        ticks = live_ticks(targets)
+        ending = JobEnding()
+        met = wait_for_moment(task, targets, ending)
+        targets = still_in_attempt(targets)
+        limits = {target.pid: _job_limit(target) for target in targets}  # read again: the room is now's
+        for target in targets:
+            if limits[target.pid].room_bytes > most:
+                raise TargetRefused(f"the job's memory limit leaves rank {target.rank} "
+                                    f"+{limits[target.pid].room_bytes / MB:.0f} MB, more than most_mb "
+                                    f"{most // MB}: give the job a smaller --mem, or raise most_mb")
+        grow_to = max(limit.room_bytes for limit in limits.values()) + headroom
+        at, targets = ask(task, targets, {"action": ACTION_LEAK, "most_bytes": grow_to})
+        ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
+        peaks = {target.pid: limits[target.pid].peak_bytes() for target in targets}
+        survivors = [target for target in targets
+                     if target.pid not in ended or not _reached(limits[target.pid], peaks[target.pid])]
+        if survivors:
+            raise TargetRefused(_why_not_past_limit(survivors[0], ended, limits, peaks, deadline_s))
+        took = max(ended.values()) - at
+        first = limits[targets[0].pid]
+        return outcome(self.name, targets, "SIGKILL", at, met_step=met, detail=(
+            f"the job's memory limit ({first.limit_bytes / MB:.0f} MB, cgroup {first.directory.name}) left "
+            f"+{first.room_bytes / MB:.0f} MB, the rank made to grow past it: the kernel's OOM killer ended it "
+            f"{took:.2f} s later (the cgroup's peak {(peaks[targets[0].pid] or 0) / MB:.0f} MB)"))
+
+    def _under_own_cap(self, task: FaultTask, targets: list[VerifiedTarget]) -> FaultOutcome:
+        """Each rank capped by a memory cgroup of the agent's own, then asked to grow (root)."""
         headroom = int(task.options.get("headroom_mb", 64))
         deadline_s = float(task.options.get("deadline_s", 30.0))
         ticks = live_ticks(targets)
@@ -69,6 +142,35 @@ class OomRank(RankKind):
         return outcome(self.name, targets, "SIGKILL", at, met_step=met, detail=(
             f"memory capped at +{headroom} MB, the rank made to grow: the kernel's OOM killer ended it "
             f"{took:.2f} s later (oom_kill {sum(kills.values())}, peak +{peak:.0f} MB)"))
+
+
+def _job_limit(target: VerifiedTarget) -> JobMemoryLimit:
+    """``target``'s job memory limit now; TargetRefused(gone) if it ended, or if no limit is left."""
+    try:
+        found = job_memory_limit(target.pid)
+    except (FileNotFoundError, ProcessLookupError):
+        found = None
+    if found is None:
+        raise TargetRefused(f"rank {target.rank} (pid {target.pid}) ended before its job's memory limit was read",
+                            gone=True)
+    return found
+
+
+def _reached(limit: JobMemoryLimit, peak: int | None) -> bool:
+    return peak is not None and peak >= limit.limit_bytes - PEAK_MARGIN_BYTES
+
+
+def _why_not_past_limit(target: VerifiedTarget, ended: dict[int, float], limits: dict[int, JobMemoryLimit],
+                        peaks: dict[int, int | None], deadline_s: float) -> str:
+    limit = limits[target.pid]
+    if target.pid not in ended:
+        return (f"rank {target.rank} did not die within {deadline_s:g} s of being asked to grow past its job's "
+                f"memory limit ({limit.limit_bytes / MB:.0f} MB; a process without Faultdrill's rank runtime does "
+                "not grow on request)")
+    peak = peaks[target.pid]
+    seen = "is gone" if peak is None else f"peaked at {peak / MB:.0f} MB"
+    return (f"rank {target.rank} ended, but not at its job's memory limit ({limit.limit_bytes / MB:.0f} MB; the "
+            f"cgroup {limit.directory.name} {seen}): not the OOM killer's doing")
 
 
 def _cap(task: FaultTask, target: VerifiedTarget, headroom_bytes: int) -> MemoryCap:

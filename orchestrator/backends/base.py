@@ -117,6 +117,17 @@ class Backend(abc.ABC):
         each, said before anything is created or submitted; none by default."""
         return []
 
+    def out_of_memory_steps(self, job_id: str) -> tuple[str, ...]:
+        """The steps of an ended job that the scheduler says ran out of memory (asked once for a
+        failed attempt's job); none known by default."""
+        return ()
+
+    @classmethod
+    def confines_memory(cls) -> bool:
+        """The scheduler here makes a job's memory request its memory cgroup's limit (the kernel's
+        OOM killer ends what outgrows it): oom-rank then needs no cgroup of its own. Asked at plan."""
+        return False
+
     def site_notes(self) -> list[str]:
         """What this site did not give the drill (accounting, ...) and what the drill then knows
         less of: said in the report."""

@@ -56,6 +56,9 @@ class FailureEvidence:
     warned: bool = False  # the ranks got the scheduler's warning (and checkpointed) first
     lost_nodes: tuple[str, ...] = ()  # nodes the injector's record says were broken (node-crash, partition)
     oom_killed: tuple[str, ...] = ()  # ranks the injector's record says the kernel's OOM killer ended (oom-rank)
+    # Steps of the job the scheduler says ran out of memory (Slurm's task/cgroup: the rank step is
+    # OUT_OF_MEMORY while the job itself is FAILED, its batch script having gone on)
+    oom_steps: tuple[str, ...] = ()
     ended_by_drill: DrillEnded | None = None  # the drill cancelled the job (not a person)
     signalled: str | None = None  # the signal the injector's record says it sent a rank of the attempt
     # The attempt failed at its job's walltime (its start plus its time limit, on the job's clock)
@@ -97,6 +100,8 @@ def _scheduler(known: FailureEvidence) -> Classified | None:
         return Classified(FailureClass.PREEMPTED, "the scheduler: PREEMPTED")
     if state is JobState.OUT_OF_MEMORY:
         return Classified(FailureClass.OUT_OF_MEMORY, "the scheduler: OUT_OF_MEMORY")
+    if known.oom_steps:
+        return Classified(FailureClass.OUT_OF_MEMORY, f"the scheduler: step {', '.join(known.oom_steps)} OUT_OF_MEMORY")
     if state is JobState.REQUEUED or known.noticed_by == "requeued":
         return Classified(FailureClass.PREEMPTED, "the scheduler requeued the running job")
     return None
@@ -114,7 +119,7 @@ def _oom_killed(known: FailureEvidence) -> Classified | None:
     to say OUT_OF_MEMORY itself): a SIGKILL from the kernel, not a person or a peer."""
     if known.oom_killed:
         return Classified(FailureClass.OUT_OF_MEMORY, f"the kernel's OOM killer ended {', '.join(known.oom_killed)} "
-                                                      "(its memory cgroup's count, the injector's record)")
+                                                      "(the injector's record of its memory cgroup)")
     return None
 
 

@@ -34,7 +34,13 @@ from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_
 from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
-from orchestrator.faults.job_control import Menders, disk_full_refusals, node_fault_refusals, privilege_refusals
+from orchestrator.faults.job_control import (
+    Menders,
+    disk_full_refusals,
+    memory_limit_refusals,
+    node_fault_refusals,
+    privilege_refusals,
+)
 from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
@@ -73,9 +79,11 @@ def plan_drill(campaign: Campaign, site: type[Backend] | None = None) -> list[tu
     site is asked; the spec's backend by default)."""
     runs = expand_runs(campaign)
     missing = missing_programs(runs)
-    site_refusals = (site or backend_class(campaign.backend)).site_refusals(runs)
-    refusals = (mpi_refusals(runs) + node_fault_refusals(runs) + privilege_refusals(runs) + disk_full_refusals(runs)
-                + site_refusals
+    site = site or backend_class(campaign.backend)
+    refusals = (mpi_refusals(runs) + node_fault_refusals(runs)
+                + privilege_refusals(runs, confines_memory=site.confines_memory)
+                + memory_limit_refusals(runs, site.confines_memory) + disk_full_refusals(runs)
+                + site.site_refusals(runs)
                 + checkpoint_home_refusals(runs)
                 + ([item.line() for item in missing] if campaign.backend == "local" else []))
     if refusals:

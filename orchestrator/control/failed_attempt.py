@@ -4,6 +4,7 @@ taken from, and the class taken again once its job's end (or a fault's late reco
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from orchestrator.campaign.failure_classes import Classified, DrillEnded, FailureEvidence, classify
 from orchestrator.observe.failure_signs import facts_from_json, facts_json
@@ -30,16 +31,18 @@ def record_failure(ledger: Ledger, run_id: str, attempt: int, sign: FailureSign,
 
 
 def reclassify_at_end(ledger: Ledger, row: AttemptRow, state: JobState, oom_killed: tuple[str, ...],
-                      ended_by_drill: DrillEnded | None) -> None:
+                      ended_by_drill: DrillEnded | None, oom_steps: Callable[[], tuple[str, ...]]) -> None:
     """A failed attempt's job ended: its class taken again with the scheduler's final word, if the
-    class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit), and with the
-    injector's record if it came after (an agent's OOM-kill count)."""
+    class was taken before (TIMEOUT, NODE_FAIL may tell more than a rank's exit; ``oom_steps``, asked
+    here only, the job's steps that ran out of memory), and with the injector's record if it came
+    after (an agent's OOM-kill count)."""
     if row.class_facts is None or not state.is_terminal:
         return
     evidence = facts_from_json(row.class_facts)
     _take_again(ledger, row, evidence, replace(
         evidence, state=evidence.state if evidence.state.is_terminal else state,
-        oom_killed=evidence.oom_killed or oom_killed, ended_by_drill=evidence.ended_by_drill or ended_by_drill))
+        oom_killed=evidence.oom_killed or oom_killed, ended_by_drill=evidence.ended_by_drill or ended_by_drill,
+        oom_steps=evidence.oom_steps or (() if state.is_success else oom_steps())))
 
 
 def reclassify_with_record(ledger: Ledger, row: AttemptRow, oom_killed: tuple[str, ...]) -> None:

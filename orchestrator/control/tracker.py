@@ -608,7 +608,8 @@ class RunTracker:
     # jobs that are ending ---------------------------------------------------------------------
     def _final_state(self, attempt: int, state: JobState) -> None:
         row = self._attempt_row(attempt)
-        reclassify_at_end(self.ledger, row, state, self.faults.oom_killed(attempt), self.cancels.why(row.job_id))
+        reclassify_at_end(self.ledger, row, state, self.faults.oom_killed(attempt), self.cancels.why(row.job_id),
+                          lambda: self.backend.out_of_memory_steps(row.job_id) if row.job_id is not None else ())
 
     def _late_record(self, attempt: int) -> None:
         row = self._attempt_row(attempt)

@@ -18,6 +18,7 @@ from injectors.actions import WalltimeSet
 from injectors.kinds import get_kind
 from injectors.kinds.disk_full import BALLAST_PREFIX, DiskFullOptions, fill_problem
 from injectors.kinds.node_faults import NodeFaultOptions
+from injectors.kinds.oom_rank import OomRankOptions
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import NotSupported
 from orchestrator.campaign.capabilities import Capability
@@ -223,10 +224,12 @@ def node_fault_refusals(runs: list[RunConfig]) -> list[str]:
     return [] if not named or on_own_cluster() else list(named)
 
 
-def privilege_refusals(runs: list[RunConfig], uid: int | None = None) -> list[str]:
+def privilege_refusals(runs: list[RunConfig], uid: int | None = None,
+                       confines_memory: Callable[[], bool] = lambda: False) -> list[str]:
     """Up front, not mid-drill: what a drill that is not root cannot do (its jobs, and so its
-    agents, run as the same user): the kinds that need root, and the node faults that act through
-    scripts/cluster (network namespaces, daemons) rather than a site command of the fault's own."""
+    agents, run as the same user): the kinds that need root (``confines_memory``: whether the site's
+    scheduler limits a job's memory, which spares oom-rank a cgroup of its own), and the node faults
+    that act through scripts/cluster (network namespaces, daemons) rather than a site command."""
     uid = os.geteuid() if uid is None else uid
     if uid == 0:
         return []
@@ -235,7 +238,7 @@ def privilege_refusals(runs: list[RunConfig], uid: int | None = None) -> list[st
     named: dict[str, None] = {}
     for run in runs:
         for index, fault in enumerate(run.campaign.faults):
-            if (why := get_kind(fault.kind).needs_root) is not None:
+            if (why := get_kind(fault.kind).root_needed(fault, confines_memory)) is not None:
                 named[f"faults[{index}] ({fault.kind}): {why}; {who}: leave it out, or drill as root"] = None
                 continue
             if not (isinstance(fault, NodeFaultOptions) and fault.command is None and run.campaign.backend == "slurm"):
@@ -245,6 +248,19 @@ def privilege_refusals(runs: list[RunConfig], uid: int | None = None) -> list[st
                 named[f"faults[{index}] ({fault.kind}): scripts/cluster acts on the node as root; {who}: "
                       "give the fault the site's own commands (command:), or drill as root"] = None
     return list(named)
+
+
+def memory_limit_refusals(runs: list[RunConfig], confines_memory: Callable[[], bool]) -> list[str]:
+    """Up front: an oom-rank told to outgrow the job's memory limit (``limit: job``) where the site's
+    scheduler sets none."""
+    problems = []
+    for run in runs:
+        for index, fault in enumerate(run.campaign.faults):
+            if isinstance(fault, OomRankOptions) and fault.limit == "job" and not confines_memory():
+                problems.append(f"{run.run_id}: faults[{index}] (oom-rank): limit: job, but the scheduler here does "
+                                "not confine a job's memory (Slurm: TaskPlugin task/cgroup with ConstrainRAMSpace=yes): "
+                                "use limit: agent (root on the nodes) or auto")
+    return problems
 
 
 def disk_full_refusals(runs: list[RunConfig]) -> list[str]:

@@ -119,4 +119,5 @@ def facts_from_json(text: str) -> FailureEvidence:
     data = json.loads(text)
     return FailureEvidence(**{**data, "state": JobState(data["state"]), "rank_errors": tuple(data["rank_errors"]),
                               "lost_nodes": tuple(data["lost_nodes"]), "oom_killed": tuple(data.get("oom_killed", ())),
+                              "oom_steps": tuple(data.get("oom_steps", ())),
                               "ended_by_drill": DrillEnded(**data["ended_by_drill"]) if data.get("ended_by_drill") else None})

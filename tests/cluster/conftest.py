@@ -391,6 +391,25 @@ def site_limits() -> Iterator[dict[str, int]]:
         subprocess.run([str(CLUSTER_SCRIPT), "limits", "off"], check=True, capture_output=True, timeout=180)
 
 
+def _cgroup_profile(state: str) -> None:
+    """``scripts/cluster cgroup on|off`` once the queue is empty (it restarts every slurmd; an
+    earlier test's jobs may still be ending)."""
+    wait_until(lambda: subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=20).stdout == "",
+               timeout=120, interval=0.5, message="the queue empty (the cgroup profile restarts the slurmds)")
+    subprocess.run([str(CLUSTER_SCRIPT), "cgroup", state], check=True, capture_output=True, timeout=180)
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[None]:
+    """The cgroup profile (``scripts/cluster cgroup on``): Slurm's task/cgroup confines each job's
+    memory to its request (ConstrainRAMSpace); no cgroups again after."""
+    _cgroup_profile("on")
+    try:
+        yield
+    finally:
+        _cgroup_profile("off")
+
+
 # The skew profile's offsets (scripts/cluster SKEW_OFFSETS): each node's clock minus the controller's.
 SKEW_OFFSETS = {"fd-n1": -0.8, "fd-n2": 1.3, "fd-n3": 0.5, "fd-n4": -0.3}
 

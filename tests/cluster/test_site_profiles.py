@@ -7,7 +7,8 @@ MinJobAge 10 s, MaxSubmitJobs 8 enforced): a sweep of ten runs keeps to eight jo
 array of eight and two single jobs, every run completed as its twin; the doctor reads the limits.
 An ordinary user (`scripts/cluster user on`: fd-user), in the no-accounting and skew drill: it
 drills as itself, writes nothing outside its directory, and is refused at plan the kinds that
-need root."""
+need root. Slurm's memory cgroup (`scripts/cluster cgroup on`: task/cgroup, ConstrainRAMSpace): the
+same ordinary user drills oom-rank, its rank made to outgrow the job's --mem, Slurm's OOM kill."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from conftest import CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser, most_at_once
+from conftest import CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser, most_at_once, wait_until
 from experiments.layout import RunPaths
 from orchestrator.record.clocks import load_clocks
 
@@ -234,3 +235,42 @@ def _nothing_outside(user: PlainUser, home: Path) -> None:
     strays = [found for found in _owned_by(user.uid, roots) if not found.is_relative_to(home)
               and framework_cache not in found.parts and not found.name.startswith(FAKETIME_SEGMENTS)]
     assert strays == [], strays
+
+
+def test_under_slurms_memory_cgroup_an_ordinary_user_drills_oom_rank_and_slurm_ends_the_rank(
+        shared_tmp: Path, plain_user: PlainUser, memory_cgroup: None) -> None:
+    """Issue 22 item 4, the cgroup profile: where Slurm's task/cgroup confines a job's memory, oom-rank
+    needs no root: fd-user's drill is planned, its rank made to outgrow the job's --mem (700 MB), and
+    Slurm's own OOM handling ends it (the rank step OUT_OF_MEMORY in accounting). The attempt is
+    OUT_OF_MEMORY, the run resumes from its checkpoint and ends as its twin; no cgroup was made."""
+    home = plain_user.own(shared_tmp / "home")
+    spec = home / "oom.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "site-cgroup", "backend": "slurm", "workdir": str(home / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.02, "seed": 8, "batch_size": 16},
+        "checkpoint": {"every_steps": 100, "keep": 2},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug",
+                      "extra_directives": ["--mem=700M"]},
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.2}, "baseline": True,
+        "faults": [{"kind": "oom-rank", "after": {"at_step": 120}}]}))
+    os.chown(spec, plain_user.uid, plain_user.gid)
+    done = _as_user(plain_user, home, "drill", str(spec), "--format", "json")
+    assert done.returncode == 0, done.stderr[-4000:]
+    [run] = [run for run in json.loads(done.stdout)["runs"] if run["faults"]]
+    assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
+    [fault] = run["faults"]
+    assert fault["outcome"] == "injected" and "the job's memory limit (700 MB" in fault["detail"], fault
+    failed = run["attempts"][0]
+    assert failed["failure_class"] == "OUT_OF_MEMORY", failed
+    steps = wait_until(lambda: _step_states(failed["job_id"]), timeout=60, message="the job's steps in accounting")
+    assert "OUT_OF_MEMORY" in steps.values(), steps
+    assert run["recoveries"][0]["resumed_from_step"] == 100, run["recoveries"]
+    assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*")), "the agent made a cgroup of its own"
+
+
+def _step_states(job_id: str) -> dict[str, str] | None:
+    """The states of every step of ``job_id`` (accounting), once the rank step's is there."""
+    listed = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State"], capture_output=True, text=True,
+                            timeout=20)
+    states = dict(line.split("|", 1) for line in listed.stdout.splitlines() if "|" in line)
+    return states if any(step.endswith(".0") for step in states) else None

@@ -1,6 +1,8 @@
 """The oom-rank fault's parts on this machine's kernel: a memory cgroup that caps one process, the
 rank runtime's leak on request, and the kernel's OOM killer ending the process (counted by the
-cgroup); a process that does not grow is left as it was, its cgroup removed."""
+cgroup); a process that does not grow is left as it was, its cgroup removed. Under a job's memory
+limit (a cgroup the test makes, as Slurm's task/cgroup makes one per job) the fault makes no
+cgroup: the rank outgrows the job's. On Slurm's own: tests/cluster/test_site_profiles.py."""
 
 from __future__ import annotations
 
@@ -76,7 +78,8 @@ def test_a_target_that_ends_before_its_cap_leaves_no_other_rank_capped(tmp_path:
     parent = own_memory_cgroup(live.pid)
     targets = [VerifiedTarget(live.pid, 0, "n", "1"), VerifiedTarget(ended.pid, 1, "n", "1")]
     monkeypatch.setattr(oom_rank, "verify_all", lambda task: targets)
-    task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0, 1))
+    task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0, 1),
+                     options={"limit": "agent"})
     try:
         with pytest.raises(TargetRefused) as refused:
             oom_rank.OomRank().act_on_node(task)
@@ -86,3 +89,55 @@ def test_a_target_that_ends_before_its_cap_leaves_no_other_rank_capped(tmp_path:
     finally:
         live.kill()
         live.wait()
+
+
+def _rank_under_a_job_limit(tmp_path: Path, limit_bytes: int) -> tuple[subprocess.Popen[str], MemoryCap]:
+    """A rank (the rank runtime's request handler) in a cgroup limited as a scheduler limits its job."""
+    from experiments.layout import RunPaths
+    request = RunPaths(tmp_path).fault_request_file(0, 0)
+    request.parent.mkdir(parents=True, exist_ok=True)
+    process = _start(LEAKER, request)
+    return process, MemoryCap.create(process.pid, f"faultdrill-joblimit-test-{process.pid}", limit_bytes)
+
+
+def test_a_rank_under_its_jobs_memory_limit_is_made_to_outgrow_it_and_no_cgroup_is_made(
+        tmp_path: Path, monkeypatch) -> None:
+    """Issue 22 item 4: the job's limit read (any user may), the rank asked to grow past the room it
+    leaves, the kernel's OOM killer ends it at that limit; the fault made no cgroup of its own."""
+    from injectors.kinds import oom_rank
+    from injectors.kinds.base import FaultTask
+    from injectors.targets import VerifiedTarget
+
+    process, job = _rank_under_a_job_limit(tmp_path, 96 << 20)
+    monkeypatch.setattr(oom_rank, "verify_all", lambda task: [VerifiedTarget(process.pid, 0, "n", "1")])
+    task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0,),
+                     options={"limit": "job", "deadline_s": 20})
+    try:
+        outcome = oom_rank.OomRank().act_on_node(task)
+        assert process.wait(timeout=30) == -9, "the OOM killer did not end the rank"
+        assert outcome.detail.startswith("the job's memory limit (96 MB"), outcome.detail
+        assert "the kernel's OOM killer ended it" in outcome.detail
+        assert not list(job.directory.glob("faultdrill-oom-*")), "the agent made a cgroup of its own"
+    finally:
+        process.kill()
+        process.wait()
+        job.remove()
+
+
+def test_limit_job_where_no_cgroup_limits_the_rank_is_refused_and_the_rank_left_alone(
+        tmp_path: Path, monkeypatch) -> None:
+    from injectors.kinds import oom_rank
+    from injectors.kinds.base import FaultTask
+    from injectors.targets import VerifiedTarget
+
+    process = _start("import time; print('ready', flush=True); time.sleep(60)", tmp_path / "none")
+    monkeypatch.setattr(oom_rank, "verify_all", lambda task: [VerifiedTarget(process.pid, 0, "n", "1")])
+    task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0,),
+                     options={"limit": "job"})
+    try:
+        with pytest.raises(TargetRefused, match="job has no memory limit"):
+            oom_rank.OomRank().act_on_node(task)
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()

@@ -16,7 +16,7 @@ import pytest
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
 from orchestrator.campaign.failure_classes import FailureEvidence, classify
-from orchestrator.control.failed_attempt import reclassify_with_record, record_failure
+from orchestrator.control.failed_attempt import reclassify_at_end, reclassify_with_record, record_failure
 from orchestrator.faults.book import SENDING, FaultBook, InFlight, _row
 from orchestrator.observe.watch import FailureSign
 from orchestrator.record.ledger import Ledger
@@ -109,3 +109,29 @@ def test_a_controller_that_died_before_the_reclassification_leaves_it_to_the_nex
     for attempt in restarted.caused_oom_attempts():  # as RunTracker does when it starts
         late(attempt)
     assert _class(ledger) == "OUT_OF_MEMORY"
+
+
+def test_a_step_the_scheduler_says_ran_out_of_memory_makes_the_attempt_out_of_memory_at_its_jobs_end(
+        tmp_path: Path) -> None:
+    """Issue 22 item 4: Slurm's task/cgroup ends a rank that outgrew the job's --mem; the rank step
+    is OUT_OF_MEMORY while the job is FAILED (its batch script went on). A failure taken from the
+    launch's exit (RANK_SIGNAL) is taken again at the job's end with the steps the scheduler names,
+    asked then only, and not for a job that ended well."""
+    ledger = Ledger.in_workdir(tmp_path)
+    ledger.add_attempt(RUN, 0)
+    ledger.update_attempt(RUN, 0, job_id="42", state="RUNNING")
+    sign = FailureSign(reason="rank launch exited with code 137", at=time.time(), evidence="step_exit")
+    evidence = FailureEvidence(state=JobState.RUNNING, noticed_by="step_exit", exit_code=137)
+    record_failure(ledger, RUN, 0, sign, Continuation.NEW_JOB, evidence, classify(evidence), (), time.time())
+    assert _class(ledger) == "RANK_SIGNAL"
+    asked: list[str] = []
+
+    def steps() -> tuple[str, ...]:
+        asked.append("sacct")
+        return ("42.0",)
+
+    reclassify_at_end(ledger, ledger.attempts(RUN)[0], JobState.FAILED, (), None, steps)
+    row = ledger.attempts(RUN)[0]
+    assert row.failure_class == "OUT_OF_MEMORY" and row.class_evidence == "the scheduler: step 42.0 OUT_OF_MEMORY"
+    reclassify_at_end(ledger, row, JobState.FAILED, (), None, steps)
+    assert asked == ["sacct"], "the steps are kept with the facts: asked once"

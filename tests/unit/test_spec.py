@@ -328,3 +328,34 @@ def test_a_drill_that_is_not_root_is_refused_at_plan_the_kinds_that_need_root(tm
     assert privilege_refusals(runs, uid=0) == []
     monkeypatch.setattr(job_control, "on_own_cluster", lambda: False)
     assert privilege_refusals(runs, uid=0o7654321) == [oom]
+    assert "does not confine a job's memory" in oom, "the way an ordinary user could: the scheduler's limit"
+
+
+def test_where_the_scheduler_confines_memory_oom_rank_needs_no_root_and_limit_job_needs_that_site(
+        tmp_path: Path) -> None:
+    """Issue 22 item 4: under Slurm's task/cgroup (ConstrainRAMSpace) the rank outgrows its job's
+    --mem and Slurm's OOM kills it, so an ordinary user may drill oom-rank (``limit: auto`` or
+    ``job``); ``limit: agent`` (a cgroup of the agent's own) stays root's. ``limit: job`` where the
+    scheduler confines nothing is refused at plan, root or not."""
+    from orchestrator.faults.job_control import memory_limit_refusals, privilege_refusals
+
+    def runs_with(limit: str) -> list:
+        faults = [{"kind": "oom-rank", "after": {"at_step": 5}, "limit": limit}]
+        return expand_runs(parse_campaign(_spec(tmp_path, backend="slurm", faults=faults,
+                                                resources={"nodes": 1, "time": "00:10:00"}), base_dir=tmp_path))
+
+    def confined() -> bool:
+        return True
+
+    def unconfined() -> bool:
+        return False
+
+    user = 0o7654321
+    assert privilege_refusals(runs_with("auto"), uid=user, confines_memory=confined) == []
+    assert privilege_refusals(runs_with("job"), uid=user, confines_memory=unconfined) == []
+    [agent] = privilege_refusals(runs_with("agent"), uid=user, confines_memory=confined)
+    assert agent.startswith("faults[0] (oom-rank): it caps the rank's memory") and "confine" not in agent
+    assert memory_limit_refusals(runs_with("job"), confined) == []
+    assert memory_limit_refusals(runs_with("auto"), unconfined) == []
+    [refused] = memory_limit_refusals(runs_with("job"), unconfined)
+    assert "limit: job" in refused and "task/cgroup" in refused and "limit: agent" in refused, refused

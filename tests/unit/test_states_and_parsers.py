@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.backends.slurm import site
 from orchestrator.backends.slurm.backend import attempt_jobs, parse_sacct, parse_sbatch_parsable, parse_squeue
-from orchestrator.backends.slurm.site import DEFAULT_MAX_ARRAY_SIZE, parse_max_array_size
+from orchestrator.backends.slurm.site import DEFAULT_MAX_ARRAY_SIZE, confines_memory, parse_max_array_size
 from orchestrator.commands import CommandError, CommandResult, run_command
 from orchestrator.states import JobState, from_slurm
 
@@ -134,3 +134,34 @@ def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_a
     assert attempt_jobs(squeue, sacct, array_index=4) == ["120_4", "123_4"]
     assert attempt_jobs(squeue, sacct, array_index=None) == ["120", "123_0", "123_1"]
     assert attempt_jobs("", "", array_index=None) == []
+
+
+def test_a_slurm_that_confines_memory_names_task_cgroup_and_constrains_ram_space() -> None:
+    """``scontrol show config`` as Slurm 22.05 prints it under the cgroup profile (recorded), and
+    the ways it does not confine: another task plugin, ConstrainRAMSpace off, nothing read."""
+    recorded = ("ProctrackType           = proctrack/cgroup\nTaskPlugin              = task/affinity,task/cgroup\n"
+                "TaskPluginParam         = (null type)\nCgroup Support Configuration:\nCgroupAutomount         = no\n"
+                "CgroupPlugin            = cgroup/v1\nConstrainRAMSpace       = yes\n")
+    assert confines_memory(recorded)
+    assert not confines_memory(recorded.replace("task/affinity,task/cgroup", "task/affinity"))
+    assert not confines_memory(recorded.replace("ConstrainRAMSpace       = yes", "ConstrainRAMSpace       = no"))
+    assert not confines_memory("")
+
+
+def test_the_steps_slurm_says_ran_out_of_memory_are_read_from_accounting(monkeypatch) -> None:
+    """``sacct -n -P -o JobID,State -j N`` as Slurm 22.05 printed it under the cgroup profile
+    (recorded): the rank step OUT_OF_MEMORY, the job and its batch step FAILED."""
+    from orchestrator.backends.slurm import backend as slurm_backend
+    recorded = "1004|FAILED\n1004.batch|FAILED\n1004.0|OUT_OF_MEMORY\n1004.1|COMPLETED\n1004.2|COMPLETED\n"
+    asked = []
+
+    def sacct(args, **_kwargs):
+        asked.append(list(args))
+        return CommandResult(tuple(args), 0, recorded, "", 0.1)
+
+    monkeypatch.setattr(slurm_backend, "run_command", sacct)
+    backend = slurm_backend.SlurmBackend("d1")
+    assert backend.out_of_memory_steps("1004;other") == ("1004.0",)
+    assert asked[0][:3] == ["sacct", "-M", "other"] and asked[0][-2:] == ["-j", "1004"]
+    recorded = "1004|FAILED\n1004.0|FAILED\n"
+    assert backend.out_of_memory_steps("1004") == ()

@@ -20,7 +20,13 @@ from experiments.layout import RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitLimit, SubmitRefusal
-from orchestrator.backends.slurm.site import accounting_configured, max_submit_jobs, parse_max_array_size
+from orchestrator.backends.slurm.site import (
+    accounting_configured,
+    confines_memory,
+    max_submit_jobs,
+    parse_max_array_size,
+    show_config,
+)
 from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
 from orchestrator.campaign.directives import cluster_of
@@ -269,6 +275,18 @@ class SlurmBackend(Backend):
     @classmethod
     def site_refusals(cls, runs: list[RunConfig]) -> list[str]:
         return overlap_refusals(runs)
+
+    def out_of_memory_steps(self, job_id: str) -> tuple[str, ...]:
+        """Slurm's task/cgroup says OUT_OF_MEMORY of the step whose task the OOM killer ended, while
+        the job is FAILED (its batch script went on): the job's steps in accounting (none without it)."""
+        number, cluster = split_job_id(job_id)
+        listed = self._sacct([*cluster_args(cluster), "-n", "-P", "-o", "JobID,State", "-j", number])
+        return tuple(step for step, state in (line.split("|", 1) for line in listed.splitlines() if "|" in line)
+                     if state.startswith(JobState.OUT_OF_MEMORY.value) and "." in step)
+
+    @classmethod
+    def confines_memory(cls) -> bool:
+        return confines_memory(show_config())
 
     def submit_refusal(self, error: BaseException) -> SubmitRefusal | None:
         return sbatch_refusal(error)

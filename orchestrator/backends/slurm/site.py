@@ -1,4 +1,5 @@
-"""What a Slurm site's configuration says (``scontrol show config``): accounting, MaxArraySize; and
+"""What a Slurm site's configuration says (``scontrol show config``): accounting, MaxArraySize,
+whether a job's memory is confined (task/cgroup); and
 the limits it sets on how many jobs one user may have submitted (pending and running alike; an
 array's elements each count): MaxSubmitJobs of the user's associations and
 MaxSubmitJobsPerUser (``MaxSubmitPU``) of their QOS, enforced only where ``AccountingStorageEnforce``
@@ -8,6 +9,7 @@ held path)."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from orchestrator.backends.base import SubmitLimit
@@ -85,3 +87,21 @@ def _rows(args: list[str]) -> list[list[str]] | None:
     if answered.returncode != 0:
         return None
     return [line.split("|") for line in answered.stdout.splitlines() if line.strip()]
+
+
+def confines_memory(config: str) -> bool:
+    """Slurm's task/cgroup with ``ConstrainRAMSpace=yes``: a job's memory request (``--mem``, or
+    DefMemPerCPU's share) is its memory cgroup's limit, and the kernel's OOM killer ends what
+    outgrows it (Slurm then says OUT_OF_MEMORY)."""
+    plugins = (config_value(config, "TaskPlugin") or "").split(",")
+    return "task/cgroup" in plugins and (config_value(config, "ConstrainRAMSpace") or "").lower() == "yes"
+
+
+@functools.lru_cache(maxsize=1)
+def show_config() -> str:
+    """``scontrol show config`` for what is decided at plan (asked once a process; "" if it did not
+    answer: nothing is then taken as confined or limited)."""
+    try:
+        return run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
+    except CommandError:
+        return ""
