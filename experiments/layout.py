@@ -67,7 +67,13 @@ NCCL_PEER_LOSS_MARKERS = ("Watchdog caught collective operation timeout", "ncclR
                           "remote process exited or there was a network error", "communicator was aborted")
 
 MANIFEST_NAME = "manifest.json"
-EVENTS_FILE_NAME = "events.jsonl"  # an attempt's timeline, in its attempt folder
+# An attempt's timeline, in its attempt folder: one file per writer (appends from several hosts to
+# one file interleave and, over NFS, are not atomic), read back merged (read_attempt_events).
+EVENTS_FILE_NAME = "events.jsonl"  # rank 0's (the rank runtime: first step, checkpoints, the end)
+SCRIPT_EVENTS_FILE_NAME = "script-events.jsonl"  # the batch script's (the job's start, the launch's exit)
+COORDINATOR_EVENTS_FILE_NAME = "coordinator-events.jsonl"  # the warm coordinator's (a re-formed world)
+# A command workload's supervisor's (its start; what it infers of the script's progress; torchrun's rounds)
+SUPERVISOR_EVENTS_FILE_NAME = "supervisor-events.jsonl"
 CLOCKS_FILE_NAME = "clocks.json"  # the controller's readings of an attempt's nodes' clocks
 RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
 RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
@@ -214,8 +220,26 @@ class RunPaths:
         return self.root / "attempts" / str(attempt)
 
     def events_file(self, attempt: int) -> Path:
-        """Timeline of one attempt, appended by the batch script and rank 0 (one JSON object a line)."""
+        """Rank 0's timeline of one attempt (one JSON object a line), written by rank 0 alone."""
         return self.attempt_dir(attempt) / EVENTS_FILE_NAME
+
+    def script_events_file(self, attempt: int) -> Path:
+        """The batch script's events of one attempt (the local backend's stand-in for it), its alone."""
+        return self.attempt_dir(attempt) / SCRIPT_EVENTS_FILE_NAME
+
+    def coordinator_events_file(self, attempt: int) -> Path:
+        """The warm coordinator's events of one attempt, its alone."""
+        return self.attempt_dir(attempt) / COORDINATOR_EVENTS_FILE_NAME
+
+    def supervisor_events_file(self, attempt: int) -> Path:
+        """A command workload's supervisor's events of one attempt (rank 0's node's), its alone: the
+        script writes rank 0's own through the rank API (``progress: api``)."""
+        return self.attempt_dir(attempt) / SUPERVISOR_EVENTS_FILE_NAME
+
+    def event_files(self, attempt: int) -> tuple[Path, ...]:
+        """Every writer's events file of one attempt (read back merged: read_attempt_events)."""
+        return (self.script_events_file(attempt), self.supervisor_events_file(attempt), self.events_file(attempt),
+                self.coordinator_events_file(attempt))
 
     def clocks_file(self, attempt: int) -> Path:
         """The clock of each of ``attempt``'s nodes against the login node's (orchestrator.record.clocks),
@@ -289,8 +313,23 @@ class EventRecord:
 
 
 def read_events(path: Path) -> list[EventRecord]:
-    """An attempt's events.jsonl read back, in the order they were written."""
+    """One writer's events file read back, in the order they were written."""
     return [EventRecord.from_json(record) for record in read_json_lines(path)]
+
+
+def read_attempt_events(paths: "RunPaths", attempt: int) -> list[EventRecord]:
+    """Every writer's events of ``attempt``, merged in time order (each writer's own order kept)."""
+    return by_time([event for path in paths.event_files(attempt) for event in read_events(path)])
+
+
+def attempt_event_lines(paths: "RunPaths", attempt: int) -> list[dict[str, Any]]:
+    """``read_attempt_events`` as the JSON objects written."""
+    return [event.fields for event in read_attempt_events(paths, attempt)]
+
+
+def by_time(events: list[EventRecord]) -> list[EventRecord]:
+    """Events of several writers in time order; stable, so each writer's order stands."""
+    return sorted(events, key=lambda event: event.time)
 
 
 def first_event(events: list[EventRecord], name: str) -> EventRecord | None:
@@ -496,6 +535,17 @@ class JsonlTail(Generic[Record]):
             except (ValueError, KeyError, TypeError, AttributeError):  # a torn line, NULs a node crash left
                 continue
         return records
+
+
+class EventsTail:
+    """An incremental reader of every writer's events file of one attempt: what each appended since
+    the last call, merged in time order."""
+
+    def __init__(self, paths: "RunPaths", attempt: int) -> None:
+        self.tails = [JsonlTail(path, EventRecord.from_json) for path in paths.event_files(attempt)]
+
+    def read_new(self) -> list[EventRecord]:
+        return by_time([event for tail in self.tails for event in tail.read_new()])
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

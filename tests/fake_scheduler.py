@@ -119,7 +119,7 @@ class FakeScheduler(Backend):
 def launch_exited(run_dir: Any, attempt: int, exit_code: int) -> None:
     """What the batch script records when its rank launch returns (templates/events.sh.j2)."""
 
-    events = RunPaths(run_dir).events_file(attempt)
+    events = RunPaths(run_dir).script_events_file(attempt)
     events.parent.mkdir(parents=True, exist_ok=True)
     append_json_line(events, {"event": EVENT_JOB_START, "time": time.time() - 1.0})
     append_json_line(events, {"event": EVENT_STEP_EXIT, "time": time.time(), "exit_code": exit_code})
@@ -132,7 +132,7 @@ def rank_fell_silent(run_dir: Any, attempt: int, silent_s: float) -> None:
     paths.events_file(attempt).parent.mkdir(parents=True, exist_ok=True)
     paths.heartbeats.mkdir(parents=True, exist_ok=True)
     then = time.time() - silent_s
-    append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": then - 1.0})
+    append_json_line(paths.script_events_file(attempt), {"event": EVENT_JOB_START, "time": then - 1.0})
     append_json_line(paths.events_file(attempt), {"event": EVENT_FIRST_STEP, "time": then, "step": 1})
     append_json_line(paths.heartbeat_file(attempt, 0), {"attempt": attempt, "step": 1, "time": then})
 
@@ -142,7 +142,7 @@ def run_completed(run_dir: Any, attempt: int, steps: int) -> None:
 
     paths = RunPaths(run_dir)
     paths.events_file(attempt).parent.mkdir(parents=True, exist_ok=True)
-    append_json_line(paths.events_file(attempt), {"event": EVENT_JOB_START, "time": time.time() - 2.0})
+    append_json_line(paths.script_events_file(attempt), {"event": EVENT_JOB_START, "time": time.time() - 2.0})
     write_json_atomic(paths.final, record_dict(FinalRecord(step=steps, digest="d", time=time.time(), attempt=attempt)))
     append_json_line(paths.events_file(attempt), {"event": EVENT_COMPLETED, "time": time.time()})
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import EVENT_FIRST_STEP, EVENT_WARM_PLAN, RunPaths, read_json_lines
+from experiments.layout import EVENT_FIRST_STEP, EVENT_WARM_PLAN, RunPaths, attempt_event_lines
 
 TOLERANCE_S = 1e-3  # the report rounds nothing; JSON floats and ledger REALs agree to far better
 
 
 def _event_time(paths: RunPaths, attempt: int, event: str) -> float | None:
-    return next((float(e["time"]) for e in read_json_lines(paths.events_file(attempt)) if e["event"] == event), None)
+    return next((float(e["time"]) for e in attempt_event_lines(paths, attempt) if e["event"] == event), None)
 
 
 def _failed_attempt(attempts: list[dict[str, Any]], resumed: int, failed_restarts: int) -> dict[str, Any]:

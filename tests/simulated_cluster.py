@@ -93,7 +93,7 @@ class SimulatedCluster(FakeScheduler):
         sim = self.jobs.get(job_id)
         if sim is None or self.states[job_id] is not JobState.RUNNING or sim.job.attempt != attempt:
             return False
-        append_json_line(RunPaths(sim.run.paths.root).events_file(attempt),
+        append_json_line(RunPaths(sim.run.paths.root).script_events_file(attempt),
                          {"event": EVENT_STEP_EXIT, "time": time.time(), "exit_code": 137})
         sim.awaiting_go = True
         return True
@@ -147,7 +147,7 @@ class SimulatedCluster(FakeScheduler):
         attempt = sim.job.attempt + 1
         write_fence(paths, Fence(attempt, sim.job_id, held.drill_id))
         sim.job, sim.running_polls, sim.re_forming = replace(sim.job, attempt=attempt), 0, False
-        events = paths.events_file(attempt)
+        events = paths.coordinator_events_file(attempt)
         events.parent.mkdir(parents=True, exist_ok=True)
         append_json_line(events, {"event": EVENT_WARM_PLAN, "time": time.time(), "generation": attempt,
                                   "resume": "peer", "source_rank": 0, "step": 2})
@@ -176,7 +176,7 @@ class SimulatedCluster(FakeScheduler):
         now = time.time()
         self.began.setdefault((sim.run.run_id, sim.job.attempt), now)
         if job_start:
-            append_json_line(events, {"event": EVENT_JOB_START, "time": now})
+            append_json_line(paths.script_events_file(sim.job.attempt), {"event": EVENT_JOB_START, "time": now})
         append_json_line(events, {"event": EVENT_FIRST_STEP, "time": now, "step": 1})
         paths.heartbeats.mkdir(parents=True, exist_ok=True)
         append_json_line(paths.heartbeat_file(sim.job.attempt, 0), {"attempt": sim.job.attempt, "step": 1, "time": now})
@@ -203,11 +203,11 @@ class SimulatedCluster(FakeScheduler):
             self.states[sim.job_id] = JobState.PREEMPTED
         elif failure == KILL and sim.running_polls == 2 and sim.run.campaign.restart.strategy == "warm":
             # A rank's own step ended; the job's coordinator saw it and re-forms at the next poll.
-            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_WARM_FAILURE, "time": now,
+            append_json_line(paths.coordinator_events_file(sim.job.attempt), {"event": EVENT_WARM_FAILURE, "time": now,
                                                                   "rank": 0, "exit_code": 137})
             sim.re_forming = True
         elif failure == KILL and sim.running_polls == 2:
-            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
+            append_json_line(paths.script_events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
                                                                   "exit_code": 137})
             if sim.run.campaign.restart.strategy == "in-allocation":
                 sim.awaiting_go = True  # the job keeps its allocation for the controller's go
@@ -218,6 +218,6 @@ class SimulatedCluster(FakeScheduler):
             write_json_atomic(paths.final, record_dict(FinalRecord(step=steps, digest=f"digest-{sim.run.run_id}",
                                                                    time=now, attempt=sim.job.attempt)))
             append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_COMPLETED, "time": now})
-            append_json_line(paths.events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
+            append_json_line(paths.script_events_file(sim.job.attempt), {"event": EVENT_STEP_EXIT, "time": now,
                                                                   "exit_code": 0})
             self.states[sim.job_id] = JobState.COMPLETED

@@ -212,7 +212,7 @@ class Supervisor:
         self.paths = RunPaths(Path(job.run_dir))
         self.cwd = Path(fill_attempt(self.command.cwd, job.attempt)) if self.command.cwd else Path.cwd()
         self.attempt = job.attempt  # under elastic, torchrun's current round's (experiments/runtime/torchrun.py)
-        self.events = EventLog(self.paths.events_file(job.attempt), enabled=env.is_main)
+        self.events = EventLog(self.paths.supervisor_events_file(job.attempt), enabled=env.is_main)
         self.child: subprocess.Popen[bytes] | None = None
         self.stderr_tail: list[str] = []
         self.progress: InferredProgress | None = None
@@ -343,7 +343,7 @@ class Supervisor:
         if not self._round_fenced(failed, attempt):
             return False
         self.attempt = attempt
-        self.events = EventLog(self.paths.events_file(attempt), enabled=self.env.is_main)
+        self.events = EventLog(self.paths.supervisor_events_file(attempt), enabled=self.env.is_main)
         now = time.time()
         self.events.emit(EVENT_ELASTIC_ROUND, when=now, round=round_, resume="the script's own checkpoint")
         self._emit_start(now, elastic_round=round_)

@@ -177,7 +177,7 @@ class BatchWarmJob:
             world_size=self.world,
             spares_wanted=self.args.spare_sets if restart_all else len(self.nodes) * self.args.spares_per_node,
             first_attempt=self.args.attempt, port_base=self.port_base,
-            events=lambda attempt, event: append_json_line(self.paths.events_file(attempt), event),
+            events=lambda attempt, event: append_json_line(self.paths.coordinator_events_file(attempt), event),
             fence=HeldFence(self.paths, Fence(self.args.attempt, self.args.job, os.environ.get(ENV_DRILL_ID))).advance,
             secret=secret,
             spawn=self._spawn_set if restart_all else self._spawn, restart_all=restart_all, end=self._end_slots,

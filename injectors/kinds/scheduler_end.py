@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from experiments.layout import EVENT_WARNED, RunPaths, read_events
+from experiments.layout import EVENT_WARNED, RunPaths, read_attempt_events
 from injectors.kinds.base import FaultTask, JobControl
 from injectors.targets import TargetRefused, read_identity
 
@@ -30,7 +30,7 @@ def warned_event(task: FaultTask, since: float) -> Warned | None:
         node = read_identity(task.run_dir, task.attempt, 0).node
     except TargetRefused:
         node = ""  # rank 0 never registered: its stamps are read as they are
-    for event in read_events(RunPaths(task.run_dir).events_file(task.attempt)):
+    for event in read_attempt_events(RunPaths(task.run_dir), task.attempt):
         saved_at = task.on_login(event.time, node)
         if event.name == EVENT_WARNED and saved_at >= since:
             return Warned(received_at=task.on_login(event.number("received_at", event.time), node),

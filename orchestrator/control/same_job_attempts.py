@@ -123,7 +123,7 @@ class SameJobAttempts:
         """Did the scheduler requeue ``job_id`` as ``attempt`` before the controller that asked died?
         Yes if the job is queued again or has started as that attempt: asking again would kill the
         attempt's run and start it over. (A job still in the failed state it had: no.)"""
-        if self.run.paths.events_file(attempt).exists():
+        if any(path.exists() for path in self.run.paths.event_files(attempt)):
             return True
         try:
             state = self.backend.poll([job_id]).get(job_id, JobState.UNKNOWN)

@@ -25,6 +25,7 @@ from experiments.layout import (
     EVENT_WARNED,
     CheckpointRecord,
     EventRecord,
+    EventsTail,
     Heartbeat,
     JsonlTail,
     RankError,
@@ -80,7 +81,7 @@ class AttemptWatch:
     job_id: str
     paths: RunPaths
     ranks: int
-    events: JsonlTail = field(init=False)
+    events: EventsTail = field(init=False)
     checkpoint_tail: JsonlTail = field(init=False)
     heartbeat_tails: list[JsonlTail] = field(init=False)
     job_started: float | None = None  # batch script's first line (or rank 0's start on the local backend)
@@ -107,7 +108,7 @@ class AttemptWatch:
     last_step_heard: float | None = None
 
     def __post_init__(self) -> None:
-        self.events = JsonlTail(self.paths.events_file(self.attempt), EventRecord.from_json)
+        self.events = EventsTail(self.paths, self.attempt)
         self.checkpoint_tail = JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json)
         self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json)
                                 for rank in range(self.ranks)]

@@ -15,7 +15,7 @@ from experiments.layout import (
     LossRecord,
     RunPaths,
     first_event,
-    read_events,
+    read_attempt_events,
     read_json_lines,
 )
 from orchestrator.campaign.runs import RunConfig
@@ -25,7 +25,7 @@ from orchestrator.record.outputs import MISSING, compare_outputs
 
 def completion_facts(paths: RunPaths, attempt: int) -> dict[str, Any]:
     """Ledger columns from the final attempt's events: exact parameter count, step time, switches."""
-    events = read_events(paths.events_file(attempt))
+    events = read_attempt_events(paths, attempt)
     ready = first_event(events, EVENT_FRAMEWORK_READY)
     completed = first_event(events, EVENT_COMPLETED)
     facts: dict[str, Any] = {}

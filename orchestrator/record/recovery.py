@@ -32,7 +32,7 @@ from experiments.layout import (
     Heartbeat,
     RunPaths,
     first_event,
-    read_events,
+    read_attempt_events,
     read_json_lines_backwards,
 )
 from orchestrator.record.clocks import LOGIN, OnLogin, Stamp, between, load_clocks
@@ -68,7 +68,7 @@ class AttemptTimeline:
 
 def attempt_timeline(paths: RunPaths, attempt: int) -> AttemptTimeline | None:
     """The start-up timeline of an attempt, or None until its first training step is done."""
-    events = read_events(paths.events_file(attempt))
+    events = read_attempt_events(paths, attempt)
     first = first_event(events, EVENT_FIRST_STEP)
     ready = first_event(events, EVENT_FRAMEWORK_READY)
     loaded = first_event(events, EVENT_CHECKPOINT_LOADED)
@@ -116,7 +116,7 @@ def compute_recovery(
     resumed_time = step_reached_at(paths, ranks, timeline.resumed_from_step, fault_at)
     lost_steps = max(0, last_step - timeline.resumed_from_step)
     lost_s = max(0.0, last_time - resumed_time) if lost_steps else 0.0
-    resumed_events = read_events(paths.events_file(resumed.attempt))
+    resumed_events = read_attempt_events(paths, resumed.attempt)
     plan = first_event(resumed_events, EVENT_WARM_PLAN) or first_event(resumed_events, EVENT_ELASTIC_ROUND)
     # warm: the coordinator's plan is the new attempt's acceptance (the controller records it later);
     # elastic: torchrun's start of the round. Both are stamped in the batch script's job.

@@ -18,7 +18,7 @@ from experiments.layout import (
     EVENT_WARM_PLAN,
     RunPaths,
     first_event,
-    read_events,
+    read_attempt_events,
 )
 from injectors.kinds import get_kind
 from injectors.kinds.base import Site
@@ -33,7 +33,7 @@ BATCH_EVENTS = (EVENT_JOB_START, EVENT_WARM_PLAN, EVENT_WARM_FAILURE, EVENT_WARM
 def batch_host(paths: RunPaths, attempt: int) -> str:
     """The node whose clock stamped ``attempt``'s batch script events: its job start's, or its warm
     coordinator's; rank 0's start's on the local backend (one host)."""
-    events = read_events(paths.events_file(attempt))
+    events = read_attempt_events(paths, attempt)
     for event in events:
         if event.name in BATCH_EVENTS and (node := event.fields.get(EVENT_STAMPED_ON) or
                                            (event.name == EVENT_JOB_START and event.fields.get("node"))):

@@ -24,9 +24,9 @@ from experiments.layout import (
     ENV_RUN_ID,
     EVENT_JOB_START,
     EVENT_STEP_EXIT,
-    EVENTS_FILE_NAME,
     RANK_STEP_NAME,
     RELAUNCH_EXCLUDE_NAME,
+    SCRIPT_EVENTS_FILE_NAME,
 )
 from experiments.layout import ENV_WARM_RESTART_ALL as WARM_RESTART_ALL
 from experiments.layout import ENV_WARM_SPARES as WARM_SPARES
@@ -82,7 +82,8 @@ TEMPLATE_CONTRACT = {
     "env": {"ATTEMPT": ENV_ATTEMPT, "JOB_ID": ENV_JOB_ID, "MASTER_ADDR": ENV_MASTER_ADDR, "RANK_HOSTS": ENV_RANK_HOSTS,
             "DRILL_ID": ENV_DRILL_ID},
     "event": {"job_start": EVENT_JOB_START, "step_exit": EVENT_STEP_EXIT},
-    "file": {"events": EVENTS_FILE_NAME, "relaunch_exclude": RELAUNCH_EXCLUDE_NAME},
+    # The batch script's events file (a user's template too: never rank 0's file, which rank 0 alone writes)
+    "file": {"events": SCRIPT_EVENTS_FILE_NAME, "relaunch_exclude": RELAUNCH_EXCLUDE_NAME},
 }
 
 
@@ -342,7 +343,7 @@ class PBSElement:
 
     folder: Path
     environment: dict[str, str] = field(default_factory=dict)
-    events_file: Path | None = None
+    events_file: Path | None = None  # the batch script's own (script_events_file)
     index: int | None = None
     attempt: int | None = None  # with fence_file: the attempt this element runs (stale ones start nothing)
     fence_file: Path | None = None
@@ -424,7 +425,7 @@ def _warning_at_s(walltime: str, warning_s: int | None) -> int | None:
 
 def _pbs_element(run: RunConfig, attempt: int, drill_id: str, index: int | None) -> PBSElement:
     return PBSElement(folder=run.paths.submitit, environment=rank_environment(run, attempt, drill_id),
-                      events_file=run.paths.events_file(attempt), index=index, attempt=attempt,
+                      events_file=run.paths.script_events_file(attempt), index=index, attempt=attempt,
                       fence_file=run.paths.current_attempt)
 
 

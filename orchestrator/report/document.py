@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import EVENT_CHECKPOINT_LOADED, EVENT_WARM_REFUSED, RunPaths, first_event, read_events
+from experiments.layout import EVENT_CHECKPOINT_LOADED, EVENT_WARM_REFUSED, RunPaths, first_event, read_attempt_events
 from orchestrator.campaign.strategies import traits_of
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.outputs import IDENTICAL, MISSING, NOT_CHECKED
@@ -125,7 +125,7 @@ def clock_view(recovery: dict[str, Any]) -> dict[str, Any]:
 
 def _warm_refused(paths: RunPaths, attempts: list[int]) -> int:
     """Connections the warm coordinator refused: an event each, or one for many (its count)."""
-    return sum(int(event.number("count", 1.0)) for attempt in attempts for event in read_events(paths.events_file(attempt))
+    return sum(int(event.number("count", 1.0)) for attempt in attempts for event in read_attempt_events(paths, attempt)
                if event.name == EVENT_WARM_REFUSED)
 
 
@@ -159,7 +159,7 @@ def _resume_mismatches(paths: RunPaths) -> dict[str, str]:
     """Attempt -> what its resume's log said against the script's newest checkpoint file."""
     found: dict[str, str] = {}
     for attempt in paths.heartbeat_attempts():
-        loaded = first_event(read_events(paths.events_file(attempt)), EVENT_CHECKPOINT_LOADED)
+        loaded = first_event(read_attempt_events(paths, attempt), EVENT_CHECKPOINT_LOADED)
         if loaded is not None and loaded.fields.get("resume_mismatch"):
             found[str(attempt)] = str(loaded.fields["resume_mismatch"])
     return found

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from campaigns import drill_report
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import RunPaths, attempt_event_lines
 from faultdrill_cli import FULL_ONLY
 from orchestrator.backends.pbs.commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
 from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
@@ -89,7 +89,7 @@ def _check_report(report: dict[str, Any], shared_tmp: Path, cluster, run_id: str
     paths = RunPaths(shared_tmp / "work" / "runs" / run_id)
     nodes = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(faulted["ranks"])}
     assert len(nodes) == 2 and nodes <= set(cluster), f"ranks ran on {nodes}, expected 2 nodes of {set(cluster)}"
-    start = read_json_lines(paths.events_file(0))[0]
+    start = attempt_event_lines(paths, 0)[0]
     assert start["event"] == "job_start" and start["job_id"] == faulted["attempts"][0]["job_id"]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import RunPaths, attempt_event_lines
 from faultdrill_cli import FULL_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,4 +59,4 @@ def test_slurm_quick_drill_recovers_on_two_nodes(shared_tmp: Path, cluster, slur
             slurm.wait_sacct_state(attempt["job_id"], timeout=60, name_prefix="fd-slurm-quick-")
     failed_attempt = faulted["attempts"][0]
     assert slurm.wait_sacct_state(failed_attempt["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
-    assert read_json_lines(paths.events_file(0))[0]["event"] == "job_start"
+    assert attempt_event_lines(paths, 0)[0]["event"] == "job_start"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from campaigns import campaign_copy, drill_report, full_campaigns
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import RunPaths, attempt_event_lines
 from experiments.runtime.hostlist import expand_hostlist
 from faultdrill_cli import CAMPAIGNS
 from orchestrator.record.clocks import load_clocks
@@ -90,7 +90,7 @@ def test_resubmit_after_a_rank_kill_is_a_new_job_and_accounting_shows_the_one_th
     paths = RunPaths(Path(report["workdir"]) / "runs" / run["run_id"])
     ranks_on = {json.loads(paths.rank_file(0, rank).read_text())["node"] for rank in range(run["ranks"])}
     assert ranks_on == set(_node_list(failed["job_id"])), ranks_on
-    start = read_json_lines(paths.events_file(0))[0]
+    start = attempt_event_lines(paths, 0)[0]
     assert start["event"] == "job_start" and start["job_id"] == failed["job_id"], start
     assert slurm.wait_sacct_state(failed["job_id"])["State"].split()[0] in {"FAILED", "CANCELLED"}
 

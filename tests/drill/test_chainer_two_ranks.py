@@ -21,7 +21,14 @@ import psutil
 import pytest
 
 from experiments.entry import rank_job_to_dict
-from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, read_json_lines
+from experiments.layout import (
+    EVENT_CHECKPOINT_LOADED,
+    RankJob,
+    RunPaths,
+    WorkloadSpec,
+    attempt_event_lines,
+    read_json_lines,
+)
 from orchestrator.backends.local.backend import mpi_launcher
 from orchestrator.campaign.mpi import MPI_VENV, launch_environment, runtime_for, venv_mpi
 from rank_launch import logs as launcher_logs
@@ -99,7 +106,7 @@ def final_digest(run_dir: Path) -> str:
 
 
 def resumed_from(run_dir: Path, attempt: int) -> int:
-    events = read_json_lines(RunPaths(run_dir).events_file(attempt))
+    events = attempt_event_lines(RunPaths(run_dir), attempt)
     return int(next(e for e in events if e["event"] == EVENT_CHECKPOINT_LOADED)["step"])
 
 

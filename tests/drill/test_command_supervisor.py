@@ -24,6 +24,7 @@ from experiments.layout import (
     RankJob,
     RunPaths,
     WorkloadSpec,
+    attempt_event_lines,
     rank_job_to_dict,
     read_json_lines,
 )
@@ -118,7 +119,7 @@ def test_zero_code_progress_from_log_lines_and_a_short_run_is_not_complete(tmp_p
     assert done.returncode == 1
     assert "exited 0 at step 3 of 10" in json.loads(paths.rank_error_file(0, 0).read_text())["error"]
     assert [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0, 0))][-1] == 3
-    events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
+    events = {event["event"]: event for event in attempt_event_lines(paths, 0)}
     assert events["first_step"]["step"] == 1 and events["first_step"]["inferred"] is True
     assert events["checkpoint_loaded"]["step"] == 0 and events["checkpoint_loaded"]["inferred"] is True
     assert "step 3 loss" in done.stdout  # the script's output is passed on
@@ -136,7 +137,7 @@ def test_a_restart_that_finds_the_run_already_trained_to_its_end_completes_it(tm
     assert done.returncode == 0, done.stderr
     final = json.loads(paths.final.read_text())
     assert final["step"] == 5 and final["attempt"] == 1
-    [completed] = [event for event in read_json_lines(paths.events_file(1)) if event["event"] == "completed"]
+    [completed] = [event for event in attempt_event_lines(paths, 1) if event["event"] == "completed"]
     assert completed["step"] == 5 and completed["inferred"] is True and "attempt 0" in completed["note"]
 
 
@@ -165,7 +166,7 @@ def test_zero_code_progress_from_the_scripts_own_checkpoint_files(tmp_path: Path
     assert done.returncode == 0, done.stderr
     beats = [beat["step"] for beat in read_json_lines(paths.heartbeat_file(0, 0))]
     assert set(beats) == {4, 6} and beats == sorted(beats), "each new checkpoint file is a step, in order; the old one none"
-    events = {event["event"]: event for event in read_json_lines(paths.events_file(0))}
+    events = {event["event"]: event for event in attempt_event_lines(paths, 0)}
     assert events["checkpoint_loaded"]["step"] == 2 and events["checkpoint_loaded"]["source"] == "script's checkpoints"
     assert events["first_step"]["step"] == 4 and json.loads(paths.final.read_text())["step"] == 6
 

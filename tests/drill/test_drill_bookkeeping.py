@@ -21,7 +21,7 @@ import pytest
 from recovery_checks import assert_phases_follow_the_moments
 
 from drills import drill, drill_processes, kill_verified, ledger_sql, run_of, write_spec
-from experiments.layout import RankJob, RunPaths, read_json_lines
+from experiments.layout import RankJob, RunPaths, attempt_event_lines, read_json_lines
 from orchestrator.backends.base import Submission
 from orchestrator.backends.local.backend import EnvLocalExecutor, LocalBackend, LocalJobRecord
 from orchestrator.campaign.capabilities import Capability
@@ -168,7 +168,7 @@ def test_every_planned_fault_is_accounted_for_and_credited_to_the_failure_it_cau
     # attempts[].started is when the job really started (its rank 0's first line here), not acceptance.
     paths = RunPaths(tmp_path / "work" / "runs" / "r000")
     for number, attempt in enumerate(run["attempts"]):
-        start = next(e for e in read_json_lines(paths.events_file(number)) if e["event"] == "process_start")
+        start = next(e for e in attempt_event_lines(paths, number) if e["event"] == "process_start")
         assert attempt["started"] == pytest.approx(start["time"]) and attempt["started"] >= attempt["accepted"]
 
 

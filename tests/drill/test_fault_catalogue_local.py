@@ -17,7 +17,7 @@ import pytest
 from recovery_checks import assert_phases_follow_the_moments
 
 from drills import FAULTDRILL, drill, run_of, write_spec
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import RunPaths, attempt_event_lines, read_json_lines
 from faultdrill_cli import campaign_copy, faultdrill, full_campaigns, leave_out_fault_kinds
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
@@ -153,7 +153,7 @@ def test_preempt_warns_the_ranks_who_checkpoint_at_once_so_no_work_is_lost(catal
     [recovery] = run["recoveries"]
     assert recovery["fault_kind"] == "preempt" and recovery["resumed_from_step"] == saved
     assert recovery["lost_steps"] == 0 and recovery["failure_class"] == "PREEMPTED"
-    [warned] = [event for event in read_json_lines(catalogue.paths("preempt").events_file(0))
+    [warned] = [event for event in attempt_event_lines(catalogue.paths("preempt"), 0)
                 if event["event"] == "warned"]
     assert warned["step"] == saved and warned["signal"] == "SIGUSR2"
 

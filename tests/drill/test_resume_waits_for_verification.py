@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from experiments.entry import rank_job_to_dict
-from experiments.layout import EVENT_CHECKPOINT_LOADED, MANIFEST_NAME, RankJob, RunPaths, WorkloadSpec, read_json_lines
+from experiments.layout import (
+    EVENT_CHECKPOINT_LOADED,
+    MANIFEST_NAME,
+    RankJob,
+    RunPaths,
+    WorkloadSpec,
+    attempt_event_lines,
+)
 from rank_launch import REPO, free_port_pair, logs
 
 pytest.importorskip("torch")
@@ -60,7 +67,7 @@ def test_ranks_wait_for_rank_0_to_verify_a_large_checkpoint(tmp_path: Path) -> N
     (newest / MANIFEST_NAME).write_text(json.dumps(manifest))
 
     assert _attempt(tmp_path, 1) == [0, 0], logs(tmp_path)
-    loaded = next(e for e in read_json_lines(paths.events_file(1)) if e["event"] == EVENT_CHECKPOINT_LOADED)
+    loaded = next(e for e in attempt_event_lines(paths, 1) if e["event"] == EVENT_CHECKPOINT_LOADED)
     assert loaded["verify_s"] > COLLECTIVE_TIMEOUT_S, "the verification was not slow: the test proves nothing"
     assert loaded["step"] == SPEC.steps - EVERY
     assert json.loads(paths.final.read_text())["digest"] == finished

@@ -12,7 +12,13 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads, as the workload does
 tf = pytest.importorskip("tensorflow")
 
-from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, read_json_lines  # noqa: E402
+from experiments.layout import (  # noqa: E402
+    EVENT_CHECKPOINT_LOADED,
+    RankJob,
+    RunPaths,
+    WorkloadSpec,
+    attempt_event_lines,
+)
 from experiments.runner import RunnerOptions, run_training  # noqa: E402
 from experiments.runtime.distenv import DistEnv, Timeouts  # noqa: E402
 from experiments.workloads import get_workload  # noqa: E402
@@ -75,7 +81,7 @@ def test_resume_reproduces_uninterrupted_digest(tmp_path: Path) -> None:
         resumed = run_single(tmp_path / f"{model}-broken", model, steps=30, attempt=1, asynchronous=False)
         assert resumed == straight, model
         paths = RunPaths(tmp_path / f"{model}-broken")
-        loaded = next(e for e in read_json_lines(paths.events_file(1)) if e["event"] == EVENT_CHECKPOINT_LOADED)
+        loaded = next(e for e in attempt_event_lines(paths, 1) if e["event"] == EVENT_CHECKPOINT_LOADED)
         assert loaded["step"] == 10
 
 

@@ -16,6 +16,7 @@ from experiments.layout import (  # noqa: E402
     RankJob,
     RunPaths,
     WorkloadSpec,
+    attempt_event_lines,
     read_json_lines,
 )
 from experiments.runner import RunnerOptions, run_training  # noqa: E402
@@ -62,7 +63,7 @@ def test_resume_reproduces_uninterrupted_digest(tmp_path: Path) -> None:
     assert resumed == straight
 
     paths = RunPaths(tmp_path / "broken")
-    events = read_json_lines(paths.events_file(1))
+    events = attempt_event_lines(paths, 1)
     assert [e["event"] for e in events] == [EVENT_PROCESS_START, EVENT_FRAMEWORK_READY,
                                            EVENT_CHECKPOINT_LOADED, EVENT_FIRST_STEP, EVENT_COMPLETED]
     assert events[2]["step"] == 10 and events[3]["step"] == 11
@@ -76,7 +77,7 @@ def test_resume_reproduces_uninterrupted_digest(tmp_path: Path) -> None:
 
 def test_cold_start_when_no_checkpoint(tmp_path: Path) -> None:
     run_single(tmp_path, steps=5, every=0)
-    events = read_json_lines(RunPaths(tmp_path).events_file(0))
+    events = attempt_event_lines(RunPaths(tmp_path), 0)
     loaded = next(e for e in events if e["event"] == EVENT_CHECKPOINT_LOADED)
     assert loaded["step"] == 0
     assert not RunPaths(tmp_path).checkpoints.exists()

@@ -30,6 +30,7 @@ from experiments.layout import (
     RankJob,
     RunPaths,
     WorkloadSpec,
+    attempt_event_lines,
     read_json_lines,
 )
 from rank_launch import REPO, free_port_pair, logs, wait_for
@@ -127,7 +128,7 @@ def test_reference_run_completes(case: Case, reference: tuple[Path, list[dict[st
     assert [r["step"] for r in records] == list(range(case.every, steps + 1, case.every))
     assert all(r["writers"] == case.writers and r["framework"] == case.spec.framework and r["bytes"] > 0
                for r in records)
-    events = [e["event"] for e in read_json_lines(paths.events_file(0))]
+    events = [e["event"] for e in attempt_event_lines(paths, 0)]
     assert events[0] == "process_start" and events[-1] == EVENT_COMPLETED
     identities = [json.loads(paths.rank_file(0, rank).read_text()) for rank in range(2)]
     assert len({i["pid"] for i in identities}) == 2 and {i["job_id"] for i in identities} == {identities[0]["job_id"]}
@@ -160,6 +161,6 @@ def test_killed_rank_then_resume_matches_reference(
     procs = launch(case, tmp_path, attempt=1)
     codes = [proc.wait(timeout=120) for proc in procs]
     assert codes == [0, 0], logs(tmp_path)
-    loaded = next(e for e in read_json_lines(paths.events_file(1)) if e["event"] == EVENT_CHECKPOINT_LOADED)
+    loaded = next(e for e in attempt_event_lines(paths, 1) if e["event"] == EVENT_CHECKPOINT_LOADED)
     assert loaded["step"] > 0
     assert json.loads(paths.final.read_text())["digest"] == reference[1][0]["digest"]

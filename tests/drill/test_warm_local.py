@@ -20,7 +20,7 @@ import yaml
 from recovery_checks import assert_phases_follow_the_moments
 
 from drills import drill, drill_processes, memory_cgroup_writable, write_spec
-from experiments.layout import RunPaths, read_json_lines
+from experiments.layout import RunPaths, attempt_event_lines
 from faultdrill_cli import campaign_copy, full_campaigns
 from orchestrator.backends.local.backend import LOCAL_CONTROLLER_MODULE
 from warm_checks import Stranger
@@ -121,7 +121,7 @@ def test_a_warm_jobs_ranks_save_on_the_preemption_warning_and_lose_no_work(edges
     [recovery] = run["recoveries"]
     assert recovery["failure_class"] == "PREEMPTED" and recovery["resumed_from_step"] == saved, recovery
     assert recovery["lost_steps"] == 0, recovery
-    events = read_json_lines(RunPaths(edges[1] / "runs" / run["run_id"]).events_file(0))
+    events = attempt_event_lines(RunPaths(edges[1] / "runs" / run["run_id"]), 0)
     assert [event["step"] for event in events if event["event"] == "warned"] == [saved]
     assert not [event for event in events if event["event"] == "warm_failure"], "the warned ranks' end re-formed"
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from experiments.layout import MANIFEST_NAME, read_json_lines
+from experiments.layout import MANIFEST_NAME, attempt_event_lines, read_json_lines
 from experiments.runtime import verify
 from experiments.runtime.checkpoint import CheckpointIncomplete, CheckpointMeta, CheckpointStore, ValidCheckpoint
 
@@ -173,7 +173,7 @@ def test_a_torch_checkpoint_that_fails_to_load_makes_the_next_attempt_fall_back(
     [rejection] = read_json_lines(store.paths.checkpoint_rejections)
     assert rejection["step"] == 20 and rejection["attempt"] == 1
     assert _torch_attempt(run_dir, steps=40, attempt=2) == straight  # resumed from 10, bit for bit
-    loaded = [e for e in read_json_lines(store.paths.events_file(2)) if e["event"] == "checkpoint_loaded"]
+    loaded = [e for e in attempt_event_lines(store.paths, 2) if e["event"] == "checkpoint_loaded"]
     assert loaded[0]["step"] == 10
 
 

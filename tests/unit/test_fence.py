@@ -64,7 +64,7 @@ def test_a_stale_attempts_batch_script_starts_no_rank_and_writes_nothing(tmp_pat
     assert done.returncode == 0, logged
     assert "stale attempt: attempt 0 (job 4141)" in logged and "no rank started" in logged
     assert not (tmp_path / "launched").exists(), "the stale attempt launched its ranks"
-    assert not run.paths.events_file(0).exists(), "the stale attempt wrote into the run's files"
+    assert not any(path.exists() for path in run.paths.event_files(0)), "the stale attempt wrote into the run's files"
 
 
 @pytest.mark.drill
@@ -189,7 +189,7 @@ def test_a_requeued_job_runs_as_the_attempt_the_fence_names_with_its_drill(tmp_p
     write_fence(run.paths, Fence(1, "77", drill_id="fence-1"))  # requeued as attempt 1
     done = _batch(script, run, _fake_launchers(tmp_path), "77")
     assert done.returncode == 0 and (tmp_path / "launched").read_text() == "srun\n", done.stderr[-2000:]
-    assert run.paths.events_file(1).exists() and not run.paths.events_file(0).exists()
+    assert run.paths.script_events_file(1).exists() and not run.paths.script_events_file(0).exists()
 
 
 @pytest.mark.drill
@@ -215,7 +215,7 @@ def test_an_in_allocation_job_relaunches_on_a_go_that_names_its_drill(tmp_path: 
     done = _batch(script, run, env, "77")
     go.join()
     assert (tmp_path / "launched").read_text() == "srun\nsrun\n", done.stderr[-2000:]
-    assert run.paths.events_file(1).exists(), "relaunched as attempt 1"
+    assert run.paths.script_events_file(1).exists(), "relaunched as attempt 1"
 
 
 def test_a_warm_coordinator_moves_the_fence_only_over_the_attempt_it_holds(tmp_path: Path) -> None:

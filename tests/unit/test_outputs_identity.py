@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.layout import read_attempt_events
 from orchestrator.record import outputs
 from orchestrator.record.outputs import DIFFERS, IDENTICAL, MISSING, compare_outputs, matched_outputs
 
@@ -162,7 +163,7 @@ def test_a_resume_the_log_says_was_not_from_the_newest_checkpoint_file_is_named(
     """Log mode with the script's checkpoint files known: its first step logged after a restart
     should follow its newest file; one that does not (it loaded an older file, or none) is taken
     from the log and named."""
-    from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, first_event, read_events
+    from experiments.layout import EVENT_CHECKPOINT_LOADED, RankJob, RunPaths, WorkloadSpec, first_event
     from experiments.runtime.command import InferredProgress
     from experiments.runtime.events import EventLog
     from experiments.runtime.heartbeat import HeartbeatWriter
@@ -177,7 +178,7 @@ def test_a_resume_the_log_says_was_not_from_the_newest_checkpoint_file_is_named(
                                 HeartbeatWriter(paths.heartbeat_file(1, 0), 1, 0.05), resumed_from=newest_file,
                                 logged=True)
     progress.saw(first_logged)
-    loaded = first_event(read_events(paths.events_file(1)), EVENT_CHECKPOINT_LOADED)
+    loaded = first_event(read_attempt_events(paths, 1), EVENT_CHECKPOINT_LOADED)
     assert loaded is not None and loaded.number("step", -1) == resumed
     assert bool(loaded.fields.get("resume_mismatch")) is named
     config = json.dumps({"workload": {"command": ["python", "t.py"], "progress": {"log": "step (\\d+)"}}})

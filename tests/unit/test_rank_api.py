@@ -9,7 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.layout import ENV_RANK_JOB, RankJob, RunPaths, WorkloadSpec, rank_job_to_dict, read_json_lines
+from experiments.layout import (
+    ENV_RANK_JOB,
+    RankJob,
+    RunPaths,
+    WorkloadSpec,
+    attempt_event_lines,
+    rank_job_to_dict,
+    read_json_lines,
+)
 from experiments.runtime import api
 from experiments.runtime.checkpoint import CheckpointStore
 from experiments.workloads.base import digest_arrays
@@ -52,7 +60,7 @@ def test_an_attempt_checkpoints_through_the_store_and_the_next_resumes_from_it(t
     digest = again.done(weights={"w": weights})
     final = json.loads(RunPaths(tmp_path / "run").final.read_text())
     assert final == {**final, "step": 6, "attempt": 1, "digest": digest} and digest == digest_arrays([("w", weights)])
-    events = [e["event"] for e in read_json_lines(RunPaths(tmp_path / "run").events_file(1))]
+    events = [e["event"] for e in attempt_event_lines(RunPaths(tmp_path / "run"), 1)]
     assert events == ["process_start", "framework_ready", "checkpoint_loaded", "first_step", "completed"]
     paths = RunPaths(tmp_path / "run")
     beats = read_json_lines(paths.heartbeat_file(0, 0)) + read_json_lines(paths.heartbeat_file(1, 0))

@@ -25,7 +25,7 @@ from experiments.layout import (
     EVENT_PROCESS_START,
     RankJob,
     RunPaths,
-    read_events,
+    read_attempt_events,
 )
 from experiments.runtime.identity import start_ticks
 from experiments.workloads import LAUNCHER_MPI
@@ -371,6 +371,6 @@ def _environ(process: psutil.Process) -> dict[str, str]:
 
 def _recorded_job_ids(paths: RunPaths, attempt: int) -> list[str]:
     """The job id the attempt's rank 0 recorded when it started (its process_start event)."""
-    ids = {str(event.fields["job_id"]) for event in read_events(paths.events_file(attempt))
+    ids = {str(event.fields["job_id"]) for event in read_attempt_events(paths, attempt)
            if event.name == EVENT_PROCESS_START and event.fields.get("job_id")}
     return sorted(ids, key=lambda job_id: int(job_id) if job_id.isdigit() else 0)

@@ -147,7 +147,7 @@ class RecordingController(Controller):
                 code = self.step_exit
             finally:
                 self.kill_tasks()
-            append_json_line(paths.events_file(attempt), {"event": EVENT_STEP_EXIT, "time": time.time(),
+            append_json_line(paths.script_events_file(attempt), {"event": EVENT_STEP_EXIT, "time": time.time(),
                                                           "exit_code": code})
             if code == 0:
                 return

@@ -119,7 +119,7 @@ class LocalWarmJob:
             log.warning("%s", error)
 
     def _event(self, attempt: int, event: dict[str, Any]) -> None:
-        append_json_line(self.paths.events_file(attempt), event)
+        append_json_line(self.paths.coordinator_events_file(attempt), event)
 
     def _spawn(self, slot: int, attempt: int, _where: Placement = ANYWHERE) -> None:
         """One more task of this job, as submitit's controller starts its tasks, as a warm spare of
