@@ -20,6 +20,7 @@ from injectors.schedule import PlannedFault
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import RUN_ID_FIELD, Campaign, SpecError, load_campaign, parse_campaign
 from orchestrator.control.detach import ControllerBusy, live_controller
+from orchestrator.record.ledger import LedgerBusy
 from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
 from orchestrator.report.advise import AdviceError
 from orchestrator.report.document import ReportError, build_report
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args)
         sys.stdout.flush()
         return code
-    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError) as error:
+    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError, LedgerBusy) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SPEC
     except BrokenPipeError:

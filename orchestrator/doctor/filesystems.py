@@ -11,7 +11,7 @@ import os
 import uuid
 from pathlib import Path
 
-from experiments.runtime.mounts import NETWORK_TYPES, filesystem_type
+from experiments.runtime.mounts import UNKNOWN, filesystem_type, is_local
 from orchestrator.doctor.checks import Check, failed, passed, warned
 
 NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
@@ -81,9 +81,11 @@ def _rename(name: str, directory: Path, probe: Path) -> Check:
 
 def _kind(name: str, directory: Path) -> Check:
     kind = filesystem_type(directory)
-    if kind in NETWORK_TYPES:
-        return warned(f"{name}: filesystem", f"{directory} is on {kind}: other nodes see its files late "
-                      "(attribute caches), and every write is a round trip to its server",
+    if not is_local(kind):
+        said = "a filesystem the mount table does not name" if kind == UNKNOWN else kind
+        return warned(f"{name}: filesystem", f"{directory} is on {said}, not one known to be this host's own: "
+                      "treated as a network filesystem (other nodes may see its files late, through attribute "
+                      "caches, and every write may be a round trip to a server)",
                       "the drill waits for what it reads, writes heartbeats at most once a second there, and keeps "
                       "its ledger with a rollback journal (SQLite's WAL is unsafe on a network filesystem)")
     return passed(f"{name}: filesystem", f"{directory} is on {kind}")
