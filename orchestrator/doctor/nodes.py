@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from injectors.kinds import REGISTRY, get_kind
-from injectors.probe import LOGIN_MARK, NODE_MARK_PREFIX
 from orchestrator.commands import current_user
 from orchestrator.doctor.checks import Check, failed, passed, warned
+from orchestrator.doctor.marks import CheckpointMarks
 from orchestrator.doctor.probe_job import NodeReport
 from orchestrator.faults.job_control import NOT_OWN_CLUSTER, on_own_cluster
 
@@ -84,26 +82,10 @@ def _visibility(reports: list[NodeReport]) -> Check:
     return passed("shared filesystem", "not measured (one host: no filesystem between nodes)")
 
 
-@contextmanager
-def checkpoint_marks(directory: Path | None) -> Iterator[None]:
-    """The login node's file in the checkpoint directory while the test job runs (each node looks
-    for it, and leaves one of its own); every such file removed after."""
-    if directory is None or not directory.is_dir():
-        yield
-        return
-    mark = directory / LOGIN_MARK
-    try:
-        mark.write_text("the doctor's test job looks for this file")
-        yield
-    finally:
-        for leftover in [mark, *directory.glob(f"{NODE_MARK_PREFIX}*")]:
-            leftover.unlink(missing_ok=True)
-
-
-def checkpoint_checks(directory: Path, reports: list[NodeReport]) -> list[Check]:
+def checkpoint_checks(marks: CheckpointMarks, reports: list[NodeReport]) -> list[Check]:
     """Whether every node sees the checkpoint directory as the login node does: the login node's
-    file there, a file of the node's own written there and seen here."""
-    problems = []
+    file there, a file of the node's own written there and seen here (while ``marks`` are there)."""
+    problems = list(marks.problems)
     for report in reports:
         said = (report.facts or {}).get("checkpoints")
         if said is None:
@@ -112,14 +94,27 @@ def checkpoint_checks(directory: Path, reports: list[NodeReport]) -> list[Check]
             problems.append(f"{report.node} does not see the login node's file there")
         if not said.get("wrote"):
             problems.append(f"{report.node} cannot write there ({said.get('error', '?')})")
-        elif not (directory / f"{NODE_MARK_PREFIX}{report.node}").is_file():
+        elif not marks.node_file(_node_of(report)).is_file():
             problems.append(f"the login node does not see {report.node}'s file there")
     if problems:
-        return [failed("checkpoints: nodes", f"{directory}: {'; '.join(problems)}",
+        return [failed("checkpoints: nodes", f"{marks.directory}: {'; '.join(problems)}",
                        "checkpoint.directory must be one filesystem that the login node and every compute node "
-                       "mount at the same path (a node-local /tmp or scratch is not)")]
-    return [passed("checkpoints: nodes", f"{len(reports)} node(s) see {directory} and write there, as the "
+                       "mount at the same path, where you may write (a node-local /tmp or scratch is not)")]
+    return [passed("checkpoints: nodes", f"{len(reports)} node(s) see {marks.directory} and write there, as the "
                    "login node does")]
+
+
+def cleanup_check(marks: CheckpointMarks) -> list[Check]:
+    """What could not be removed after the test job (nothing to say when all was)."""
+    if not marks.left_behind:
+        return []
+    return [failed("checkpoints: cleanup", f"{marks.directory}: the doctor's files could not be removed: "
+                   f"{'; '.join(marks.left_behind)}", "remove them by hand")]
+
+
+def _node_of(report: NodeReport) -> str:
+    """The name the node wrote its file under (its facts'), else the scheduler's name for it."""
+    return str((report.facts or {}).get("node") or report.node)
 
 
 def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:

@@ -15,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from experiments.launchers import Launch, Mpiexec, Shell, script_line, srun_on_node
 from injectors.probe import FACTS_PREFIX
@@ -25,6 +25,7 @@ from orchestrator.backends.slurm.backend import parse_sbatch_parsable
 from orchestrator.campaign.directives import parse_directive, slurm_line
 from orchestrator.campaign.mpi import ROOT_ENVIRONMENT
 from orchestrator.commands import CommandError, Conversation, run_command
+from orchestrator.doctor.marks import CheckpointMarks
 from orchestrator.observe.node_clocks import read_offset
 from orchestrator.record.clocks import ClockReading
 from orchestrator.states import JobState
@@ -59,18 +60,18 @@ def probe_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
 
 
-def facts_command(python: str, folder: Path, framework: str | None, checkpoints: Path | None) -> list[str]:
-    """``injectors.probe facts`` on a node: its facts into ``folder``; with ``checkpoints``, whether
-    it sees the login node's file there and may write its own."""
+def facts_command(python: str, folder: Path, framework: str | None, marks: CheckpointMarks | None) -> list[str]:
+    """``injectors.probe facts`` on a node: its facts into ``folder``; with ``marks``, whether it
+    sees the login node's file in the checkpoint directory and may write its own."""
     return [python, "-m", "injectors.probe", "facts", "--out-dir", str(folder),
             *(["--framework", framework] if framework else []),
-            *(["--checkpoints", str(checkpoints)] if checkpoints is not None else [])]
+            *(["--checkpoints", str(marks.directory), "--mark", marks.token] if marks is not None else [])]
 
 
-def probe_local(folder: Path, framework: str | None, checkpoints: Path | None = None,
+def probe_local(folder: Path, framework: str | None, marks: CheckpointMarks | None = None,
                 python: str = sys.executable) -> list[NodeReport]:
     """This host as the local backend's one node."""
-    run_command(facts_command(python, folder, framework, checkpoints), timeout_s=120.0, env=probe_environment())
+    run_command(facts_command(python, folder, framework, marks), timeout_s=120.0, env=probe_environment())
     [path] = folder.glob(f"{FACTS_PREFIX}*.json")
     facts = json.loads(path.read_text())
     with Conversation([python, "-m", "injectors.probe", "echo"], env=probe_environment()) as probe:
@@ -88,7 +89,7 @@ class JobProbe(ABC):
     partition: str | None
     framework: str | None
     extra_directives: tuple[str, ...] = ()
-    checkpoints: Path | None = None  # the spec's checkpoint directory: does each node see it?
+    marks: CheckpointMarks | None = None  # in the spec's checkpoint directory: does each node see it?
     python: str = sys.executable
     job_id: str | None = None
 
@@ -96,8 +97,11 @@ class JobProbe(ABC):
         try:
             self.job_id = self._submit()
             hosts = self._started()
+            self._expect(hosts)
             seen = self._facts_seen(hosts)
-            return [self._report(host, seen.get(host)) for host in (hosts or sorted(seen))]
+            reports = [self._report(host, seen.get(host)) for host in (hosts or sorted(seen))]
+            self._expect(str(report.facts["node"]) for report in reports if report.facts)
+            return reports
         finally:
             (self.folder / "done").touch()
             if self.job_id is not None:
@@ -106,8 +110,13 @@ class JobProbe(ABC):
                 except CommandError as error:  # the job ends by itself (the done file, its time limit)
                     log.warning("cancelling the test job %s failed: %s", self.job_id, error.summary)
 
+    def _expect(self, nodes: Iterable[str]) -> None:
+        """Nodes whose files in the checkpoint directory are removed after."""
+        if self.marks is not None:
+            self.marks.expect(nodes)
+
     def facts_command(self) -> list[str]:
-        return facts_command(self.python, self.folder, self.framework, self.checkpoints)
+        return facts_command(self.python, self.folder, self.framework, self.marks)
 
     def hold_line(self) -> str:
         """The job's last line: it holds its nodes until the doctor is done with them (or HOLD_S)."""

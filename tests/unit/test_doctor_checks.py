@@ -164,16 +164,17 @@ def test_a_checkpoint_directory_some_node_does_not_share_fails_naming_the_node(t
     """Issue 22, the doctor: checkpoint.directory must be one filesystem for the login node and every
     compute node. A node whose /tmp is its own sees no login file there, and the login node none of
     its files; one that cannot write there says why."""
-    from injectors.probe import NODE_MARK_PREFIX
+    from orchestrator.doctor.marks import CheckpointMarks
     from orchestrator.doctor.nodes import checkpoint_checks
 
     def node(name: str, **said: object) -> NodeReport:
         return NodeReport(name, {"node": name, "written_at": 1.0, "checkpoints": said}, 2.0, None)
 
-    (tmp_path / f"{NODE_MARK_PREFIX}n1").write_text("1")
-    [good] = checkpoint_checks(tmp_path, [node("n1", sees_login_file=True, wrote=True)])
+    marks = CheckpointMarks(tmp_path)
+    marks.node_file("n1").write_text("1")
+    [good] = checkpoint_checks(marks, [node("n1", sees_login_file=True, wrote=True)])
     assert good.status is Status.PASS, good
-    [bad] = checkpoint_checks(tmp_path, [node("n1", sees_login_file=True, wrote=True),
+    [bad] = checkpoint_checks(marks, [node("n1", sees_login_file=True, wrote=True),
                                          node("n2", sees_login_file=False, wrote=True),
                                          node("n3", sees_login_file=True, wrote=False, error="Permission denied")])
     assert bad.status is Status.FAIL and "same path" in bad.fix, bad
