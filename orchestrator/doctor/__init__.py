@@ -109,7 +109,9 @@ def _diagnose(site: Site) -> Diagnosis:
                              f"check that a one-node job of this partition starts, and that "
                              f"{SUBMIT_COMMANDS.get(site.backend, 'the backend')} works here"))
         return Diagnosis(site, [*checks, *(cleanup_check(marks) if marks is not None else [])], [])
-    checks.append(passed("test job", f"ran on {', '.join(report.node for report in reports)}"))
+    answered = [report.node for report in reports if report.facts is not None]
+    checks.append(passed("test job", f"ran; {len(answered)} of {len(reports)} node(s) answered"
+                                     + (f": {', '.join(answered)}" if answered else "")))
     diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework), *found,
                                  *(cleanup_check(marks) if marks is not None else []),
                                  *kind_checks(site.backend, reports, site.workdir)], reports)
