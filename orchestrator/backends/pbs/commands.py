@@ -80,7 +80,13 @@ def _probe_server() -> ServerKind:
     if b"use Slurm" in head:
         return ServerKind.SLURM_WRAPPERS
     result = run_command(["qstat", "--version"], timeout_s=QSTAT_TIMEOUT_S, check=False)
-    return ServerKind.PRO if "pbs_version" in (result.stdout + result.stderr).lower() else ServerKind.TORQUE
+    said = (result.stdout + result.stderr).lower()
+    if "pbs_version" in said:  # PBS Pro: "pbs_version = 2022.1.1"
+        return ServerKind.PRO
+    if result.returncode != 0:  # a client that does not run says nothing of its server
+        raise CommandError(["qstat", "--version"], result.returncode, result.stdout, result.stderr,
+                           "qstat --version failed: which PBS server this is cannot be told")
+    return ServerKind.TORQUE  # Torque: "Version: 6.1.3"
 
 
 # --- ids ---------------------------------------------------------------------------------------
