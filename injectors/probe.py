@@ -1,9 +1,11 @@
 """What ``faultdrill doctor`` asks of a compute node, run there as the user's job would run.
 
-``facts --out-dir DIR [--framework F]``: this node's facts as one JSON file in DIR (a folder the
-login node reads: on the shared filesystem), named after the node: its host, its clock at the
-moment of writing, the Python that runs here and whether it imports the framework, whether this
-user may cap a rank's memory (oom-rank). Written atomically (a temporary name, then a rename).
+``facts --out-dir DIR [--framework F] [--checkpoints CK --mark TOKEN]``: this node's facts as one
+JSON file in DIR (a folder the login node reads: on the shared filesystem), named after the node as
+the scheduler names it: its host, its clock at the moment of writing, the Python that runs here and
+whether it imports the framework, whether this user may cap a rank's memory (oom-rank); with CK,
+whether it sees the file this doctor run (TOKEN) left there and may write its own. Written
+atomically (a temporary name, then a rename).
 
 ``echo``: the node's clock, once for each line read on stdin, until stdin ends: the login node
 times each exchange and takes the offset of the quickest (an NTP-like estimate whose uncertainty
@@ -17,11 +19,12 @@ import importlib
 import json
 import os
 import platform
+import re
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from injectors.memory_cgroup import can_cap_memory
 
@@ -29,16 +32,49 @@ FACTS_PREFIX = "facts-"
 ECHO_READY = "ready"
 
 
-LOGIN_MARK = ".faultdrill-doctor-login"  # the login node's file in the checkpoint directory
-NODE_MARK_PREFIX = ".faultdrill-doctor-node-"  # each node's
+MARK_PREFIX = ".faultdrill-doctor-"  # the doctor's files in the checkpoint directory: one run's by its token
+_TOKEN = re.compile(r"^[0-9a-f]{8,64}$")
 
 
-def facts(framework: str | None, checkpoints: Path | None = None) -> dict[str, Any]:
-    found: dict[str, Any] = {"node": socket.gethostname(), "python": sys.executable,
-                             "python_version": platform.python_version(), "uid": os.geteuid(),
-                             "memory_cap": can_cap_memory(os.getpid())}
+def login_mark(token: str) -> str:
+    """The name of the file the login node leaves in the checkpoint directory for doctor run ``token``."""
+    return f"{MARK_PREFIX}{_checked(token)}-login"
+
+
+def node_mark(token: str, node: str) -> str:
+    """The name of the file ``node`` writes there for doctor run ``token``."""
+    return f"{MARK_PREFIX}{_checked(token)}-node-{node}"
+
+
+def _checked(token: str) -> str:
+    if not _TOKEN.match(token):
+        raise ValueError(f"a doctor run's token is 8 to 64 lowercase hex digits, not {token!r}")
+    return token
+
+
+def node_name(environ: Mapping[str, str], hostname: str) -> str:
+    """This node as the scheduler names it (what the login node asks for, and matches facts by):
+    Slurm's SLURMD_NODENAME; under PBS, the entry of the job's node file that is this host (its
+    short name the same); else the host name."""
+    if environ.get("SLURMD_NODENAME"):
+        return environ["SLURMD_NODENAME"]
+    short = hostname.split(".")[0]
+    return next((entry for entry in _nodefile(environ) if entry.split(".")[0] == short), hostname)
+
+
+def _nodefile(environ: Mapping[str, str]) -> list[str]:
+    try:
+        return Path(environ["PBS_NODEFILE"]).read_text().split() if environ.get("PBS_NODEFILE") else []
+    except OSError:
+        return []
+
+
+def facts(framework: str | None, checkpoints: Path | None = None, token: str = "") -> dict[str, Any]:
+    found: dict[str, Any] = {"node": node_name(os.environ, socket.gethostname()), "host": socket.gethostname(),
+                             "python": sys.executable, "python_version": platform.python_version(),
+                             "uid": os.geteuid(), "memory_cap": can_cap_memory(os.getpid())}
     if checkpoints is not None:
-        found["checkpoints"] = checkpoint_facts(checkpoints, found["node"])
+        found["checkpoints"] = checkpoint_facts(checkpoints, found["node"], token)
     if framework:
         found["framework"] = framework
         try:
@@ -50,20 +86,20 @@ def facts(framework: str | None, checkpoints: Path | None = None) -> dict[str, A
     return found
 
 
-def checkpoint_facts(directory: Path, node: str) -> dict[str, Any]:
-    """Whether this node sees the checkpoint directory as the login node does (the file it left
-    there) and may write there (a file of this node's, which the login node looks for)."""
-    said: dict[str, Any] = {"sees_login_file": (directory / LOGIN_MARK).is_file()}
+def checkpoint_facts(directory: Path, node: str, token: str) -> dict[str, Any]:
+    """Whether this node sees the checkpoint directory as the login node does (the file doctor run
+    ``token`` left there) and may write there (a file of this node's, which the login node looks for)."""
+    said: dict[str, Any] = {"sees_login_file": (directory / login_mark(token)).is_file()}
     try:
-        (directory / f"{NODE_MARK_PREFIX}{node}").write_text(str(time.time()))
+        (directory / node_mark(token, node)).write_text(str(time.time()))
         said["wrote"] = True
     except OSError as error:
         said["wrote"], said["error"] = False, f"{error.strerror}"
     return said
 
 
-def write_facts(out_dir: Path, framework: str | None, checkpoints: Path | None = None) -> Path:
-    found = facts(framework, checkpoints)
+def write_facts(out_dir: Path, framework: str | None, checkpoints: Path | None = None, token: str = "") -> Path:
+    found = facts(framework, checkpoints, token)
     path = out_dir / f"{FACTS_PREFIX}{found['node']}.json"
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     temporary.write_text(json.dumps(found))
@@ -85,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     facts_parser.add_argument("--out-dir", type=Path, required=True)
     facts_parser.add_argument("--framework")
     facts_parser.add_argument("--checkpoints", type=Path, help="the spec's checkpoint directory: seen and written here?")
+    facts_parser.add_argument("--mark", default="", help="with --checkpoints: the doctor run's token (its files' names)")
     sub.add_parser("echo")
     args = parser.parse_args(argv)
     if args.command == "facts":
-        write_facts(args.out_dir, args.framework, args.checkpoints)
+        if args.checkpoints is not None and not args.mark:
+            parser.error("--checkpoints needs --mark (the doctor run's token)")
+        write_facts(args.out_dir, args.framework, args.checkpoints, args.mark)
     else:
         echo()
     return 0

@@ -18,8 +18,9 @@ from rich.console import Console
 
 from injectors.schedule import PlannedFault
 from orchestrator.campaign.runs import RunConfig, expand_runs
-from orchestrator.campaign.spec import RUN_ID_FIELD, Campaign, SpecError, load_campaign, parse_campaign
+from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
 from orchestrator.control.detach import ControllerBusy, live_controller
+from orchestrator.record.ledger import LedgerBusy
 from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
 from orchestrator.report.advise import AdviceError
 from orchestrator.report.document import ReportError, build_report
@@ -141,23 +142,25 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from orchestrator.doctor import Site, diagnose
+    from orchestrator.doctor import Interrupted, Site, diagnose
     from orchestrator.report.tables import doctor_table
 
     if args.spec is not None:
         campaign = load_campaign(args.spec)
         resources = campaign.resources
-        directory = campaign.checkpoint.directory
         site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
                     args.partition or resources.partition, args.framework or campaign.workload.framework,
-                    campaign.parallel_runs, tuple(resources.extra_directives),
-                    Path(directory.split(RUN_ID_FIELD)[0]) if directory else None)
+                    campaign.parallel_runs, tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory)
     else:
         site = Site(args.backend or "slurm", (args.workdir or Path(".faultdrill-doctor")).resolve(), args.nodes or 1,
                     args.partition, args.framework)
     if site.nodes < 1:
         raise SpecError(f"--nodes {site.nodes}: the test job needs at least one node")
-    document = diagnose(site).document()
+    try:
+        document = diagnose(site).document()
+    except Interrupted as stop:
+        print(f"faultdrill: doctor stopped by {stop}: its test job cancelled, its files removed", file=sys.stderr)
+        return 128 + stop.signum
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
@@ -427,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args)
         sys.stdout.flush()
         return code
-    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError) as error:
+    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError, LedgerBusy) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SPEC
     except BrokenPipeError:

@@ -322,6 +322,15 @@ class CheckpointConfig(_Strict):
             raise ValueError(f"an absolute path (the compute nodes' and the login node's view of it): {value!r}")
         return value
 
+    @property
+    def every_runs_directory(self) -> Path | None:
+        """The deepest directory of ``directory`` with no ``{run_id}`` in it, which holds every run's:
+        ``/scratch/me/drill/ckpt-{run_id}/state`` -> ``/scratch/me/drill``."""
+        if self.directory is None:
+            return None
+        parts = Path(self.directory).parts
+        return Path(*parts[:next(index for index, part in enumerate(parts) if RUN_ID_FIELD in part)])
+
 
 class ResourcesConfig(_Strict):
     nodes: int = Field(1, ge=1)

@@ -8,19 +8,24 @@ what to do."""
 from __future__ import annotations
 
 import shutil
+import signal
+import threading
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from orchestrator.commands import CommandError
 from orchestrator.doctor.checks import Check, Status, failed, passed
-from orchestrator.doctor.filesystems import check_checkpoint_directory, check_directory
-from orchestrator.doctor.nodes import checkpoint_checks, checkpoint_marks, kind_checks, node_checks
+from orchestrator.doctor.filesystems import check_checkpoint_directory, check_directory, nearest_existing
+from orchestrator.doctor.marks import CheckpointMarks
+from orchestrator.doctor.nodes import checkpoint_checks, cleanup_check, kind_checks, node_checks
 from orchestrator.doctor.probe_job import NodeReport, PBSProbe, SlurmProbe, probe_local
 
 DOCTOR_FOLDER = ".doctor"
 SUBMIT_COMMANDS = {"slurm": "sbatch", "pbs": "qsub"}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class Site:
     framework: str | None = None
     parallel_runs: int = 1
     extra_directives: tuple[str, ...] = ()  # the spec's (account, QOS, ...): the test job asks them too
-    checkpoints: Path | None = None  # the spec's checkpoint.directory, up to its {run_id}
+    checkpoints: Path | None = None  # the spec's checkpoint.directory: its deepest directory without {run_id}
 
 
 @dataclass(frozen=True)
@@ -54,22 +59,61 @@ class Diagnosis:
                 "summary": {status.value: sum(1 for check in self.checks if check.status is status) for status in Status}}
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while the doctor runs: raised where it runs, so that its cleanup runs (its
+    files in the checkpoint directory removed, its test job cancelled)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted inside (once: a second one while the cleanup runs is
+    ignored); the handlers found are back after. Only the main thread receives signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def diagnose(site: Site) -> Diagnosis:
+    with stopped_by_signals():
+        return _diagnose(site)
+
+
+def _diagnose(site: Site) -> Diagnosis:
     checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir),
               *(check_checkpoint_directory(site.checkpoints) if site.checkpoints is not None else [])]
     folder = site.workdir / DOCTOR_FOLDER / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    marks = CheckpointMarks(nearest_existing(site.checkpoints)) if site.checkpoints is not None else None
     try:
-        with checkpoint_marks(site.checkpoints):
-            reports = _probe(site, folder)
-            found = checkpoint_checks(site.checkpoints, reports) if site.checkpoints is not None else []
+        with marks if marks is not None else nullcontext():
+            reports = _probe(site, folder, marks)
+            found = checkpoint_checks(marks, reports) if marks is not None else []
     except CommandError as error:
         checks.append(failed("test job", f"{error.summary} (its files: {folder})",
                              f"check that a one-node job of this partition starts, and that "
                              f"{SUBMIT_COMMANDS.get(site.backend, 'the backend')} works here"))
-        return Diagnosis(site, checks, [])
-    checks.append(passed("test job", f"ran on {', '.join(report.node for report in reports)}"))
+        return Diagnosis(site, [*checks, *(cleanup_check(marks) if marks is not None else [])], [])
+    answered = [report.node for report in reports if report.facts is not None]
+    checks.append(passed("test job", f"ran; {len(answered)} of {len(reports)} node(s) answered"
+                                     + (f": {', '.join(answered)}" if answered else "")))
     diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework), *found,
+                                 *(cleanup_check(marks) if marks is not None else []),
                                  *kind_checks(site.backend, reports, site.workdir)], reports)
     if not diagnosis.failed:  # kept for a look where something failed
         shutil.rmtree(folder, ignore_errors=True)
@@ -84,15 +128,15 @@ def _scheduler_checks(site: Site) -> list[Check]:
     if site.backend == "pbs":
         from orchestrator.doctor.pbs import scheduler_checks as pbs_checks
 
-        return pbs_checks()
+        return pbs_checks(site.partition)
     return [passed("scheduler", "the local backend: no scheduler (each job a process tree on this host)")]
 
 
-def _probe(site: Site, folder: Path) -> list[NodeReport]:
+def _probe(site: Site, folder: Path, marks: CheckpointMarks | None) -> list[NodeReport]:
     if site.backend == "local":
-        return probe_local(folder, site.framework, site.checkpoints)
+        return probe_local(folder, site.framework, marks)
     probe = SlurmProbe if site.backend == "slurm" else PBSProbe
-    return probe(folder, site.nodes, site.partition, site.framework, site.extra_directives, site.checkpoints).run()
+    return probe(folder, site.nodes, site.partition, site.framework, site.extra_directives, marks).run()
 
 
 def _node_dict(report: NodeReport) -> dict[str, Any]:

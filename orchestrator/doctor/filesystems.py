@@ -11,7 +11,7 @@ import os
 import uuid
 from pathlib import Path
 
-from experiments.runtime.mounts import NETWORK_TYPES, filesystem_type
+from experiments.runtime.mounts import UNKNOWN, filesystem_type, is_local
 from orchestrator.doctor.checks import Check, failed, passed, warned
 
 NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
@@ -32,22 +32,26 @@ def check_directory(name: str, directory: Path) -> list[Check]:
 
 
 def check_checkpoint_directory(directory: Path) -> list[Check]:
-    """The spec's ``checkpoint.directory`` (its part before ``{run_id}``): made if absent (0700, as
-    the drill makes it), and a rename there replaces a file at once (every checkpoint is published,
-    and a damaged one kept aside, by a rename within it)."""
+    """The spec's ``checkpoint.directory`` (its deepest directory without ``{run_id}``): a rename
+    there replaces a file at once (every checkpoint is published, and a damaged one kept aside, by a
+    rename within it), and its filesystem. Not made here: one that does not exist yet (the drill
+    makes it) is checked at its nearest existing parent."""
     name = "checkpoints"
+    existing = nearest_existing(directory)
+    said = [] if existing == directory else [passed(name, f"{directory} does not exist yet (the drill makes it): "
+                                                           f"checked at its nearest existing parent, {existing}")]
+    probe = existing / f".faultdrill-doctor-{uuid.uuid4().hex[:8]}"
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as error:
-        return [failed(name, f"{directory}: cannot be made ({error.strerror})",
-                       "give checkpoint.directory a path you may write, that the nodes see")]
-    probe = directory / f".faultdrill-doctor-{uuid.uuid4().hex[:8]}"
-    try:
-        return [_rename(name, directory, probe), passed(f"{name}: filesystem", f"{directory} is on "
-                                                        f"{filesystem_type(directory)}")]
+        return [*said, _rename(name, existing, probe),
+                passed(f"{name}: filesystem", f"{existing} is on {filesystem_type(existing)}")]
     finally:
         for leftover in (probe, probe.with_suffix(".renamed")):
             leftover.unlink(missing_ok=True)
+
+
+def nearest_existing(directory: Path) -> Path:
+    """``directory`` if it exists, else its nearest parent that does."""
+    return next(path for path in (directory, *directory.parents) if path.is_dir())
 
 
 def _lock(name: str, directory: Path, probe: Path) -> Check:
@@ -81,9 +85,11 @@ def _rename(name: str, directory: Path, probe: Path) -> Check:
 
 def _kind(name: str, directory: Path) -> Check:
     kind = filesystem_type(directory)
-    if kind in NETWORK_TYPES:
-        return warned(f"{name}: filesystem", f"{directory} is on {kind}: other nodes see its files late "
-                      "(attribute caches), and every write is a round trip to its server",
+    if not is_local(kind):
+        said = "a filesystem the mount table does not name" if kind == UNKNOWN else kind
+        return warned(f"{name}: filesystem", f"{directory} is on {said}, not one known to be this host's own: "
+                      "treated as a network filesystem (other nodes may see its files late, through attribute "
+                      "caches, and every write may be a round trip to a server)",
                       "the drill waits for what it reads, writes heartbeats at most once a second there, and keeps "
                       "its ledger with a rollback journal (SQLite's WAL is unsafe on a network filesystem)")
     return passed(f"{name}: filesystem", f"{directory} is on {kind}")

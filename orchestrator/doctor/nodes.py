@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from injectors.kinds import REGISTRY, get_kind
-from injectors.probe import LOGIN_MARK, NODE_MARK_PREFIX
 from orchestrator.commands import current_user
 from orchestrator.doctor.checks import Check, failed, passed, warned
+from orchestrator.doctor.marks import CheckpointMarks
 from orchestrator.doctor.probe_job import NodeReport
 from orchestrator.faults.job_control import NOT_OWN_CLUSTER, on_own_cluster
 
@@ -23,6 +21,8 @@ CLOCK_WARN_S = 0.05
 VISIBLE_WARN_S = 1.0  # a file the login node sees this late makes every cross-node wait that long
 NODE_KINDS = ("node-crash", "network-partition")
 DISK_FULL_DEFAULT_MB = 1024.0  # disk-full's default max_fill_mb
+NO_NODE = "no node of the test job answered"
+SEE_PYTHON = "see nodes: python (a node that wrote no facts)"
 
 
 def node_checks(reports: list[NodeReport], framework: str | None) -> list[Check]:
@@ -33,11 +33,13 @@ def node_checks(reports: list[NodeReport], framework: str | None) -> list[Check]
 
 
 def _python(reports: list[NodeReport]) -> Check:
+    fix = ("the compute nodes need the login node's Python at the same path, with this checkout importable (a "
+           "shared filesystem), as the drill's jobs run it")
+    if not reports:
+        return failed("nodes: python", NO_NODE, fix)
     broken = [f"{report.node}: {report.error}" for report in reports if report.facts is None]
     if broken:
-        return failed("nodes: python", "; ".join(broken),
-                      "the compute nodes need the login node's Python at the same path, with this checkout "
-                      "importable (a shared filesystem), as the drill's jobs run it")
+        return failed("nodes: python", "; ".join(broken), fix)
     pythons = {f"{report.facts['python']} {report.facts['python_version']}" for report in reports if report.facts}
     return passed("nodes: python", f"{len(reports)} node(s): {', '.join(sorted(pythons))}")
 
@@ -48,35 +50,47 @@ def _framework(reports: list[NodeReport], framework: str) -> Check:
     if errors:
         return failed("nodes: framework", f"{framework} does not import: {'; '.join(errors)}",
                       f"install {framework} in the Python the nodes run")
+    unknown = _unanswered(reports)
+    if not reports or unknown:
+        return warned("nodes: framework", f"not known for {unknown}" if unknown else f"not known: {NO_NODE}",
+                      SEE_PYTHON)
     versions = {str(report.facts.get("framework_version")) for report in reports if report.facts}
     return passed("nodes: framework", f"{framework} {', '.join(sorted(versions))} imports on every node")
 
 
 def _clocks(reports: list[NodeReport]) -> Check:
     read = [report for report in reports if report.clock is not None]
-    unread = [f"{report.node}: {report.error}" for report in reports if report.facts is not None and report.clock is None]
+    unread = [f"{report.node}: {report.error or 'not read'}" for report in reports if report.clock is None]
     said = ", ".join(f"{r.node} {r.clock.offset_s:+.4f} s (+-{r.clock.uncertainty_s:.4f})" for r in read if r.clock)
     off = [r.node for r in read if r.clock and abs(r.clock.offset_s) - r.clock.uncertainty_s > CLOCK_WARN_S]
+    if not reports:
+        return warned("clocks", f"not read: {NO_NODE}", SEE_PYTHON)
     if unread:
         return warned("clocks", "; ".join(unread) + (f"; read: {said}" if said else ""),
-                      "the clock conversation runs as a step of the test job: check srun --overlap there")
+                      "the clock conversation runs as a step of the test job (srun --overlap; on PBS, ssh or a "
+                      f"step under the wrappers): check it works there; a node without facts: {SEE_PYTHON}")
     if off:
         return warned("clocks", f"off the login node's by more than {CLOCK_WARN_S:g} s: {', '.join(off)} ({said})",
                       "the drill reads each node's clock while a job runs and moves its stamps onto the login clock "
                       "(the report shows each phase's bounds); clocks that drift apart within a job are not followed: "
                       "have the nodes' clocks synchronized (NTP, chrony)")
-    return passed("clocks", f"against the login node's: {said}" if said else "no node answered")
+    return passed("clocks", f"against the login node's: {said}")
 
 
 def _visibility(reports: list[NodeReport]) -> Check:
     late = {r.node: r.visible_after_s for r in reports if r.visible_after_s is not None}
     said = ", ".join(f"{node} {seconds:.2f} s" for node, seconds in late.items())
+    if not reports:
+        return warned("shared filesystem", f"not measured: {NO_NODE}", SEE_PYTHON)
     if any(seconds > VISIBLE_WARN_S for seconds in late.values()):
         return warned("shared filesystem", f"the login node saw the nodes' files late: {said}",
                       "the drill waits for what it reads, but each cross-node step (a fault's arming, a "
                       "checkpoint's receipt) takes that much longer; a mount with shorter attribute caching "
                       "(NFS: actimeo) helps")
-    if said:
+    if unknown := _unanswered(reports):
+        return warned("shared filesystem", f"not measured for {unknown}" + (f"; seen after {said}" if said else ""),
+                      SEE_PYTHON)
+    if len(late) == len(reports):
         return passed("shared filesystem", f"the nodes' files seen here after {said}")
     if any(report.seen_at is not None for report in reports):
         return warned("shared filesystem", "not measured: no node's clock could be read (see clocks)",
@@ -84,42 +98,45 @@ def _visibility(reports: list[NodeReport]) -> Check:
     return passed("shared filesystem", "not measured (one host: no filesystem between nodes)")
 
 
-@contextmanager
-def checkpoint_marks(directory: Path | None) -> Iterator[None]:
-    """The login node's file in the checkpoint directory while the test job runs (each node looks
-    for it, and leaves one of its own); every such file removed after."""
-    if directory is None or not directory.is_dir():
-        yield
-        return
-    mark = directory / LOGIN_MARK
-    try:
-        mark.write_text("the doctor's test job looks for this file")
-        yield
-    finally:
-        for leftover in [mark, *directory.glob(f"{NODE_MARK_PREFIX}*")]:
-            leftover.unlink(missing_ok=True)
+def _unanswered(reports: list[NodeReport]) -> str:
+    """The nodes no facts came from, said (empty: none)."""
+    return ", ".join(f"{report.node} (no facts)" for report in reports if report.facts is None)
 
 
-def checkpoint_checks(directory: Path, reports: list[NodeReport]) -> list[Check]:
+def checkpoint_checks(marks: CheckpointMarks, reports: list[NodeReport]) -> list[Check]:
     """Whether every node sees the checkpoint directory as the login node does: the login node's
-    file there, a file of the node's own written there and seen here."""
-    problems = []
+    file there, a file of the node's own written there and seen here (while ``marks`` are there)."""
+    problems = [*marks.problems, *([NO_NODE] if not reports else [])]
     for report in reports:
-        said = (report.facts or {}).get("checkpoints")
-        if said is None:
-            continue  # no facts from the node: its own check says so
+        if report.facts is None:
+            problems.append(f"{report.node} never answered: whether it sees the directory is not known")
+            continue
+        said = report.facts.get("checkpoints") or {}
         if not said.get("sees_login_file"):
             problems.append(f"{report.node} does not see the login node's file there")
         if not said.get("wrote"):
             problems.append(f"{report.node} cannot write there ({said.get('error', '?')})")
-        elif not (directory / f"{NODE_MARK_PREFIX}{report.node}").is_file():
+        elif not marks.node_file(_node_of(report)).is_file():
             problems.append(f"the login node does not see {report.node}'s file there")
     if problems:
-        return [failed("checkpoints: nodes", f"{directory}: {'; '.join(problems)}",
+        return [failed("checkpoints: nodes", f"{marks.directory}: {'; '.join(problems)}",
                        "checkpoint.directory must be one filesystem that the login node and every compute node "
-                       "mount at the same path (a node-local /tmp or scratch is not)")]
-    return [passed("checkpoints: nodes", f"{len(reports)} node(s) see {directory} and write there, as the "
+                       "mount at the same path, where you may write (a node-local /tmp or scratch is not)")]
+    return [passed("checkpoints: nodes", f"{len(reports)} node(s) see {marks.directory} and write there, as the "
                    "login node does")]
+
+
+def cleanup_check(marks: CheckpointMarks) -> list[Check]:
+    """What could not be removed after the test job (nothing to say when all was)."""
+    if not marks.left_behind:
+        return []
+    return [failed("checkpoints: cleanup", f"{marks.directory}: the doctor's files could not be removed: "
+                   f"{'; '.join(marks.left_behind)}", "remove them by hand")]
+
+
+def _node_of(report: NodeReport) -> str:
+    """The name the node wrote its file under (its facts'), else the scheduler's name for it."""
+    return str((report.facts or {}).get("node") or report.node)
 
 
 def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:

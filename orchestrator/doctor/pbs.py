@@ -8,6 +8,7 @@ import re
 import shutil
 
 from orchestrator.backends.pbs.commands import ServerKind, detect_server
+from orchestrator.backends.slurm.version import site_version
 from orchestrator.commands import CommandError, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
 from orchestrator.doctor.slurm import accounting_check
@@ -20,11 +21,15 @@ _HISTORY = re.compile(r"^\s*job_history_enable\s*=\s*(\S+)", re.MULTILINE | re.I
 _KEEP_COMPLETED = re.compile(r"^\s*keep_completed\s*=\s*(\d+)", re.MULTILINE | re.IGNORECASE)
 # `mpiexec --version`: Open MPI 4 "mpiexec (OpenRTE) 4.1.4", Open MPI 5 "mpiexec (Open MPI) 5.0.3".
 _OPEN_MPI = re.compile(r"\((?:open mpi|openrte)\)\s*v?(\d+)\.(\d+)", re.IGNORECASE)
+_VERSION = re.compile(r"^\s*pbs_version\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
+_DEFAULT_QUEUE = re.compile(r"^\s*default_queue\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
+LOAD_OPEN_MPI_4 = "load an Open MPI 4 module in your environment (the job inherits it), or install Open MPI 4"
 WITHOUT_HISTORY = ("the drill judges a finished job from the run's own files: a walltime's end is not told from a "
                    "failure (TIMEOUT is lost)")
 
 
-def scheduler_checks() -> list[Check]:
+def scheduler_checks(queue: str | None = None) -> list[Check]:
+    """``queue``: the test job's and the drill's (the spec's partition), else the server's default."""
     missing = [command for command in COMMANDS if shutil.which(command) is None]
     if missing:
         return [failed("scheduler", f"not found on this node: {', '.join(missing)}",
@@ -37,22 +42,48 @@ def scheduler_checks() -> list[Check]:
     if server is not ServerKind.SLURM_WRAPPERS and missing:
         return [failed("scheduler", f"{_server_words(server)}, but not found on this node: {', '.join(missing)}",
                        "the drill finds a submission again by its name with qselect: put it on PATH")]
-    checks = [passed("scheduler", _server_words(server))]
     if server is ServerKind.SLURM_WRAPPERS:
-        checks.append(accounting_check())
-    else:
-        checks.append(history_check(server, _server_attributes()))
-    return [*checks, mpiexec_check(_mpiexec_version())]
+        return [_wrappers_release(), accounting_check(), mpiexec_check(_mpiexec_version())]
+    try:
+        status = run_command(["qstat", "-B", "-f"], timeout_s=QMGR_TIMEOUT_S).stdout
+    except CommandError as error:
+        return [failed("scheduler", f"{_server_words(server)}: the server does not answer: {error.summary}",
+                       "check that the PBS server runs and that this node may reach it (qstat -B)")]
+    attributes = _qmgr_list("server")
+    name = job_queue(queue, attributes)
+    return [passed("scheduler", f"{_server_words(server)} {server_version(status) or '(release not said)'}"),
+            history_check(server, attributes, name, _qmgr_list(f"queue {name}") if name else None),
+            mpiexec_check(_mpiexec_version())]
 
 
 def _server_words(server: ServerKind) -> str:
-    return {ServerKind.PRO: "PBS Professional / OpenPBS (qstat --version)",
+    return {ServerKind.PRO: "PBS Professional / OpenPBS",
             ServerKind.TORQUE: "Torque",
             ServerKind.SLURM_WRAPPERS: "Slurm's Torque wrappers (qsub, qstat, qdel over a Slurm cluster)"}[server]
 
 
-def history_check(server: ServerKind, attributes: str | None) -> Check:
-    """Whether the server keeps finished jobs, from ``qmgr -c "list server"`` (None: it did not say)."""
+def _wrappers_release() -> Check:
+    version = site_version()
+    said = f"Slurm {version[0]}.{version[1]:02d}" if version else "Slurm's release not said (srun --version)"
+    return passed("scheduler", f"{_server_words(ServerKind.SLURM_WRAPPERS)}, {said}")
+
+
+def server_version(status: str) -> str | None:
+    """The server's release from ``qstat -B -f`` (PBS Pro's and Torque's ``pbs_version``)."""
+    match = _VERSION.search(status)
+    return match.group(1) if match else None
+
+
+def job_queue(queue: str | None, attributes: str | None) -> str | None:
+    """The queue a job goes to: the one named, else the server's ``default_queue``."""
+    match = _DEFAULT_QUEUE.search(attributes or "")
+    return queue or (match.group(1) if match else None)
+
+
+def history_check(server: ServerKind, attributes: str | None, queue: str | None = None,
+                  queue_attributes: str | None = None) -> Check:
+    """Whether the server keeps finished jobs, from ``qmgr -c "list server"`` (None: it did not
+    say); on Torque, ``keep_completed`` may be the job's queue's instead (``list queue``)."""
     if attributes is None:
         return warned("job history", "qmgr did not list the server's attributes", f"if it keeps no finished jobs, "
                       f"{WITHOUT_HISTORY}")
@@ -62,16 +93,24 @@ def history_check(server: ServerKind, attributes: str | None) -> Check:
             return warned("job history", "job_history_enable is off (PBS Pro's default): finished jobs vanish",
                           f"{WITHOUT_HISTORY}; a manager can set it: qmgr -c 'set server job_history_enable = True'")
         return passed("job history", "job_history_enable = True: finished jobs and their ends stay known")
-    match = _KEEP_COMPLETED.search(attributes)
-    if match is None or int(match.group(1)) < 60:
-        return warned("job history", "keep_completed is unset or under 60 s: finished jobs vanish at once",
-                      f"{WITHOUT_HISTORY}; a manager can set it: qmgr -c 'set server keep_completed = 300'")
-    return passed("job history", f"keep_completed = {match.group(1)} s: finished jobs stay listed that long")
+    for where, said in (("the server", attributes), (f"queue {queue}", queue_attributes)):
+        seconds = _keep_completed(said)
+        if seconds is not None and seconds >= 60:
+            return passed("job history", f"keep_completed = {seconds} s on {where}: finished jobs stay listed that long")
+    return warned("job history", f"keep_completed is unset or under 60 s on the server and on queue {queue or '?'}: "
+                  "finished jobs vanish at once",
+                  f"{WITHOUT_HISTORY}; a manager can set it: qmgr -c 'set server keep_completed = 300'")
 
 
-def _server_attributes() -> str | None:
+def _keep_completed(attributes: str | None) -> int | None:
+    match = _KEEP_COMPLETED.search(attributes or "")
+    return int(match.group(1)) if match else None
+
+
+def _qmgr_list(what: str) -> str | None:
+    """``qmgr -c "list <what>"``'s attributes (None where it does not answer)."""
     try:
-        answered = run_command(["qmgr", "-c", "list server"], timeout_s=QMGR_TIMEOUT_S, check=False)
+        answered = run_command(["qmgr", "-c", f"list {what}"], timeout_s=QMGR_TIMEOUT_S, check=False)
     except CommandError:
         return None
     return answered.stdout if answered.returncode == 0 else None
@@ -79,22 +118,27 @@ def _server_attributes() -> str | None:
 
 def mpiexec_check(version: str | None) -> Check:
     """The batch script starts the ranks with Open MPI's mpiexec and Open MPI 4's options
-    (--map-by ppr:N:node, -x, --mca); from ``mpiexec --version``'s first line (None: none found)."""
+    (--map-by ppr:N:node, -x, --mca); from ``mpiexec --version``'s first line (None: none found).
+    The spec cannot name another MPI on PBS (workload.mpi: site, the site's mpiexec)."""
     if version is None:
         return failed("mpiexec", "no mpiexec on this node's PATH",
-                      "the PBS batch script starts the ranks with Open MPI's mpiexec: load its module in your "
-                      "environment (the job inherits it), or install Open MPI")
+                      f"the PBS batch script starts the ranks with Open MPI's mpiexec: {LOAD_OPEN_MPI_4}")
     match = _OPEN_MPI.search(version)
     if match is None:
-        return warned("mpiexec", f"not Open MPI: {version}",
-                      "the batch script passes Open MPI's options (--map-by ppr:N:node, -x NAME, --mca): load an "
-                      "Open MPI module, or expect the launch to fail")
-    major = int(match.group(1))
-    if major != 4:
-        return warned("mpiexec", f"Open MPI {match.group(1)}.{match.group(2)}: the batch script's options are Open MPI 4's",
-                      "Open MPI 5 takes the session directory as a PRRTE parameter: set workload.mpi: venv in "
-                      "the spec (the virtual environment's Open MPI 5, with its options), or load Open MPI 4")
-    return passed("mpiexec", f"Open MPI {match.group(1)}.{match.group(2)}")
+        return failed("mpiexec", f"not Open MPI: {version}",
+                      "the batch script passes Open MPI's options (--map-by ppr:N:node, -x NAME, --mca), which "
+                      f"Hydra's mpiexec (MPICH or Intel MPI) refuses: {LOAD_OPEN_MPI_4}")
+    major, release = int(match.group(1)), f"Open MPI {match.group(1)}.{match.group(2)}"
+    if major >= 5:
+        return warned("mpiexec", f"{release}: the batch script's options are Open MPI 4's",
+                      "Open MPI 5's runtime (PRRTE) takes the session directory as a PRRTE parameter, not the "
+                      "script's --mca orte_tmpdir_base (launches starting together on a node may then race for one "
+                      f"session directory): {LOAD_OPEN_MPI_4}")
+    if major < 4:
+        return warned("mpiexec", f"{release}: older than the Open MPI 4 the batch script is written and tested for",
+                      f"its options are Open MPI 3's too (--map-by ppr, -x, --mca), but untested there: "
+                      f"{LOAD_OPEN_MPI_4} if a launch fails")
+    return passed("mpiexec", release)
 
 
 def _mpiexec_version() -> str | None:

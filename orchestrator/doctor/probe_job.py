@@ -13,18 +13,27 @@ import shlex
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from experiments.launchers import Launch, Mpiexec, Shell, script_line, srun_on_node
 from injectors.probe import FACTS_PREFIX
 from orchestrator.backends.pbs.backend import PBSBackend
-from orchestrator.backends.pbs.commands import ServerKind, detect_server, qdel, qstat_states, qsub
+from orchestrator.backends.pbs.commands import (
+    ServerKind,
+    detect_server,
+    exec_hosts,
+    qdel,
+    qstat_records,
+    qsub,
+    record_state,
+)
 from orchestrator.backends.slurm.backend import parse_sbatch_parsable
 from orchestrator.campaign.directives import parse_directive, slurm_line
 from orchestrator.campaign.mpi import ROOT_ENVIRONMENT
 from orchestrator.commands import CommandError, Conversation, run_command
+from orchestrator.doctor.marks import CheckpointMarks
 from orchestrator.observe.node_clocks import read_offset
 from orchestrator.record.clocks import ClockReading
 from orchestrator.states import JobState
@@ -34,7 +43,9 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # the job's wait in the queue
 FACTS_TIMEOUT_S = 90.0  # a node's facts visible on the login node after the job started
 HOLD_S = 300  # the job's own limit on holding its nodes for the clock conversations
-POLL_S = 0.5
+STATE_POLL_S = 1.0  # the scheduler asked the job's state this often
+SCAN_S = 0.05  # the folder looked at for the nodes' facts this often (the visibility's resolution)
+ENDED = {"ended": "ended", "gone": "ended (or is gone from qstat: a server that keeps no finished jobs)"}
 
 
 @dataclass(frozen=True)
@@ -59,23 +70,58 @@ def probe_environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO)}
 
 
-def facts_command(python: str, folder: Path, framework: str | None, checkpoints: Path | None) -> list[str]:
-    """``injectors.probe facts`` on a node: its facts into ``folder``; with ``checkpoints``, whether
-    it sees the login node's file there and may write its own."""
+def facts_command(python: str, folder: Path, framework: str | None, marks: CheckpointMarks | None) -> list[str]:
+    """``injectors.probe facts`` on a node: its facts into ``folder``; with ``marks``, whether it
+    sees the login node's file in the checkpoint directory and may write its own."""
     return [python, "-m", "injectors.probe", "facts", "--out-dir", str(folder),
             *(["--framework", framework] if framework else []),
-            *(["--checkpoints", str(checkpoints)] if checkpoints is not None else [])]
+            *(["--checkpoints", str(marks.directory), "--mark", marks.token] if marks is not None else [])]
 
 
-def probe_local(folder: Path, framework: str | None, checkpoints: Path | None = None,
+def probe_local(folder: Path, framework: str | None, marks: CheckpointMarks | None = None,
                 python: str = sys.executable) -> list[NodeReport]:
     """This host as the local backend's one node."""
-    run_command(facts_command(python, folder, framework, checkpoints), timeout_s=120.0, env=probe_environment())
+    run_command(facts_command(python, folder, framework, marks), timeout_s=120.0, env=probe_environment())
     [path] = folder.glob(f"{FACTS_PREFIX}*.json")
     facts = json.loads(path.read_text())
     with Conversation([python, "-m", "injectors.probe", "echo"], env=probe_environment()) as probe:
         clock = read_offset(probe)
     return [NodeReport(str(facts["node"]), facts, None, clock)]  # one host: no filesystem between nodes
+
+
+@dataclass(frozen=True)
+class Seen:
+    at: float  # the login node's clock when the node's facts file was first read
+    facts: dict[str, Any]
+
+
+@dataclass
+class FactsWatch:
+    """The nodes' facts files in the job's folder, each read once, when first readable here;
+    matched to the scheduler's name for a node by name, else by short name (a node whose host
+    name is its FQDN, or the other way round)."""
+
+    folder: Path
+    seen: dict[str, Seen] = field(default_factory=dict)  # by the name the node wrote them under
+
+    def scan(self) -> None:
+        for path in self.folder.glob(f"{FACTS_PREFIX}*.json"):
+            name = path.stem.removeprefix(FACTS_PREFIX)
+            if name not in self.seen and (facts := _readable(path)) is not None:
+                self.seen[name] = Seen(time.time(), facts)
+
+    def of(self, host: str) -> Seen | None:
+        if host in self.seen:
+            return self.seen[host]
+        short = _short(host)
+        return next((seen for name, seen in self.seen.items() if _short(name) == short), None)
+
+    def nodes(self) -> list[str]:
+        return sorted(self.seen)
+
+
+def _short(name: str) -> str:
+    return name.split(".", 1)[0]
 
 
 @dataclass
@@ -88,16 +134,21 @@ class JobProbe(ABC):
     partition: str | None
     framework: str | None
     extra_directives: tuple[str, ...] = ()
-    checkpoints: Path | None = None  # the spec's checkpoint directory: does each node see it?
+    marks: CheckpointMarks | None = None  # in the spec's checkpoint directory: does each node see it?
     python: str = sys.executable
     job_id: str | None = None
 
     def run(self) -> list[NodeReport]:
+        """One report for each of the ``nodes`` nodes asked for, whether it answered or not."""
+        watch = FactsWatch(self.folder)
         try:
             self.job_id = self._submit()
-            hosts = self._started()
-            seen = self._facts_seen(hosts)
-            return [self._report(host, seen.get(host)) for host in (hosts or sorted(seen))]
+            hosts = self._started(watch)
+            self._expect(hosts)
+            self._wait_for_facts(watch, hosts)
+            reports = [self._report(host, watch.of(host)) for host in hosts or watch.nodes()[:self.nodes]]
+            self._expect(str(report.facts["node"]) for report in reports if report.facts)
+            return [*reports, *self._unnamed(len(reports))]
         finally:
             (self.folder / "done").touch()
             if self.job_id is not None:
@@ -106,8 +157,13 @@ class JobProbe(ABC):
                 except CommandError as error:  # the job ends by itself (the done file, its time limit)
                     log.warning("cancelling the test job %s failed: %s", self.job_id, error.summary)
 
+    def _expect(self, nodes: Iterable[str]) -> None:
+        """Nodes whose files in the checkpoint directory are removed after."""
+        if self.marks is not None:
+            self.marks.expect(nodes)
+
     def facts_command(self) -> list[str]:
-        return facts_command(self.python, self.folder, self.framework, self.checkpoints)
+        return facts_command(self.python, self.folder, self.framework, self.marks)
 
     def hold_line(self) -> str:
         """The job's last line: it holds its nodes until the doctor is done with them (or HOLD_S)."""
@@ -122,8 +178,9 @@ class JobProbe(ABC):
 
     @abstractmethod
     def _state(self) -> tuple[str, list[str]]:
-        """The job's state ("running", "queued", "ended") and, once it runs, its nodes (empty where
-        the scheduler does not say: they are then the nodes whose facts arrive)."""
+        """The job's state ("running", "queued", "ended", or "gone": the scheduler no longer knows
+        it) and, once it runs, its nodes (empty where the scheduler does not say: they are then the
+        nodes whose facts arrive)."""
 
     @abstractmethod
     def _cancel(self, job_id: str) -> None: ...
@@ -131,44 +188,53 @@ class JobProbe(ABC):
     @abstractmethod
     def _on_node(self, host: str, argv: list[str]) -> Conversation: ...
 
-    def _started(self) -> list[str]:
-        """The job's nodes once it runs (CommandError if it does not start in time)."""
+    def _started(self, watch: FactsWatch) -> list[str]:
+        """The job's nodes once it runs (CommandError if it ends or does not start in time). The
+        nodes' facts are watched for all along, at a short interval: a node may write them before
+        the scheduler says it runs, and the moment they are read here is what is measured."""
         deadline = time.monotonic() + START_TIMEOUT_S
+        next_poll = time.monotonic()
         while time.monotonic() < deadline:
-            state, hosts = self._state()
-            if state == "running":
-                return hosts
-            if state == "ended":
-                raise CommandError(["qstat"], 0, "", "", f"the test job {self.job_id} ended before it ran "
-                                   f"(its output: {self._output()})")
-            time.sleep(POLL_S * 2)
+            watch.scan()
+            if time.monotonic() >= next_poll:
+                state, hosts = self._state()
+                if state == "running":
+                    return hosts
+                if state in ENDED:
+                    raise CommandError(["qstat"], 0, "", "", f"the test job {self.job_id} {ENDED[state]} before it "
+                                       f"ran (its output: {self._output()})")
+                next_poll = time.monotonic() + STATE_POLL_S
+            time.sleep(SCAN_S)
         raise CommandError(["qstat"], None, "", "", f"the test job {self.job_id} did not start within "
                            f"{START_TIMEOUT_S:g} s")
 
-    def _facts_seen(self, hosts: list[str]) -> dict[str, float]:
-        """When each node's facts file was first read here (the login node's clock): the named
-        nodes', or any ``nodes`` nodes' where the scheduler named none."""
-        seen: dict[str, float] = {}
+    def _wait_for_facts(self, watch: FactsWatch, hosts: list[str]) -> None:
+        """Until each named node's facts (any ``nodes`` nodes' where the scheduler named none) were
+        read here, or FACTS_TIMEOUT_S."""
         deadline = time.monotonic() + FACTS_TIMEOUT_S
-        while len(seen) < (len(hosts) or self.nodes) and time.monotonic() < deadline:
-            for path in self.folder.glob(f"{FACTS_PREFIX}*.json"):
-                host = path.stem.removeprefix(FACTS_PREFIX)
-                if host not in seen and (not hosts or host in hosts) and _readable(path):
-                    seen[host] = time.time()
-            time.sleep(POLL_S / 5)
-        return seen
+        while time.monotonic() < deadline:
+            watch.scan()
+            if (all(watch.of(host) for host in hosts) if hosts else len(watch.nodes()) >= self.nodes):
+                return
+            time.sleep(SCAN_S)
 
-    def _report(self, host: str, seen_at: float | None) -> NodeReport:
-        if seen_at is None:
+    def _report(self, host: str, seen: Seen | None) -> NodeReport:
+        if seen is None:
             return NodeReport(host, None, None, None, f"no facts from {host} within {FACTS_TIMEOUT_S:g} s of the "
                               f"job's start (its output: {self._output()})")
-        facts = json.loads((self.folder / f"{FACTS_PREFIX}{host}.json").read_text())
         try:
             with self._on_node(host, ["-m", "injectors.probe", "echo"]) as probe:
                 clock = read_offset(probe)
         except CommandError as error:
-            return NodeReport(host, facts, seen_at, None, f"its clock could not be read: {error.summary}")
-        return NodeReport(host, facts, seen_at, clock)
+            return NodeReport(host, seen.facts, seen.at, None, f"its clock could not be read: {error.summary}")
+        return NodeReport(host, seen.facts, seen.at, clock)
+
+    def _unnamed(self, reported: int) -> list[NodeReport]:
+        """The nodes asked for that the scheduler did not name and whose facts did not arrive."""
+        return [NodeReport(f"node {index + 1} of {self.nodes}", None, None, None,
+                           f"the scheduler named none of the job's nodes, and only {reported} of {self.nodes} nodes' "
+                           f"facts arrived within {FACTS_TIMEOUT_S:g} s (its output: {self._output()})")
+                for index in range(reported, self.nodes)]
 
     def _output(self) -> str:
         try:
@@ -244,10 +310,16 @@ class PBSProbe(JobProbe):
         return text
 
     def _state(self) -> tuple[str, list[str]]:
+        """From the job's ``qstat -f`` record, its nodes too; no record: the server no longer knows
+        the job (PBS Pro without job history forgets a finished job), so it ended."""
         assert self.job_id is not None
-        state = qstat_states([self.job_id], {})[self.job_id]
+        records = qstat_records([self.job_id], detect_server())
+        record = records.get(self.job_id) or next(iter(records.values()), None)  # one id asked: its record
+        if record is None:
+            return "gone", []
+        state = record_state(self.job_id, record, None)
         if state is JobState.RUNNING:
-            return "running", []
+            return "running", exec_hosts(record)
         return ("ended" if state.is_terminal else "queued"), []
 
     def _cancel(self, job_id: str) -> None:
@@ -258,9 +330,11 @@ class PBSProbe(JobProbe):
         return PBSBackend("doctor", python=self.python).talk_on_node(self.job_id, host, argv)
 
 
-def _readable(path: Path) -> bool:
-    """Opened, not only listed: a network filesystem may list a name before its data is visible."""
+def _readable(path: Path) -> dict[str, Any] | None:
+    """The facts, once opened and whole, not only listed: a network filesystem may list a name
+    before its data is visible."""
     try:
-        return bool(json.loads(path.read_text()).get("written_at"))
+        facts = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
+        return None
+    return facts if isinstance(facts, dict) and facts.get("written_at") else None

@@ -23,6 +23,8 @@ from experiments.layout import CheckpointRecord
 from experiments.runtime.mounts import on_network_filesystem
 
 LEDGER_NAME = "ledger.sqlite"
+JOURNAL_SWITCH_S = 10.0  # how long a journal switch waits for other connections to close
+JOURNAL_RETRY_S = 0.1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -183,10 +185,40 @@ class RecoveryRow:
 Row = TypeVar("Row")
 
 
+class LedgerBusy(RuntimeError):
+    """The ledger's journal must change and another connection holds the database open."""
+
+
 def journal_mode(path: Path, mountinfo: str | None = None) -> str:
-    """WAL on a local filesystem; DELETE (a rollback journal, which takes the filesystem's locks)
-    on a network filesystem: SQLite's WAL needs every process that opens the database on one host."""
-    return "DELETE" if on_network_filesystem(path.parent, mountinfo) else "WAL"
+    """WAL on a filesystem known to be local; DELETE (a rollback journal, which takes the
+    filesystem's locks) anywhere else: SQLite's WAL needs every process that opens the database on
+    one host. ``path`` itself is resolved (a ledger file linked onto NFS is on NFS)."""
+    return "DELETE" if on_network_filesystem(path, mountinfo) else "WAL"
+
+
+def set_journal_mode(db: sqlite3.Connection, wanted: str, path: Path) -> None:
+    """The journal ``wanted``, switched only where the database has another: a switch needs the
+    database to itself (no other connection open), so it is retried until JOURNAL_SWITCH_S, then
+    refused with what to do."""
+    if _journal_mode(db) == wanted:
+        return
+    deadline = time.monotonic() + JOURNAL_SWITCH_S
+    while True:
+        try:
+            if str(db.execute(f"PRAGMA journal_mode={wanted}").fetchone()[0]).upper() == wanted:
+                return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                raise
+        if time.monotonic() >= deadline:
+            raise LedgerBusy(f"{path}: its journal must change from {_journal_mode(db)} to {wanted} (its filesystem "
+                             f"says which), and another process holds it open: close the other faultdrill processes "
+                             f"on this workdir (a drill, status, report), then run again")
+        time.sleep(JOURNAL_RETRY_S)
+
+
+def _journal_mode(db: sqlite3.Connection) -> str:
+    return str(db.execute("PRAGMA journal_mode").fetchone()[0]).upper()
 
 
 class Ledger:
@@ -194,11 +226,15 @@ class Ledger:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute(f"PRAGMA journal_mode={journal_mode(path)}")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        self._add_missing_columns()
+        try:
+            self._db.row_factory = sqlite3.Row
+            set_journal_mode(self._db, journal_mode(path), path)
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+            self._add_missing_columns()
+        except BaseException:
+            self._db.close()
+            raise
         self._depth = 0
 
     def _add_missing_columns(self) -> None:

@@ -128,15 +128,92 @@ def test_pbs_job_history_is_read_from_the_servers_attributes(server: str, attrib
 
 @pytest.mark.parametrize(("version", "status", "said"), [
     ("mpiexec (OpenRTE) 4.1.4", Status.PASS, "Open MPI 4.1"),
-    ("mpiexec (Open MPI) 5.0.3", Status.WARN, "workload.mpi: venv"),
-    ("HYDRA build details:", Status.WARN, "not Open MPI"),
+    ("mpiexec (Open MPI) 5.0.3", Status.WARN, "PRRTE"),
+    ("mpiexec (OpenRTE) 3.1.6", Status.WARN, "older than"),
+    ("HYDRA build details:", Status.FAIL, "MPICH or Intel MPI"),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.6 Build 20220227 (id: 28877f3f32)", Status.FAIL, "Open MPI"),
     (None, Status.FAIL, "no mpiexec"),
 ])
 def test_the_mpiexec_that_starts_pbs_ranks_is_open_mpi_4(version: str | None, status: Status, said: str) -> None:
+    """Review of issue 22 (the PBS doctor): each Open MPI release gets its own advice (3.x is not
+    told Open MPI 5's, nor is a spec on PBS told workload.mpi venv, which PBS refuses); Hydra's
+    mpiexec (MPICH, Intel MPI) takes none of the batch script's Open MPI options: a failure."""
     from orchestrator.doctor.pbs import mpiexec_check
 
     check = mpiexec_check(version)
     assert check.status is status and said in check.detail + check.fix, check
+    assert "workload.mpi: venv" not in check.fix, "PBS refuses workload.mpi venv"
+
+
+PRO_SERVER_STATUS = "Server: pbs01\n    server_state = Active\n    server_host = pbs01\n    pbs_version = 2022.1.1\n"
+TORQUE_SERVER_STATUS = "Server: torque01\n    server_state = Active\n    pbs_version = 6.1.3\n"
+
+
+@pytest.mark.parametrize(("server", "status_text", "version"), [
+    ("pro", PRO_SERVER_STATUS, "2022.1.1"), ("torque", TORQUE_SERVER_STATUS, "6.1.3")])
+def test_the_pbs_scheduler_check_asks_the_server_and_says_its_version(
+        monkeypatch: pytest.MonkeyPatch, server: str, status_text: str, version: str) -> None:
+    """Review of issue 22 (the PBS doctor): the server is contacted (qstat -B -f), its release said;
+    a server that does not answer is a failed check with its words."""
+    import orchestrator.doctor.pbs as pbs
+    from experiments.layout import ENV_PBS_SERVER
+    from orchestrator.commands import CommandError, CommandResult
+
+    monkeypatch.setenv(ENV_PBS_SERVER, server)
+    monkeypatch.setattr(pbs.shutil, "which", lambda name: f"/usr/bin/{name}")
+    answers = {"-B": CommandResult(("qstat",), 0, status_text, "", 0.01)}
+
+    def run(args: list[str], **_: object) -> CommandResult:
+        if args[0] == "qstat" and "-B" in args:
+            answer = answers["-B"]
+            if answer.returncode:
+                raise CommandError(args, answer.returncode, "", answer.stderr, "qstat failed")
+            return answer
+        return CommandResult(tuple(args), 0, "mpiexec (OpenRTE) 4.1.4" if args[0] == "mpiexec" else "", "", 0.01)
+
+    monkeypatch.setattr(pbs, "run_command", run)
+    [scheduler, *_] = pbs.scheduler_checks()
+    assert scheduler.status is Status.PASS and version in scheduler.detail, scheduler
+    answers["-B"] = CommandResult(("qstat",), 1, "", "Connection refused\nqstat: cannot connect to server pbs01", 0.01)
+    [scheduler, *_] = pbs.scheduler_checks()
+    assert scheduler.status is Status.FAIL and "cannot connect to server" in scheduler.detail, scheduler
+
+
+def test_a_failing_qstat_version_is_an_error_not_torque(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Review of issue 22 (the PBS doctor): which server answers is not guessed from a failure."""
+    import orchestrator.backends.pbs.commands as commands
+    from orchestrator.commands import CommandError, CommandResult
+
+    qstat = tmp_path / "qstat"
+    qstat.write_bytes(b"\x7fELF")
+    monkeypatch.delenv("FAULTDRILL_PBS_SERVER", raising=False)
+    monkeypatch.setattr(commands.shutil, "which", lambda name: str(qstat))
+    answers = iter([CommandResult(("qstat",), 127, "", "qstat: error while loading shared libraries: libtorque.so.2",
+                                  0.01), CommandResult(("qstat",), 0, "", "Version: 6.1.3\nCommit: 1a2b3c\n", 0.01)])
+    monkeypatch.setattr(commands, "run_command", lambda args, **_: next(answers))
+    commands._probe_server.cache_clear()
+    try:
+        with pytest.raises(CommandError, match="libtorque"):
+            commands.detect_server()
+        assert commands.detect_server() is commands.ServerKind.TORQUE
+    finally:
+        commands._probe_server.cache_clear()
+
+
+TORQUE_QUEUE_KEEPS = "Queue batch\n\tqueue_type = Execution\n\tkeep_completed = 300\n\tenabled = True\n"
+
+
+def test_torques_keep_completed_may_be_the_queues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of issue 22 (the PBS doctor): keep_completed set on the job's queue keeps its finished
+    jobs as the server's would; asked of the queue the spec names, else the server's default_queue."""
+    from orchestrator.backends.pbs.commands import ServerKind
+    from orchestrator.doctor.pbs import history_check, job_queue
+
+    server = TORQUE_SERVER.replace("\tkeep_completed = 300\n", "\tdefault_queue = batch\n")
+    assert job_queue(None, server) == "batch" and job_queue("gpu", server) == "gpu"
+    check = history_check(ServerKind.TORQUE, server, "batch", TORQUE_QUEUE_KEEPS)
+    assert check.status is Status.PASS and "queue batch" in check.detail, check
+    assert history_check(ServerKind.TORQUE, server, "batch", "Queue batch\n\tenabled = True\n").status is Status.WARN
 
 
 @pytest.mark.parametrize(("server", "resources"), [
@@ -164,16 +241,17 @@ def test_a_checkpoint_directory_some_node_does_not_share_fails_naming_the_node(t
     """Issue 22, the doctor: checkpoint.directory must be one filesystem for the login node and every
     compute node. A node whose /tmp is its own sees no login file there, and the login node none of
     its files; one that cannot write there says why."""
-    from injectors.probe import NODE_MARK_PREFIX
+    from orchestrator.doctor.marks import CheckpointMarks
     from orchestrator.doctor.nodes import checkpoint_checks
 
     def node(name: str, **said: object) -> NodeReport:
         return NodeReport(name, {"node": name, "written_at": 1.0, "checkpoints": said}, 2.0, None)
 
-    (tmp_path / f"{NODE_MARK_PREFIX}n1").write_text("1")
-    [good] = checkpoint_checks(tmp_path, [node("n1", sees_login_file=True, wrote=True)])
+    marks = CheckpointMarks(tmp_path)
+    marks.node_file("n1").write_text("1")
+    [good] = checkpoint_checks(marks, [node("n1", sees_login_file=True, wrote=True)])
     assert good.status is Status.PASS, good
-    [bad] = checkpoint_checks(tmp_path, [node("n1", sees_login_file=True, wrote=True),
+    [bad] = checkpoint_checks(marks, [node("n1", sees_login_file=True, wrote=True),
                                          node("n2", sees_login_file=False, wrote=True),
                                          node("n3", sees_login_file=True, wrote=False, error="Permission denied")])
     assert bad.status is Status.FAIL and "same path" in bad.fix, bad

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from experiments.layout import CheckpointRecord
 from orchestrator.record.ledger import FaultRow, Ledger, RunRow
 
@@ -60,3 +62,65 @@ def test_the_ledger_keeps_a_rollback_journal_on_a_network_filesystem(tmp_path, m
             assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == mode
         finally:
             ledger.close()
+
+
+def test_a_ledger_open_elsewhere_keeps_its_journal_when_it_already_has_the_one_wanted(tmp_path, monkeypatch) -> None:
+    """Review of issue 22 (ledger journal): the mode is read first and switched only on a mismatch, so
+    a ledger that another connection holds open (``faultdrill status``, a report) opens at once."""
+    from orchestrator.record import ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "on_network_filesystem", lambda _path, _mountinfo=None: True)
+    Ledger.in_workdir(tmp_path).close()  # made with a rollback journal
+    other = sqlite3.connect(tmp_path / "ledger.sqlite")
+    try:
+        other.execute("SELECT count(*) FROM runs").fetchall()
+        ledger = Ledger.in_workdir(tmp_path)
+        assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        ledger.close()
+    finally:
+        other.close()
+
+
+def test_a_journal_switch_waits_for_other_connections_then_refuses_naming_them(tmp_path, monkeypatch) -> None:
+    """Review of issue 22 (ledger journal): WAL -> DELETE needs the database to itself. Another
+    connection open: the switch is retried until a deadline, then refused with what to do, and the
+    ledger's own connection is closed; one that closes within the deadline lets the switch happen."""
+    from orchestrator.record import ledger as ledger_module
+
+    Ledger.in_workdir(tmp_path).close()  # made with WAL (a local filesystem)
+    monkeypatch.setattr(ledger_module, "on_network_filesystem", lambda _path, _mountinfo=None: True)
+    monkeypatch.setattr(ledger_module, "JOURNAL_SWITCH_S", 0.2)
+    opened: list[sqlite3.Connection] = []
+    connect = sqlite3.connect
+    monkeypatch.setattr(ledger_module.sqlite3, "connect", lambda *a, **k: opened.append(connect(*a, **k)) or opened[-1])
+    other = connect(tmp_path / "ledger.sqlite")
+    other.execute("SELECT count(*) FROM runs").fetchall()
+    try:
+        with pytest.raises(ledger_module.LedgerBusy, match="close the other faultdrill processes"):
+            Ledger.in_workdir(tmp_path)
+        with pytest.raises(sqlite3.ProgrammingError):  # closed: no connection leaks
+            opened[-1].execute("SELECT 1")
+        retries: list[float] = []
+
+        def close_other(seconds: float) -> None:
+            retries.append(seconds)
+            other.close()
+
+        monkeypatch.setattr(ledger_module.time, "sleep", close_other)
+        ledger = Ledger.in_workdir(tmp_path)
+        assert retries and ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        ledger.close()
+    finally:
+        other.close()
+
+
+def test_a_ledger_file_linked_onto_a_network_filesystem_gets_a_rollback_journal(tmp_path) -> None:
+    """Review of issue 22 (ledger journal): the ledger file itself is resolved, not only its folder."""
+    from orchestrator.record.ledger import journal_mode
+
+    local, shared = tmp_path / "local", tmp_path / "nfs"
+    local.mkdir()
+    shared.mkdir()
+    (local / "ledger.sqlite").symlink_to(shared / "ledger.sqlite")
+    mountinfo = f"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n40 22 0:50 / {shared} rw - nfs4 srv:/export rw\n"
+    assert journal_mode(local / "ledger.sqlite", mountinfo) == "DELETE"

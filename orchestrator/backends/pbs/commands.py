@@ -41,6 +41,7 @@ WALLTIME_SLACK_S = 5
 QSTAT_ANSWERS = (0, 35, 153)
 _NO_HISTORY = re.compile(r"job.?history", re.IGNORECASE)  # PBS Pro: job_history_enable is not set
 _ELEMENT = re.compile(r"^(\d+)\[\d+\]")
+_VNODE_INDEX = re.compile(r"\[\d+\]$")  # PBS Pro: vnode node02[1] is of host node02
 _UNKNOWN_JOB = re.compile(r"unknown job id|has finished|job has been deleted", re.IGNORECASE)
 
 
@@ -79,7 +80,13 @@ def _probe_server() -> ServerKind:
     if b"use Slurm" in head:
         return ServerKind.SLURM_WRAPPERS
     result = run_command(["qstat", "--version"], timeout_s=QSTAT_TIMEOUT_S, check=False)
-    return ServerKind.PRO if "pbs_version" in (result.stdout + result.stderr).lower() else ServerKind.TORQUE
+    said = (result.stdout + result.stderr).lower()
+    if "pbs_version" in said:  # PBS Pro: "pbs_version = 2022.1.1"
+        return ServerKind.PRO
+    if result.returncode != 0:  # a client that does not run says nothing of its server
+        raise CommandError(["qstat", "--version"], result.returncode, result.stdout, result.stderr,
+                           "qstat --version failed: which PBS server this is cannot be told")
+    return ServerKind.TORQUE  # Torque: "Version: 6.1.3"
 
 
 # --- ids ---------------------------------------------------------------------------------------
@@ -188,6 +195,19 @@ def parse_qstat_full(text: str) -> dict[str, dict[str, str]]:
         elif wraps and last is not None and line.strip():
             current[last] += line.strip()
     return records
+
+
+def exec_hosts(record: dict[str, str]) -> list[str]:
+    """The hosts a running job holds, in order, each once: from ``exec_host`` (Torque
+    ``node01/0-1+node02/0-1``, PBS Pro ``node03/0*2+node04/0*2``, the wrappers ``fd-n1/3+fd-n2/1``),
+    else PBS Pro's ``exec_vnode`` (``(node01[0]:ncpus=2)+(node02:ncpus=2+node02[1]:ncpus=1)``: a
+    vnode's host is its name without ``[i]``). Empty where the record names neither."""
+    if record.get("exec_host"):
+        names = [chunk.split("/", 1)[0] for chunk in record["exec_host"].split("+")]
+    else:
+        chunks = record.get("exec_vnode", "").replace("(", "").replace(")", "").split("+")
+        names = [_VNODE_INDEX.sub("", chunk.split(":", 1)[0]) for chunk in chunks]
+    return list(dict.fromkeys(name.strip() for name in names if name.strip()))
 
 
 def qstat_records(ids: Sequence[str], server: ServerKind) -> dict[str, dict[str, str]]:
