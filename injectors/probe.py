@@ -3,9 +3,13 @@
 ``facts --out-dir DIR [--framework F] [--checkpoints CK --mark TOKEN]``: this node's facts as one
 JSON file in DIR (a folder the login node reads: on the shared filesystem), named after the node as
 the scheduler names it: its host, its clock at the moment of writing, the Python that runs here and
-whether it imports the framework, whether this user may cap a rank's memory (oom-rank); with CK,
+whether it imports the framework, whether this user may cap a rank's memory or the scheduler's
+cgroup limits the job's (oom-rank); with CK,
 whether it sees the file this doctor run (TOKEN) left there and may write its own. Written
 atomically (a temporary name, then a rename).
+
+``unmark --checkpoints CK --mark TOKEN``: this node's file of that run removed from CK (the test
+job's last step, once the doctor is done).
 
 ``echo``: the node's clock, once for each line read on stdin, until stdin ends: the login node
 times each exchange and takes the offset of the quickest (an NTP-like estimate whose uncertainty
@@ -26,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from injectors.memory_cgroup import can_cap_memory
+from injectors.memory_cgroup import can_cap_memory, job_memory_limit
+from injectors.targets import TargetRefused
 
 FACTS_PREFIX = "facts-"
 ECHO_READY = "ready"
@@ -62,6 +67,15 @@ def node_name(environ: Mapping[str, str], hostname: str) -> str:
     return next((entry for entry in _nodefile(environ) if entry.split(".")[0] == short), hostname)
 
 
+def _job_memory_limit_mb() -> float | None:
+    """The memory limit the scheduler's cgroup sets on this job (oom-rank outgrows it), if any."""
+    try:
+        found = job_memory_limit(os.getpid())
+    except (OSError, TargetRefused):
+        return None
+    return found.limit_bytes / 2**20 if found is not None else None
+
+
 def _nodefile(environ: Mapping[str, str]) -> list[str]:
     try:
         return Path(environ["PBS_NODEFILE"]).read_text().split() if environ.get("PBS_NODEFILE") else []
@@ -72,7 +86,8 @@ def _nodefile(environ: Mapping[str, str]) -> list[str]:
 def facts(framework: str | None, checkpoints: Path | None = None, token: str = "") -> dict[str, Any]:
     found: dict[str, Any] = {"node": node_name(os.environ, socket.gethostname()), "host": socket.gethostname(),
                              "python": sys.executable, "python_version": platform.python_version(),
-                             "uid": os.geteuid(), "memory_cap": can_cap_memory(os.getpid())}
+                             "uid": os.geteuid(), "memory_cap": can_cap_memory(os.getpid()),
+                             "job_memory_limit_mb": _job_memory_limit_mb()}
     if checkpoints is not None:
         found["checkpoints"] = checkpoint_facts(checkpoints, found["node"], token)
     if framework:
@@ -96,6 +111,15 @@ def checkpoint_facts(directory: Path, node: str, token: str) -> dict[str, Any]:
     except OSError as error:
         said["wrote"], said["error"] = False, f"{error.strerror}"
     return said
+
+
+def unmark(checkpoints: Path, token: str) -> None:
+    """This node's file of doctor run ``token`` removed from the checkpoint directory (the job's
+    last step: a directory private to the node is seen by no one else to remove it)."""
+    try:
+        (checkpoints / node_mark(token, node_name(os.environ, socket.gethostname()))).unlink(missing_ok=True)
+    except OSError:
+        pass  # the login node reports what it could not remove where it sees it
 
 
 def write_facts(out_dir: Path, framework: str | None, checkpoints: Path | None = None, token: str = "") -> Path:
@@ -122,12 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     facts_parser.add_argument("--framework")
     facts_parser.add_argument("--checkpoints", type=Path, help="the spec's checkpoint directory: seen and written here?")
     facts_parser.add_argument("--mark", default="", help="with --checkpoints: the doctor run's token (its files' names)")
+    unmark_parser = sub.add_parser("unmark")
+    unmark_parser.add_argument("--checkpoints", type=Path, required=True)
+    unmark_parser.add_argument("--mark", required=True, help="the doctor run's token")
     sub.add_parser("echo")
     args = parser.parse_args(argv)
     if args.command == "facts":
         if args.checkpoints is not None and not args.mark:
             parser.error("--checkpoints needs --mark (the doctor run's token)")
         write_facts(args.out_dir, args.framework, args.checkpoints, args.mark)
+    elif args.command == "unmark":
+        unmark(args.checkpoints, args.mark)
     else:
         echo()
     return 0

@@ -6,11 +6,14 @@ anyone else's."""
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from injectors.probe import login_mark, node_mark
+
+LOOK_WITHIN_S = 5.0  # a node's file, written before its facts, given this long to be seen here
 
 
 @dataclass
@@ -25,6 +28,25 @@ class CheckpointMarks:
     problems: list[str] = field(default_factory=list)  # what kept its file from being written
     left_behind: list[str] = field(default_factory=list)  # what it could not remove, and why
     _nodes: set[str] = field(default_factory=set)
+    seen: dict[str, bool] = field(default_factory=dict)  # each node's file, as seen here while the job ran
+
+    def look(self, nodes: Iterable[str], within_s: float = LOOK_WITHIN_S) -> None:
+        """Whether each node's file is seen here, looked for while the job runs (its last step
+        removes it): until all are, or ``within_s`` (a network filesystem's cache may show a new
+        file a moment late)."""
+        deadline = time.monotonic() + within_s
+        waiting = set(nodes)
+        while True:
+            for node in sorted(waiting):
+                self.seen[node] = self.node_file(node).is_file()
+            waiting = {node for node in waiting if not self.seen[node]}
+            if not waiting or time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def sees(self, node: str) -> bool:
+        """The login node saw ``node``'s file (as it looked while the job ran, else now)."""
+        return self.seen[node] if node in self.seen else self.node_file(node).is_file()
 
     @property
     def login_file(self) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from injectors.kinds import REGISTRY, get_kind
 from orchestrator.commands import current_user
@@ -116,7 +117,7 @@ def checkpoint_checks(marks: CheckpointMarks, reports: list[NodeReport]) -> list
             problems.append(f"{report.node} does not see the login node's file there")
         if not said.get("wrote"):
             problems.append(f"{report.node} cannot write there ({said.get('error', '?')})")
-        elif not marks.node_file(_node_of(report)).is_file():
+        elif not marks.sees(_node_of(report)):
             problems.append(f"the login node does not see {report.node}'s file there")
     if problems:
         return [failed("checkpoints: nodes", f"{marks.directory}: {'; '.join(problems)}",
@@ -139,16 +140,26 @@ def _node_of(report: NodeReport) -> str:
     return str((report.facts or {}).get("node") or report.node)
 
 
+def _oom_rank_check(facts: list[dict[str, Any]]) -> Check:
+    """oom-rank makes the rank outgrow the job's memory limit where the scheduler's cgroup sets one
+    (any user), else caps it with a cgroup of its own (root, cgroup v1)."""
+    limits = [float(found["job_memory_limit_mb"]) for found in facts if found.get("job_memory_limit_mb")]
+    if facts and len(limits) == len(facts):
+        return passed("fault kinds: oom-rank", f"the scheduler limits the test job's memory ({min(limits):.0f} MB): "
+                      "oom-rank makes the rank outgrow its job's limit (limit: auto or job), as any user")
+    capped = [f"{found['node']}: {found['memory_cap']}" for found in facts if found.get("memory_cap")]
+    if capped or not facts:
+        return warned("fault kinds: oom-rank", f"cannot cap a rank's memory here ({'; '.join(capped) or 'no node'}), "
+                      "and the scheduler sets the job no memory limit",
+                      "confine the jobs' memory (Slurm: task/cgroup, ConstrainRAMSpace, --mem), drill as root, or "
+                      "leave oom-rank out")
+    return passed("fault kinds: oom-rank", "a rank's memory can be capped (root, cgroup v1 memory)")
+
+
 def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:
     """Which fault kinds can act here as this user, and why not."""
     checks = []
-    capped = [f"{report.node}: {report.facts['memory_cap']}" for report in reports
-              if report.facts and report.facts.get("memory_cap")]
-    if capped:
-        checks.append(warned("fault kinds: oom-rank", f"cannot cap a rank's memory here ({'; '.join(capped)})",
-                             "an oom-rank fault is refused at injection, with this reason; the other kinds act"))
-    else:
-        checks.append(passed("fault kinds: oom-rank", "a rank's memory can be capped (root, cgroup v1 memory)"))
+    checks.append(_oom_rank_check([report.facts for report in reports if report.facts]))
     node_kinds = [name for name in NODE_KINDS if backend in get_kind(name).works_on]
     if node_kinds and not on_own_cluster():
         checks.append(warned(f"fault kinds: {', '.join(node_kinds)}", f"this is not the project's cluster: "

@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0  # the job's wait in the queue
 FACTS_TIMEOUT_S = 90.0  # a node's facts visible on the login node after the job started
 HOLD_S = 300  # the job's own limit on holding its nodes for the clock conversations
+UNMARK_WAIT_S = 20.0  # the job's last step (each node's checkpoint file removed) given this long, then cancelled
 STATE_POLL_S = 1.0  # the scheduler asked the job's state this often
 SCAN_S = 0.05  # the folder looked at for the nodes' facts this often (the visibility's resolution)
 ENDED = {"ended": "ended", "gone": "ended (or is gone from qstat: a server that keeps no finished jobs)"}
@@ -76,6 +77,11 @@ def facts_command(python: str, folder: Path, framework: str | None, marks: Check
     return [python, "-m", "injectors.probe", "facts", "--out-dir", str(folder),
             *(["--framework", framework] if framework else []),
             *(["--checkpoints", str(marks.directory), "--mark", marks.token] if marks is not None else [])]
+
+
+def unmark_command(python: str, marks: CheckpointMarks) -> list[str]:
+    """``injectors.probe unmark`` on a node: its file in the checkpoint directory removed."""
+    return [python, "-m", "injectors.probe", "unmark", "--checkpoints", str(marks.directory), "--mark", marks.token]
 
 
 def probe_local(folder: Path, framework: str | None, marks: CheckpointMarks | None = None,
@@ -148,10 +154,15 @@ class JobProbe(ABC):
             self._wait_for_facts(watch, hosts)
             reports = [self._report(host, watch.of(host)) for host in hosts or watch.nodes()[:self.nodes]]
             self._expect(str(report.facts["node"]) for report in reports if report.facts)
+            if self.marks is not None:  # while the job runs: its last step removes them
+                self.marks.look(str(report.facts["node"]) for report in reports
+                                if report.facts and (report.facts.get("checkpoints") or {}).get("wrote"))
             return [*reports, *self._unnamed(len(reports))]
         finally:
             (self.folder / "done").touch()
             if self.job_id is not None:
+                if self.marks is not None:  # its last step removes each node's file: let it run
+                    self._await_end(UNMARK_WAIT_S)
                 try:
                     self._cancel(self.job_id)
                 except CommandError as error:  # the job ends by itself (the done file, its time limit)
@@ -166,9 +177,24 @@ class JobProbe(ABC):
         return facts_command(self.python, self.folder, self.framework, self.marks)
 
     def hold_line(self) -> str:
-        """The job's last line: it holds its nodes until the doctor is done with them (or HOLD_S)."""
+        """The job holds its nodes until the doctor is done with them (or HOLD_S)."""
         done = shlex.quote(str(self.folder / "done"))
         return f"while [ ! -e {done} ] && [ $SECONDS -lt {HOLD_S} ]; do sleep 0.2; done"
+
+    def unmark_command(self) -> list[str] | None:
+        """The job's last step, on every node: its file in the checkpoint directory removed."""
+        return unmark_command(self.python, self.marks) if self.marks is not None else None
+
+    def _await_end(self, within_s: float) -> None:
+        """Until the job ended by itself (its last step done), at most ``within_s``."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            try:
+                if self._state()[0] in ENDED:
+                    return
+            except CommandError:
+                return
+            time.sleep(STATE_POLL_S / 4)
 
     @abstractmethod
     def script(self) -> str: ...
@@ -253,7 +279,9 @@ class SlurmProbe(JobProbe):
                       *(slurm_line(parse_directive(text)) for text in self.extra_directives)]
         return "\n".join(["#!/bin/bash", *(f"#SBATCH {line}" for line in directives),
                           f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
-                          f"srun --ntasks-per-node=1 {shlex.join(self.facts_command())}", self.hold_line(), ""])
+                          f"srun --ntasks-per-node=1 {shlex.join(self.facts_command())}", self.hold_line(),
+                          *([f"srun --ntasks-per-node=1 {shlex.join(unmark)}"]
+                            if (unmark := self.unmark_command()) is not None else []), ""])
 
     def _submit(self) -> str:
         path = self.folder / "probe.sbatch"
@@ -293,13 +321,14 @@ class PBSProbe(JobProbe):
         directives = ["-N fd-doctor", *chunks, "-l walltime=00:10:00", "-j oe", "-o job.out",
                       *([f"-q {q(self.partition)}"] if self.partition else []),
                       *(f"{d.flag} {d.value}" if d.value is not None else d.flag for d in extra)]
-        launch = Launch(command=self.facts_command(), tasks=self.nodes, tasks_per_node=1)
+        mpiexec = Mpiexec(forwarded=("PYTHONPATH",), session_dir=Shell('"$ompi_tmp"'))
+        steps = [script_line(mpiexec, Launch(command=command, tasks=self.nodes, tasks_per_node=1))
+                 for command in (self.facts_command(), self.unmark_command()) if command is not None]
         as_root = [f"export {name}={value}" for name, value in ROOT_ENVIRONMENT.items()] if os.geteuid() == 0 else []
         return "\n".join(["#!/bin/bash", *(f"#PBS {line}" for line in directives), *as_root,
                           f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
                           'ompi_tmp=$(mktemp -d "${TMPDIR:-/tmp}/faultdrill-ompi.XXXXXXXXXX") || exit 1',
-                          script_line(Mpiexec(forwarded=("PYTHONPATH",), session_dir=Shell('"$ompi_tmp"')), launch),
-                          'rm -rf "$ompi_tmp"', self.hold_line(), ""])
+                          steps[0], self.hold_line(), *steps[1:], 'rm -rf "$ompi_tmp"', ""])
 
     def _submit(self) -> str:
         return qsub("probe.pbs", self._written(), self.folder)

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from conftest import CLUSTER_STATE_DIR
 from faultdrill_cli import FULL_ONLY
 
 DOCTOR_TIMEOUT_S = 300
@@ -114,6 +115,9 @@ def test_a_checkpoint_directory_on_the_nodes_private_tmp_fails_naming_each_node(
         for node in {node["node"] for node in document["nodes"]}:
             assert f"{node} does not see the login node's file" in check["detail"], check
         assert _statuses(document)["checkpoints: rename"] == "pass", "the login node alone sees nothing wrong"
-        assert not [path for path in private.iterdir() if path.name.startswith(".faultdrill-doctor")]
+        assert not private.exists(), "the doctor checks a directory not made yet at its parent, makes none"
+        places = [Path("/tmp"), *(CLUSTER_STATE_DIR / "nodes" / node["node"] / "tmp" for node in document["nodes"])]
+        left = [path for place in places for path in place.glob(".faultdrill-doctor-*")]
+        assert not left, "the doctor's files left on the login node or in a node's own /tmp"
     finally:
         shutil.rmtree(private, ignore_errors=True)

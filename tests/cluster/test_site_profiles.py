@@ -242,7 +242,8 @@ def test_under_slurms_memory_cgroup_an_ordinary_user_drills_oom_rank_and_slurm_e
     """Issue 22 item 4, the cgroup profile: where Slurm's task/cgroup confines a job's memory, oom-rank
     needs no root: fd-user's drill is planned, its rank made to outgrow the job's --mem (700 MB), and
     Slurm's own OOM handling ends it (the rank step OUT_OF_MEMORY in accounting). The attempt is
-    OUT_OF_MEMORY, the run resumes from its checkpoint and ends as its twin; no cgroup was made."""
+    OUT_OF_MEMORY, the run resumes from its checkpoint and ends as its twin; no cgroup was made.
+    The profile's doctor: oom-rank acts here as fd-user (its test job's memory limit read)."""
     home = plain_user.own(shared_tmp / "home")
     spec = home / "oom.yaml"
     spec.write_text(yaml.safe_dump({
@@ -266,6 +267,10 @@ def test_under_slurms_memory_cgroup_an_ordinary_user_drills_oom_rank_and_slurm_e
     assert "OUT_OF_MEMORY" in steps.values(), steps
     assert run["recoveries"][0]["resumed_from_step"] == 100, run["recoveries"]
     assert not list(Path("/sys/fs/cgroup/memory").rglob("faultdrill-oom-*")), "the agent made a cgroup of its own"
+    doctor = _as_user(plain_user, home, "doctor", "--backend", "slurm", "--workdir", str(home / "doctor"), "--nodes", "1",
+                      "--partition", "debug", "--format", "json")
+    [oom] = [check for check in json.loads(doctor.stdout)["checks"] if check["name"] == "fault kinds: oom-rank"]
+    assert oom["status"] == "pass" and "limits the test job's memory" in oom["detail"], oom
 
 
 def _step_states(job_id: str) -> dict[str, str] | None:

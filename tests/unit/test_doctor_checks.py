@@ -234,7 +234,27 @@ def test_the_pbs_test_job_asks_one_chunk_a_node_and_starts_one_task_on_each(
     launch = " ".join(line.rstrip("\\").strip() for line in lines[first:last + 1])
     assert launch.startswith("mpiexec -n 2 --map-by ppr:1:node") and "-x PYTHONPATH" in launch, launch
     assert "injectors.probe facts --out-dir" in launch and "--framework torch" in launch, launch
-    assert lines[-1].startswith("while [ ! -e"), "the job holds its nodes until the doctor is done with them"
+    assert lines[last + 1].startswith("while [ ! -e"), "the job holds its nodes until the doctor is done with them"
+    assert "unmark" not in script, "no checkpoint directory: nothing to remove on the nodes"
+
+
+@pytest.mark.parametrize("backend", ["slurm", "pbs"])
+def test_the_test_jobs_last_step_removes_each_nodes_file_in_the_checkpoint_directory(
+        tmp_path: Path, monkeypatch, backend: str) -> None:
+    """A checkpoint directory private to a node is seen by nobody else to clean: after the hold,
+    each node removes its own file of this doctor run (by the run's token)."""
+    from experiments.layout import ENV_PBS_SERVER
+    from orchestrator.doctor.marks import CheckpointMarks
+    from orchestrator.doctor.probe_job import PBSProbe, SlurmProbe
+
+    monkeypatch.setenv(ENV_PBS_SERVER, "torque")
+    marks = CheckpointMarks(tmp_path / "scratch")
+    probe = (SlurmProbe if backend == "slurm" else PBSProbe)(tmp_path, 2, "debug", None, marks=marks)
+    lines = probe.script().splitlines()
+    hold = next(index for index, line in enumerate(lines) if line.startswith("while [ ! -e"))
+    after = " ".join(lines[hold + 1:])
+    assert f"injectors.probe unmark --checkpoints {tmp_path / 'scratch'} --mark {marks.token}" in after, lines
+    assert ("srun --ntasks-per-node=1" if backend == "slurm" else "mpiexec -n 2 --map-by ppr:1:node") in after
 
 
 def test_a_checkpoint_directory_some_node_does_not_share_fails_naming_the_node(tmp_path: Path) -> None:
@@ -257,3 +277,19 @@ def test_a_checkpoint_directory_some_node_does_not_share_fails_naming_the_node(t
     assert bad.status is Status.FAIL and "same path" in bad.fix, bad
     assert "n2 does not see the login node's file" in bad.detail and "login node does not see n2's file" in bad.detail
     assert "n3 cannot write there (Permission denied)" in bad.detail and "n1" not in bad.detail, bad
+
+
+@pytest.mark.parametrize("facts, status, said", [
+    ([{"node": "n1", "memory_cap": "not root", "job_memory_limit_mb": 700.0},
+      {"node": "n2", "memory_cap": "not root", "job_memory_limit_mb": 1024.0}], Status.PASS, "limits the test job's memory (700 MB)"),
+    ([{"node": "n1", "memory_cap": "not root: oom-rank creates a memory cgroup", "job_memory_limit_mb": None}],
+     Status.WARN, "n1: not root"),
+    ([{"node": "n1", "memory_cap": None, "job_memory_limit_mb": None}], Status.PASS, "can be capped (root"),
+    ([], Status.WARN, "no node"),
+])
+def test_oom_rank_acts_where_the_scheduler_limits_the_jobs_memory_or_as_root(facts, status, said) -> None:
+    """Issue 22 item 4 in the doctor: under Slurm's task/cgroup (the probe read its job's memory
+    limit on every node) oom-rank acts as any user; else only where a cgroup of its own can be made."""
+    from orchestrator.doctor.nodes import _oom_rank_check
+    check = _oom_rank_check(facts)
+    assert check.status is status and said in check.detail, check
