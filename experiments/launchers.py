@@ -63,6 +63,7 @@ class Launch:
     overlap: bool = False  # srun: shares the CPUs of steps still running (a warm member, a relaunch)
     kill_on_bad_exit: bool = True  # one dead task ends the launch (mpiexec always does)
     exclude_from: str | None = None  # srun: the shell variable naming nodes to keep off (may be empty)
+    options: tuple[str, ...] = ()  # srun: more options of the step (a container: --container-image=...)
 
 
 def _option(flag: str, value: Word) -> Word:
@@ -92,7 +93,7 @@ class Srun:
         words.append("--unbuffered")
         words += [_option(flag, value) for flag, value in (("--output", launch.output), ("--error", launch.error))
                   if value is not None]
-        return [*words, *launch.command]
+        return [*words, *launch.options, *launch.command]
 
 
 @dataclass(frozen=True)

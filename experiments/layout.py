@@ -385,6 +385,11 @@ class RankIdentity:
     # process the scheduler started: a fault may aim at it (kill-rank process: launcher).
     launcher_pid: int | None = None
     launcher_start_ticks: int | None = None
+    # The command workload's supervisor that started this rank (its parent, Faultdrill's runtime):
+    # where the rank's own environment cannot be read (a setuid container starter: apptainer,
+    # singularity), the rank is verified as the supervisor's child and the supervisor as the drill's.
+    supervisor_pid: int | None = None
+    supervisor_start_ticks: int | None = None
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ def _verify(run_dir: Path, attempt: int, identity: RankIdentity, claim: _Claim, 
     except ProcessLookupError:
         raise gone from None
     try:
-        ticks = _verified(claim, job_id, run_id, gone)
+        ticks = _verified(claim, job_id, run_id, gone, identity)
     except BaseException:
         if pidfd is not None:
             os.close(pidfd)
@@ -197,7 +197,7 @@ def _verify(run_dir: Path, attempt: int, identity: RankIdentity, claim: _Claim, 
                           pidfd=pidfd, group=claim.group, identity_file=RunPaths(run_dir).rank_file(attempt, identity.rank))
 
 
-def _verified(claim: _Claim, job_id: str, run_id: str, gone: TargetRefused) -> int:
+def _verified(claim: _Claim, job_id: str, run_id: str, gone: TargetRefused, identity: RankIdentity) -> int:
     """The claimed process's start ticks, once it is shown to be the drill's own."""
     ticks = start_ticks(claim.pid)
     if ticks is None:
@@ -212,7 +212,10 @@ def _verified(claim: _Claim, job_id: str, run_id: str, gone: TargetRefused) -> i
     except psutil.NoSuchProcess:
         raise gone from None
     except psutil.AccessDenied:
-        raise TargetRefused(f"pid {claim.pid}: cannot read its environment, refusing to act") from None
+        if not claim.group or identity.supervisor_pid is None:
+            raise TargetRefused(f"pid {claim.pid}: cannot read its environment, refusing to act") from None
+        _verified_by_supervisor(claim, identity, job_id, run_id, gone)
+        return ticks
     if uid != os.getuid():
         raise TargetRefused(f"pid {claim.pid} belongs to uid {uid}, not to the drill's uid {os.getuid()}")
     if not environ:
@@ -221,6 +224,31 @@ def _verified(claim: _Claim, job_id: str, run_id: str, gone: TargetRefused) -> i
         raise gone
     _check_environment(environ, run_id, job_id, claim.rank, claim.pid)
     return ticks
+
+
+def _verified_by_supervisor(claim: _Claim, identity: RankIdentity, job_id: str, run_id: str,
+                            gone: TargetRefused) -> None:
+    """A rank whose environment cannot be read (a setuid container starter, apptainer's): shown the
+    drill's as the child of the supervisor that registered it (its parent, still the very process:
+    pid and start time), whose environment names the drill's run, job and rank, under our uid."""
+    supervisor = identity.supervisor_pid
+    assert supervisor is not None
+    try:
+        parent = psutil.Process(claim.pid).ppid()
+        real = psutil.Process(claim.pid).uids().real
+    except psutil.NoSuchProcess:
+        raise gone from None
+    if parent != supervisor or start_ticks(supervisor) != identity.supervisor_start_ticks:
+        raise TargetRefused(f"pid {claim.pid}: its environment cannot be read and it is not the child of the "
+                            f"supervisor that registered it (pid {supervisor}), refusing to act")
+    if real != os.getuid():
+        raise TargetRefused(f"pid {claim.pid} belongs to uid {real}, not to the drill's uid {os.getuid()}")
+    try:
+        environ = psutil.Process(supervisor).environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        raise TargetRefused(f"pid {claim.pid}: neither its environment nor its supervisor's (pid {supervisor}) can "
+                            "be read, refusing to act") from None
+    _check_environment(environ, run_id, job_id, claim.rank, supervisor)
 
 
 def _check_environment(environ: dict[str, str], run_id: str, job_id: str, rank: int | None, pid: int) -> None:

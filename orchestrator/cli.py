@@ -150,7 +150,8 @@ def _doctor(args: argparse.Namespace) -> int:
         resources = campaign.resources
         site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
                     args.partition or resources.partition, args.framework or campaign.workload.framework,
-                    campaign.parallel_runs, tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory)
+                    campaign.parallel_runs, tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory,
+                    resources.container.image if resources.container is not None else None)
     else:
         site = Site(args.backend or "slurm", (args.workdir or Path(".faultdrill-doctor")).resolve(), args.nodes or 1,
                     args.partition, args.framework)

@@ -316,7 +316,8 @@ class Supervisor:
         ticks = start_ticks(child.pid)
         identity = RankIdentity(rank=self.env.rank, pid=child.pid, create_time=time.time(), start_ticks=ticks or 0,
                                 host=os.uname().nodename, node=self.env.node, job_id=own_job_id(self.env.job_id),
-                                attempt=self.job.attempt, group=True)
+                                attempt=self.job.attempt, group=True, supervisor_pid=os.getpid(),
+                                supervisor_start_ticks=start_ticks(os.getpid()))
         write_json_atomic(self.paths.rank_file(self.job.attempt, self.env.rank), record_dict(identity))
 
     def _next_round(self, round_: int, lost_rank: int, lost_at: float) -> bool:

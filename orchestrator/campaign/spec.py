@@ -332,6 +332,36 @@ class CheckpointConfig(_Strict):
         return Path(*parts[:next(index for index, part in enumerate(parts) if RUN_ID_FIELD in part)])
 
 
+class ContainerConfig(_Strict):
+    """The ranks' container, through Slurm's pyxis plugin (enroot): their step runs in ``image``
+    (``srun --container-image``), with the repository, Faultdrill's environment and the workdir
+    mounted at the same paths (the rank runtime runs inside: the image needs the same Python
+    release and the glibc it was built against), plus ``mounts`` (pyxis's ``SRC:DST[:FLAGS]``).
+    Apptainer/Singularity instead: start it in ``workload.command`` (``apptainer exec IMG python
+    ...``); the rank is then the container's whole process group."""
+
+    image: str = Field(min_length=1, max_length=1000)
+    mounts: list[str] = Field(default_factory=list)
+    workdir: str | None = None  # the ranks' working directory inside it; None: pyxis's default
+
+    @field_validator("image", "workdir")
+    @classmethod
+    def _one_word(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(character in value for character in ",\n\r\t ")):
+            raise ValueError(f"{value!r}: one word, no spaces or commas (srun --container-* options)")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, mounts: list[str]) -> list[str]:
+        for mount in mounts:
+            parts = mount.split(":")
+            if not 1 <= len(parts) <= 3 or not all(parts[:2]) or any(character in mount for character in ",\n\r\t "):
+                raise ValueError(f"container mount {mount!r}: SRC[:DST[:FLAGS]] (pyxis), absolute paths, no commas or "
+                                 "spaces")
+        return mounts
+
+
 class ResourcesConfig(_Strict):
     nodes: int = Field(1, ge=1)
     tasks_per_node: int = Field(1, ge=1)
@@ -343,6 +373,7 @@ class ResourcesConfig(_Strict):
     extra_directives: list[str] = Field(default_factory=list)
     # PBS only: resource syntax of the directives, Torque (-l nodes=N:ppn=M, -t) or PBS Pro (-l select=, -J).
     pbs_flavor: Literal["torque", "pro"] = "torque"
+    container: ContainerConfig | None = None  # Slurm only: the ranks' step in a pyxis container
     # The warning before the walltime, this many seconds before it (Slurm: --signal=USR2@N; PBS sends
     # none, so the batch script sends it): the ranks checkpoint on it. Give it the time a checkpoint takes.
     warning_s: int = Field(90, ge=1, le=86400)
@@ -537,6 +568,9 @@ class Campaign(_Strict):
             problems.append(f"resources.nodes ({resources.nodes}): {why}; set it to 1")
         problems += [problem for directive in resources.extra_directives
                      if (problem := reserved_problem(directive, str(backend)))]
+        if resources.container is not None and backend not in (None, "slurm"):
+            problems.append(f"resources.container: pyxis is a Slurm plugin, not on the {backend} backend; there, start "
+                            "the container in workload.command (apptainer exec IMAGE python train.py ...)")
         if problems:
             raise ValueError("\n".join(problems))
         return resources
@@ -567,6 +601,9 @@ class Campaign(_Strict):
             problems.append(f"resources.spare_nodes ({spare_nodes}) is for restart.strategy {users} "
                             f"(a {restart.strategy.value} run would hold them idle); set it to 0 or change the strategy")
         problems += _workload_problems(restart, info.data.get("workload"))
+        if resources is not None and resources.container is not None and traits.warm:
+            problems.append("resources.container with restart.strategy warm: the warm coordinator launches each rank "
+                            "as a step of its own, not in a container yet; use resubmit, requeue or in-allocation")
         if problems:
             raise ValueError("\n".join(problems))
         return restart

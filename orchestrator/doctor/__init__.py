@@ -40,6 +40,7 @@ class Site:
     parallel_runs: int = 1
     extra_directives: tuple[str, ...] = ()  # the spec's (account, QOS, ...): the test job asks them too
     checkpoints: Path | None = None  # the spec's checkpoint.directory: its deepest directory without {run_id}
+    container: str | None = None  # the spec's resources.container image (Slurm's pyxis)
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def _scheduler_checks(site: Site) -> list[Check]:
     if site.backend == "slurm":
         from orchestrator.doctor.slurm import scheduler_checks
 
-        return scheduler_checks(site.parallel_runs, site.extra_directives)
+        return scheduler_checks(site.parallel_runs, site.extra_directives, site.container)
     if site.backend == "pbs":
         from orchestrator.doctor.pbs import scheduler_checks as pbs_checks
 

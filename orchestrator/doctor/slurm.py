@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from orchestrator.backends.slurm.backend import SlurmBackend
-from orchestrator.backends.slurm.site import accounting_configured, config_value, max_submit_jobs
+from orchestrator.backends.slurm.site import accounting_configured, config_value, max_submit_jobs, srun_help
 from orchestrator.backends.slurm.version import OVERLAP_SINCE, site_version
 from orchestrator.campaign.directives import qos_of
 from orchestrator.commands import current_user, run_command
@@ -16,14 +16,24 @@ COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "srun", "sacct")
 LIMIT_KEYS = ("MaxArraySize", "MaxJobCount", "MinJobAge")
 
 
-def scheduler_checks(parallel_runs: int, extra_directives: tuple[str, ...] = ()) -> list[Check]:
+def scheduler_checks(parallel_runs: int, extra_directives: tuple[str, ...] = (),
+                     container: str | None = None) -> list[Check]:
     missing = [command for command in COMMANDS if shutil.which(command) is None]
     if missing:
         return [failed("scheduler", f"not found on this node: {', '.join(missing)}",
                        "run the doctor (and the drill) on a login node of the cluster, with Slurm's commands on PATH")]
     config = SlurmBackend("doctor").site_config()
     return [_release(), _accounting(config), _limits(config, parallel_runs, qos_of(list(extra_directives))),
-            _requeue(config)]
+            _requeue(config), *([container_check(container, srun_help())] if container is not None else [])]
+
+
+def container_check(image: str, help_text: str) -> Check:
+    """The spec's container needs Slurm's pyxis plugin (``srun --container-image``)."""
+    if "--container-image" not in help_text:
+        return failed("container", f"{image}: srun here has no --container-image (no pyxis plugin)",
+                      "drill without resources.container, or start apptainer in workload.command")
+    return passed("container", f"{image}: srun --container-image (pyxis); the rank runtime runs inside: the image "
+                  "needs Faultdrill's Python release")
 
 
 def _release() -> Check:

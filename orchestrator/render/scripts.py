@@ -186,6 +186,23 @@ def _slurm_element(run: RunConfig, attempt: int, drill_id: str, index: int | Non
 
 
 FOLDER = Shell('"$folder"')  # the batch script's variable: the submitit folder its task runs from
+REPO = Path(__file__).resolve().parents[2]  # the rank runtime's code (experiments/, injectors/)
+
+
+def container_options(run: RunConfig, python: str) -> tuple[str, ...]:
+    """srun's pyxis options of the ranks' step (none without ``resources.container``): the image;
+    mounted at the same paths, what the rank runtime needs inside (the repository, the interpreter's
+    environment and the installation it links to, the workdir, the checkpoint directory) and the
+    spec's own mounts."""
+    container = run.campaign.resources.container
+    if container is None:
+        return ()
+    interpreter = Path(python)
+    needed = [REPO, interpreter.parent.parent, interpreter.resolve().parent.parent, run.campaign.workdir,
+              run.campaign.checkpoint.every_runs_directory]
+    own = [f"{path}:{path}" for path in dict.fromkeys(str(path) for path in needed if path is not None)]
+    return (f"--container-image={container.image}", f"--container-mounts={','.join([*own, *container.mounts])}",
+            *([f"--container-workdir={container.workdir}"] if container.workdir else []))
 
 
 @dataclass(frozen=True)
@@ -215,6 +232,7 @@ class SlurmScriptRequest:
     in_allocation: bool = False
     relaunch_wait_s: int = 60
     warm: WarmLaunch | None = None
+    container: tuple[str, ...] = ()  # srun's pyxis options of the ranks' step
 
     def context(self) -> dict[str, Any]:
         """The template's variables."""
@@ -245,10 +263,10 @@ class SlurmScriptRequest:
         command: list[Word] = [*submitit_command(self.python), FOLDER]
         mpi = "pmix" if self.mpi else ""
         if not self.in_allocation:
-            return script_line(Srun(), Launch(command, output=output, error=error, mpi=mpi))
+            return script_line(Srun(), Launch(command, output=output, error=error, mpi=mpi, options=self.container))
         launch = Launch(command, tasks=self.ranks, nodes=self.step_nodes,
                         name=Shell(f'{shlex.quote(RANK_STEP_NAME)}-"$attempt"'), output=output, error=error, mpi=mpi,
-                        overlap=True, exclude_from="exclude")
+                        overlap=True, exclude_from="exclude", options=self.container)
         return script_line(Srun(), launch, indent="  ")
 
 
@@ -265,7 +283,7 @@ def _slurm_request(run: RunConfig, job_name: str, elements: list[SlurmElement], 
         warning_s=resources.warning_s, partition=resources.partition, requeue=run.scheduler_requeue,
         exclude=exclude_nodes, extra_directives=tuple(resources.extra_directives),
         mpi=run.workload_entry.launcher == LAUNCHER_MPI, in_allocation=relaunch["in_allocation"],
-        relaunch_wait_s=relaunch["relaunch_wait_s"], warm=_warm_launch(run))
+        relaunch_wait_s=relaunch["relaunch_wait_s"], warm=_warm_launch(run), container=container_options(run, python))
 
 
 def _cpus_per_task(run: RunConfig) -> int:

@@ -182,3 +182,69 @@ def test_a_pid_reused_between_verification_and_signal_is_not_signalled(tmp_path:
                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:2] == ["gone", "stranger alive"], done.stdout
+
+
+SUPERVISOR = ("import os, subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env={'PATH': '/usr/bin'},"
+              " process_group=0)\n"
+              "print(child.pid, flush=True)\n"
+              "child.wait()\n")
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A supervisor with the drill's variables and its child, the rank, leading a group of its own
+    with none of them (as behind a container starter)."""
+    env = {**os.environ, "FAULTDRILL_RUN_ID": RUN_ID, "SUBMITIT_LOCAL_JOB_ID": JOB_ID, "SUBMITIT_LOCAL_GLOBALID": "1"}
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR], env=env, stdout=subprocess.PIPE, text=True)
+    assert supervisor.stdout is not None
+    child = int(supervisor.stdout.readline())
+    yield supervisor, child
+    for pid in (child, supervisor.pid):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    supervisor.wait(timeout=10)
+
+
+def _unreadable_environment(monkeypatch: pytest.MonkeyPatch, pid: int) -> None:
+    """``pid``'s environment as a setuid starter's is to its user: not readable (AccessDenied)."""
+    readable = psutil.Process.environ
+
+    def environ(process: psutil.Process) -> dict[str, str]:
+        if process.pid == pid:
+            raise psutil.AccessDenied(pid)
+        return readable(process)
+
+    monkeypatch.setattr(psutil.Process, "environ", environ)
+
+
+def _register_supervised(run_dir: Path, child: int, supervisor: int) -> None:
+    identity = RankIdentity(rank=1, pid=child, create_time=psutil.Process(child).create_time(), host="h", node="n",
+                            job_id=JOB_ID, attempt=0, start_ticks=start_ticks(child) or 0, group=True,
+                            supervisor_pid=supervisor, supervisor_start_ticks=start_ticks(supervisor))
+    write_json_atomic(RunPaths(run_dir).rank_file(0, 1), asdict(identity))
+
+
+def test_a_rank_whose_environment_cannot_be_read_is_verified_as_its_supervisors_child_and_its_group_hit(
+        tmp_path: Path, supervised: tuple[subprocess.Popen[str], int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 item 7: apptainer's setuid starter hides its environment from its own user. The rank
+    the supervisor registered is its child (pid and start time); the supervisor's environment names
+    the drill's run, job and rank: the kill reaches the rank's whole group."""
+    supervisor, child = supervised
+    _unreadable_environment(monkeypatch, child)
+    _register_supervised(tmp_path, child, supervisor.pid)
+    outcome = kill_rank(tmp_path, RUN_ID, 0, 1, JOB_ID, "SIGKILL")
+    assert outcome.pid == child
+    assert supervisor.wait(timeout=10) == 0, "the supervisor saw its child end (killed)"
+
+
+def test_a_rank_whose_environment_cannot_be_read_and_whose_parent_is_not_its_supervisor_is_refused(
+        tmp_path: Path, supervised: tuple[subprocess.Popen[str], int], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, child = supervised
+    _unreadable_environment(monkeypatch, child)
+    _register_supervised(tmp_path, child, os.getpid())  # a claim naming another process as its supervisor
+    with pytest.raises(TargetRefused, match="not the child of the supervisor"):
+        verify_rank(tmp_path, RUN_ID, 0, 1, JOB_ID)
+    assert psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE

@@ -23,6 +23,7 @@ from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submis
 from orchestrator.backends.slurm.site import (
     accounting_configured,
     confines_memory,
+    container_refusals,
     max_submit_jobs,
     parse_max_array_size,
     show_config,
@@ -274,7 +275,7 @@ class SlurmBackend(Backend):
 
     @classmethod
     def site_refusals(cls, runs: list[RunConfig]) -> list[str]:
-        return overlap_refusals(runs)
+        return overlap_refusals(runs) + container_refusals(runs)
 
     def out_of_memory_steps(self, job_id: str) -> tuple[str, ...]:
         """Slurm's task/cgroup says OUT_OF_MEMORY of the step whose task the OOM killer ended, while

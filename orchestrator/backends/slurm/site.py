@@ -13,6 +13,7 @@ import functools
 import re
 
 from orchestrator.backends.base import SubmitLimit
+from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, run_command
 
 SACCTMGR_TIMEOUT_S = 10.0
@@ -105,3 +106,25 @@ def show_config() -> str:
         return run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
     except CommandError:
         return ""
+
+
+@functools.lru_cache(maxsize=1)
+def srun_help() -> str:
+    """``srun --help`` (asked once a process; "" if it did not answer): a SPANK plugin's options are
+    listed there (pyxis: ``--container-image``)."""
+    try:
+        return run_command(["srun", "--help"], timeout_s=20.0).stdout
+    except CommandError:
+        return ""
+
+
+def container_refusals(runs: list[RunConfig], help_text: str | None = None) -> list[str]:
+    """A spec that names a container (``resources.container``) where srun has no pyxis plugin: the
+    ranks' step would fail at once with "unrecognized option"."""
+    if not any(run.campaign.resources.container is not None for run in runs):
+        return []
+    text = srun_help() if help_text is None else help_text
+    if "--container-image" in text:
+        return []
+    return ["resources.container: srun here has no --container-image (the pyxis plugin is not loaded: srun --help "
+            "names it where it is); drill without a container, or start apptainer in workload.command"]
