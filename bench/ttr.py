@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 import peers
+from experiments.layout import RunPaths, read_attempt_events
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTDRILL = [sys.executable, "-m", "orchestrator.cli"]
@@ -122,11 +123,9 @@ def cold_start_s(root: Path, backend: str, framework: str) -> float:
     """A fault-free run's first attempt: job start -> first step (import, process group, model, step 1)."""
     workdir = root / f"floor-{backend}-{framework}"
     report = _drill(_spec(workdir, backend, framework, None, None, 0, seed=1))
-    events = {}
-    path = workdir / "runs" / report["runs"][0]["run_id"] / "attempts" / "0" / "events.jsonl"
-    for line in path.read_text().splitlines():
-        event = json.loads(line)
-        events.setdefault(event["event"], float(event["time"]))
+    events: dict[str, float] = {}
+    for event in read_attempt_events(RunPaths(workdir / "runs" / report["runs"][0]["run_id"]), 0):
+        events.setdefault(event.name, event.time)
     started = events.get("job_start", events.get("process_start"))  # the local backend has no batch script
     return events["first_step"] - started
 

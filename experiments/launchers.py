@@ -12,6 +12,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from experiments.layout import AGENT_STEP_NAME
+
 # mpiexec everywhere: more ranks than cores is fine for a drill, binding would pin every rank of a
 # small machine to one core, and survivors of a dead rank go at once (submitit's rank wrapper
 # ignores SIGTERM, so they only go at mpiexec's SIGKILL: measured, all ranks gone 0.13 s after a
@@ -134,8 +136,8 @@ def srun_on_node(job: str, node: str, command: Sequence[str], cluster: Sequence[
     # --mem=0: within the job's memory, taking none of it from its steps; --gres=none: no GPU (before
     # Slurm 22.05 --overlap shares CPUs only, and a step asking the default memory or a GPU that the
     # ranks hold waits, "step creation temporarily disabled", until the agent's timeout).
-    return ["srun", *cluster, f"--jobid={job}", "--overlap", "--mem=0", "--gres=none", "--nodes=1", "--ntasks=1",
-            f"--nodelist={node}", "--quiet", *command]
+    return ["srun", *cluster, f"--jobid={job}", f"--job-name={AGENT_STEP_NAME}", "--overlap", "--mem=0", "--gres=none",
+            "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--quiet", *command]
 
 
 def argv(words: Sequence[Word]) -> list[str]:

@@ -77,6 +77,7 @@ SUPERVISOR_EVENTS_FILE_NAME = "supervisor-events.jsonl"
 CLOCKS_FILE_NAME = "clocks.json"  # the controller's readings of an attempt's nodes' clocks
 RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
 RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
+AGENT_STEP_NAME = "faultdrill-agent"  # a step the login side starts in a job (a fault's agent, a clock reading)
 CHECKPOINT_PREFIX = "step-"
 
 

@@ -81,6 +81,39 @@ class JobMemoryLimit:
             return None
 
 
+def oom_kill_count(directory: Path) -> int | None:
+    """The OOM kills a v1 memory cgroup counted (``memory.oom_control``: on the victim's own
+    cgroup); None once the cgroup is gone or where the kernel does not count them."""
+    try:
+        for line in (directory / "memory.oom_control").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def raise_oom_score(pid: int) -> str | None:
+    """Make ``pid`` the OOM killer's first choice (``oom_score_adj`` 1000: any user may raise their
+    own process's); its value before, to put back, or None if it could not be set."""
+    path = Path(f"/proc/{pid}/oom_score_adj")
+    try:
+        before = path.read_text().strip()
+        path.write_text("1000\n")
+        return before
+    except OSError:
+        return None
+
+
+def restore_oom_score(pid: int, before: str | None) -> None:
+    if before is not None:
+        try:
+            Path(f"/proc/{pid}/oom_score_adj").write_text(f"{before}\n")
+        except OSError:
+            pass  # it ended, or may no longer lower it: it dies first, as the fault meant
+
+
 def job_memory_limit(pid: int) -> JobMemoryLimit | None:
     """The limit that leaves ``pid`` the least room, over its memory cgroup and every one above it
     (of equal room, the outermost: the job's, which outlives the rank's step); None where none

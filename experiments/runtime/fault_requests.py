@@ -23,12 +23,21 @@ ACTIONS = (ACTION_LEAK, ACTION_RAISE)
 CHUNK_BYTES = 16 << 20
 CHUNK_EVERY_S = 0.02  # ~800 MB/s: a cap of tens of MB is reached within a step or two
 LEAK_LIMIT_BYTES = 1 << 30  # a rank whose cap did not take holds at most this much (unless asked for more)
-LEAK_MOST_BYTES = 64 << 30  # what a request may ask the rank to hold, at most
+LEAK_MOST_BYTES = (65536 + 1024) << 20  # what a request may ask the rank to hold, at most (oom-rank's most)
+LEAK_BYTES_PER_S = CHUNK_BYTES / CHUNK_EVERY_S  # how fast the leak grows, at most
 PAGE_BYTES = 4096
 
 
 class InjectedRankError(RuntimeError):
     """The exception the rank-error fault makes the training loop raise."""
+
+
+def leak_bound(most_bytes: int | None) -> int:
+    """What the leak holds at most: as asked (a positive number, at most LEAK_MOST_BYTES), else
+    LEAK_LIMIT_BYTES (the agent's own cap ends it long before)."""
+    if most_bytes is None or most_bytes <= 0:
+        return LEAK_LIMIT_BYTES
+    return min(most_bytes, LEAK_MOST_BYTES)
 
 
 @dataclass
@@ -41,7 +50,7 @@ class MemoryLeak:
         """Grow until ``most_bytes`` are held (the agent's request says how far: past the job's memory
         limit when the scheduler's cgroup is the cap; LEAK_LIMIT_BYTES when the agent's own is)."""
         if self.started_at is None:
-            self.most_bytes = LEAK_LIMIT_BYTES if most_bytes is None else max(0, min(most_bytes, LEAK_MOST_BYTES))
+            self.most_bytes = leak_bound(most_bytes)
             self.started_at = time.time()
             threading.Thread(target=self._grow, name="faultdrill-leak", daemon=True).start()
 

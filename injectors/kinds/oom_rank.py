@@ -3,9 +3,11 @@ rank is asked to grow (experiments/runtime/fault_requests: a leak) past a memory
 kernel's OOM killer ends it. Whose limit (``limit``):
 
 - ``job``: the scheduler's. Where Slurm's task/cgroup confines a job's memory (ConstrainRAMSpace),
-  the job's --mem is its memory cgroup's limit: the agent reads it (any user may), asks the rank
-  to grow past the room it leaves, and Slurm's own OOM handling follows (the step OUT_OF_MEMORY).
-  The evidence: the rank ended, and the limiting cgroup's peak reached its limit.
+  the job's --mem is its memory cgroup's limit: the agent reads it (any user may), makes the rank
+  the OOM killer's first choice (oom_score_adj) and asks it to hold more than the limit (its own
+  memory alone past it, whatever the page cache holds); Slurm's own OOM handling follows (the step
+  OUT_OF_MEMORY). The evidence, a change seen while it grew: its own cgroup's OOM-kill count, or the
+  limiting cgroup's peak reaching the limit from below it (a peak already there proves nothing).
 - ``agent``: the agent caps the rank's memory with a child memory cgroup of its own (``headroom_mb``
   more than it holds now): root on the node only. The evidence: that cgroup's OOM-kill count.
 - ``auto`` (the default): the job's limit where one confines the rank, else the agent's cap.
@@ -16,16 +18,26 @@ job's limit would make the rank grow by more than ``most_mb``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Literal
 
 from pydantic import Field
 
-from experiments.runtime.fault_requests import ACTION_LEAK
+from experiments.runtime.fault_requests import ACTION_LEAK, LEAK_BYTES_PER_S
 from injectors.kinds.base import FaultOptions, FaultOutcome, FaultTask, RankKind
 from injectors.kinds.moment import wait_for_moment
 from injectors.kinds.requests import JobEnding, ask, live_ticks, wait_for_ends
 from injectors.kinds.signals import RankFaultOptions, outcome, verify_all
-from injectors.memory_cgroup import JobMemoryLimit, MemoryCap, job_memory_limit
+from injectors.memory_cgroup import (
+    JobMemoryLimit,
+    MemoryCap,
+    job_memory_limit,
+    oom_kill_count,
+    own_memory_cgroup,
+    raise_oom_score,
+    restore_oom_score,
+)
 from injectors.targets import TargetRefused, VerifiedTarget, still_in_attempt
 
 MB = 1 << 20
@@ -81,34 +93,41 @@ class OomRank(RankKind):
         return self._under_own_cap(task, targets)
 
     def _past_the_jobs_limit(self, task: FaultTask, targets: list[VerifiedTarget]) -> FaultOutcome:
-        """Each rank asked to grow past the room its job's memory limit leaves it."""
+        """Each rank asked to hold more than its job's memory limit (its own memory alone past it,
+        whatever the page cache holds), made the OOM killer's first choice; the evidence a change
+        seen while it grew: its cgroup's OOM-kill count, or the limiting cgroup's peak reaching the
+        limit from below it."""
         headroom = int(task.options.get("headroom_mb", 64)) * MB
         most = int(task.options.get("most_mb", 4096)) * MB
-        deadline_s = float(task.options.get("deadline_s", 30.0))
         ticks = live_ticks(targets)
         ending = JobEnding()
         met = wait_for_moment(task, targets, ending)
         targets = still_in_attempt(targets)
         limits = {target.pid: _job_limit(target) for target in targets}  # read again: the room is now's
         for target in targets:
-            if limits[target.pid].room_bytes > most:
-                raise TargetRefused(f"the job's memory limit leaves rank {target.rank} "
-                                    f"+{limits[target.pid].room_bytes / MB:.0f} MB, more than most_mb "
-                                    f"{most // MB}: give the job a smaller --mem, or raise most_mb")
-        grow_to = max(limit.room_bytes for limit in limits.values()) + headroom
-        at, targets = ask(task, targets, {"action": ACTION_LEAK, "most_bytes": grow_to})
-        ended = wait_for_ends(targets, ticks, at + deadline_s, ending)
-        peaks = {target.pid: limits[target.pid].peak_bytes() for target in targets}
-        survivors = [target for target in targets
-                     if target.pid not in ended or not _reached(limits[target.pid], peaks[target.pid])]
+            if limits[target.pid].limit_bytes > most:
+                raise TargetRefused(f"rank {target.rank}'s job memory limit ({limits[target.pid].limit_bytes / MB:.0f} MB) "
+                                    f"is more than most_mb {most // MB}: give the job a smaller --mem, or raise most_mb")
+        grow_to = max(limit.limit_bytes for limit in limits.values()) + headroom
+        watched = {target.pid: _OomWatch.before(target.pid, limits[target.pid]) for target in targets}
+        scores = {target.pid: raise_oom_score(target.pid) for target in targets}
+        try:
+            at, targets = ask(task, targets, {"action": ACTION_LEAK, "most_bytes": grow_to})
+            deadline = at + float(task.options.get("deadline_s", 30.0)) + grow_to / LEAK_BYTES_PER_S
+            ended = wait_for_ends(targets, ticks, deadline, ending,
+                                  on_tick=lambda: _look_all(watched))
+        finally:
+            for pid, before in scores.items():
+                restore_oom_score(pid, before)
+        evidence = {target.pid: watched[target.pid].evidence() for target in targets}
+        survivors = [target for target in targets if target.pid not in ended or evidence[target.pid] is None]
         if survivors:
-            raise TargetRefused(_why_not_past_limit(survivors[0], ended, limits, peaks, deadline_s))
+            raise TargetRefused(_why_not_past_limit(survivors[0], ended, watched, task))
         took = max(ended.values()) - at
         first = limits[targets[0].pid]
         return outcome(self.name, targets, "SIGKILL", at, met_step=met, detail=(
-            f"the job's memory limit ({first.limit_bytes / MB:.0f} MB, cgroup {first.directory.name}) left "
-            f"+{first.room_bytes / MB:.0f} MB, the rank made to grow past it: the kernel's OOM killer ended it "
-            f"{took:.2f} s later (the cgroup's peak {(peaks[targets[0].pid] or 0) / MB:.0f} MB)"))
+            f"the job's memory limit ({first.limit_bytes / MB:.0f} MB, cgroup {first.directory.name}): the rank made "
+            f"to grow past it, the kernel's OOM killer ended it {took:.2f} s later ({evidence[targets[0].pid]})"))
 
     def _under_own_cap(self, task: FaultTask, targets: list[VerifiedTarget]) -> FaultOutcome:
         """Each rank capped by a memory cgroup of the agent's own, then asked to grow (root)."""
@@ -156,21 +175,62 @@ def _job_limit(target: VerifiedTarget) -> JobMemoryLimit:
     return found
 
 
-def _reached(limit: JobMemoryLimit, peak: int | None) -> bool:
-    return peak is not None and peak >= limit.limit_bytes - PEAK_MARGIN_BYTES
+@dataclass
+class _OomWatch:
+    """What tells the OOM killer's kill of one rank from any other end, read as changes: the
+    rank's own memory cgroup's kill count (the scheduler removes that cgroup with the step, so it
+    is read at every look while the rank lives) and the limiting cgroup's peak (a high-water mark:
+    evidence only if it was below the limit before the rank grew)."""
+
+    own: Path | None
+    limit: JobMemoryLimit
+    kills_before: int | None
+    peak_before: int | None
+    kills_seen: int | None = None
+
+    @classmethod
+    def before(cls, pid: int, limit: JobMemoryLimit) -> "_OomWatch":
+        try:
+            own: Path | None = own_memory_cgroup(pid)
+        except (OSError, TargetRefused):
+            own = None
+        kills = oom_kill_count(own) if own is not None else None
+        return cls(own, limit, kills, limit.peak_bytes(), kills)
+
+    def look(self) -> None:
+        if self.own is not None and (kills := oom_kill_count(self.own)) is not None:
+            self.kills_seen = kills
+
+    def evidence(self) -> str | None:
+        """The change that shows the OOM killer's kill, in words; None if none was seen."""
+        self.look()
+        if self.kills_before is not None and self.kills_seen is not None and self.kills_seen > self.kills_before:
+            return f"its memory cgroup counted oom_kill {self.kills_seen - self.kills_before}"
+        peak, near = self.limit.peak_bytes(), self.limit.limit_bytes - PEAK_MARGIN_BYTES
+        if peak is not None and self.peak_before is not None and self.peak_before < near <= peak:
+            return f"the cgroup's peak went from {self.peak_before / MB:.0f} MB to its limit, {peak / MB:.0f} MB"
+        return None
 
 
-def _why_not_past_limit(target: VerifiedTarget, ended: dict[int, float], limits: dict[int, JobMemoryLimit],
-                        peaks: dict[int, int | None], deadline_s: float) -> str:
-    limit = limits[target.pid]
+def _look_all(watched: dict[int, "_OomWatch"]) -> None:
+    for watch in watched.values():
+        watch.look()
+
+
+def _why_not_past_limit(target: VerifiedTarget, ended: dict[int, float], watched: dict[int, _OomWatch],
+                        task: FaultTask) -> str:
+    watch = watched[target.pid]
+    limit_mb = watch.limit.limit_bytes / MB
     if target.pid not in ended:
-        return (f"rank {target.rank} did not die within {deadline_s:g} s of being asked to grow past its job's "
-                f"memory limit ({limit.limit_bytes / MB:.0f} MB; a process without Faultdrill's rank runtime does "
-                "not grow on request)")
-    peak = peaks[target.pid]
-    seen = "is gone" if peak is None else f"peaked at {peak / MB:.0f} MB"
-    return (f"rank {target.rank} ended, but not at its job's memory limit ({limit.limit_bytes / MB:.0f} MB; the "
-            f"cgroup {limit.directory.name} {seen}): not the OOM killer's doing")
+        return (f"rank {target.rank} did not die within {float(task.options.get('deadline_s', 30.0)):g} s (and the "
+                f"time its growth takes) of being asked to grow past its job's memory limit ({limit_mb:.0f} MB; a "
+                "process without Faultdrill's rank runtime does not grow on request)")
+    if watch.peak_before is not None and watch.peak_before >= watch.limit.limit_bytes - PEAK_MARGIN_BYTES:
+        return (f"rank {target.rank} ended, but its job's cgroup had peaked at its limit ({limit_mb:.0f} MB) before "
+                "and its own cgroup's OOM-kill count was not seen to change: whether the OOM killer ended it is not "
+                "known")
+    return (f"rank {target.rank} ended, but not at its job's memory limit ({limit_mb:.0f} MB; neither its cgroup's "
+            "OOM-kill count nor the job's peak changed): not the OOM killer's doing")
 
 
 def _cap(task: FaultTask, target: VerifiedTarget, headroom_bytes: int) -> MemoryCap:

@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 from experiments.layout import RunPaths, write_json_atomic
 from experiments.runtime.fault_requests import FAULT_SIGNAL
@@ -53,11 +53,14 @@ def live_ticks(targets: list[VerifiedTarget]) -> dict[int, int | None]:
 
 
 def wait_for_ends(targets: list[VerifiedTarget], ticks: dict[int, int | None], deadline: float,
-                  ending: JobEnding) -> dict[int, float]:
+                  ending: JobEnding, on_tick: Callable[[], None] | None = None) -> dict[int, float]:
     """When each target ended (no longer the live process of those start ticks), until the
-    deadline or the job's end; targets by pid."""
+    deadline or the job's end; targets by pid. ``on_tick``: called at every look (a reading the
+    caller takes while the targets live: a cgroup the scheduler removes with its step)."""
     ended: dict[int, float] = {}
     while True:
+        if on_tick is not None:
+            on_tick()
         for target in targets:
             current = start_ticks(target.pid) if target.pid not in ended else None
             if target.pid not in ended and (current is None or current != ticks[target.pid]):

@@ -117,15 +117,17 @@ class Backend(abc.ABC):
         each, said before anything is created or submitted; none by default."""
         return []
 
-    def out_of_memory_steps(self, job_id: str) -> tuple[str, ...]:
-        """The steps of an ended job that the scheduler says ran out of memory (asked once for a
-        failed attempt's job); none known by default."""
+    def out_of_memory_steps(self, job_id: str, step_name: str | None = None) -> tuple[str, ...]:
+        """The rank steps of an ended job that the scheduler says ran out of memory (asked once for a
+        failed attempt's job; ``step_name``: only the steps of that name, an in-allocation attempt's);
+        none known by default."""
         return ()
 
     @classmethod
-    def confines_memory(cls) -> bool:
-        """The scheduler here makes a job's memory request its memory cgroup's limit (the kernel's
-        OOM killer ends what outgrows it): oom-rank then needs no cgroup of its own. Asked at plan."""
+    def confines_memory(cls, run: RunConfig) -> bool:
+        """The scheduler here makes ``run``'s jobs' memory request their memory cgroup's limit (the
+        kernel's OOM killer ends what outgrows it): oom-rank then needs no cgroup of its own. Asked
+        at plan."""
         return False
 
     def site_notes(self) -> list[str]:

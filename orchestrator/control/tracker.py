@@ -23,7 +23,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from experiments.layout import CheckpointRecord, FinalRecord, RankJob, read_json_lines
+from experiments.layout import RANK_STEP_NAME, CheckpointRecord, FinalRecord, RankJob, read_json_lines
 from experiments.runtime.fence import (
     Fence,
     fence_unless_moved_on,
@@ -117,7 +117,7 @@ class RunTracker:
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
         self.recoveries = RecoveryRecorder(run, ledger, self.faults, clocks_pending=self._clocks_pending)
-        self._started_recorded = False
+        self._started_recorded: str | None = None  # the event the recorded start was read from
         self._finalized = False
 
     @property
@@ -329,7 +329,7 @@ class RunTracker:
 
     def _watch(self, attempt: int, job_id: str) -> None:
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
-        self._started_recorded = False
+        self._started_recorded = None
         self.recoveries.expect(attempt)
         self.status = "running"
 
@@ -370,9 +370,9 @@ class RunTracker:
     def _note(self, watch: AttemptWatch, state: JobState, now: float) -> None:
         if watch.observe_state(state, now):
             self.ledger.update_attempt(self.run.run_id, watch.attempt, state=state.value)
-        if watch.job_started is not None and not self._started_recorded:
+        if watch.job_started is not None and self._started_recorded != watch.job_started_by:
             self.ledger.update_attempt(self.run.run_id, watch.attempt, started=watch.job_started)
-            self._started_recorded = True
+            self._started_recorded = watch.job_started_by
         if self.clocks is not None and watch.ranks_started is not None and watch.attempt not in self._clock_reads:
             self._clock_reads[watch.attempt] = self.clocks.read_attempt(self.run.paths, watch.attempt, self.run.ranks,
                                                                         watch.job_id)
@@ -609,7 +609,17 @@ class RunTracker:
     def _final_state(self, attempt: int, state: JobState) -> None:
         row = self._attempt_row(attempt)
         reclassify_at_end(self.ledger, row, state, self.faults.oom_killed(attempt), self.cancels.why(row.job_id),
-                          lambda: self.backend.out_of_memory_steps(row.job_id) if row.job_id is not None else ())
+                          lambda: self._out_of_memory_steps(row.job_id, attempt))
+
+    def _out_of_memory_steps(self, job_id: str | None, attempt: int) -> tuple[str, ...]:
+        """The scheduler's out-of-memory steps of ``attempt``: its job's rank steps (a job of its own),
+        its named step (in-allocation); none where a job's attempts cannot be told apart by their
+        steps (requeue: the last run's steps alone are kept; warm: one coordinator's steps)."""
+        traits = self.run.strategy_traits
+        if job_id is None or traits.scheduler_requeues or traits.warm:
+            return ()
+        return self.backend.out_of_memory_steps(job_id, f"{RANK_STEP_NAME}-{attempt}" if traits.relaunches_in_job
+                                                else None)
 
     def _late_record(self, attempt: int) -> None:
         row = self._attempt_row(attempt)

@@ -29,6 +29,14 @@ class CheckpointMarks:
     left_behind: list[str] = field(default_factory=list)  # what it could not remove, and why
     _nodes: set[str] = field(default_factory=set)
     seen: dict[str, bool] = field(default_factory=dict)  # each node's file, as seen here while the job ran
+    ended_by_itself: bool = True  # the test job ran its last step (each node removing its own file)
+
+    def unconfirmed(self) -> list[str]:
+        """Nodes whose file may be left where only they see it: the job was ended before its last
+        step, and the file was never seen here (to be removed from here)."""
+        if self.ended_by_itself:
+            return []
+        return sorted(node for node in self._nodes if not self.seen.get(node, False))
 
     def look(self, nodes: Iterable[str], within_s: float = LOOK_WITHIN_S) -> None:
         """Whether each node's file is seen here, looked for while the job runs (its last step

@@ -128,11 +128,18 @@ def checkpoint_checks(marks: CheckpointMarks, reports: list[NodeReport]) -> list
 
 
 def cleanup_check(marks: CheckpointMarks) -> list[Check]:
-    """What could not be removed after the test job (nothing to say when all was)."""
-    if not marks.left_behind:
-        return []
-    return [failed("checkpoints: cleanup", f"{marks.directory}: the doctor's files could not be removed: "
-                   f"{'; '.join(marks.left_behind)}", "remove them by hand")]
+    """What could not be removed after the test job, or may be left where only a node sees it
+    (nothing to say when all was removed)."""
+    checks = []
+    if marks.left_behind:
+        checks.append(failed("checkpoints: cleanup", f"{marks.directory}: the doctor's files could not be removed: "
+                             f"{'; '.join(marks.left_behind)}", "remove them by hand"))
+    if unconfirmed := marks.unconfirmed():
+        names = ", ".join(f"{node}: {marks.node_file(node).name}" for node in unconfirmed)
+        checks.append(warned("checkpoints: cleanup", f"{marks.directory}: the test job was ended before its last step "
+                             f"removed each node's file, which this node never saw: it may be left there ({names})",
+                             "remove it on that node by hand"))
+    return checks
 
 
 def _node_of(report: NodeReport) -> str:

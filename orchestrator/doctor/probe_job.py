@@ -143,6 +143,7 @@ class JobProbe(ABC):
     marks: CheckpointMarks | None = None  # in the spec's checkpoint directory: does each node see it?
     python: str = sys.executable
     job_id: str | None = None
+    ran: bool = False  # the scheduler said it ran
 
     def run(self) -> list[NodeReport]:
         """One report for each of the ``nodes`` nodes asked for, whether it answered or not."""
@@ -161,12 +162,23 @@ class JobProbe(ABC):
         finally:
             (self.folder / "done").touch()
             if self.job_id is not None:
-                if self.marks is not None:  # its last step removes each node's file: let it run
-                    self._await_end(UNMARK_WAIT_S)
-                try:
-                    self._cancel(self.job_id)
-                except CommandError as error:  # the job ends by itself (the done file, its time limit)
-                    log.warning("cancelling the test job %s failed: %s", self.job_id, error.summary)
+                self._end_job(self.job_id)
+
+    def _end_job(self, job_id: str) -> None:
+        """The test job ended: by itself where it ran and has a last step (each node's file in the
+        checkpoint directory removed), within UNMARK_WAIT_S; cancelled in any case, even if the
+        wait is interrupted."""
+        ended = False
+        try:
+            if self.marks is not None and self.ran:
+                ended = self._await_end(UNMARK_WAIT_S)
+        finally:
+            if self.marks is not None:
+                self.marks.ended_by_itself = ended
+            try:
+                self._cancel(job_id)
+            except CommandError as error:  # the job ends by itself (the done file, its time limit)
+                log.warning("cancelling the test job %s failed: %s", job_id, error.summary)
 
     def _expect(self, nodes: Iterable[str]) -> None:
         """Nodes whose files in the checkpoint directory are removed after."""
@@ -185,16 +197,17 @@ class JobProbe(ABC):
         """The job's last step, on every node: its file in the checkpoint directory removed."""
         return unmark_command(self.python, self.marks) if self.marks is not None else None
 
-    def _await_end(self, within_s: float) -> None:
-        """Until the job ended by itself (its last step done), at most ``within_s``."""
+    def _await_end(self, within_s: float) -> bool:
+        """Until the job ended by itself (its last step done), at most ``within_s``: whether it did."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             try:
                 if self._state()[0] in ENDED:
-                    return
+                    return True
             except CommandError:
-                return
+                return False
             time.sleep(STATE_POLL_S / 4)
+        return False
 
     @abstractmethod
     def script(self) -> str: ...
@@ -225,6 +238,7 @@ class JobProbe(ABC):
             if time.monotonic() >= next_poll:
                 state, hosts = self._state()
                 if state == "running":
+                    self.ran = True
                     return hosts
                 if state in ENDED:
                     raise CommandError(["qstat"], 0, "", "", f"the test job {self.job_id} {ENDED[state]} before it "

@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -225,7 +226,7 @@ def node_fault_refusals(runs: list[RunConfig]) -> list[str]:
 
 
 def privilege_refusals(runs: list[RunConfig], uid: int | None = None,
-                       confines_memory: Callable[[], bool] = lambda: False) -> list[str]:
+                       confines_memory: Callable[[RunConfig], bool] = lambda run: False) -> list[str]:
     """Up front, not mid-drill: what a drill that is not root cannot do (its jobs, and so its
     agents, run as the same user): the kinds that need root (``confines_memory``: whether the site's
     scheduler limits a job's memory, which spares oom-rank a cgroup of its own), and the node faults
@@ -238,7 +239,7 @@ def privilege_refusals(runs: list[RunConfig], uid: int | None = None,
     named: dict[str, None] = {}
     for run in runs:
         for index, fault in enumerate(run.campaign.faults):
-            if (why := get_kind(fault.kind).root_needed(fault, confines_memory)) is not None:
+            if (why := get_kind(fault.kind).root_needed(fault, partial(confines_memory, run))) is not None:
                 named[f"faults[{index}] ({fault.kind}): {why}; {who}: leave it out, or drill as root"] = None
                 continue
             if not (isinstance(fault, NodeFaultOptions) and fault.command is None and run.campaign.backend == "slurm"):
@@ -250,15 +251,16 @@ def privilege_refusals(runs: list[RunConfig], uid: int | None = None,
     return list(named)
 
 
-def memory_limit_refusals(runs: list[RunConfig], confines_memory: Callable[[], bool]) -> list[str]:
+def memory_limit_refusals(runs: list[RunConfig], confines_memory: Callable[[RunConfig], bool]) -> list[str]:
     """Up front: an oom-rank told to outgrow the job's memory limit (``limit: job``) where the site's
     scheduler sets none."""
     problems = []
     for run in runs:
         for index, fault in enumerate(run.campaign.faults):
-            if isinstance(fault, OomRankOptions) and fault.limit == "job" and not confines_memory():
+            if isinstance(fault, OomRankOptions) and fault.limit == "job" and not confines_memory(run):
                 problems.append(f"{run.run_id}: faults[{index}] (oom-rank): limit: job, but the scheduler here does "
-                                "not confine a job's memory (Slurm: TaskPlugin task/cgroup with ConstrainRAMSpace=yes): "
+                                "not confine this job's memory (Slurm: TaskPlugin task/cgroup with ConstrainRAMSpace=yes "
+                                "on cgroup v1, memory a consumable resource, and --mem or a DefMemPer* default): "
                                 "use limit: agent (root on the nodes) or auto")
     return problems
 

@@ -84,7 +84,10 @@ class AttemptWatch:
     events: EventsTail = field(init=False)
     checkpoint_tail: JsonlTail = field(init=False)
     heartbeat_tails: list[JsonlTail] = field(init=False)
-    job_started: float | None = None  # batch script's first line (or rank 0's start on the local backend)
+    # The batch script's first line (or rank 0's start, until the script's is read: the local backend
+    # has none, and each writer's file may be seen first): the event it was read from.
+    job_started: float | None = None
+    job_started_by: str | None = None
     ranks_started: float | None = None  # every rank had registered (its identity file): start-up under way
     training_started: float | None = None
     first_checkpoint: float | None = None
@@ -150,8 +153,10 @@ class AttemptWatch:
 
     def _event(self, event: EventRecord) -> None:
         name, when = event.name, event.time
-        if name in (EVENT_JOB_START, EVENT_PROCESS_START) and self.job_started is None:
-            self.job_started = when
+        if name == EVENT_JOB_START and self.job_started_by != EVENT_JOB_START:
+            self.job_started, self.job_started_by = when, name
+        elif name == EVENT_PROCESS_START and self.job_started is None:
+            self.job_started, self.job_started_by = when, name
         elif name == EVENT_FIRST_STEP and self.training_started is None:
             self.training_started = when
         elif name == EVENT_COMPLETED:

@@ -141,3 +141,45 @@ def test_limit_job_where_no_cgroup_limits_the_rank_is_refused_and_the_rank_left_
     finally:
         process.kill()
         process.wait()
+
+
+HIGH_WATER = ("import sys, time\n"
+              "print('ready', flush=True)\n"
+              "sys.stdin.readline()\n"
+              "block = bytearray(int(sys.argv[1])); block[::4096] = b'x' * len(range(0, len(block), 4096)); del block\n"
+              "print('peaked', flush=True)\n"
+              "time.sleep(60)\n")
+
+
+def test_a_rank_that_ends_otherwise_under_a_job_limit_already_peaked_is_not_taken_for_an_oom_kill(
+        tmp_path: Path, monkeypatch) -> None:
+    """Review of issue 22: the job's cgroup's peak is a high-water mark. Once something reached the
+    limit earlier (an earlier attempt in the job, a big allocation), a rank that then ends of
+    something else must not be recorded as the OOM killer's (refused: not known)."""
+    import signal
+    import threading
+
+    from injectors.kinds import oom_rank
+    from injectors.kinds.base import FaultTask
+    from injectors.targets import VerifiedTarget
+
+    limit = 64 << 20
+    process = subprocess.Popen([sys.executable, "-c", HIGH_WATER, str(61 << 20)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdin is not None
+    assert process.stdout.readline().strip() == "ready"
+    job = MemoryCap.create(process.pid, f"faultdrill-joblimit-test-{process.pid}", limit)
+    try:
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "peaked" and job.peak_bytes() >= limit - (4 << 20)
+        monkeypatch.setattr(oom_rank, "verify_all", lambda task: [VerifiedTarget(process.pid, 0, "n", "1")])
+        threading.Timer(0.5, lambda: os.kill(process.pid, signal.SIGKILL)).start()  # ended by something else
+        task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0,),
+                         options={"limit": "job", "deadline_s": 5})
+        with pytest.raises(TargetRefused, match="whether the OOM killer ended it is not known"):
+            oom_rank.OomRank().act_on_node(task)
+    finally:
+        process.kill()
+        process.wait()
+        job.remove()

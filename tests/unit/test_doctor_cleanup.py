@@ -17,6 +17,7 @@ import pytest
 
 from injectors.probe import checkpoint_facts
 from orchestrator.doctor.checks import Status
+from orchestrator.doctor.marks import CheckpointMarks
 from orchestrator.doctor.probe_job import NodeReport
 
 pytestmark = pytest.mark.unit
@@ -128,3 +129,62 @@ def test_sigterm_or_sighup_ends_the_doctor_with_its_marks_removed_and_its_job_ca
         assert received == [signum], "the handler it found is back"
     finally:
         signal.signal(signum, before)
+
+
+def _scripted_probe(monkeypatch: pytest.MonkeyPatch, states: list[tuple[str, list[str]]],
+                    cancelled: list[str]) -> None:
+    """A PBS test job whose qstat answers ``states`` in turn (the last one from then on)."""
+    import orchestrator.doctor as doctor
+    import orchestrator.doctor.probe_job as probe_job
+
+    def state(probe: probe_job.PBSProbe) -> tuple[str, list[str]]:
+        return states.pop(0) if len(states) > 1 else states[0]
+
+    monkeypatch.setattr(doctor, "_scheduler_checks", lambda site: [])
+    monkeypatch.setattr(probe_job.PBSProbe, "_submit", lambda probe: "17.pbs01")
+    monkeypatch.setattr(probe_job.PBSProbe, "_state", state)
+    monkeypatch.setattr(probe_job.PBSProbe, "_cancel", lambda probe, job_id: cancelled.append(job_id))
+
+
+def test_a_test_job_that_never_ran_is_cancelled_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of issue 22: only a job that ran has a last step to wait for (not UNMARK_WAIT_S)."""
+    import orchestrator.doctor as doctor
+    import orchestrator.doctor.probe_job as probe_job
+
+    cancelled: list[str] = []
+    _scripted_probe(monkeypatch, [("queued", [])], cancelled)
+    monkeypatch.setattr(probe_job, "START_TIMEOUT_S", 0.5)
+    (tmp_path / "ck").mkdir()
+    started = time.monotonic()
+    diagnosis = doctor.diagnose(doctor.Site("pbs", tmp_path / "work", checkpoints=tmp_path / "ck"))
+    assert cancelled == ["17.pbs01"] and time.monotonic() - started < probe_job.UNMARK_WAIT_S / 2
+    assert diagnosis.failed
+
+
+def test_a_signal_while_the_job_ends_still_cancels_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.doctor.probe_job as probe_job
+
+    cancelled: list[str] = []
+    probe = probe_job.PBSProbe(tmp_path, 1, None, None, marks=CheckpointMarks(tmp_path))
+    probe.ran = True
+    monkeypatch.setattr(probe_job.PBSProbe, "_cancel", lambda probe, job_id: cancelled.append(job_id))
+
+    def interrupted(probe: probe_job.PBSProbe, within_s: float) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe_job.PBSProbe, "_await_end", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        probe._end_job("17.pbs01")
+    assert cancelled == ["17.pbs01"]
+
+
+def test_a_job_ended_before_its_last_step_is_said_to_maybe_leave_the_files_no_one_here_saw(tmp_path: Path) -> None:
+    from orchestrator.doctor.nodes import cleanup_check
+
+    marks = CheckpointMarks(tmp_path)
+    marks.expect(["n1", "n2"])
+    marks.seen = {"n1": True, "n2": False}  # n2's file in a directory of its own
+    assert cleanup_check(marks) == []
+    marks.ended_by_itself = False
+    [check] = cleanup_check(marks)
+    assert check.status is Status.WARN and "n2: " in check.detail and "n1: " not in check.detail, check

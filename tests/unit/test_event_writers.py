@@ -57,3 +57,26 @@ def test_the_batch_scripts_write_their_own_file_never_rank_0s(tmp_path: Path) ->
     [run] = expand_runs(parse_campaign({**spec, "backend": "pbs"}, base_dir=tmp_path))
     pbs = render_pbs(run, attempt=0, drill_id="d", python="python3").text
     assert f"events={run.paths.script_events_file(0)}" in pbs and f"/{run.paths.events_file(0).name}" not in pbs
+
+
+def test_the_jobs_start_is_the_batch_scripts_whichever_writers_file_is_seen_first(tmp_path: Path) -> None:
+    """Review of issue 22: rank 0's file may be seen before the script's (NFS shows each file when it
+    shows it), and another node's clock may stamp rank 0's start before the script's: the job's
+    start is the script's job_start once it is read, rank 0's process_start only until then."""
+    from orchestrator.observe.watch import AttemptWatch
+
+    paths = RunPaths(tmp_path)
+    watch = AttemptWatch(attempt=0, job_id="7", paths=paths, ranks=1)
+    append_json_line(paths.events_file(0), {"event": "process_start", "time": 1001.5})
+    watch.read()
+    assert (watch.job_started, watch.job_started_by) == (1001.5, "process_start")
+    append_json_line(paths.script_events_file(0), {"event": "job_start", "time": 1000.0})
+    watch.read()
+    assert (watch.job_started, watch.job_started_by) == (1000.0, "job_start")
+
+    skewed = RunPaths(tmp_path / "skewed")
+    append_json_line(skewed.script_events_file(0), {"event": "job_start", "time": 1000.9})  # its node is ahead
+    append_json_line(skewed.events_file(0), {"event": "process_start", "time": 1000.6})
+    watch = AttemptWatch(attempt=0, job_id="7", paths=skewed, ranks=1)
+    watch.read()
+    assert watch.job_started == 1000.9, "the script's start, not rank 0's on another clock"

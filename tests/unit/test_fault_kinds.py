@@ -392,3 +392,14 @@ def test_oom_rank_takes_its_cap_off_a_target_it_did_not_ask(tmp_path: Path, warm
     outcome = get_kind("oom-rank").act_on_node(_task(tmp_path, "oom-rank", (0, 1), deadline_s=10))
     assert outcome.target.startswith("rank 0@") and "faultdrill-oom" not in seen[0], (outcome, seen)
     assert warm[0].proc.wait(timeout=10) == -9 and _settled(warm[1])
+
+
+@pytest.mark.unit
+def test_the_leak_holds_what_it_is_asked_within_bounds_and_a_bad_request_the_default() -> None:
+    """Review of issue 22: oom-rank asks the rank to hold its job's limit plus headroom, up to most_mb
+    (64 GiB) + headroom_mb (1 GiB); zero or less is no request (the default bound)."""
+    from experiments.runtime.fault_requests import LEAK_LIMIT_BYTES, LEAK_MOST_BYTES, leak_bound
+
+    assert leak_bound(700 << 20) == 700 << 20
+    assert leak_bound((65536 + 1024) << 20) == LEAK_MOST_BYTES and leak_bound(1 << 50) == LEAK_MOST_BYTES
+    assert leak_bound(0) == leak_bound(-5) == leak_bound(None) == LEAK_LIMIT_BYTES

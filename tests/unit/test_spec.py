@@ -344,10 +344,10 @@ def test_where_the_scheduler_confines_memory_oom_rank_needs_no_root_and_limit_jo
         return expand_runs(parse_campaign(_spec(tmp_path, backend="slurm", faults=faults,
                                                 resources={"nodes": 1, "time": "00:10:00"}), base_dir=tmp_path))
 
-    def confined() -> bool:
+    def confined(run: object) -> bool:
         return True
 
-    def unconfined() -> bool:
+    def unconfined(run: object) -> bool:
         return False
 
     user = 0o7654321

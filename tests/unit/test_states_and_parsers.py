@@ -138,30 +138,50 @@ def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_a
 
 def test_a_slurm_that_confines_memory_names_task_cgroup_and_constrains_ram_space() -> None:
     """``scontrol show config`` as Slurm 22.05 prints it under the cgroup profile (recorded), and
-    the ways it does not confine: another task plugin, ConstrainRAMSpace off, nothing read."""
-    recorded = ("ProctrackType           = proctrack/cgroup\nTaskPlugin              = task/affinity,task/cgroup\n"
+    the ways it does not confine a job's memory where oom-rank can read it (review of issue 22):
+    another task plugin, ConstrainRAMSpace off, cgroup v2 (or autodetect on a node without v1),
+    memory not consumable, no request below the node's memory (no --mem, no DefMemPer*)."""
+    recorded = ("DefMemPerCPU            = 1024\nProctrackType           = proctrack/cgroup\n"
+                "SelectTypeParameters    = CR_CORE_MEMORY\nTaskPlugin              = task/affinity,task/cgroup\n"
                 "TaskPluginParam         = (null type)\nCgroup Support Configuration:\nCgroupAutomount         = no\n"
                 "CgroupPlugin            = cgroup/v1\nConstrainRAMSpace       = yes\n")
     assert confines_memory(recorded)
     assert not confines_memory(recorded.replace("task/affinity,task/cgroup", "task/affinity"))
     assert not confines_memory(recorded.replace("ConstrainRAMSpace       = yes", "ConstrainRAMSpace       = no"))
+    assert not confines_memory(recorded.replace("cgroup/v1", "cgroup/v2"))
+    autodetect = recorded.replace("cgroup/v1", "autodetect")
+    assert confines_memory(autodetect, v1_here=True) and not confines_memory(autodetect, v1_here=False)
+    assert not confines_memory(recorded.replace("CR_CORE_MEMORY", "CR_CORE"))
+    no_default = recorded.replace("DefMemPerCPU            = 1024", "DefMemPerNode           = UNLIMITED")
+    assert not confines_memory(no_default)
+    assert confines_memory(no_default, ["--mem=700M"]) and confines_memory(no_default, ["--mem-per-cpu 2G"])
+    assert not confines_memory(no_default, ["--account=ml"])
     assert not confines_memory("")
 
 
 def test_the_steps_slurm_says_ran_out_of_memory_are_read_from_accounting(monkeypatch) -> None:
-    """``sacct -n -P -o JobID,State -j N`` as Slurm 22.05 printed it under the cgroup profile
-    (recorded): the rank step OUT_OF_MEMORY, the job and its batch step FAILED."""
+    """``sacct -n -P -o JobID,JobName,State -j N`` as Slurm 22.05 printed it under the cgroup profile
+    (recorded): the rank step OUT_OF_MEMORY, the job and its batch step FAILED. Not the batch or
+    extern step, not an agent's step; with a step name (an in-allocation attempt's), only its step:
+    another attempt's OOM in the same job is not this one's (review of issue 22)."""
     from orchestrator.backends.slurm import backend as slurm_backend
-    recorded = "1004|FAILED\n1004.batch|FAILED\n1004.0|OUT_OF_MEMORY\n1004.1|COMPLETED\n1004.2|COMPLETED\n"
+    answers = {"recorded": "1004|fd-d-r000-a0|FAILED\n1004.batch|batch|FAILED\n1004.0|python|OUT_OF_MEMORY\n"
+                           "1004.1|faultdrill-agent|COMPLETED\n1004.2|faultdrill-agent|COMPLETED\n",
+               "others": "9|fd|FAILED\n9.batch|batch|OUT_OF_MEMORY\n9.extern|extern|OUT_OF_MEMORY\n"
+                         "9.3|faultdrill-agent|OUT_OF_MEMORY\n9.4|faultdrill-ranks-1|OUT_OF_MEMORY\n"
+                         "9.5|faultdrill-ranks-2|FAILED\n"}
     asked = []
+    answer = ["recorded"]
 
     def sacct(args, **_kwargs):
         asked.append(list(args))
-        return CommandResult(tuple(args), 0, recorded, "", 0.1)
+        return CommandResult(tuple(args), 0, answers[answer[0]], "", 0.1)
 
     monkeypatch.setattr(slurm_backend, "run_command", sacct)
     backend = slurm_backend.SlurmBackend("d1")
     assert backend.out_of_memory_steps("1004;other") == ("1004.0",)
     assert asked[0][:3] == ["sacct", "-M", "other"] and asked[0][-2:] == ["-j", "1004"]
-    recorded = "1004|FAILED\n1004.0|FAILED\n"
-    assert backend.out_of_memory_steps("1004") == ()
+    answer[0] = "others"
+    assert backend.out_of_memory_steps("9") == ("9.4",)
+    assert backend.out_of_memory_steps("9", "faultdrill-ranks-2") == ()
+    assert backend.out_of_memory_steps("9", "faultdrill-ranks-1") == ("9.4",)

@@ -16,7 +16,7 @@ from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.launchers import srun_on_node
-from experiments.layout import RankJob
+from experiments.layout import AGENT_STEP_NAME, RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitLimit, SubmitRefusal
@@ -120,6 +120,15 @@ def parse_sbatch_parsable(stdout: str) -> str:
     if not job_id.isdigit() or (cluster and not _CLUSTER.match(cluster)):
         raise CommandError(["sbatch", "--parsable"], 0, stdout, "", "sbatch printed no job id")
     return text
+
+
+def _rank_step(step: str, name: str, wanted: str | None) -> bool:
+    """A step of sacct's that ran ranks: not the allocation, its batch or extern step, nor an agent's;
+    named ``wanted`` if given."""
+    _, dot, suffix = step.partition(".")
+    if not dot or suffix in ("batch", "extern") or name == AGENT_STEP_NAME:
+        return False
+    return wanted is None or name == wanted
 
 
 def split_job_id(job_id: str) -> tuple[str, str | None]:
@@ -277,17 +286,19 @@ class SlurmBackend(Backend):
     def site_refusals(cls, runs: list[RunConfig]) -> list[str]:
         return overlap_refusals(runs) + container_refusals(runs)
 
-    def out_of_memory_steps(self, job_id: str) -> tuple[str, ...]:
+    def out_of_memory_steps(self, job_id: str, step_name: str | None = None) -> tuple[str, ...]:
         """Slurm's task/cgroup says OUT_OF_MEMORY of the step whose task the OOM killer ended, while
-        the job is FAILED (its batch script went on): the job's steps in accounting (none without it)."""
+        the job is FAILED (its batch script went on): the job's rank steps in accounting (none
+        without it), not its batch or extern step nor the steps the drill started in it (agents)."""
         number, cluster = split_job_id(job_id)
-        listed = self._sacct([*cluster_args(cluster), "-n", "-P", "-o", "JobID,State", "-j", number])
-        return tuple(step for step, state in (line.split("|", 1) for line in listed.splitlines() if "|" in line)
-                     if state.startswith(JobState.OUT_OF_MEMORY.value) and "." in step)
+        listed = self._sacct([*cluster_args(cluster), "-n", "-P", "-o", "JobID,JobName,State", "-j", number])
+        rows = [line.split("|", 2) for line in listed.splitlines() if line.count("|") >= 2]
+        return tuple(step for step, name, state in rows
+                     if state.startswith(JobState.OUT_OF_MEMORY.value) and _rank_step(step, name, step_name))
 
     @classmethod
-    def confines_memory(cls) -> bool:
-        return confines_memory(show_config())
+    def confines_memory(cls, run: RunConfig) -> bool:
+        return confines_memory(show_config(), run.campaign.resources.extra_directives)
 
     def submit_refusal(self, error: BaseException) -> SubmitRefusal | None:
         return sbatch_refusal(error)

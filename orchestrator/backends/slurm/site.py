@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 from orchestrator.backends.base import SubmitLimit
+from orchestrator.campaign.directives import parse_directive
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, run_command
 
@@ -90,12 +92,40 @@ def _rows(args: list[str]) -> list[list[str]] | None:
     return [line.split("|") for line in answered.stdout.splitlines() if line.strip()]
 
 
-def confines_memory(config: str) -> bool:
-    """Slurm's task/cgroup with ``ConstrainRAMSpace=yes``: a job's memory request (``--mem``, or
-    DefMemPerCPU's share) is its memory cgroup's limit, and the kernel's OOM killer ends what
-    outgrows it (Slurm then says OUT_OF_MEMORY)."""
+def confines_memory(config: str, directives: list[str] | None = None, v1_here: bool | None = None) -> bool:
+    """A job's memory limit the kernel's OOM killer enforces: Slurm's task/cgroup with
+    ``ConstrainRAMSpace=yes`` on cgroup v1 (oom-rank reads v1's files: ``cgroup/v2``, or
+    ``autodetect`` where this node has no v1 memory controller, is not taken as confined), memory a
+    consumable resource (``SelectTypeParameters`` ``*_MEMORY``), and a request below the node's
+    memory: the job's own (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu`` in ``directives``) or
+    the site's default (DefMemPer*). Slurm then says OUT_OF_MEMORY of the step."""
     plugins = (config_value(config, "TaskPlugin") or "").split(",")
-    return "task/cgroup" in plugins and (config_value(config, "ConstrainRAMSpace") or "").lower() == "yes"
+    if "task/cgroup" not in plugins or (config_value(config, "ConstrainRAMSpace") or "").lower() != "yes":
+        return False
+    cgroup = (config_value(config, "CgroupPlugin") or "autodetect").lower()
+    if cgroup != "cgroup/v1" and not (cgroup == "autodetect" and (memory_v1_here() if v1_here is None else v1_here)):
+        return False
+    if "MEMORY" not in (config_value(config, "SelectTypeParameters") or "").upper():
+        return False
+    asked = any(parse_directive(text).flag in MEMORY_FLAGS for text in directives or [])
+    return asked or any(_set(config_value(config, key)) for key in ("DefMemPerCPU", "DefMemPerNode", "DefMemPerGPU"))
+
+
+MEMORY_FLAGS = ("--mem", "--mem-per-cpu", "--mem-per-gpu")
+
+
+def _set(value: str | None) -> bool:
+    return value is not None and value.isdigit() and int(value) > 0
+
+
+def memory_v1_here() -> bool:
+    """This node mounts a cgroup v1 memory controller (a hint for ``CgroupPlugin=autodetect``)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(",")
+               for parts in (line.split() for line in mounts))
 
 
 @functools.lru_cache(maxsize=1)
