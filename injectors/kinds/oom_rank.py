@@ -83,6 +83,9 @@ class OomRank(RankKind):
                 limits = {target.pid: job_memory_limit(target.pid) for target in targets}
             except (FileNotFoundError, ProcessLookupError):
                 raise TargetRefused("a rank ended before its job's memory limit was read", gone=True) from None
+            except PermissionError as error:  # /proc mounted hidepid, a cgroup file not readable here
+                raise TargetRefused(f"the rank's memory cgroup cannot be read here ({error.strerror}: "
+                                    f"{error.filename})") from None
             if all(limits.values()):
                 return self._past_the_jobs_limit(task, targets)
             if limit == "job":

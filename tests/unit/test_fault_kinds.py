@@ -403,3 +403,21 @@ def test_the_leak_holds_what_it_is_asked_within_bounds_and_a_bad_request_the_def
     assert leak_bound(700 << 20) == 700 << 20
     assert leak_bound((65536 + 1024) << 20) == LEAK_MOST_BYTES and leak_bound(1 << 50) == LEAK_MOST_BYTES
     assert leak_bound(0) == leak_bound(-5) == leak_bound(None) == LEAK_LIMIT_BYTES
+
+
+@pytest.mark.unit
+def test_a_rank_whose_memory_cgroup_cannot_be_read_is_refused_with_the_reason(tmp_path, monkeypatch) -> None:
+    """Review of issue 22: /proc mounted hidepid (or a cgroup file not readable) is a refusal that
+    says so, not a traceback."""
+    from injectors.kinds import oom_rank
+    from injectors.kinds.base import FaultTask
+    from injectors.targets import TargetRefused, VerifiedTarget
+
+    def unreadable(pid: int) -> None:
+        raise PermissionError(13, "Permission denied", f"/proc/{pid}/cgroup")
+
+    monkeypatch.setattr(oom_rank, "verify_all", lambda task: [VerifiedTarget(4242, 0, "n", "1")])
+    monkeypatch.setattr(oom_rank, "job_memory_limit", unreadable)
+    task = FaultTask(kind="oom-rank", run_dir=tmp_path, run_id="r", attempt=0, job_id="1", ranks=(0,))
+    with pytest.raises(TargetRefused, match="cannot be read here .Permission denied: /proc/4242/cgroup"):
+        oom_rank.OomRank().act_on_node(task)

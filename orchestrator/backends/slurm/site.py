@@ -133,7 +133,7 @@ def show_config() -> str:
     """``scontrol show config`` for what is decided at plan (asked once a process; "" if it did not
     answer: nothing is then taken as confined or limited)."""
     try:
-        return run_command(["scontrol", "show", "config"], timeout_s=20.0).stdout
+        return run_command(["scontrol", "show", "config"], timeout_s=20.0, retries=2).stdout
     except CommandError:
         return ""
 
