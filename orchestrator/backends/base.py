@@ -84,10 +84,10 @@ class Backend(abc.ABC):
         """The most elements one array may have here (a larger sweep goes out in parts)."""
         return 1 << 31
 
-    def max_submit_jobs(self, qos: str | None = None) -> "SubmitLimit | None":
+    def max_submit_jobs(self, qos: str | None = None, queue: str | None = None) -> "SubmitLimit | None":
         """The most jobs this user may have submitted at once here (pending and running; each
-        element of an array counts), where the site says (``qos``: the one the jobs ask for); None:
-        no limit known."""
+        element of an array counts), where the site says (``qos``: the one the jobs ask for;
+        ``queue``: their partition or PBS queue); None: no limit known."""
         return None
 
     @abc.abstractmethod

@@ -163,7 +163,8 @@ class Controller:
         self.poller = SchedulerPoller(interval, restart.scheduler_timeout_s, background=interval > 0)
         self.backend.set_patience(restart.scheduler_timeout_s)
         self._notes_recorded: list[str] = []  # the site notes already in the ledger
-        self.submit_limit = self.backend.max_submit_jobs(qos_of(campaign.resources.extra_directives))
+        self.submit_limit = self.backend.max_submit_jobs(qos_of(campaign.resources.extra_directives),
+                                                         campaign.resources.partition)
         self.in_flight_limit, self._limit_notes = in_flight_limit(campaign.parallel_runs, len(self.runs),
                                                                   self.submit_limit)
         self._ended_jobs: set[str] = set()  # jobs of the drill seen ended: a new one frees a held submission

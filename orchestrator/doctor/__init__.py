@@ -129,7 +129,7 @@ def _scheduler_checks(site: Site) -> list[Check]:
     if site.backend == "pbs":
         from orchestrator.doctor.pbs import scheduler_checks as pbs_checks
 
-        return pbs_checks(site.partition)
+        return pbs_checks(site.partition, site.parallel_runs)
     return [passed("scheduler", "the local backend: no scheduler (each job a process tree on this host)")]
 
 

@@ -7,28 +7,28 @@ from __future__ import annotations
 import re
 import shutil
 
+from orchestrator.backends.pbs.backend import PBSBackend
 from orchestrator.backends.pbs.commands import ServerKind, detect_server
+from orchestrator.backends.pbs.server import QMGR_TIMEOUT_S, job_queue, qmgr_list
 from orchestrator.backends.slurm.version import site_version
 from orchestrator.commands import CommandError, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
-from orchestrator.doctor.slurm import accounting_check
+from orchestrator.doctor.slurm import accounting_check, limits_check
 
 COMMANDS = ("qsub", "qstat", "qdel")
 SERVER_COMMANDS = ("qselect",)  # PBS Pro's and Torque's own (a submission is found again by name); the wrappers have none
-QMGR_TIMEOUT_S = 20.0
 # PBS Pro's `qmgr -c "list server"`: `job_history_enable = True`; Torque's: `keep_completed = 300`.
 _HISTORY = re.compile(r"^\s*job_history_enable\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
 _KEEP_COMPLETED = re.compile(r"^\s*keep_completed\s*=\s*(\d+)", re.MULTILINE | re.IGNORECASE)
 # `mpiexec --version`: Open MPI 4 "mpiexec (OpenRTE) 4.1.4", Open MPI 5 "mpiexec (Open MPI) 5.0.3".
 _OPEN_MPI = re.compile(r"\((?:open mpi|openrte)\)\s*v?(\d+)\.(\d+)", re.IGNORECASE)
 _VERSION = re.compile(r"^\s*pbs_version\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
-_DEFAULT_QUEUE = re.compile(r"^\s*default_queue\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
 LOAD_OPEN_MPI_4 = "load an Open MPI 4 module in your environment (the job inherits it), or install Open MPI 4"
 WITHOUT_HISTORY = ("the drill judges a finished job from the run's own files: a walltime's end is not told from a "
                    "failure (TIMEOUT is lost)")
 
 
-def scheduler_checks(queue: str | None = None) -> list[Check]:
+def scheduler_checks(queue: str | None = None, parallel_runs: int = 1) -> list[Check]:
     """``queue``: the test job's and the drill's (the spec's partition), else the server's default."""
     missing = [command for command in COMMANDS if shutil.which(command) is None]
     if missing:
@@ -42,18 +42,27 @@ def scheduler_checks(queue: str | None = None) -> list[Check]:
     if server is not ServerKind.SLURM_WRAPPERS and missing:
         return [failed("scheduler", f"{_server_words(server)}, but not found on this node: {', '.join(missing)}",
                        "the drill finds a submission again by its name with qselect: put it on PATH")]
+    limits = _limits(queue, parallel_runs)
     if server is ServerKind.SLURM_WRAPPERS:
-        return [_wrappers_release(), accounting_check(), mpiexec_check(_mpiexec_version())]
+        return [_wrappers_release(), accounting_check(), limits, mpiexec_check(_mpiexec_version())]
     try:
         status = run_command(["qstat", "-B", "-f"], timeout_s=QMGR_TIMEOUT_S).stdout
     except CommandError as error:
         return [failed("scheduler", f"{_server_words(server)}: the server does not answer: {error.summary}",
                        "check that the PBS server runs and that this node may reach it (qstat -B)")]
-    attributes = _qmgr_list("server")
+    attributes = qmgr_list("server")
     name = job_queue(queue, attributes)
     return [passed("scheduler", f"{_server_words(server)} {server_version(status) or '(release not said)'}"),
-            history_check(server, attributes, name, _qmgr_list(f"queue {name}") if name else None),
-            mpiexec_check(_mpiexec_version())]
+            history_check(server, attributes, name, qmgr_list(f"queue {name}") if name else None),
+            limits, mpiexec_check(_mpiexec_version())]
+
+
+def _limits(queue: str | None, parallel_runs: int) -> Check:
+    """The user's limit of queued jobs and an array's subjobs, as the drill reads them (the PBS
+    backend: the server's and the queue's, or Slurm's under the wrappers)."""
+    backend = PBSBackend("doctor")
+    return limits_check(f"arrays of at most {backend.max_array_size()} subjobs",
+                        backend.max_submit_jobs(None, queue), parallel_runs)
 
 
 def _server_words(server: ServerKind) -> str:
@@ -72,12 +81,6 @@ def server_version(status: str) -> str | None:
     """The server's release from ``qstat -B -f`` (PBS Pro's and Torque's ``pbs_version``)."""
     match = _VERSION.search(status)
     return match.group(1) if match else None
-
-
-def job_queue(queue: str | None, attributes: str | None) -> str | None:
-    """The queue a job goes to: the one named, else the server's ``default_queue``."""
-    match = _DEFAULT_QUEUE.search(attributes or "")
-    return queue or (match.group(1) if match else None)
 
 
 def history_check(server: ServerKind, attributes: str | None, queue: str | None = None,
@@ -105,15 +108,6 @@ def history_check(server: ServerKind, attributes: str | None, queue: str | None 
 def _keep_completed(attributes: str | None) -> int | None:
     match = _KEEP_COMPLETED.search(attributes or "")
     return int(match.group(1)) if match else None
-
-
-def _qmgr_list(what: str) -> str | None:
-    """``qmgr -c "list <what>"``'s attributes (None where it does not answer)."""
-    try:
-        answered = run_command(["qmgr", "-c", f"list {what}"], timeout_s=QMGR_TIMEOUT_S, check=False)
-    except CommandError:
-        return None
-    return answered.stdout if answered.returncode == 0 else None
 
 
 def mpiexec_check(version: str | None) -> Check:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+from orchestrator.backends.base import SubmitLimit
 from orchestrator.backends.slurm.backend import SlurmBackend
 from orchestrator.backends.slurm.site import accounting_configured, config_value, max_submit_jobs, srun_help
 from orchestrator.backends.slurm.version import OVERLAP_SINCE, site_version
@@ -67,9 +68,14 @@ def _accounting(config: str) -> Check:
 def _limits(config: str, parallel_runs: int, qos: str | None) -> Check:
     found = {key: config_value(config, key) for key in LIMIT_KEYS}
     said = ", ".join(f"{key} {value}" for key, value in found.items() if value)
-    limit = max_submit_jobs(config, current_user(), qos)
+    return limits_check(said, max_submit_jobs(config, current_user(), qos), parallel_runs)
+
+
+def limits_check(said: str, limit: SubmitLimit | None, parallel_runs: int) -> Check:
+    """The site's limits in words (``said``) and the user's limit of submitted jobs against the
+    spec's parallel_runs (the PBS doctor's too)."""
     if limit is None:
-        return passed("limits", said)
+        return passed("limits", said or "none said")
     if limit.jobs < 1:
         return failed("limits", f"{said}; {limit.source} {limit.jobs}: you may submit no job",
                       "ask for a limit, or use another account or QOS (resources.extra_directives)")

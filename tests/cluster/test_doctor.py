@@ -91,7 +91,7 @@ def test_the_doctor_on_pbs_runs_its_test_job_through_qsub_and_reads_each_nodes_c
     assert code == 0 and document["summary"]["fail"] == 0, document
     [scheduler] = [check for check in document["checks"] if check["name"] == "scheduler"]
     assert "Torque wrappers" in scheduler["detail"], scheduler
-    for name in ("accounting", "mpiexec", "test job", "nodes: python", "nodes: framework", "clocks",
+    for name in ("accounting", "limits", "mpiexec", "test job", "nodes: python", "nodes: framework", "clocks",
                  "shared filesystem", "checkpoints: rename", "checkpoints: nodes"):
         assert statuses[name] == "pass", (name, document)
     nodes = document["nodes"]

@@ -157,11 +157,18 @@ def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
     at once (a failed attempt's job counted until it ended); every run
     completes as its twin, its jobs' states read once they left squeue (MinJobAge 10 s); the report
     says why fewer than parallel_runs ran. The backend reads MaxArraySize 16 (parts of 16: the unit
-    tests); the doctor's limits check reads the profile and warns of parallel_runs."""
+    tests), the PBS backend under the wrappers the same limits; the doctor's limits check reads the
+    profile and warns of parallel_runs."""
+    from orchestrator.backends.pbs.backend import PBSBackend
     from orchestrator.backends.slurm.backend import SlurmBackend
     from orchestrator.doctor.slurm import scheduler_checks
 
     assert SlurmBackend("limits").max_array_size() == site_limits["MaxArraySize"]
+    # The PBS backend through Slurm's Torque wrappers: its jobs are Slurm's, and so are its limits.
+    pbs = PBSBackend("limits")
+    found = pbs.max_submit_jobs(None, "debug")
+    assert found is not None and found.jobs == site_limits["MaxSubmitJobs"], found
+    assert pbs.max_array_size() == site_limits["MaxArraySize"]
     runs = 10
     done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_limits_spec(shared_tmp, runs)),
                            "--format", "json", "--no-html"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)

@@ -155,6 +155,7 @@ def test_the_pbs_scheduler_check_asks_the_server_and_says_its_version(
         monkeypatch: pytest.MonkeyPatch, server: str, status_text: str, version: str) -> None:
     """Review of issue 22 (the PBS doctor): the server is contacted (qstat -B -f), its release said;
     a server that does not answer is a failed check with its words."""
+    import orchestrator.backends.pbs.server as server_attributes
     import orchestrator.doctor.pbs as pbs
     from experiments.layout import ENV_PBS_SERVER
     from orchestrator.commands import CommandError, CommandResult
@@ -172,6 +173,7 @@ def test_the_pbs_scheduler_check_asks_the_server_and_says_its_version(
         return CommandResult(tuple(args), 0, "mpiexec (OpenRTE) 4.1.4" if args[0] == "mpiexec" else "", "", 0.01)
 
     monkeypatch.setattr(pbs, "run_command", run)
+    monkeypatch.setattr(server_attributes, "run_command", run)  # qmgr: its attributes
     [scheduler, *_] = pbs.scheduler_checks()
     assert scheduler.status is Status.PASS and version in scheduler.detail, scheduler
     answers["-B"] = CommandResult(("qstat",), 1, "", "Connection refused\nqstat: cannot connect to server pbs01", 0.01)

@@ -30,6 +30,7 @@ from orchestrator.backends.base import (
     NotSupported,
     PendingArray,
     Submission,
+    SubmitLimit,
     job_timeout_min,
 )
 from orchestrator.backends.pbs.commands import (
@@ -45,6 +46,9 @@ from orchestrator.backends.pbs.commands import (
     scheduler_id,
 )
 from orchestrator.backends.pbs.plugin import PBSExecutor
+from orchestrator.backends.pbs.server import max_array_size, max_queued, qmgr_list
+from orchestrator.backends.slurm.site import max_submit_jobs as slurm_max_submit_jobs
+from orchestrator.backends.slurm.site import parse_max_array_size, show_config
 from orchestrator.campaign.capabilities import PBS
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
@@ -74,6 +78,30 @@ class PBSBackend(Backend):
         self.drill_id = drill_id
         self.python = python
         self._folders: dict[str, Path] = {}  # job id -> its submitit folder (where its records are)
+        self.user = current_user()
+        self._max_submit_jobs: dict[str | None, SubmitLimit | None] = {}  # by queue, once read
+        self._max_array_size: int | None = None
+
+    def max_submit_jobs(self, qos: str | None = None, queue: str | None = None) -> SubmitLimit | None:
+        """The user's limit of queued jobs: the server's and the job's queue's (``max_queued``,
+        ``max_user_queuable``; qmgr, asked once); under Slurm's Torque wrappers, Slurm's own (the
+        jobs are Slurm's)."""
+        if queue not in self._max_submit_jobs:
+            if detect_server() is ServerKind.SLURM_WRAPPERS:
+                self._max_submit_jobs[queue] = slurm_max_submit_jobs(show_config(), self.user, qos)
+            else:
+                self._max_submit_jobs[queue] = max_queued(self.user, queue)
+        return self._max_submit_jobs[queue]
+
+    def max_array_size(self) -> int:
+        """The most subjobs one array may have: the server's ``max_array_size`` (PBS Pro) or
+        ``max_job_array_size`` (Torque); Slurm's MaxArraySize under the wrappers; asked once."""
+        if self._max_array_size is None:
+            if detect_server() is ServerKind.SLURM_WRAPPERS:
+                self._max_array_size = parse_max_array_size(show_config())
+            else:
+                self._max_array_size = max_array_size(qmgr_list("server"))
+        return self._max_array_size
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         script = render_pbs(run, job.attempt, self.drill_id, self.python)

@@ -196,7 +196,7 @@ class SlurmBackend(Backend):
             self._max_array_size = parse_max_array_size(self.site_config())
         return self._max_array_size
 
-    def max_submit_jobs(self, qos: str | None = None) -> SubmitLimit | None:
+    def max_submit_jobs(self, qos: str | None = None, queue: str | None = None) -> SubmitLimit | None:
         """The user's MaxSubmitJobs (association) or MaxSubmitPU (the jobs' QOS) where the site
         enforces limits (``sacctmgr``; asked once)."""
         if qos not in self._max_submit_jobs:
