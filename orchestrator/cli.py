@@ -21,6 +21,7 @@ from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
 from orchestrator.control.detach import ControllerBusy, live_controller
 from orchestrator.record.ledger import LedgerBusy
+from orchestrator.record.ledger_home import LedgerElsewhere, has_ledger
 from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
 from orchestrator.report.advise import AdviceError
 from orchestrator.report.document import ReportError, build_report
@@ -293,7 +294,7 @@ def _status(workdir: Path, output_format: str) -> int:
     from orchestrator.control.progress import progress_table, read_progress
     from orchestrator.control.workdir import check_workdir
 
-    if not (workdir / "ledger.sqlite").exists():
+    if not has_ledger(workdir):
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
     workdir = check_workdir(workdir)  # its lock file is opened, its progress read
     identity = live_controller(workdir)
@@ -344,7 +345,7 @@ def _cancel(workdir: Path) -> int:
     from orchestrator.control.workdir import check_workdir, claim_workdir
     from orchestrator.record.ledger import LEDGER_NAME, Ledger
 
-    if not (workdir / LEDGER_NAME).exists():
+    if not has_ledger(workdir):
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
     workdir = check_workdir(workdir)  # the pid it signals, the spec it drives and the actions it owes are read there
     try:
@@ -431,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args)
         sys.stdout.flush()
         return code
-    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError, LedgerBusy) as error:
+    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError, LedgerBusy, LedgerElsewhere) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SPEC
     except BrokenPipeError:

@@ -77,7 +77,7 @@ class FakeScheduler(Backend):
     def max_array_size(self) -> int:
         return self.max_array
 
-    def max_submit_jobs(self, qos: str | None = None) -> SubmitLimit | None:
+    def max_submit_jobs(self, qos: str | None = None, queue: str | None = None) -> SubmitLimit | None:
         return None if self.max_submit is None else SubmitLimit(self.max_submit, "the test's MaxSubmitJobs")
 
     def find_submitted(self, ref: AttemptRef) -> list[str]:

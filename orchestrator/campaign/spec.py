@@ -534,6 +534,10 @@ class Campaign(_Strict):
     # private unless a team shares its results on purpose (0750, 0770); never writable by others.
     workdir_mode: Annotated[str, AfterValidator(_workdir_mode)] = Field("0700", pattern=r"^0?[0-7]{3}$")
     template: Path | None = None
+    # Where the controller keeps its ledger while the drill runs: a directory on the login node's
+    # local disk, for a workdir on a network filesystem (orchestrator/record/ledger_home.py); the
+    # ledger is copied into the workdir when the drill ends. None: in the workdir.
+    ledger_dir: Path | None = None
     # The user's experiment parameters: {placeholders} of a command workload, swept as args.<key>.
     args: dict[str, Any] = Field(default_factory=dict)
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
@@ -752,6 +756,8 @@ def _resolved_paths(campaign: Campaign, base_dir: Path) -> dict[str, Any]:
     update: dict[str, Any] = {"workdir": Path(os.path.realpath(_absolute(campaign.workdir, base_dir)))}
     if campaign.template is not None:
         update["template"] = _absolute(campaign.template, base_dir)
+    if campaign.ledger_dir is not None:
+        update["ledger_dir"] = Path(os.path.realpath(_absolute(campaign.ledger_dir, base_dir)))
     workload = campaign.workload
     if workload.command is not None:
         # The script runs in a directory of its run's own unless the spec says where; the command's

@@ -44,6 +44,7 @@ from orchestrator.faults.job_control import (
 from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
+from orchestrator.record.ledger_home import bring_home, place_ledger
 from orchestrator.record.measure import record_determinism
 from orchestrator.render.scripts import array_job_name
 from orchestrator.states import JobState
@@ -152,7 +153,7 @@ class Controller:
         self.plan = plan if plan is not None else plan_drill(campaign, type(backend) if backend is not None else None)
         claim_workdir(campaign)  # the user's alone (or the team's, as the spec says), before anything is read
         self.campaign = campaign
-        self.ledger = Ledger.in_workdir(campaign.workdir)
+        self.ledger = Ledger(place_ledger(campaign.workdir, campaign.ledger_dir))
         self.drill_id = _drill_id(self.ledger, campaign)
         self.backend = backend or make_backend(campaign.backend, self.drill_id)
         self.runs = [run for run, _ in self.plan]
@@ -370,7 +371,10 @@ class Controller:
         self.poller.close()
         self._record_cost()
         self._record_site_notes()
+        finished = self.ledger.meta("finished") is not None
         self.ledger.close()
+        if finished:  # a ledger kept in ledger_dir goes with the runs now
+            bring_home(self.campaign.workdir)
 
     def _record_site_notes(self) -> None:
         """What the site did not give this drill (the backend says), kept with every earlier controller's."""

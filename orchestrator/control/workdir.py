@@ -9,7 +9,8 @@ from pathlib import Path
 
 from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.faults.job_control import MENDS_NAME
-from orchestrator.record.ledger import LEDGER_NAME, Ledger
+from orchestrator.record.ledger import Ledger
+from orchestrator.record.ledger_home import bring_home, has_ledger
 
 
 class UnsafeWorkdir(SpecError):
@@ -103,10 +104,9 @@ def prepare_workdir(campaign: Campaign) -> Path | None:
     An unfinished drill is resumed by the controller, but only with the spec it was started with.
     """
     claim_workdir(campaign)  # before anything in it is read
-    ledger_path = campaign.workdir / LEDGER_NAME
-    if not ledger_path.exists():
+    if not has_ledger(campaign.workdir):
         return None
-    ledger = Ledger(ledger_path)
+    ledger = Ledger.in_workdir(campaign.workdir)
     try:
         finished = ledger.meta("finished")
         started_with = ledger.meta("spec")
@@ -119,6 +119,7 @@ def prepare_workdir(campaign: Campaign) -> Path | None:
                 "use another workdir, or finish that drill with the spec it was started with"
             )
         return None
+    bring_home(campaign.workdir)  # a controller that ended between the two: the record goes with the runs
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(float(finished)))
     archive = campaign.workdir.with_name(f"{campaign.workdir.name}.{stamp}")
     suffix = 1

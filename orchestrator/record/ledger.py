@@ -21,8 +21,11 @@ from typing import Any, Iterator, TypeVar
 
 from experiments.layout import CheckpointRecord
 from experiments.runtime.mounts import on_network_filesystem
+from orchestrator.record.ledger_home import (  # noqa: F401  # LEDGER_NAME: imported from here too
+    LEDGER_NAME,
+    ledger_path,
+)
 
-LEDGER_NAME = "ledger.sqlite"
 JOURNAL_SWITCH_S = 10.0  # how long a journal switch waits for other connections to close
 JOURNAL_RETRY_S = 0.1
 
@@ -268,7 +271,8 @@ class Ledger:
 
     @classmethod
     def in_workdir(cls, workdir: Path) -> "Ledger":
-        return cls(workdir / LEDGER_NAME)
+        """The workdir's ledger, where it lives (orchestrator/record/ledger_home.py)."""
+        return cls(ledger_path(workdir))
 
     def close(self) -> None:
         self._db.close()

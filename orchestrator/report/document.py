@@ -11,6 +11,7 @@ from typing import Any
 from experiments.layout import EVENT_CHECKPOINT_LOADED, EVENT_WARM_REFUSED, RunPaths, first_event, read_attempt_events
 from orchestrator.campaign.strategies import traits_of
 from orchestrator.record.ledger import Ledger, RunRow
+from orchestrator.record.ledger_home import has_ledger
 from orchestrator.record.outputs import IDENTICAL, MISSING, NOT_CHECKED
 from orchestrator.report.study import checkpoint_study
 
@@ -32,7 +33,7 @@ class ReportError(RuntimeError):
 
 
 def build_report(workdir: Path) -> dict[str, Any]:
-    if not (workdir / "ledger.sqlite").exists():
+    if not has_ledger(workdir):
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
     ledger = Ledger.in_workdir(workdir)
     try:

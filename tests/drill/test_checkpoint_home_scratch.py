@@ -51,3 +51,26 @@ def test_checkpoints_on_a_scratch_filesystem_fall_back_past_a_corrupt_one_within
     [aside] = read_json_lines(home / "quarantine" / "index.jsonl")
     assert aside["from"].endswith("step-00000150") and Path(aside["to"]).resolve().is_relative_to(home.resolve())
     assert sorted(path.name for path in home.iterdir() if path.name.startswith("step-"))[-1] == "step-00000300"
+
+
+def test_a_ledger_kept_on_the_login_nodes_local_disk_goes_with_the_runs_when_the_drill_ends(tmp_path: Path) -> None:
+    """Issue 22 item 3: ``ledger_dir`` (a workdir on NFS keeps its ledger on local disk): while the
+    drill runs the workdir points to it; at the end the ledger is in the workdir, the pointer and the
+    local copy gone, and the report reads it there."""
+    from orchestrator.record.ledger import Ledger
+    from orchestrator.record.ledger_home import LEDGER_NAME, POINTER_NAME
+
+    local = tmp_path / "local"
+    spec = write_spec(tmp_path, baseline=False, ledger_dir=str(local),
+                      faults=[{"kind": "kill-rank", "after": {"at_step": 60}, "rank": 1}])
+    report = drill(spec)
+    [run] = report["runs"]
+    assert run["status"] == "completed" and len(run["attempts"]) == 2, run["attempts"]
+    workdir = tmp_path / "work"
+    assert (workdir / LEDGER_NAME).exists() and not (workdir / POINTER_NAME).exists()
+    assert local.is_dir() and list(local.iterdir()) == [], "the local copy removed once brought home"
+    ledger = Ledger(workdir / LEDGER_NAME)
+    try:
+        assert ledger.meta("finished") is not None and len(ledger.attempts(run["run_id"])) == 2
+    finally:
+        ledger.close()
