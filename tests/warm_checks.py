@@ -5,7 +5,6 @@ drills (tests/cluster)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import psutil
 from recovery_checks import assert_phases_follow_the_moments
 
-from experiments.layout import ENV_RUN_DIR, ENV_WARM_COORDINATOR
+from experiments.layout import ENV_RUN_DIR, ENV_WARM_COORDINATOR, RunPaths, attempt_event_lines
 from experiments.warm.protocol import Line, new_secret, proof
 
 
@@ -56,8 +55,9 @@ def assert_spare_sets_recovered(run: dict[str, Any], run_dir: Path, faults: int)
 
 def restart_plans(run_dir: Path) -> list[dict[str, Any]]:
     """The coordinator's plans after a failure (generation > 0), from the attempts' events."""
-    events = [json.loads(line) for path in sorted(run_dir.glob("attempts/*/events.jsonl"))
-              for line in path.read_text().splitlines() if line.strip()]
+    paths = RunPaths(run_dir)
+    attempts = sorted(int(path.name) for path in (run_dir / "attempts").iterdir() if path.name.isdigit())
+    events = [event for attempt in attempts for event in attempt_event_lines(paths, attempt)]
     return [event for event in events if event.get("event") == "warm_plan" and event["generation"] > 0]
 
 

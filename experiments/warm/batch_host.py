@@ -26,6 +26,7 @@ with its own ports; the coordinator retires a set after a failure by ending its 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping
 
-from experiments.launchers import Launch, Mpiexec, Srun, argv
+from experiments.launchers import Launch, Mpiexec, MpiRuntime, Srun, argv, runtime_of
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_DRILL_ID,
@@ -75,6 +76,16 @@ def _own_address() -> str:
     except OSError:
         return ""
     return "" if address.startswith("127.") else address
+
+
+@functools.lru_cache(maxsize=1)
+def site_runtime() -> MpiRuntime:
+    """The node's Open MPI, as its mpiexec says (Open MPI 5: PRRTE's session-directory option)."""
+    try:
+        said = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return runtime_of(said)
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,7 @@ class MpiexecMembers:
         know its name before the launch shows it (a spare set launches minutes after the job starts)."""
         session_dir = tempfile.mkdtemp(prefix=f"{launch}-", dir=self.session_dir)
         forwarded = tuple(name for name in sorted({*self.forwarded, *WARM_VARIABLES}) if name in env)
-        return Mpiexec(forwarded=forwarded, session_dir=session_dir)
+        return Mpiexec(forwarded=forwarded, session_dir=session_dir, runtime=site_runtime())
 
     def environment(self) -> dict[str, str]:
         # Under Slurm's Torque wrappers mpiexec starts its remote daemons with srun: each launch's

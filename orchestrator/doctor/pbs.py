@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 
+from experiments.launchers import open_mpi_release
 from orchestrator.backends.pbs.backend import PBSBackend
 from orchestrator.backends.pbs.commands import ServerKind, detect_server
 from orchestrator.backends.pbs.server import QMGR_TIMEOUT_S, job_queue, qmgr_list
@@ -20,10 +21,8 @@ SERVER_COMMANDS = ("qselect",)  # PBS Pro's and Torque's own (a submission is fo
 # PBS Pro's `qmgr -c "list server"`: `job_history_enable = True`; Torque's: `keep_completed = 300`.
 _HISTORY = re.compile(r"^\s*job_history_enable\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
 _KEEP_COMPLETED = re.compile(r"^\s*keep_completed\s*=\s*(\d+)", re.MULTILINE | re.IGNORECASE)
-# `mpiexec --version`: Open MPI 4 "mpiexec (OpenRTE) 4.1.4", Open MPI 5 "mpiexec (Open MPI) 5.0.3".
-_OPEN_MPI = re.compile(r"\((?:open mpi|openrte)\)\s*v?(\d+)\.(\d+)", re.IGNORECASE)
 _VERSION = re.compile(r"^\s*pbs_version\s*=\s*(\S+)", re.MULTILINE | re.IGNORECASE)
-LOAD_OPEN_MPI_4 = "load an Open MPI 4 module in your environment (the job inherits it), or install Open MPI 4"
+LOAD_OPEN_MPI = "load an Open MPI 4 or 5 module in your environment (the job inherits it), or install Open MPI"
 WITHOUT_HISTORY = ("the drill judges a finished job from the run's own files: a walltime's end is not told from a "
                    "failure (TIMEOUT is lost)")
 
@@ -116,22 +115,20 @@ def mpiexec_check(version: str | None) -> Check:
     The spec cannot name another MPI on PBS (workload.mpi: site, the site's mpiexec)."""
     if version is None:
         return failed("mpiexec", "no mpiexec on this node's PATH",
-                      f"the PBS batch script starts the ranks with Open MPI's mpiexec: {LOAD_OPEN_MPI_4}")
-    match = _OPEN_MPI.search(version)
-    if match is None:
+                      f"the PBS batch script starts the ranks with Open MPI's mpiexec: {LOAD_OPEN_MPI}")
+    found = open_mpi_release(version)
+    if found is None:
         return failed("mpiexec", f"not Open MPI: {version}",
                       "the batch script passes Open MPI's options (--map-by ppr:N:node, -x NAME, --mca), which "
-                      f"Hydra's mpiexec (MPICH or Intel MPI) refuses: {LOAD_OPEN_MPI_4}")
-    major, release = int(match.group(1)), f"Open MPI {match.group(1)}.{match.group(2)}"
+                      f"Hydra's mpiexec (MPICH or Intel MPI) refuses: {LOAD_OPEN_MPI}")
+    major, release = found[0], f"Open MPI {found[0]}.{found[1]}"
     if major >= 5:
-        return warned("mpiexec", f"{release}: the batch script's options are Open MPI 4's",
-                      "Open MPI 5's runtime (PRRTE) takes the session directory as a PRRTE parameter, not the "
-                      "script's --mca orte_tmpdir_base (launches starting together on a node may then race for one "
-                      f"session directory): {LOAD_OPEN_MPI_4}")
+        return passed("mpiexec", f"{release}: the batch script gives its runtime (PRRTE) the session directory as "
+                      "a PRRTE parameter (it tells the release when it runs)")
     if major < 4:
         return warned("mpiexec", f"{release}: older than the Open MPI 4 the batch script is written and tested for",
                       f"its options are Open MPI 3's too (--map-by ppr, -x, --mca), but untested there: "
-                      f"{LOAD_OPEN_MPI_4} if a launch fails")
+                      f"{LOAD_OPEN_MPI} if a launch fails")
     return passed("mpiexec", release)
 
 

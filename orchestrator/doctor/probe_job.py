@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from experiments.launchers import Launch, Mpiexec, Shell, script_line, srun_on_node
+from experiments.launchers import Launch, Mpiexec, Shell, script_line, site_release_lines, srun_on_node
 from injectors.probe import FACTS_PREFIX
 from orchestrator.backends.pbs.backend import PBSBackend
 from orchestrator.backends.pbs.commands import (
@@ -342,6 +342,7 @@ class PBSProbe(JobProbe):
         return "\n".join(["#!/bin/bash", *(f"#PBS {line}" for line in directives), *as_root,
                           f"export PYTHONPATH={q(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}",
                           'ompi_tmp=$(mktemp -d "${TMPDIR:-/tmp}/faultdrill-ompi.XXXXXXXXXX") || exit 1',
+                          site_release_lines(),
                           steps[0], self.hold_line(), *steps[1:], 'rm -rf "$ompi_tmp"', ""])
 
     def _submit(self) -> str:

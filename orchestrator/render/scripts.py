@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from experiments.launchers import Launch, Mpiexec, Shell, Srun, Word, script_line
+from experiments.launchers import Launch, Mpiexec, Shell, Srun, Word, script_line, site_release_lines
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_TIMEOUT_S,
@@ -427,6 +427,7 @@ class PBSScriptRequest:
             "warning_at_s": _warning_at_s(self.walltime, self.warning_s),
             "extra_directives": [pbs_directive(extra) for extra in self.extra_directives],
             "common_environment": common, "python": self.python, "forwarded": sorted(names),
+            "site_mpi_release": site_release_lines(),
             "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
                           "attempt": "" if e.attempt is None else e.attempt, "fence_file": str(e.fence_file or ""),
                           "environment": {k: v for k, v in e.environment.items() if k not in common}}

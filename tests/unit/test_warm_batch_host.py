@@ -34,7 +34,20 @@ def test_srun_runs_each_member_as_a_step_of_its_own_and_a_set_as_one_step() -> N
     assert "--output=%j_set1-%t_log.out" in spare_set and spare_set[-len(COMMAND):] == COMMAND
 
 
-def test_mpiexec_exports_what_is_set_and_gives_each_launch_its_own_session_dir(tmp_path: Path) -> None:
+@pytest.fixture(autouse=True)
+def _site_open_mpi(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The node's mpiexec as it says its release (a unit test starts no process)."""
+    import experiments.warm.batch_host as batch_host
+    from experiments.launchers import runtime_of
+
+    said = getattr(request, "param", "mpiexec (OpenRTE) 4.1.4")
+    monkeypatch.setattr(batch_host, "site_runtime", lambda: runtime_of(said))
+
+
+@pytest.mark.parametrize(("_site_open_mpi", "option"), [("mpiexec (OpenRTE) 4.1.4", "orte_tmpdir_base"),
+                                                        ("mpiexec (Open MPI) 5.0.11", "prte_tmpdir_base")],
+                         indirect=["_site_open_mpi"])
+def test_mpiexec_exports_what_is_set_and_gives_each_launch_its_own_session_dir(tmp_path: Path, option: str) -> None:
     launcher = MpiexecMembers(forwarded=("FAULTDRILL_RUN_DIR", "FAULTDRILL_UNSET"), session_dir=str(tmp_path))
     env = {"FAULTDRILL_RUN_DIR": "/runs/r000", "FAULTDRILL_WARM_SLOT": "2", "FAULTDRILL_WARM_COORDINATOR": "n1:4000"}
     member = launcher.member(2, "n2", "7_2_log.out", "7_2_log.err", COMMAND, env)
@@ -45,7 +58,7 @@ def test_mpiexec_exports_what_is_set_and_gives_each_launch_its_own_session_dir(t
     assert (member.stdout, member.stderr) == ("7_2_log.out", "7_2_log.err")
     spare_set = launcher.spare_set(1, ["n1", "n2"], 2, "7_%t_log.out", "7_%t_log.err", COMMAND, env)
     assert "ppr:2:node" in spare_set.argv and "n1:2,n2:2" in spare_set.argv and spare_set.stdout == "7_set1_log.out"
-    session_dirs = {argv[argv.index("orte_tmpdir_base") + 1] for argv in (member.argv, spare_set.argv)}
+    session_dirs = {argv[argv.index(option) + 1] for argv in (member.argv, spare_set.argv)}
     assert len(session_dirs) == 2 and all(Path(d).is_dir() for d in session_dirs), "launches race on a shared one"
 
 
