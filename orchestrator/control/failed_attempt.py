@@ -45,14 +45,16 @@ def reclassify_at_end(ledger: Ledger, row: AttemptRow, state: JobState, oom_kill
         oom_steps=evidence.oom_steps or (() if state.is_success else oom_steps())))
 
 
-def reclassify_with_record(ledger: Ledger, row: AttemptRow, oom_killed: tuple[str, ...]) -> None:
+def reclassify_with_record(ledger: Ledger, row: AttemptRow, oom_killed: tuple[str, ...],
+                           signalled: str | None = None) -> None:
     """A fault agent's record came after its attempt's failure was classified (the agent answers once
     it has read the rank's end; the controller often sees the end first): the class taken again
     with it now. A warm or in-allocation attempt's job goes on, so its end would come too late."""
     if row.class_facts is None:
         return
     evidence = facts_from_json(row.class_facts)
-    _take_again(ledger, row, evidence, replace(evidence, oom_killed=evidence.oom_killed or oom_killed))
+    _take_again(ledger, row, evidence, replace(evidence, oom_killed=evidence.oom_killed or oom_killed,
+                                               signalled=evidence.signalled or signalled))
 
 
 def _take_again(ledger: Ledger, row: AttemptRow, evidence: FailureEvidence, refreshed: FailureEvidence) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -623,7 +624,8 @@ class RunTracker:
 
     def _late_record(self, attempt: int) -> None:
         row = self._attempt_row(attempt)
-        reclassify_with_record(self.ledger, row, self.faults.oom_killed(attempt))
+        reclassify_with_record(self.ledger, row, self.faults.oom_killed(attempt),
+                               self.faults.signalled(attempt, sys.maxsize))  # its record is in: no step to wait for
 
     def settle_closing(self, states: dict[str, JobState], now: float) -> None:
         """Record the final scheduler state of failed attempts' jobs (orchestrator.control.closing)."""

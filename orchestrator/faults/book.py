@@ -32,6 +32,7 @@ from injectors.kinds import get_kind
 from injectors.kinds.base import FaultOutcome, Site, Target
 from injectors.schedule import PlannedFault
 from injectors.targets import StepNotReached, TargetRefused
+from orchestrator.campaign.failure_classes import LETHAL_SIGNALS
 from orchestrator.commands import one_line
 from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.clocks import LOGIN, SCHEDULER, AttemptClocks, OnLogin, Stamp, load_clocks
@@ -244,9 +245,10 @@ class FaultBook:
                     f"attempt {attempt} was already failing ({sign.reason}, {gap:.3f} s before){acted}"))
             else:
                 self.ledger.update_fault(row.fault_id, detail=f"{CAUSED}attempt {attempt} failed: {sign.reason}{acted}")
-                if get_kind(row.kind).oom_kill_record and self.on_record is not None:
+                if (get_kind(row.kind).oom_kill_record or row.signal in LETHAL_SIGNALS) and self.on_record is not None:
                     # It caused the failure, which was classified before its record came (the agent
-                    # answers once it has read the rank's end): the class is taken again with it.
+                    # answers once it has read the rank's end; a survivor's exit may be seen first):
+                    # the class is taken again with it.
                     self.on_record(attempt)
         elif row.outcome == ABSORBED and end.completed:
             self.ledger.update_fault(row.fault_id, outcome=NOT_FIRED,

@@ -88,7 +88,10 @@ def test_three_sigkills_of_the_controller_submit_nothing_twice_and_lose_no_row(s
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     fault = {"kind": "kill-rank", "after": {"fixed": 4.0}, "anchor": "first_checkpoint", "rank": 1, "signal": "SIGKILL"}
-    spec = _spec(shared_tmp, faults=[fault], baseline=True, parallel_runs=2)
+    # Long enough to outlive three kills at up to 8 s each (seed 983656985 drew 3.4, 5.6, 4.4 s, and the
+    # drill had finished before the last start, which then began a new one: "changed job").
+    workload = {"framework": "torch", "params": 2000, "steps": 1200, "seed": 5, "batch_size": 16, "step_s": 0.03}
+    spec = _spec(shared_tmp, faults=[fault], baseline=True, parallel_runs=2, workload=workload)
     workdir, log = shared_tmp / "work", shared_tmp / "drill.log"
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 5))
     moments = []

@@ -279,8 +279,9 @@ def test_fault_agent_reaches_the_node_by_srun_under_the_wrappers_else_ssh(
 ) -> None:
     backend = PBSBackend("unit-1", python="/opt/py/bin/python")
     agent = ["/opt/py/bin/python", "-m", "injectors.agent", "kill-rank", "--run-dir", "/w/it's"]
-    assert backend._on_node("105", "fd-n2", agent)[:9] == [
-        "srun", "--jobid=105", "--overlap", "--mem=0", "--gres=none", "--nodes=1", "--ntasks=1", "--nodelist=fd-n2", "--quiet"]
+    assert backend._on_node("105", "fd-n2", agent)[:10] == [
+        "srun", "--jobid=105", "--job-name=faultdrill-agent", "--overlap", "--mem=0", "--gres=none", "--nodes=1",
+        "--ntasks=1", "--nodelist=fd-n2", "--quiet"]
     monkeypatch.setenv(pbs_commands.ENV_SERVER, "pro")
     remote = "/opt/py/bin/python -m injectors.agent kill-rank --run-dir '/w/it'\"'\"'s'"
     assert backend._on_node("1025.pbs-srv", "node01", agent) == ["ssh", "-o", "BatchMode=yes", "node01", remote]
@@ -301,4 +302,5 @@ def test_kill_rank_reports_the_agents_verdict(fake_pbs: FakePBS, tmp_path: Path)
                          options={"signal": "SIGKILL"})
     outcome = inject(PBSBackend("unit-1"), FaultRequest(run=run, attempt=0, job_id="105", fault=fault))
     assert (outcome.pid, outcome.node, outcome.at) == (4242, "fd-n1", 12.5)
-    assert fake_pbs.calls[0].startswith("srun --jobid=105 --overlap --mem=0 --gres=none --nodes=1 --ntasks=1 --nodelist=fd-n1 --quiet ")
+    assert fake_pbs.calls[0].startswith("srun --jobid=105 --job-name=faultdrill-agent --overlap --mem=0 --gres=none "
+                                        "--nodes=1 --ntasks=1 --nodelist=fd-n1 --quiet ")

@@ -69,7 +69,7 @@ def test_the_fault_agent_reaches_a_job_on_a_named_cluster(fake: FakeCommands, tm
                          options={"signal": "SIGKILL"})
     inject(SlurmBackend("d-1", python="/opt/py"), FaultRequest(run, 0, "41;gpu", fault))
     [call] = fake.calls
-    assert call.startswith("srun -M gpu --jobid=41 --overlap") and '"job_id": "41"' in call
+    assert call.startswith("srun -M gpu --jobid=41 --job-name=faultdrill-agent --overlap") and '"job_id": "41"' in call
 
 
 def test_a_failing_sacct_is_a_failed_poll_not_a_vanished_job(fake: FakeCommands) -> None:

@@ -135,3 +135,18 @@ def test_a_step_the_scheduler_says_ran_out_of_memory_makes_the_attempt_out_of_me
     assert row.failure_class == "OUT_OF_MEMORY" and row.class_evidence == "the scheduler: step 42.0 OUT_OF_MEMORY"
     reclassify_at_end(ledger, row, JobState.FAILED, (), None, steps)
     assert asked == ["sacct"], "the steps are kept with the facts: asked once"
+
+
+def test_a_kill_whose_record_came_after_a_survivors_exit_takes_the_class_again(tmp_path: Path) -> None:
+    """CI on the session's changes (the venv's Open MPI 5 under srun): the kill's step was not seen
+    yet when the launch's exit (a survivor's, code 1: Open MPI 5 aborts its world) was classified,
+    so no signal was known: RANK_EXIT. The agent's record of the SIGKILL takes the class again."""
+    ledger = Ledger.in_workdir(tmp_path)
+    ledger.add_attempt(RUN, 0)
+    ledger.update_attempt(RUN, 0, job_id="42", state="RUNNING")
+    sign = FailureSign(reason="rank launch exited with code 1", at=time.time(), evidence="step_exit")
+    evidence = FailureEvidence(state=JobState.RUNNING, noticed_by="step_exit", exit_code=1)
+    record_failure(ledger, RUN, 0, sign, Continuation.NEW_JOB, evidence, classify(evidence), (), time.time())
+    assert _class(ledger) == "RANK_EXIT"
+    reclassify_with_record(ledger, ledger.attempts(RUN)[0], (), "SIGKILL")
+    assert _class(ledger) == "RANK_SIGNAL" and "SIGKILL" in (ledger.attempts(RUN)[0].class_evidence or "")

@@ -47,8 +47,7 @@ from orchestrator.backends.pbs.commands import (
 )
 from orchestrator.backends.pbs.plugin import PBSExecutor
 from orchestrator.backends.pbs.server import max_array_size, max_queued, qmgr_list
-from orchestrator.backends.slurm.site import max_submit_jobs as slurm_max_submit_jobs
-from orchestrator.backends.slurm.site import parse_max_array_size, show_config
+from orchestrator.backends.slurm.backend import SlurmBackend
 from orchestrator.campaign.capabilities import PBS
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
@@ -81,27 +80,32 @@ class PBSBackend(Backend):
         self.user = current_user()
         self._max_submit_jobs: dict[str | None, SubmitLimit | None] = {}  # by queue, once read
         self._max_array_size: int | None = None
+        self._slurm_site: SlurmBackend | None = None
 
     def max_submit_jobs(self, qos: str | None = None, queue: str | None = None) -> SubmitLimit | None:
         """The user's limit of queued jobs: the server's and the job's queue's (``max_queued``,
         ``max_user_queuable``; qmgr, asked once); under Slurm's Torque wrappers, Slurm's own (the
         jobs are Slurm's)."""
+        if detect_server() is ServerKind.SLURM_WRAPPERS:
+            return self._slurm().max_submit_jobs(qos)
         if queue not in self._max_submit_jobs:
-            if detect_server() is ServerKind.SLURM_WRAPPERS:
-                self._max_submit_jobs[queue] = slurm_max_submit_jobs(show_config(), self.user, qos)
-            else:
-                self._max_submit_jobs[queue] = max_queued(self.user, queue)
+            self._max_submit_jobs[queue] = max_queued(self.user, queue)
         return self._max_submit_jobs[queue]
 
     def max_array_size(self) -> int:
         """The most subjobs one array may have: the server's ``max_array_size`` (PBS Pro) or
         ``max_job_array_size`` (Torque); Slurm's MaxArraySize under the wrappers; asked once."""
+        if detect_server() is ServerKind.SLURM_WRAPPERS:
+            return self._slurm().max_array_size()
         if self._max_array_size is None:
-            if detect_server() is ServerKind.SLURM_WRAPPERS:
-                self._max_array_size = parse_max_array_size(show_config())
-            else:
-                self._max_array_size = max_array_size(qmgr_list("server"))
+            self._max_array_size = max_array_size(qmgr_list("server"))
         return self._max_array_size
+
+    def _slurm(self) -> SlurmBackend:
+        """Slurm itself, under its Torque wrappers: the site's limits are its own (read once, by it)."""
+        if self._slurm_site is None:
+            self._slurm_site = SlurmBackend(self.drill_id, self.python)
+        return self._slurm_site
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         script = render_pbs(run, job.attempt, self.drill_id, self.python)
