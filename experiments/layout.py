@@ -7,6 +7,7 @@ The compute side never imports ``orchestrator``; the orchestrator imports this m
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -320,7 +321,7 @@ def read_events(path: Path) -> list[EventRecord]:
 
 def read_attempt_events(paths: "RunPaths", attempt: int) -> list[EventRecord]:
     """Every writer's events of ``attempt``, merged in time order (each writer's own order kept)."""
-    return by_time([event for path in paths.event_files(attempt) for event in read_events(path)])
+    return by_time([read_events(path) for path in paths.event_files(attempt)])
 
 
 def attempt_event_lines(paths: "RunPaths", attempt: int) -> list[dict[str, Any]]:
@@ -328,9 +329,10 @@ def attempt_event_lines(paths: "RunPaths", attempt: int) -> list[dict[str, Any]]
     return [event.fields for event in read_attempt_events(paths, attempt)]
 
 
-def by_time(events: list[EventRecord]) -> list[EventRecord]:
-    """Events of several writers in time order; stable, so each writer's order stands."""
-    return sorted(events, key=lambda event: event.time)
+def by_time(writers: list[list[EventRecord]]) -> list[EventRecord]:
+    """Several writers' events, each writer's as written, interleaved by time (a writer may stamp an
+    event with an earlier moment than one it wrote before: its order stands)."""
+    return list(heapq.merge(*writers, key=lambda event: event.time))
 
 
 def first_event(events: list[EventRecord], name: str) -> EventRecord | None:
@@ -551,7 +553,7 @@ class EventsTail:
         self.tails = [JsonlTail(path, EventRecord.from_json) for path in paths.event_files(attempt)]
 
     def read_new(self) -> list[EventRecord]:
-        return by_time([event for tail in self.tails for event in tail.read_new()])
+        return by_time([tail.read_new() for tail in self.tails])
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

@@ -80,3 +80,13 @@ def test_the_jobs_start_is_the_batch_scripts_whichever_writers_file_is_seen_firs
     watch = AttemptWatch(attempt=0, job_id="7", paths=skewed, ranks=1)
     watch.read()
     assert watch.job_started == 1000.9, "the script's start, not rank 0's on another clock"
+
+
+def test_a_writers_own_order_stands_when_it_stamps_an_earlier_moment_later(tmp_path: Path) -> None:
+    """Review: the coordinator writes a rank's death with the moment it died, after events it wrote
+    since; merging by time must not reorder one writer's file."""
+    paths = RunPaths(tmp_path)
+    append_json_line(paths.coordinator_events_file(0), {"event": "warm_formed", "time": 20.0})
+    append_json_line(paths.coordinator_events_file(0), {"event": "warm_failure", "time": 19.5, "rank": 1})
+    append_json_line(paths.events_file(0), {"event": "first_step", "time": 10.0, "step": 1})
+    assert [event.name for event in read_attempt_events(paths, 0)] == ["first_step", "warm_formed", "warm_failure"]
