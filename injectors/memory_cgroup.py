@@ -171,11 +171,7 @@ class MemoryCap:
             swap.write_text(f"{set_to}\n")
 
     def oom_kills(self) -> int:
-        for line in (self.directory / "memory.oom_control").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
+        return oom_kill_count(self.directory) or 0
 
     def peak_bytes(self) -> int:
         return int((self.directory / "memory.max_usage_in_bytes").read_text())

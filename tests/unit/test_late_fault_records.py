@@ -111,18 +111,24 @@ def test_a_controller_that_died_before_the_reclassification_leaves_it_to_the_nex
     assert _class(ledger) == "OUT_OF_MEMORY"
 
 
+def _launch_exited(workdir: Path, exit_code: int) -> Ledger:
+    """Attempt 0 of job 42 failed as its rank launch exited with ``exit_code``, classified then."""
+    ledger = Ledger.in_workdir(workdir)
+    ledger.add_attempt(RUN, 0)
+    ledger.update_attempt(RUN, 0, job_id="42", state="RUNNING")
+    sign = FailureSign(reason=f"rank launch exited with code {exit_code}", at=time.time(), evidence="step_exit")
+    evidence = FailureEvidence(state=JobState.RUNNING, noticed_by="step_exit", exit_code=exit_code)
+    record_failure(ledger, RUN, 0, sign, Continuation.NEW_JOB, evidence, classify(evidence), (), time.time())
+    return ledger
+
+
 def test_a_step_the_scheduler_says_ran_out_of_memory_makes_the_attempt_out_of_memory_at_its_jobs_end(
         tmp_path: Path) -> None:
     """Issue 22 item 4: Slurm's task/cgroup ends a rank that outgrew the job's --mem; the rank step
     is OUT_OF_MEMORY while the job is FAILED (its batch script went on). A failure taken from the
     launch's exit (RANK_SIGNAL) is taken again at the job's end with the steps the scheduler names,
     asked then only, and not for a job that ended well."""
-    ledger = Ledger.in_workdir(tmp_path)
-    ledger.add_attempt(RUN, 0)
-    ledger.update_attempt(RUN, 0, job_id="42", state="RUNNING")
-    sign = FailureSign(reason="rank launch exited with code 137", at=time.time(), evidence="step_exit")
-    evidence = FailureEvidence(state=JobState.RUNNING, noticed_by="step_exit", exit_code=137)
-    record_failure(ledger, RUN, 0, sign, Continuation.NEW_JOB, evidence, classify(evidence), (), time.time())
+    ledger = _launch_exited(tmp_path, 137)
     assert _class(ledger) == "RANK_SIGNAL"
     asked: list[str] = []
 
@@ -141,12 +147,7 @@ def test_a_kill_whose_record_came_after_a_survivors_exit_takes_the_class_again(t
     """CI on the session's changes (the venv's Open MPI 5 under srun): the kill's step was not seen
     yet when the launch's exit (a survivor's, code 1: Open MPI 5 aborts its world) was classified,
     so no signal was known: RANK_EXIT. The agent's record of the SIGKILL takes the class again."""
-    ledger = Ledger.in_workdir(tmp_path)
-    ledger.add_attempt(RUN, 0)
-    ledger.update_attempt(RUN, 0, job_id="42", state="RUNNING")
-    sign = FailureSign(reason="rank launch exited with code 1", at=time.time(), evidence="step_exit")
-    evidence = FailureEvidence(state=JobState.RUNNING, noticed_by="step_exit", exit_code=1)
-    record_failure(ledger, RUN, 0, sign, Continuation.NEW_JOB, evidence, classify(evidence), (), time.time())
+    ledger = _launch_exited(tmp_path, 1)
     assert _class(ledger) == "RANK_EXIT"
     reclassify_with_record(ledger, ledger.attempts(RUN)[0], (), "SIGKILL")
     assert _class(ledger) == "RANK_SIGNAL" and "SIGKILL" in (ledger.attempts(RUN)[0].class_evidence or "")

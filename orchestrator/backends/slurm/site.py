@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 
+from injectors.memory_cgroup import memory_root
+from injectors.targets import TargetRefused
 from orchestrator.backends.base import SubmitLimit
 from orchestrator.campaign.directives import parse_directive
 from orchestrator.campaign.runs import RunConfig
@@ -121,11 +122,10 @@ def _set(value: str | None) -> bool:
 def memory_v1_here() -> bool:
     """This node mounts a cgroup v1 memory controller (a hint for ``CgroupPlugin=autodetect``)."""
     try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
+        memory_root()
+    except (OSError, TargetRefused):
         return False
-    return any(len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(",")
-               for parts in (line.split() for line in mounts))
+    return True
 
 
 @functools.lru_cache(maxsize=1)
