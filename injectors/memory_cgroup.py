@@ -1,10 +1,17 @@
-"""A memory cap on one process: a child cgroup (v1 memory controller) of the process's own, with a
-limit on what it charges from now on. Pages charged before the move stay with the old cgroup
-(the kernel no longer moves charges: ``move_charge_at_immigrate`` is gone), so the limit is the
-headroom the process gets. The kernel's OOM killer ends the process when it needs more; the
-cgroup counts it (``memory.oom_control``: ``oom_kill N``). Root only, on the node of the process.
-Where the scheduler already confines the job's memory (Slurm's task/cgroup), its limit is read
-instead (``job_memory_limit``: any user may) and no cgroup is made."""
+"""Memory cgroups, for oom-rank. Where the scheduler confines the job's memory (Slurm's task/cgroup
+with ConstrainRAMSpace), its limit is read (``job_memory_limit``: any user may, on cgroup v1 or
+v2) and no cgroup is made: the rank is asked to outgrow it. Elsewhere, as root on cgroup v1 only,
+a memory cap on one process: a child cgroup of the process's own, with a limit on what it charges
+from now on. Pages charged before the move stay with the old cgroup (the kernel no longer moves
+charges: ``move_charge_at_immigrate`` is gone), so the limit is the headroom the process gets.
+The kernel's OOM killer ends the process when it needs more; the cgroup counts it (v1:
+``memory.oom_control``, v2: ``memory.events``, each ``oom_kill N``).
+
+A cgroup directory is v1's or v2's, never both, so each reading below takes whichever of the two
+files the directory has (v1 name first): the limit (``memory.limit_in_bytes`` / ``memory.max``,
+"max" for none), the charge (``memory.usage_in_bytes`` / ``memory.current``), the peak
+(``memory.max_usage_in_bytes`` / ``memory.peak``, Linux 5.19+; without it the kill count is
+the only evidence) and the kill count."""
 
 from __future__ import annotations
 
@@ -17,26 +24,60 @@ from pathlib import Path
 from injectors.targets import TargetRefused
 
 MOUNTS = Path("/proc/mounts")
+PROC = Path("/proc")
 REMOVE_TRIES_S = 5.0
+LIMIT_FILES = ("memory.limit_in_bytes", "memory.max")
+USAGE_FILES = ("memory.usage_in_bytes", "memory.current")
+PEAK_FILES = ("memory.max_usage_in_bytes", "memory.peak")
+KILL_FILES = ("memory.oom_control", "memory.events")
+
+
+@dataclass(frozen=True)
+class MemoryController:
+    """Where this node's memory controller is mounted, and which cgroup version it is."""
+
+    root: Path
+    version: int  # 1 or 2
+
+
+def memory_controller() -> MemoryController:
+    """The node's memory controller: v1's mount if there is one (a hybrid node's unified hierarchy
+    then has no memory controller), else the cgroup2 mount that offers ``memory``; TargetRefused
+    where neither does."""
+    unified: Path | None = None
+    for line in MOUNTS.read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        if parts[2] == "cgroup" and "memory" in parts[3].split(","):
+            return MemoryController(Path(parts[1]), 1)
+        if parts[2] == "cgroup2" and unified is None:
+            unified = Path(parts[1])
+    if unified is not None and "memory" in _words(unified / "cgroup.controllers"):
+        return MemoryController(unified, 2)
+    raise TargetRefused("no memory controller is mounted on this node (neither a cgroup v1 memory hierarchy nor a "
+                        "cgroup2 mount offering memory): oom-rank reads or sets a memory cgroup")
 
 
 def memory_root() -> Path:
-    """Where the v1 memory controller is mounted; TargetRefused if it is not (cgroup v2 only, none)."""
-    for line in MOUNTS.read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(","):
-            return Path(parts[1])
-    raise TargetRefused("no cgroup v1 memory controller is mounted on this node: oom-rank caps a rank's memory "
-                        "with one (cgroup v2 is not supported yet)")
+    """Where the v1 memory controller is mounted (the agent's own cap needs v1); TargetRefused
+    where the node has none."""
+    found = memory_controller()
+    if found.version != 1:
+        raise TargetRefused(f"this node's memory controller is cgroup v2 ({found.root}): limit: agent (a cap of the "
+                            "agent's own) needs cgroup v1; use limit: job under the scheduler's own memory limit")
+    return found.root
 
 
 def own_memory_cgroup(pid: int) -> Path:
     """The memory cgroup ``pid`` is in, as a directory of the controller's mount."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return memory_root() / path.lstrip("/")
-    raise TargetRefused(f"process {pid} is in no v1 memory cgroup")
+    controller = memory_controller()
+    for line in (PROC / str(pid) / "cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        v1_memory = "memory" in controllers.split(",")
+        if (controller.version == 1 and v1_memory) or (controller.version == 2 and hierarchy == "0" and not controllers):
+            return controller.root / path.lstrip("/")
+    raise TargetRefused(f"process {pid} is in no cgroup v{controller.version} memory cgroup")
 
 
 def can_cap_memory(pid: int) -> str | None:
@@ -45,6 +86,7 @@ def can_cap_memory(pid: int) -> str | None:
     if os.geteuid() != 0:
         return "not root: oom-rank creates a memory cgroup, which only root may"
     try:
+        memory_root()
         cgroup = own_memory_cgroup(pid)
     except (TargetRefused, OSError) as error:
         return str(error)
@@ -53,7 +95,7 @@ def can_cap_memory(pid: int) -> str | None:
 
 def machine_memory_bytes() -> int:
     """The node's memory (MemTotal): a cgroup limit at or above it limits nothing."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
+    for line in (PROC / "meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) * 1024
     raise OSError("no MemTotal in /proc/meminfo")
@@ -74,24 +116,49 @@ class JobMemoryLimit:
         return max(0, self.limit_bytes - self.usage_bytes)
 
     def peak_bytes(self) -> int | None:
-        """The cgroup's peak charge so far; None once the cgroup is gone."""
+        """The cgroup's peak charge so far; None once the cgroup is gone, or where the kernel keeps
+        no peak (cgroup v2 before Linux 5.19)."""
         try:
-            return int((self.directory / "memory.max_usage_in_bytes").read_text())
+            return int(_read_first(self.directory, PEAK_FILES))
         except (OSError, ValueError):
             return None
 
 
 def oom_kill_count(directory: Path) -> int | None:
-    """The OOM kills a v1 memory cgroup counted (``memory.oom_control``: on the victim's own
-    cgroup); None once the cgroup is gone or where the kernel does not count them."""
+    """The OOM kills a memory cgroup counted (``oom_kill N`` in v1's ``memory.oom_control``, on the
+    victim's own cgroup, or v2's ``memory.events``, which counts its descendants' too); None once
+    the cgroup is gone or where the kernel does not count them."""
     try:
-        for line in (directory / "memory.oom_control").read_text().splitlines():
+        for line in _read_first(directory, KILL_FILES).splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
                 return int(value)
     except (OSError, ValueError):
         return None
     return None
+
+
+def _read_first(directory: Path, names: tuple[str, ...]) -> str:
+    """The first of ``names`` (v1's, then v2's) that ``directory`` has; FileNotFoundError if none."""
+    for name in names:
+        try:
+            return (directory / name).read_text()
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(errno.ENOENT, "no memory file", str(directory / names[-1]))
+
+
+def _limit_bytes(directory: Path, machine: int) -> int:
+    """The cgroup's memory limit; ``machine`` for none (v2's "max")."""
+    text = _read_first(directory, LIMIT_FILES).strip()
+    return machine if text == "max" else int(text)
+
+
+def _words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
 
 
 def raise_oom_score(pid: int) -> str | None:
@@ -119,13 +186,13 @@ def job_memory_limit(pid: int) -> JobMemoryLimit | None:
     (of equal room, the outermost: the job's, which outlives the rank's step); None where none
     limits below the machine's memory (no scheduler confines the job)."""
     machine = machine_memory_bytes()
-    root = memory_root()
+    root = memory_controller().root
     directory = own_memory_cgroup(pid)
     tightest: JobMemoryLimit | None = None
     while directory != root and root in directory.parents:
         try:
-            limit = int((directory / "memory.limit_in_bytes").read_text())
-            usage = int((directory / "memory.usage_in_bytes").read_text())
+            limit = _limit_bytes(directory, machine)
+            usage = int(_read_first(directory, USAGE_FILES))
         except (OSError, ValueError):
             limit = machine  # a cgroup not readable here limits nothing this process can see
             usage = 0

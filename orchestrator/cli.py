@@ -152,7 +152,7 @@ def _doctor(args: argparse.Namespace) -> int:
         site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
                     args.partition or resources.partition, args.framework or campaign.workload.framework,
                     campaign.parallel_runs, tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory,
-                    resources.container.image if resources.container is not None else None)
+                    resources.container.image if resources.container is not None else None, campaign.ledger_dir)
     else:
         site = Site(args.backend or "slurm", (args.workdir or Path(".faultdrill-doctor")).resolve(), args.nodes or 1,
                     args.partition, args.framework)

@@ -18,7 +18,12 @@ from typing import Any, Iterator
 
 from orchestrator.commands import CommandError
 from orchestrator.doctor.checks import Check, Status, failed, passed
-from orchestrator.doctor.filesystems import check_checkpoint_directory, check_directory, nearest_existing
+from orchestrator.doctor.filesystems import (
+    check_checkpoint_directory,
+    check_directory,
+    check_ledger_directory,
+    nearest_existing,
+)
 from orchestrator.doctor.marks import CheckpointMarks
 from orchestrator.doctor.nodes import checkpoint_checks, cleanup_check, kind_checks, node_checks
 from orchestrator.doctor.probe_job import NodeReport, PBSProbe, SlurmProbe, probe_local
@@ -41,6 +46,7 @@ class Site:
     extra_directives: tuple[str, ...] = ()  # the spec's (account, QOS, ...): the test job asks them too
     checkpoints: Path | None = None  # the spec's checkpoint.directory: its deepest directory without {run_id}
     container: str | None = None  # the spec's resources.container image (Slurm's pyxis)
+    ledger_dir: Path | None = None  # the spec's ledger_dir: the ledger on the login node's own disk
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,8 @@ def diagnose(site: Site) -> Diagnosis:
 
 def _diagnose(site: Site) -> Diagnosis:
     checks = [*_scheduler_checks(site), *check_directory("workdir", site.workdir),
-              *(check_checkpoint_directory(site.checkpoints) if site.checkpoints is not None else [])]
+              *(check_checkpoint_directory(site.checkpoints) if site.checkpoints is not None else []),
+              *(check_ledger_directory(site.ledger_dir) if site.ledger_dir is not None else [])]
     folder = site.workdir / DOCTOR_FOLDER / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     marks = CheckpointMarks(nearest_existing(site.checkpoints)) if site.checkpoints is not None else None

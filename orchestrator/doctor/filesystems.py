@@ -31,6 +31,21 @@ def check_directory(name: str, directory: Path) -> list[Check]:
             leftover.unlink(missing_ok=True)
 
 
+def check_ledger_directory(directory: Path) -> list[Check]:
+    """The spec's ``ledger_dir``: the ledger is kept there while the drill runs because the workdir's
+    filesystem is not safe for SQLite, so it must be this host's own disk (flock, a rename, a local
+    type); a network filesystem there fails, since it defeats the field's one purpose."""
+    checks = check_directory("ledger_dir", directory)
+    kind = filesystem_type(directory) if directory.is_dir() else UNKNOWN
+    if directory.is_dir() and not is_local(kind):
+        said = "a filesystem the mount table does not name" if kind == UNKNOWN else kind
+        checks = [check for check in checks if check.name != "ledger_dir: filesystem"]
+        checks.append(failed("ledger_dir: filesystem", f"{directory} is on {said}, not this host's own disk: the "
+                             "ledger's locks and journal there are only as safe as the workdir's",
+                             "name a ledger_dir on the login node's local disk (e.g. /var/tmp or /tmp)"))
+    return checks
+
+
 def check_checkpoint_directory(directory: Path) -> list[Check]:
     """The spec's ``checkpoint.directory`` (its deepest directory without ``{run_id}``): a rename
     there replaces a file at once (every checkpoint is published, and a damaged one kept aside, by a
@@ -91,6 +106,7 @@ def _kind(name: str, directory: Path) -> Check:
                       "treated as a network filesystem (other nodes may see its files late, through attribute "
                       "caches, and every write may be a round trip to a server)",
                       "the drill waits for what it reads, writes heartbeats at most once a second there, and keeps "
-                      "its ledger with a rollback journal (SQLite's WAL is unsafe on a network filesystem)")
+                      "its ledger with a rollback journal (SQLite's WAL is unsafe on a network filesystem); "
+                      "a spec's `ledger_dir` on the login node's local disk keeps the ledger off it")
     return passed(f"{name}: filesystem", f"{directory} is on {kind}")
 

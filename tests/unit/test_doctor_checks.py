@@ -87,6 +87,19 @@ def test_a_local_workdir_passes_flock_rename_and_type(tmp_path: Path) -> None:
     assert not [path for path in (tmp_path / "work").iterdir()], "the doctor's probe files are removed"
 
 
+def test_a_ledger_dir_on_local_disk_passes_and_one_on_a_network_filesystem_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.doctor import filesystems
+
+    local = filesystems.check_ledger_directory(tmp_path / "ledgers")
+    assert [check.status for check in local] == [Status.PASS] * 3, local
+    monkeypatch.setattr(filesystems, "filesystem_type", lambda _path: "nfs4")
+    remote = {check.name: check for check in filesystems.check_ledger_directory(tmp_path / "ledgers")}
+    assert remote["ledger_dir: filesystem"].status is Status.FAIL, remote
+    assert "nfs4" in remote["ledger_dir: filesystem"].detail and "local disk" in remote["ledger_dir: filesystem"].fix
+    assert remote["ledger_dir: flock"].status is Status.PASS
+
+
 def test_the_test_jobs_script_asks_what_the_spec_asks_and_escapes_its_output_path(tmp_path: Path) -> None:
     from orchestrator.doctor.probe_job import SlurmProbe
 

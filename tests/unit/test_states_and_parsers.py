@@ -139,8 +139,8 @@ def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_a
 def test_a_slurm_that_confines_memory_names_task_cgroup_and_constrains_ram_space() -> None:
     """``scontrol show config`` as Slurm 22.05 prints it under the cgroup profile (recorded), and
     the ways it does not confine a job's memory where oom-rank can read it (review of issue 22):
-    another task plugin, ConstrainRAMSpace off, cgroup v2 (or autodetect on a node without v1),
-    memory not consumable, no request below the node's memory (no --mem, no DefMemPer*)."""
+    another task plugin, ConstrainRAMSpace off, a cgroup plugin that is neither v1, v2 nor
+    autodetect, memory not consumable, no request below the node's memory (no --mem, no DefMemPer*)."""
     recorded = ("DefMemPerCPU            = 1024\nProctrackType           = proctrack/cgroup\n"
                 "SelectTypeParameters    = CR_CORE_MEMORY\nTaskPlugin              = task/affinity,task/cgroup\n"
                 "TaskPluginParam         = (null type)\nCgroup Support Configuration:\nCgroupAutomount         = no\n"
@@ -148,9 +148,9 @@ def test_a_slurm_that_confines_memory_names_task_cgroup_and_constrains_ram_space
     assert confines_memory(recorded)
     assert not confines_memory(recorded.replace("task/affinity,task/cgroup", "task/affinity"))
     assert not confines_memory(recorded.replace("ConstrainRAMSpace       = yes", "ConstrainRAMSpace       = no"))
-    assert not confines_memory(recorded.replace("cgroup/v1", "cgroup/v2"))
-    autodetect = recorded.replace("cgroup/v1", "autodetect")
-    assert confines_memory(autodetect, v1_here=True) and not confines_memory(autodetect, v1_here=False)
+    assert confines_memory(recorded.replace("cgroup/v1", "cgroup/v2"))
+    assert confines_memory(recorded.replace("cgroup/v1", "autodetect"))
+    assert not confines_memory(recorded.replace("cgroup/v1", "disabled"))
     assert not confines_memory(recorded.replace("CR_CORE_MEMORY", "CR_CORE"))
     no_default = recorded.replace("DefMemPerCPU            = 1024", "DefMemPerNode           = UNLIMITED")
     assert not confines_memory(no_default)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 import re
 
-from injectors.memory_cgroup import memory_root
-from injectors.targets import TargetRefused
 from orchestrator.backends.base import SubmitLimit
 from orchestrator.campaign.directives import parse_directive
 from orchestrator.campaign.runs import RunConfig
@@ -93,18 +91,18 @@ def _rows(args: list[str]) -> list[list[str]] | None:
     return [line.split("|") for line in answered.stdout.splitlines() if line.strip()]
 
 
-def confines_memory(config: str, directives: list[str] | None = None, v1_here: bool | None = None) -> bool:
+def confines_memory(config: str, directives: list[str] | None = None) -> bool:
     """A job's memory limit the kernel's OOM killer enforces: Slurm's task/cgroup with
-    ``ConstrainRAMSpace=yes`` on cgroup v1 (oom-rank reads v1's files: ``cgroup/v2``, or
-    ``autodetect`` where this node has no v1 memory controller, is not taken as confined), memory a
-    consumable resource (``SelectTypeParameters`` ``*_MEMORY``), and a request below the node's
-    memory: the job's own (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu`` in ``directives``) or
-    the site's default (DefMemPer*). Slurm then says OUT_OF_MEMORY of the step."""
+    ``ConstrainRAMSpace=yes`` (on cgroup v1 or v2: ``CgroupPlugin`` ``cgroup/v1``, ``cgroup/v2``
+    or ``autodetect``; oom-rank reads either's files), memory a consumable resource
+    (``SelectTypeParameters`` ``*_MEMORY``), and a request below the node's memory: the job's own
+    (``--mem``, ``--mem-per-cpu``, ``--mem-per-gpu`` in ``directives``) or the site's default
+    (DefMemPer*). Slurm then says OUT_OF_MEMORY of the step."""
     plugins = (config_value(config, "TaskPlugin") or "").split(",")
     if "task/cgroup" not in plugins or (config_value(config, "ConstrainRAMSpace") or "").lower() != "yes":
         return False
     cgroup = (config_value(config, "CgroupPlugin") or "autodetect").lower()
-    if cgroup != "cgroup/v1" and not (cgroup == "autodetect" and (memory_v1_here() if v1_here is None else v1_here)):
+    if cgroup not in CGROUP_PLUGINS:
         return False
     if "MEMORY" not in (config_value(config, "SelectTypeParameters") or "").upper():
         return False
@@ -113,19 +111,11 @@ def confines_memory(config: str, directives: list[str] | None = None, v1_here: b
 
 
 MEMORY_FLAGS = ("--mem", "--mem-per-cpu", "--mem-per-gpu")
+CGROUP_PLUGINS = ("cgroup/v1", "cgroup/v2", "autodetect")
 
 
 def _set(value: str | None) -> bool:
     return value is not None and value.isdigit() and int(value) > 0
-
-
-def memory_v1_here() -> bool:
-    """This node mounts a cgroup v1 memory controller (a hint for ``CgroupPlugin=autodetect``)."""
-    try:
-        memory_root()
-    except (OSError, TargetRefused):
-        return False
-    return True
 
 
 @functools.lru_cache(maxsize=1)
