@@ -71,8 +71,10 @@ def too_big(directory: Path, free: int, max_fill_mb: float) -> str | None:
     if free <= max_fill_mb * MB:
         return None
     return (f"{directory} is on a filesystem with {free / MB:.0f} MB free, more than max_fill_mb ({max_fill_mb:g}): "
-            "disk-full fills only a small filesystem meant for the run's checkpoints (checkpoint.directory on a "
-            "small or quota-limited filesystem; scripts/cluster small-fs here), never a disk other work lives on")
+            "disk-full fills only a small filesystem meant for the run's checkpoints: a checkpoint.directory on a "
+            "small filesystem, or under a directory (project) quota that statfs reports as the free space (XFS, "
+            "ext4); a user or group quota does not show there and is not used (on the project's cluster: "
+            "scripts/cluster small-fs). Never raise max_fill_mb to fill a disk other work lives on")
 
 
 def fill_problem(directory: Path, max_fill_mb: float) -> str | None:

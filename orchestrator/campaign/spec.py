@@ -362,6 +362,9 @@ class ContainerConfig(_Strict):
         return mounts
 
 
+GPU_DIRECTIVE_WORDS = ("--gres=gpu", "--gres gpu", "--gpus", "ngpus=", ":gpus=")
+
+
 class ResourcesConfig(_Strict):
     nodes: int = Field(1, ge=1)
     tasks_per_node: int = Field(1, ge=1)
@@ -371,6 +374,8 @@ class ResourcesConfig(_Strict):
     # a dead node's ranks move to a spare without leaving the allocation.
     spare_nodes: int = Field(0, ge=0, le=64)
     extra_directives: list[str] = Field(default_factory=list)
+    # GPUs on each node the job holds: Slurm --gres=gpu:N, PBS Pro select's ngpus=N, Torque nodes' gpus=N.
+    gpus_per_node: int = Field(0, ge=0, le=64)
     # PBS only: resource syntax of the directives, Torque (-l nodes=N:ppn=M, -t) or PBS Pro (-l select=, -J).
     pbs_flavor: Literal["torque", "pro"] = "torque"
     container: ContainerConfig | None = None  # Slurm only: the ranks' step in a pyxis container
@@ -399,6 +404,16 @@ class ResourcesConfig(_Strict):
         for value in values:
             parse_directive(value)  # DirectiveError names what is wrong and what is valid
         return values
+
+    @model_validator(mode="after")
+    def _gpus_said_once(self) -> "ResourcesConfig":
+        if self.gpus_per_node:
+            for text in self.extra_directives:
+                if any(word in text for word in GPU_DIRECTIVE_WORDS):
+                    raise ValueError(f"resources.extra_directives {text!r} asks for GPUs, and so does "
+                                     f"resources.gpus_per_node ({self.gpus_per_node}): say it once (gpus_per_node, "
+                                     "or the directive alone for another GPU request such as --gpus-per-task)")
+        return self
 
 
 def _fault_kind(value: Any) -> str:

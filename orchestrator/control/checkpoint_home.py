@@ -15,11 +15,13 @@ from orchestrator.campaign.spec import SpecError
 from orchestrator.control.workdir import UnsafeWorkdir, check_ancestors, check_workdir
 
 PRIVATE = 0o700
+CHECKPOINTS = "checkpoint.directory"
 
 
 def checkpoint_home_refusals(runs: list[RunConfig]) -> list[str]:
     """Up front (validate, plan, drill): each run's checkpoint directory can be made by this user,
-    and is no run directory's own."""
+    is no run directory's own, and lies under directories nobody the spec does not trust may
+    rename it in (the rule ``link_checkpoint_homes`` holds it to when the drill starts)."""
     problems = {}
     for run in runs:
         home = run.checkpoint_root
@@ -33,7 +35,18 @@ def checkpoint_home_refusals(runs: list[RunConfig]) -> list[str]:
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
             problems[str(existing)] = (f"checkpoint.directory {run.campaign.checkpoint.directory}: {existing} is not a "
                                        "directory you may write, so the runs' checkpoint directories cannot be made")
+            continue
+        try:
+            check_ancestors(home, trusted_mode(run), CHECKPOINTS)
+        except UnsafeWorkdir as error:
+            problems[f"ancestors {existing}"] = f"checkpoint.directory {run.campaign.checkpoint.directory}: {error}"
     return list(problems.values())
+
+
+def trusted_mode(run: RunConfig) -> int:
+    """The spec's workdir_mode: whom it trusts (the group, where it shares the workdir) it trusts
+    above the checkpoint directory too."""
+    return int(run.campaign.workdir_mode, 8)
 
 
 def link_checkpoint_homes(runs: list[RunConfig], drill_id: str) -> None:
@@ -45,7 +58,7 @@ def link_checkpoint_homes(runs: list[RunConfig], drill_id: str) -> None:
         home = run.checkpoint_home(drill_id)
         if home is None:
             continue
-        _make_private(home)
+        _make_private(home, trusted_mode(run))
         link = run.paths.checkpoints
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink():
@@ -62,15 +75,16 @@ def link_checkpoint_homes(runs: list[RunConfig], drill_id: str) -> None:
 
 
 
-def _make_private(home: Path) -> None:
-    """The drill's checkpoint folder: made 0700, the user's, and under directories that nobody else
-    may rename it in (the workdir's rule: the ranks load what is there)."""
+def _make_private(home: Path, trusted: int) -> None:
+    """The drill's checkpoint folder: made 0700, the user's, and under directories that nobody the
+    spec does not trust (``trusted``: its workdir_mode) may rename it in (the workdir's rule: the
+    ranks load what is there)."""
     try:
-        check_ancestors(home, PRIVATE)
+        check_ancestors(home, trusted, CHECKPOINTS)
         for folder in (*reversed(home.parents), home):
             if not folder.exists():
                 folder.mkdir(mode=PRIVATE)
                 os.chmod(folder, PRIVATE)
-        check_workdir(home, PRIVATE, "0700: the drill's own")
+        check_workdir(home, trusted, "as the spec's workdir_mode allows")
     except UnsafeWorkdir as error:
         raise SpecError(f"checkpoint.directory: {error}") from None

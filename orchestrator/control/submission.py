@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from experiments.layout import RankJob
@@ -134,6 +134,9 @@ class Submitter:
         if refusal is not None and refusal.held:
             self._held(pending, refusal, now)
             return
+        if refusal is not None and pending.job.exclude_nodes:
+            self._without_exclusions(pending, refusal.why, now)
+            return
         pending.failures += 1
         pending.looked_up = False
         pending.error = one_line(error)
@@ -166,6 +169,18 @@ class Submitter:
         if pending.holds == 1 or pending.holds % HELD_LOG_EVERY == 0:
             log.warning("%s: attempt %d held by the site's limit of submitted jobs (%s); tried again every %.0f s",
                         self.run.run_id, pending.attempt, refusal.why, pending.next_try_at - now)
+
+    def _without_exclusions(self, pending: PendingSubmission, why: str, now: float) -> None:
+        """Refused as asked while it stays off failed nodes: the drill's own --exclude may be what
+        the site cannot place (a partition of exactly the job's nodes); the same attempt goes out
+        at once without it (the scheduler took nothing), recorded so, and is refused for good only
+        if it is refused again."""
+        log.warning("%s: attempt %d was refused as asked while it stays off %s (%s): submitted again without "
+                    "leaving them out", self.run.run_id, pending.attempt, ", ".join(pending.job.exclude_nodes), why)
+        self.ledger.update_attempt(self.run.run_id, pending.attempt, excluded_nodes=None)
+        pending.job = replace(pending.job, exclude_nodes=())
+        pending.looked_up = True
+        pending.next_try_at = now
 
     def held_freed(self, now: float) -> None:
         """A job of the drill ended: a submission the site held back is tried again at once."""

@@ -56,11 +56,12 @@ def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most grou
     return workdir
 
 
-def check_ancestors(workdir: Path, mode: int) -> None:
+def check_ancestors(workdir: Path, mode: int, what: str = "the workdir") -> None:
     """Whoever may write a directory above the workdir may rename the workdir away and put one of
     theirs in its place (as ssh's StrictModes reasons about a key's directories): each must be
     root's or the user's, and writable by nobody else, unless sticky (each entry stays its owner's)
-    or ``mode`` shares the workdir with the group (the group is trusted then)."""
+    or ``mode`` shares the workdir with the group (the group is trusted then). ``what``: the
+    directory checked, in words (the spec's checkpoint.directory is held to the same rule)."""
     group_trusted = bool(mode & 0o070)
     for ancestor in workdir.parents:
         try:
@@ -68,19 +69,19 @@ def check_ancestors(workdir: Path, mode: int) -> None:
         except FileNotFoundError:  # to be made, by the drill, as private as the folder it holds
             continue
         if info.st_uid not in (0, os.geteuid()) and not group_trusted:
-            raise UnsafeWorkdir(f"{ancestor}, above the workdir, belongs to uid {info.st_uid}: its owner could move "
-                                "the workdir away and put another in its place; keep the workdir under directories "
-                                "of your own (or root's)")
+            raise UnsafeWorkdir(f"{ancestor}, above {what}, belongs to uid {info.st_uid}: its owner could move "
+                                f"{what} away and put another in its place; keep it under directories of your own "
+                                "(or root's), or set workdir_mode 0770 to trust the group")
         if info.st_mode & stat.S_ISVTX:
             continue
         loose = info.st_mode & (0o002 if group_trusted else 0o022)
         if loose:
             who = "others" if loose & 0o002 else "group"
-            raise UnsafeWorkdir(f"{ancestor}, above the workdir, is writable by {who} (mode "
-                                f"{stat.S_IMODE(info.st_mode):04o}): they could move the workdir away and put "
-                                "another in its place; use a workdir under directories only you may write (a sticky "
+            raise UnsafeWorkdir(f"{ancestor}, above {what}, is writable by {who} (mode "
+                                f"{stat.S_IMODE(info.st_mode):04o}): they could move {what} away and put "
+                                "another in its place; use a directory under directories only you may write (a sticky "
                                 "one, such as /tmp, is fine)" + ("" if who == "others" else
-                                                                   ", or set workdir_mode 0770 to trust the group"))
+                                                                 ", or set workdir_mode 0770 to trust the group"))
 
 
 def _check_entries(workdir: Path, mode: int) -> None:

@@ -122,7 +122,7 @@ def _diagnose(site: Site) -> Diagnosis:
                                      + (f": {', '.join(answered)}" if answered else "")))
     diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework), *found,
                                  *(cleanup_check(marks) if marks is not None else []),
-                                 *kind_checks(site.backend, reports, site.workdir)], reports)
+                                 *kind_checks(site.backend, reports, site.checkpoints or site.workdir)], reports)
     if not diagnosis.failed:  # kept for a look where something failed
         shutil.rmtree(folder, ignore_errors=True)
     return diagnosis

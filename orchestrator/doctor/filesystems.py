@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from experiments.runtime.mounts import UNKNOWN, filesystem_type, is_local
-from orchestrator.doctor.checks import Check, failed, passed, warned
+from orchestrator.doctor.checks import Check, Status, failed, passed, warned
 
 NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
@@ -57,7 +57,7 @@ def check_checkpoint_directory(directory: Path) -> list[Check]:
                                                            f"checked at its nearest existing parent, {existing}")]
     probe = existing / f".faultdrill-doctor-{uuid.uuid4().hex[:8]}"
     try:
-        return [*said, _rename(name, existing, probe),
+        return [*said, _rename(name, existing, probe), _lock_said(name, existing, probe),
                 passed(f"{name}: filesystem", f"{existing} is on {filesystem_type(existing)}")]
     finally:
         for leftover in (probe, probe.with_suffix(".renamed")):
@@ -80,6 +80,16 @@ def _lock(name: str, directory: Path, probe: Path) -> Check:
                           "mount it with locking (Lustre: -o flock), or put the workdir on a filesystem that has it")
         return failed(f"{name}: flock", f"{directory}: {error.strerror}", "name a directory you may write")
     return passed(f"{name}: flock", f"{directory}: flock works")
+
+
+def _lock_said(name: str, directory: Path, probe: Path) -> Check:
+    """flock in the checkpoint directory: the drill takes none there, so a filesystem without it is
+    said (a framework's or the script's own checkpointing may lock its files), never a failure."""
+    found = _lock(name, directory, probe)
+    if found.status is Status.FAIL:
+        return warned(found.name, found.detail, "the drill takes no lock there; a script or framework that locks "
+                      "its checkpoint files would fail: mount it with locking, or check that yours does not lock")
+    return found
 
 
 def _rename(name: str, directory: Path, probe: Path) -> Check:

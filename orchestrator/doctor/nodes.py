@@ -5,11 +5,11 @@ can act here as this user."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from injectors.kinds import REGISTRY, get_kind
+from injectors.kinds.disk_full import fill_problem
 from orchestrator.commands import current_user
 from orchestrator.doctor.checks import Check, failed, passed, warned
 from orchestrator.doctor.marks import CheckpointMarks
@@ -163,8 +163,20 @@ def _oom_rank_check(facts: list[dict[str, Any]]) -> Check:
     return passed("fault kinds: oom-rank", "a rank's memory can be capped (root, cgroup v1 memory)")
 
 
-def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[Check]:
-    """Which fault kinds can act here as this user, and why not."""
+def _disk_full_check(checkpoints: Path) -> Check:
+    """disk-full fills the filesystem of the runs' checkpoint directory, and only a small one."""
+    problem = fill_problem(checkpoints, DISK_FULL_DEFAULT_MB)
+    if problem is not None:
+        return warned("fault kinds: disk-full", problem,
+                      "leave disk-full out, or give the spec a checkpoint.directory on a small filesystem mounted "
+                      "for it")
+    return passed("fault kinds: disk-full", f"{checkpoints}'s filesystem is small enough for disk-full to fill "
+                  f"(at most {DISK_FULL_DEFAULT_MB:g} MB, max_fill_mb)")
+
+
+def kind_checks(backend: str, reports: list[NodeReport], checkpoints: Path) -> list[Check]:
+    """Which fault kinds can act here as this user, and why not. ``checkpoints``: where the runs'
+    checkpoints go (the spec's checkpoint.directory, else the workdir), which disk-full fills."""
     checks = []
     checks.append(_oom_rank_check([report.facts for report in reports if report.facts]))
     node_kinds = [name for name in NODE_KINDS if backend in get_kind(name).works_on]
@@ -177,14 +189,7 @@ def kind_checks(backend: str, reports: list[NodeReport], workdir: Path) -> list[
                              "give each node fault the site's own commands, drill as root, or leave them out"))
     elif node_kinds:
         checks.append(passed(f"fault kinds: {', '.join(node_kinds)}", "the project's cluster: scripts/cluster acts"))
-    free_mb = shutil.disk_usage(workdir).free / 2**20
-    if free_mb > DISK_FULL_DEFAULT_MB:
-        checks.append(warned("fault kinds: disk-full", f"the workdir's filesystem has {free_mb:.0f} MB free, more "
-                             f"than disk-full fills ({DISK_FULL_DEFAULT_MB:g} MB, max_fill_mb)",
-                             "mount a small filesystem for the run's checkpoints (scripts/cluster small-fs), or "
-                             "raise max_fill_mb"))
-    else:
-        checks.append(passed("fault kinds: disk-full", f"{free_mb:.0f} MB free: disk-full can fill it"))
+    checks.append(_disk_full_check(checkpoints))
     others = sorted(set(REGISTRY) - {"oom-rank", "disk-full", *NODE_KINDS}
                     - {name for name in REGISTRY if backend not in get_kind(name).works_on})
     checks.append(passed("fault kinds: the rest", f"{', '.join(others)} act as your own user"))

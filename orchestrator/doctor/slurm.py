@@ -10,11 +10,12 @@ from orchestrator.backends.slurm.backend import SlurmBackend
 from orchestrator.backends.slurm.site import accounting_configured, config_value, max_submit_jobs, srun_help
 from orchestrator.backends.slurm.version import OVERLAP_SINCE, site_version
 from orchestrator.campaign.directives import qos_of
-from orchestrator.commands import current_user, run_command
+from orchestrator.commands import CommandError, current_user, run_command
 from orchestrator.doctor.checks import Check, failed, passed, warned
 
 COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "srun", "sacct")
 LIMIT_KEYS = ("MaxArraySize", "MaxJobCount", "MinJobAge")
+SACCT_TIMEOUT_S = 20.0
 
 
 def scheduler_checks(parallel_runs: int, extra_directives: tuple[str, ...] = (),
@@ -59,7 +60,11 @@ def _accounting(config: str) -> Check:
                "squeue ended in a state the report calls unknown")
     if not accounting_configured(config):
         return warned("accounting", "no accounting storage (sacct has nothing)", without)
-    answered = run_command(["sacct", "-n", "-X", "-S", "now-1minutes", "-o", "JobID"], timeout_s=20.0, check=False)
+    try:
+        answered = run_command(["sacct", "-n", "-X", "-S", "now-1minutes", "-o", "JobID"], timeout_s=SACCT_TIMEOUT_S,
+                               check=False)
+    except CommandError as error:  # it did not answer in time (slurmdbd configured, not reachable)
+        return warned("accounting", f"sacct did not answer: {error.summary}", without)
     if answered.returncode != 0:
         return warned("accounting", f"sacct failed: {answered.stderr.strip()[:200]}", without)
     return passed("accounting", "sacct answers")

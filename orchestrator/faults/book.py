@@ -141,6 +141,8 @@ class FaultBook:
             return
         if watch.state is not JobState.RUNNING or watch.completed or watch.failing:
             return
+        if self.clocks_pending(watch.attempt):  # the agents are told each node's offset, the anchor is
+            return  # read on rank 0's clock: a fault waits for the attempt's clocks (bounded by their reads' timeouts)
         fault = self.plan[self.next_index]
         if not _due(fault, watch, now, self._rank0_offset(watch.attempt)):
             return

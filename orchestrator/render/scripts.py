@@ -223,6 +223,7 @@ class SlurmScriptRequest:
     time: str
     warning_s: int
     cpus_per_task: int = 1
+    gpus_per_node: int = 0
     partition: str | None = None
     array: str | None = None
     requeue: bool = False
@@ -243,7 +244,7 @@ class SlurmScriptRequest:
             "rank_launch": self._rank_launch(rank_output, rank_error),
             "job_name": self.job_name, "array": self.array, "elements": list(self.elements),
             "requeue": self.requeue, "nodes": self.nodes, "tasks_per_node": self.tasks_per_node,
-            "cpus_per_task": self.cpus_per_task,
+            "cpus_per_task": self.cpus_per_task, "gpus_per_node": self.gpus_per_node,
             "warm": self.warm, "python": self.python, "step_nodes": self.step_nodes,
             # A user template's own launch block may still want these (ours takes rank_launch).
             "step_tasks": self.ranks, "rank_step_name": RANK_STEP_NAME,
@@ -278,7 +279,7 @@ def _slurm_request(run: RunConfig, job_name: str, elements: list[SlurmElement], 
         job_name=job_name, elements=tuple(elements), python=python, array=array,
         nodes=resources.nodes + resources.spare_nodes,
         tasks_per_node=run.launch_tasks_per_node + run.warm_spares,  # warm: the spares' task slots too
-        cpus_per_task=_cpus_per_task(run),
+        cpus_per_task=_cpus_per_task(run), gpus_per_node=resources.gpus_per_node,
         step_nodes=resources.nodes, ranks=resources.nodes * run.launch_tasks_per_node, time=resources.time,
         warning_s=resources.warning_s, partition=resources.partition, requeue=run.scheduler_requeue,
         exclude=exclude_nodes, extra_directives=tuple(resources.extra_directives),
@@ -457,6 +458,7 @@ def _pbs_request(run: RunConfig, job_name: str, elements: list[PBSElement], pyth
         cpus_per_task=_cpus_per_task(run), walltime=pbs_walltime(resources.time), elements=tuple(elements), python=python, flavor=resources.pbs_flavor,
         queue=resources.partition, array=array, extra_directives=tuple(resources.extra_directives),
         rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_launch(run),
+        gpus_per_node=resources.gpus_per_node,
         in_allocation=relaunch["in_allocation"], relaunch_wait_s=relaunch["relaunch_wait_s"],
     )
 

@@ -83,3 +83,22 @@ def test_a_checkpoint_directory_others_may_write_under_is_refused(tmp_path: Path
     [run] = expand_runs(_campaign(tmp_path, str(shared / "{run_id}")))
     with pytest.raises(SpecError, match="checkpoint.directory: .*writable by others"):
         link_checkpoint_homes([run], "d1")
+
+
+def test_a_project_scratch_directory_the_group_may_write_is_refused_at_plan_unless_the_spec_trusts_the_group(
+        tmp_path: Path) -> None:
+    """Review of issue 22: /scratch/<project> (mode 2775) was refused only when the controller started,
+    after the ledger was made (a corrected spec was then 'another spec'), always, whatever
+    workdir_mode trusted; and the message spoke of the workdir."""
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o2775)
+    runs = expand_runs(_campaign(tmp_path, str(project / "{run_id}")))
+    [problem] = checkpoint_home_refusals(runs)
+    assert f"{project}, above checkpoint.directory, is writable by group" in problem, problem
+    assert "workdir_mode 0770" in problem, problem
+    assert not (tmp_path / "work").exists(), "said at plan: nothing made"
+    trusted = expand_runs(_campaign(tmp_path, str(project / "{run_id}"), workdir_mode="0770"))
+    assert checkpoint_home_refusals(trusted) == []
+    link_checkpoint_homes(trusted[:1], "d1")
+    assert trusted[0].paths.checkpoints.resolve() == project / "r000" / "d1"

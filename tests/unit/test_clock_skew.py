@@ -51,6 +51,7 @@ from orchestrator.record.recovery import Failure, compute_recovery, last_progres
 from orchestrator.record.stamps import batch_host
 from orchestrator.report.document import clock_view
 from orchestrator.report.tables import recoveries_table
+from orchestrator.states import JobState
 
 pytestmark = pytest.mark.unit
 
@@ -234,6 +235,29 @@ def test_a_faults_anchor_stamped_by_rank_0_is_waited_for_on_the_login_clock(tmp_
     fault = PlannedFault(index=0, kind="kill-rank", delay_s=2.0, anchor="first_checkpoint", ranks=(0,))
     assert not _due(fault, watch, 102.1), "uncorrected: 1.3 s late"
     assert _due(fault, watch, 102.1, rank0_offset=N2) and not _due(fault, watch, 101.9, rank0_offset=N2)
+
+
+def test_no_fault_fires_into_an_attempt_whose_clocks_are_still_read(tmp_path: Path) -> None:
+    """Review of issue 22: a fault due while the attempt's clocks were still being read fired with no
+    offsets (preempt missed a warned checkpoint on a node behind; a multi-node kill was spread by the
+    skew). It waits for the reading, then fires."""
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    watch = AttemptWatch(attempt=0, job_id="1", paths=RunPaths(tmp_path / "run"), ranks=1)
+    watch.state, watch.training_started = JobState.RUNNING, 100.0
+    fault = PlannedFault(index=0, kind="kill-rank", delay_s=1.0, anchor="training_start", ranks=(0,))
+    pending = [True]
+    acted: list[int] = []
+    with ThreadPoolExecutor(1) as pool:
+        book = FaultBook("r", [fault], ledger, pool, act=lambda attempt, *rest: acted.append(attempt),  # type: ignore[arg-type,return-value]  # a stand-in agent
+                         paths=watch.paths, clocks_pending=lambda attempt: pending[0])
+        book.maybe_fire(watch, 105.0)
+        assert book.in_flight is None and ledger.faults("r") == [], "fired before the clocks were read"
+        pending[0] = False
+        book.maybe_fire(watch, 105.0)
+        assert book.in_flight is not None
+        book.in_flight.future.result(timeout=10)
+    assert acted == [0]
+    ledger.close()
 
 
 def test_agents_on_several_nodes_are_told_the_one_instant_on_their_own_clocks(tmp_path: Path,

@@ -100,6 +100,39 @@ def test_a_ledger_dir_on_local_disk_passes_and_one_on_a_network_filesystem_fails
     assert remote["ledger_dir: flock"].status is Status.PASS
 
 
+def test_an_sacct_that_does_not_answer_is_a_warning_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmdbd configured but unreachable: sacct hangs past the doctor's timeout, which the command
+    wrapper raises as a CommandError even with check=False (review of issue 22)."""
+    from orchestrator.commands import CommandError
+    from orchestrator.doctor import slurm as doctor_slurm
+
+    def hangs(args: list[str], timeout_s: float, check: bool) -> None:
+        raise CommandError(args, None, "", "", f"command timed out after {timeout_s:g} s")
+
+    monkeypatch.setattr(doctor_slurm, "run_command", hangs)
+    check = doctor_slurm._accounting("AccountingStorageType   = accounting_storage/slurmdbd\n")
+    assert check.status is Status.WARN and "did not answer" in check.detail and "timed out" in check.detail, check
+
+
+def test_disk_full_is_checked_on_the_checkpoint_directorys_filesystem_not_the_workdirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """disk-full fills the checkpoint directory's filesystem: the doctor asks of that one (review of
+    issue 22: it read the workdir's, and its fix said to raise max_fill_mb)."""
+    from injectors.kinds import disk_full
+    from orchestrator.doctor.nodes import kind_checks
+
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir()
+    big.mkdir()
+    monkeypatch.setattr(disk_full, "_free_bytes", lambda path: (64 if path == small else 80_000) * disk_full.MB)
+    by_name = {check.name: check for check in kind_checks("local", [], small)}
+    assert by_name["fault kinds: disk-full"].status is Status.PASS, by_name
+    by_name = {check.name: check for check in kind_checks("local", [], big / "not-yet" / "deeper")}
+    said = by_name["fault kinds: disk-full"]
+    assert said.status is Status.WARN and str(big) in said.detail and "80000 MB free" in said.detail, said
+    assert "checkpoint.directory" in said.fix and "raise max_fill_mb" not in said.fix, said
+
+
 def test_the_test_jobs_script_asks_what_the_spec_asks_and_escapes_its_output_path(tmp_path: Path) -> None:
     from orchestrator.doctor.probe_job import SlurmProbe
 

@@ -46,6 +46,23 @@ def test_a_checkpoint_directory_not_made_yet_is_checked_at_its_nearest_parent_an
     assert all(check.status is Status.PASS for check in checks), checks
     assert any("does not exist yet" in check.detail and str(tmp_path) in check.detail for check in checks), checks
     assert sorted(tmp_path.iterdir()) == [], "its probe files removed"
+    assert any(check.name == "checkpoints: flock" for check in checks), "the issue's list: flock there too"
+
+
+def test_a_checkpoint_directory_without_flock_is_a_warning_not_a_failure(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drill locks nothing in the checkpoint directory: no flock there is said, not failed."""
+    import errno
+    import fcntl
+
+    from orchestrator.doctor.filesystems import check_checkpoint_directory
+
+    def no_locks(*args: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    flock = {check.name: check for check in check_checkpoint_directory(tmp_path)}["checkpoints: flock"]
+    assert flock.status is Status.WARN and "not supported" in flock.detail, flock
 
 
 def test_two_doctors_on_one_checkpoint_directory_keep_each_others_files(tmp_path: Path) -> None:

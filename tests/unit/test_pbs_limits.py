@@ -70,3 +70,42 @@ def test_the_fewest_queued_jobs_of_the_server_and_the_jobs_queue(monkeypatch, an
     monkeypatch.setattr(server, "run_command", qmgr)
     found = server.max_queued("bob", queue)
     assert (found.jobs, found.source) == expected if expected else found is None, found
+
+
+# qsub's refusals as the manuals print them (PBS Pro 2022 Reference Guide, Torque 6 Administrator
+# Guide), and as Slurm's Torque wrapper prints sbatch's (this machine's /usr/bin/qsub).
+PRO_QUEUED = "qsub: would exceed queue workq's per-user limit of jobs in 'Q' state\n"
+TORQUE_QUEUED = ("qsub: submit error (Maximum number of jobs already in queue for user MSG=total number of current "
+                 "user's jobs exceeds the queue limit: user alice@login1, queue batch)\n")
+PRO_WALLTIME = "qsub: Job violates queue and/or server resource limits\n"
+TORQUE_WALLTIME = ("qsub: submit error (Job exceeds queue resource limits MSG=cannot satisfy queue max walltime "
+                   "requirement)\n")
+WRAPPED_LIMIT = ("There was an error running the Slurm sbatch command.\nThe command was:\n'/usr/bin/sbatch  -e x "
+                 "job.sh  2>&1'\nand the output was:\n'sbatch: error: AssocMaxSubmitJobLimit\n sbatch: error: Batch "
+                 "job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or "
+                 "time limits)\n'\n")
+NO_SERVER = "qsub: cannot connect to server pbs01 (errno=111) Connection refused\n"
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "held", "said"), [
+    ("", PRO_QUEUED, True, "per-user limit of jobs"),
+    ("", TORQUE_QUEUED, True, "Maximum number of jobs already in queue"),
+    ("", PRO_WALLTIME, False, "resource limits"),
+    ("", TORQUE_WALLTIME, False, "max walltime"),
+    (WRAPPED_LIMIT, "", True, "AssocMaxSubmitJobLimit"),
+    ("", NO_SERVER, None, ""),
+])
+def test_qsubs_refusals_are_held_for_a_limit_of_queued_jobs_and_final_for_a_job_refused_as_asked(
+        stdout: str, stderr: str, held: bool | None, said: str) -> None:
+    """Review of issue 22: the PBS backend had no refusal at all (a limit of queued jobs spent the
+    submit retries, then restarts: the flood item 6 ends on Slurm)."""
+    from orchestrator.backends.pbs.backend import PBSBackend
+    from orchestrator.commands import CommandError
+
+    refusal = PBSBackend.submit_refusal(object.__new__(PBSBackend),
+                                        CommandError(["qsub", "job.pbs"], 1, stdout, stderr, "command failed"))
+    if held is None:
+        assert refusal is None
+        return
+    assert refusal is not None and refusal.held is held and said in refusal.why, refusal
+    assert "There was an error" not in refusal.why and "The command was" not in refusal.why

@@ -259,3 +259,25 @@ def test_no_open_mpi_session_directory_ends_the_job_with_a_reason(tmp_path: Path
                             capture_output=True, text=True)
     assert result.returncode == 1 and "launched" not in result.stdout
     assert f"mktemp -d failed in {missing}" in result.stderr
+
+
+def test_gpus_per_node_is_asked_in_each_schedulers_own_words() -> None:
+    """Review of issue 22 (item 9): PBS never got ngpus. resources.gpus_per_node renders as PBS Pro's
+    select ngpus, Torque's nodes gpus and Slurm's --gres=gpu:N; a GPU directive besides it is refused."""
+    from orchestrator.campaign.spec import SpecError, parse_campaign
+    from orchestrator.render.scripts import render_slurm
+
+    pro = render_pbs(expand_runs(_campaign("/scratch/g", pbs_flavor="pro", gpus_per_node=4))[0], 0, "g", PYTHON)
+    assert "#PBS -l select=2:ncpus=2:mpiprocs=2:ngpus=4" in _directives(pro.text), _directives(pro.text)
+    torque = render_pbs(expand_runs(_campaign("/scratch/g", gpus_per_node=4))[0], 0, "g", PYTHON)
+    assert "#PBS -l nodes=2:ppn=2:gpus=4" in _directives(torque.text), _directives(torque.text)
+    slurm_spec = {"name": "g", "backend": "slurm", "workdir": "/tmp/g", "workload": {"framework": "torch"},
+                  "resources": {"nodes": 2, "gpus_per_node": 4}}
+    slurm = render_slurm(expand_runs(parse_campaign(slurm_spec, base_dir=Path("/"))
+                          )[0], 0, "g", PYTHON)
+    assert "#SBATCH --gres=gpu:4" in slurm.text.splitlines(), slurm.text[:600]
+    without = render_slurm(expand_runs(parse_campaign({**slurm_spec, "resources": {"nodes": 2}}, base_dir=Path("/")))[0], 0, "g", PYTHON)
+    assert "--gres" not in without.text
+    twice = {**slurm_spec, "resources": {"nodes": 2, "gpus_per_node": 4, "extra_directives": ["--gres=gpu:4"]}}
+    with pytest.raises(SpecError, match="say it once"):
+        parse_campaign(twice, base_dir=Path("/"))

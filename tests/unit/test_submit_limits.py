@@ -8,6 +8,7 @@ sbatch's stderr as Slurm 22.05 prints it (recorded)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
@@ -172,3 +173,43 @@ def test_a_held_submission_is_tried_again_as_soon_as_a_job_of_the_drill_ends(tmp
     finally:
         controller.close()
     assert tries[0] == 1 and tries[-1] == 2, f"held once, then tried again at once after the end: {tries}"
+
+
+NODES_UNAVAILABLE = ("sbatch: error: Batch job submission failed: Requested node configuration is not available\n")
+
+
+def test_a_refusal_while_the_attempt_stays_off_failed_nodes_is_tried_again_without_leaving_them_out(
+        tmp_path: Path) -> None:
+    """Review of issue 22: after a node failure with exclude_node, on a partition of exactly the job's
+    nodes, the drill's own --exclude made the job impossible: the run ended at once 'refused as
+    asked'. The same attempt goes out again without the exclusion; a second refusal is for good."""
+    from orchestrator.campaign.runs import expand_runs
+    from orchestrator.control.submission import SubmissionHooks, Submitter
+    from orchestrator.record.ledger import Ledger
+
+    asked: list[tuple[str, ...]] = []
+
+    def submit(run: RunConfig, job: RankJob) -> Submission:
+        asked.append(job.exclude_nodes)
+        if job.exclude_nodes:
+            raise _error(NODES_UNAVAILABLE)
+        return Submission("77", 1.0)
+
+    backend = SimpleNamespace(submit=submit, submit_refusal=sbatch_refusal)
+    [run] = expand_runs(load_campaign(_spec(tmp_path)))
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    ledger.add_attempt(run.run_id, 1, excluded_nodes=("fd-n2",))
+    accepted: list[tuple[int, str]] = []
+    hooks = SubmissionHooks(accepted=lambda attempt, submission: accepted.append((attempt, submission.job_id)),
+                            gave_up=lambda attempt, now: pytest.fail("gave up"),
+                            refused=lambda why, now: pytest.fail(f"refused: {why}"),
+                            cancel=lambda job_id: pytest.fail("cancelled"))
+    restart = load_campaign(_spec(tmp_path)).restart
+    submitter = Submitter(run, backend, ledger, "d1", restart, hooks)  # type: ignore[arg-type]  # the two calls used
+    job = RankJob(run_id=run.run_id, run_dir=str(run.paths.root), attempt=1, workload=run.workload,
+                  checkpoint_every=5, checkpoint_keep=2, exclude_nodes=("fd-n2",))
+    submitter.submit(1, job, now=10.0)
+    submitter.try_pending(10.0)  # the controller's next round
+    assert asked == [("fd-n2",), ()] and accepted == [(1, "77")], (asked, accepted)
+    assert ledger.attempts(run.run_id)[0].excluded_nodes is None, "the ledger says it was not left out"
+    ledger.close()

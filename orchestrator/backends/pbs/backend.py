@@ -31,6 +31,7 @@ from orchestrator.backends.base import (
     PendingArray,
     Submission,
     SubmitLimit,
+    SubmitRefusal,
     job_timeout_min,
 )
 from orchestrator.backends.pbs.commands import (
@@ -43,6 +44,7 @@ from orchestrator.backends.pbs.commands import (
     qstat_records,
     qstat_states,
     qsub,
+    qsub_refusal,
     scheduler_id,
 )
 from orchestrator.backends.pbs.plugin import PBSExecutor
@@ -106,6 +108,10 @@ class PBSBackend(Backend):
         if self._slurm_site is None:
             self._slurm_site = SlurmBackend(self.drill_id, self.python)
         return self._slurm_site
+
+    def submit_refusal(self, error: BaseException) -> SubmitRefusal | None:
+        found = qsub_refusal(error)
+        return SubmitRefusal(held=found[0], why=found[1]) if found is not None else None
 
     def submit(self, run: RunConfig, job: RankJob) -> Submission:
         script = render_pbs(run, job.attempt, self.drill_id, self.python)

@@ -92,6 +92,38 @@ def _probe_server() -> ServerKind:
 # --- ids ---------------------------------------------------------------------------------------
 
 
+# qsub's words for a limit of queued jobs, which clears as jobs end (PBS Pro's max_queued and
+# queued_jobs_threshold: "would exceed ... limit"; Torque's max_user_queuable and max_queuable:
+# "Maximum number of jobs already in queue"), and for a job refused as asked (a queue's or the
+# server's resource limits, an unknown queue, a bad resource value, no right to the queue); under
+# Slurm's Torque wrappers, sbatch's words (the wrapper prints them on its stdout).
+QSUB_LIMIT_MARKERS = ("Maximum number of jobs already in queue", "would exceed", "max_queued",
+                      "max_user_queuable", "total number of current user's jobs exceeds")
+QSUB_REFUSED_MARKERS = ("Job violates queue and/or server resource limits", "Job exceeds queue resource limits",
+                        "Unknown queue", "Illegal attribute or resource value", "Unauthorized Request",
+                        "cannot satisfy queue", "Job rejected by all possible destinations")
+
+
+def qsub_refusal(error: BaseException) -> tuple[bool, str] | None:
+    """qsub's refusal in ``error``: (held, its words) — held for a limit of queued jobs, else
+    refused for good — or None if it is no refusal (a timeout, a server that did not answer)."""
+    if not isinstance(error, CommandError) or not error.command or error.command[0] != "qsub":
+        return None
+    if error.returncode is None:  # timed out: it may have taken the job
+        return None
+    from orchestrator.backends.slurm.backend import SUBMIT_LIMIT_MARKERS, SUBMIT_REFUSED_MARKERS
+
+    lines = [line.strip().strip("'") for line in (error.stderr + "\n" + error.stdout).splitlines()]
+    said = [line.removeprefix("qsub: ").removeprefix("sbatch: error: ") for line in lines
+            if line and not line.startswith(("There was an error", "The command was", "and the output was", "sbatch "))]
+    text = "; ".join(said)
+    if any(marker in text for marker in (*QSUB_LIMIT_MARKERS, *SUBMIT_LIMIT_MARKERS)):
+        return True, text
+    if any(marker in text for marker in (*QSUB_REFUSED_MARKERS, *SUBMIT_REFUSED_MARKERS)):
+        return False, text
+    return None
+
+
 def parse_qsub(stdout: str) -> str:
     """qsub prints the new job's id on its last line: ``123.server``, ``123[].server`` or ``69``."""
     lines = [line.strip() for line in stdout.splitlines() if line.strip()]
