@@ -336,7 +336,13 @@ class RunTracker:
 
     def _act(self, attempt: int, job_id: str, fault: PlannedFault, on_acted: OnActed) -> FaultOutcome:
         return inject(self.backend, FaultRequest(run=self.run, attempt=attempt, job_id=job_id, fault=fault,
-                                                 on_acted=on_acted))
+                                                 on_acted=on_acted, known_state=lambda: self._known_state(job_id)))
+
+    def _known_state(self, job_id: str) -> JobState | None:
+        """``job_id``'s state as this tracker's watch last heard it from the poller (read from the
+        injector's thread: one attribute); None once the watch is on another job."""
+        watch = self.watch
+        return watch.state if watch is not None and watch.job_id == job_id else None
 
     # one step of the loop ---------------------------------------------------------------------
     def advance(self, states: dict[str, JobState], now: float, asked_at: float | None = None) -> None:

@@ -21,6 +21,7 @@ from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError, CommandResult
 from orchestrator.faults.job_control import BackendJobControl, Menders
 from orchestrator.record.clocks import load_clocks
+from orchestrator.states import JobState
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -42,6 +43,8 @@ class FaultRequest:
     job_id: str
     fault: PlannedFault
     on_acted: Callable[[float, str], None] = lambda at, node: None  # a node fault broke its node
+    # The job's state as the controller last polled it (None: not watched now): see BackendJobControl.
+    known_state: Callable[[], JobState | None] = lambda: None
 
 
 def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
@@ -52,7 +55,7 @@ def inject(backend: "Backend", request: FaultRequest) -> FaultOutcome:
         control = BackendJobControl(backend, request.job_id,
                                     signal_by_agent=lambda name: _signal_every_rank(backend, request, task, name),
                                     menders=Menders(request.run.campaign.workdir), on_acted=request.on_acted,
-                                    fence=(request.run.paths, request.attempt))
+                                    fence=(request.run.paths, request.attempt), known_state=request.known_state)
         return kind.act_on_controller(task, control)
     return _on_rank_nodes(backend, request, task)
 

@@ -52,6 +52,9 @@ class BackendJobControl:
     # The run's files and the attempt the fault is aimed at: under a same-job strategy the job runs
     # on as the next attempt, which a late fault must not hit. None: the job alone is checked.
     fence: tuple[RunPaths, int] | None = None
+    # The job's state as the controller's rate-limited poller last heard it (None: the controller
+    # no longer watches this job): a fault that checks the job often asks no scheduler of its own.
+    known_state: Callable[[], JobState | None] = lambda: None
     _nodes: list[str] | None = None  # the allocation does not change: asked once
 
     @property
@@ -59,7 +62,9 @@ class BackendJobControl:
         return self.backend_impl.name
 
     def verify_running(self) -> None:
-        state = self.backend_impl.poll([self.job_id])[self.job_id]
+        state = self.known_state()
+        if state is None:  # not watched any more: the scheduler is asked
+            state = self.backend_impl.poll([self.job_id])[self.job_id]
         if state is not JobState.RUNNING:
             raise TargetRefused(f"job {self.job_id} is {state.value}, not running", gone=state.is_terminal)
         if self.fence is not None:

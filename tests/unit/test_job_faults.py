@@ -299,3 +299,29 @@ def test_owed_actions_of_a_finished_drill_follow_its_workdir_to_the_next_drill(t
     archive = prepare_workdir(campaign)
     assert archive is not None and not (archive / MENDS_NAME).exists()
     assert [mend["what"] for mend in json.loads((campaign.workdir / MENDS_NAME).read_text())] == ["node-restore fd-n1"]
+
+
+def test_a_fault_that_checks_its_job_reads_the_controllers_poll_not_a_scheduler_of_its_own() -> None:
+    """Review of issue 22 (item 8): disk-full asked squeue every second through the backend, outside
+    the controller's rate-limited poller. A watched job's state is the poller's last word; a job no
+    longer watched is asked of the scheduler."""
+    from orchestrator.states import JobState
+
+    class Counting(RecordingBackend):
+        def poll(self, job_ids):  # noqa: ANN001, ANN201
+            self.asked.append("poll")
+            return super().poll(job_ids)
+
+    backend = Counting()
+    heard = [JobState.RUNNING]
+    control = BackendJobControl(backend, "7", signal_by_agent=lambda name: None, menders=Menders(Path("/nonexistent")),
+                                known_state=lambda: heard[0])
+    for _ in range(5):
+        control.verify_running()
+    assert backend.asked == [], "no scheduler call of the fault's own"
+    heard[0] = JobState.FAILED
+    with pytest.raises(TargetRefused, match="job 7 is FAILED"):
+        control.verify_running()
+    heard[0] = None  # type: ignore[call-overload]  # the controller watches another job now
+    control.verify_running()
+    assert backend.asked == ["poll"]
