@@ -411,7 +411,9 @@ def memory_cgroup() -> Iterator[None]:
 
 
 # The skew profile's offsets (scripts/cluster SKEW_OFFSETS): each node's clock minus the controller's.
-SKEW_OFFSETS = {"fd-n1": -0.8, "fd-n2": 1.3, "fd-n3": 0.5, "fd-n4": -0.3}
+# fd-n1 (rank 0's node in the drills) is more than preempt's 1 s slack behind: a warned checkpoint
+# is found there only through the node's measured offset.
+SKEW_OFFSETS = {"fd-n1": -1.6, "fd-n2": 1.3, "fd-n3": 0.5, "fd-n4": -0.3}
 
 
 @pytest.fixture

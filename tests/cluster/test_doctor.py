@@ -1,7 +1,8 @@
 """``faultdrill doctor`` on the real cluster (real-sites issue, `faultdrill doctor`): a test job on
 two nodes, its facts seen from the login node, each node's clock read against the login node's,
-and the site's scheduler checks; with accounting off (the no-accounting profile) it says so as a
-warning with what the drill then knows less of, and the rest still passes."""
+and the site's scheduler checks. Under the site profiles (each one's expected warnings):
+tests/cluster/test_site_profiles.py (user, no-accounting, skew, limits, cgroup) and
+tests/cluster/test_fault_catalogue.py (scratch)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from typing import Any
 import yaml
 
 from conftest import CLUSTER_STATE_DIR
-from faultdrill_cli import FULL_ONLY
 
 DOCTOR_TIMEOUT_S = 300
 
@@ -50,16 +50,6 @@ def test_the_doctor_runs_a_test_job_reads_each_nodes_clock_and_checks_the_site(s
     wait_until(lambda: not subprocess.run(["squeue", "-h", "-n", "fd-doctor", "-t", "PD,R,CG"], capture_output=True,
                                           text=True, timeout=30).stdout.strip(), timeout=60,
                message="the doctor's test job to end")
-
-
-@FULL_ONLY  # CI keeps the no-accounting profile's drill (test_site_profiles.py); this its doctor
-def test_without_accounting_the_doctor_warns_and_says_what_the_drill_knows_less_of(
-        shared_tmp: Path, no_accounting: None) -> None:
-    code, document = _doctor(shared_tmp / "work")
-    [accounting] = [check for check in document["checks"] if check["name"] == "accounting"]
-    assert accounting["status"] == "warn" and "sacct failed" in accounting["detail"], accounting
-    assert "unknown" in accounting["fix"], accounting
-    assert code == 0 and _statuses(document)["test job"] == "pass", document
 
 
 def _spec(shared_tmp: Path, backend: str, checkpoints: Path) -> Path:

@@ -62,7 +62,8 @@ def report(_cluster_up: tuple[bool, str]) -> Iterator[dict[str, Any]]:
                    if run.campaign.faults}
         report = drill_report(path, DRILL_TIMEOUT_S)
         checkpoints = RunPaths(shared / "work" / "runs" / run_ids["disk-full"]).checkpoints
-        yield {**report, "workdir": str(shared / "work"), "small_fs": checkpoints.resolve(), "run_ids": run_ids}
+        yield {**report, "workdir": str(shared / "work"), "small_fs": checkpoints.resolve(), "run_ids": run_ids,
+               "spec": str(path)}
     finally:
         _cluster("small-fs-remove", small_fs)
         _cluster("small-fs-remove", scratch)
@@ -86,6 +87,24 @@ def on_scratch(spec: Path, scratch: Path, small_fs: Path) -> None:
 def _cluster(*args: str) -> str:
     return subprocess.run([str(REPO / "scripts" / "cluster"), *args], capture_output=True, text=True, check=True,
                           timeout=120).stdout.strip()
+
+
+def test_the_doctor_checks_the_scratch_profiles_checkpoint_filesystem(report: dict[str, Any]) -> None:
+    """The scratch profile's doctor, on the drilled spec: its checkpoint.directory, on a tmpfs apart
+    from the run directories, seen and written by each node at the same path, a rename there atomic,
+    and small enough for disk-full; the workdir's checks pass as before."""
+    import json
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", report["spec"], "--format", "json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    document = json.loads(done.stdout)
+    checks = {check["name"]: check for check in document["checks"]}
+    assert done.returncode == 0 and document["summary"]["fail"] == 0, done.stdout[-4000:]
+    for name in ("checkpoints: rename", "checkpoints: flock", "checkpoints: nodes", "fault kinds: disk-full",
+                 "workdir: flock", "workdir: rename"):
+        assert checks[name]["status"] == "pass", (name, checks[name])
+    assert "tmpfs" in checks["checkpoints: filesystem"]["detail"], checks["checkpoints: filesystem"]
 
 
 def _run(report: dict[str, Any], kind: str, steps: int = STEPS, twin: bool = True) -> dict[str, Any]:

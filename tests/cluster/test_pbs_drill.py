@@ -19,9 +19,17 @@ import pytest
 import yaml
 
 from campaigns import drill_report
-from experiments.layout import RunPaths, attempt_event_lines
+from experiments.layout import (
+    EVENT_JOB_START,
+    EVENT_STEP_EXIT,
+    RunPaths,
+    attempt_event_lines,
+    first_event,
+    read_attempt_events,
+)
 from faultdrill_cli import FULL_ONLY
 from orchestrator.backends.pbs.commands import EXIT_CODE_FILE, qdel, qstat_all, qstat_states
+from orchestrator.observe.failure_signs import WALLTIME_SLACK_S
 from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,3 +215,8 @@ def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(sweep
     assert preempt["signal"] == "SIGUSR2" and "cancelled" in preempt["detail"], preempt
     walltime = _run(report, "r001")["faults"][0]
     assert "walltime kept at 00:01:00" in walltime["detail"], walltime
+    # The batch script outlived the walltime's SIGTERM and recorded how the launch ended, at start +
+    # walltime: where a PBS server keeps no job history, that record alone dates the end (TIMEOUT).
+    events = read_attempt_events(RunPaths(sweep[1] / "work" / "runs" / "r001"), 0)
+    started, [ended] = first_event(events, EVENT_JOB_START), [e for e in events if e.event == EVENT_STEP_EXIT]
+    assert started is not None and ended.time >= started.time + 60 - WALLTIME_SLACK_S, (started, ended)

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from conftest import CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser, most_at_once, wait_until
+from conftest import CLUSTER_SCRIPT, CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser, most_at_once, wait_until
 from experiments.layout import RunPaths
 from orchestrator.record.clocks import load_clocks
 
@@ -30,12 +30,12 @@ DRILL_TIMEOUT_S = 600
 FAKETIME_SEGMENTS = ("faketime_shm_", "sem.faketime_sem_")  # libfaketime's, in /dev/shm
 
 
-def _spec(home: Path) -> Path:
-    """Two runs on fd-n1 (-0.8 s under the skew profile) and fd-n2 (+1.3 s), one rank each, and
+def _spec(home: Path, name: str = "work") -> Path:
+    """Two runs on fd-n1 (-1.6 s under the skew profile) and fd-n2 (+1.3 s), one rank each, and
     their shared twin: rank 1 (fd-n2) killed at step 150; the job preempted at step 120 (the
-    scheduler ends it: only the scheduler could date that end)."""
+    scheduler ends it: only the scheduler could date that end). Its workdir: ``home/name``."""
     spec: dict[str, Any] = {
-        "name": "site-profiles", "backend": "slurm", "workdir": str(home / "work"),
+        "name": "site-profiles", "backend": "slurm", "workdir": str(home / name),
         "workload": {"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.01, "seed": 4, "batch_size": 16},
         "checkpoint": {"every_steps": 100, "keep": 2},
         "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug",
@@ -46,7 +46,7 @@ def _spec(home: Path) -> Path:
                                           "signal": "SIGKILL"}]]},
                            {"faults": [[{"kind": "preempt", "after": {"at_step": 120}, "grace_s": 20}]]}]},
     }
-    path = home / "spec.yaml"
+    path = home / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
@@ -60,13 +60,15 @@ def test_as_an_ordinary_user_without_accounting_and_on_skewed_clocks_a_drill_rec
     Skewed clocks: the drill reads both nodes' offsets, the kill's moment (stamped on fd-n2) and
     the new job's start are moved onto the login clock, the kill is credited with the failure it
     caused, no phase is clamped, and both runs end as their twin. The uncorrected stamps show what
-    was reported before: the kill 'after' its own detection."""
+    was reported before: the kill 'after' its own detection. Then the same campaign on one clock
+    (the skew profile off): what the skew could have moved measures the same."""
     home = plain_user.own(shared_tmp / "home")
     _refused_at_plan(plain_user, home)
     sacct = subprocess.run(["sacct", "-X", "-n"], capture_output=True, text=True, timeout=60)
     assert sacct.returncode != 0, "the profile: sacct does not answer"
     spec = _spec(home)
     os.chown(spec, plain_user.uid, plain_user.gid)
+    _doctor_warns_of_the_three_profiles(plain_user, home, spec)
     done = _as_user(plain_user, home, "drill", str(spec), "--format", "json")
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
@@ -99,8 +101,53 @@ def test_as_an_ordinary_user_without_accounting_and_on_skewed_clocks_a_drill_rec
 
     text = " ".join(_as_user(plain_user, home, "report", str(home / "work")).stdout.split())
     assert "This site: accounting (sacct) did not answer" in text
-    assert "node clocks against the login node's (s): fd-n1 -0.8" in text, text[-3000:]
+    assert "node clocks against the login node's (s): fd-n1 -1.6" in text, text[-3000:]
     _nothing_outside(plain_user, home)
+
+    subprocess.run([str(CLUSTER_SCRIPT), "skew", "off"], check=True, capture_output=True, timeout=60)
+    one_clock = _spec(home, "one-clock")
+    os.chown(one_clock, plain_user.uid, plain_user.gid)
+    done = _as_user(plain_user, home, "drill", str(one_clock), "--format", "json")
+    assert done.returncode == 0, done.stderr[-4000:]
+    _measured_alike(report, json.loads(done.stdout))
+
+
+def _doctor_warns_of_the_three_profiles(user: PlainUser, home: Path, spec: Path) -> None:
+    """The doctor, as the ordinary user, on the spec: each profile's expected warning (accounting
+    off, the nodes' clocks off, the node faults and oom-rank not for this user here) and the rest
+    passing; its test job ran as the user."""
+    done = _as_user(user, home, "doctor", str(spec), "--format", "json")
+    document = json.loads(done.stdout)
+    checks = {check["name"]: check for check in document["checks"]}
+    assert done.returncode == 0 and document["summary"]["fail"] == 0, done.stdout[-4000:]
+    assert checks["accounting"]["status"] == "warn" and "unknown" in checks["accounting"]["fix"], checks["accounting"]
+    assert checks["clocks"]["status"] == "warn" and "fd-n1" in checks["clocks"]["detail"], checks["clocks"]
+    [node_kinds] = [check for name, check in checks.items() if name.startswith("fault kinds: node")]
+    assert node_kinds["status"] == "warn" and f"you are {user.name}, not root" in node_kinds["detail"], node_kinds
+    oom = checks["fault kinds: oom-rank"]
+    assert oom["status"] == "warn" and "not root" in oom["detail"], oom
+    for name in ("test job", "nodes: python", "nodes: framework", "shared filesystem", "workdir: flock"):
+        assert checks[name]["status"] == "pass", (name, checks[name])
+
+
+# What one drill's phases vary by from the next on this cluster, whatever the clocks (a poll's
+# timing, a busy core): the skew profile's offsets (1.3 s, 1.6 s) are well beyond it.
+PHASE_SPREAD_S = 0.5
+LOST_STEPS_SPREAD = 5
+
+
+def _measured_alike(skewed: dict[str, Any], one_clock: dict[str, Any]) -> None:
+    """Each faulted run's recovery in the skewed drill against the same run's on one clock: the
+    work lost, and each phase within the two drills' reported uncertainties and PHASE_SPREAD_S."""
+    for kind in ("kill-rank", "preempt"):
+        [moved], [still] = ([run for run in report["runs"] if run["faults"] and run["faults"][0]["kind"] == kind]
+                            for report in (skewed, one_clock))
+        assert still["status"] == "completed" and still["identical_to_baseline"] is True, still["attempts"]
+        [a], [b] = moved["recoveries"], still["recoveries"]
+        assert abs(a["lost_steps"] - b["lost_steps"]) <= LOST_STEPS_SPREAD, (kind, a["lost_steps"], b["lost_steps"])
+        for phase in ("detect_s", "resubmit_s"):
+            bound = sum(recovery["phase_uncertainty_s"].get(phase) or 0.0 for recovery in (a, b)) + PHASE_SPREAD_S
+            assert abs(a[phase] - b[phase]) <= bound, (kind, phase, a[phase], b[phase], bound)
 
 
 def test_the_doctor_warns_of_the_skewed_clocks_and_names_the_nodes(shared_tmp: Path,
@@ -196,6 +243,34 @@ def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
     assert limits.status == "warn", limits
     for said in ("MaxArraySize 16", "MinJobAge 10", "MaxSubmitJobs 8 < parallel_runs 10"):
         assert said in limits.detail, limits
+
+
+def test_the_users_other_jobs_count_too_a_refused_submission_is_held_until_they_end(
+        shared_tmp: Path, site_limits: dict[str, int], slurm) -> None:
+    """Review of issue 22: the held path had run only on recorded sbatch answers (the drill keeps to
+    MaxSubmitJobs itself). Six jobs of the user's own hold six of its eight places for 20 s; a drill
+    of four runs gets two of them, sbatch refuses the rest (AssocMaxSubmitJobLimit), and those are
+    held, not failed, until places free: every run completes as its twin, no attempt's submission
+    failed, and by Slurm's accounting never more than eight of the user's jobs at once."""
+    fillers = [slurm.sbatch("-p", "debug", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 20")
+               for _ in range(site_limits["MaxSubmitJobs"] - 2)]
+    spec_path = _limits_spec(shared_tmp, runs=4)
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["submit_as_array"] = False
+    spec_path.write_text(yaml.safe_dump(spec))
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(spec_path), "--format", "json"],
+                          capture_output=True, text=True, timeout=DRILL_TIMEOUT_S, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "held by the site's limit of submitted jobs" in done.stderr, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    for run in report["runs"]:
+        assert run["status"] == "completed", run["attempts"]
+        assert all(attempt["state"] != "SUBMIT_FAILED" for attempt in run["attempts"]), run["attempts"]
+        assert run["is_baseline"] or run["identical_to_baseline"] is True, run["run_id"]
+    job_ids = [*fillers, *(attempt["job_id"] for run in report["runs"] for attempt in run["attempts"])]
+    spans = wait_until(lambda: (found := _sacct_spans(job_ids)) and len(found) == len(job_ids) and found,
+                       timeout=60, message="sacct to hold every job's end")
+    assert most_at_once(spans) <= site_limits["MaxSubmitJobs"], spans
 
 
 def _as_user(user: PlainUser, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
