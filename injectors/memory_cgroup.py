@@ -212,6 +212,7 @@ class MemoryCap:
 
     @classmethod
     def create(cls, pid: int, name: str, headroom_bytes: int) -> "MemoryCap":
+        memory_root()  # the cap is v1's: on a cgroup v2 node, refused naming limit: job
         parent = own_memory_cgroup(pid)
         directory = parent / name
         try:

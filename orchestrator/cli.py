@@ -14,8 +14,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 from injectors.schedule import PlannedFault
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
@@ -26,7 +24,7 @@ from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
 from orchestrator.report.advise import AdviceError
 from orchestrator.report.document import ReportError, build_report
 from orchestrator.report.html import REPORT_DIR
-from orchestrator.report.tables import REPORT_WIDTH, print_report
+from orchestrator.report.tables import print_report, report_console
 
 if TYPE_CHECKING:
     from orchestrator.control.tracker import RunTracker
@@ -35,6 +33,8 @@ EXIT_SPEC = 2  # the spec (or the workdir) cannot be used; nothing was submitted
 EXIT_SCHEDULER = 3  # the scheduler stopped answering; the drill stopped, its jobs left as they are
 EXIT_STOPPED = 4  # the controller was stopped (faultdrill stop); its jobs left for the next drill
 EXIT_NO_CONTROLLER = 1  # stop: no controller drives the workdir
+EXIT_SLO_MISSED = 5  # a resilience objective of the spec (slo:) was missed, or had nothing to measure
+EXIT_INEFFECTIVE = 6  # a fault was ineffective or a run's record suspicious (the report's findings)
 EXIT_PIPE = 141  # the reader of our output went away (128 + SIGPIPE, as a shell reports it)
 DRY_RUN_DRILL_ID = "(dry-run)"
 
@@ -46,8 +46,21 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _scope_arguments(command: argparse.ArgumentParser) -> None:
+    """The tables a report shows: those that matter for the drill, the study's too, or every one;
+    and where to write its objectives' results as JUnit XML."""
+    command.add_argument("--junit", type=Path, metavar="FILE",
+                         help="write the spec's resilience objectives (slo:) as JUnit XML: one test case per run and "
+                              "bound, a missed one a failure (GitLab, Jenkins and GitHub show it)")
+    scope = command.add_mutually_exclusive_group()
+    scope.add_argument("--study", dest="scope", action="store_const", const="study", default="drill",
+                       help="the checkpoint study's tables too (shown anyway for a campaign that is a study: a "
+                            "sweep over frameworks, model sizes or scales)")
+    scope.add_argument("--full", dest="scope", action="store_const", const="full", help="every table")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="faultdrill", description=__doc__)
+    parser = argparse.ArgumentParser(prog="faultdrill", description=(__doc__ or "").replace("``", ""))
     parser.add_argument("--version", action="version", version=f"faultdrill {_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every decision of the controller")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,13 +81,14 @@ def _parser() -> argparse.ArgumentParser:
                                        "exit code 1 if a run did not complete. Resumes an unfinished drill.")
     drill.add_argument("spec", type=Path, help=spec_help)
     drill.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
+    _scope_arguments(drill)
     drill.add_argument("--dry-run", action="store_true", help="print the fault plan (as `faultdrill plan`) and stop")
     drill.add_argument("--no-html", action="store_true",
                        help=f"write no report page (by default: WORKDIR/{REPORT_DIR}/index.html, with plots)")
     drill.add_argument("--detach", action="store_true",
                        help="run the controller in the background (log and pid in the workdir) and return; "
                             "see it with `faultdrill status WORKDIR`")
-    workdir_help = "the campaign's workdir (holds ledger.sqlite)"
+    workdir_help = "the campaign's workdir (holds ledger.sqlite), or its spec"
     status = sub.add_parser("status", help="show a drill's live progress (a detached one too)",
                             description="Show whether a controller drives the workdir and each run's progress.")
     status.add_argument("workdir", type=Path, help=workdir_help)
@@ -89,10 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("workdir", type=Path, help=workdir_help)
     report = sub.add_parser("report", help="print the report of a campaign's workdir",
                             description="Print the report of a campaign's workdir (its ledger).")
-    report.add_argument("workdir", type=Path, help="the campaign's workdir (holds ledger.sqlite)")
+    report.add_argument("workdir", type=Path, help=workdir_help)
     report.add_argument("--format", choices=("table", "json"), default="table", help="report as tables or one JSON document")
     report.add_argument("--html", type=Path, metavar="OUT_DIR",
                         help="also write the report as a page with plots: OUT_DIR/index.html and its PNGs")
+    _scope_arguments(report)
     doctor = sub.add_parser("doctor", help="check a site before the first drill: scheduler, nodes, clocks, files",
                             description="Check what a drill will meet here: the scheduler's commands and release, "
                                         "accounting and limits, a test job on the nodes (their Python and framework, "
@@ -138,12 +153,13 @@ def _advise(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
-        Console(width=REPORT_WIDTH).print(advice_table(document))
+        report_console().print(advice_table(document))
     return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
     from orchestrator.doctor import Interrupted, Site, diagnose
+    from orchestrator.doctor.nodes import DISK_FULL_DEFAULT_MB
     from orchestrator.report.tables import doctor_table
 
     if args.spec is not None:
@@ -152,7 +168,9 @@ def _doctor(args: argparse.Namespace) -> int:
         site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
                     args.partition or resources.partition, args.framework or campaign.workload.framework,
                     campaign.parallel_runs, tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory,
-                    resources.container.image if resources.container is not None else None, campaign.ledger_dir)
+                    resources.container.image if resources.container is not None else None, campaign.ledger_dir,
+                    max((float(getattr(fault, "max_fill_mb", 0.0)) for fault in campaign.faults
+                         if fault.kind == "disk-full"), default=DISK_FULL_DEFAULT_MB))
     else:
         site = Site(args.backend or "slurm", (args.workdir or Path(".faultdrill-doctor")).resolve(), args.nodes or 1,
                     args.partition, args.framework)
@@ -166,7 +184,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
-        Console(width=REPORT_WIDTH).print(doctor_table(document))
+        report_console().print(doctor_table(document))
     return 1 if document["summary"]["fail"] else 0
 
 
@@ -217,7 +235,8 @@ def _dry_run(run: RunConfig) -> tuple[str, str]:
     return describe_local(run, 0, DRY_RUN_DRILL_ID), "run on this machine"
 
 
-def _drill(campaign: Campaign, output_format: str, html: bool = True) -> int:
+def _drill(campaign: Campaign, output_format: str, html: bool = True, scope: str = "drill",
+           junit: Path | None = None) -> int:
     from orchestrator.control.controller import plan_drill
     from orchestrator.control.detach import ControllerLock, record_exit
     from orchestrator.control.workdir import prepare_workdir
@@ -232,7 +251,7 @@ def _drill(campaign: Campaign, output_format: str, html: bool = True) -> int:
     if code != 0:
         return code
     return _report(campaign.workdir, output_format, exit_on_failure=True,
-                   html=campaign.workdir / REPORT_DIR if html else None)
+                   html=campaign.workdir / REPORT_DIR if html else None, scope=scope, junit=junit)
 
 
 def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]]) -> tuple[int, str]:
@@ -268,7 +287,8 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     return 0, "finished"
 
 
-def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, html: bool = True) -> int:
+def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, html: bool = True,
+            scope: str = "drill", junit: Path | None = None) -> int:
     from orchestrator.control.controller import plan_drill
     from orchestrator.control.detach import LOG_NAME, start_detached
     from orchestrator.control.workdir import claim_workdir
@@ -280,7 +300,8 @@ def _detach(campaign: Campaign, spec: Path, output_format: str, verbose: bool, h
         raise ControllerBusy(f"a controller ({controller.where()}) already drives {campaign.workdir}; "
                              f"`faultdrill status {campaign.workdir}` shows it")
     argv = [*(["-v"] if verbose else []), "drill", str(spec.resolve()), "--format", output_format,
-            *([] if html else ["--no-html"])]
+            *([] if html else ["--no-html"]), *([f"--{scope}"] if scope != "drill" else []),
+            *(["--junit", str(junit.resolve())] if junit is not None else [])]
     identity = start_detached(argv, campaign.workdir)
     workdir = campaign.workdir
     print(f"faultdrill: drill {campaign.name} runs in the background (pid {identity.pid}); its log: "
@@ -320,7 +341,7 @@ def _status(workdir: Path, output_format: str) -> int:
         print("no progress recorded yet")
         return 0
     updated, rows = progress
-    Console(width=REPORT_WIDTH).print(progress_table(rows, title=f"as of {time.ctime(updated)} "
+    report_console().print(progress_table(rows, title=f"as of {time.ctime(updated)} "
                                                                f"({time.time() - updated:.0f} s ago)"))
     return 0
 
@@ -382,30 +403,49 @@ def _cancel(workdir: Path) -> int:
     return 0
 
 
-def _report(workdir: Path, output_format: str, exit_on_failure: bool = False, html: Path | None = None) -> int:
-    """Print the report; write its page to ``html`` (a drill: to WORKDIR/report) and say where."""
+def _report(workdir: Path, output_format: str, exit_on_failure: bool = False, html: Path | None = None,
+            scope: str = "drill", junit: Path | None = None) -> int:
+    """Write the report's page to ``html`` (a drill: to WORKDIR/report), then print the report,
+    its last line saying where the page is."""
     from orchestrator.report.html import write_html_report  # matplotlib: loaded only for a page
 
     report = build_report(workdir)
+    page = write_html_report(workdir, html, report) if html is not None else None
     if output_format == "json":
         print(json.dumps(report, indent=2, sort_keys=False))
+        if page is not None:
+            print(f"faultdrill: the report page: {page}", file=sys.stderr)
     else:
-        print_report(report)
-    if html is not None:
-        sys.stdout.flush()
-        print(f"faultdrill: the report page: {write_html_report(workdir, html, report)}", file=sys.stderr)
+        print_report(report, page=page, scope=scope)
+    if junit is not None:
+        from orchestrator.report.junit import write_junit
+
+        print(f"faultdrill: the objectives as JUnit XML: {write_junit(report, junit)}", file=sys.stderr)
     if exit_on_failure and any(run["status"] != "completed" for run in report["runs"]):
         return 1
+    if exit_on_failure and not report["verdict"]["believed"]:
+        return EXIT_INEFFECTIVE
+    if exit_on_failure and report["verdict"]["slo_missed"]:
+        return EXIT_SLO_MISSED
     return 0
 
 
+def workdir_of(path: Path) -> Path:
+    """A command's WORKDIR as given, or the workdir a spec file names (``report quick.yaml``)."""
+    if path.is_file() and path.suffix in (".yaml", ".yml", ".json"):
+        return load_campaign(path).workdir
+    return path
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    if getattr(args, "workdir", None) is not None and args.command != "doctor":
+        args.workdir = workdir_of(args.workdir)
     if args.command == "advise":
         return _advise(args)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "report":
-        return _report(args.workdir, args.format, html=args.html)
+        return _report(args.workdir, args.format, html=args.html, scope=args.scope, junit=args.junit)
     if args.command == "status":
         return _status(args.workdir, args.format)
     if args.command == "stop":
@@ -420,8 +460,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan" or args.dry_run:
         return _plan(campaign)
     if args.detach:
-        return _detach(campaign, args.spec, args.format, args.verbose, html=not args.no_html)
-    return _drill(campaign, args.format, html=not args.no_html)
+        return _detach(campaign, args.spec, args.format, args.verbose, html=not args.no_html, scope=args.scope,
+                       junit=args.junit)
+    return _drill(campaign, args.format, html=not args.no_html, scope=args.scope, junit=args.junit)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,8 +128,10 @@ class JobControl(Protocol):
     def backend(self) -> str:
         """"local" | "slurm" | "pbs" (read-only: the job's backend does not change)."""
 
-    def verify_running(self) -> None:
-        """The job is the drill's attempt and the scheduler runs it; TargetRefused(gone) if it ended."""
+    def verify_running(self, fresh: bool = True) -> None:
+        """The job is the drill's attempt and the scheduler runs it; TargetRefused(gone) if it ended.
+        ``fresh``: asked of the scheduler now (before an act: a cancel, a requeue); else as the
+        controller's rate-limited poll last heard it (a loop that checks the job often)."""
 
     def signal_ranks(self, signal_name: str) -> None:
         """Send ``signal_name`` to every rank of the job, as a scheduler's warning does."""
@@ -188,6 +190,13 @@ class FaultKind(ABC):
     # Set: the kind acts only as root on the nodes (the jobs run as the drill's user), and this
     # says why: a drill that is not root is refused it at plan.
     needs_root: ClassVar[str | None] = None
+
+    def halts_target(self, signal_name: str) -> bool:
+        """Whether an injected fault of this kind (with ``signal_name``, as its record says) leaves
+        its target making no progress at all in its attempt: the report checks the ranks' own
+        records for it (orchestrator/record/effects.py). Only what nothing can catch: SIGKILL,
+        SIGSTOP, a node gone."""
+        return False
 
     def root_needed(self, options: FaultOptions, confines_memory: Callable[[], bool]) -> str | None:
         """Why these options act only as root on the nodes (``needs_root`` by default); None: any

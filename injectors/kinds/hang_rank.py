@@ -19,6 +19,9 @@ class HangRank(RankKind):
     options = HangRankOptions
     stops_target = True
 
+    def halts_target(self, signal_name: str) -> bool:
+        return True
+
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
         met = wait_for_moment(task, targets)

@@ -35,6 +35,9 @@ class KillRank(RankKind):
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
         return f"{super().describe(ranks, options)} ({options.get('signal', 'SIGKILL')})"
 
+    def halts_target(self, signal_name: str) -> bool:
+        return signal_name == "SIGKILL"  # another signal may be caught (a handler may checkpoint and go on)
+
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         launcher = task.options.get("process") == "launcher"
         targets = _launchers(task) if launcher else verify_all(task)

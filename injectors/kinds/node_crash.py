@@ -27,6 +27,9 @@ class NodeCrash(FaultKind):
     options = NodeCrashOptions
     works_on = ("slurm",)
 
+    def halts_target(self, signal_name: str) -> bool:
+        return True
+
     def describe(self, ranks: tuple[int, ...], options: dict[str, Any]) -> str:
         down = options.get("down_s", 15.0)
         return f"{describe_node(options)} (down {'for the rest of the drill' if down is None else f'{down:g} s'})"

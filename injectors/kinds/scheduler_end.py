@@ -55,7 +55,7 @@ def wait_for_job_end(control: JobControl, deadline_s: float, every_s: float = 5.
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         try:
-            control.verify_running()
+            control.verify_running(fresh=False)  # the controller's poll: no scheduler call of this loop's own
         except TargetRefused:
             return time.time()
         time.sleep(max(0.0, min(every_s, end - time.monotonic())))

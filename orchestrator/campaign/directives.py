@@ -27,6 +27,8 @@ RESERVED: dict[str, dict[str, str]] = {
         "-a": "arrays come from submit_as_array", "--nodes": "set resources.nodes", "-N": "set resources.nodes",
         "--ntasks-per-node": "set resources.tasks_per_node", "--time": "set resources.time",
         "-t": "set resources.time", "--partition": "set resources.partition", "-p": "set resources.partition",
+        "--signal": ("Faultdrill sends the ranks the walltime's warning (SIGUSR2) itself: set resources.warning_s "
+                     "(the seconds before the walltime)"),
     },
     "pbs": {
         "-N": _NAME, "-o": _LOGS, "-e": _LOGS, "-r": _REQUEUE, "-t": "arrays come from submit_as_array",

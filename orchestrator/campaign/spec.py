@@ -36,6 +36,7 @@ from orchestrator.campaign.failure_classes import FailureClass
 from orchestrator.campaign.placeholders import BUILTINS as PLACEHOLDER_BUILTINS
 from orchestrator.campaign.placeholders import problems as placeholder_problems
 from orchestrator.campaign.policy import PolicyEntry
+from orchestrator.campaign.slo import Objective
 from orchestrator.campaign.strategies import TRAITS, StrategyName, strategies_on, traits_of
 from orchestrator.campaign.torchrun import starts_torchrun
 
@@ -205,6 +206,10 @@ class WorkloadConfig(_Strict):
     # wheel in Faultdrill's environment; site, the cluster's own. None: venv locally, site on Slurm and PBS.
     mpi: Literal["venv", "site"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Shell lines the batch script runs before it launches the ranks (Slurm, PBS): the site's
+    # environment, as on a login node (`module load cuda/12.2`, `source ~/venv/bin/activate`,
+    # `conda activate train`). Each item one line, run as written (the spec is yours).
+    setup: list[str] = Field(default_factory=list)
     # The script's working directory. None: a directory of the run's own (its run directory's
     # "work", kept across its attempts), so that what the script writes to relative paths (its
     # checkpoints) is never another run's or its twin's. Relative: to the spec's folder;
@@ -219,6 +224,14 @@ class WorkloadConfig(_Strict):
     # its working directory, {placeholders} allowed. A run's are compared with its twin's
     # (orchestrator/record/outputs.py): the run's identity, for a script that knows nothing of Faultdrill.
     outputs: list[str] = Field(default_factory=list)
+
+    @field_validator("setup")
+    @classmethod
+    def _one_line_each(cls, value: list[str]) -> list[str]:
+        for line in value:
+            if "\n" in line or "\r" in line or not line.strip():
+                raise ValueError(f"workload.setup {line!r}: each item is one non-empty shell line")
+        return value
 
     @field_validator("command")
     @classmethod
@@ -571,6 +584,13 @@ class Campaign(_Strict):
     restart: RestartConfig = Field(default_factory=RestartConfig, validate_default=True)  # checked against backend
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     baseline: bool = False
+    # A fault the runs' own records show did not do what it is for (its target trained on, a resume
+    # from after it: orchestrator/record/effects.py), or a run's record that contradicts itself,
+    # makes `drill` exit 6; true reports them and exits as if they were not there.
+    allow_ineffective: bool = False
+    # Resilience objectives checked when the drill ends (orchestrator/campaign/slo.py): a missed one
+    # makes `drill` exit 5; `--junit FILE` writes one test case per run and objective.
+    slo: list[Objective] = Field(default_factory=list)
     parallel_runs: int = Field(1, ge=1, le=64)
     # Submit the runs' first attempts as job arrays (one per set of equal resources), throttled to
     # parallel_runs by the scheduler; restarts are single jobs.
@@ -600,6 +620,9 @@ class Campaign(_Strict):
         if workload.mpi == "venv" and info.data.get("backend") == "pbs":
             raise ValueError("workload.mpi venv: on PBS every rank starts under the batch script's mpiexec, the "
                              "site's Open MPI; valid there: site (the default)")
+        if workload.setup and info.data.get("backend") == "local":
+            raise ValueError("workload.setup: lines of a batch script (Slurm, PBS); the local backend starts the "
+                             "ranks from the shell you run `faultdrill drill` in: set the environment up there")
         return workload
 
     @field_validator("restart")
@@ -726,7 +749,7 @@ def yaml_mapping(text: str, source: str) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise SpecError(f"{source}: not valid YAML: {error}") from None
+        raise SpecError(f"{source}: not valid YAML: {str(error).replace('<unicode string>', source)}") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a spec is a mapping with keys {', '.join(Campaign.model_fields)}")
     if expanded_values(raw) > MAX_SPEC_VALUES:
@@ -811,9 +834,28 @@ def format_errors(error: ValidationError, extra: list[str] | None = None) -> str
         if item["type"] == "extra_forbidden":
             valid = _valid_keys(item["loc"][:-1])
             lines.append(f"  {location}: unknown key; valid keys here: {', '.join(valid)}")
+        elif item["type"] == "model_type" and (item.get("ctx") or {}).get("class_name") in DELAY_MODELS:
+            lines.append(f"  {location}: {_a_kind_of(item.get('input'))} is not valid here; {DELAY_HELP}")
         else:
             lines += [f"  {location}: {part}{_got(item)}" for part in _message(item).splitlines()]
     return "\n".join(dict.fromkeys(lines + (extra or [])))
+
+
+# A fault's ``after``: the models pydantic names when it is not a mapping, and what to write instead.
+DELAY_MODELS = frozenset({"FixedDelay", "ExponentialDelay", "WeibullDelay", "AtStep"})
+DELAY_HELP = ("use {fixed: SECONDS}, {exponential: MEAN_SECONDS}, {weibull: SCALE_SECONDS, shape: K} or "
+              "{at_step: STEP} (e.g. after: {fixed: 3})")
+
+
+def _a_kind_of(value: Any) -> str:
+    """``value``'s kind in words: 'a number', 'a string', 'a list'."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    return "a list" if isinstance(value, list) else f"{type(value).__name__}"
 
 
 def _message(item: Any) -> str:

@@ -36,8 +36,8 @@ def checkpoint_home_refusals(runs: list[RunConfig]) -> list[str]:
             problems[str(existing)] = (f"checkpoint.directory {run.campaign.checkpoint.directory}: {existing} is not a "
                                        "directory you may write, so the runs' checkpoint directories cannot be made")
             continue
-        try:
-            check_ancestors(home, trusted_mode(run), CHECKPOINTS)
+        try:  # by the real path, as the drill's start checks it (a link to a directory others may write)
+            check_ancestors(Path(os.path.realpath(home)), trusted_mode(run), CHECKPOINTS)
         except UnsafeWorkdir as error:
             problems[f"ancestors {existing}"] = f"checkpoint.directory {run.campaign.checkpoint.directory}: {error}"
     return list(problems.values())
@@ -85,6 +85,6 @@ def _make_private(home: Path, trusted: int) -> None:
             if not folder.exists():
                 folder.mkdir(mode=PRIVATE)
                 os.chmod(folder, PRIVATE)
-        check_workdir(home, trusted, "as the spec's workdir_mode allows")
+        check_workdir(home, trusted, "as the spec's workdir_mode allows", what=CHECKPOINTS)
     except UnsafeWorkdir as error:
         raise SpecError(f"checkpoint.directory: {error}") from None

@@ -34,13 +34,14 @@ def claim_workdir(campaign: Campaign) -> None:
     os.umask(~mode & 0o077)
 
 
-def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most group-writable") -> Path:
+def check_workdir(workdir: Path, mode: int = 0o770, allowed: str = "at most group-writable",
+                  what: str = "the workdir") -> Path:
     """``workdir``'s real path (symlinks resolved: use it, not ``workdir``, from here on), once it is a
     directory of the user's no more writable than ``mode`` allows, under directories nobody else may
     rename it in; else UnsafeWorkdir (before anything in it is read: the cancel of a drill whose spec
     is not read yet)."""
     workdir = Path(os.path.realpath(workdir))
-    check_ancestors(workdir, mode)
+    check_ancestors(workdir, mode, what)
     info = os.lstat(workdir)
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeWorkdir(f"workdir {workdir} is not a directory")

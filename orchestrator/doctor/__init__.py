@@ -25,7 +25,7 @@ from orchestrator.doctor.filesystems import (
     nearest_existing,
 )
 from orchestrator.doctor.marks import CheckpointMarks
-from orchestrator.doctor.nodes import checkpoint_checks, cleanup_check, kind_checks, node_checks
+from orchestrator.doctor.nodes import DISK_FULL_DEFAULT_MB, checkpoint_checks, cleanup_check, kind_checks, node_checks
 from orchestrator.doctor.probe_job import NodeReport, PBSProbe, SlurmProbe, probe_local
 
 DOCTOR_FOLDER = ".doctor"
@@ -47,6 +47,7 @@ class Site:
     checkpoints: Path | None = None  # the spec's checkpoint.directory: its deepest directory without {run_id}
     container: str | None = None  # the spec's resources.container image (Slurm's pyxis)
     ledger_dir: Path | None = None  # the spec's ledger_dir: the ledger on the login node's own disk
+    max_fill_mb: float = DISK_FULL_DEFAULT_MB  # the most the spec's disk-full faults fill
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def _diagnose(site: Site) -> Diagnosis:
                                      + (f": {', '.join(answered)}" if answered else "")))
     diagnosis = Diagnosis(site, [*checks, *node_checks(reports, site.framework), *found,
                                  *(cleanup_check(marks) if marks is not None else []),
-                                 *kind_checks(site.backend, reports, site.checkpoints or site.workdir)], reports)
+                                 *kind_checks(site.backend, reports, site.checkpoints or site.workdir,
+                                              site.max_fill_mb)], reports)
     if not diagnosis.failed:  # kept for a look where something failed
         shutil.rmtree(folder, ignore_errors=True)
     return diagnosis

@@ -158,23 +158,25 @@ def _oom_rank_check(facts: list[dict[str, Any]]) -> Check:
     if capped or not facts:
         return warned("fault kinds: oom-rank", f"cannot cap a rank's memory here ({'; '.join(capped) or 'no node'}), "
                       "and the scheduler sets the job no memory limit",
-                      "confine the jobs' memory (Slurm: task/cgroup, ConstrainRAMSpace, --mem), drill as root, or "
-                      "leave oom-rank out")
+                      "confine the jobs' memory (Slurm: task/cgroup, ConstrainRAMSpace, --mem), drill as root on a "
+                      "node with a cgroup v1 memory controller, or leave oom-rank out")
     return passed("fault kinds: oom-rank", "a rank's memory can be capped (root, cgroup v1 memory)")
 
 
-def _disk_full_check(checkpoints: Path) -> Check:
-    """disk-full fills the filesystem of the runs' checkpoint directory, and only a small one."""
-    problem = fill_problem(checkpoints, DISK_FULL_DEFAULT_MB)
+def _disk_full_check(checkpoints: Path, max_fill_mb: float) -> Check:
+    """disk-full fills the filesystem of the runs' checkpoint directory, and only a small one (at
+    most ``max_fill_mb``: the spec's disk-full faults', else the kind's default)."""
+    problem = fill_problem(checkpoints, max_fill_mb)
     if problem is not None:
         return warned("fault kinds: disk-full", problem,
                       "leave disk-full out, or give the spec a checkpoint.directory on a small filesystem mounted "
                       "for it")
     return passed("fault kinds: disk-full", f"{checkpoints}'s filesystem is small enough for disk-full to fill "
-                  f"(at most {DISK_FULL_DEFAULT_MB:g} MB, max_fill_mb)")
+                  f"(at most {max_fill_mb:g} MB, max_fill_mb)")
 
 
-def kind_checks(backend: str, reports: list[NodeReport], checkpoints: Path) -> list[Check]:
+def kind_checks(backend: str, reports: list[NodeReport], checkpoints: Path,
+                max_fill_mb: float = DISK_FULL_DEFAULT_MB) -> list[Check]:
     """Which fault kinds can act here as this user, and why not. ``checkpoints``: where the runs'
     checkpoints go (the spec's checkpoint.directory, else the workdir), which disk-full fills."""
     checks = []
@@ -189,7 +191,7 @@ def kind_checks(backend: str, reports: list[NodeReport], checkpoints: Path) -> l
                              "give each node fault the site's own commands, drill as root, or leave them out"))
     elif node_kinds:
         checks.append(passed(f"fault kinds: {', '.join(node_kinds)}", "the project's cluster: scripts/cluster acts"))
-    checks.append(_disk_full_check(checkpoints))
+    checks.append(_disk_full_check(checkpoints, max_fill_mb))
     others = sorted(set(REGISTRY) - {"oom-rank", "disk-full", *NODE_KINDS}
                     - {name for name in REGISTRY if backend not in get_kind(name).works_on})
     checks.append(passed("fault kinds: the rest", f"{', '.join(others)} act as your own user"))

@@ -60,6 +60,8 @@ FAILURE_MOMENT_EVIDENCE = {"step_exit": 0.0, "warm": 0.0, "scheduler_end": 1.0}
 # when it came this much later (as the clocks read), past what synchronized clocks are apart.
 UNREAD_CLOCK_ALLOWANCE_S = 0.5
 COLLECT_TIMEOUT_S = 120.0
+# A due fault that uses the nodes' clocks waits for its attempt's to be read at most this long.
+CLOCK_WAIT_S = 10.0
 # An at_step fault acting on ranks: its agent is started this long before the step is due (at the
 # attempt's speed), or as soon as the ranks have registered while the speed is not known yet; it
 # waits on the node for the step (injectors/kinds/moment.py).
@@ -112,6 +114,7 @@ class FaultBook:
         self.on_record = on_record
         self.progress = progress
         self.in_flight: InFlight | None = None
+        self._clock_wait_since: float | None = None  # a due fault has waited for its attempt's clocks since
         self.ended: dict[int, AttemptEnd] = {}  # attempts that ended, until their faults are settled
         rows = ledger.faults(run_id)
         # The row of an at_step fault whose agent came back short of its step (journaled: it is sent
@@ -141,10 +144,10 @@ class FaultBook:
             return
         if watch.state is not JobState.RUNNING or watch.completed or watch.failing:
             return
-        if self.clocks_pending(watch.attempt):  # the agents are told each node's offset, the anchor is
-            return  # read on rank 0's clock: a fault waits for the attempt's clocks (bounded by their reads' timeouts)
         fault = self.plan[self.next_index]
         if not _due(fault, watch, now, self._rank0_offset(watch.attempt)):
+            return
+        if self._waits_for_clocks(fault, watch.attempt, now):
             return
         if self.rearm is not None:  # its row stays: sent again, into the attempt now running
             fault_id, self.rearm = self.rearm, None
@@ -160,6 +163,21 @@ class FaultBook:
 
         flight.future = self.pool.submit(self.act, watch.attempt, watch.job_id, fault, on_acted)
         self.in_flight = flight
+
+    def _waits_for_clocks(self, fault: PlannedFault, attempt: int, now: float) -> bool:
+        """A due fault that uses the nodes' clocks waits while its attempt's are being read, at most
+        CLOCK_WAIT_S (then it goes with what is known, as it did before they were read)."""
+        if not self.clocks_pending(attempt) or not uses_node_clocks(fault):
+            self._clock_wait_since = None
+            return False
+        if self._clock_wait_since is None:
+            self._clock_wait_since = now
+        if now - self._clock_wait_since < CLOCK_WAIT_S:
+            return True
+        log.info("%s: fault %d waited %.0f s for attempt %d's node clocks: it goes without them", self.run_id,
+                 fault.index, CLOCK_WAIT_S, attempt)
+        self._clock_wait_since = None
+        return False
 
     def collect(self, watch: AttemptWatch | None = None, wait: bool = False) -> None:
         """Record the agent's answer once it is in (``wait``: block for it, at the end of a run).
@@ -407,6 +425,14 @@ def _bound(moment: OnLogin) -> float | None:
     """A moment's uncertainty on the login clock; the scheduler's own clock counts as the login
     node's (its end time's whole seconds are its resolution: FAILURE_MOMENT_EVIDENCE)."""
     return 0.0 if moment.clock == SCHEDULER else moment.uncertainty_s
+
+
+def uses_node_clocks(fault: PlannedFault) -> bool:
+    """Whether acting out ``fault`` reads the nodes' clock offsets: one anchored in time (its anchor
+    is stamped on rank 0's clock, and agents on several nodes are told one instant on each one's
+    clock), or one the controller acts out (preempt, timeout: the ranks' warned checkpoint is found
+    on rank 0's clock). An at_step fault on the ranks acts on its node at the step: no clock read."""
+    return fault.at_step is None or get_kind(fault.kind).site is Site.CONTROLLER
 
 
 def _due(fault: PlannedFault, watch: AttemptWatch, now: float, rank0_offset: float = 0.0) -> bool:

@@ -53,7 +53,9 @@ class BackendJobControl:
     # on as the next attempt, which a late fault must not hit. None: the job alone is checked.
     fence: tuple[RunPaths, int] | None = None
     # The job's state as the controller's rate-limited poller last heard it (None: the controller
-    # no longer watches this job): a fault that checks the job often asks no scheduler of its own.
+    # no longer watches this job): a fault that checks the job often (verify_running(fresh=False))
+    # asks no scheduler of its own; one about to act asks it (a stale RUNNING must not requeue an
+    # ended job).
     known_state: Callable[[], JobState | None] = lambda: None
     _nodes: list[str] | None = None  # the allocation does not change: asked once
 
@@ -61,9 +63,9 @@ class BackendJobControl:
     def backend(self) -> str:
         return self.backend_impl.name
 
-    def verify_running(self) -> None:
-        state = self.known_state()
-        if state is None:  # not watched any more: the scheduler is asked
+    def verify_running(self, fresh: bool = True) -> None:
+        state = None if fresh else self.known_state()
+        if state is None:  # before an act, or a job not watched any more: the scheduler is asked
             state = self.backend_impl.poll([self.job_id])[self.job_id]
         if state is not JobState.RUNNING:
             raise TargetRefused(f"job {self.job_id} is {state.value}, not running", gone=state.is_terminal)
@@ -265,7 +267,8 @@ def memory_limit_refusals(runs: list[RunConfig], confines_memory: Callable[[RunC
             if isinstance(fault, OomRankOptions) and fault.limit == "job" and not confines_memory(run):
                 problems.append(f"{run.run_id}: faults[{index}] (oom-rank): limit: job, but the scheduler here does "
                                 "not confine this job's memory (Slurm: TaskPlugin task/cgroup with ConstrainRAMSpace=yes "
-                                "on cgroup v1, memory a consumable resource, and --mem or a DefMemPer* default): "
+                                "(CgroupPlugin cgroup/v1, cgroup/v2 or autodetect), memory a consumable resource, and --mem "
+                                "or a DefMemPer* default): "
                                 "use limit: agent (root on the nodes) or auto")
     return problems
 

@@ -234,6 +234,7 @@ class SlurmScriptRequest:
     relaunch_wait_s: int = 60
     warm: WarmLaunch | None = None
     container: tuple[str, ...] = ()  # srun's pyxis options of the ranks' step
+    setup: tuple[str, ...] = ()  # workload.setup: shell lines before the launch (srun passes the environment on)
 
     def context(self) -> dict[str, Any]:
         """The template's variables."""
@@ -254,7 +255,8 @@ class SlurmScriptRequest:
             "extra_directives": [slurm_line(parse_directive(text)) for text in self.extra_directives],
             "stdout_name": f"{stem}_batch.out", "stderr_name": f"{stem}_batch.err",
             "rank_output": rank_output, "rank_error": rank_error,
-            "command": submitit_command(self.python), "mpi": self.mpi,
+            "command": submitit_command(self.python), "mpi": self.mpi, "setup": list(self.setup),
+            "setup_forwarded": [],
         }
 
     def _rank_launch(self, output: str, error: str) -> str:
@@ -284,12 +286,18 @@ def _slurm_request(run: RunConfig, job_name: str, elements: list[SlurmElement], 
         warning_s=resources.warning_s, partition=resources.partition, requeue=run.scheduler_requeue,
         exclude=exclude_nodes, extra_directives=tuple(resources.extra_directives),
         mpi=run.workload_entry.launcher == LAUNCHER_MPI, in_allocation=relaunch["in_allocation"],
-        relaunch_wait_s=relaunch["relaunch_wait_s"], warm=_warm_launch(run), container=container_options(run, python))
+        relaunch_wait_s=relaunch["relaunch_wait_s"], warm=_warm_launch(run), container=container_options(run, python),
+        setup=tuple(run.campaign.workload.setup))
 
 
 def _cpus_per_task(run: RunConfig) -> int:
     """A torchrun task starts the node's ranks: it holds a CPU for each (one task per rank otherwise)."""
     return run.campaign.resources.tasks_per_node if run.torchrun else 1
+
+
+# The variables a workload.setup typically changes (modules, a venv, conda), passed on to every rank
+# by PBS's mpiexec (-x: a remote rank gets nothing else); a set-up that sets others: workload.env.
+SETUP_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")
 
 
 @dataclass(frozen=True)
@@ -396,6 +404,7 @@ class PBSScriptRequest:
     relaunch_wait_s: int = 60
     warning_s: int | None = None
     warm: WarmLaunch | None = None
+    setup: tuple[str, ...] = ()  # workload.setup: shell lines before the launch (SETUP_FORWARDED passed on)
 
     def __post_init__(self) -> None:
         elements = self.elements
@@ -408,6 +417,8 @@ class PBSScriptRequest:
         common = {**ROOT_ENVIRONMENT, **self.common_environment, "SUBMITIT_EXECUTOR": "pbs"}
         names = set(common) | {ENV_MASTER_ADDR, ENV_RANK_HOSTS, ENV_JOB_ID} | {n for e in self.elements
                                                                               for n in e.environment}
+        if self.setup:  # mpiexec gives a remote rank only what -x names: what a set-up changes
+            names |= set(SETUP_FORWARDED)
         stem = self.output_stem or self.job_name
         spares_per_node = self.warm.spares_per_node if self.warm else 0
         # The ranks' mpiexec (experiments/launchers.py): every rank of the allocation, each -x
@@ -429,6 +440,7 @@ class PBSScriptRequest:
             "extra_directives": [pbs_directive(extra) for extra in self.extra_directives],
             "common_environment": common, "python": self.python, "forwarded": sorted(names),
             "site_mpi_release": site_release_lines(),
+            "setup": list(self.setup), "setup_forwarded": list(SETUP_FORWARDED) if self.setup else [],
             "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),
                           "attempt": "" if e.attempt is None else e.attempt, "fence_file": str(e.fence_file or ""),
                           "environment": {k: v for k, v in e.environment.items() if k not in common}}
@@ -460,6 +472,7 @@ def _pbs_request(run: RunConfig, job_name: str, elements: list[PBSElement], pyth
         rerunnable=run.scheduler_requeue, warning_s=resources.warning_s, warm=_warm_launch(run),
         gpus_per_node=resources.gpus_per_node,
         in_allocation=relaunch["in_allocation"], relaunch_wait_s=relaunch["relaunch_wait_s"],
+        setup=tuple(run.campaign.workload.setup),
     )
 
 

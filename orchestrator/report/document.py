@@ -10,9 +10,11 @@ from typing import Any
 
 from experiments.layout import EVENT_CHECKPOINT_LOADED, EVENT_WARM_REFUSED, RunPaths, first_event, read_attempt_events
 from orchestrator.campaign.strategies import traits_of
+from orchestrator.record.effects import INEFFECTIVE, SUSPICIOUS, RunEvidence, verify_run
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.ledger_home import has_ledger
 from orchestrator.record.outputs import IDENTICAL, MISSING, NOT_CHECKED
+from orchestrator.report.slo import evaluate as evaluate_slo
 from orchestrator.report.study import checkpoint_study
 
 LEDGER_RECOVERY_FIELDS = (
@@ -40,7 +42,12 @@ def build_report(workdir: Path) -> dict[str, Any]:
         runs = ledger.runs()
         digests = {run.run_id: run.final_digest for run in runs}
         run_reports = [_run_report(ledger, run, digests) for run in runs]
+        spec = ledger.meta("spec") or {}
+        slo = [result.to_dict() for result in evaluate_slo(spec.get("slo") or [], run_reports)]
         return {
+            "verdict": drill_verdict(run_reports, bool(spec.get("allow_ineffective", False)), slo),
+            # the spec's resilience objectives, one result per run and bound (orchestrator/report/slo.py)
+            "slo": slo,
             "campaign": ledger.meta("campaign", ""),
             "backend": ledger.meta("backend", ""),
             "drill_id": ledger.meta("drill_id", ""),
@@ -55,6 +62,12 @@ def build_report(workdir: Path) -> dict[str, Any]:
 
 
 def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str, Any]:
+    report = _run_facts(ledger, run, digests)
+    report["goodput"] = goodput(report)[2]  # useful time / elapsed (None: no step time or end)
+    return report
+
+
+def _run_facts(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str, Any]:
     baseline_digest = _baseline_digest(run, digests)
     identical = None
     if baseline_digest and run.final_digest:
@@ -63,8 +76,12 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
     if outputs is not None and outputs["verdict"] != MISSING:
         identical = outputs["verdict"] == IDENTICAL
     checkpoints = _checkpoint_summary(ledger, run.run_id, run)
+    recovery_rows, fault_rows, attempt_rows = (ledger.recoveries(run.run_id), ledger.faults(run.run_id),
+                                               ledger.attempts(run.run_id))
     recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy,
-                   **clock_view(asdict(r))} for r in ledger.recoveries(run.run_id)]
+                   **clock_view(asdict(r))} for r in recovery_rows]
+    paths = RunPaths(ledger.path.parent / "runs" / run.run_id)
+    effects, findings = verify_run(RunEvidence(paths, run.ranks, fault_rows, recovery_rows, attempt_rows))
     return {
         "run_id": run.run_id,
         "framework": run.framework,
@@ -87,16 +104,20 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
              "started": a.started, "ended": a.ended, "reason": a.reason,
              "failure_class": a.failure_class, "class_evidence": a.class_evidence,
              "failed_nodes": _nodes(a.failed_nodes), "excluded_nodes": _nodes(a.excluded_nodes)}
-            for a in ledger.attempts(run.run_id)
+            for a in attempt_rows
         ],
         "checkpoints": checkpoints,
         "faults": [
             {"kind": f.kind, "target": f.target, "at": f.at, "signal": f.signal, "outcome": f.outcome,
              "detail": f.detail, "attempt": f.attempt, "planned_delay_s": f.planned_delay_s,
-             "planned_step": f.planned_step, "met_step": f.met_step}
-            for f in ledger.faults(run.run_id)
+             "planned_step": f.planned_step, "met_step": f.met_step,
+             # what the ranks' own records say of it (orchestrator/record/effects.py); "" not checked
+             "effect": effect}
+            for f, effect in zip(fault_rows, effects, strict=True)
         ],
         "recoveries": recoveries,
+        # ineffective faults and suspicious records: the drill is not to be believed as it stands
+        "findings": [finding.to_dict() for finding in findings],
         # A resumed run is one that restarted from a checkpoint: only those say anything about
         # deterministic resume (a run that never failed is trivially identical to its twin).
         "resumed": any(r["resumed_from_step"] > 0 for r in recoveries),
@@ -108,12 +129,34 @@ def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[st
         "max_abs_weight_diff": run.max_abs_weight_diff,
         "first_divergent_step": run.first_divergent_step,
         "determinism_switches": run.determinism,
-        "progress": progress_figures(run, RunPaths(ledger.path.parent / "runs" / run.run_id)),
+        "progress": progress_figures(run, paths),
         # warm: connections the job's coordinator turned away (no proof of the job's secret, a slot
         # it never launched or one held): a stranger on the nodes, or a member that went wrong.
-        "warm_refused": _warm_refused(RunPaths(ledger.path.parent / "runs" / run.run_id),
-                                      [a.attempt for a in ledger.attempts(run.run_id)]) if traits_of(run.strategy).warm else 0,
+        "warm_refused": _warm_refused(paths, [a.attempt for a in attempt_rows]) if traits_of(run.strategy).warm else 0,
     }
+
+
+def drill_verdict(run_reports: list[dict[str, Any]], allowed: bool, slo: list[dict[str, Any]]) -> dict[str, Any]:
+    """The drill's findings counted (orchestrator/record/effects.py), whether the spec allows them
+    (``allow_ineffective``: a drill with findings it does not allow is not to be believed), and
+    its objectives met and missed."""
+    findings = [finding for run in run_reports for finding in run["findings"]]
+    counts = {verdict: sum(1 for finding in findings if finding["verdict"] == verdict)
+              for verdict in (INEFFECTIVE, SUSPICIOUS)}
+    missed = sum(1 for result in slo if not result["met"])
+    return {**counts, "allowed": allowed, "believed": not findings or allowed,
+            "slo_met": len(slo) - missed, "slo_missed": missed}
+
+
+def goodput(run: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(useful s, elapsed s, goodput): useful = the steps trained once x the mean step time; elapsed
+    = first submission to the last attempt's end."""
+    submitted = [a["submitted"] for a in run["attempts"] if a["submitted"] is not None]
+    ended = [a["ended"] for a in run["attempts"] if a["ended"] is not None]
+    if not submitted or not ended or not run["step_time_s"]:
+        return None, None, None
+    useful, elapsed = run["final_step"] * run["step_time_s"], max(ended) - min(submitted)
+    return useful, elapsed, (useful / elapsed if elapsed > 0 else None)
 
 
 def clock_view(recovery: dict[str, Any]) -> dict[str, Any]:

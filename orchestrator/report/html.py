@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable
 
 from experiments.layout import Heartbeat, RunPaths, read_json_lines
 from orchestrator.report.advise import daly_interval, predicted_goodput, young_interval
-from orchestrator.report.document import build_report
+from orchestrator.report.answer import answer_lines
+from orchestrator.report.document import build_report, goodput
 from orchestrator.report.tables import clock_offsets_line, phase_shown
 
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
@@ -223,17 +224,6 @@ def _lost_work_section(runs: list[dict[str, Any]], out_dir: Path) -> Section:
                                           "lost rank s", "fallback lost steps"], rows)])
 
 
-def goodput(run: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
-    """(useful s, elapsed s, goodput): useful = the steps trained once x the mean step time; elapsed
-    = first submission to the last attempt's end."""
-    submitted = [a["submitted"] for a in run["attempts"] if a["submitted"] is not None]
-    ended = [a["ended"] for a in run["attempts"] if a["ended"] is not None]
-    if not submitted or not ended or not run["step_time_s"]:
-        return None, None, None
-    useful, elapsed = run["final_step"] * run["step_time_s"], max(ended) - min(submitted)
-    return useful, elapsed, (useful / elapsed if elapsed > 0 else None)
-
-
 def _goodput_section(runs: list[dict[str, Any]], out_dir: Path) -> Section:
     figures = [(run["run_id"], *goodput(run)) for run in runs]
     shown = [(run_id, value) for run_id, _, _, value in figures if value is not None]
@@ -368,6 +358,10 @@ def _page(report: dict[str, Any], sections: list[Section]) -> str:
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>{_e(title)}</h1>",
              f"<p>drill {_e(report['drill_id'])}: {len(report['runs'])} run(s)</p>",
+             # the answer first, as the terminal gives it (orchestrator/report/answer.py), findings in full
+             "<ul class=\"answer\">", *(f"<li>{_e(line)}</li>" for line in answer_lines(report)), "</ul>",
+             *(f"<p class=\"note\">{_e(run['run_id'])}: {_e(finding['what'])}</p>"
+               for run in report["runs"] for finding in run.get("findings", [])),
              *(f"<p class=\"note\">This site: {_e(note)}</p>" for note in report.get("site_notes") or []),
              _table(["run", "framework", "strategy", "status", "steps", "attempts", "faults", "identical to twin"],
                     [[r["run_id"], r["framework"], r["strategy"], r["status"], f"{r['final_step']}/{r['target_steps']}",

@@ -1,14 +1,29 @@
-"""The report as tables for a terminal (rich)."""
+"""The report for a terminal (rich): the answer first (orchestrator/report/answer.py), then the
+tables that matter for the drill, each fitted to the console's width: a table too wide to show its
+numbers whole is shown as one record per row instead (never a number cut). ``scope``: "drill" (the
+runs, faults and recoveries; the strategies where there are several; the study tables where the
+campaign is a study), "study" (the checkpoint study too), "full" (every table)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.cells import cell_len
+from rich.console import Console, RenderableType
 from rich.table import Table as RichTable
 from rich.text import Text
 
 from orchestrator.record.outputs import NOT_CHECKED
+from orchestrator.report.answer import answer_lines, short_cause
+
+SCOPES = ("drill", "study", "full")
+# The leading columns that name a row: a record's heading where a table is shown as records.
+KEY_HEADERS = frozenset({"run", "#", "kind", "fault", "class", "strategy", "failure class", "framework", "model"})
+# Columns that hold counts: a mean of them is shown as a whole number where it is one.
+COUNT_COLUMNS = frozenset({"recoveries", "ranks", "nodes", "params", "bytes", "raw param bytes", "lost steps",
+                           "resumed from step", "files per checkpoint", "first divergent step", "count"})
 
 
 class Table(RichTable):
@@ -19,28 +34,80 @@ class Table(RichTable):
         super().add_row(*(Text(cell) if isinstance(cell, str) else cell for cell in cells), **options)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, count: bool = False) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and count:
+        return f"{value:.0f}" if value.is_integer() else f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:.3g}" if value and abs(value) < 1e-3 else f"{value:.3f}"
     return str(value)
 
 
+def report_console() -> Console:
+    """A console as wide as the terminal, or as ``COLUMNS`` says; REPORT_WIDTH for a pipe or a file
+    that names no width."""
+    if os.environ.get("COLUMNS", "").isdigit():
+        return Console(width=int(os.environ["COLUMNS"]))
+    console = Console()
+    return console if console.is_terminal else Console(width=REPORT_WIDTH)
+
+
+def fit(table: RichTable, console: Console) -> RenderableType:
+    """``table`` where it fits the console's width with every cell of a column that may not wrap
+    whole; else one record per row: its first column(s) as a heading, then each column's name and
+    value, packed into lines of that width."""
+    if needed_width(table) <= console.width:
+        return table
+    lines: list[str] = [str(table.title)] if table.title else []
+    keys = next((index for index, column in enumerate(table.columns) if str(column.header) not in KEY_HEADERS),
+                len(table.columns)) or 1
+    for row in range(table.row_count):
+        cells = [(str(column.header), str(column._cells[row])) for column in table.columns]
+        lines.append("  ".join(value for _, value in cells[:keys]))
+        lines += _packed([f"{name} {value}" for name, value in cells[keys:] if value not in ("", "-")],
+                         console.width - 4, indent="    ")
+    if table.caption:
+        lines.append(str(table.caption))
+    return Text("\n".join(lines))
+
+
+def needed_width(table: RichTable) -> int:
+    """The least width that shows every cell whole: a column that may not wrap as wide as its widest
+    cell (its header too), one that may as its longest word; each with its padding and border."""
+    widths = []
+    for column in table.columns:
+        cells = [str(column.header), *(str(cell) for cell in column._cells)]
+        if column.no_wrap:
+            widths.append(max(cell_len(cell) for cell in cells))
+        else:
+            widths.append(max((cell_len(word) for cell in cells for word in cell.split()), default=1))
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def _packed(pairs: list[str], width: int, indent: str) -> list[str]:
+    """``pairs`` joined by three spaces into lines of at most ``width`` (a pair longer than that alone)."""
+    lines, line = [], ""
+    for pair in pairs:
+        if line and len(line) + 3 + len(pair) > width:
+            lines.append(indent + line)
+            line = pair
+        else:
+            line = f"{line}   {pair}" if line else pair
+    return [*lines, indent + line] if line else lines
+
+
 def runs_table(report: dict[str, Any]) -> Table:
+    """Each run: what it ran, how it ended, and whether it ended as its twin (its checkpoints and
+    nodes are in the checkpoint and study tables)."""
     table = Table(title=f"Campaign {report['campaign']} ({report['backend']} backend)",
                   caption=_cost_caption(report.get("controller_cost") or {}))
-    for column in ("run", "framework", "ranks", "nodes", "status", "steps", "attempts", "faults",
-                   "checkpoints", "identical to baseline"):
-        table.add_column(column)
+    for column in ("run", "framework", "ranks", "status", "steps", "attempts", "faults", "as its twin"):
+        table.add_column(column, no_wrap=column != "as its twin")
     for run in report["runs"]:
-        ckpt = run["checkpoints"]
-        table.add_row(
-            run["run_id"], run["framework"], str(run["ranks"]), str(run["nodes"]), run["status"],
-            f"{run['final_step']}/{run['target_steps']}", str(len(run["attempts"])), str(len(run["faults"])),
-            f"{ckpt['count']} x {ckpt['bytes'] / 1e6:.1f} MB",
-            _identity(run),
-        )
+        table.add_row(run["run_id"], run["framework"], str(run["ranks"]), run["status"],
+                      f"{run['final_step']}/{run['target_steps']}", str(len(run["attempts"])), str(len(run["faults"])),
+                      _identity(run))
     return table
 
 
@@ -49,9 +116,9 @@ def _identity(run: dict[str, Any]) -> str:
     largest difference), or why it was not checked; a replayed resume, or one the script's log says
     was not from its newest checkpoint file, says so beside it."""
     if run["is_baseline"]:
-        return "(baseline)"
+        return "(twin)"
     outputs = run.get("outputs") or {}
-    text = _fmt(run["identical_to_baseline"])
+    text = {True: "identical", False: "differs"}.get(run["identical_to_baseline"], "-")
     if outputs.get("verdict") in ("differs", "missing"):
         text = f"{outputs['verdict']}" + (f" (max {outputs['max_abs_diff']:.3g})" if outputs.get("max_abs_diff") else "")
     elif outputs.get("note") == NOT_CHECKED:
@@ -80,7 +147,7 @@ def recoveries_table(report: dict[str, Any]) -> Table:
     columns = ("run", "fault", "class", "detect", "resubmit", "queue", "startup", "load", "first step", "ttr",
                "resumed from", "lost steps", "lost s", "lost rank-s", *(("state from", "spare") if warm else ()))
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     # Grouped by failure class: recoveries from one kind of failure side by side.
     for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
         inferred = set(run.get("progress", {}).get("inferred", ()))
@@ -125,23 +192,26 @@ def clock_offsets_line(recoveries: list[tuple[dict[str, Any], dict[str, Any]]]) 
 def faults_table(report: dict[str, Any]) -> Table:
     """Every planned fault and how it ended: injected (what it caused), refused, absorbed, late, not
     fired; when it was planned (a delay, or a step) and the step its attempt had reached when it acted."""
-    table = Table(title="Faults")
+    table = Table(title="Faults (details shortened to their cause: the whole text in --format json)")
     for column in ("run", "#", "kind", "target", "attempt", "planned", "met step", "outcome", "detail"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=column != "detail", overflow="fold")
     for run in report["runs"]:
         for number, fault in enumerate(run["faults"]):
             planned = (f"step {fault['planned_step']}" if fault.get("planned_step") is not None
                        else f"{_fmt(fault['planned_delay_s'])} s")
             met = "" if fault.get("met_step") is None else str(fault["met_step"])
+            detail = short_cause(fault["detail"])
+            if (fault.get("effect") or "").startswith("ineffective"):
+                detail = f"INEFFECTIVE ({short_cause(fault['effect'].split(': ', 1)[1], 70)}); {detail}"
             table.add_row(run["run_id"], str(number), fault["kind"], fault["target"], str(fault["attempt"]),
-                          planned, met, fault["outcome"], fault["detail"] or "")
+                          planned, met, fault["outcome"], detail)
     return table
 
 
 def checkpoints_table(report: dict[str, Any]) -> Table:
     table = Table(title="Checkpoints")
     for column in ("run", "count", "bytes each", "format", "writers", "mean blocking s", "mean persist s"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column != "format")
     for run in report["runs"]:
         ckpt = run["checkpoints"]
         table.add_row(run["run_id"], str(ckpt["count"]), str(ckpt["bytes"]), ckpt["format"], ckpt["writers"],
@@ -153,18 +223,22 @@ STUDY_TITLES = {
     "cost": "Checkpoint study - cost per checkpoint (share = time / one training step)",
     "format_size": "Checkpoint study - format and size (overhead = bytes / raw float32 parameter bytes)",
     "scale": "Checkpoint study - scale",
-    "determinism": "Checkpoint study - deterministic resume (faulted run vs fault-free twin)",
+    "determinism": "Checkpoint study - deterministic resume (faulted run vs its fault-free twin)",
     "recovery": "Checkpoint study - time to recover after a fault (mean seconds per phase)",
 }
+
+
+TEXT_COLUMNS = frozenset({"format", "switches", "compared", "determinism switches"})
 
 
 def rows_table(title: str, rows: list[dict[str, Any]]) -> Table:
     table = Table(title=title)
     columns = list(rows[0]) if rows else ["(no runs)"]
     for column in columns:
-        table.add_column(column.replace("_", " "), overflow="fold")
+        name = column.replace("_", " ").replace("baseline", "twin")
+        table.add_column(name, overflow="fold", no_wrap=name not in TEXT_COLUMNS)
     for row in rows:
-        table.add_row(*(_fmt(row[column]) for column in columns))
+        table.add_row(*(_fmt(row[column], count=column.replace("_", " ") in COUNT_COLUMNS) for column in columns))
     return table
 
 
@@ -178,19 +252,74 @@ def study_tables(report: dict[str, Any]) -> list[Table]:
     return [rows_table(title, study.get(name, [])) for name, title in STUDY_TITLES.items()]
 
 
-REPORT_WIDTH = 160  # when printing to a file or pipe, where rich would otherwise assume 80 columns
+REPORT_WIDTH = 100  # a pipe or a file that names no width (COLUMNS)
 
 
-def print_report(report: dict[str, Any], console: Console | None = None) -> None:
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=REPORT_WIDTH)
-    console.print(Group(runs_table(report), faults_table(report), recoveries_table(report), strategies_table(report),
-                        checkpoints_table(report)))
-    console.print(Group(*study_tables(report)))
+def print_report(report: dict[str, Any], console: Console | None = None, page: Path | None = None,
+                 scope: str = "drill") -> None:
+    """The answer (a line per run that met a fault, the verdict), then the tables ``scope`` asks
+    for, each fitted to the console, then the site's notes and the verdict again."""
+    console = console or report_console()
+    answer = answer_lines(report, page)
+    for line in answer:
+        console.print(line, markup=False, soft_wrap=True)
+    for table in report_tables(report, scope):
+        console.print()
+        console.print(fit(table, console))
     for note in report.get("site_notes") or []:
         console.print(f"This site: {note}", markup=False)
+    for line in findings_lines(report):
+        console.print(line, markup=False, soft_wrap=True)
+    console.print(answer[-1], markup=False, soft_wrap=True)
+
+
+def report_tables(report: dict[str, Any], scope: str = "drill") -> list[Table]:
+    """The tables that matter for this drill (``scope`` "drill"), with the checkpoint study
+    ("study", or a campaign that is a study), or all of them ("full")."""
+    runs = report["runs"]
+    full, study = scope == "full", scope == "study" or scope == "full" or is_study(report)
+    tables = [runs_table(report)]
+    if full or any(run["faults"] for run in runs):
+        tables.append(faults_table(report))
+    if full or any(run["recoveries"] for run in runs):
+        tables.append(recoveries_table(report))
+    if full or len({run["strategy"] for run in runs}) > 1:
+        tables.append(strategies_table(report))
+    if study:
+        tables += [checkpoints_table(report), *(table for table in study_tables(report) if full or table.row_count)]
+    if report.get("slo"):
+        tables.append(slo_table(report))
+    return tables
+
+
+def slo_table(report: dict[str, Any]) -> Table:
+    """The spec's resilience objectives: each run's bound, what was measured, met or missed."""
+    verdict = report["verdict"]
+    table = Table(title=f"Resilience objectives (slo): {verdict['slo_met']} met, {verdict['slo_missed']} missed")
+    for column in ("objective", "run", "bound", "measured", "met", "why"):
+        table.add_column(column, no_wrap=column in ("bound", "measured", "met"))
+    for result in report["slo"]:
+        measured = result["measured"]
+        shown = "-" if measured is None else str(measured) if isinstance(measured, bool) else f"{measured:.3g}"
+        table.add_row(result["objective"], result["run_id"], result["bound"], shown,
+                      "yes" if result["met"] else "NO", result["why"])
+    return table
+
+
+def is_study(report: dict[str, Any]) -> bool:
+    """A campaign that compares frameworks, model sizes or scales: its runs differ in one of them."""
+    runs = [run for run in report["runs"] if not run["is_baseline"]]
+    return len({(run["framework"], run.get("params"), run["ranks"], run["nodes"]) for run in runs}) > 1
+
+
+def findings_lines(report: dict[str, Any]) -> list[str]:
+    """Each run's findings in full (a fault the ranks' records show ineffective, a suspicious
+    record), and what the verdict then means; none for a drill without findings."""
+    lines = [f"{run['run_id']}: {finding['what']}" for run in report["runs"] for finding in run.get("findings", [])]
+    if lines and not report["verdict"]["allowed"]:
+        lines.append("The drill is not to be believed as it stands (exit 6); the spec's allow_ineffective: true "
+                     "accepts such findings.")
+    return lines
 
 
 def advice_table(document: dict[str, Any]) -> Table:

@@ -136,6 +136,8 @@ def sweep(_cluster_up: tuple[bool, str]) -> Iterator[tuple[dict[str, Any], Path]
     spec["workload"].update(steps=STEPS_PAST_WARNING, batch_size=16, step_s=0.03)
     spec["checkpoint"] = {"every_steps": 500, "keep": 3}
     spec["resources"].update(tasks_per_node=1, warning_s=30)
+    # workload.setup (issue 23): its lines run in the batch script before the launch.
+    spec["workload"]["setup"] = ['echo "faultdrill setup: ran on $(hostname)" >&2']
     spec.pop("faults")
     after_checkpoint = {"after": {"fixed": 0.3}, "anchor": "first_checkpoint"}
     spec["sweep"] = {"grid": [
@@ -215,6 +217,7 @@ def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(sweep
     assert preempt["signal"] == "SIGUSR2" and "cancelled" in preempt["detail"], preempt
     walltime = _run(report, "r001")["faults"][0]
     assert "walltime kept at 00:01:00" in walltime["detail"], walltime
+    assert "faultdrill setup: ran on" in _batch_logs(sweep[1] / "work", "r000"), "workload.setup ran in the batch script"
     # The batch script outlived the walltime's SIGTERM and recorded how the launch ended, at start +
     # walltime: where a PBS server keeps no job history, that record alone dates the end (TIMEOUT).
     events = read_attempt_events(RunPaths(sweep[1] / "work" / "runs" / "r001"), 0)

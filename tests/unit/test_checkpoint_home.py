@@ -102,3 +102,16 @@ def test_a_project_scratch_directory_the_group_may_write_is_refused_at_plan_unle
     assert checkpoint_home_refusals(trusted) == []
     link_checkpoint_homes(trusted[:1], "d1")
     assert trusted[0].paths.checkpoints.resolve() == project / "r000" / "d1"
+
+
+def test_a_checkpoint_directory_through_a_link_is_checked_at_plan_by_its_real_path(tmp_path: Path) -> None:
+    """Second review of issue 22: ~/scratch linked to a directory others may write passed plan (its
+    ancestors were read as written) and was refused at the drill's start, naming the workdir."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "scratch").symlink_to(shared)
+    runs = expand_runs(_campaign(tmp_path, str(tmp_path / "mine" / "scratch" / "ck" / "{run_id}")))
+    [problem] = checkpoint_home_refusals(runs)
+    assert f"{shared}, above checkpoint.directory, is writable by others" in problem, problem

@@ -237,26 +237,48 @@ def test_a_faults_anchor_stamped_by_rank_0_is_waited_for_on_the_login_clock(tmp_
     assert _due(fault, watch, 102.1, rank0_offset=N2) and not _due(fault, watch, 101.9, rank0_offset=N2)
 
 
-def test_no_fault_fires_into_an_attempt_whose_clocks_are_still_read(tmp_path: Path) -> None:
+def test_a_fault_that_uses_the_nodes_clocks_waits_for_them_a_bounded_time(tmp_path: Path) -> None:
     """Review of issue 22: a fault due while the attempt's clocks were still being read fired with no
     offsets (preempt missed a warned checkpoint on a node behind; a multi-node kill was spread by the
-    skew). It waits for the reading, then fires."""
+    skew). A time-anchored fault waits for the reading, at most CLOCK_WAIT_S (a read that never ends
+    must not hold the drill's faults); an at_step fault on the ranks acts at its step on its node,
+    and does not wait (CI: a short run's step passed while it waited)."""
+    from orchestrator.faults.book import CLOCK_WAIT_S
+
     ledger = Ledger.in_workdir(tmp_path / "work")
     watch = AttemptWatch(attempt=0, job_id="1", paths=RunPaths(tmp_path / "run"), ranks=1)
     watch.state, watch.training_started = JobState.RUNNING, 100.0
-    fault = PlannedFault(index=0, kind="kill-rank", delay_s=1.0, anchor="training_start", ranks=(0,))
+    timed = PlannedFault(index=0, kind="kill-rank", delay_s=1.0, anchor="training_start", ranks=(0,))
     pending = [True]
     acted: list[int] = []
     with ThreadPoolExecutor(1) as pool:
-        book = FaultBook("r", [fault], ledger, pool, act=lambda attempt, *rest: acted.append(attempt),  # type: ignore[arg-type,return-value]  # a stand-in agent
+        book = FaultBook("r", [timed], ledger, pool, act=lambda attempt, *rest: acted.append(attempt),  # type: ignore[arg-type,return-value]  # a stand-in agent
                          paths=watch.paths, clocks_pending=lambda attempt: pending[0])
         book.maybe_fire(watch, 105.0)
+        book.maybe_fire(watch, 105.0 + CLOCK_WAIT_S / 2)
         assert book.in_flight is None and ledger.faults("r") == [], "fired before the clocks were read"
         pending[0] = False
-        book.maybe_fire(watch, 105.0)
+        book.maybe_fire(watch, 106.0 + CLOCK_WAIT_S / 2)
         assert book.in_flight is not None
         book.in_flight.future.result(timeout=10)
-    assert acted == [0]
+
+        never = FaultBook("s", [timed], ledger, pool, act=lambda attempt, *rest: acted.append(attempt),  # type: ignore[arg-type,return-value]  # a stand-in agent
+                          paths=watch.paths, clocks_pending=lambda attempt: True)
+        never.maybe_fire(watch, 105.0)
+        assert never.in_flight is None
+        never.maybe_fire(watch, 105.0 + CLOCK_WAIT_S + 0.1)
+        assert never.in_flight is not None, "a read that never ends holds the fault at most CLOCK_WAIT_S"
+        never.in_flight.future.result(timeout=10)
+
+        at_step = PlannedFault(index=0, kind="kill-rank", delay_s=0.0, anchor="training_start", ranks=(0,),
+                               at_step=120)
+        stepped = FaultBook("t", [at_step], ledger, pool, act=lambda attempt, *rest: acted.append(attempt),  # type: ignore[arg-type,return-value]  # a stand-in agent
+                            paths=watch.paths, clocks_pending=lambda attempt: True)
+        watch.last_step = 120
+        stepped.maybe_fire(watch, 105.0)
+        assert stepped.in_flight is not None, "an at_step fault on the ranks does not wait for the clocks"
+        stepped.in_flight.future.result(timeout=10)
+    assert acted == [0, 0, 0]
     ledger.close()
 
 

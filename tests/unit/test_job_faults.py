@@ -198,7 +198,7 @@ def test_disk_full_owes_the_ballasts_removal_before_it_fills_the_filesystem(tmp_
     (run_dir / "checkpoints").mkdir(parents=True)
     monkeypatch.setattr(disk_full, "_fill", fill_then_die)
     control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path))
-    monkeypatch.setattr(control, "verify_running", lambda: None)
+    monkeypatch.setattr(control, "verify_running", lambda fresh=True: None)
     task = FaultTask(kind="disk-full", run_dir=run_dir, run_id="r", attempt=0, job_id="7", options={"max_fill_mb": 1e9})
     with pytest.raises(Died):
         get_kind("disk-full").act_on_controller(task, control)
@@ -303,8 +303,8 @@ def test_owed_actions_of_a_finished_drill_follow_its_workdir_to_the_next_drill(t
 
 def test_a_fault_that_checks_its_job_reads_the_controllers_poll_not_a_scheduler_of_its_own() -> None:
     """Review of issue 22 (item 8): disk-full asked squeue every second through the backend, outside
-    the controller's rate-limited poller. A watched job's state is the poller's last word; a job no
-    longer watched is asked of the scheduler."""
+    the controller's rate-limited poller. A loop's check of a watched job reads the poller's last
+    word; a job no longer watched, or a check before an act, asks the scheduler."""
     from orchestrator.states import JobState
 
     class Counting(RecordingBackend):
@@ -317,11 +317,16 @@ def test_a_fault_that_checks_its_job_reads_the_controllers_poll_not_a_scheduler_
     control = BackendJobControl(backend, "7", signal_by_agent=lambda name: None, menders=Menders(Path("/nonexistent")),
                                 known_state=lambda: heard[0])
     for _ in range(5):
-        control.verify_running()
-    assert backend.asked == [], "no scheduler call of the fault's own"
+        control.verify_running(fresh=False)
+    assert backend.asked == [], "no scheduler call of the loop's own"
     heard[0] = JobState.FAILED
     with pytest.raises(TargetRefused, match="job 7 is FAILED"):
-        control.verify_running()
+        control.verify_running(fresh=False)
     heard[0] = None  # type: ignore[call-overload]  # the controller watches another job now
-    control.verify_running()
+    control.verify_running(fresh=False)
     assert backend.asked == ["poll"]
+    # Before an act (second review: a stale RUNNING let preempt requeue a job that had completed),
+    # the scheduler is asked, whatever the controller last heard.
+    heard[0] = JobState.RUNNING
+    control.verify_running()
+    assert backend.asked == ["poll", "poll"]

@@ -90,3 +90,12 @@ def test_a_hybrid_node_reads_v1s_memory_controller_and_a_v2_mount_without_memory
     mounts.write_text(f"cgroup2 {unified} cgroup2 rw 0 0\n")
     with pytest.raises(TargetRefused, match="no memory controller"):
         memory_cgroup.memory_controller()
+
+
+def test_on_v2_the_agents_own_cap_as_root_is_refused_not_a_crash(node: Path) -> None:
+    """Second review of issue 22: MemoryCap.create reached v1's files on a v2 node (a PermissionError
+    from kernfs, no verdict from the agent); it is refused naming limit: job, and makes no cgroup."""
+    before = sorted(path for path in node.rglob("*") if path.is_dir())
+    with pytest.raises(TargetRefused, match="limit: job"):
+        memory_cgroup.MemoryCap.create(4242, "faultdrill-oom-x", 64 << 20)
+    assert sorted(path for path in node.rglob("*") if path.is_dir()) == before

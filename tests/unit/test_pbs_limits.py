@@ -94,6 +94,7 @@ NO_SERVER = "qsub: cannot connect to server pbs01 (errno=111) Connection refused
     ("", TORQUE_WALLTIME, False, "max walltime"),
     (WRAPPED_LIMIT, "", True, "AssocMaxSubmitJobLimit"),
     ("", NO_SERVER, None, ""),
+    ("", "qsub: would exceed per-user limit on resource ncpus in queue workq\n", False, "limit on resource ncpus"),
 ])
 def test_qsubs_refusals_are_held_for_a_limit_of_queued_jobs_and_final_for_a_job_refused_as_asked(
         stdout: str, stderr: str, held: bool | None, said: str) -> None:

@@ -281,3 +281,26 @@ def test_gpus_per_node_is_asked_in_each_schedulers_own_words() -> None:
     twice = {**slurm_spec, "resources": {"nodes": 2, "gpus_per_node": 4, "extra_directives": ["--gres=gpu:4"]}}
     with pytest.raises(SpecError, match="say it once"):
         parse_campaign(twice, base_dir=Path("/"))
+
+
+def test_workload_setup_lines_run_before_the_launch_and_pbs_passes_their_environment_on() -> None:
+    """Issue 23, item 4: `module load` / `conda activate` lines (workload.setup) in the batch script
+    before the ranks' launch, `set -u` off around them, a failing line named; on PBS mpiexec passes
+    on the variables a set-up changes (-x PATH ...); the local backend refuses them."""
+    from orchestrator.campaign.spec import SpecError, parse_campaign
+    from orchestrator.render.scripts import SETUP_FORWARDED, render_slurm
+
+    setup = ["module load cuda/12.2", "source /opt/venvs/train/bin/activate"]
+    spec = {"name": "s", "backend": "slurm", "workdir": "/tmp/s", "workload": {"framework": "torch", "setup": setup}}
+    slurm = render_slurm(expand_runs(parse_campaign(spec, base_dir=Path("/")))[0], 0, "s", PYTHON).text
+    block = slurm.split("# workload.setup", 1)[1]
+    assert block.index("module load cuda/12.2 ||") < block.index("source /opt/venvs/train/bin/activate ||")
+    assert "set +u" in block.split("module load", 1)[0] and "srun" in block.split("set -u", 1)[1], block[:400]
+    assert "workload.setup line 1 failed" in block
+    pbs = render_pbs(expand_runs(parse_campaign({**spec, "backend": "pbs"}, base_dir=Path("/")))[0], 0, "s", PYTHON).text
+    assert "module load cuda/12.2 ||" in pbs and all(f"-x {name}" in pbs for name in SETUP_FORWARDED)
+    assert pbs.index("module load cuda") < pbs.index("mpiexec -n")
+    plain = render_pbs(expand_runs(_campaign("/scratch/g"))[0], 0, "g", PYTHON).text
+    assert "workload.setup" not in plain and "-x VIRTUAL_ENV" not in plain
+    with pytest.raises(SpecError, match="workload.setup: lines of a batch script"):
+        parse_campaign({**spec, "backend": "local"}, base_dir=Path("/"))

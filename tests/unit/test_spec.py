@@ -359,3 +359,40 @@ def test_where_the_scheduler_confines_memory_oom_rank_needs_no_root_and_limit_jo
     assert memory_limit_refusals(runs_with("auto"), unconfined) == []
     [refused] = memory_limit_refusals(runs_with("job"), unconfined)
     assert "limit: job" in refused and "task/cgroup" in refused and "limit: agent" in refused, refused
+
+
+def test_a_newcomers_mistakes_are_said_in_the_specs_own_words(tmp_path: Path) -> None:
+    """Issue 23, item 5: `after: 3` gave four lines naming pydantic's classes; a YAML error named
+    "<unicode string>", not the file."""
+    from orchestrator.campaign.spec import load_campaign
+
+    number = tmp_path / "after.yaml"
+    number.write_text(f"name: t\nworkdir: {tmp_path / 'w'}\nfaults:\n  - kind: kill-rank\n    after: 3\n")
+    with pytest.raises(SpecError) as said:
+        load_campaign(number)
+    lines = str(said.value).splitlines()[1:]
+    assert lines == ["  faults.0.after: a number (3) is not valid here; use {fixed: SECONDS}, {exponential: "
+                     "MEAN_SECONDS}, {weibull: SCALE_SECONDS, shape: K} or {at_step: STEP} (e.g. after: {fixed: 3})"], lines
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: t\nworkdir: [unclosed\n")
+    with pytest.raises(SpecError, match=r'in "[^"]*broken.yaml", line 2') as said:
+        load_campaign(broken)
+    assert "<unicode string>" not in str(said.value)
+
+
+def test_a_command_given_the_spec_instead_of_its_workdir_takes_the_specs_workdir(tmp_path: Path) -> None:
+    """Issue 23, item 5: `faultdrill report quick.yaml` said "no ledger.sqlite here"."""
+    from orchestrator.cli import workdir_of
+
+    spec = tmp_path / "quick.yaml"
+    spec.write_text(f"name: t\nworkdir: {tmp_path / 'w'}\n")
+    assert workdir_of(spec) == (tmp_path / "w").resolve()
+    assert workdir_of(tmp_path / "w") == tmp_path / "w"
+
+
+def test_a_signal_directive_is_refused_naming_warning_s(tmp_path: Path) -> None:
+    """Issue 23, item 4: `--signal=USR1@300` was accepted while Faultdrill sets its own --signal."""
+    spec = {"name": "t", "backend": "slurm", "workdir": str(tmp_path / "w"),
+            "resources": {"extra_directives": ["--signal=USR1@300"]}}
+    with pytest.raises(SpecError, match=r"--signal is set by Faultdrill on slurm.*resources.warning_s"):
+        parse_campaign(spec, base_dir=tmp_path)

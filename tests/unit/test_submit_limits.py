@@ -176,10 +176,12 @@ def test_a_held_submission_is_tried_again_as_soon_as_a_job_of_the_drill_ends(tmp
 
 
 NODES_UNAVAILABLE = ("sbatch: error: Batch job submission failed: Requested node configuration is not available\n")
+NODE_GONE = "sbatch: error: Batch job submission failed: Invalid node name specified\n"  # a cloud node removed
 
 
+@pytest.mark.parametrize("refused", [NODES_UNAVAILABLE, NODE_GONE])
 def test_a_refusal_while_the_attempt_stays_off_failed_nodes_is_tried_again_without_leaving_them_out(
-        tmp_path: Path) -> None:
+        tmp_path: Path, refused: str) -> None:
     """Review of issue 22: after a node failure with exclude_node, on a partition of exactly the job's
     nodes, the drill's own --exclude made the job impossible: the run ended at once 'refused as
     asked'. The same attempt goes out again without the exclusion; a second refusal is for good."""
@@ -192,7 +194,7 @@ def test_a_refusal_while_the_attempt_stays_off_failed_nodes_is_tried_again_witho
     def submit(run: RunConfig, job: RankJob) -> Submission:
         asked.append(job.exclude_nodes)
         if job.exclude_nodes:
-            raise _error(NODES_UNAVAILABLE)
+            raise _error(refused)
         return Submission("77", 1.0)
 
     backend = SimpleNamespace(submit=submit, submit_refusal=sbatch_refusal)

@@ -93,13 +93,16 @@ def _probe_server() -> ServerKind:
 
 
 # qsub's words for a limit of queued jobs, which clears as jobs end (PBS Pro's max_queued and
-# queued_jobs_threshold: "would exceed ... limit"; Torque's max_user_queuable and max_queuable:
+# queued_jobs_threshold: "would exceed ... limit of jobs"; Torque's max_user_queuable and max_queuable:
 # "Maximum number of jobs already in queue"), and for a job refused as asked (a queue's or the
 # server's resource limits, an unknown queue, a bad resource value, no right to the queue); under
 # Slurm's Torque wrappers, sbatch's words (the wrapper prints them on its stdout).
-QSUB_LIMIT_MARKERS = ("Maximum number of jobs already in queue", "would exceed", "max_queued",
-                      "max_user_queuable", "total number of current user's jobs exceeds")
+QSUB_LIMIT_MARKERS = ("Maximum number of jobs already in queue", "limit of jobs", "max_user_queuable",
+                      "total number of current user's jobs exceeds")
+# PBS Pro's max_queued_res ("would exceed ... limit on resource ncpus"): a job's own request may be
+# past it for good; a refusal here, with the server's words, never a hold of submit_hold_s.
 QSUB_REFUSED_MARKERS = ("Job violates queue and/or server resource limits", "Job exceeds queue resource limits",
+                        "limit on resource",
                         "Unknown queue", "Illegal attribute or resource value", "Unauthorized Request",
                         "cannot satisfy queue", "Job rejected by all possible destinations")
 

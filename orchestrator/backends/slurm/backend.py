@@ -94,7 +94,8 @@ SUBMIT_LIMIT_MARKERS = ("SubmitJob", "Slurm job queue full", "Unable to create j
 SUBMIT_REFUSED_MARKERS = ("Job violates accounting/QOS policy", "Invalid qos", "Invalid account",
                           "Invalid partition", "Requested time limit is invalid",
                           "Requested node configuration is not available", "More processors requested than permitted",
-                          "Node count specification invalid", "Invalid generic resource")
+                          "Node count specification invalid", "Invalid generic resource",
+                          "Invalid node name specified")  # a --nodelist (or the drill's --exclude) of a node now gone
 
 
 def sbatch_refusal(error: BaseException) -> SubmitRefusal | None:

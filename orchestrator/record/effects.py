@@ -1,0 +1,220 @@
+"""Did each fault do what it is for? Checked when the drill is reported, from the run's own
+evidence, never from the injector's word alone: a SIGKILL that hit a wrapper or a launcher while
+the training processes trained on, or a SIGSTOP that stopped only a shell, reads as "injected"
+and the run as recovered, with nothing lost, unless the ranks' own records are asked.
+
+A fault that halts its target (``FaultKind.halts_target``: SIGKILL, SIGSTOP, a node crash):
+- **trained on**: a target rank's heartbeat of the fault's attempt after the fault (on one clock,
+  each rank's node's offset applied), at a step past the one it had reached: INEFFECTIVE.
+- **resumed past the fault**: the next recovery resumed from a step its attempt could not have
+  reached by the fault (the last heartbeat before it, plus what the attempt's pace allows in the
+  time since that beat: heartbeats are rate-limited, and the beat before each checkpoint is always
+  written): a checkpoint written after the fault, by a process it should have stopped: INEFFECTIVE.
+  A warm recovery whose state came from a surviving peer (no rollback) is not asked.
+And of every run:
+- **stalled at its end**: an attempt that wrote its final record and whose ranks did not exit within
+  ``restart.finish_timeout_s`` (the drill cancelled the job): something of the run outlived its
+  training: SUSPICIOUS.
+
+A drill with a finding exits 6 (``faultdrill drill``) unless the spec says ``allow_ineffective``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from experiments.layout import Heartbeat, RunPaths, read_json_lines
+from injectors.kinds import get_kind
+from injectors.kinds.base import Site
+from orchestrator.record.clocks import AttemptClocks, Stamp, load_clocks
+from orchestrator.record.ledger import AttemptRow, FaultRow, RecoveryRow
+from orchestrator.record.stamps import fault_clock, rank_node
+
+INEFFECTIVE = "ineffective"
+SUSPICIOUS = "suspicious"
+INJECTED = "injected"  # orchestrator.faults.book's outcome (not imported: the book imports the record)
+# A beat stamped on the same clock as the fault, at most this long after it, is one the rank wrote
+# as the signal was being sent (the fault's moment is taken just before).
+SAME_CLOCK_ALLOWANCE_S = 0.2
+# Across a clock that was not read: what synchronized clocks are apart at most (orchestrator.faults.book).
+UNREAD_CLOCK_ALLOWANCE_S = 0.5
+# A fault that acts from the login node through a command (a node crash: the cluster's script, a
+# site's own) is stamped as the command starts; the node goes this long after, at most.
+COMMAND_ACT_ALLOWANCE_S = 2.0
+STALLED_AT_END = "did not exit within restart.finish_timeout_s"
+_TARGET_RANKS = re.compile(r"^ranks? ([\d,]+)@")
+
+
+@dataclass(frozen=True)
+class Finding:
+    verdict: str  # INEFFECTIVE or SUSPICIOUS
+    what: str  # in words, with the evidence
+    fault: int | None = None  # the fault's position in the run's faults (as the report lists them)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "what": self.what, "fault": self.fault}
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """What one run's check reads: its files, its rank count, and its ledger rows."""
+
+    paths: RunPaths
+    ranks: int
+    faults: list[FaultRow]
+    recoveries: list[RecoveryRow]
+    attempts: list[AttemptRow]
+
+
+def verify_run(run: RunEvidence) -> tuple[list[str], list[Finding]]:
+    """Each fault's effect in words ("" where the evidence does not say), and the run's findings."""
+    effects, findings = [], []
+    for index, fault in enumerate(run.faults):
+        found = _fault_findings(run, index, fault)
+        findings += found
+        effects.append(found[0].what if found else _verified(run, fault))
+    findings += _stalled_at_end(run.attempts)
+    return effects, findings
+
+
+def _halts(fault: FaultRow) -> bool:
+    if fault.outcome != INJECTED or fault.at is None:
+        return False
+    try:
+        return get_kind(fault.kind).halts_target(fault.signal)
+    except (KeyError, ValueError):  # a kind this version does not know
+        return False
+
+
+def _fault_findings(run: RunEvidence, index: int, fault: FaultRow) -> list[Finding]:
+    if not _halts(fault):
+        return []
+    moment = _FaultMoment.of(run, fault)
+    found = [Finding(INEFFECTIVE, what, index) for rank in _halted_ranks(run, fault)
+             if (what := _trained_on(run, moment, rank)) is not None]
+    past = _resumed_past(run, moment)
+    return found + ([Finding(INEFFECTIVE, past, index)] if past is not None else [])
+
+
+def _verified(run: RunEvidence, fault: FaultRow) -> str:
+    if not _halts(fault):
+        return ""
+    ranks = _halted_ranks(run, fault)
+    if not any(_beats(run, fault.attempt, rank) for rank in ranks):
+        return ""  # nothing of its targets' to read (a rank that never beat): not checked
+    return "verified: its target made no progress after it"
+
+
+@dataclass(frozen=True)
+class _FaultMoment:
+    """A fault's moment on the login clock, and how far a rank's stamp may lie past it unnoticed."""
+
+    fault: FaultRow
+    at: float  # the login clock's
+    clock: str  # the clock that stamped it
+    uncertainty_s: float | None  # None: its clock was not read
+    clocks: AttemptClocks
+
+    @classmethod
+    def of(cls, run: RunEvidence, fault: FaultRow) -> "_FaultMoment":
+        clocks = load_clocks(run.paths.clocks_file(fault.attempt))
+        assert fault.at is not None
+        on_login = clocks.on_login(Stamp(fault.at, fault_clock(fault.kind, fault.node)))
+        return cls(fault, on_login.time, on_login.clock, on_login.uncertainty_s, clocks)
+
+    def allowance(self, node: str) -> float:
+        """How long after the fault a stamp of ``node``'s may still be from before it: the act's own
+        time, and the two clocks' uncertainty."""
+        act = COMMAND_ACT_ALLOWANCE_S if get_kind(self.fault.kind).site is Site.CONTROLLER else SAME_CLOCK_ALLOWANCE_S
+        if self.clocks.one_clock or node == self.clock:
+            return act
+        other = self.clocks.on_login(Stamp(self.at, node)).uncertainty_s
+        if self.uncertainty_s is None or other is None:
+            return act + UNREAD_CLOCK_ALLOWANCE_S
+        return act + self.uncertainty_s + other
+
+
+def _halted_ranks(run: RunEvidence, fault: FaultRow) -> list[int]:
+    """The ranks the fault should have halted: the ranks its target names; a launcher's, or a
+    node's: every rank of the attempt on its node(s)."""
+    matched = _TARGET_RANKS.match(fault.target)
+    if matched and fault.kind == "kill-rank" and "launcher" not in (fault.detail or ""):
+        return [int(rank) for rank in matched.group(1).split(",") if rank]
+    nodes = set((fault.node or "").split(","))
+    return [rank for rank in range(run.ranks) if rank_node(run.paths, fault.attempt, rank) in nodes]
+
+
+def _beats(run: RunEvidence, attempt: int, rank: int) -> list[tuple[float, int]]:
+    """Rank ``rank``'s beats of ``attempt`` as (login-clock time, step), oldest first."""
+    clocks = load_clocks(run.paths.clocks_file(attempt))
+    node = rank_node(run.paths, attempt, rank)
+    beats = []
+    for record in read_json_lines(run.paths.heartbeat_file(attempt, rank)):
+        try:
+            beat = Heartbeat.from_json(record)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if beat.attempt == attempt:
+            beats.append((clocks.on_login(Stamp(beat.time, node)).time, beat.step))
+    return sorted(beats)
+
+
+def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None:
+    """Rank ``rank``'s first step past the fault's, beaten after the fault, in words; or None."""
+    node = rank_node(run.paths, moment.fault.attempt, rank)
+    beats = _beats(run, moment.fault.attempt, rank)
+    before = [step for time, step in beats if time <= moment.at]
+    reached = max(before, default=-1)
+    late = moment.at + moment.allowance(node)
+    after = [(time, step) for time, step in beats if time > late and step > reached]
+    if not after:
+        return None
+    time, step = after[0]
+    last_time, last_step = after[-1]
+    return (f"{INEFFECTIVE}: rank {rank} trained on after the {moment.fault.kind} ({moment.fault.signal or 'its act'}): "
+            f"step {step} {time - moment.at:.2f} s after it, step {last_step} {last_time - moment.at:.2f} s after "
+            f"(it had reached step {max(reached, 0)}): the fault hit another process than the one that trains")
+
+
+def _resumed_past(run: RunEvidence, moment: _FaultMoment) -> str | None:
+    """The recovery after the fault, if it resumed from a step the faulted attempt could not have
+    reached by the fault (a checkpoint written after it), in words; or None."""
+    after = [recovery for recovery in run.recoveries if recovery.attempt > moment.fault.attempt]
+    if not after:
+        return None
+    recovery = min(after, key=lambda found: found.attempt)
+    if recovery.state_source == "peer":  # warm: a survivor's state, no rollback
+        return None
+    bound = _step_bound(run, moment)
+    if bound is None or recovery.resumed_from_step <= bound:
+        return None
+    return (f"{INEFFECTIVE}: attempt {recovery.attempt} resumed from step {recovery.resumed_from_step}, which attempt "
+            f"{moment.fault.attempt} could not have reached by the {moment.fault.kind} (at most step {bound}): its "
+            "checkpoint was written after the fault, by a process the fault should have stopped")
+
+
+def _step_bound(run: RunEvidence, moment: _FaultMoment) -> int | None:
+    """The highest step the fault's attempt can have reached by the fault: over its ranks, the last
+    beat before the fault (and its allowance) plus the steps the rank's pace allows since that beat,
+    plus one in progress; None where no rank beat before it."""
+    bounds = []
+    for rank in range(run.ranks):
+        node = rank_node(run.paths, moment.fault.attempt, rank)
+        until = moment.at + moment.allowance(node)
+        beats = [(time, step) for time, step in _beats(run, moment.fault.attempt, rank) if time <= until]
+        if not beats:
+            continue
+        (first_time, first_step), (last_time, last_step) = beats[0], beats[-1]
+        pace = (last_step - first_step) / (last_time - first_time) if last_time > first_time else 0.0
+        bounds.append(last_step + math.ceil(pace * max(0.0, until - last_time)) + 1)
+    return max(bounds) if bounds else None
+
+
+def _stalled_at_end(attempts: list[AttemptRow]) -> list[Finding]:
+    return [Finding(SUSPICIOUS, f"{SUSPICIOUS}: attempt {row.attempt} wrote its final record, then its ranks did not "
+                                "exit within restart.finish_timeout_s and the drill cancelled its job: something of "
+                                "the run outlived its training (a process the launch does not end)")
+            for row in attempts if STALLED_AT_END in f"{row.reason or ''} {row.ended_by_drill or ''}"]

@@ -1,0 +1,162 @@
+"""Issue 23, item 1: a fault is checked against the run's own records, never taken on the injector's
+word. Recorded heartbeats of two ranks (a step each 10 ms, a beat each 50 ms, as the rank runtime
+writes them), the fault's ledger row and the recovery after it: a SIGKILL whose target beat on
+after it (a wrapper took the signal, the trainer went on), a resume from a step its attempt could
+not have reached by the fault (a checkpoint an orphan wrote), a run whose ranks did not exit after
+their final record; and the faults that did what they are for, verified."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from experiments.layout import RunPaths, append_json_line, write_json_atomic
+from experiments.runtime.identity import RankIdentity
+from orchestrator.record.clocks import AttemptClocks, ClockReading, save_clocks
+from orchestrator.record.effects import INEFFECTIVE, SUSPICIOUS, RunEvidence, verify_run
+from orchestrator.record.ledger import AttemptRow, FaultRow, RecoveryRow
+
+pytestmark = pytest.mark.unit
+
+KILL_AT = 102.0  # two seconds into attempt 0: both ranks at step 200
+STEP_S, BEAT_S = 0.01, 0.05
+
+
+def _identity(paths: RunPaths, attempt: int, rank: int, node: str) -> None:
+    write_json_atomic(paths.rank_file(attempt, rank), asdict(RankIdentity(
+        rank=rank, pid=1000 + rank, create_time=0.0, host=node, node=node, job_id=str(attempt + 1), attempt=attempt)))
+
+
+def _beats(paths: RunPaths, attempt: int, rank: int, start: float, until: float, first_step: int = 0,
+           offset: float = 0.0) -> None:
+    """A beat every BEAT_S from ``start`` to ``until`` (true time; stamped ``offset`` ahead), a step each STEP_S."""
+    moment = start
+    while moment <= until + 1e-9:
+        step = first_step + round((moment - start) / STEP_S)
+        append_json_line(paths.heartbeat_file(attempt, rank), {"attempt": attempt, "step": step, "time": moment + offset})
+        moment += BEAT_S
+
+
+def _run(tmp_path: Path, nodes: tuple[str, str] = ("n1", "n2")) -> RunPaths:
+    paths = RunPaths(tmp_path / "r000")
+    for attempt in (0, 1):
+        for rank, node in enumerate(nodes):
+            _identity(paths, attempt, rank, node)
+    return paths
+
+
+def _kill(rank: int = 1, node: str = "n2", signal: str = "SIGKILL", kind: str = "kill-rank",
+          target: str | None = None) -> FaultRow:
+    return FaultRow(fault_id=1, run_id="r000", attempt=0, plan_index=0, kind=kind,
+                    target=target or f"rank {rank}@{node}", signal=signal, planned_delay_s=2.0, at=KILL_AT, pid=4242,
+                    node=node, outcome="injected", detail="caused: attempt 0 failed", met_step=200)
+
+
+def _recovery(resumed_from: int, state_source: str | None = None) -> RecoveryRow:
+    return RecoveryRow(run_id="r000", attempt=1, fault_kind="kill-rank", fault_at=KILL_AT, detect_s=0.2,
+                       resubmit_s=0.1, queue_s=0.1, startup_s=3.0, load_s=0.1, first_step_s=0.05, ttr_s=3.55,
+                       lost_steps=max(0, 200 - resumed_from), lost_s=0.0, lost_rank_s=0.0,
+                       resumed_from_step=resumed_from, state_source=state_source)
+
+
+def _attempts(reason: str | None = None) -> list[AttemptRow]:
+    return [AttemptRow("r000", 0, "1", "FAILED", 99.0), AttemptRow("r000", 1, "2", "COMPLETED", 104.0, reason=reason)]
+
+
+def _verify(paths: RunPaths, fault: FaultRow, recovery: RecoveryRow | None = None,
+            reason: str | None = None) -> tuple[list[str], list[dict[str, object]]]:
+    effects, findings = verify_run(RunEvidence(paths, 2, [fault], [recovery] if recovery else [], _attempts(reason)))
+    return effects, [finding.to_dict() for finding in findings]
+
+
+def test_a_kill_whose_ranks_stopped_and_whose_resume_came_from_before_it_is_verified(tmp_path: Path) -> None:
+    paths = _run(tmp_path)
+    for rank in (0, 1):
+        _beats(paths, 0, rank, 100.0, KILL_AT - 0.01)
+    effects, findings = _verify(paths, _kill(), _recovery(resumed_from=150))
+    assert findings == [] and effects == ["verified: its target made no progress after it"], (effects, findings)
+
+
+def test_a_kill_whose_target_trained_on_is_ineffective(tmp_path: Path) -> None:
+    """The SIGKILL hit a wrapper: rank 1's trainer beat on for another second (through the rank API)."""
+    paths = _run(tmp_path)
+    _beats(paths, 0, 0, 100.0, KILL_AT + 1.0)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 1.0)
+    effects, findings = _verify(paths, _kill(), _recovery(resumed_from=200))
+    [finding] = findings
+    assert finding["verdict"] == INEFFECTIVE and finding["fault"] == 0, finding
+    assert "rank 1 trained on after the kill-rank (SIGKILL)" in str(finding["what"]), finding
+    assert "it had reached step 200" in str(finding["what"]) and effects[0].startswith(INEFFECTIVE)
+
+
+def test_a_resume_from_a_step_the_attempt_could_not_have_reached_by_the_kill_is_ineffective(tmp_path: Path) -> None:
+    """Zero-code: the wrapper died with its supervisor (no beat after the kill), the orphaned trainer
+    wrote checkpoints to step 600, and the next attempt resumed from it: 'lost steps 0' was wrong."""
+    paths = _run(tmp_path)
+    save_clocks(paths.clocks_file(0), AttemptClocks(readings={"n1": ClockReading(0.0, 0.002, 16, 100.0),
+                                                              "n2": ClockReading(0.0, 0.002, 16, 100.0)}))
+    for rank in (0, 1):
+        _beats(paths, 0, rank, 100.0, KILL_AT - 0.01)
+    _, findings = _verify(paths, _kill(), _recovery(resumed_from=600))
+    [finding] = findings
+    assert finding["verdict"] == INEFFECTIVE and "attempt 1 resumed from step 600" in str(finding["what"]), finding
+    # the bound: the last beat (step 199 at 101.99) plus the pace (100 steps/s) over the time since,
+    # to the fault's moment and its allowance (0.2 s, and both clocks' uncertainty)
+    bound = int(str(finding["what"]).split("at most step ")[1].split(")")[0])
+    assert 200 <= bound <= 225, finding
+    _, within = _verify(paths, _kill(), _recovery(resumed_from=200))
+    assert within == [], "a checkpoint of the step the kill met is the attempt's own"
+
+
+def test_a_warm_recovery_from_a_survivors_state_is_not_taken_for_a_resume_past_the_fault(tmp_path: Path) -> None:
+    paths = _run(tmp_path)
+    for rank in (0, 1):
+        _beats(paths, 0, rank, 100.0, KILL_AT - 0.01)
+    assert _verify(paths, _kill(), _recovery(resumed_from=260, state_source="peer"))[1] == []
+
+
+def test_a_caught_signal_is_not_checked_and_a_sigstop_is(tmp_path: Path) -> None:
+    """SIGTERM may be handled (a checkpoint, then on): not checked. A SIGSTOP whose rank beat on is ineffective."""
+    paths = _run(tmp_path)
+    _beats(paths, 0, 0, 100.0, KILL_AT + 1.0)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 1.0)
+    effects, findings = _verify(paths, _kill(signal="SIGTERM"))
+    assert (effects, findings) == ([""], [])
+    _, findings = _verify(paths, _kill(signal="SIGSTOP", kind="hang-rank"))
+    assert [finding["verdict"] for finding in findings] == [INEFFECTIVE]
+
+
+def test_a_launcher_kill_checks_every_rank_on_its_node(tmp_path: Path) -> None:
+    """torchrun killed, its workers trained on: the ranks of the launcher's node, both of them."""
+    paths = _run(tmp_path, nodes=("n1", "n1"))
+    _beats(paths, 0, 0, 100.0, KILL_AT + 1.0)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 1.0)
+    fault = FaultRow(**{**asdict(_kill(rank=0, node="n1")), "detail": "the launcher (pid 77) of the ranks"})
+    _, findings = _verify(paths, fault)
+    assert sorted(str(finding["what"]).split(" trained on")[0].rsplit(" ", 1)[1] for finding in findings) == ["0", "1"]
+
+
+def test_a_node_crash_stamped_on_the_login_clock_reads_the_nodes_beats_through_its_offset(tmp_path: Path) -> None:
+    """n2 is 1.3 s ahead: its last beats before the crash are stamped 'after' it as read, and are not
+    progress after it; a beat 3 s after it (past the 2 s its command may take), on its own clock, is."""
+    paths = _run(tmp_path)
+    save_clocks(paths.clocks_file(0), AttemptClocks(readings={"n1": ClockReading(0.0, 0.002, 16, 100.0),
+                                                              "n2": ClockReading(1.3, 0.002, 16, 100.0)}))
+    _beats(paths, 0, 0, 100.0, KILL_AT - 0.01)
+    _beats(paths, 0, 1, 100.0, KILL_AT - 0.01, offset=1.3)
+    crash = _kill(kind="node-crash", target="node n2", signal="")
+    effects, findings = _verify(paths, crash)
+    assert findings == [] and effects[0].startswith("verified"), (effects, findings)
+    _beats(paths, 0, 1, KILL_AT + 3.0, KILL_AT + 3.0, first_step=400, offset=1.3)
+    [finding] = _verify(paths, crash)[1]
+    assert "rank 1 trained on after the node-crash" in str(finding["what"]), finding
+
+
+def test_ranks_that_did_not_exit_after_their_final_record_are_suspicious(tmp_path: Path) -> None:
+    paths = _run(tmp_path)
+    reason = ("attempt 1 wrote its final record; its ranks did not exit within restart.finish_timeout_s = 120")
+    effects, findings = _verify(paths, _kill(), reason=reason)
+    assert [finding["verdict"] for finding in findings] == [SUSPICIOUS], findings
+    assert "outlived its training" in str(findings[0]["what"])

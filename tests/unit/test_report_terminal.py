@@ -1,0 +1,93 @@
+"""Issue 23, item 2: the answer first, readable at 100 columns. The README's quick drill's report
+(recorded: tests/recorded/report_quick.json) and a wider one built from it: one line per run that
+met a fault, the verdict with the page's path; then the tables that matter, each fitted to the width
+(a table too wide is shown as records), never a number cut; gloo's error shortened to its cause;
+integers as integers; "twin" for the fault-free run; the study's tables only for a study (or asked)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from orchestrator.report.answer import short_cause
+from orchestrator.report.tables import print_report, report_console
+
+pytestmark = pytest.mark.unit
+
+RECORDED = Path(__file__).resolve().parents[1] / "recorded" / "report_quick.json"
+WIDTH = 100
+
+
+def _quick() -> dict[str, Any]:
+    return json.loads(RECORDED.read_text())
+
+
+def _shown(report: dict[str, Any], scope: str = "drill", width: int = WIDTH) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115 - closed with the console
+    print_report(report, console, page=Path("/work/drill/report/index.html"), scope=scope)
+    return console.export_text()
+
+
+def _a_study(report: dict[str, Any]) -> dict[str, Any]:
+    """The quick drill with a second framework's run, zero-code (its figures inferred), and a long
+    detail: a sweep over frameworks, a study."""
+    study = copy.deepcopy(report)
+    chainer = copy.deepcopy(report["runs"][0])
+    chainer.update(run_id="r001-framework=chainer", framework="chainer", params=123456,
+                   progress={"source": "log", "inferred": ["lost_steps", "resumed_from_step"]})
+    study["runs"].append(chainer)
+    return study
+
+
+def test_the_answer_comes_first_one_line_a_faulted_run_then_the_verdict_and_the_page() -> None:
+    lines = _shown(_quick()).splitlines()
+    assert lines[0] == ("r000  kill-rank rank 1 at step 168 -> RANK_SIGNAL, recovered in 4.55 s (startup 3.85), "
+                        "8 steps (0.11 s) lost, identical to its twin"), lines[0]
+    assert lines[1] == ("Verdict: ok: 1 of 1 run(s) completed, 1 recovery(ies); report page: "
+                        "/work/drill/report/index.html"), lines[1]
+    assert lines[-1] == lines[1], "and again last, after the tables"
+
+
+@pytest.mark.parametrize("scope", ["drill", "study", "full"])
+def test_at_100_columns_no_line_is_wider_and_no_number_is_cut(scope: str) -> None:
+    report = _a_study(_quick())
+    text = _shown(report, scope)
+    tables = text.split("\n", 3)[3]  # the answer's lines run on: a terminal wraps them whole
+    assert max(len(line.rstrip()) for line in tables.splitlines()) <= WIDTH
+    assert "\u2026" not in text, "rich cut a cell (its ellipsis)"
+    recovery = report["runs"][0]["recoveries"][0]
+    for key in ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s", "lost_s"):
+        assert f"{recovery[key]:.3f}" in text, key
+    assert re.search(r"lost steps\s+8\b", text) and "8.000" not in text, "integers as integers"
+
+
+def test_errors_are_shortened_to_their_cause_and_the_twin_has_one_name() -> None:
+    from orchestrator.report.tables import faults_table
+
+    text = _shown(_quick())
+    detail = str(faults_table(_quick()).columns[8]._cells[0])
+    assert detail == "caused: attempt 0 failed: job failed; rank 0 lost a peer (gloo: connection reset by peer)", detail
+    assert "pair.cc" not in text and "GLHF" not in text and "This is typically" not in text
+    assert "baseline" not in text.replace("r000-baseline", ""), "one word for the fault-free run: twin"
+    assert short_cause(None) == "" and len(short_cause("word " * 100)) <= 110
+
+
+def test_the_study_tables_show_for_a_study_or_when_asked() -> None:
+    quick = _quick()
+    assert "Checkpoint study" not in _shown(quick), "one framework, one size: no study"
+    assert "Checkpoint study - cost per checkpoint" in _shown(quick, "study")
+    assert "Checkpoint study - deterministic resume" in _shown(_a_study(quick))
+    assert "Restart strategies" not in _shown(quick) and "Restart strategies" in _shown(quick, "full")
+
+
+def test_a_pipe_or_a_file_takes_its_width_from_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "87")
+    assert report_console().width == 87
+    monkeypatch.delenv("COLUMNS")
+    assert report_console().width == 100  # not a terminal here: the report's width for a pipe or file
