@@ -260,14 +260,16 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     it ended)."""
     from orchestrator.control.controller import Controller
     from orchestrator.control.progress import Progress, ProgressFile
+    from orchestrator.control.story import Story
     from orchestrator.observe.scheduler_poll import SchedulerUnavailable
 
     controller = Controller(campaign, plan=plan)
-    progress_file = ProgressFile(campaign.workdir)
+    story = Story()
+    progress_file = ProgressFile(campaign.workdir, story)
     stops = (signal.SIGTERM, signal.SIGHUP)
     previous = {signum: signal.signal(signum, lambda *_: controller.stop_requested.set()) for signum in stops}
     try:
-        with Progress() as progress:
+        with Progress(story=story) as progress:
             def observe(trackers: list[RunTracker]) -> None:
                 progress(trackers)
                 progress_file(trackers)

@@ -1,5 +1,7 @@
-"""Live progress of a drill: a table that redraws on a terminal, plain lines elsewhere, and the
-same rows in ``<workdir>/progress.json`` for ``faultdrill status`` (a drill running detached)."""
+"""Live progress of a drill: its story as it happens (a line per event: orchestrator/control/story.py)
+above a table that redraws on a terminal (each run's step, its last event and its age, a stall
+flagged, the time elapsed), the lines alone elsewhere; the same rows in ``<workdir>/progress.json``
+for ``faultdrill status`` (a drill running detached)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from orchestrator.control.story import Story
 from orchestrator.control.tracker import RunTracker
+from orchestrator.report.answer import short_cause
 from orchestrator.report.tables import Table
 
 REDRAW_INTERVAL_S = 0.25
@@ -32,46 +36,66 @@ class ProgressRow:
     target_steps: int
     faults_sent: int
     faults_planned: int
+    last_event: str = ""  # the run's last event, in words (orchestrator/control/story.py)
+    last_event_at: float | None = None  # when it came (this host's clock)
+    stalled_s: float | None = None  # no new step this long (once that is a stall), else None
 
 
-def progress_rows(trackers: list[RunTracker]) -> list[ProgressRow]:
+def progress_rows(trackers: list[RunTracker], story: Story | None = None, now: float | None = None) -> list[ProgressRow]:
+    now = time.time() if now is None else now
     rows = []
     for tracker in trackers:
         watch = tracker.watch
+        told = story.runs.get(tracker.run.run_id) if story is not None else None
+        step = watch.last_step if watch else 0
+        pace = watch.steps_per_s() if watch else None
+        stalled = (told.stalled_for(now, step, 1 / pace if pace else None, tracker.status == "running")
+                   if told is not None else None)
         rows.append(ProgressRow(
             run=tracker.run.run_id, status=tracker.status, attempt=watch.attempt if watch else None,
-            job=tracker.job_id, state=watch.state.value if watch else None, step=watch.last_step if watch else 0,
+            job=tracker.job_id, state=watch.state.value if watch else None, step=step,
             target_steps=tracker.run.workload.steps, faults_sent=tracker.faults.sent, faults_planned=len(tracker.plan),
+            last_event=told.last_event if told else "", last_event_at=told.last_event_at if told else None,
+            stalled_s=stalled,
         ))
     return rows
 
 
-def progress_table(rows: list[ProgressRow], title: str = "Faultdrill: drill in progress") -> Table:
+def progress_table(rows: list[ProgressRow], title: str = "Faultdrill: drill in progress",
+                   now: float | None = None) -> Table:
+    now = time.time() if now is None else now
     table = Table(title=title)
-    for column in ("run", "status", "attempt", "job", "state", "step", "faults sent"):
-        table.add_column(column)
+    for column in ("run", "status", "attempt", "job", "state", "step", "faults", "last event"):
+        table.add_column(column, no_wrap=column != "last event")
     for row in rows:
+        step = f"{row.step}/{row.target_steps}"
+        if row.stalled_s is not None:
+            step += f" STALLED {row.stalled_s:.0f} s"
+        event = (f"{short_cause(row.last_event, 60)} ({_age(now - row.last_event_at)} ago)"
+                 if row.last_event_at is not None else "-")
         table.add_row(row.run, row.status, "-" if row.attempt is None else str(row.attempt), row.job or "-",
-                      row.state or "-", f"{row.step}/{row.target_steps}", f"{row.faults_sent}/{row.faults_planned}")
+                      row.state or "-", step, f"{row.faults_sent}/{row.faults_planned}", event)
     return table
 
 
-def _table(trackers: list[RunTracker]) -> Table:
-    return progress_table(progress_rows(trackers))
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 class ProgressFile:
     """Observer for Controller.run: the progress rows in ``<workdir>/progress.json``, at most once
     a second, and at once when a run's status or attempt changed (so the last word is written)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, story: Story | None = None) -> None:
         self.path = workdir / PROGRESS_NAME
+        self.story = story
         self._last_write = 0.0
-        self._last_key: list[tuple[str, int | None, str | None]] = []
+        self._last_key: list[tuple[str, int | None, str | None, str]] = []
 
     def __call__(self, trackers: list[RunTracker]) -> None:
-        rows = progress_rows(trackers)
-        key = [(row.status, row.attempt, row.state) for row in rows]
+        rows = progress_rows(trackers, self.story)
+        key = [(row.status, row.attempt, row.state, row.last_event) for row in rows]
         now = time.monotonic()
         if key == self._last_key and now - self._last_write < PROGRESS_WRITE_INTERVAL_S:
             return
@@ -93,11 +117,13 @@ def read_progress(workdir: Path) -> tuple[float, list[ProgressRow]] | None:
 class Progress:
     """Observer for Controller.run: a live table on a terminal, one line per change otherwise."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, story: Story | None = None) -> None:
         self.console = console or Console(stderr=True)
+        self.story = story or Story()
         self._live: Live | None = None
         self._last_draw = 0.0
-        self._last_lines: dict[str, str] = {}
+        self._started = time.time()
+        self._stalls_said: set[str] = set()
 
     def __enter__(self) -> "Progress":
         if self.console.is_terminal:
@@ -110,17 +136,19 @@ class Progress:
             self._live.__exit__(*exc)
 
     def __call__(self, trackers: list[RunTracker]) -> None:
-        if self._live is not None:
-            now = time.monotonic()
-            if now - self._last_draw >= REDRAW_INTERVAL_S:
-                self._live.update(_table(trackers))
-                self._last_draw = now
-            return
-        for tracker in trackers:
-            watch = tracker.watch
-            line = f"{tracker.run.run_id}: {tracker.status}"
-            if watch is not None:
-                line += f", attempt {watch.attempt} (job {watch.job_id}, {watch.state.value})"
-            if self._last_lines.get(tracker.run.run_id) != line:
-                self._last_lines[tracker.run.run_id] = line
-                self.console.print(line, highlight=False, markup=False)
+        for line in self.story.new_lines(trackers):
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        now = time.time()
+        rows = progress_rows(trackers, self.story, now)
+        for row in rows:  # a stall said once as a line (the live table shows it as long as it lasts)
+            if row.stalled_s is not None and row.run not in self._stalls_said:
+                self._stalls_said.add(row.run)
+                self.console.print(f"{time.strftime('%H:%M:%S')} {row.run} STALLED: no new step for "
+                                   f"{row.stalled_s:.0f} s (at step {row.step}/{row.target_steps})",
+                                   highlight=False, markup=False)
+            elif row.stalled_s is None:
+                self._stalls_said.discard(row.run)
+        if self._live is not None and time.monotonic() - self._last_draw >= REDRAW_INTERVAL_S:
+            self._live.update(progress_table(rows, f"Faultdrill: drill in progress, {_age(now - self._started)} "
+                                                   "elapsed", now))
+            self._last_draw = time.monotonic()

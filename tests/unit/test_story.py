@@ -1,0 +1,80 @@
+"""Issue 23, item 3: the live display tells the story. Each event the ledger records is a line as it
+comes ("12:03:04 r000 kill-rank -> rank 1@n2 (pid 4711, step 130)", "attempt 0 failed: RANK_SIGNAL,
+detected 0.26 s after the fault", "attempt 1 submitted: job 2957", "attempt 1 trains again: first step
+6.9 s after the failure, resumed from step 120, 10 steps lost"), each told once; a run's last event
+and its age go to `status`; a run with no new step for 50 of its steps (at least 30 s) is stalled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.control.progress import progress_rows, progress_table
+from orchestrator.control.story import STALL_LEAST_S, Story
+from orchestrator.record.ledger import FaultRow, Ledger, RecoveryRow
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_800_000_000.0
+
+
+def _tracker(ledger: Ledger, status: str = "running", step: int = 130, steps_per_s: float | None = 100.0) -> SimpleNamespace:
+    watch = SimpleNamespace(attempt=1, job_id="2957", state=SimpleNamespace(value="RUNNING"), last_step=step,
+                            steps_per_s=lambda: steps_per_s)
+    return SimpleNamespace(run=SimpleNamespace(run_id="r000", workload=SimpleNamespace(steps=800)), ledger=ledger,
+                           status=status, watch=watch, job_id="2957", faults=SimpleNamespace(sent=1), plan=[object()])
+
+
+def test_each_event_is_a_line_once_in_the_order_it_came(tmp_path: Path) -> None:
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    ledger.add_attempt("r000", 0)
+    ledger.update_attempt("r000", 0, job_id="2956", accepted=T0 - 10)
+    story, tracker = Story(), _tracker(ledger)
+    assert story.new_lines([tracker], now=T0) == [_at(T0 - 10, "attempt 0 submitted: job 2956")]
+    ledger.add_fault(FaultRow(fault_id=None, run_id="r000", attempt=0, plan_index=0, kind="kill-rank",
+                              target="rank 1@n2", signal="SIGKILL", planned_delay_s=1.0, at=T0 + 1, pid=4711, node="n2",
+                              outcome="injected", met_step=130))
+    ledger.update_attempt("r000", 0, failure_class="RANK_SIGNAL", detected=T0 + 1.26)
+    ledger.add_attempt("r000", 1)
+    ledger.update_attempt("r000", 1, job_id="2957", accepted=T0 + 1.5)
+    ledger.add_recovery(RecoveryRow(run_id="r000", attempt=1, fault_kind="kill-rank", fault_at=T0 + 1, detect_s=0.26,
+                                    resubmit_s=0.2, queue_s=0.5, startup_s=5.9, load_s=0.02, first_step_s=0.02,
+                                    ttr_s=6.9, lost_steps=10, lost_s=0.1, lost_rank_s=0.2, resumed_from_step=120))
+    assert story.new_lines([tracker], now=T0 + 0.1) == [], "the ledger read at most every half second"
+    lines = story.new_lines([tracker], now=T0 + 10)
+    assert lines == [_at(T0 + 1, "kill-rank -> rank 1@n2 (pid 4711, step 130)"),
+                     _at(T0 + 1.26, "attempt 0 failed: RANK_SIGNAL, detected 0.26 s after the fault"),
+                     _at(T0 + 1.5, "attempt 1 submitted: job 2957"),
+                     _at(T0 + 7.9, "attempt 1 trains again: first step 6.9 s after the failure, resumed from step "
+                                   "120, 10 steps lost")], lines
+    assert story.new_lines([tracker], now=T0 + 20) == []
+    [row] = progress_rows([tracker], story, now=T0 + 20)  # type: ignore[list-item]  # a stand-in tracker
+    assert row.last_event.startswith("attempt 1 trains again") and row.last_event_at == T0 + 7.9
+    ledger.close()
+
+
+def _at(moment: float, text: str) -> str:
+    import time
+
+    return f"{time.strftime('%H:%M:%S', time.localtime(moment))} r000 {text}"
+
+
+def test_a_run_without_a_new_step_for_50_of_its_steps_is_stalled_and_status_shows_its_last_event(
+        tmp_path: Path) -> None:
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    story, tracker = Story(), _tracker(ledger, step=800, steps_per_s=1.0)  # 1 s a step: stalled after 50 s
+    story.new_lines([tracker], now=T0)  # type: ignore[list-item]
+    assert progress_rows([tracker], story, now=T0)[0].stalled_s is None  # type: ignore[list-item]
+    assert progress_rows([tracker], story, now=T0 + 40)[0].stalled_s is None, "40 s < 50 steps of 1 s"  # type: ignore[list-item]
+    [row] = progress_rows([tracker], story, now=T0 + 60)  # type: ignore[list-item]
+    assert row.stalled_s == pytest.approx(60.0)
+    fast = _tracker(ledger, step=800, steps_per_s=1000.0)
+    other = Story()
+    other.new_lines([fast], now=T0)  # type: ignore[list-item]
+    progress_rows([fast], other, now=T0)  # type: ignore[list-item]
+    assert progress_rows([fast], other, now=T0 + STALL_LEAST_S - 1)[0].stalled_s is None, "at least 30 s"  # type: ignore[list-item]
+    table = progress_table([row], now=T0 + 60)
+    assert "STALLED 60 s" in str(table.columns[5]._cells[0])
+    ledger.close()
