@@ -219,8 +219,27 @@ def _render(campaign: Campaign) -> int:
     for run in expand_runs(campaign):
         text, where = _dry_run(run)
         print(f"# ---- {run.run_id} ({campaign.backend} backend, {where})")
+        for line in command_lines(run):
+            print(f"# {line}")
         print(text)
     return 0
+
+
+def command_lines(run: RunConfig) -> list[str]:
+    """The user's command as each rank runs it (its first attempt; placeholders filled, ``python``
+    the interpreter it will be), where, and what a restart adds; none for a built-in workload."""
+    import shlex
+
+    command = run.command
+    if command is None:
+        return []
+    lines = ["each rank runs (under Faultdrill's supervisor, attempt 0):",
+             f"  {shlex.join([*command.torchrun, *command.argv])}"]
+    lines.append(f"  in {command.cwd or 'the directory the rank starts in'}")
+    if command.resume_args:
+        lines.append(f"  a restart adds: {shlex.join(command.resume_args)}")
+    lines.append(f"  python: {run.campaign.workload.python or sys.executable}")
+    return lines
 
 
 def _dry_run(run: RunConfig) -> tuple[str, str]:

@@ -48,6 +48,73 @@ def missing_programs(runs: list[RunConfig]) -> list[Missing]:
     return list(found.values())
 
 
+INTERPRETERS = ("python", "python3", "bash", "sh")  # a command[0] whose next word is the script it runs
+SHELLS = ("bash", "sh")
+# What a wrapper's last line starts that trains (a shell between the rank and its trainer otherwise).
+TRAINERS = ("python", "torchrun", "srun", "mpirun", "mpiexec", "accelerate", "deepspeed", "apptainer", "singularity")
+
+
+def missing_scripts(runs: list[RunConfig]) -> list[Missing]:
+    """The script a command's interpreter runs (``python train.py``, ``bash train.sh``) that is not
+    there: the spec's folder and the run's working directory are where a relative one is looked for."""
+    found: dict[str, Missing] = {}
+    for run in runs:
+        located = _script(run)
+        if located is None:
+            continue
+        script, path = located
+        if path is None or not path.is_file():
+            found.setdefault(script, Missing(run.run_id, "workload.command[1]", script,
+                                             "does not exist (a relative path is the run's working directory's)"))
+    return list(found.values())
+
+
+def wrapper_warnings(runs: list[RunConfig]) -> list[str]:
+    """A shell script as the command whose last line starts the trainer without ``exec``: the shell
+    stays between the rank and the trainer (Faultdrill signals the rank's whole process group, but
+    the trainer's own exit status and the process the scheduler watches are the shell's)."""
+    said: dict[str, str] = {}
+    for run in runs:
+        located = _script(run, shells_only=True)
+        if located is None or located[1] is None or not located[1].is_file():
+            continue
+        last = _last_command(located[1])
+        if last is not None and not last.startswith("exec ") and last.split()[0].rsplit("/", 1)[-1].startswith(TRAINERS):
+            said.setdefault(str(located[1]), f"workload.command: {located[1]} starts its trainer without exec "
+                                             f"({last!r}): the shell stays the rank's process; make its last line "
+                                             f"'exec {last}'")
+    return list(said.values())
+
+
+def _script(run: RunConfig, shells_only: bool = False) -> tuple[str, Path | None] | None:
+    """The script the command's interpreter runs, as written, and where it is (None: not found)."""
+    command = run.command
+    if command is None or command.torchrun:
+        return None
+    program = Path(command.argv[0]).name
+    words = command.argv[1:]
+    if program.endswith(".sh"):
+        script = command.argv[0]
+    elif program.startswith(INTERPRETERS if not shells_only else SHELLS) and words and not words[0].startswith("-"):
+        script = words[0]
+    else:
+        return None
+    path = Path(script).expanduser()
+    if not path.is_absolute():
+        path = Path(command.cwd) / path if command.cwd else path
+    return script, path if path.exists() else None
+
+
+def _last_command(path: Path) -> str | None:
+    """The last line of a shell script that is a command (no comment, no blank, no closing brace)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    commands = [line.strip() for line in lines if line.strip() and not line.strip().startswith(("#", "}", "fi", "done"))]
+    return commands[-1] if commands else None
+
+
 def _programs(run: RunConfig) -> list[tuple[str, str, str, Path | None]]:
     """(field, program, the PATH it is looked up in, the directory a relative one is taken from)."""
     command = run.command

@@ -818,7 +818,8 @@ def anchored(word: str, base_dir: Path) -> str:
         exists = (base_dir / value).exists()
     except OSError:
         return word
-    return f"{flag}{equals}{base_dir / value}" if exists and value not in (".", "..") else word
+    # normalized (../examples/x.py from campaigns/ is examples/x.py), never resolved: a link stays a link
+    return f"{flag}{equals}{os.path.normpath(base_dir / value)}" if exists and value not in (".", "..") else word
 
 
 def _absolute(path: Path, base_dir: Path) -> Path:

@@ -26,7 +26,13 @@ from orchestrator.backends.base import Backend, SubmitLimit
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.directives import qos_of
 from orchestrator.campaign.forking import forking_launcher, forking_note
-from orchestrator.campaign.programs import missing_programs, mpi_refusals, mpi_warnings
+from orchestrator.campaign.programs import (
+    missing_programs,
+    missing_scripts,
+    mpi_refusals,
+    mpi_warnings,
+    wrapper_warnings,
+)
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
@@ -79,7 +85,7 @@ def plan_drill(campaign: Campaign, site: type[Backend] | None = None) -> list[tu
     tell, so there it is a warning), or for what the site cannot do (``site``: the backend whose
     site is asked; the spec's backend by default)."""
     runs = expand_runs(campaign)
-    missing = missing_programs(runs)
+    missing = missing_programs(runs) + missing_scripts(runs)
     site = site or backend_class(campaign.backend)
     refusals = (mpi_refusals(runs) + node_fault_refusals(runs)
                 + privilege_refusals(runs, confines_memory=site.confines_memory)
@@ -91,7 +97,7 @@ def plan_drill(campaign: Campaign, site: type[Backend] | None = None) -> list[tu
         raise SpecError("\n".join(refusals))
     for item in missing:
         log.warning("%s; the compute nodes may have it, this node does not", item.line())
-    for line in mpi_warnings(runs):
+    for line in mpi_warnings(runs) + wrapper_warnings(runs):
         log.warning("%s", line)
     for line in launcher_notes(runs):
         log.warning("%s", line)

