@@ -221,5 +221,5 @@ def test_pbs_preempt_and_walltime_warn_the_ranks_who_save_and_lose_no_work(sweep
     # The batch script outlived the walltime's SIGTERM and recorded how the launch ended, at start +
     # walltime: where a PBS server keeps no job history, that record alone dates the end (TIMEOUT).
     events = read_attempt_events(RunPaths(sweep[1] / "work" / "runs" / "r001"), 0)
-    started, [ended] = first_event(events, EVENT_JOB_START), [e for e in events if e.event == EVENT_STEP_EXIT]
+    started, [ended] = first_event(events, EVENT_JOB_START), [e for e in events if e.name == EVENT_STEP_EXIT]
     assert started is not None and ended.time >= started.time + 60 - WALLTIME_SLACK_S, (started, ended)

@@ -131,37 +131,25 @@ def _doctor_warns_of_the_three_profiles(user: PlainUser, home: Path, spec: Path)
 
 
 # What one drill's phases vary by from the next on this cluster, whatever the clocks (a poll's
-# timing, a busy core): the skew profile's offsets (1.3 s, 1.6 s) are well beyond it.
-PHASE_SPREAD_S = 0.5
+# timing, a busy core), by fault: a preemption's detection also holds the ranks' save on the warning
+# and the cancel after it. The skew profile's offsets (1.3 s, 1.6 s) are beyond both; uncorrected, a
+# preemption on fd-n1 would wait out its whole grace (20 s) for a save it could not find.
+PHASE_SPREAD_S = {"kill-rank": 0.5, "preempt": 1.0}
 LOST_STEPS_SPREAD = 5
 
 
 def _measured_alike(skewed: dict[str, Any], one_clock: dict[str, Any]) -> None:
     """Each faulted run's recovery in the skewed drill against the same run's on one clock: the
-    work lost, and each phase within the two drills' reported uncertainties and PHASE_SPREAD_S."""
-    for kind in ("kill-rank", "preempt"):
+    work lost, and each phase within the two drills' reported uncertainties and the phase's spread."""
+    for kind, spread in PHASE_SPREAD_S.items():
         [moved], [still] = ([run for run in report["runs"] if run["faults"] and run["faults"][0]["kind"] == kind]
                             for report in (skewed, one_clock))
         assert still["status"] == "completed" and still["identical_to_baseline"] is True, still["attempts"]
         [a], [b] = moved["recoveries"], still["recoveries"]
         assert abs(a["lost_steps"] - b["lost_steps"]) <= LOST_STEPS_SPREAD, (kind, a["lost_steps"], b["lost_steps"])
         for phase in ("detect_s", "resubmit_s"):
-            bound = sum(recovery["phase_uncertainty_s"].get(phase) or 0.0 for recovery in (a, b)) + PHASE_SPREAD_S
+            bound = sum(recovery["phase_uncertainty_s"].get(phase) or 0.0 for recovery in (a, b)) + spread
             assert abs(a[phase] - b[phase]) <= bound, (kind, phase, a[phase], b[phase], bound)
-
-
-def test_the_doctor_warns_of_the_skewed_clocks_and_names_the_nodes(shared_tmp: Path,
-                                                                    skewed_clocks: dict[str, float]) -> None:
-    """The skew profile's expected warning: the clocks check names each node off by more than 50 ms."""
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", "--backend", "slurm", "--workdir",
-                           str(shared_tmp / "work"), "--nodes", "2", "--partition", "debug", "--format", "json"],
-                          capture_output=True, text=True, timeout=300)
-    document = json.loads(done.stdout)
-    [clocks] = [check for check in document["checks"] if check["name"] == "clocks"]
-    nodes = {node["node"]: node for node in document["nodes"]}
-    assert clocks["status"] == "warn" and all(name in clocks["detail"] for name in nodes), clocks
-    for name, node in nodes.items():
-        assert abs(node["clock_offset_s"] - skewed_clocks[name]) <= node["clock_uncertainty_s"] + 0.005, node
 
 
 def _limits_spec(shared_tmp: Path, runs: int) -> Path:
