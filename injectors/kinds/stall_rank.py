@@ -26,6 +26,9 @@ class StallRank(RankKind):
     options = StallRankOptions
     ends_attempt = False
 
+    def halts_target(self, signal_name: str) -> bool:
+        return True  # while it stands still: its record says for how long (orchestrator/record/effects.py)
+
     def act_on_node(self, task: FaultTask) -> FaultOutcome:
         targets = verify_all(task)
         met = wait_for_moment(task, targets)

@@ -3,9 +3,11 @@ evidence, never from the injector's word alone: a SIGKILL that hit a wrapper or 
 the training processes trained on, or a SIGSTOP that stopped only a shell, reads as "injected"
 and the run as recovered, with nothing lost, unless the ranks' own records are asked.
 
-A fault that halts its target (``FaultKind.halts_target``: SIGKILL, SIGSTOP, a node crash):
+A fault that halts its target (``FaultKind.halts_target``: SIGKILL, SIGSTOP, a node crash; a stall
+for as long as its record says it stood still):
 - **trained on**: a target rank's heartbeat of the fault's attempt after the fault (on one clock,
-  each rank's node's offset applied), at a step past the one it had reached: INEFFECTIVE.
+  each rank's node's offset applied; for a stall, before it was continued), at a step past the one
+  it had reached: INEFFECTIVE.
 - **resumed past the fault**: the next recovery resumed from a step its attempt could not have
   reached by the fault (the last heartbeat before it, plus what the attempt's pace allows in the
   time since that beat: heartbeats are rate-limited, and the beat before each checkpoint is always
@@ -44,8 +46,10 @@ UNREAD_CLOCK_ALLOWANCE_S = 0.5
 # A fault that acts from the login node through a command (a node crash: the cluster's script, a
 # site's own) is stamped as the command starts; the node goes this long after, at most.
 COMMAND_ACT_ALLOWANCE_S = 2.0
+JUMP_WINDOW_S = 5.0  # a stalled rank's beats this long after it was continued are held to its pace
 STALLED_AT_END = "did not exit within restart.finish_timeout_s"
 _TARGET_RANKS = re.compile(r"^ranks? ([\d,]+)@")
+_STOOD_STILL = re.compile(r"stopped for (\d+(?:\.\d+)?) s")  # stall-rank's record of how long
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ def _fault_findings(run: RunEvidence, index: int, fault: FaultRow) -> list[Findi
     moment = _FaultMoment.of(run, fault)
     found = [Finding(INEFFECTIVE, what, index) for rank in _halted_ranks(run, fault)
              if (what := _trained_on(run, moment, rank)) is not None]
+    if not get_kind(fault.kind).ends_attempt:  # a stall: the attempt goes on, no resume to ask
+        return found
     past = _resumed_past(run, moment)
     return found + ([Finding(INEFFECTIVE, past, index)] if past is not None else [])
 
@@ -169,7 +175,11 @@ def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None
     before = [step for time, step in beats if time <= moment.at]
     reached = max(before, default=-1)
     late = moment.at + moment.allowance(node)
-    after = [(time, step) for time, step in beats if time > late and step > reached]
+    stood = _STOOD_STILL.search(moment.fault.detail or "")
+    until = moment.at + float(stood.group(1)) - moment.allowance(node) if stood else float("inf")
+    after = [(time, step) for time, step in beats if late < time < until and step > reached]
+    if not after and stood:
+        return _jumped_after_the_stall(moment, rank, beats, reached, until, moment.allowance(node))
     if not after:
         return None
     time, step = after[0]
@@ -177,6 +187,25 @@ def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None
     return (f"{INEFFECTIVE}: rank {rank} trained on after the {moment.fault.kind} ({moment.fault.signal or 'its act'}): "
             f"step {step} {time - moment.at:.2f} s after it, step {last_step} {last_time - moment.at:.2f} s after "
             f"(it had reached step {max(reached, 0)}): the fault hit another process than the one that trains")
+
+
+def _jumped_after_the_stall(moment: _FaultMoment, rank: int, beats: list[tuple[float, int]], reached: int,
+                            until: float, allowance: float) -> str | None:
+    """A stalled rank whose first beats once continued are further on than its pace allows from
+    where it stood: it trained while stopped, its steps told only later (a supervisor that reads a
+    wrapper's log, stopped with the wrapper, writes them when it is continued)."""
+    before = [(time, step) for time, step in beats if time <= moment.at]
+    resumed = [(time, step) for time, step in beats if until <= time <= until + JUMP_WINDOW_S]
+    if len(before) < 2 or not resumed:
+        return None
+    pace, burst = _pace(before)
+    for time, step in resumed:
+        allowed = reached + burst + math.ceil(pace * (time - until + 2 * allowance)) + 1
+        if step > allowed:
+            return (f"{INEFFECTIVE}: rank {rank} was at step {step} {time - until - allowance:.2f} s after it was "
+                    f"continued, from step {max(reached, 0)} when the {moment.fault.kind} stopped it (its pace "
+                    f"allows {allowed}): it trained while stopped")
+    return None
 
 
 def _resumed_past(run: RunEvidence, moment: _FaultMoment) -> str | None:
@@ -199,7 +228,8 @@ def _resumed_past(run: RunEvidence, moment: _FaultMoment) -> str | None:
 def _step_bound(run: RunEvidence, moment: _FaultMoment) -> int | None:
     """The highest step the fault's attempt can have reached by the fault: over its ranks, the last
     beat before the fault (and its allowance) plus the steps the rank's pace allows since that beat,
-    plus one in progress; None where no rank beat before it."""
+    plus the most one beat told at once (a burst of buffered output), plus one in progress; None
+    where no rank beat before it."""
     bounds = []
     for rank in range(run.ranks):
         node = rank_node(run.paths, moment.fault.attempt, rank)
@@ -207,10 +237,22 @@ def _step_bound(run: RunEvidence, moment: _FaultMoment) -> int | None:
         beats = [(time, step) for time, step in _beats(run, moment.fault.attempt, rank) if time <= until]
         if not beats:
             continue
-        (first_time, first_step), (last_time, last_step) = beats[0], beats[-1]
-        pace = (last_step - first_step) / (last_time - first_time) if last_time > first_time else 0.0
-        bounds.append(last_step + math.ceil(pace * max(0.0, until - last_time)) + 1)
+        last_time, last_step = beats[-1]
+        pace, burst = _pace(beats)
+        bounds.append(last_step + burst + math.ceil(pace * max(0.0, until - last_time)) + 1)
     return max(bounds) if bounds else None
+
+
+def _pace(beats: list[tuple[float, int]]) -> tuple[float, int]:
+    """A rank's steps a second over ``beats`` (time, step), and the most steps one beat told at once
+    beyond the one before it: a script whose output comes in bursts (a pipe's buffer) is told that
+    far behind at any moment."""
+    if len(beats) < 2:
+        return 0.0, 0
+    (first_time, first_step), (last_time, last_step) = beats[0], beats[-1]
+    pace = (last_step - first_step) / (last_time - first_time) if last_time > first_time else 0.0
+    burst = max(later[1] - earlier[1] for earlier, later in zip(beats, beats[1:], strict=False))
+    return pace, max(0, burst)
 
 
 def _stalled_at_end(attempts: list[AttemptRow]) -> list[Finding]:
