@@ -76,6 +76,7 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
         control.mend_at_drill_end(actions[1], node, site.get("mend"))  # owed before it is broken
         control.acted(at, node)
         broke = control.cluster(actions[0], node, site.get("act"))
+        broke = f"{broke} (the command took {time.time() - at:.2f} s)"
         return FaultOutcome(kind=kind, target=f"node {node}", at=at, node=node,
                             detail=f"{broke}; for the rest of the drill ({actions[1]} when it ends)")
     # Owed before it is broken, as above: a controller killed while it holds, or a mend that fails,
@@ -85,6 +86,7 @@ def break_wait_mend(kind: str, task: FaultTask, control: JobControl, actions: tu
     # second of the crash, before the cluster script is done, and the class needs the node then.
     control.acted(at, node)
     broke = control.cluster(actions[0], node, site.get("act"))
+    broke = f"{broke} (the command took {time.time() - at:.2f} s)"  # stamped before it: the node went since
     time.sleep(hold_s)
     try:
         mended = control.cluster(actions[1], node, site.get("mend"))

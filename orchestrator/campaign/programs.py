@@ -51,7 +51,8 @@ def missing_programs(runs: list[RunConfig]) -> list[Missing]:
 INTERPRETERS = ("python", "python3", "bash", "sh")  # a command[0] whose next word is the script it runs
 SHELLS = ("bash", "sh")
 # What a wrapper's last line starts that trains (a shell between the rank and its trainer otherwise).
-TRAINERS = ("python", "torchrun", "srun", "mpirun", "mpiexec", "accelerate", "deepspeed", "apptainer", "singularity")
+TRAINERS = ("python", "torchrun", "srun", "mpirun", "mpiexec", "accelerate", "deepspeed", "apptainer", "singularity",
+            "conda")
 
 
 def missing_scripts(runs: list[RunConfig]) -> list[Missing]:
@@ -79,7 +80,10 @@ def wrapper_warnings(runs: list[RunConfig]) -> list[str]:
         if located is None or located[1] is None or not located[1].is_file():
             continue
         last = _last_command(located[1])
-        if last is not None and not last.startswith("exec ") and last.split()[0].rsplit("/", 1)[-1].startswith(TRAINERS):
+        if last is None or last.startswith("exec ") or any(mark in last for mark in ("|", "&&", "||", ";", "&")):
+            continue  # a pipeline or a list: exec alone would not make the trainer the rank
+        program = last.split()[0].strip("'\"").rsplit("/", 1)[-1]
+        if program.startswith(TRAINERS) or program in ("$FAULTDRILL_PYTHON", "${FAULTDRILL_PYTHON}"):
             said.setdefault(str(located[1]), f"workload.command: {located[1]} starts its trainer without exec "
                                              f"({last!r}): the shell stays the rank's process; make its last line "
                                              f"'exec {last}'")
@@ -111,7 +115,13 @@ def _last_command(path: Path) -> str | None:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return None
-    commands = [line.strip() for line in lines if line.strip() and not line.strip().startswith(("#", "}", "fi", "done"))]
+    joined: list[str] = []
+    for line in lines:  # a command continued over lines (a trailing backslash) is one command
+        if joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1].rstrip() + " " + line.strip()
+        else:
+            joined.append(line.strip())
+    commands = [line for line in joined if line and not line.startswith(("#", "}", "fi", "done"))]
     return commands[-1] if commands else None
 
 

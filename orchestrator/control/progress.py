@@ -49,7 +49,10 @@ def progress_rows(trackers: list[RunTracker], story: Story | None = None, now: f
         told = story.runs.get(tracker.run.run_id) if story is not None else None
         step = watch.last_step if watch else 0
         pace = watch.steps_per_s() if watch else None
-        stalled = (told.stalled_for(now, step, 1 / pace if pace else None, tracker.status == "running")
+        # only an attempt that is training (its job running, a step heard): a queue or a start-up is no stall
+        training = (tracker.status == "running" and watch is not None and watch.state.value == "RUNNING"
+                    and watch.last_step_heard is not None)
+        stalled = (told.stalled_for(now, (watch.attempt if watch else -1, step), 1 / pace if pace else None, training)
                    if told is not None else None)
         rows.append(ProgressRow(
             run=tracker.run.run_id, status=tracker.status, attempt=watch.attempt if watch else None,

@@ -28,12 +28,13 @@ class RunStory:
     said: set[tuple[object, ...]] = field(default_factory=set)
     last_event: str = ""
     last_event_at: float | None = None
-    step: int = -1
+    step: tuple[int, int] = (-1, -1)  # (attempt, step): a new attempt is progress too
     step_since: float = 0.0
 
-    def stalled_for(self, now: float, step: int, step_s: float | None, running: bool) -> float | None:
-        """How long the run has made no progress, once that is a stall; None while it progresses."""
-        if step != self.step:
+    def stalled_for(self, now: float, step: tuple[int, int], step_s: float | None, running: bool) -> float | None:
+        """How long the run has made no progress, once that is a stall; None while it progresses
+        (``running``: its attempt trains: the job runs and a step was heard)."""
+        if step != self.step or not running:
             self.step, self.step_since = step, now
             return None
         quiet = now - self.step_since

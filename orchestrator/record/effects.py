@@ -28,7 +28,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.layout import Heartbeat, RunPaths, read_json_lines
+from experiments.layout import (
+    EVENT_CHECKPOINT_LOADED,
+    Heartbeat,
+    RunPaths,
+    first_event,
+    read_attempt_events,
+    read_json_lines,
+)
 from injectors.kinds import get_kind
 from injectors.kinds.base import Site
 from orchestrator.record.clocks import AttemptClocks, Stamp, load_clocks
@@ -48,8 +55,9 @@ UNREAD_CLOCK_ALLOWANCE_S = 0.5
 COMMAND_ACT_ALLOWANCE_S = 2.0
 JUMP_WINDOW_S = 5.0  # a stalled rank's beats this long after it was continued are held to its pace
 STALLED_AT_END = "did not exit within restart.finish_timeout_s"
-_TARGET_RANKS = re.compile(r"^ranks? ([\d,]+)@")
+_TARGET_RANKS = re.compile(r"(?:^|; )ranks? ([\d,]+)@")
 _STOOD_STILL = re.compile(r"stopped for (\d+(?:\.\d+)?) s")  # stall-rank's record of how long
+_COMMAND_TOOK = re.compile(r"the command took (\d+(?:\.\d+)?) s")  # a node fault's record (node_faults.py)
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,10 @@ class _FaultMoment:
     def allowance(self, node: str) -> float:
         """How long after the fault a stamp of ``node``'s may still be from before it: the act's own
         time, and the two clocks' uncertainty."""
-        act = COMMAND_ACT_ALLOWANCE_S if get_kind(self.fault.kind).site is Site.CONTROLLER else SAME_CLOCK_ALLOWANCE_S
+        act = SAME_CLOCK_ALLOWANCE_S
+        if get_kind(self.fault.kind).site is Site.CONTROLLER:  # stamped before its command ran: the node went since
+            took = _COMMAND_TOOK.search(self.fault.detail or "")
+            act = COMMAND_ACT_ALLOWANCE_S + (float(took.group(1)) if took else 0.0)
         if self.clocks.one_clock or node == self.clock:
             return act
         other = self.clocks.on_login(Stamp(self.at, node)).uncertainty_s
@@ -144,11 +155,11 @@ class _FaultMoment:
 
 
 def _halted_ranks(run: RunEvidence, fault: FaultRow) -> list[int]:
-    """The ranks the fault should have halted: the ranks its target names; a launcher's, or a
-    node's: every rank of the attempt on its node(s)."""
-    matched = _TARGET_RANKS.match(fault.target)
-    if matched and fault.kind == "kill-rank" and "launcher" not in (fault.detail or ""):
-        return [int(rank) for rank in matched.group(1).split(",") if rank]
+    """The ranks the fault should have halted: those its target names (every node's part of it:
+    "rank 0@n1; rank 1@n2"); a launcher's, or a node's: every rank of the attempt on its node(s)."""
+    named = _TARGET_RANKS.findall(fault.target)
+    if named and "launcher" not in (fault.detail or ""):
+        return sorted({int(rank) for part in named for rank in part.split(",") if rank})
     nodes = set((fault.node or "").split(","))
     return [rank for rank in range(run.ranks) if rank_node(run.paths, fault.attempt, rank) in nodes]
 
@@ -163,7 +174,7 @@ def _beats(run: RunEvidence, attempt: int, rank: int) -> list[tuple[float, int]]
             beat = Heartbeat.from_json(record)
         except (KeyError, TypeError, ValueError):
             continue
-        if beat.attempt == attempt:
+        if beat.attempt == attempt and beat.phase is None:  # a phase's beat (resume, checkpoint) is no step
             beats.append((clocks.on_login(Stamp(beat.time, node)).time, beat.step))
     return sorted(beats)
 
@@ -218,11 +229,25 @@ def _resumed_past(run: RunEvidence, moment: _FaultMoment) -> str | None:
     if recovery.state_source == "peer":  # warm: a survivor's state, no rollback
         return None
     bound = _step_bound(run, moment)
-    if bound is None or recovery.resumed_from_step <= bound:
+    own = [found.resumed_from_step for found in run.recoveries if found.attempt == moment.fault.attempt]
+    bound = max([*([bound] if bound is not None else []), *own], default=None)  # at least where it resumed itself
+    resumed = recovery.resumed_from_step - _inferred_slack(run, recovery.attempt, moment.fault.attempt)
+    if bound is None or resumed <= bound:
         return None
     return (f"{INEFFECTIVE}: attempt {recovery.attempt} resumed from step {recovery.resumed_from_step}, which attempt "
             f"{moment.fault.attempt} could not have reached by the {moment.fault.kind} (at most step {bound}): its "
             "checkpoint was written after the fault, by a process the fault should have stopped")
+
+
+def _inferred_slack(run: RunEvidence, resumed: int, faulted: int) -> int:
+    """How far below the resume step it took the true one may be: a zero-code resume read from the
+    first step a script logged (no checkpoint file named it) is that step less one, and a script that
+    logs every N steps resumed up to N - 1 steps earlier (N: the widest gap between its logged steps)."""
+    loaded = first_event(read_attempt_events(run.paths, resumed), EVENT_CHECKPOINT_LOADED)
+    if loaded is None or not loaded.fields.get("inferred") or "first step" not in str(loaded.fields.get("source", "")):
+        return 0
+    gaps = [_pace(_beats(run, attempt, rank))[1] for attempt in (faulted, resumed) for rank in range(run.ranks)]
+    return max(0, max(gaps, default=1) - 1)
 
 
 def _step_bound(run: RunEvidence, moment: _FaultMoment) -> int | None:

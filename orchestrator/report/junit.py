@@ -5,9 +5,17 @@ to measure a failure too (an objective nothing showed met)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
+
+# What XML 1.0 cannot hold (control characters but tab, newline, carriage return; surrogates; FFFE, FFFF).
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _x(text: object) -> str:
+    return _NOT_XML.sub("?", str(text))
 
 
 def junit_document(report: dict[str, Any]) -> ElementTree.ElementTree:
@@ -19,12 +27,12 @@ def junit_document(report: dict[str, Any]) -> ElementTree.ElementTree:
                                    tests=str(len(results)), failures=str(failures), errors="0", skipped="0",
                                    time="0")
     for result in results:
-        case = ElementTree.SubElement(suite, "testcase", classname=f"{report['campaign']}.{result['run_id']}",
-                                      name=f"{result['objective']}: {result['bound']}", time="0")
+        case = ElementTree.SubElement(suite, "testcase", classname=_x(f"{report['campaign']}.{result['run_id']}"),
+                                      name=_x(f"{result['objective']}: {result['bound']}"), time="0")
         if not result["met"]:
-            failure = ElementTree.SubElement(case, "failure", type="slo-missed", message=result["why"])
+            failure = ElementTree.SubElement(case, "failure", type="slo-missed", message=_x(result["why"]))
             failure.text = f"measured: {result['measured']}"
-        ElementTree.SubElement(case, "system-out").text = result["why"]
+        ElementTree.SubElement(case, "system-out").text = _x(result["why"])
     ElementTree.indent(suites)
     return ElementTree.ElementTree(suites)
 

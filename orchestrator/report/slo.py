@@ -42,6 +42,9 @@ def evaluate(objectives: list[dict[str, Any]], runs: list[dict[str, Any]]) -> li
 
 def _result(objective: Objective, run: dict[str, Any], name: str, bound: float | bool) -> SloResult:
     label, said = objective.label(), _said(name, bound)
+    if name in RECOVERY_BOUNDS and run["status"] != "completed":  # a failure it never recovered from
+        return SloResult(label, run["run_id"], said, None, False,
+                         f"missed: the run {run['status']} (a failure it did not recover from)")
     if name in RECOVERY_BOUNDS:
         recoveries = [recovery for recovery in run["recoveries"]
                       if (objective.kind is None or recovery["fault_kind"] == objective.kind)

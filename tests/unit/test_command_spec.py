@@ -237,3 +237,22 @@ def test_a_site_mpi_on_slurm_needs_no_mpiexec_on_the_login_node(tmp_path: Path, 
                 backend="slurm", resources={"nodes": 1, "tasks_per_node": 2, "partition": "debug"})
     plan_drill(parse_campaign(raw, base_dir=tmp_path))
     assert "mpiexec" not in caplog.text
+
+
+@pytest.mark.parametrize(("last_line", "warned"), [
+    ('python train.py "$@"', True),
+    ('python train.py \\\n  --lr 0.1 "$@"', True),
+    ('conda run -n train python train.py', True),
+    ('exec python train.py "$@"', False),
+    ('python train.py 2>&1 | tee log', False),
+])
+def test_a_wrapper_whose_trainer_is_not_execed_is_named(tmp_path: Path, last_line: str, warned: bool) -> None:
+    """Review: a command continued over lines, `conda run`, and a pipeline (where exec alone would
+    not help: no advice)."""
+    from orchestrator.campaign.programs import wrapper_warnings
+    from orchestrator.campaign.runs import expand_runs
+
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f"#!/bin/bash\nset -e\n{last_line}\n")
+    runs = expand_runs(parse_campaign(_spec(tmp_path, {"command": ["bash", str(wrapper)]}), base_dir=tmp_path))
+    assert bool(wrapper_warnings(runs)) is warned, wrapper_warnings(runs)

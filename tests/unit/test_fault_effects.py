@@ -201,3 +201,67 @@ def test_a_script_whose_log_comes_in_bursts_is_allowed_a_burst_past_its_last_lin
     assert _verify(paths, _kill(), _recovery(resumed_from=250))[1] == []
     [finding] = _verify(paths, _kill(), _recovery(resumed_from=600))[1]
     assert finding["verdict"] == INEFFECTIVE
+
+
+# --- the review of the effects check (helper 34): each case a correct drill, or a defeated fault ----
+
+
+def test_a_resume_read_from_a_scripts_first_logged_step_is_allowed_its_logging_interval(tmp_path: Path) -> None:
+    """Zero-code, a log line every 100 steps and a checkpoint every 100: the kill at ~250, the script
+    reloads 200 and logs 300 first; the supervisor infers 299. Not a resume past the fault."""
+    paths = _run(tmp_path)
+    for rank in (0, 1):
+        for second in range(3):
+            append_json_line(paths.heartbeat_file(0, rank), {"attempt": 0, "step": 100 * second, "time": 99.9 + second})
+    append_json_line(paths.events_file(1), {"event": "checkpoint_loaded", "time": 110.0, "step": 299,
+                                            "inferred": True, "source": "first step logged"})
+    assert _verify(paths, _kill(), _recovery(resumed_from=299))[1] == []
+    [finding] = _verify(paths, _kill(), _recovery(resumed_from=900))[1]
+    assert finding["verdict"] == INEFFECTIVE
+
+
+def test_a_kill_during_a_resumed_attempts_load_is_bounded_by_where_that_attempt_resumed(tmp_path: Path) -> None:
+    """The rank API's resume phase beats step 0: a kill then saw no step; the next attempt resumes
+    from the same checkpoint (200) its faulted attempt had resumed from."""
+    paths = _run(tmp_path)
+    for rank in (0, 1):
+        append_json_line(paths.heartbeat_file(1, rank), {"attempt": 1, "step": 0, "time": 101.0, "phase": "resume",
+                                                         "timeout_s": 300})
+    fault = FaultRow(**{**asdict(_kill()), "attempt": 1})
+    faulted_resumed = RecoveryRow(**{**asdict(_recovery(resumed_from=200)), "attempt": 1})
+    following = RecoveryRow(**{**asdict(_recovery(resumed_from=200)), "attempt": 2})
+    effects, findings = verify_run(RunEvidence(paths, 2, [fault], [faulted_resumed, following], _attempts()))
+    assert findings == [], findings
+
+
+def test_a_node_crash_is_allowed_the_time_its_command_took(tmp_path: Path) -> None:
+    """The crash is stamped before scripts/cluster runs (it may wait on another run's restore for its
+    lock): its record says how long the command took, and beats until then are the node's last."""
+    paths = _run(tmp_path)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 3.0)
+    slow = _kill(kind="node-crash", target="node n2", signal="")
+    slow = FaultRow(**{**asdict(slow), "detail": "n2 crashed: link down (the command took 3.50 s); for the rest"})
+    assert _verify(paths, slow)[1] == []
+    quick = FaultRow(**{**asdict(slow), "detail": "n2 crashed: link down (the command took 0.10 s); for the rest"})
+    [finding] = _verify(paths, quick)[1]
+    assert "rank 1 trained on after the node-crash" in str(finding["what"])
+
+
+def test_a_hang_checks_its_target_not_its_peers_on_the_node(tmp_path: Path) -> None:
+    """hang-rank on rank 1: rank 0, on the same node, finishing its step after the SIGSTOP is no sign."""
+    paths = _run(tmp_path, nodes=("n1", "n1"))
+    _beats(paths, 0, 0, 100.0, KILL_AT + 0.5)
+    _beats(paths, 0, 1, 100.0, KILL_AT - 0.01)
+    hang = _kill(kind="hang-rank", signal="SIGSTOP", node="n1")
+    effects, findings = _verify(paths, hang)
+    assert findings == [] and effects[0].startswith("verified"), (effects, findings)
+
+
+def test_a_rank_fault_on_several_nodes_checks_every_nodes_ranks(tmp_path: Path) -> None:
+    """The agents' outcomes merged: "rank 0@n1; rank 1@n2". Rank 1 trained on: ineffective."""
+    paths = _run(tmp_path)
+    _beats(paths, 0, 0, 100.0, KILL_AT - 0.01)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 1.0)
+    both = FaultRow(**{**asdict(_kill(rank=0, node="n1,n2")), "target": "rank 0@n1; rank 1@n2"})
+    [finding] = _verify(paths, both)[1]
+    assert "rank 1 trained on" in str(finding["what"]), finding

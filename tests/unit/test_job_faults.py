@@ -94,7 +94,7 @@ def test_a_failed_mend_is_told_but_the_fault_stands(tmp_path: Path) -> None:
     task = _task(tmp_path, "network-partition", node=0, duration_s=0.01,
                  command={"act": [sys.executable, "-c", "print('cut')"], "mend": [sys.executable, "-c", "exit(3)"]})
     outcome = get_kind("network-partition").act_on_controller(task, _control(RecordingBackend()))
-    assert outcome.target == "node fd-n1" and "NOT MENDED" in outcome.detail and outcome.detail.startswith("cut;")
+    assert outcome.target == "node fd-n1" and "NOT MENDED" in outcome.detail and outcome.detail.startswith("cut (the command took ")
 
 
 def test_a_backend_without_a_walltime_action_refuses_timeout(tmp_path: Path) -> None:

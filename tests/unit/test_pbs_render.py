@@ -294,13 +294,31 @@ def test_workload_setup_lines_run_before_the_launch_and_pbs_passes_their_environ
     spec = {"name": "s", "backend": "slurm", "workdir": "/tmp/s", "workload": {"framework": "torch", "setup": setup}}
     slurm = render_slurm(expand_runs(parse_campaign(spec, base_dir=Path("/")))[0], 0, "s", PYTHON).text
     block = slurm.split("# workload.setup", 1)[1]
-    assert block.index("module load cuda/12.2 ||") < block.index("source /opt/venvs/train/bin/activate ||")
+    assert block.index("{\nmodule load cuda/12.2\n} ||") < block.index("{\nsource /opt/venvs/train/bin/activate\n} ||")
     assert "set +u" in block.split("module load", 1)[0] and "srun" in block.split("set -u", 1)[1], block[:400]
     assert "workload.setup line 1 failed" in block
     pbs = render_pbs(expand_runs(parse_campaign({**spec, "backend": "pbs"}, base_dir=Path("/")))[0], 0, "s", PYTHON).text
-    assert "module load cuda/12.2 ||" in pbs and all(f"-x {name}" in pbs for name in SETUP_FORWARDED)
+    assert "module load cuda/12.2\n} ||" in pbs and all(f"-x {name}" in pbs for name in SETUP_FORWARDED)
     assert pbs.index("module load cuda") < pbs.index("mpiexec -n")
     plain = render_pbs(expand_runs(_campaign("/scratch/g"))[0], 0, "g", PYTHON).text
     assert "workload.setup" not in plain and "-x VIRTUAL_ENV" not in plain
     with pytest.raises(SpecError, match="workload.setup: lines of a batch script"):
         parse_campaign({**spec, "backend": "local"}, base_dir=Path("/"))
+
+
+@pytest.mark.drill
+def test_a_setup_line_that_fails_stops_the_job_even_with_a_trailing_comment(tmp_path: Path) -> None:
+    """Review of issue 23: `false  # the team's env` rendered as `false  # ... || { exit 1; }`: the
+    check inside the comment, the job went on. Each line now runs in a group of its own."""
+    from orchestrator.campaign.spec import parse_campaign
+    from orchestrator.render.scripts import render_slurm
+
+    setup = ["export FD_SETUP=1", "false  # the team's env", "echo not reached"]
+    spec = {"name": "s", "backend": "slurm", "workdir": str(tmp_path / "w"),
+            "workload": {"framework": "torch", "setup": setup}}
+    text = render_slurm(expand_runs(parse_campaign(spec, base_dir=tmp_path))[0], 0, "s", PYTHON).text
+    block = "set -u\n" + text.split("# workload.setup (the spec's own lines)\n", 1)[1].split("\nset -u\n", 1)[0]
+    done = subprocess.run(["bash", "-c", block + "\nset -u\necho REACHED THE LAUNCH"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 1 and "REACHED" not in done.stdout and "not reached" not in done.stdout, done
+    assert "workload.setup line 2 failed: false  # the team's env" in done.stderr, done.stderr

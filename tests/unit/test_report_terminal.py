@@ -91,3 +91,23 @@ def test_a_pipe_or_a_file_takes_its_width_from_columns(monkeypatch: pytest.Monke
     assert report_console().width == 87
     monkeypatch.delenv("COLUMNS")
     assert report_console().width == 100  # not a terminal here: the report's width for a pipe or file
+
+
+def test_the_verdict_says_what_the_exit_code_says() -> None:
+    """Review: a run that differs from its twin printed 'Verdict: FAILED' while `drill` exited 0 (an
+    objective `identical: true` gates on it); outputs missing read 'no twin to compare'; a failed
+    run with no reason printed 'failed: '."""
+    from orchestrator.report.answer import answer_lines
+
+    differs = _quick()
+    differs["runs"][0]["identical_to_baseline"] = False
+    lines = answer_lines(differs)
+    assert "DIFFERS from its twin" in lines[0] and lines[-1].startswith("Verdict: ok:"), lines
+    missing = _quick()
+    missing["runs"][0].update(identical_to_baseline=None, outputs={"verdict": "missing"})
+    assert "outputs (workload.outputs) MISSING" in answer_lines(missing)[0]
+    failed = _quick()
+    failed["runs"][0].update(status="failed", ended_because=None)
+    line = answer_lines(failed)[0]
+    assert line.endswith(", failed") and "failed: " not in line.split("->", 1)[1], line
+    assert answer_lines(failed)[-1].startswith("Verdict: FAILED")

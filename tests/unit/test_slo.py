@@ -77,3 +77,15 @@ def test_the_junit_report_has_a_case_per_run_and_bound_and_validates(tmp_path: P
     assert [case["@name"] for case in failed] == ["a rank's loss: lost_s <= 0.05"]
     assert failed[0]["@classname"] == "quick.r000" and "lost_s 0.105" in failed[0]["failure"]["@message"]
     assert not list((tmp_path / "out").glob(".*")), "written whole, then renamed"
+
+
+def test_a_run_that_failed_misses_its_recovery_bounds_and_odd_characters_stay_valid_xml(tmp_path: Path) -> None:
+    """Review: one recovery of 4.6 s, then a failure never recovered from: the bounds read 'met'. And
+    an objective named with a control character made the JUnit file unreadable."""
+    report = _quick()
+    report["runs"][0]["status"] = "failed"
+    [ttr] = evaluate([{"name": "odd \x1b name", "ttr_s": 60}], report["runs"])
+    assert not ttr.met and "the run failed" in ttr.why, ttr
+    report["slo"] = [ttr.to_dict()]
+    path = write_junit(report, tmp_path / "slo.xml")
+    xmlschema.XMLSchema(RECORDED / "junit.xsd").validate(path)

@@ -24,7 +24,7 @@ T0 = 1_800_000_000.0
 def _tracker(ledger: Ledger, status: str = "running", step: int = 130, steps_per_s: float | None = 100.0) -> Any:
     """A stand-in for a RunTracker: what the story and the progress rows read of one."""
     watch = SimpleNamespace(attempt=1, job_id="2957", state=SimpleNamespace(value="RUNNING"), last_step=step,
-                            steps_per_s=lambda: steps_per_s)
+                            steps_per_s=lambda: steps_per_s, last_step_heard=T0 - 1)
     return SimpleNamespace(run=SimpleNamespace(run_id="r000", workload=SimpleNamespace(steps=800)), ledger=ledger,
                            status=status, watch=watch, job_id="2957", faults=SimpleNamespace(sent=1), plan=[object()])
 
@@ -79,4 +79,19 @@ def test_a_run_without_a_new_step_for_50_of_its_steps_is_stalled_and_status_show
     assert progress_rows([fast], other, now=T0 + STALL_LEAST_S - 1)[0].stalled_s is None, "at least 30 s"
     table = progress_table([row], now=T0 + 60)
     assert "STALLED 60 s" in str(table.columns[5]._cells[0])
+    ledger.close()
+
+
+def test_a_queued_or_starting_attempt_is_no_stall(tmp_path: Path) -> None:
+    """Review: every restart whose queue and start-up took 30 s was flagged STALLED (status running
+    from the submission, step 0, no pace)."""
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    story, tracker = Story(), _tracker(ledger, step=0, steps_per_s=None)
+    tracker.watch.state = SimpleNamespace(value="PENDING")
+    tracker.watch.last_step_heard = None
+    story.new_lines([tracker], now=T0)
+    progress_rows([tracker], story, now=T0)
+    assert progress_rows([tracker], story, now=T0 + 300)[0].stalled_s is None
+    tracker.watch.state = SimpleNamespace(value="RUNNING")  # started, no step heard yet: a start-up
+    assert progress_rows([tracker], story, now=T0 + 400)[0].stalled_s is None
     ledger.close()
