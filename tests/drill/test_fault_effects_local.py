@@ -53,7 +53,10 @@ def _spec(tmp_path: Path, spool: Path, kind: str, allow: bool) -> Path:
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
         "faults": [{"kind": kind, "after": {"at_step": 220}, "rank": 0,
                     **({"duration_s": 2.0} if kind == "stall-rank" else {})}],
-        "restart": {"max_restarts": 2, "poll_interval_s": 0.1, "hang_timeout_s": 3},
+        # a resubmission waits 3 s (a queue's wait on a cluster): meanwhile the orphan trains on, and
+        # the next attempt resumes from a checkpoint well past the fault
+        "restart": {"max_restarts": 2, "poll_interval_s": 0.1, "hang_timeout_s": 3,
+                    "policy": {"RANK_SIGNAL": {"backoff_s": 3}, "RANK_EXIT": {"backoff_s": 3}}},
         "allow_ineffective": allow,
     }
     path = tmp_path / "spec.yaml"
