@@ -5,6 +5,7 @@ says why (disk-full's small filesystem is the one expected warning on a big disk
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +33,8 @@ def test_the_local_doctor_probes_this_host_and_reads_its_clock(tmp_path: Path) -
     spec.write_text(json.dumps({"name": "d", "backend": "local", "workdir": str(tmp_path / "work"),
                                 "workload": {"framework": "torch", "steps": 10},
                                 "checkpoint": {"directory": str(tmp_path / "scratch" / "{run_id}")}}))
-    table = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", str(spec)],
-                           capture_output=True, text=True, timeout=300)
+    table = subprocess.run([sys.executable, "-m", "orchestrator.cli", "doctor", str(spec)],  # wide: no cell wraps
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
     assert table.returncode == 0 and "faultdrill doctor" in table.stdout and "PASS" in table.stdout, table.stdout
     said = " ".join(table.stdout.split())
     assert "checkpoints: rename" in said and "a rename replaces a file at once" in said, table.stdout
