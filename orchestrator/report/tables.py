@@ -191,20 +191,20 @@ def clock_offsets_line(recoveries: list[tuple[dict[str, Any], dict[str, Any]]]) 
 
 def faults_table(report: dict[str, Any]) -> Table:
     """Every planned fault and how it ended: injected (what it caused), refused, absorbed, late, not
-    fired; when it was planned (a delay, or a step) and the step its attempt had reached when it acted."""
+    fired; when it was planned (a delay, or a step) and the step its attempt had reached when it acted;
+    what the ranks' own records say of it (checked: verified, INEFFECTIVE, or - where they do not say)."""
     table = Table(title="Faults (details shortened to their cause: the whole text in --format json)")
-    for column in ("run", "#", "kind", "target", "attempt", "planned", "met step", "outcome", "detail"):
+    for column in ("run", "#", "kind", "target", "attempt", "planned", "met step", "outcome", "checked", "detail"):
         table.add_column(column, no_wrap=column != "detail", overflow="fold")
     for run in report["runs"]:
         for number, fault in enumerate(run["faults"]):
             planned = (f"step {fault['planned_step']}" if fault.get("planned_step") is not None
                        else f"{_fmt(fault['planned_delay_s'])} s")
             met = "" if fault.get("met_step") is None else str(fault["met_step"])
-            detail = short_cause(fault["detail"])
-            if (fault.get("effect") or "").startswith("ineffective"):
-                detail = f"INEFFECTIVE ({short_cause(fault['effect'].split(': ', 1)[1], 70)}); {detail}"
+            effect = fault.get("effect") or ""
+            checked = "INEFFECTIVE" if effect.startswith("ineffective") else "verified" if effect else "-"
             table.add_row(run["run_id"], str(number), fault["kind"], fault["target"], str(fault["attempt"]),
-                          planned, met, fault["outcome"], detail)
+                          planned, met, fault["outcome"], checked, short_cause(fault["detail"]))
     return table
 
 

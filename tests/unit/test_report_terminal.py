@@ -71,7 +71,9 @@ def test_errors_are_shortened_to_their_cause_and_the_twin_has_one_name() -> None
     from orchestrator.report.tables import faults_table
 
     text = _shown(_quick())
-    detail = str(faults_table(_quick()).columns[8]._cells[0])
+    table = faults_table(_quick())
+    assert str(table.columns[8]._cells[0]) == "verified", "what the ranks' records say of the kill"
+    detail = str(table.columns[9]._cells[0])
     assert detail == "caused: attempt 0 failed: job failed; rank 0 lost a peer (gloo: connection reset by peer)", detail
     assert "pair.cc" not in text and "GLHF" not in text and "This is typically" not in text
     assert "baseline" not in text.replace("r000-baseline", ""), "one word for the fault-free run: twin"
