@@ -36,9 +36,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from experiments.layout import (
     ENV_ASYNC_PERSIST,
@@ -56,6 +54,9 @@ from experiments.runtime.meeting import FileCollectives
 from experiments.runtime.rank_error import record_rank_error
 from experiments.runtime.session import Collectives, RankSession, SessionOptions
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Checkpoint", "Rank", "init"]
 
@@ -189,7 +190,7 @@ class Rank:
         named = named_arrays(weights) if weights is not None else None
         if digest is None and named is None:
             raise ValueError("done() needs the final weights or a digest: the run is compared to its twin by it")
-        from experiments.workloads.base import digest_arrays
+        from experiments.runtime.digest import digest_arrays
 
         value = digest if digest is not None else digest_arrays(named or [])
         final = self.steps if step is None else step
@@ -203,6 +204,8 @@ def named_arrays(weights: Any) -> list[tuple[str, np.ndarray]]:
 
 
 def _array(value: Any) -> np.ndarray:
+    import numpy as np  # only where weights are given (a digest instead needs none)
+
     if hasattr(value, "detach"):  # torch.Tensor
         return value.detach().cpu().numpy()
     if hasattr(value, "numpy") and not isinstance(value, np.ndarray):  # tf.Variable, keras variables

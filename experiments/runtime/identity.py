@@ -17,8 +17,6 @@ from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
-import psutil
-
 from experiments.layout import RankIdentity, RunPaths, record_dict, write_json_atomic
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fault_requests import FAULT_SIGNAL, FaultRequests
@@ -30,7 +28,7 @@ def current_identity(env: DistEnv, attempt: int) -> RankIdentity:
     return RankIdentity(
         rank=env.rank,
         pid=pid,
-        create_time=psutil.Process(pid).create_time(),
+        create_time=created_at(pid),
         start_ticks=start_ticks(pid) or 0,
         host=socket.gethostname(),
         node=env.node,  # SLURMD_NODENAME under Slurm, else the host name
@@ -47,6 +45,18 @@ def start_ticks(pid: int) -> int | None:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # after "(comm)": state is field 3, starttime field 22
     return None if fields[0] == "Z" else int(fields[19])
+
+
+def created_at(pid: int) -> float:
+    """When ``pid`` started, on the wall clock (for people: the check is ``start_ticks``): the boot
+    time plus its start ticks; now where /proc does not say (the rank API needs no psutil)."""
+    ticks = start_ticks(pid)
+    try:
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return time.time()
+    return boot + ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else time.time()
 
 
 def ticks_now() -> int:

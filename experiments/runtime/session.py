@@ -17,10 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Protocol
-
-import numpy as np
-import psutil
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Protocol
 
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
@@ -43,10 +40,14 @@ from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.events import EventLog
 from experiments.runtime.fence import check_current, own_job_id
 from experiments.runtime.heartbeat import HeartbeatWriter
+from experiments.runtime.identity import created_at
 from experiments.runtime.persist import PersistWorker
 from experiments.runtime.sink import FileSink
 from experiments.runtime.snapshot import Snapshot
 from experiments.runtime.warning import EXIT_WARNED, WARNING_POLL_STEPS, WarningNote, wait_for_the_end
+
+if TYPE_CHECKING:  # numpy only where weights are kept: the rank API itself needs nothing but Python
+    import numpy as np
 
 
 class Collectives(Protocol):
@@ -97,7 +98,7 @@ class RankSession:
         env = self.env
         self.events.emit(
             EVENT_PROCESS_START, when=self.started_at, pid=os.getpid(),
-            create_time=psutil.Process().create_time(), world_size=env.world_size,
+            create_time=created_at(os.getpid()), world_size=env.world_size,
             num_nodes=env.num_nodes, scheduler=env.scheduler, job_id=env.job_id, node=env.node,
         )
         self.clear_stale()
@@ -312,6 +313,7 @@ class RankSession:
 
 def save_weights(path: Path, named: list[tuple[str, np.ndarray]]) -> None:
     """Named arrays to ``path`` atomically (temporary name, fsync, rename)."""
+    import numpy as np  # only a run that keeps its final weights needs it
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as handle:
         np.savez(handle, **dict(named))

@@ -7,16 +7,15 @@ module implementing ``Workload`` plus one line in ``experiments.workloads.REGIST
 
 from __future__ import annotations
 
-import hashlib
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
 from experiments.layout import WorkloadSpec
 from experiments.runtime.checkpoint import CheckpointMeta
+from experiments.runtime.digest import digest_arrays  # noqa: F401  (the built-in workloads' digest, one place)
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
 from experiments.runtime.snapshot import ShareWriter
@@ -102,17 +101,3 @@ class Workload(ABC):
         """Leave the process group after a successful run."""
 
 
-def digest_arrays(named: Iterable[tuple[str, np.ndarray]]) -> str:
-    """sha256 over (name, dtype, shape, little-endian C-order bytes), sorted by name.
-
-    Framework-neutral on purpose: two frameworks holding the same weights give the same digest,
-    and the digest does not depend on the order a framework happens to list its parameters.
-    """
-    digest = hashlib.sha256()
-    for name, array in sorted(named, key=lambda item: item[0]):
-        canonical = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-        digest.update(name.encode())
-        digest.update(canonical.dtype.str.encode())
-        digest.update(repr(tuple(canonical.shape)).encode())
-        digest.update(canonical.tobytes())
-    return digest.hexdigest()

@@ -20,7 +20,7 @@ from experiments.layout import (
 )
 from experiments.runtime import api
 from experiments.runtime.checkpoint import CheckpointStore
-from experiments.workloads.base import digest_arrays
+from experiments.runtime.digest import digest_arrays
 
 
 def _environ(tmp_path: Path, attempt: int, steps: int = 6) -> dict[str, str]:

@@ -6,12 +6,12 @@ import pytest
 from clocks import ManualClock
 
 from experiments.layout import RankIdentity, RunPaths, read_json_lines
+from experiments.runtime.digest import digest_arrays
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.events import EventLog
 from experiments.runtime.heartbeat import HeartbeatWriter
 from experiments.runtime.identity import matches_process, write_identity
 from experiments.workloads import UnknownFrameworkError, get_workload
-from experiments.workloads.base import digest_arrays
 
 
 def test_heartbeats_are_rate_limited_but_forced_ones_always_land(tmp_path: Path) -> None:
