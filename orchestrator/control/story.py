@@ -72,7 +72,7 @@ def _events(ledger: Ledger, run_id: str, status: str) -> list[tuple[tuple[object
     faults = ledger.faults(run_id)
     acted = {fault.attempt: fault.at for fault in faults if fault.at is not None}
     for fault in faults:
-        if fault.at is not None and fault.outcome not in ("refused", "not fired"):
+        if fault.at is not None and fault.outcome not in ("refused", "not fired", "sending"):  # once it says the step
             said = ", ".join(part for part in (f"pid {fault.pid}" if fault.pid else "",
                                                f"step {fault.met_step}" if fault.met_step is not None else "") if part)
             events.append((("fault", fault.fault_id), fault.at,
