@@ -460,7 +460,11 @@ def rank_job_from_dict(data: dict[str, Any]) -> RankJob:
             **command, "argv": tuple(command["argv"]), "resume_args": tuple(command.get("resume_args", ())),
             "env": tuple((str(name), str(value)) for name, value in command.get("env", ())),
         })
-    return RankJob(**{**data, "workload": WorkloadSpec(**workload),
+    known = {name: value for name, value in data.items() if name in RankJob.__dataclass_fields__}
+    workload = {name: value for name, value in workload.items() if name in WorkloadSpec.__dataclass_fields__}
+    # Fields a newer Faultdrill adds are left out: a rank API installed from an older build of the
+    # wheel (scripts/build-rank-api) still starts.
+    return RankJob(**{**known, "workload": WorkloadSpec(**workload),
                       "exclude_nodes": tuple(data.get("exclude_nodes", ())),
                       "fault_steps": tuple(data.get("fault_steps", ()))})
 

@@ -446,6 +446,7 @@ def _slurm_task_hosts(env: Mapping[str, str], world_size: int) -> list[str]:
             f"{counts_var}={env[counts_var]!r} does not place {world_size} ranks on the "
             f"{len(nodes)} nodes of {nodelist_var}={env[nodelist_var]!r}"
         )
+    # zip without strict=: the rank API runs on Python 3.9
     return [node for node, count in zip(nodes, counts, strict=False) for _ in range(count)]
 
 

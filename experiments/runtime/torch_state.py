@@ -13,9 +13,8 @@ import random
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, cast
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -23,6 +22,9 @@ from experiments.runtime.sink import FileSink
 
 MODEL_FILE = "model.pt"
 FORMAT = f"torch.save (pickle+zip), torch {torch.__version__}"
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def rng_file(rank: int) -> str:
@@ -117,18 +119,27 @@ def _open(target: Path | FileSink, name: str) -> Iterator[BinaryIO]:
 
 
 def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    try:  # torch does not need NumPy: a training environment without it has no NumPy state to keep
+        import numpy as np
+    except ImportError:
+        return state
     # numpy's state as plain tensors/ints so the file loads with weights_only=True (no pickle code).
     # numpy 1.x's stubs type get_state() as its dict form; called so, it returns the legacy tuple.
     _, key, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    state["numpy"] = {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    saved = state["numpy"]
+    saved = state.get("numpy")
+    if saved is None:  # saved where NumPy was not there
+        return
+    import numpy as np
+
     key = saved["key"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", key, saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
 

@@ -6,6 +6,7 @@ login node cannot find is a warning."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,11 @@ def missing_programs(runs: list[RunConfig]) -> list[Missing]:
     return list(found.values())
 
 
+_LIST_OR_PIPE = re.compile(r"\||&&|;|&\s*$|&\s")  # after redirections (2>&1, &>log) are taken out
 INTERPRETERS = ("python", "python3", "bash", "sh")  # a command[0] whose next word is the script it runs
 SHELLS = ("bash", "sh")
 # What a wrapper's last line starts that trains (a shell between the rank and its trainer otherwise).
-TRAINERS = ("python", "torchrun", "srun", "mpirun", "mpiexec", "accelerate", "deepspeed", "apptainer", "singularity",
-            "conda")
+TRAINERS = ("python", "torchrun", "srun", "mpirun", "mpiexec", "accelerate", "deepspeed", "apptainer", "singularity")
 
 
 def missing_scripts(runs: list[RunConfig]) -> list[Missing]:
@@ -80,8 +81,8 @@ def wrapper_warnings(runs: list[RunConfig]) -> list[str]:
         if located is None or located[1] is None or not located[1].is_file():
             continue
         last = _last_command(located[1])
-        if last is None or last.startswith("exec ") or any(mark in last for mark in ("|", "&&", "||", ";", "&")):
-            continue  # a pipeline or a list: exec alone would not make the trainer the rank
+        if last is None or last.startswith("exec ") or _LIST_OR_PIPE.search(re.sub(r"\d?>&\d|&>>?", "", last)):
+            continue  # a pipeline, a list or a background job: exec alone would not make the trainer the rank
         program = last.split()[0].strip("'\"").rsplit("/", 1)[-1]
         if program.startswith(TRAINERS) or program in ("$FAULTDRILL_PYTHON", "${FAULTDRILL_PYTHON}"):
             said.setdefault(str(located[1]), f"workload.command: {located[1]} starts its trainer without exec "

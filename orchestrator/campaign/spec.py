@@ -229,8 +229,9 @@ class WorkloadConfig(_Strict):
     @classmethod
     def _one_line_each(cls, value: list[str]) -> list[str]:
         for line in value:
-            if "\n" in line or "\r" in line or not line.strip():
-                raise ValueError(f"workload.setup {line!r}: each item is one non-empty shell line")
+            if "\n" in line or "\r" in line or not line.strip() or line.rstrip().endswith("\\"):
+                raise ValueError(f"workload.setup {line!r}: each item is one whole, non-empty shell line (no line "
+                                 "break, no trailing backslash: a command continued is one item)")
         return value
 
     @field_validator("command")

@@ -57,6 +57,7 @@ JUMP_WINDOW_S = 5.0  # a stalled rank's beats this long after it was continued a
 STALLED_AT_END = "did not exit within restart.finish_timeout_s"
 _TARGET_RANKS = re.compile(r"(?:^|; )ranks? ([\d,]+)@")
 _STOOD_STILL = re.compile(r"stopped for (\d+(?:\.\d+)?) s")  # stall-rank's record of how long
+_NODES_SPREAD = re.compile(r"nodes acted within (\d+(?:\.\d+)?) s")  # agents on several nodes (inject.py)
 _COMMAND_TOOK = re.compile(r"the command took (\d+(?:\.\d+)?) s")  # a node fault's record (node_faults.py)
 
 
@@ -143,6 +144,8 @@ class _FaultMoment:
         """How long after the fault a stamp of ``node``'s may still be from before it: the act's own
         time, and the two clocks' uncertainty."""
         act = SAME_CLOCK_ALLOWANCE_S
+        spread = _NODES_SPREAD.search(self.fault.detail or "")  # the fault's moment is the first node's
+        act += float(spread.group(1)) if spread else 0.0
         if get_kind(self.fault.kind).site is Site.CONTROLLER:  # stamped before its command ran: the node went since
             took = _COMMAND_TOOK.search(self.fault.detail or "")
             act = COMMAND_ACT_ALLOWANCE_S + (float(took.group(1)) if took else 0.0)
@@ -269,15 +272,18 @@ def _step_bound(run: RunEvidence, moment: _FaultMoment) -> int | None:
 
 
 def _pace(beats: list[tuple[float, int]]) -> tuple[float, int]:
-    """A rank's steps a second over ``beats`` (time, step), and the most steps one beat told at once
-    beyond the one before it: a script whose output comes in bursts (a pipe's buffer) is told that
-    far behind at any moment."""
+    """A rank's steps a second while it trains, over ``beats`` (time, step), and the most steps one
+    beat told at once beyond the one before it: a script whose output comes in bursts (a pipe's
+    buffer) is told that far behind at any moment."""
     if len(beats) < 2:
         return 0.0, 0
-    (first_time, first_step), (last_time, last_step) = beats[0], beats[-1]
-    pace = (last_step - first_step) / (last_time - first_time) if last_time > first_time else 0.0
-    burst = max(later[1] - earlier[1] for earlier, later in zip(beats, beats[1:], strict=False))
-    return pace, max(0, burst)
+    pairs = list(zip(beats, beats[1:], strict=False))
+    # the pace while training: the median of each beat's rate since the one before (an average over
+    # the attempt counts its pauses, a checkpoint, an evaluation, and comes out too slow)
+    rates = sorted((later[1] - earlier[1]) / (later[0] - earlier[0]) for earlier, later in pairs if later[0] > earlier[0])
+    pace = rates[len(rates) // 2] if rates else 0.0
+    burst = max(later[1] - earlier[1] for earlier, later in pairs)
+    return max(0.0, pace), max(0, burst)
 
 
 def _stalled_at_end(attempts: list[AttemptRow]) -> list[Finding]:

@@ -242,13 +242,15 @@ def test_a_site_mpi_on_slurm_needs_no_mpiexec_on_the_login_node(tmp_path: Path, 
 @pytest.mark.parametrize(("last_line", "warned"), [
     ('python train.py "$@"', True),
     ('python train.py \\\n  --lr 0.1 "$@"', True),
-    ('conda run -n train python train.py', True),
+    ('python train.py "$@" 2>&1', True),
+    ('conda run -n train python train.py', False),
     ('exec python train.py "$@"', False),
+    ('python train.py &', False),
     ('python train.py 2>&1 | tee log', False),
 ])
 def test_a_wrapper_whose_trainer_is_not_execed_is_named(tmp_path: Path, last_line: str, warned: bool) -> None:
-    """Review: a command continued over lines, `conda run`, and a pipeline (where exec alone would
-    not help: no advice)."""
+    """Reviews: a command continued over lines, a redirection; no advice where exec alone would not
+    make the trainer the rank (a pipeline, a background job, `conda run`, which starts it as a child)."""
     from orchestrator.campaign.programs import wrapper_warnings
     from orchestrator.campaign.runs import expand_runs
 

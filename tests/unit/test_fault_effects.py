@@ -265,3 +265,31 @@ def test_a_rank_fault_on_several_nodes_checks_every_nodes_ranks(tmp_path: Path) 
     both = FaultRow(**{**asdict(_kill(rank=0, node="n1,n2")), "target": "rank 0@n1; rank 1@n2"})
     [finding] = _verify(paths, both)[1]
     assert "rank 1 trained on" in str(finding["what"]), finding
+
+
+def test_a_stall_in_a_run_that_pauses_for_checkpoints_is_held_to_its_training_pace(tmp_path: Path) -> None:
+    """Review 35: the pace averaged over the attempt counted its 2 s checkpoints every 50 steps (of
+    10 ms), and a rank rightly continued after its stall outran it."""
+    paths = _run(tmp_path)
+    moment, step = 100.0, 0
+    while moment < KILL_AT - 0.01:  # 50 steps (0.5 s), then a checkpoint's 2 s, again
+        for _ in range(10):
+            append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": step, "time": moment})
+            moment, step = moment + 0.05, step + 5
+        moment += 2.0
+    stall = FaultRow(**{**asdict(_kill(kind="stall-rank", signal="SIGSTOP")), "at": moment,
+                        "detail": "stopped for 3.00 s, then SIGCONT"})
+    _beats(paths, 0, 1, moment + 3.05, moment + 5.0, first_step=step)  # continued at its training pace
+    effects, findings = verify_run(RunEvidence(paths, 2, [stall], [], _attempts()))
+    assert findings == [], findings
+
+
+def test_a_kill_on_several_nodes_allows_each_node_the_spread_it_acted_within(tmp_path: Path) -> None:
+    """Review 35: rank 1 reached the step 0.8 s after rank 0 and was killed then; the merged
+    record's moment is the first node's, its detail says how far apart they acted."""
+    paths = _run(tmp_path)
+    _beats(paths, 0, 0, 100.0, KILL_AT - 0.01)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 0.79)
+    both = FaultRow(**{**asdict(_kill(rank=0, node="n1,n2")), "target": "rank 0@n1; rank 1@n2",
+                       "detail": "2 nodes acted within 0.800 s"})
+    assert _verify(paths, both)[1] == []

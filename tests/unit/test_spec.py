@@ -396,3 +396,23 @@ def test_a_signal_directive_is_refused_naming_warning_s(tmp_path: Path) -> None:
             "resources": {"extra_directives": ["--signal=USR1@300"]}}
     with pytest.raises(SpecError, match=r"--signal is set by Faultdrill on slurm.*resources.warning_s"):
         parse_campaign(spec, base_dir=tmp_path)
+
+
+def test_a_setup_line_continued_with_a_backslash_is_refused(tmp_path: Path) -> None:
+    """Review 35: `module load cuda \\` joined the next line of the batch script and broke it."""
+    spec = {"name": "t", "backend": "slurm", "workdir": str(tmp_path / "w"),
+            "workload": {"setup": ["module load cuda/12.2 \\"]}}
+    with pytest.raises(SpecError, match="no trailing backslash"):
+        parse_campaign(spec, base_dir=tmp_path)
+
+
+def test_a_rank_job_from_a_newer_faultdrill_loads_in_an_older_rank_api() -> None:
+    """Review 35: an installed rank-API wheel older than the orchestrator died at init on a field it
+    did not know; it leaves such fields out."""
+    from experiments.layout import RankJob, WorkloadSpec, rank_job_from_dict, rank_job_to_dict
+
+    data = rank_job_to_dict(RankJob(run_id="r", run_dir="/tmp/r", attempt=0, workload=WorkloadSpec(framework="torch"),
+                                    checkpoint_every=5, checkpoint_keep=2))
+    data["a_later_field"] = 1
+    data["workload"]["another"] = "x"
+    assert rank_job_from_dict(data).run_id == "r"
