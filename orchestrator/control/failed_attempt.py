@@ -63,3 +63,9 @@ def _take_again(ledger: Ledger, row: AttemptRow, evidence: FailureEvidence, refr
     classified = classify(refreshed)
     ledger.update_attempt(row.run_id, row.attempt, failure_class=classified.failure_class.value,
                           class_evidence=classified.evidence, class_facts=facts_json(refreshed))
+    # The recovery from it may be recorded already (the next attempt started before the record came):
+    # it carries the class it copied then, taken again with the attempt's.
+    later = [recovery.attempt for recovery in ledger.recoveries(row.run_id) if recovery.attempt > row.attempt]
+    if later:
+        ledger.update_recovery(row.run_id, min(later), failure_class=classified.failure_class.value,
+                               class_evidence=classified.evidence)

@@ -342,6 +342,9 @@ class Ledger:
         ]
 
     # recoveries -------------------------------------------------------------------------------
+    def update_recovery(self, run_id: str, attempt: int, **values: Any) -> None:
+        self._update("recoveries", values, "run_id = ? AND attempt = ?", (run_id, attempt))
+
     def add_recovery(self, recovery: RecoveryRow) -> None:
         self._insert("recoveries", asdict(recovery), ignore=True)
 

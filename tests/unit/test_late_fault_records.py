@@ -151,3 +151,21 @@ def test_a_kill_whose_record_came_after_a_survivors_exit_takes_the_class_again(t
     assert _class(ledger) == "RANK_EXIT"
     reclassify_with_record(ledger, ledger.attempts(RUN)[0], (), "SIGKILL")
     assert _class(ledger) == "RANK_SIGNAL" and "SIGKILL" in (ledger.attempts(RUN)[0].class_evidence or "")
+
+
+def test_a_recovery_recorded_before_the_kills_record_takes_the_class_again_with_its_attempt(tmp_path: Path) -> None:
+    """CI (the venv's Open MPI 5 under srun, twice in five runs): the next attempt started, and its
+    recovery was recorded with the class it copied (RANK_EXIT), before the agent's record of the
+    SIGKILL came; the attempt's class was taken again, the recovery's was not."""
+    from orchestrator.record.ledger import RecoveryRow
+
+    ledger = _launch_exited(tmp_path, 1)
+    row = ledger.attempts(RUN)[0]
+    ledger.add_attempt(RUN, 1)
+    ledger.add_recovery(RecoveryRow(run_id=RUN, attempt=1, fault_kind="kill-rank", fault_at=100.0, detect_s=0.2,
+                                    resubmit_s=0.1, queue_s=0.1, startup_s=3.0, load_s=0.1, first_step_s=0.05,
+                                    ttr_s=3.55, lost_steps=10, lost_s=0.1, lost_rank_s=0.2, resumed_from_step=100,
+                                    failure_class=row.failure_class or "", class_evidence=row.class_evidence or ""))
+    reclassify_with_record(ledger, row, (), "SIGKILL")
+    [recovery] = ledger.recoveries(RUN)
+    assert recovery.failure_class == "RANK_SIGNAL" and "SIGKILL" in recovery.class_evidence, recovery
