@@ -9,10 +9,8 @@ stem=$(mktemp -u "$spool/trainer-XXXXXXXX")
 python3 -c 'import json, os, sys; json.dump({"argv": sys.argv[3:], "cwd": os.getcwd(), "log": sys.argv[2]}, open(sys.argv[1], "w"))' \
   "$stem.tmp" "$stem.log" "$@"
 mv "$stem.tmp" "$stem.json"
-tail -n +1 -F "$stem.log" 2>/dev/null &
-shown=$!
-until [ -s "$stem.pid" ]; do sleep 0.05; done
-until [ -s "$stem.rc" ]; do sleep 0.1; done
-sleep 0.3  # the log's last lines shown
-kill "$shown"
+# The log shown until the trainer's exit code is there (written once the trainer has ended, so its
+# log is whole): tail reads the file a last time once the waiter it watches has ended.
+(until [ -s "$stem.rc" ]; do sleep 0.05; done) &
+tail -n +1 -F -s 0.1 --pid=$! "$stem.log" 2>/dev/null
 exit "$(cat "$stem.rc")"

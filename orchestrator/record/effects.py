@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from experiments.layout import (
@@ -80,6 +80,40 @@ class RunEvidence:
     faults: list[FaultRow]
     recoveries: list[RecoveryRow]
     attempts: list[AttemptRow]
+    # each file read once per check, however many faults and ranks ask for it
+    _clocks: dict[int, AttemptClocks] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _nodes: dict[tuple[int, int], str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _beats: dict[tuple[int, int], list[tuple[float, int]]] = field(default_factory=dict, init=False, repr=False,
+                                                                   compare=False)
+
+    def clocks(self, attempt: int) -> AttemptClocks:
+        if attempt not in self._clocks:
+            self._clocks[attempt] = load_clocks(self.paths.clocks_file(attempt))
+        return self._clocks[attempt]
+
+    def node(self, attempt: int, rank: int) -> str:
+        """The node rank ``rank`` of ``attempt`` ran on, whose clock stamped its records."""
+        if (attempt, rank) not in self._nodes:
+            self._nodes[attempt, rank] = rank_node(self.paths, attempt, rank)
+        return self._nodes[attempt, rank]
+
+    def beats(self, attempt: int, rank: int) -> list[tuple[float, int]]:
+        """Rank ``rank``'s beats of ``attempt`` as (login-clock time, step), oldest first."""
+        if (attempt, rank) not in self._beats:
+            self._beats[attempt, rank] = self._read_beats(attempt, rank)
+        return self._beats[attempt, rank]
+
+    def _read_beats(self, attempt: int, rank: int) -> list[tuple[float, int]]:
+        clocks, node = self.clocks(attempt), self.node(attempt, rank)
+        beats = []
+        for record in read_json_lines(self.paths.heartbeat_file(attempt, rank)):
+            try:
+                beat = Heartbeat.from_json(record)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if beat.attempt == attempt and beat.phase is None:  # a phase's beat (resume, checkpoint) is no step
+                beats.append((clocks.on_login(Stamp(beat.time, node)).time, beat.step))
+        return sorted(beats)
 
 
 def verify_run(run: RunEvidence) -> tuple[list[str], list[Finding]]:
@@ -118,7 +152,7 @@ def _verified(run: RunEvidence, fault: FaultRow) -> str:
     if not _halts(fault):
         return ""
     ranks = _halted_ranks(run, fault)
-    if not any(_beats(run, fault.attempt, rank) for rank in ranks):
+    if not any(run.beats(fault.attempt, rank) for rank in ranks):
         return ""  # nothing of its targets' to read (a rank that never beat): not checked
     return "verified: its target made no progress after it"
 
@@ -135,7 +169,7 @@ class _FaultMoment:
 
     @classmethod
     def of(cls, run: RunEvidence, fault: FaultRow) -> "_FaultMoment":
-        clocks = load_clocks(run.paths.clocks_file(fault.attempt))
+        clocks = run.clocks(fault.attempt)
         assert fault.at is not None
         on_login = clocks.on_login(Stamp(fault.at, fault_clock(fault.kind, fault.node)))
         return cls(fault, on_login.time, on_login.clock, on_login.uncertainty_s, clocks)
@@ -164,28 +198,13 @@ def _halted_ranks(run: RunEvidence, fault: FaultRow) -> list[int]:
     if named and "launcher" not in (fault.detail or ""):
         return sorted({int(rank) for part in named for rank in part.split(",") if rank})
     nodes = set((fault.node or "").split(","))
-    return [rank for rank in range(run.ranks) if rank_node(run.paths, fault.attempt, rank) in nodes]
-
-
-def _beats(run: RunEvidence, attempt: int, rank: int) -> list[tuple[float, int]]:
-    """Rank ``rank``'s beats of ``attempt`` as (login-clock time, step), oldest first."""
-    clocks = load_clocks(run.paths.clocks_file(attempt))
-    node = rank_node(run.paths, attempt, rank)
-    beats = []
-    for record in read_json_lines(run.paths.heartbeat_file(attempt, rank)):
-        try:
-            beat = Heartbeat.from_json(record)
-        except (KeyError, TypeError, ValueError):
-            continue
-        if beat.attempt == attempt and beat.phase is None:  # a phase's beat (resume, checkpoint) is no step
-            beats.append((clocks.on_login(Stamp(beat.time, node)).time, beat.step))
-    return sorted(beats)
+    return [rank for rank in range(run.ranks) if run.node(fault.attempt, rank) in nodes]
 
 
 def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None:
     """Rank ``rank``'s first step past the fault's, beaten after the fault, in words; or None."""
-    node = rank_node(run.paths, moment.fault.attempt, rank)
-    beats = _beats(run, moment.fault.attempt, rank)
+    node = run.node(moment.fault.attempt, rank)
+    beats = run.beats(moment.fault.attempt, rank)
     before = [step for time, step in beats if time <= moment.at]
     reached = max(before, default=-1)
     late = moment.at + moment.allowance(node)
@@ -249,7 +268,7 @@ def _inferred_slack(run: RunEvidence, resumed: int, faulted: int) -> int:
     loaded = first_event(read_attempt_events(run.paths, resumed), EVENT_CHECKPOINT_LOADED)
     if loaded is None or not loaded.fields.get("inferred") or "first step" not in str(loaded.fields.get("source", "")):
         return 0
-    gaps = [_pace(_beats(run, attempt, rank))[1] for attempt in (faulted, resumed) for rank in range(run.ranks)]
+    gaps = [_pace(run.beats(attempt, rank))[1] for attempt in (faulted, resumed) for rank in range(run.ranks)]
     return max(0, max(gaps, default=1) - 1)
 
 
@@ -260,9 +279,9 @@ def _step_bound(run: RunEvidence, moment: _FaultMoment) -> int | None:
     where no rank beat before it."""
     bounds = []
     for rank in range(run.ranks):
-        node = rank_node(run.paths, moment.fault.attempt, rank)
+        node = run.node(moment.fault.attempt, rank)
         until = moment.at + moment.allowance(node)
-        beats = [(time, step) for time, step in _beats(run, moment.fault.attempt, rank) if time <= until]
+        beats = [(time, step) for time, step in run.beats(moment.fault.attempt, rank) if time <= until]
         if not beats:
             continue
         last_time, last_step = beats[-1]
