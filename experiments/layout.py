@@ -404,12 +404,13 @@ class CheckpointRecord:
     path: str
     time: float
     bytes: int
-    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    files: dict[str, str] = field(default_factory=dict)  # file name -> its hash (hash_algorithm's)
     framework: str = ""
     format: str = ""
     writers: str = ""  # "rank0" or "all"
     blocking_s: float = 0.0
     persist_s: float = 0.0
+    hash_algorithm: str = "sha256"  # experiments.runtime.integrity (a record without one: sha256)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CheckpointRecord":

@@ -5,7 +5,7 @@ directory (temporary name, fsync, rename), each rank leaves a receipt naming its
 checks that every rank delivered, hashes the files, writes ``manifest.json`` and renames the
 partial directory to its final name. A crash at any moment therefore leaves either a complete
 checkpoint or a hidden partial directory that the next attempt removes. Readers still verify sizes
-and sha256 ("newest valid"), because storage can lose or tear data after the fact, and skip a
+and hashes ("newest valid"), because storage can lose or tear data after the fact, and skip a
 checkpoint a rank failed to load. What cannot be used is moved aside to
 ``<run>/checkpoints/quarantine`` (on the checkpoints' filesystem: one rename), never deleted: a
 read error may be the storage's, not the checkpoint's.
@@ -36,18 +36,21 @@ from experiments.layout import (
     record_dict,
     write_json_atomic,
 )
+from experiments.runtime.integrity import default_algorithm
 from experiments.runtime.sink import FileSink, read_receipt, receipt_name
-from experiments.runtime.verify import Problem, check_checkpoint, read_manifest, sha256_file, verify_checkpoint
+from experiments.runtime.verify import Problem, check_checkpoint, file_hash, read_manifest, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 2  # 2: the files are those every rank's receipt listed, "ranks" says how many
+# 2: the files are those every rank's receipt listed, "ranks" says how many; 3: "hash_algorithm"
+# names the files' hash (experiments.runtime.integrity; none named: sha256)
+MANIFEST_VERSION = 3
 _STEP_DIR = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)$")
 _HIDDEN = "." + CHECKPOINT_PREFIX  # partial and trash directories: never candidates for a resume
 REJECTED = "rejected"  # a ScanEntry's problem_kind: verified, but a rank failed to load it
 
 __all__ = ["CheckpointIncomplete", "CheckpointMeta", "CheckpointStore", "ScanEntry", "ValidCheckpoint",
-           "sha256_file", "step_dir_name", "verify_checkpoint"]
+           "file_hash", "step_dir_name", "verify_checkpoint"]
 
 
 class CheckpointIncomplete(RuntimeError):
@@ -129,14 +132,15 @@ class CheckpointStore:
         before the rename that publishes (the attempt fence: it raises to stop a stale attempt).
         """
         partial = self.partial_dir(step)
-        sizes, delivered_hashes = self._delivered(partial, step, ranks)
-        hashes = {name: delivered_hashes.get(name) or sha256_file(partial / name) for name in sorted(sizes)}
+        algorithm = default_algorithm()
+        sizes, delivered_hashes = self._delivered(partial, step, ranks, algorithm)
+        hashes = {name: delivered_hashes.get(name) or file_hash(partial / name, algorithm) for name in sorted(sizes)}
         persist_s = time.monotonic() - started
         final = self.step_dir(step)
         record = CheckpointRecord(
             step=step, attempt=attempt, path=str(final), time=time.time(), bytes=sum(sizes.values()),
             files=hashes, framework=meta.framework, format=meta.format, writers=meta.writers,
-            blocking_s=persist_s if blocking_s is None else blocking_s, persist_s=persist_s,
+            blocking_s=persist_s if blocking_s is None else blocking_s, persist_s=persist_s, hash_algorithm=algorithm,
         )
         manifest = {**record_dict(record), "sizes": sizes, "ranks": ranks, "version": MANIFEST_VERSION}
         del manifest["path"]  # the directory may be moved as a whole; its name gives the step
@@ -167,9 +171,10 @@ class CheckpointStore:
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
-    def _delivered(self, partial: Path, step: int, ranks: int) -> tuple[dict[str, int], dict[str, str]]:
-        """File name -> size (each checked on disk) and name -> sha256 of every file the ranks'
-        receipts list."""
+    def _delivered(self, partial: Path, step: int, ranks: int, algorithm: str) -> tuple[dict[str, int], dict[str, str]]:
+        """File name -> size (each checked on disk) and name -> hash under ``algorithm`` of every
+        file the ranks' receipts list (a rank that hashed with another algorithm: none, its files
+        are hashed again)."""
         sizes: dict[str, int] = {}
         hashes: dict[str, str] = {}
         for rank in range(ranks):
@@ -178,7 +183,8 @@ class CheckpointStore:
                 raise CheckpointIncomplete(f"checkpoint {step}: rank {rank} of {ranks} delivered no receipt "
                                            f"({partial / receipt_name(rank)} missing): not published")
             sizes.update(receipt.sizes)
-            hashes.update(receipt.hashes)
+            if receipt.algorithm == algorithm:
+                hashes.update(receipt.hashes)
         if not sizes:
             raise CheckpointIncomplete(f"checkpoint {step}: no rank wrote a file into it ({ranks} receipts, all "
                                        "empty): nothing to resume from, not published")
@@ -247,7 +253,7 @@ class CheckpointStore:
         return entries
 
     def newest_valid(self, verify_hashes: bool = True) -> ValidCheckpoint | None:
-        """The newest checkpoint whose manifest, sizes and sha256 check out and that no rank failed
+        """The newest checkpoint whose manifest, sizes and hashes check out and that no rank failed
         to load; logs each one it skips."""
         rejections = read_json_lines(self.paths.checkpoint_rejections)
         for step, path in self._final_dirs():

@@ -2,10 +2,11 @@
 
 A rank killed mid-write leaves only a hidden temporary file, never a truncated file under the
 final name; the store ignores hidden names when it hashes the checkpoint. Each file is hashed while
-its fsync runs (its bytes are still in the page cache), so the manifest's sha256 costs no time of
-its own on a disk slower than the hash. When a rank closes its sink it leaves a receipt (a hidden
-JSON file: the size and sha256 of every file it wrote), so that rank 0 publishes exactly what every
-rank delivered, without reading it back, and notices a rank that delivered nothing.
+its fsync runs (its bytes are still in the page cache; BLAKE3 where it is installed, else sha256:
+experiments.runtime.integrity), so the manifest's hashes cost no time of their own on a disk slower
+than the hash. When a rank closes its sink it leaves a receipt (a hidden JSON file: the size and
+hash of every file it wrote, and the algorithm), so that rank 0 publishes exactly what every rank
+delivered, without reading it back, and notices a rank that delivered nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from experiments.layout import MANIFEST_NAME
-from experiments.runtime.verify import sha256_file
+from experiments.runtime.integrity import LEGACY_ALGORITHM, default_algorithm
+from experiments.runtime.verify import file_hash
 
 _COPY_CHUNK = 4 << 20
 
@@ -34,7 +36,8 @@ class FileSink:
         self.directory = directory
         self.rank = rank
         self.written: dict[str, int] = {}  # name -> bytes: this rank's share, listed in its receipt
-        self.hashes: dict[str, str] = {}  # name -> sha256, taken while the file was made durable
+        self.algorithm = default_algorithm()
+        self.hashes: dict[str, str] = {}  # name -> its hash (self.algorithm), taken while the file was made durable
 
     @contextmanager
     def open(self, name: str) -> Iterator[BinaryIO]:
@@ -46,7 +49,7 @@ class FileSink:
         try:
             yield handle
             handle.flush()
-            digest = durable_sha256(tmp, handle.fileno())
+            digest = durable_hash(tmp, handle.fileno(), self.algorithm)
         except BaseException:
             handle.close()
             tmp.unlink(missing_ok=True)
@@ -93,7 +96,7 @@ class FileSink:
             self._copy_in(path, name)
             return
         with open(path, "rb") as handle:
-            digest = durable_sha256(path, handle.fileno())
+            digest = durable_hash(path, handle.fileno(), self.algorithm)
         final = self.directory / name
         try:
             os.replace(path, final)
@@ -117,26 +120,28 @@ class FileSink:
         rank's receipt, is what makes the checkpoint's names durable."""
         receipt = self.directory / receipt_name(self.rank)
         tmp = receipt.with_name(f".{receipt.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"rank": self.rank, "files": self.written, "sha256": self.hashes}))
+        tmp.write_text(json.dumps({"rank": self.rank, "files": self.written, "hash_algorithm": self.algorithm,
+                                  "hashes": self.hashes}))
         os.replace(tmp, receipt)
 
 
-def durable_sha256(path: Path, fd: int) -> str:
+def durable_hash(path: Path, fd: int, algorithm: str) -> str:
     """fsync ``fd`` (the file at ``path``) and, meanwhile, hash the file: both release the GIL, and
     the bytes just written are read back from the page cache, so this takes about the fsync's time."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
         synced = pool.submit(os.fsync, fd)
-        digest = sha256_file(path)
+        digest = file_hash(path, algorithm)
         synced.result()
     return digest
 
 
 @dataclass(frozen=True)
 class Receipt:
-    """What one rank delivered into a checkpoint: name -> size, and name -> sha256 (files an older
-    writer listed without a hash are hashed when the manifest is written)."""
+    """What one rank delivered into a checkpoint: name -> size, and name -> hash under ``algorithm``
+    (files an older writer listed without a hash are hashed when the manifest is written)."""
     sizes: dict[str, int]
     hashes: dict[str, str] = field(default_factory=dict)
+    algorithm: str = LEGACY_ALGORITHM
 
 
 def receipt_name(rank: int) -> str:
@@ -151,11 +156,13 @@ def read_receipt(path: Path) -> Receipt | None:
     except FileNotFoundError:
         return None
     files = receipt.get("files") if isinstance(receipt, dict) else None
-    hashes = receipt.get("sha256", {}) if isinstance(receipt, dict) else None
-    if not isinstance(files, dict) or not isinstance(hashes, dict):
+    # an older writer's receipt: its hashes under "sha256"
+    hashes = receipt.get("hashes", receipt.get(LEGACY_ALGORITHM, {})) if isinstance(receipt, dict) else None
+    algorithm = receipt.get("hash_algorithm", LEGACY_ALGORITHM) if isinstance(receipt, dict) else None
+    if not isinstance(files, dict) or not isinstance(hashes, dict) or not isinstance(algorithm, str):
         raise ValueError(f"{path}: not a checkpoint receipt")
     return Receipt({str(name): int(size) for name, size in files.items()},
-                   {str(name): str(digest) for name, digest in hashes.items() if name in files})
+                   {str(name): str(digest) for name, digest in hashes.items() if name in files}, algorithm)
 
 
 def _check_name(name: str) -> None:

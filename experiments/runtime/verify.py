@@ -1,4 +1,5 @@
-"""Is a published checkpoint usable: its manifest, sizes and sha256, read with retries.
+"""Is a published checkpoint usable: its manifest, sizes and hashes (the algorithm its manifest
+names: experiments.runtime.integrity), read with retries.
 
 Two kinds of problem, because they call for different actions: *invalid* (the bytes on disk prove
 the checkpoint bad: no manifest, a size or hash that does not match) and *unreadable* (the storage
@@ -9,7 +10,6 @@ is retried a few times first, since network file systems fail transiently.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from experiments.layout import MANIFEST_NAME
+from experiments.runtime.integrity import LEGACY_ALGORITHM, HashUnavailable, digest_file
 
 log = logging.getLogger(__name__)
 
-HASH_CHUNK = 4 << 20
 READ_RETRY_DELAYS_S = (0.05, 0.2, 0.5)  # then the read counts as failed
 INVALID = "invalid"
 UNREADABLE = "unreadable"
@@ -51,15 +51,9 @@ def retrying_read(read: Callable[[], T], what: str, delays_s: tuple[float, ...] 
     return read()
 
 
-def sha256_file(path: Path) -> str:
-    def digest() -> str:
-        hasher = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(HASH_CHUNK):
-                hasher.update(chunk)
-        return hasher.hexdigest()
-
-    return retrying_read(digest, str(path))
+def file_hash(path: Path, algorithm: str) -> str:
+    """The file's hex digest under ``algorithm`` (experiments.runtime.integrity), read with retries."""
+    return retrying_read(lambda: digest_file(path, algorithm), str(path))
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -94,20 +88,24 @@ def check_checkpoint(path: Path, step: int, verify_hashes: bool = True) -> tuple
         return manifest, Problem(INVALID, "manifest lacks matching 'files' and 'sizes' tables")
     if manifest.get("step") != step:
         return manifest, Problem(INVALID, f"manifest step {manifest.get('step')!r} does not match the directory name")
+    algorithm = manifest.get("hash_algorithm", LEGACY_ALGORITHM)  # none named: written before BLAKE3
     for name, expected_hash in sorted(files.items()):
-        problem = _verify_file(path / name, sizes[name], expected_hash, verify_hashes)
+        problem = _verify_file(path / name, sizes[name], expected_hash, algorithm if verify_hashes else None)
         if problem:
             return manifest, Problem(problem.kind, f"{name}: {problem.text}")
     return manifest, None
 
 
-def _verify_file(path: Path, size: Any, expected_hash: Any, verify_hashes: bool) -> Problem | None:
+def _verify_file(path: Path, size: Any, expected_hash: Any, algorithm: str | None) -> Problem | None:
+    """``algorithm`` None: the size alone is checked."""
     try:
         actual_size = retrying_read(lambda: path.stat().st_size, str(path))
         if actual_size != size:
             return Problem(INVALID, f"size {actual_size} bytes, manifest says {size}")
-        if verify_hashes and sha256_file(path) != expected_hash:
-            return Problem(INVALID, "sha256 mismatch")
+        if algorithm is not None and file_hash(path, algorithm) != expected_hash:
+            return Problem(INVALID, f"{algorithm} mismatch")
+    except HashUnavailable as error:  # not the checkpoint's fault: it cannot be checked here
+        return Problem(UNREADABLE, f"not checked: {error}")
     except FileNotFoundError:
         return Problem(INVALID, "missing")
     except OSError as error:

@@ -152,7 +152,7 @@ def test_a_torch_checkpoint_that_fails_to_load_makes_the_next_attempt_fall_back(
     pytest.importorskip("torch")
     import json
 
-    from experiments.runtime.checkpoint import sha256_file
+    from experiments.runtime.checkpoint import file_hash
 
     straight = _torch_attempt(tmp_path / "straight", steps=40, attempt=0)
     run_dir = tmp_path / "broken"
@@ -162,7 +162,7 @@ def test_a_torch_checkpoint_that_fails_to_load_makes_the_next_attempt_fall_back(
     # Bytes that hash as the manifest says (a writer's bug, not storage): only loading finds out.
     (newest / "model.pt").write_bytes(b"not a torch file" * 100)
     manifest = json.loads((newest / MANIFEST_NAME).read_text())
-    manifest["files"]["model.pt"] = sha256_file(newest / "model.pt")
+    manifest["files"]["model.pt"] = file_hash(newest / "model.pt", manifest["hash_algorithm"])
     manifest["sizes"]["model.pt"] = (newest / "model.pt").stat().st_size
     (newest / MANIFEST_NAME).write_text(json.dumps(manifest))
     import torch.distributed as dist

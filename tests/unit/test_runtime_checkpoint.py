@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from experiments.layout import MANIFEST_NAME, read_json_lines
-from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore, ValidCheckpoint, sha256_file
+from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore, ValidCheckpoint, file_hash
 from experiments.runtime.persist import PersistWorker
 
 META = CheckpointMeta(framework="test", format="raw bytes", writers="all")
@@ -36,7 +36,8 @@ def test_commit_publishes_manifest_and_record(tmp_path: Path) -> None:
     manifest = json.loads((path / MANIFEST_NAME).read_text())
     assert manifest["step"] == 10 and manifest["framework"] == "test" and manifest["writers"] == "all"
     assert set(manifest["files"]) == {"rank0.bin", "rank1.bin"}
-    assert manifest["files"]["rank0.bin"] == sha256_file(path / "rank0.bin")
+    assert manifest["hash_algorithm"] == "blake3"  # the package is Faultdrill's own dependency
+    assert manifest["files"]["rank0.bin"] == file_hash(path / "rank0.bin", "blake3")
     assert manifest["bytes"] == sum(manifest["sizes"].values()) > 0
     assert manifest["persist_s"] >= 0 and manifest["blocking_s"] == 0.001
     assert not store.partial_dir(10).exists()
@@ -55,14 +56,15 @@ def test_the_manifest_takes_the_hashes_the_writers_took_and_reads_nothing_back(
     scratch_file.write_bytes(b"b" * 5000)
     sink.adopt(scratch_file, "b.bin")  # a framework that writes by path (TensorFlow)
     sink.close()
-    expected = {name: sha256_file(sink.directory / name) for name in ("a.bin", "b.bin")}
+    expected = {name: file_hash(sink.directory / name, "blake3") for name in ("a.bin", "b.bin")}
     receipt = json.loads((sink.directory / ".receipt-rank00000.json").read_text())
-    assert receipt["sha256"] == expected and receipt["files"] == {"a.bin": 100_000, "b.bin": 5000}
+    assert receipt["hashes"] == expected and receipt["files"] == {"a.bin": 100_000, "b.bin": 5000}
+    assert receipt["hash_algorithm"] == "blake3"
 
-    def no_reading(path: Path) -> str:
+    def no_reading(path: Path, algorithm: str) -> str:
         raise AssertionError(f"the commit read {path} back")
 
-    monkeypatch.setattr("experiments.runtime.checkpoint.sha256_file", no_reading)
+    monkeypatch.setattr("experiments.runtime.checkpoint.file_hash", no_reading)
     record = store.commit(10, 0, META, time.monotonic(), blocking_s=None)
     assert record.files == expected
     monkeypatch.undo()
@@ -72,7 +74,7 @@ def test_the_manifest_takes_the_hashes_the_writers_took_and_reads_nothing_back(
     unhashed.hashes.clear()  # a receipt as an older writer left it: sizes only
     unhashed.close()
     assert store.commit(20, 0, META, time.monotonic(), blocking_s=None).files == {
-        "c.bin": sha256_file(store.step_dir(20) / "c.bin")}
+        "c.bin": file_hash(store.step_dir(20) / "c.bin", "blake3")}
 
 
 def test_sync_commit_counts_blocking_as_persist(tmp_path: Path) -> None:
@@ -102,7 +104,7 @@ def test_corrupt_newest_falls_back_to_previous(tmp_path: Path, caplog: pytest.Lo
     with caplog.at_level(logging.WARNING):
         found = store.newest_valid()
     assert found is not None and found.step == 10
-    assert "step-00000020" in caplog.text and "rank1.bin: sha256 mismatch" in caplog.text
+    assert "step-00000020" in caplog.text and "rank1.bin: blake3 mismatch" in caplog.text
 
 
 def test_truncated_file(tmp_path: Path) -> None:
