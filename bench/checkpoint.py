@@ -3,18 +3,22 @@
 For each framework and state size (weights + Adam moments: 12 bytes a parameter; 16 MB to >= 1 GB)
 a one-rank workload of that size trains one step, then saves through Faultdrill's store exactly
 as a rank does (the workload's ``save`` into the store's sink: temporary names, fsync, rename,
-receipt; then rank 0's commit: sha256 manifest, publish):
+receipt; then rank 0's commit: the manifest of the files' hashes, publish):
 - ``sync``: training waits for the whole save (the store's ``blocking_s`` = ``persist_s``);
 - ``async``: training waits for the workload's snapshot (a copy of the state in memory); the write,
-  fsync (the sha256 taken meanwhile), receipt and commit run on the persist thread; ``blocking`` is
+  fsync (the hash taken meanwhile), receipt and commit run on the persist thread; ``blocking`` is
   what training waited, ``persist`` until published.
-The floor: one write + fsync of the same number of bytes to the same directory, measured next
-to each save. Prints the ratios (1.00 = as fast as the disk allows); writes JSON.
+The floor: the smallest crash-consistent publish of the same number of bytes in the same directory
+(write, fsync, rename, directory fsync: what any correct store must do), measured next to each
+save. Prints the ratios (1.00 = as fast as the disk allows); writes JSON. ``--hash sha256`` hashes
+as a store without the blake3 package does (the lever of issue 24, measured in one run each).
 
-Goals (issue 11): sync <= 1.25 x floor for every framework; async blocking <= 10 % of sync.
+Goals (issue 24): sync <= 1.25 x floor for every framework at 16 MiB, 128 MiB and 1 GiB; async
+blocking <= 10 % of sync.
 
     .venv/bin/python bench/checkpoint.py [--frameworks torch,tensorflow,chainer] [--mb 16 128 1024]
-                                         [--repeats 3] [--dir DIR] [--out bench/results/checkpoint.json]
+                                         [--repeats 3] [--hash blake3|sha256] [--dir DIR]
+                                         [--out bench/results/checkpoint.json]
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.layout import WorkloadSpec  # noqa: E402
+from experiments.layout import WorkloadSpec, fsync_dir  # noqa: E402
+from experiments.runtime import integrity  # noqa: E402
 from experiments.runtime.checkpoint import CheckpointStore  # noqa: E402
 from experiments.runtime.distenv import DistEnv, Timeouts  # noqa: E402
 from experiments.runtime.persist import PersistWorker  # noqa: E402
@@ -45,11 +50,12 @@ FLOOR_CHUNK = 4 << 20
 
 
 def floor_s(directory: Path, size: int) -> float:
-    """One write of ``size`` bytes and its fsync: what any durable checkpoint pays on this disk."""
+    """The smallest crash-consistent publish of ``size`` bytes: write them under a temporary name,
+    fsync, rename to the final name, fsync the directory (what any correct checkpoint store pays)."""
     payload = os.urandom(size)
-    path = directory / "floor.bin"
+    temporary, final = directory / ".floor.bin.tmp", directory / "floor.bin"
     started = time.monotonic()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(payload)
         while view:  # in chunks, as any writer of a large state does (one 1 GiB write() is slower here)
@@ -57,8 +63,10 @@ def floor_s(directory: Path, size: int) -> float:
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.replace(temporary, final)
+    fsync_dir(directory)
     elapsed = time.monotonic() - started
-    path.unlink()
+    final.unlink()
     return elapsed
 
 
@@ -92,8 +100,11 @@ def save_once(workload: Any, store: CheckpointStore, step: int, asynchronous: bo
     return record.blocking_s, record.persist_s, record.bytes
 
 
-def bench_one(framework: str, mb: int, repeats: int, directory: Path) -> list[dict[str, Any]]:
+def bench_one(framework: str, mb: int, repeats: int, directory: Path, hash_algorithm: str) -> list[dict[str, Any]]:
     """One framework, one size, sync and async, in this process (``main`` gives each its own)."""
+    if hash_algorithm == integrity.SHA256:  # as a store without the blake3 package hashes
+        integrity._blake3 = lambda: None  # the bench's lever, in its own process
+    assert integrity.default_algorithm() == hash_algorithm, f"{hash_algorithm} is not available here"
     params = mb * 2**20 // BYTES_PER_PARAM
     workload = get_workload(framework)
     env = DistEnv.from_environ({"FAULTDRILL_MASTER_PORT": str(_free_port())}, hostname="bench")
@@ -111,7 +122,7 @@ def bench_one(framework: str, mb: int, repeats: int, directory: Path) -> list[di
                 os.sync()
                 samples.append((blocking, persist, size, floor_s(directory, size)))
             blocking, persist, floor = (statistics.median(sample[i] for sample in samples) for i in (0, 1, 3))
-            rows.append({"framework": framework, "state_mb": mb, "params": params, "mode": mode,
+            rows.append({"framework": framework, "state_mb": mb, "params": params, "mode": mode, "hash": hash_algorithm,
                          "bytes": samples[-1][2], "blocking_s": blocking, "persist_s": persist, "floor_s": floor,
                          "persist_x_floor": persist / floor, "blocking_x_floor": blocking / floor})
     finally:
@@ -119,10 +130,11 @@ def bench_one(framework: str, mb: int, repeats: int, directory: Path) -> list[di
     return rows
 
 
-def _in_subprocess(framework: str, mb: int, repeats: int, directory: Path) -> list[dict[str, Any]]:
+def _in_subprocess(framework: str, mb: int, repeats: int, directory: Path, hash_algorithm: str) -> list[dict[str, Any]]:
     """A fresh process per framework and size: a framework's runtime is set up once per process."""
     done = subprocess.run([sys.executable, __file__, "--one", framework, str(mb), "--repeats", str(repeats),
-                           "--dir", str(directory)], capture_output=True, text=True, timeout=3600)
+                           "--dir", str(directory), "--hash", hash_algorithm], capture_output=True, text=True,
+                          timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"bench: {framework} at {mb} MiB failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -133,6 +145,8 @@ def main() -> None:
     parser.add_argument("--frameworks", default="torch,tensorflow,chainer")
     parser.add_argument("--mb", type=int, nargs="+", default=[16, 128, 1024], help="state sizes, MiB")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hash", choices=integrity.ALGORITHMS, default=integrity.BLAKE3,
+                        help="the checkpoint files' hash (sha256: as a store without the blake3 package)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a folder in /var/tmp)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "checkpoint.json")
     parser.add_argument("--one", nargs=2, metavar=("FRAMEWORK", "MIB"), help=argparse.SUPPRESS)
@@ -141,13 +155,13 @@ def main() -> None:
     # What a Chainer rank's environment says (experiments/workloads/__init__.py): chainer imports numpy.distutils.
     os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
     if args.one:
-        print(json.dumps(bench_one(args.one[0], int(args.one[1]), args.repeats, args.dir)))
+        print(json.dumps(bench_one(args.one[0], int(args.one[1]), args.repeats, args.dir, args.hash)))
         return
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="fd-bench-ckpt-") as scratch:
         for framework in args.frameworks.split(","):
             for mb in args.mb:
-                measured = _in_subprocess(framework, mb, args.repeats, Path(scratch))
+                measured = _in_subprocess(framework, mb, args.repeats, Path(scratch), args.hash)
                 for row in measured:  # as it goes: a long run shows its progress
                     print(f"  {framework} {mb} MiB {row['mode']}: persist {row['persist_x_floor']:.2f} x floor, "
                           f"blocking {row['blocking_s']:.3f} s", file=sys.stderr, flush=True)
@@ -160,7 +174,8 @@ def main() -> None:
         print(f"{row['framework']} | {row['state_mb']} | {row['mode']} | {row['bytes']:,} | {row['floor_s']:.3f} | "
               f"{row['blocking_s']:.3f} | {row['persist_s']:.3f} | {row['persist_x_floor']:.2f} | "
               + ("-" if share is None else f"{share:.0%}"))
-    print("medians; floor: one write + fsync of the same bytes to the same directory, next to each save")
+    print(f"medians; hash {args.hash}; floor: write, fsync, rename, directory fsync of the same bytes in the same "
+          "directory, next to each save")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, indent=2))
     print(f"written: {args.out}")
