@@ -62,11 +62,8 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # handler ends rank 0 with an error): noted here, acted on at an agreed step.
     warning = WarningNote(warning_signal()).install()
     # Imported here, not at module top: the framework must see the thread limits above.
-    from experiments.runner import RunnerOptions, run_training
-    from experiments.runtime.distenv import DistEnv, Timeouts
+    from experiments.runtime.distenv import DistEnv
     from experiments.runtime.fence import check_current, own_job_id
-    from experiments.runtime.identity import register_rank
-    from experiments.workloads import get_workload
 
     env = DistEnv.from_environ()
     job = attempt_from_environment(job)
@@ -74,8 +71,13 @@ def run_rank(job: RankJob) -> dict[str, Any]:
     # Before this rank touches any of the run's files: a stale attempt (a scheduler's requeue, a
     # duplicate, an orphan) must leave them to the current one.
     check_current(paths, job.attempt, own_job_id(env.job_id), f"starting rank {env.rank}", drill_id=job.drill_id or None)
-    if job.workload.command is not None:
+    if job.workload.command is not None:  # the user's script: none of the built-in runner's modules (NumPy)
         return _run_command(job, env, paths, started_at)
+    from experiments.runner import RunnerOptions, run_training
+    from experiments.runtime.distenv import Timeouts
+    from experiments.runtime.identity import register_rank
+    from experiments.workloads import get_workload
+
     if os.environ.get(ENV_WARM_COORDINATOR):
         return _run_warm(job, env, paths, started_at, warning)
     register_rank(paths, env, job.attempt)

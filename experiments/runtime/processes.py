@@ -1,4 +1,4 @@
-"""The processes of this machine as /proc shows them: children by parent."""
+"""The processes of this machine as /proc shows them: children by parent, a process's environment."""
 
 from __future__ import annotations
 
@@ -20,3 +20,13 @@ def children_of(parent: int, zombies: bool = False) -> list[int]:
         if len(fields) > 1 and int(fields[1]) == parent and (zombies or fields[0] != "Z"):
             children.append(int(entry.name))
     return children
+
+
+def environ_of(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` started with; None where it is gone or not ours to read."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {name: value for name, _, value in pairs}

@@ -27,13 +27,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-import psutil
-
 from experiments.layout import CommandSpec, RankIdentity, RunPaths, record_dict, write_json_atomic
 from experiments.runtime.distenv import DistEnv
 from experiments.runtime.fence import own_job_id
 from experiments.runtime.identity import start_ticks
-from experiments.runtime.processes import children_of
+from experiments.runtime.processes import children_of, environ_of
 
 RUN_ID_VAR = "TORCHELASTIC_RUN_ID"  # in every worker's environment: torchrun's --rdzv-id
 # torch 2.13's torchrun, restarting its workers, hangs the next round's init_process_group about half
@@ -207,17 +205,13 @@ class WorkerRegistry:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return start_ticks(pid) is not None  # neither gone nor a zombie
 
 
 def worker_rank(pid: int, rendezvous: str) -> int | None:
     """The RANK of ``pid`` if it is a worker of the torchrun launch ``rendezvous``; None otherwise."""
-    try:
-        environ = psutil.Process(pid).environ()
-    except psutil.Error:
+    environ = environ_of(pid)
+    if environ is None:
         return None  # gone, or not ours to read
     if environ.get(RUN_ID_VAR) != rendezvous or not environ.get("RANK", "").isdigit():
         return None

@@ -318,3 +318,17 @@ def test_a_worker_that_left_the_group_is_ended_when_its_parent_dies_late(tmp_pat
         assert took < 20, f"the rank took {took:.1f} s"
     finally:
         _kill_if_alive(worker)
+
+
+def test_a_command_rank_loads_neither_numpy_nor_psutil(tmp_path: Path) -> None:
+    """Issue 24, goal 4: a rank that runs the user's script starts as lightly as it can (a sweep of
+    1,000 short runs pays its start-up 1,000 times): the built-in runner's modules (NumPy) and
+    psutil are never loaded. Its script reads what the supervisor (its parent) has mapped."""
+    body = ("import os; maps = open(f'/proc/{os.getppid()}/maps').read(); "
+            "open('mapped.txt', 'w').write(maps); print('step 1', flush=True)")
+    done, _ = _run(tmp_path, _script(body))
+    assert done.returncode == 0, done.stderr
+    mapped = (tmp_path / "mapped.txt").read_text()
+    assert "/python3" in mapped or "libpython" in mapped  # the parent it read is a Python: the supervisor
+    assert "_multiarray_umath" not in mapped, "the command rank's supervisor loaded NumPy"
+    assert "_psutil_linux" not in mapped, "the command rank's supervisor loaded psutil"
