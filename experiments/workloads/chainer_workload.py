@@ -18,7 +18,6 @@ import io
 import sys
 import time
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, cast
 
@@ -40,6 +39,7 @@ from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
 from experiments.runtime.snapshot import ShareWriter
 from experiments.workloads.base import Workload
+from experiments.workloads.npz_writer import write_npz
 from experiments.workloads.synthetic import (
     DROPOUT,
     DROPOUT_STREAM,
@@ -290,18 +290,6 @@ def _npz_arrays(target: Any, staging: dict[str, np.ndarray]) -> dict[str, np.nda
         np.copyto(buffer, array)
         copies[key] = buffer
     return copies
-
-
-def write_npz(handle: Any, arrays: dict[str, np.ndarray]) -> None:
-    """An uncompressed .npz, as ``numpy.savez`` writes one, but each array's bytes go to the zip
-    straight from its memory (numpy copies each 16 MiB chunk first: 2.5 s for 1 GiB here, about
-    three times the disk's own time)."""
-    with zipfile.ZipFile(handle, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for key, array in arrays.items():
-            contiguous = np.ascontiguousarray(array)
-            with archive.open(f"{key}.npy", mode="w", force_zip64=True) as member:
-                np.lib.format.write_array_header_2_0(member, np.lib.format.header_data_from_array_1_0(contiguous))
-                member.write(memoryview(contiguous).cast("B"))  # type: ignore[arg-type]  # numpy 1.x's stubs give ndarray __buffer__ on Python 3.12+ only
 
 
 class _RngState:
