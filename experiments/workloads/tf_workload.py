@@ -28,6 +28,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from contextlib import contextmanager, nullcontext  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, ContextManager, Iterator, Mapping  # noqa: E402
 
@@ -80,13 +81,14 @@ def _glorot(shape: tuple[int, ...], fan_in: int, fan_out: int, seed: tuple[int, 
 class SyntheticModel(tf.Module):
     """``synthetic``'s MLP or CNN as named variables (Keras' default init: Glorot kernels, zero biases)."""
 
-    def __init__(self, model: str, size: int, seed: int, rng: tf.random.Generator) -> None:
+    def __init__(self, model: str, size: int, seed: int, rng: tf.random.Generator, initialize: bool = True) -> None:
+        """``initialize`` False: zeros (a shadow whose values are copied in: TensorFlowWorkload.snapshot)."""
         super().__init__(name=model)
         self.model, self.rng = model, rng
         shapes = mlp_shapes(size) if model == "mlp" else cnn_shapes(size)
         self.weights: dict[str, tf.Variable] = {}
         for index, (name, shape) in enumerate(shapes):
-            if name.endswith("/bias"):
+            if name.endswith("/bias") or not initialize:
                 initial = tf.zeros(shape)
             else:
                 receptive = int(np.prod(shape[:-2])) if len(shape) == 4 else 1
@@ -111,6 +113,25 @@ class SyntheticModel(tf.Module):
             return values
         keep = tf.cast(self.rng.uniform(tf.shape(values)) >= DROPOUT, values.dtype)
         return values * keep / (1.0 - DROPOUT)
+
+
+COUNTERS = ("step", "data_position", "hidden_width")
+
+
+def _counters() -> dict[str, tf.Variable]:
+    return {name: tf.Variable(0, dtype=tf.int64, name=name) for name in COUNTERS}
+
+
+def state_variables(model: SyntheticModel, optimizer: Any, counters: dict[str, tf.Variable]) -> list[tf.Variable]:
+    """Everything a step changes, as the checkpoint holds it: weights, Adam's slots and iteration
+    count, the dropout generator's state, the counters (the same order for a workload and its shadow)."""
+    return [*model.variables_in_order, *optimizer.variables, model.rng.state, *counters.values()]
+
+
+@dataclass(frozen=True)
+class _Shadow:
+    checkpoint: tf.train.Checkpoint
+    variables: list[tf.Variable]  # in state_variables' order
 
 
 def mlp_shapes(width: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -142,6 +163,7 @@ class TensorFlowWorkload(Workload):
         self.counters: dict[str, tf.Variable] = {}
         self.width = 0
         self._step_fn: tf.types.experimental.PolymorphicFunction | None = None
+        self._shadow: _Shadow | None = None  # the chief's copy of the state, written off the training thread
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
@@ -162,8 +184,7 @@ class TensorFlowWorkload(Workload):
             self.model = SyntheticModel(spec.model, self.width, spec.seed, rng)
             self.optimizer = tf.keras.optimizers.Adam(learning_rate=LEARNING_RATE)
             self.optimizer.build(self.model.variables_in_order)
-            self.counters = {name: tf.Variable(0, dtype=tf.int64, name=name)
-                             for name in ("step", "data_position", "hidden_width")}
+            self.counters = _counters()
         self.checkpoint = tf.train.Checkpoint(
             model=self.model, optimizer=self.optimizer, dropout_rng=rng, **self.counters)
         built = time.monotonic()
@@ -226,11 +247,8 @@ class TensorFlowWorkload(Workload):
             variable.assign(value)
 
     def _state_variables(self) -> list[tf.Variable]:
-        """Everything a step changes, as the checkpoint holds it: weights, Adam's slots and
-        iteration count, the dropout generator's state, the counters."""
         assert self.model is not None and self.optimizer is not None
-        return [*self.model.variables_in_order, *self.optimizer.variables, self.model.rng.state,
-                *self.counters.values()]
+        return state_variables(self.model, self.optimizer, self.counters)
 
     def train_step(self, step: int) -> float:
         assert self.strategy is not None and self._step_fn is not None
@@ -239,36 +257,47 @@ class TensorFlowWorkload(Workload):
         return float(self.strategy.experimental_local_results(loss)[0])
 
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
-        """TensorFlow writes by path: every worker writes now (TensorFlow's multi-worker pattern:
-        should the save ever need a collective, no worker is missing from it) into a scratch
-        directory inside the checkpoint's partial directory; the returned call makes the chief's
-        files durable and part of the share (fsync and hash, on any thread) and removes the scratch
-        (with the partial directory by the next attempt, should this rank be killed meanwhile)."""
-        assert self.env is not None and self.checkpoint is not None
+        """The chief's state copied into its shadow (plain variables of the same structure, kept
+        from one checkpoint to the next: one copy each, into memory already touched), which the
+        returned call writes as TensorFlow's own checkpoint (by path, into a scratch directory inside
+        the checkpoint's partial directory), makes durable and part of the share (fsync and hash),
+        on any thread: training waits for the copy alone. The other workers write nothing (only the
+        chief's files are published; the copy needs no collective). Not TensorFlow's async option
+        (CheckpointOptions(enable_async=True)): its copy of Keras 3 variables fails from the second
+        save on ("tf.function only supports singleton tf.Variables created on the first call")."""
+        assert self.env is not None
         for name in ("step", "data_position"):
             self.counters[name].assign(step)
         self.counters["hidden_width"].assign(self.width)
-        scratch = sink.new_scratch()
-        try:
-            # Not TensorFlow's async option (CheckpointOptions(enable_async=True)): its copy of Keras 3
-            # variables fails from the second save on ("tf.function only supports singleton
-            # tf.Variables created on the first call"). The write goes to the page cache; its fsync
-            # and hash are what the returned call does, off the training thread.
-            self.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
-        is_main = self.env.is_main
+        if not self.env.is_main:
+            return lambda: None
+        shadow = self._shadow_state()
+        for copy, variable in zip(shadow.variables, self._state_variables(), strict=True):
+            copy.assign(variable)
 
         def write() -> None:
+            scratch = sink.new_scratch()
             try:
-                if is_main:
-                    for path in sorted(p for p in scratch.iterdir() if p.is_file()):
-                        sink.adopt(path, path.name)
+                shadow.checkpoint.write(str(scratch / CHECKPOINT_PREFIX))
+                for path in sorted(p for p in scratch.iterdir() if p.is_file()):
+                    sink.adopt(path, path.name)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
 
         return write
+
+    def _shadow_state(self) -> "_Shadow":
+        """Built at the first checkpoint, outside the strategy (plain variables on this CPU)."""
+        if self._shadow is None:
+            with tf.device("/cpu:0"):
+                rng = tf.random.Generator.from_seed(0)  # its state is copied in
+                model = SyntheticModel(self.spec.model, self.width, self.spec.seed, rng, initialize=False)
+                optimizer = tf.keras.optimizers.Adam(learning_rate=LEARNING_RATE)
+                optimizer.build(model.variables_in_order)
+                counters = _counters()
+            self._shadow = _Shadow(tf.train.Checkpoint(model=model, optimizer=optimizer, dropout_rng=rng, **counters),
+                                   state_variables(model, optimizer, counters))
+        return self._shadow
 
     def load(self, directory: Path, step: int) -> None:
         assert self.checkpoint is not None

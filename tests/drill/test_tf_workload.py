@@ -109,30 +109,46 @@ def test_loading_another_width_fails(tmp_path: Path) -> None:
         workload.load(RunPaths(tmp_path).checkpoints / "step-00000010", 10)
 
 
-def test_a_non_chief_writes_its_scratch_copy_inside_the_checkpoints_partial_directory(tmp_path: Path) -> None:
-    """Issue 7, item 13: killed mid-save, a non-chief left /tmp/faultdrill-tf-rank* behind; its copy now
-    lives in the partial directory, which the next attempt removes with everything in it."""
+def test_a_non_chief_writes_nothing_into_a_checkpoint(tmp_path: Path) -> None:
+    """Only the chief's files are published, and the chief's copy needs no collective: the other
+    workers write nothing (issue 7, item 13: none leaves a scratch copy anywhere, /tmp included)."""
     from experiments.runtime.checkpoint import CheckpointStore
 
     workload = TensorFlowWorkload()
     workload.env = DistEnv.from_environ({"SUBMITIT_LOCAL_JOB_ID": "1", "SUBMITIT_LOCAL_GLOBALID": "1",
                                          "SUBMITIT_LOCAL_NTASKS": "2", "FAULTDRILL_MASTER_PORT": "30000"})
     workload.counters = {name: tf.Variable(0, dtype=tf.int64) for name in ("step", "data_position", "hidden_width")}
-    written: list[Path] = []
-
-    class RecordingCheckpoint:
-        def write(self, prefix: str) -> None:
-            written.append(Path(prefix))
-            Path(f"{prefix}.index").write_bytes(b"i")  # what TensorFlow leaves if killed right here
-
-    workload.checkpoint = RecordingCheckpoint()  # type: ignore[assignment]  # records the calls in its place
     store = CheckpointStore(tmp_path)
     sink = store.sink(10, rank=1)
     workload.save(sink, 10)
-    [prefix] = written
-    assert prefix.parent.parent == store.partial_dir(10)  # inside the partial directory, not in /tmp
-    assert not prefix.parent.exists(), "the scratch copy outlived the save"
-    assert store.remove_stale() == [store.partial_dir(10)]
+    assert list(store.partial_dir(10).iterdir()) == [] and sink.written == {}
+
+
+def test_a_snapshot_holds_its_step_while_training_goes_on_before_it_is_written(tmp_path: Path) -> None:
+    """Issue 24: the chief's snapshot is a copy of the state (its shadow), so the write that comes
+    later, on the persist thread, writes the step it was taken at, whatever training did since;
+    the files are TensorFlow's own checkpoint, which the workload's own checkpoint restores."""
+    from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+
+    spec = WorkloadSpec(framework="tensorflow", model="mlp", params=3000, batch_size=8)
+    workload = TensorFlowWorkload()
+    workload.setup(single_env(), spec, Timeouts())
+    for step in range(1, 6):
+        workload.train_step(step)
+    at_five = workload.digest()
+    store = CheckpointStore(tmp_path)
+    sink = store.sink(5)
+    write = workload.snapshot(sink, 5)
+    for step in range(6, 9):  # training goes on before the write
+        workload.train_step(step)
+    assert workload.digest() != at_five
+    write()
+    sink.close()
+    store.commit(5, 0, CheckpointMeta("tensorflow", "tf.train.Checkpoint", "rank0"), 0.0, blocking_s=None)
+    restored = TensorFlowWorkload()
+    restored.setup(single_env(), spec, Timeouts())
+    restored.load(store.step_dir(5), 5)  # assert_consumed: the shadow's checkpoint has the workload's structure
+    assert restored.digest() == at_five
 
 
 def test_warm_up_leaves_every_variable_as_set_up_left_it_and_the_run_unchanged(tmp_path: Path) -> None:
