@@ -65,8 +65,8 @@ def _write_member(handle: BinaryIO, name: bytes, array: np.ndarray, offset: int,
                   crc_thread: ThreadPoolExecutor) -> tuple[_Member, int]:
     header = io.BytesIO()
     np.lib.format.write_array_header_2_0(header, np.lib.format.header_data_from_array_1_0(array))
-    # its bytes, no copy (an empty or 0-d array too); numpy 1.x's stubs give ndarray __buffer__ on Python 3.12+ only
-    data = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    # its bytes, no copy (an empty or 0-d array too)
+    data = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy 1.x's stubs: no __buffer__ before 3.12
     crc = crc_thread.submit(zlib.crc32, data, zlib.crc32(header.getvalue()))
     extra = _ZIP64_EXTRA.pack(1, 16, 0, 0)  # the sizes follow the data (its descriptor)
     handle.write(_LOCAL_HEADER.pack(0x04034B50, _VERSION, _DATA_DESCRIPTOR_FLAG, _STORED, *stamp, 0, _UNKNOWN,

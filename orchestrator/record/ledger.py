@@ -68,6 +68,7 @@ ADDED_COLUMNS = {
                  "failure_class": "TEXT", "class_evidence": "TEXT", "failed_nodes": "TEXT",
                  "excluded_nodes": "TEXT", "class_facts": "TEXT", "ended_by_drill": "TEXT", "not_before": "REAL"},
     "faults": {"detail": "TEXT", "planned_step": "INTEGER", "met_step": "INTEGER"},
+    "checkpoints": {"hash_algorithm": "TEXT NOT NULL DEFAULT 'sha256'"},
     "recoveries": {"failure_evidence": "TEXT NOT NULL DEFAULT ''", "clock_correction_s": "REAL NOT NULL DEFAULT 0",
                    "failure_class": "TEXT NOT NULL DEFAULT ''", "fallback_from_step": "INTEGER",
                    "fallback_lost_steps": "INTEGER NOT NULL DEFAULT 0", "class_evidence": "TEXT NOT NULL DEFAULT ''",

@@ -24,7 +24,7 @@ def test_rows_survive_reopening_and_duplicates_are_ignored(tmp_path: Path) -> No
                                          None, "sending"))
     ledger.update_fault(fault_id, at=6.0, pid=123, outcome="injected")
     record = CheckpointRecord(step=5, attempt=0, path="p", time=5.5, bytes=100, files={"a": "00"},
-                              framework="torch", format="f", writers="rank0", blocking_s=0.1, persist_s=0.2)
+                              framework="torch", format="f", writers="rank0", blocking_s=0.1, persist_s=0.2, hash_algorithm="blake3")
     ledger.add_checkpoints("r000", [record, record])
     ledger.close()
 
