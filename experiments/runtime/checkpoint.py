@@ -38,7 +38,14 @@ from experiments.layout import (
 )
 from experiments.runtime.integrity import default_algorithm
 from experiments.runtime.sink import FileSink, read_receipt, receipt_name
-from experiments.runtime.verify import Problem, check_checkpoint, file_hash, read_manifest, verify_checkpoint
+from experiments.runtime.verify import (
+    UNCHECKABLE,
+    Problem,
+    check_checkpoint,
+    file_hash,
+    read_manifest,
+    verify_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +56,17 @@ _STEP_DIR = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)$")
 _HIDDEN = "." + CHECKPOINT_PREFIX  # partial and trash directories: never candidates for a resume
 REJECTED = "rejected"  # a ScanEntry's problem_kind: verified, but a rank failed to load it
 
-__all__ = ["CheckpointIncomplete", "CheckpointMeta", "CheckpointStore", "ScanEntry", "ValidCheckpoint",
+__all__ = ["CheckpointIncomplete", "CheckpointMeta", "CheckpointUncheckable", "CheckpointStore", "ScanEntry", "ValidCheckpoint",
            "file_hash", "step_dir_name", "verify_checkpoint"]
 
 
 class CheckpointIncomplete(RuntimeError):
     """A rank did not deliver its share of a checkpoint: it is not published."""
+
+
+class CheckpointUncheckable(RuntimeError):
+    """The newest checkpoint was hashed with an algorithm this Python cannot compute: the rank
+    stops there (a cold start or an older checkpoint would lose the run's progress for good)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ class ScanEntry:
     step: int
     path: Path
     problem: str | None
-    problem_kind: str | None = None  # verify.INVALID, verify.UNREADABLE or "rejected"
+    problem_kind: str | None = None  # verify.INVALID, verify.UNREADABLE, verify.UNCHECKABLE or "rejected"
 
 
 def step_dir_name(step: int) -> str:
@@ -258,6 +270,9 @@ class CheckpointStore:
         rejections = read_json_lines(self.paths.checkpoint_rejections)
         for step, path in self._final_dirs():
             manifest, problem = check_checkpoint(path, step, verify_hashes)
+            if problem is not None and problem.kind == UNCHECKABLE:  # neither fall back past it nor set it aside
+                raise CheckpointUncheckable(f"checkpoint {path}: {problem}; the run's progress is kept: no older "
+                                            "checkpoint is taken, nothing is moved aside")
             if problem is None and manifest is not None:
                 problem = _rejection(rejections, step, manifest)
             if problem is None and manifest is not None:

@@ -10,6 +10,7 @@ checkpoint damaged on purpose (corrupt-checkpoint) or by storage does not verify
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ class HashUnavailable(ValueError):
     """An algorithm this Python cannot compute: unknown, or its package is not installed."""
 
 
+@functools.cache  # looked up once (where it is missing, each lookup would search sys.path again)
 def _blake3() -> Any:
     try:
         import blake3

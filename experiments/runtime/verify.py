@@ -1,11 +1,13 @@
 """Is a published checkpoint usable: its manifest, sizes and hashes (the algorithm its manifest
 names: experiments.runtime.integrity), read with retries.
 
-Two kinds of problem, because they call for different actions: *invalid* (the bytes on disk prove
+Three kinds of problem, because they call for different actions: *invalid* (the bytes on disk prove
 the checkpoint bad: no manifest, a size or hash that does not match) and *unreadable* (the storage
-failed to answer: EIO, ESTALE on NFS). Either keeps a checkpoint out of the choice; neither is a
-reason to delete it (the store moves such checkpoints aside, experiments.runtime.checkpoint). A read
-is retried a few times first, since network file systems fail transiently.
+failed to answer: EIO, ESTALE on NFS) keep a checkpoint out of the choice; neither is a reason to
+delete it (the store moves such checkpoints aside, experiments.runtime.checkpoint). *Uncheckable*
+(hashed with an algorithm this Python lacks) says nothing of the checkpoint: the store stops there
+rather than fall back past it. A read is retried a few times first, since network file systems fail
+transiently.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ log = logging.getLogger(__name__)
 READ_RETRY_DELAYS_S = (0.05, 0.2, 0.5)  # then the read counts as failed
 INVALID = "invalid"
 UNREADABLE = "unreadable"
+# Hashed with an algorithm this Python cannot compute (experiments.runtime.integrity): not the
+# checkpoint's fault, and no storage failure either; the store stops rather than pass it by.
+UNCHECKABLE = "uncheckable"
 
 T = TypeVar("T")
 
@@ -89,6 +94,8 @@ def check_checkpoint(path: Path, step: int, verify_hashes: bool = True) -> tuple
     if manifest.get("step") != step:
         return manifest, Problem(INVALID, f"manifest step {manifest.get('step')!r} does not match the directory name")
     algorithm = manifest.get("hash_algorithm", LEGACY_ALGORITHM)  # none named: written before BLAKE3
+    if not isinstance(algorithm, str):
+        return manifest, Problem(INVALID, f"garbled manifest (hash_algorithm {algorithm!r})")
     for name, expected_hash in sorted(files.items()):
         problem = _verify_file(path / name, sizes[name], expected_hash, algorithm if verify_hashes else None)
         if problem:
@@ -105,7 +112,7 @@ def _verify_file(path: Path, size: Any, expected_hash: Any, algorithm: str | Non
         if algorithm is not None and file_hash(path, algorithm) != expected_hash:
             return Problem(INVALID, f"{algorithm} mismatch")
     except HashUnavailable as error:  # not the checkpoint's fault: it cannot be checked here
-        return Problem(UNREADABLE, f"not checked: {error}")
+        return Problem(UNCHECKABLE, f"cannot be checked here: {error}")
     except FileNotFoundError:
         return Problem(INVALID, "missing")
     except OSError as error:

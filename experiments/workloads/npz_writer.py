@@ -25,7 +25,9 @@ import numpy as np
 
 WRITE_CHUNK = 4 << 20
 _VERSION = 45  # 4.5: ZIP64
+_MADE_BY = 3 << 8 | _VERSION  # on Unix (its external attributes hold a Unix mode)
 _DATA_DESCRIPTOR_FLAG = 0x08
+_UTF8_FLAG = 0x800  # the name is UTF-8 (as numpy.savez's zipfile marks a name that is not ASCII)
 _STORED = 0
 _UNKNOWN = 0xFFFFFFFF  # a 32-bit field whose value is in the ZIP64 extra field
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
@@ -41,6 +43,7 @@ _END = struct.Struct("<IHHHHIIH")
 @dataclass(frozen=True)
 class _Member:
     name: bytes
+    flags: int
     offset: int  # of its local header
     size: int
     crc: int
@@ -55,27 +58,28 @@ def write_npz(handle: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="npz-crc") as crc_thread:
         for key, array in arrays.items():
             contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)  # (keeps a 0-d array 0-d)
-            member, written = _write_member(handle, f"{key}.npy".encode(), contiguous, offset, stamp, crc_thread)
+            member, written = _write_member(handle, f"{key}.npy", contiguous, offset, stamp, crc_thread)
             members.append(member)
             offset += written
     _write_directory(handle, members, offset, stamp)
 
 
-def _write_member(handle: BinaryIO, name: bytes, array: np.ndarray, offset: int, stamp: tuple[int, int],
+def _write_member(handle: BinaryIO, key: str, array: np.ndarray, offset: int, stamp: tuple[int, int],
                   crc_thread: ThreadPoolExecutor) -> tuple[_Member, int]:
+    name, flags = key.encode(), _DATA_DESCRIPTOR_FLAG | (0 if key.isascii() else _UTF8_FLAG)
     header = io.BytesIO()
     np.lib.format.write_array_header_2_0(header, np.lib.format.header_data_from_array_1_0(array))
     # its bytes, no copy (an empty or 0-d array too)
     data = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy 1.x's stubs: no __buffer__ before 3.12
     crc = crc_thread.submit(zlib.crc32, data, zlib.crc32(header.getvalue()))
     extra = _ZIP64_EXTRA.pack(1, 16, 0, 0)  # the sizes follow the data (its descriptor)
-    handle.write(_LOCAL_HEADER.pack(0x04034B50, _VERSION, _DATA_DESCRIPTOR_FLAG, _STORED, *stamp, 0, _UNKNOWN,
-                                    _UNKNOWN, len(name), len(extra)))
+    handle.write(_LOCAL_HEADER.pack(0x04034B50, _VERSION, flags, _STORED, *stamp, 0, _UNKNOWN, _UNKNOWN, len(name),
+                                    len(extra)))
     handle.write(name + extra + header.getvalue())
     for start in range(0, len(data), WRITE_CHUNK):
         handle.write(data[start:start + WRITE_CHUNK])
     size = len(header.getvalue()) + len(data)
-    member = _Member(name, offset, size, crc.result())
+    member = _Member(name, flags, offset, size, crc.result())
     handle.write(_DATA_DESCRIPTOR.pack(0x08074B50, member.crc, size, size))
     return member, _LOCAL_HEADER.size + len(name) + len(extra) + size + _DATA_DESCRIPTOR.size
 
@@ -84,12 +88,12 @@ def _write_directory(handle: BinaryIO, members: list[_Member], start: int, stamp
     directory = bytearray()
     for member in members:
         extra = _ZIP64_CENTRAL_EXTRA.pack(1, 24, member.size, member.size, member.offset)
-        directory += _CENTRAL_HEADER.pack(0x02014B50, _VERSION, _VERSION, _DATA_DESCRIPTOR_FLAG, _STORED, *stamp,
+        directory += _CENTRAL_HEADER.pack(0x02014B50, _MADE_BY, _VERSION, member.flags, _STORED, *stamp,
                                           member.crc, _UNKNOWN, _UNKNOWN, len(member.name), len(extra), 0, 0, 0,
                                           0o600 << 16, _UNKNOWN)
         directory += member.name + extra
     end64 = start + len(directory)
-    directory += _ZIP64_END.pack(0x06064B50, _ZIP64_END.size - 12, _VERSION, _VERSION, 0, 0, len(members),
+    directory += _ZIP64_END.pack(0x06064B50, _ZIP64_END.size - 12, _MADE_BY, _VERSION, 0, 0, len(members),
                                  len(members), end64 - start, start)
     directory += _ZIP64_LOCATOR.pack(0x07064B50, 0, end64, 1)
     directory += _END.pack(0x06054B50, 0, 0, min(len(members), 0xFFFF), min(len(members), 0xFFFF),

@@ -139,6 +139,7 @@ def test_a_snapshot_holds_its_step_while_training_goes_on_before_it_is_written(t
     store = CheckpointStore(tmp_path)
     sink = store.sink(5)
     write = workload.snapshot(sink, 5)
+    state_at_five = [variable.numpy() for variable in workload._state_variables()]  # Adam's slots, the RNG, counters
     for step in range(6, 9):  # training goes on before the write
         workload.train_step(step)
     assert workload.digest() != at_five
@@ -149,6 +150,11 @@ def test_a_snapshot_holds_its_step_while_training_goes_on_before_it_is_written(t
     restored.setup(single_env(), spec, Timeouts())
     restored.load(store.step_dir(5), 5)  # assert_consumed: the shadow's checkpoint has the workload's structure
     assert restored.digest() == at_five
+    restored_state = [variable.numpy() for variable in restored._state_variables()]
+    assert len(restored_state) == len(state_at_five)
+    differ = [index for index, (got, expected) in enumerate(zip(restored_state, state_at_five, strict=True))
+              if not np.array_equal(got, expected)]
+    assert differ == [], f"state variables {differ} differ from step 5's"
 
 
 def test_warm_up_leaves_every_variable_as_set_up_left_it_and_the_run_unchanged(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Checkpoints hashed with BLAKE3 (Faultdrill's own environment) and the sha256 ones written before
 it both verify, and both are rejected when damaged; a checkpoint that cannot be checked here (its
-algorithm's package missing, or an algorithm unknown) is kept out of the choice as unreadable, never
-passed unchecked."""
+algorithm's package missing, or an algorithm unknown) is never passed unchecked, and the store stops
+there rather than fall back past it or set it aside (the run's progress is kept)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from experiments.layout import MANIFEST_NAME
 from experiments.runtime import integrity
-from experiments.runtime.checkpoint import CheckpointStore, file_hash
-from experiments.runtime.verify import INVALID, UNREADABLE, check_checkpoint
+from experiments.runtime.checkpoint import CheckpointStore, CheckpointUncheckable, file_hash
+from experiments.runtime.verify import INVALID, UNCHECKABLE, check_checkpoint
 from tests.unit.test_runtime_checkpoint import META, write_checkpoint
 
 
@@ -92,10 +92,27 @@ def test_without_blake3_a_store_writes_sha256_and_cannot_pass_a_blake3_checkpoin
     manifest, problem = check_checkpoint(written_without, 20)
     assert problem is None and manifest is not None and manifest["hash_algorithm"] == "sha256"
     _, problem = check_checkpoint(written_with_blake3, 10)
-    assert problem is not None and problem.kind == UNREADABLE
+    assert problem is not None and problem.kind == UNCHECKABLE
     assert "blake3, which this Python lacks (pip install blake3" in str(problem)
     # and with the hash unchecked on purpose (verify_hashes=False), sizes alone pass it
     assert check_checkpoint(written_with_blake3, 10, verify_hashes=False)[1] is None
+
+
+def test_a_rank_that_cannot_check_the_newest_checkpoint_stops_and_keeps_every_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Helper 36's review: rank 0 in an environment without blake3 took the run's BLAKE3
+    checkpoints for unusable, moved them all aside and started cold; the next attempt had nothing."""
+    store = CheckpointStore(tmp_path)
+    for step in (10, 20):
+        write_checkpoint(store, step)
+    monkeypatch.setattr(integrity, "_blake3", lambda: None)
+    with pytest.raises(CheckpointUncheckable, match=r"step-00000020: rank0.bin: cannot be checked here: hashed with blake3, "
+                                                    r"which this Python lacks \(pip install blake3"):
+        store.newest_valid()
+    monkeypatch.undo()
+    assert [step for step, _ in store.published()] == [20, 10] and not store.paths.quarantine.exists()
+    found = store.newest_valid()
+    assert found is not None and found.step == 20
 
 
 def test_an_algorithm_this_version_does_not_know_is_unreadable_and_named(tmp_path: Path) -> None:
@@ -104,5 +121,9 @@ def test_an_algorithm_this_version_does_not_know_is_unreadable_and_named(tmp_pat
     manifest["hash_algorithm"] = "md5"
     (checkpoint / MANIFEST_NAME).write_text(json.dumps(manifest))
     _, problem = check_checkpoint(checkpoint, 10)
-    assert problem is not None and problem.kind == UNREADABLE
+    assert problem is not None and problem.kind == UNCHECKABLE  # a newer version's, perhaps
     assert "unknown hash algorithm 'md5'; valid: blake3, sha256" in str(problem)
+    manifest["hash_algorithm"] = None
+    (checkpoint / MANIFEST_NAME).write_text(json.dumps(manifest))
+    _, problem = check_checkpoint(checkpoint, 10)
+    assert problem is not None and problem.kind == INVALID and "garbled manifest (hash_algorithm None)" in str(problem)

@@ -24,6 +24,7 @@ def _arrays() -> dict[str, np.ndarray]:
         "optimizer/l1/W/m": np.asfortranarray(rng.standard_normal((30, 7))),  # not C-ordered in memory
         "empty": np.empty((0, 3), np.int64),
         "rng/key": rng.integers(0, 2**32, 624, dtype=np.uint32),
+        "model/poids_é/W": np.ones(3, np.float32),  # a link named in Unicode: a UTF-8 name, flagged so
     }
 
 
