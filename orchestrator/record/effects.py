@@ -6,8 +6,9 @@ and the run as recovered, with nothing lost, unless the ranks' own records are a
 A fault that halts its target (``FaultKind.halts_target``: SIGKILL, SIGSTOP, a node crash; a stall
 for as long as its record says it stood still):
 - **trained on**: a target rank's heartbeat of the fault's attempt after the fault (on one clock,
-  each rank's node's offset applied; for a stall, before it was continued), at a step past the one
-  it had reached: INEFFECTIVE.
+  each rank's node's offset applied; for a stall, before it was continued; before the drill took
+  the attempt for failed: its cancel's SIGCONT lets a stopped rank finish its step), at a step past
+  the one it had reached: INEFFECTIVE.
 - **resumed past the fault**: the next recovery resumed from a step its attempt could not have
   reached by the fault (the last heartbeat before it, plus what the attempt's pace allows in the
   time since that beat: heartbeats are rate-limited, and the beat before each checkpoint is always
@@ -96,6 +97,11 @@ class RunEvidence:
         if (attempt, rank) not in self._nodes:
             self._nodes[attempt, rank] = rank_node(self.paths, attempt, rank)
         return self._nodes[attempt, rank]
+
+    def detected(self, attempt: int) -> float | None:
+        """When the controller took ``attempt`` for failed (then it ended it: a cancel, whose SIGCONT
+        lets a stopped rank run again for a moment); None while it did not."""
+        return next((row.detected for row in self.attempts if row.attempt == attempt), None)
 
     def beats(self, attempt: int, rank: int) -> list[tuple[float, int]]:
         """Rank ``rank``'s beats of ``attempt`` as (login-clock time, step), oldest first."""
@@ -210,7 +216,10 @@ def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None
     late = moment.at + moment.allowance(node)
     stood = _STOOD_STILL.search(moment.fault.detail or "")
     until = moment.at + float(stood.group(1)) - moment.allowance(node) if stood else float("inf")
-    after = [(time, step) for time, step in beats if late < time < until and step > reached]
+    # What a rank does once the drill took its attempt for failed (and ended it) is no evidence
+    detected = run.detected(moment.fault.attempt)
+    window_end = min(until, detected if detected is not None else float("inf"))
+    after = [(time, step) for time, step in beats if late < time < window_end and step > reached]
     if not after and stood:
         return _jumped_after_the_stall(moment, rank, beats, reached, until, moment.allowance(node))
     if not after:

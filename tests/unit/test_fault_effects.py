@@ -293,3 +293,25 @@ def test_a_kill_on_several_nodes_allows_each_node_the_spread_it_acted_within(tmp
     both = FaultRow(**{**asdict(_kill(rank=0, node="n1,n2")), "target": "rank 0@n1; rank 1@n2",
                        "detail": "2 nodes acted within 0.800 s"})
     assert _verify(paths, both)[1] == []
+
+
+@pytest.mark.parametrize("detected_after_s,ineffective", [(8.3, False), (20.0, True)])
+def test_a_stopped_ranks_step_after_the_drill_ended_its_attempt_is_not_training_on(
+        tmp_path: Path, detected_after_s: float, ineffective: bool) -> None:
+    """The soak (seed 790151964): a hang-rank's SIGSTOPped rank, 8 s later taken for hung; the job's
+    cancel sends SIGCONT before SIGTERM, and the rank finished the step it was in (517, beyond the
+    beat before the fault, 514) and beat once as it died. What a rank does once the drill has ended
+    its attempt is no sign that the fault missed it; the same beat before the drill acted is."""
+    paths = _run(tmp_path)
+    for rank in (0, 1):
+        _beats(paths, 0, rank, 100.0, KILL_AT - 0.03)  # step 197 the last told: beats are rate-limited
+    append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": 201, "time": KILL_AT + 8.58})
+    hang = _kill(signal="SIGSTOP", kind="hang-rank")
+    attempts = [AttemptRow("r000", 0, "1", "CANCELLED", 99.0, detected=KILL_AT + detected_after_s),
+                AttemptRow("r000", 1, "2", "COMPLETED", 110.5)]
+    effects, findings = verify_run(RunEvidence(paths, 2, [hang], [_recovery(resumed_from=150)], attempts))
+    if ineffective:
+        [finding] = findings
+        assert "rank 1 trained on after the hang-rank (SIGSTOP): step 201 8.58 s after it" in finding.what, finding
+    else:
+        assert findings == [] and effects == ["verified: its target made no progress after it"], (effects, findings)
