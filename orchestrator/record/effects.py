@@ -6,9 +6,10 @@ and the run as recovered, with nothing lost, unless the ranks' own records are a
 A fault that halts its target (``FaultKind.halts_target``: SIGKILL, SIGSTOP, a node crash; a stall
 for as long as its record says it stood still):
 - **trained on**: a target rank's heartbeat of the fault's attempt after the fault (on one clock,
-  each rank's node's offset applied; for a stall, before it was continued; before the drill took
-  the attempt for failed: its cancel's SIGCONT lets a stopped rank finish its step), at a step past
-  the one it had reached: INEFFECTIVE.
+  each rank's node's offset applied; for a stall, before it was continued; for a SIGSTOP, before the
+  first sign of the attempt's failure, a rank's error included: the teardown that follows, the
+  scheduler's or the drill's, sends SIGCONT before SIGTERM and a stopped rank finishes its step), at
+  a step past the one it had reached: INEFFECTIVE.
 - **resumed past the fault**: the next recovery resumed from a step its attempt could not have
   reached by the fault (the last heartbeat before it, plus what the attempt's pace allows in the
   time since that beat: heartbeats are rate-limited, and the beat before each checkpoint is always
@@ -24,6 +25,7 @@ A drill with a finding exits 6 (``faultdrill drill``) unless the spec says ``all
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from typing import Any
 from experiments.layout import (
     EVENT_CHECKPOINT_LOADED,
     Heartbeat,
+    RankError,
     RunPaths,
     first_event,
     read_attempt_events,
@@ -98,10 +101,26 @@ class RunEvidence:
             self._nodes[attempt, rank] = rank_node(self.paths, attempt, rank)
         return self._nodes[attempt, rank]
 
-    def detected(self, attempt: int) -> float | None:
-        """When the controller took ``attempt`` for failed (then it ended it: a cancel, whose SIGCONT
-        lets a stopped rank run again for a moment); None while it did not."""
-        return next((row.detected for row in self.attempts if row.attempt == attempt), None)
+    def failing_from(self, attempt: int) -> float | None:
+        """The first sign that ``attempt`` failed (login clock): a rank's recorded error, the moment
+        its failure is dated to, the controller's detection; None while there is none. From then on
+        the attempt is torn down (the scheduler's end of a step, the drill's cancel), and a teardown
+        sends SIGCONT before SIGTERM: a stopped rank runs again for a moment."""
+        row = next((row for row in self.attempts if row.attempt == attempt), None)
+        signs = [moment for moment in (row.detected, row.failed_at) if moment is not None] if row else []
+        signs += self._rank_errors(attempt)
+        return min(signs, default=None)
+
+    def _rank_errors(self, attempt: int) -> list[float]:
+        """When each rank of ``attempt`` that recorded its error did (login clock)."""
+        moments = []
+        for rank in range(self.ranks):
+            try:
+                error = RankError.from_json(json.loads(self.paths.rank_error_file(attempt, rank).read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            moments.append(self.clocks(attempt).on_login(Stamp(error.time, self.node(attempt, rank))).time)
+        return moments
 
     def beats(self, attempt: int, rank: int) -> list[tuple[float, int]]:
         """Rank ``rank``'s beats of ``attempt`` as (login-clock time, step), oldest first."""
@@ -216,9 +235,10 @@ def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None
     late = moment.at + moment.allowance(node)
     stood = _STOOD_STILL.search(moment.fault.detail or "")
     until = moment.at + float(stood.group(1)) - moment.allowance(node) if stood else float("inf")
-    # What a rank does once the drill took its attempt for failed (and ended it) is no evidence
-    detected = run.detected(moment.fault.attempt)
-    window_end = min(until, detected if detected is not None else float("inf"))
+    # What a stopped rank does once its attempt is failing (and torn down, continuing it) is no
+    # evidence; a killed one cannot be continued (its trainer's steps once the rank died still are)
+    failing = run.failing_from(moment.fault.attempt) if moment.fault.signal == "SIGSTOP" else None
+    window_end = min(until, failing if failing is not None else float("inf"))
     after = [(time, step) for time, step in beats if late < time < window_end and step > reached]
     if not after and stood:
         return _jumped_after_the_stall(moment, rank, beats, reached, until, moment.allowance(node))

@@ -315,3 +315,35 @@ def test_a_stopped_ranks_step_after_the_drill_ended_its_attempt_is_not_training_
         assert "rank 1 trained on after the hang-rank (SIGSTOP): step 201 8.58 s after it" in finding.what, finding
     else:
         assert findings == [] and effects == ["verified: its target made no progress after it"], (effects, findings)
+
+
+@pytest.mark.parametrize("peer_error_after_s,ineffective", [(7.0, False), (None, True)])
+def test_a_stopped_ranks_step_after_its_peer_failed_is_not_training_on(
+        tmp_path: Path, peer_error_after_s: float | None, ineffective: bool) -> None:
+    """The soak again (TensorFlow, resubmit): rank 1 SIGSTOPped; 7 s later rank 0's collective timed
+    out (its error recorded), the launch ended the step, whose teardown continued rank 1: it finished
+    its step and beat once, before the controller detected anything. A SIGKILL's target is not given
+    that allowance (test_a_kill_whose_target_trained_on_is_ineffective: its attempt failed at once)."""
+    paths = _run(tmp_path)
+    for rank in (0, 1):
+        _beats(paths, 0, rank, 100.0, KILL_AT - 0.03)
+    append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": 201, "time": KILL_AT + 7.32})
+    if peer_error_after_s is not None:
+        write_json_atomic(paths.rank_error_file(0, 0), {"rank": 0, "time": KILL_AT + peer_error_after_s,
+                                                         "error": "DeadlineExceededError: Collective ops is aborted"})
+    hang = _kill(signal="SIGSTOP", kind="hang-rank")
+    attempts = [AttemptRow("r000", 0, "1", "FAILED", 99.0, detected=KILL_AT + 7.6, failed_at=KILL_AT + 7.5),
+                AttemptRow("r000", 1, "2", "COMPLETED", 110.5)]
+    _, findings = verify_run(RunEvidence(paths, 2, [hang], [_recovery(resumed_from=150)], attempts))
+    assert [finding.verdict for finding in findings] == ([INEFFECTIVE] if ineffective else []), findings
+
+
+def test_a_sigkilled_wrappers_trainer_that_trains_on_is_ineffective_though_the_attempt_failed_at_once(
+        tmp_path: Path) -> None:
+    paths = _run(tmp_path)
+    _beats(paths, 0, 0, 100.0, KILL_AT - 0.03)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 1.0)  # the trainer, outside the rank's tree, beats on
+    attempts = [AttemptRow("r000", 0, "1", "FAILED", 99.0, detected=KILL_AT + 0.3, failed_at=KILL_AT + 0.05),
+                AttemptRow("r000", 1, "2", "COMPLETED", 104.0)]
+    _, findings = verify_run(RunEvidence(paths, 2, [_kill()], [_recovery(resumed_from=200)], attempts))
+    assert [finding.verdict for finding in findings] == [INEFFECTIVE], findings
