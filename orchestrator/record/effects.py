@@ -8,8 +8,9 @@ for as long as its record says it stood still):
 - **trained on**: a target rank's heartbeat of the fault's attempt after the fault (on one clock,
   each rank's node's offset applied; for a stall, before it was continued; for a SIGSTOP, before the
   first sign of the attempt's failure, a rank's error included: the teardown that follows, the
-  scheduler's or the drill's, sends SIGCONT before SIGTERM and a stopped rank finishes its step), at
-  a step past the one it had reached: INEFFECTIVE.
+  scheduler's or the drill's, sends SIGCONT before SIGTERM), at a step past the one it had reached
+  (for a SIGSTOP, past the one after it: a continued rank finishes the step it was stopped in):
+  INEFFECTIVE.
 - **resumed past the fault**: the next recovery resumed from a step its attempt could not have
   reached by the fault (the last heartbeat before it, plus what the attempt's pace allows in the
   time since that beat: heartbeats are rate-limited, and the beat before each checkpoint is always
@@ -44,7 +45,7 @@ from injectors.kinds import get_kind
 from injectors.kinds.base import Site
 from orchestrator.record.clocks import AttemptClocks, Stamp, load_clocks
 from orchestrator.record.ledger import AttemptRow, FaultRow, RecoveryRow
-from orchestrator.record.stamps import fault_clock, rank_node
+from orchestrator.record.stamps import evidence_clock, fault_clock, rank_node
 
 INEFFECTIVE = "ineffective"
 SUSPICIOUS = "suspicious"
@@ -89,6 +90,7 @@ class RunEvidence:
     _nodes: dict[tuple[int, int], str] = field(default_factory=dict, init=False, repr=False, compare=False)
     _beats: dict[tuple[int, int], list[tuple[float, int]]] = field(default_factory=dict, init=False, repr=False,
                                                                    compare=False)
+    _failing: dict[int, float | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def clocks(self, attempt: int) -> AttemptClocks:
         if attempt not in self._clocks:
@@ -102,14 +104,28 @@ class RunEvidence:
         return self._nodes[attempt, rank]
 
     def failing_from(self, attempt: int) -> float | None:
-        """The first sign that ``attempt`` failed (login clock): a rank's recorded error, the moment
-        its failure is dated to, the controller's detection; None while there is none. From then on
-        the attempt is torn down (the scheduler's end of a step, the drill's cancel), and a teardown
-        sends SIGCONT before SIGTERM: a stopped rank runs again for a moment."""
-        row = next((row for row in self.attempts if row.attempt == attempt), None)
-        signs = [moment for moment in (row.detected, row.failed_at) if moment is not None] if row else []
-        signs += self._rank_errors(attempt)
-        return min(signs, default=None)
+        """The first sign that ``attempt`` was failing (login clock), from which it may have been torn
+        down: a rank's recorded error, the moment its failure is dated to, the controller's
+        detection; None while there is none. A teardown (the scheduler's end of a step, the drill's
+        cancel) sends SIGCONT before SIGTERM: a stopped rank runs again for a moment."""
+        if attempt not in self._failing:
+            row = next((row for row in self.attempts if row.attempt == attempt), None)
+            signs = self._rank_errors(attempt) + (self._row_signs(row) if row is not None else [])
+            self._failing[attempt] = min(signs, default=None)
+        return self._failing[attempt]
+
+    def _row_signs(self, row: AttemptRow) -> list[float]:
+        """The moment the attempt's failure is dated to, where nothing was torn down before it (not a
+        hang's last beat, not a stuck start's start), and its detection, each on the login clock."""
+        dated = None
+        if row.failed_at is not None:
+            nodes = row.failed_nodes if row.failed_nodes and "," not in row.failed_nodes else None
+            clock = evidence_clock(self.paths, row.failure_evidence or "", row.attempt, nodes)
+            dated = self.clocks(row.attempt).on_login(Stamp(row.failed_at, clock)).time
+        signs = [dated] if dated is not None and row.failure_evidence not in ("last_heartbeat", "job_running") else []
+        if row.detected is not None:  # the controller's clock, or a warm coordinator's (the failure's own moment)
+            signs.append(dated if row.detected == row.failed_at and dated is not None else row.detected)
+        return signs
 
     def _rank_errors(self, attempt: int) -> list[float]:
         """When each rank of ``attempt`` that recorded its error did (login clock)."""
@@ -232,6 +248,9 @@ def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None
     beats = run.beats(moment.fault.attempt, rank)
     before = [step for time, step in beats if time <= moment.at]
     reached = max(before, default=-1)
+    bar = reached
+    if moment.fault.signal == "SIGSTOP":  # continued by a teardown, it finishes the step it was in (beats lag)
+        bar = max(reached, moment.fault.met_step if moment.fault.met_step is not None else -1) + 1
     late = moment.at + moment.allowance(node)
     stood = _STOOD_STILL.search(moment.fault.detail or "")
     until = moment.at + float(stood.group(1)) - moment.allowance(node) if stood else float("inf")
@@ -239,7 +258,7 @@ def _trained_on(run: RunEvidence, moment: _FaultMoment, rank: int) -> str | None
     # evidence; a killed one cannot be continued (its trainer's steps once the rank died still are)
     failing = run.failing_from(moment.fault.attempt) if moment.fault.signal == "SIGSTOP" else None
     window_end = min(until, failing if failing is not None else float("inf"))
-    after = [(time, step) for time, step in beats if late < time < window_end and step > reached]
+    after = [(time, step) for time, step in beats if late < time < window_end and step > bar]
     if not after and stood:
         return _jumped_after_the_stall(moment, rank, beats, reached, until, moment.allowance(node))
     if not after:

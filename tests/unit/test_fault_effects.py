@@ -295,31 +295,34 @@ def test_a_kill_on_several_nodes_allows_each_node_the_spread_it_acted_within(tmp
     assert _verify(paths, both)[1] == []
 
 
-@pytest.mark.parametrize("detected_after_s,ineffective", [(8.3, False), (20.0, True)])
+@pytest.mark.parametrize("detected_after_s,step,ineffective", [(8.3, 201, False), (20.0, 201, False),
+                                                               (20.0, 203, True)])
 def test_a_stopped_ranks_step_after_the_drill_ended_its_attempt_is_not_training_on(
-        tmp_path: Path, detected_after_s: float, ineffective: bool) -> None:
+        tmp_path: Path, detected_after_s: float, step: int, ineffective: bool) -> None:
     """The soak (seed 790151964): a hang-rank's SIGSTOPped rank, 8 s later taken for hung; the job's
     cancel sends SIGCONT before SIGTERM, and the rank finished the step it was in (517, beyond the
     beat before the fault, 514) and beat once as it died. What a rank does once the drill has ended
-    its attempt is no sign that the fault missed it; the same beat before the drill acted is."""
+    its attempt is no sign that the fault missed it; nor is the step it was stopped in, finished
+    (helper 37: a teardown that no error or detection came before, a peer's signalled death); two
+    steps past the one it met, before the drill acted, is."""
     paths = _run(tmp_path)
     for rank in (0, 1):
         _beats(paths, 0, rank, 100.0, KILL_AT - 0.03)  # step 197 the last told: beats are rate-limited
-    append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": 201, "time": KILL_AT + 8.58})
+    append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": step, "time": KILL_AT + 8.58})
     hang = _kill(signal="SIGSTOP", kind="hang-rank")
     attempts = [AttemptRow("r000", 0, "1", "CANCELLED", 99.0, detected=KILL_AT + detected_after_s),
                 AttemptRow("r000", 1, "2", "COMPLETED", 110.5)]
     effects, findings = verify_run(RunEvidence(paths, 2, [hang], [_recovery(resumed_from=150)], attempts))
     if ineffective:
         [finding] = findings
-        assert "rank 1 trained on after the hang-rank (SIGSTOP): step 201 8.58 s after it" in finding.what, finding
+        assert "rank 1 trained on after the hang-rank (SIGSTOP): step 203 8.58 s after it" in finding.what, finding
     else:
         assert findings == [] and effects == ["verified: its target made no progress after it"], (effects, findings)
 
 
-@pytest.mark.parametrize("peer_error_after_s,ineffective", [(7.0, False), (None, True)])
+@pytest.mark.parametrize("peer_error_after_s,step,ineffective", [(7.0, 203, False), (None, 203, True)])
 def test_a_stopped_ranks_step_after_its_peer_failed_is_not_training_on(
-        tmp_path: Path, peer_error_after_s: float | None, ineffective: bool) -> None:
+        tmp_path: Path, peer_error_after_s: float | None, step: int, ineffective: bool) -> None:
     """The soak again (TensorFlow, resubmit): rank 1 SIGSTOPped; 7 s later rank 0's collective timed
     out (its error recorded), the launch ended the step, whose teardown continued rank 1: it finished
     its step and beat once, before the controller detected anything. A SIGKILL's target is not given
@@ -327,7 +330,7 @@ def test_a_stopped_ranks_step_after_its_peer_failed_is_not_training_on(
     paths = _run(tmp_path)
     for rank in (0, 1):
         _beats(paths, 0, rank, 100.0, KILL_AT - 0.03)
-    append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": 201, "time": KILL_AT + 7.32})
+    append_json_line(paths.heartbeat_file(0, 1), {"attempt": 0, "step": step, "time": KILL_AT + 7.32})
     if peer_error_after_s is not None:
         write_json_atomic(paths.rank_error_file(0, 0), {"rank": 0, "time": KILL_AT + peer_error_after_s,
                                                          "error": "DeadlineExceededError: Collective ops is aborted"})
@@ -346,4 +349,20 @@ def test_a_sigkilled_wrappers_trainer_that_trains_on_is_ineffective_though_the_a
     attempts = [AttemptRow("r000", 0, "1", "FAILED", 99.0, detected=KILL_AT + 0.3, failed_at=KILL_AT + 0.05),
                 AttemptRow("r000", 1, "2", "COMPLETED", 104.0)]
     _, findings = verify_run(RunEvidence(paths, 2, [_kill()], [_recovery(resumed_from=200)], attempts))
+    assert [finding.verdict for finding in findings] == [INEFFECTIVE], findings
+
+
+@pytest.mark.parametrize("evidence,failed_at", [("last_heartbeat", KILL_AT - 0.5), ("job_running", 100.0)])
+def test_a_sigstop_that_missed_is_found_though_the_attempt_failed_as_hung_or_stuck(
+        tmp_path: Path, evidence: str, failed_at: float) -> None:
+    """Helper 37: a hang's failure is dated to its silent rank's last beat, a stuck start's to the
+    job's start, both before the fault and before any teardown: they do not end the window."""
+    paths = _run(tmp_path)
+    _beats(paths, 0, 0, 100.0, KILL_AT - 0.5)  # rank 0 fell silent (the attempt's hang)
+    _beats(paths, 0, 1, 100.0, KILL_AT + 1.0)  # rank 1 trained on after its SIGSTOP hit a wrapper
+    attempts = [AttemptRow("r000", 0, "1", "CANCELLED", 99.0, detected=KILL_AT + 7.6, failed_at=failed_at,
+                           failure_evidence=evidence),
+                AttemptRow("r000", 1, "2", "COMPLETED", 110.5)]
+    hang = _kill(signal="SIGSTOP", kind="hang-rank")
+    _, findings = verify_run(RunEvidence(paths, 2, [hang], [_recovery(resumed_from=150)], attempts))
     assert [finding.verdict for finding in findings] == [INEFFECTIVE], findings
