@@ -152,8 +152,14 @@ def unique_job_name(stem: str, suffix: str) -> str:
 
 
 def submitit_command(python: str = sys.executable) -> list[str]:
-    """What a task runs (its submitit folder follows: the batch script gives it)."""
+    """submitit's own task runner (its submitit folder follows): the local backend's tasks."""
     return [python, "-u", "-m", "submitit.core._submit"]
+
+
+def task_command(python: str = sys.executable) -> list[str]:
+    """What a task of a Slurm or PBS job runs (its submitit folder follows: the batch script gives
+    it): submitit's pickled call, run without loading submitit (experiments/task.py)."""
+    return [python, "-u", "-m", "experiments.task"]
 
 
 def rank_step_name(attempt: int) -> str:
@@ -255,7 +261,7 @@ class SlurmScriptRequest:
             "extra_directives": [slurm_line(parse_directive(text)) for text in self.extra_directives],
             "stdout_name": f"{stem}_batch.out", "stderr_name": f"{stem}_batch.err",
             "rank_output": rank_output, "rank_error": rank_error,
-            "command": submitit_command(self.python), "mpi": self.mpi, "setup": list(self.setup),
+            "command": task_command(self.python), "mpi": self.mpi, "setup": list(self.setup),
             "setup_forwarded": [],
         }
 
@@ -263,7 +269,7 @@ class SlurmScriptRequest:
         """The ranks' srun (experiments/launchers.py): one step of the job's tasks; under in-allocation
         named with its attempt (the controller ends a hung one alone), sharing the CPUs of a failed
         step still held (``--overlap``: a dead node's), off the nodes in ``$exclude``."""
-        command: list[Word] = [*submitit_command(self.python), FOLDER]
+        command: list[Word] = [*task_command(self.python), FOLDER]
         mpi = "pmix" if self.mpi else ""
         if not self.in_allocation:
             return script_line(Srun(), Launch(command, output=output, error=error, mpi=mpi, options=self.container))
@@ -424,7 +430,7 @@ class PBSScriptRequest:
         # The ranks' mpiexec (experiments/launchers.py): every rank of the allocation, each -x
         # variable exported, its own session directory base ($ompi_tmp).
         launcher = Mpiexec(forwarded=sorted(names), session_dir=Shell('"$ompi_tmp"'))
-        launch = Launch([*submitit_command(self.python), FOLDER], tasks=self.nodes * self.tasks_per_node,
+        launch = Launch([*task_command(self.python), FOLDER], tasks=self.nodes * self.tasks_per_node,
                         tasks_per_node=self.tasks_per_node)
         return {
             "rank_launch": script_line(launcher, launch, indent="  " if self.in_allocation else ""),

@@ -230,7 +230,7 @@ def test_backend_array_of_first_attempts(fake_pbs: FakePBS, tmp_path: Path) -> N
     for run, submission in zip(runs, submissions, strict=False):
         assert (run.paths.submitit / f"{submission.job_id}_submitted.pkl").exists()
     script = (tmp_path / "work" / "arrays" / "88_submission.sh").read_text()
-    assert "#PBS -t 0-2%2" in script and script.count("submitit.core._submit") == 1
+    assert "#PBS -t 0-2%2" in script and script.count("experiments.task") == 1
     fake_pbs.answer("qstat", (RECORDED / "pbs_wrappers_qstat_f_array_element_running.txt").read_text()
                     .replace("108", "88").replace("109", "89"))
     (runs[0].paths.submitit / SCHEDULER_ID_FILE.format(job="88[0]")).write_text("89\n")

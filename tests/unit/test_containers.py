@@ -34,7 +34,7 @@ def _spec(tmp_path: Path, **overrides: object) -> dict:
 def test_the_ranks_step_runs_in_the_image_with_what_the_runtime_needs_mounted(tmp_path: Path, strategy: str) -> None:
     [run] = expand_runs(parse_campaign(_spec(tmp_path, restart={"strategy": strategy}), base_dir=tmp_path))
     text = render_slurm(run, 0, "d", PYTHON).text.replace("\\\n", " ")  # the launch's continued lines as one
-    [launch] = [line for line in text.splitlines() if "submitit.core._submit" in line and line.lstrip().startswith("srun")]
+    [launch] = [line for line in text.splitlines() if "experiments.task" in line and line.lstrip().startswith("srun")]
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in launch and "--container-workdir=/data" in launch
     mounts = launch.split("--container-mounts=")[1].split()[0].split(",")
     for path in (REPO, Path("/opt/fd/.venv"), tmp_path / "work", Path("/scratch/me/ckpt")):

@@ -74,7 +74,7 @@ def test_directives_are_stable_and_ordered() -> None:
 def test_rank_launch_kills_the_step_when_a_rank_dies() -> None:
     text = render_slurm(expand_runs(_campaign("/w"))[0], 0, "d", PYTHON).text
     assert "srun --kill-on-bad-exit=1" in text
-    assert "submitit.core._submit" in text
+    assert "experiments.task" in text
 
 
 def test_directive_values_reject_line_breaks_and_quote_blanks() -> None:
