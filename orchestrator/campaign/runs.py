@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -85,15 +86,16 @@ class RunConfig:
     def ranks(self) -> int:
         return self.campaign.resources.nodes * self.campaign.resources.tasks_per_node
 
-    @property
+    @functools.cached_property
     def workload(self) -> WorkloadSpec:
+        """What its ranks run (computed once: the progress display reads it every round)."""
         w = self.campaign.workload
         return WorkloadSpec(
             framework=w.framework, model=w.model, params=w.params, steps=w.steps, seed=w.seed,
             batch_size=w.batch_size, step_s=w.step_s, command=self.command,
         )
 
-    @property
+    @functools.cached_property
     def command(self) -> CommandSpec | None:
         """The user's script with this run's placeholders filled in (None: a built-in workload)."""
         w = self.campaign.workload

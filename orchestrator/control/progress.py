@@ -41,6 +41,23 @@ class ProgressRow:
     stalled_s: float | None = None  # no new step this long (once that is a stall), else None
 
 
+class RowBook:
+    """Every run's progress row, kept from round to round: the row of a run that waits for its
+    first turn, or whose story is told to its end, is not built again (a sweep's round costs what
+    its runs in flight cost: issue 29)."""
+
+    def __init__(self, story: Story) -> None:
+        self.story = story
+        self._rows: dict[str, ProgressRow] = {}
+
+    def rows(self, trackers: list[RunTracker], now: float | None = None) -> list[ProgressRow]:
+        changing = [tracker for tracker in trackers
+                    if tracker.run.run_id not in self._rows or not self.story.quiet(tracker)]
+        for row in progress_rows(changing, self.story, now):
+            self._rows[row.run] = row
+        return [self._rows[tracker.run.run_id] for tracker in trackers]
+
+
 def progress_rows(trackers: list[RunTracker], story: Story | None = None, now: float | None = None) -> list[ProgressRow]:
     now = time.time() if now is None else now
     rows = []
@@ -92,12 +109,12 @@ class ProgressFile:
 
     def __init__(self, workdir: Path, story: Story | None = None) -> None:
         self.path = workdir / PROGRESS_NAME
-        self.story = story
+        self.book = RowBook(story or Story())
         self._last_write = 0.0
         self._last_key: list[tuple[str, int | None, str | None, str]] = []
 
     def __call__(self, trackers: list[RunTracker]) -> None:
-        rows = progress_rows(trackers, self.story)
+        rows = self.book.rows(trackers)
         key = [(row.status, row.attempt, row.state, row.last_event) for row in rows]
         now = time.monotonic()
         if key == self._last_key and now - self._last_write < PROGRESS_WRITE_INTERVAL_S:
@@ -123,6 +140,7 @@ class Progress:
     def __init__(self, console: Console | None = None, story: Story | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.story = story or Story()
+        self.book = RowBook(self.story)
         self._live: Live | None = None
         self._last_draw = 0.0
         self._started = time.time()
@@ -142,7 +160,7 @@ class Progress:
         for line in self.story.new_lines(trackers):
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
         now = time.time()
-        rows = progress_rows(trackers, self.story, now)
+        rows = self.book.rows(trackers, now)
         for row in rows:  # a stall said once as a line (the live table shows it as long as it lasts)
             if row.stalled_s is not None and row.run not in self._stalls_said:
                 self._stalls_said.add(row.run)

@@ -3,7 +3,11 @@ record, never a guess): a fault that acted (its target, pid and the step it met)
 failed (its class, and how long after the fault that was seen), a job submitted, the first step of
 a recovered attempt (how long after the fault, from which step, the work lost), a run's end. Each
 run's last event and when it came are kept for ``faultdrill status`` (progress.json), and a run
-that made no progress for STALL_STEPS of its steps (at least STALL_LEAST_S) is said to be stalled."""
+that made no progress for STALL_STEPS of its steps (at least STALL_LEAST_S) is said to be stalled.
+
+A sweep's runs that wait for their turn, and those whose end was told (and read once more after,
+for a fault's late word), are not read again: a round's reading follows the runs in flight, not
+the sweep's size (issue 29)."""
 
 from __future__ import annotations
 
@@ -48,6 +52,12 @@ class Story:
     def __init__(self) -> None:
         self.runs: dict[str, RunStory] = {}
         self._looked = 0.0
+        self._ended_told: set[str] = set()  # runs whose end was told: read once more, then settled
+        self.settled: set[str] = set()  # runs whose story is told to its end: not read again
+
+    def quiet(self, tracker: "RunTracker") -> bool:
+        """Nothing new can come from this run: it waits for its first turn, or its story is told."""
+        return tracker.run.run_id in self.settled or not_begun(tracker)
 
     def new_lines(self, trackers: list["RunTracker"], now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -56,14 +66,26 @@ class Story:
         self._looked = now
         lines = []
         for tracker in trackers:
-            story = self.runs.setdefault(tracker.run.run_id, RunStory())
-            for key, moment, text in _events(tracker.ledger, tracker.run.run_id, tracker.status):
+            run_id = tracker.run.run_id
+            if self.quiet(tracker):
+                continue
+            if run_id in self._ended_told:
+                self.settled.add(run_id)  # this is its read after the end
+            story = self.runs.setdefault(run_id, RunStory())
+            for key, moment, text in _events(tracker.ledger, run_id, tracker.status):
                 if key in story.said:
                     continue
                 story.said.add(key)
                 story.last_event, story.last_event_at = text, moment
-                lines.append(f"{time.strftime('%H:%M:%S', time.localtime(moment))} {tracker.run.run_id} {text}")
+                lines.append(f"{time.strftime('%H:%M:%S', time.localtime(moment))} {run_id} {text}")
+                if key[0] == "ended":
+                    self._ended_told.add(run_id)
         return lines
+
+
+def not_begun(tracker: "RunTracker") -> bool:
+    """The run waits for its first turn (a sweep's runs beyond parallel_runs): nothing to read yet."""
+    return tracker.status == "pending" and tracker.watch is None
 
 
 def _events(ledger: Ledger, run_id: str, status: str) -> list[tuple[tuple[object, ...], float, str]]:

@@ -95,3 +95,63 @@ def test_a_queued_or_starting_attempt_is_no_stall(tmp_path: Path) -> None:
     tracker.watch.state = SimpleNamespace(value="RUNNING")  # started, no step heard yet: a start-up
     assert progress_rows([tracker], story, now=T0 + 400)[0].stalled_s is None
     ledger.close()
+
+
+class _CountingLedger:
+    """The ledger, with each run's reads counted (faults, attempts, recoveries)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.reads: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.ledger, name)
+        if name not in ("faults", "attempts", "recoveries"):
+            return method
+
+        def counted(run_id: str) -> Any:
+            self.reads[run_id] = self.reads.get(run_id, 0) + 1
+            return method(run_id)
+        return counted
+
+
+class _CountingRun(SimpleNamespace):
+    """A run whose filled workload is counted each time it is read."""
+
+    reads = 0
+
+    @property
+    def workload(self) -> Any:
+        self.reads += 1
+        return SimpleNamespace(steps=800)
+
+
+def test_a_rounds_work_for_a_waiting_or_finished_run_is_constant(tmp_path: Path) -> None:
+    """Issue 29: a sweep's round costs what its runs in flight cost. Over twenty rounds of the story
+    and the progress rows, a run that waits for its turn is never read from the ledger, and one that
+    ended is read until its end is told and once more (a fault's late word), then no more; the
+    filled workload of either is not computed again. A run in flight is read every round."""
+    from orchestrator.control.progress import RowBook
+
+    ledger = _CountingLedger(Ledger.in_workdir(tmp_path / "work"))
+    trackers = {}
+    for run_id, status in (("waiting", "pending"), ("ended", "completed"), ("flying", "running")):
+        tracker = _tracker(ledger, status=status)  # type: ignore[arg-type]  # the counting stand-in
+        tracker.run = _CountingRun(run_id=run_id)
+        tracker.watch = None if status == "pending" else tracker.watch
+        trackers[run_id] = tracker
+    story = Story()
+    book = RowBook(story)
+    seen: list[dict[str, tuple[int, int]]] = []
+    for round_ in range(20):
+        now = T0 + round_
+        story.new_lines(list(trackers.values()), now=now)
+        rows = book.rows(list(trackers.values()), now=now)
+        assert [row.run for row in rows] == list(trackers) and rows[1].status == "completed"
+        seen.append({run_id: (ledger.reads.get(run_id, 0), tracker.run.reads) for run_id, tracker in trackers.items()})
+    assert seen[-1]["waiting"][0] == 0, "a waiting run is not read from the ledger"
+    assert seen[-1]["ended"][0] == 2 * 3, "an ended run: the read that told its end and one more, 3 queries each"
+    for run_id in ("waiting", "ended"):
+        assert seen[3][run_id] == seen[-1][run_id], (run_id, seen[3][run_id], seen[-1][run_id])
+    assert seen[-1]["flying"][0] == 20 * 3 and seen[-1]["flying"][1] >= 20, "the run in flight is read every round"
+    ledger.ledger.close()
