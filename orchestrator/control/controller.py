@@ -357,6 +357,9 @@ class Controller:
         now = time.time()
         for tracker in trackers:
             tracker.settle_closing(states, now)
+        with self.ledger.transaction():  # what every run in flight showed this round: one commit
+            for tracker in active:
+                tracker.observe(states, now, asked_at=self.poller.answered_as_of)
         for tracker in active:
             tracker.advance(states, now, asked_at=self.poller.answered_as_of)
         if states:

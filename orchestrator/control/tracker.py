@@ -100,6 +100,7 @@ class RunTracker:
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
         self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
         self._clock_reads: dict[int, Future[AttemptClocks]] = {}
+        self._observed: tuple[AttemptWatch, float, JobState] | None = None  # this round's reading (observe)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress,
                                 run.paths, clocks_pending=self._clocks_pending)
         for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
@@ -345,6 +346,24 @@ class RunTracker:
         return watch.state if watch is not None and watch.job_id == job_id else None
 
     # one step of the loop ---------------------------------------------------------------------
+    def observe(self, states: dict[str, JobState], now: float, asked_at: float | None = None) -> None:
+        """The round's reading of the attempt in flight: its files, the scheduler's word, a held go
+        given, what changed noted in the ledger. The controller observes every run in flight in one
+        ledger transaction (one commit a round, not one per run and change: issue 29), then
+        ``advance``s each, whose decisions commit on their own before they act."""
+        if not self.done and self.watch is not None:
+            self._observed = (self.watch, now, self._read_round(self.watch, states, now, asked_at))
+
+    def _read_round(self, watch: AttemptWatch, states: dict[str, JobState], now: float,
+                    asked_at: float | None) -> JobState:
+        self.same_job.give_go(watch, now)
+        fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
+        # No poll this round (or a stale one): the last word stands.
+        state = states.get(watch.job_id, watch.state) if fresh else watch.state
+        watch.read(now)
+        self._note(watch, state, now)
+        return state
+
     def advance(self, states: dict[str, JobState], now: float, asked_at: float | None = None) -> None:
         """One round: ``states`` is the scheduler's answer (asked at ``asked_at``), if one came."""
         if self.done:
@@ -356,12 +375,9 @@ class RunTracker:
             self.same_job.watch_held_requeue(states, now)
             self.requeuer.try_requeue(now)
             return
-        self.same_job.give_go(watch, now)
-        fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
-        # No poll this round (or a stale one): the last word stands.
-        state = states.get(watch.job_id, watch.state) if fresh else watch.state
-        watch.read(now)
-        self._note(watch, state, now)
+        observed, self._observed = self._observed, None
+        state = (observed[2] if observed is not None and observed[0] is watch and observed[1] == now
+                 else self._read_round(watch, states, now, asked_at))
         self.faults.collect(watch)
         self.recoveries.record()
         sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at)
