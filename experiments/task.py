@@ -8,16 +8,19 @@ and asyncio: ~0.3 s of CPU a task, most of what a short job of a sweep cost (iss
 This runs the same pickled call with the standard library alone:
 
 - the job is the one the batch script names (``FAULTDRILL_JOB_ID``, submitit's id of it, exported
-  before the launch); its pickle is waited for as submitit waits (an array element may start
-  before the controller has moved its pickle into place), at a short interval;
+  before the launch, and of this job: it starts with the scheduler's id of it); its folder's
+  ``%j``/``%A``/``%a`` filled in as submitit fills them; its pickle is waited for as submitit waits
+  (an array element may start before the controller has moved its pickle into place), at a short
+  interval; ``SUBMITIT_FOLDER`` set as submitit sets it (a script's ``submitit.JobEnvironment()``);
 - the pickle is read with submitit's ``DelayedSubmission`` class stood in for by a plain holder of
   its attributes (nothing of submitit's is imported; any other class is looked up as pickle does);
 - the call's outcome is written where submitit writes it (``<job id>_<task>_result.pkl``,
   ``("success", result)`` or ``("error", traceback)``), so that submitit's ``job.result()`` reads it;
 - an exception is re-raised (exit 1) and a ``SystemExit`` passes through (the rank's own exit code).
 
-Without ``FAULTDRILL_JOB_ID`` (a user's template that does not export it) submitit's runner runs
-the job instead: slower, the same outcome.
+Without ``FAULTDRILL_JOB_ID`` (a user's template that does not export it), or with one that is not
+this job's (inherited from where the job was submitted), submitit's runner runs the job instead:
+slower, the same outcome.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from experiments.layout import ENV_JOB_ID
 
@@ -97,27 +100,52 @@ def task_index() -> int:
     return DistEnv.from_environ().rank
 
 
+def job_folder(folder: str, job_id: str) -> Path:
+    """The folder as submitit names it for ``job_id``: ``%j`` the job, ``%A``/``%a`` an array's id
+    and element (``JobPaths``)."""
+    array_id, _, index = job_id.partition("_")
+    filled = folder.replace("%j", job_id).replace("%A", array_id)
+    return Path(filled.replace("%a", index) if index else filled)
+
+
+def own_job_id(environ: Mapping[str, str]) -> str | None:
+    """The job id the batch script exported, if it is this job's: one of the ids the templates make
+    of the scheduler's variables (a Slurm job, an array element, a PBS job, an element under Slurm's
+    PBS wrappers); None otherwise."""
+    named = environ.get(ENV_JOB_ID, "")
+    array, index = environ.get("SLURM_ARRAY_JOB_ID", ""), environ.get("SLURM_ARRAY_TASK_ID", "")
+    ids = {environ.get("SLURM_JOB_ID", ""), environ.get("PBS_JOBID", "")}
+    if array and index:
+        ids |= {f"{array}_{index}", f"{array}[{index}]"}
+    return named if named and named in ids else None
+
+
 def run_task(folder: Path, job_id: str) -> None:
+    os.environ["SUBMITIT_FOLDER"] = str(folder)
     call = load_call(submitted_pickle(folder, job_id))
+    try:
+        task = task_index()
+    except Exception:
+        task = 0  # the call, which reads the same environment, says what is wrong with it
     try:
         result = call.result()
     except Exception:
-        write_outcome(result_pickle(folder, job_id, task_index()), ("error", traceback.format_exc()))
+        write_outcome(result_pickle(folder, job_id, task), ("error", traceback.format_exc()))
         raise
-    write_outcome(result_pickle(folder, job_id, task_index()), ("success", result))
+    write_outcome(result_pickle(folder, job_id, task), ("success", result))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m experiments.task FOLDER (the job's submitit folder)")
-    job_id = os.environ.get(ENV_JOB_ID)
-    if not job_id:
+    job_id = own_job_id(os.environ)
+    if job_id is None:
         from submitit.core.submission import process_job
 
         process_job(args[0])
         return
-    run_task(Path(args[0]), job_id)
+    run_task(job_folder(args[0], job_id), job_id)
 
 
 if __name__ == "__main__":

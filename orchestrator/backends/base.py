@@ -17,7 +17,7 @@ from injectors.actions import WalltimeSet
 from orchestrator.campaign.capabilities import BackendCapabilities, Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
-from orchestrator.commands import CommandResult, Conversation
+from orchestrator.commands import CommandError, CommandResult, Conversation, one_line
 from orchestrator.render.scripts import SubmissionScript
 from orchestrator.states import JobState
 
@@ -168,6 +168,19 @@ class Backend(abc.ABC):
         """Run ``python <argv>`` (the fault agent) on ``node`` inside job ``job_id``'s allocation and
         return what it printed; a failure to start it is in the result, not raised."""
 
+    def node_answers(self, job_id: str, node: str, timeout_s: float) -> "NodeAnswer":
+        """Does the scheduler still start a step on ``node`` inside job ``job_id``'s allocation (its
+        daemon there alive), within ``timeout_s``? The check of a node whose ranks fell silent
+        (orchestrator/observe/node_check.py): a bare Python on the node, as the fault agent starts."""
+        try:
+            result = self.run_agent(job_id, node, ["-c", "pass"], timeout_s)
+        except CommandError as error:
+            return NodeAnswer(False, f"no step started on it within {timeout_s:g} s ({one_line(error)})")
+        if result.returncode == 0:
+            return NodeAnswer(True, f"a step on it ran in {result.duration_s:.2f} s")
+        said = (result.stderr.strip().splitlines() or [""])[-1][:200]
+        return NodeAnswer(False, f"a step on it failed (exit {result.returncode}: {said})")
+
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         """``python <argv>`` on ``node`` inside job ``job_id``'s allocation, as the fault agent runs,
         talked to line by line (a clock's reading: orchestrator.observe.node_clocks)."""
@@ -203,6 +216,14 @@ class Backend(abc.ABC):
     def job_nodes(self, job_id: str) -> list[str]:
         """Capability.JOB_NODES: the job's nodes, according to the scheduler, in allocation order."""
         raise self.not_supported(Capability.JOB_NODES)
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """A node's answer to its check (Backend.node_answers): alive or not, and in words."""
+
+    answered: bool
+    said: str
 
 
 @dataclass(frozen=True)

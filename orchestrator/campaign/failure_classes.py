@@ -110,7 +110,9 @@ def _scheduler(known: FailureEvidence) -> Classified | None:
 def _node_lost(known: FailureEvidence) -> Classified | None:
     """The injector broke a node of the job: known at once, long before Slurm notices (SlurmdTimeout)."""
     if known.lost_nodes:
-        return Classified(FailureClass.NODE_FAIL, f"node {', '.join(known.lost_nodes)} lost (the injector's record)")
+        how = ("its ranks fell silent and it did not answer the node check" if known.noticed_by == "node_check"
+               else "the injector's record")
+        return Classified(FailureClass.NODE_FAIL, f"node {', '.join(known.lost_nodes)} lost ({how})")
     return None
 
 

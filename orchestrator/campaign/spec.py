@@ -475,6 +475,10 @@ class RestartConfig(_Strict):
     # run's files say the scheduler has news, and later when the scheduler is slow.
     scheduler_poll_s: float | None = Field(None, ge=0, le=600)
     hang_timeout_s: float = Field(120.0, gt=0, description="no heartbeat for this long: a hang")
+    # A node none of whose ranks beat for this long (and for 3 of the attempt's step times) is
+    # checked: can the scheduler still start a step there, within 3 s? One that cannot is lost at
+    # once, not after the scheduler's own node timeout (orchestrator/observe/node_check.py). 0: never.
+    node_silence_s: float = Field(3.0, ge=0, le=3600, description="a node's ranks silent this long: is it alive?")
     # A rank's progress line at most this often (None: 0.05 s, or 1 s when the workdir is on a
     # network filesystem, where each append is a round trip to its server from every rank).
     heartbeat_s: float | None = Field(None, gt=0, le=60)

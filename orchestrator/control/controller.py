@@ -138,6 +138,7 @@ def _drill_id(ledger: Ledger, campaign: Campaign) -> str:
 
 
 INJECTORS_PER_RUN = 4  # faults of one run acting at once (a corrupt-checkpoint beside a kill, ...)
+NODE_CHECKS_AT_ONCE = 4  # silent nodes checked at once (each an srun of at most its timeout)
 CANCEL_POLL_S = 1.0  # how often ``cancel`` asks the scheduler whether the cancelled jobs ended
 
 
@@ -186,7 +187,8 @@ class Controller:
         self._mend(menders, "owed by an earlier controller")  # it died with a node still broken
         pools = self.injector_pools()
         clocks = ClockBook(self.backend)
-        trackers = self.trackers(pools, clocks)
+        node_checks = self.node_check_pool()
+        trackers = self.trackers(pools, clocks, node_checks)
         now = time.time()
         for tracker in trackers:
             tracker.reclaim_cancels(now)
@@ -202,6 +204,8 @@ class Controller:
                 pool.shutdown(wait=True)  # a fault still acting may owe a mend
             self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
             clocks.close()  # after the mends: a read under way may wait on a node that does not answer
+            if node_checks is not None:
+                node_checks.shutdown(wait=False, cancel_futures=True)  # a check under way ends within its timeout
             for tracker in trackers:
                 if tracker.done:
                     tracker.finalize()
@@ -264,9 +268,17 @@ class Controller:
         return {run.run_id: ThreadPoolExecutor(max_workers=INJECTORS_PER_RUN, thread_name_prefix=f"injector-{run.run_id}")
                 for run in self.runs}
 
-    def trackers(self, pools: dict[str, ThreadPoolExecutor], clocks: ClockBook | None = None) -> list[RunTracker]:
+    def trackers(self, pools: dict[str, ThreadPoolExecutor], clocks: ClockBook | None = None,
+                 node_checks: ThreadPoolExecutor | None = None) -> list[RunTracker]:
         return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id, self.calls,
-                           clocks) for run, faults in self.plan]
+                           clocks, node_checks) for run, faults in self.plan]
+
+    def node_check_pool(self) -> ThreadPoolExecutor | None:
+        """The threads that check silent nodes (orchestrator/observe/node_check.py): where jobs span
+        nodes and restart.node_silence_s asks for it; threads start only when a check is due."""
+        if not self.backend.offers(Capability.MULTI_NODE) or self.campaign.restart.node_silence_s <= 0:
+            return None
+        return ThreadPoolExecutor(max_workers=NODE_CHECKS_AT_ONCE, thread_name_prefix="node-check")
 
     def _mend(self, menders: Menders, when: str) -> None:
         for said in menders.run_all():

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from orchestrator.control.story import Story
+from orchestrator.control.story import Story, not_begun
 from orchestrator.control.tracker import RunTracker
 from orchestrator.report.answer import short_cause
 from orchestrator.report.tables import Table
@@ -43,19 +43,25 @@ class ProgressRow:
 
 class RowBook:
     """Every run's progress row, kept from round to round: the row of a run that waits for its
-    first turn, or whose story is told to its end, is not built again (a sweep's round costs what
-    its runs in flight cost: issue 29)."""
+    first turn, or whose story is told to its end (built once more after that), is not built
+    again (a sweep's round costs what its runs in flight cost: issue 29)."""
 
     def __init__(self, story: Story) -> None:
         self.story = story
         self._rows: dict[str, ProgressRow] = {}
+        self._final: set[str] = set()  # runs whose row was built after their story was settled
 
     def rows(self, trackers: list[RunTracker], now: float | None = None) -> list[ProgressRow]:
-        changing = [tracker for tracker in trackers
-                    if tracker.run.run_id not in self._rows or not self.story.quiet(tracker)]
-        for row in progress_rows(changing, self.story, now):
+        changing = [tracker for tracker in trackers if not self._kept(tracker)]
+        for tracker, row in zip(changing, progress_rows(changing, self.story, now), strict=True):
             self._rows[row.run] = row
+            if tracker.run.run_id in self.story.settled:
+                self._final.add(row.run)
         return [self._rows[tracker.run.run_id] for tracker in trackers]
+
+    def _kept(self, tracker: RunTracker) -> bool:
+        run_id = tracker.run.run_id
+        return run_id in self._final or (run_id in self._rows and not_begun(tracker))
 
 
 def progress_rows(trackers: list[RunTracker], story: Story | None = None, now: float | None = None) -> list[ProgressRow]:

@@ -56,6 +56,7 @@ from orchestrator.observe.failure_signs import (
     failure_sign,
     requeued,
 )
+from orchestrator.observe.node_check import NodeChecks
 from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.clocks import AttemptClocks
@@ -86,7 +87,7 @@ class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
         injector_pool: ThreadPoolExecutor, drill_id: str, calls: SchedulerCalls | None = None,
-        clocks: ClockBook | None = None,
+        clocks: ClockBook | None = None, node_check_pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.run = run
         self.plan = plan
@@ -101,6 +102,9 @@ class RunTracker:
         self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
         self._clock_reads: dict[int, Future[AttemptClocks]] = {}
         self._observed: tuple[AttemptWatch, float, JobState] | None = None  # this round's reading (observe)
+        # a node of the attempt whose ranks fell silent: checked, lost at once if it does not answer
+        self.node_checks = (NodeChecks(run, backend, self.restart.node_silence_s, node_check_pool)
+                            if node_check_pool is not None else None)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress,
                                 run.paths, clocks_pending=self._clocks_pending)
         for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
@@ -380,7 +384,8 @@ class RunTracker:
                  else self._read_round(watch, states, now, asked_at))
         self.faults.collect(watch)
         self.recoveries.record()
-        sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at)
+        node_lost = self.node_checks.lost(watch, now) if self.node_checks is not None else None
+        sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at, node_lost)
         if sign is not None and self._final_of(watch) is None:
             self._on_failure(watch, sign, state, now)
         elif state is JobState.COMPLETED or sign is not None or self._finish_overdue(watch, now):
@@ -408,7 +413,8 @@ class RunTracker:
     def _on_failure(self, watch: AttemptWatch, sign: FailureSign, state: JobState, now: float) -> None:
         """Record the failed attempt and carry out its strategy's answer: what becomes of its job,
         and how the run goes on (orchestrator/strategies/)."""
-        evidence = failure_evidence(watch, sign, state, self.backend, self.faults.lost_nodes(watch.attempt),
+        lost_nodes = tuple(dict.fromkeys((*self.faults.lost_nodes(watch.attempt), *((sign.node,) if sign.node else ()))))
+        evidence = failure_evidence(watch, sign, state, self.backend, lost_nodes,
                                     self.faults.oom_killed(watch.attempt), self.cancels.why(watch.job_id),
                                     self.faults.signalled(watch.attempt, watch.last_step),
                                     time_limit_s=time_limit_minutes(self.run.campaign.resources.time) * 60)

@@ -307,7 +307,7 @@ class FaultBook:
         evidence's resolution and the clocks' bounds."""
         assert row.at is not None
         fault = Stamp(row.at, fault_clock(row.kind, row.node))
-        silent = rank_node(self.paths, attempt, sign.rank) if self.paths and sign.rank is not None else None
+        silent = sign.node or (rank_node(self.paths, attempt, sign.rank) if self.paths and sign.rank is not None else None)
         failure = Stamp(sign.at, evidence_clock(self.paths, sign.evidence, attempt, silent) if self.paths else LOGIN)
         clocks = self._clocks(attempt)
         fault_at, failed_at = clocks.on_login(fault), clocks.on_login(failure)

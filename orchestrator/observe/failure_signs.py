@@ -26,9 +26,10 @@ WALLTIME_SLACK_S = 5.0
 
 
 def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: RestartConfig, backend: "Backend",
-                 asked_at: float | None = None) -> FailureSign | None:
+                 asked_at: float | None = None, node_lost: FailureSign | None = None) -> FailureSign | None:
     """Why the attempt failed, with the best evidence of when; None while it looks healthy.
-    ``asked_at``: when the scheduler's answer of this round was asked (None: no answer)."""
+    ``asked_at``: when the scheduler's answer of this round was asked (None: no answer).
+    ``node_lost``: a node of the attempt fell silent and did not answer its check (node_check.py)."""
     if watch.warm_failure is not None:
         lost = watch.warm_failure
         how = f", exit code {lost.exit_code}" if lost.exit_code >= 0 else ""
@@ -47,6 +48,8 @@ def failure_sign(watch: AttemptWatch, state: JobState, now: float, restart: Rest
         return FailureSign(f"the scheduler requeued the job{rank_error_suffix(watch)}", now, "requeued")
     if watch.completed:
         return None  # no more heartbeats to come; the scheduler reports how the job ends
+    if node_lost is not None:
+        return node_lost
     hang = watch.hang(now, restart.hang_timeout_s)
     if hang is None:
         watch.silent_since = None

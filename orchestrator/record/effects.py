@@ -122,7 +122,7 @@ class RunEvidence:
             nodes = row.failed_nodes if row.failed_nodes and "," not in row.failed_nodes else None
             clock = evidence_clock(self.paths, row.failure_evidence or "", row.attempt, nodes)
             dated = self.clocks(row.attempt).on_login(Stamp(row.failed_at, clock)).time
-        signs = [dated] if dated is not None and row.failure_evidence not in ("last_heartbeat", "job_running") else []
+        signs = [dated] if dated is not None and row.failure_evidence not in ("last_heartbeat", "job_running", "node_check") else []
         if row.detected is not None:  # the controller's clock, or a warm coordinator's (the failure's own moment)
             signs.append(dated if row.detected == row.failed_at and dated is not None else row.detected)
         return signs

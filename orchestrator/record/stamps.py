@@ -65,7 +65,7 @@ def evidence_clock(paths: RunPaths, evidence: str, attempt: int, silent_node: st
         return batch_host(paths, attempt)
     if evidence == "scheduler_end":
         return SCHEDULER
-    if evidence == "last_heartbeat":
+    if evidence in ("last_heartbeat", "node_check"):  # a last beat: the silent (the lost) node's clock
         return silent_node or UNKNOWN_NODE
     return LOGIN  # the controller's own look (poll, detection)
 

@@ -145,9 +145,12 @@ def test_hang_rank_is_found_by_its_silence(report: dict[str, Any]) -> None:
 
 
 def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
+    """The stalled rank is its node's only one: the whole node stands still for 3 s, past the
+    campaign's restart.node_silence_s (1.5 s), so the node is checked; it answers, and the drill
+    waits on: a slow node is not taken for a dead one (issue 24, goal 2's false positive)."""
     run = _run(report, "stall-rank")
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 2.0"), fault
+    assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 3.0"), fault
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
 
 

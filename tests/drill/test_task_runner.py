@@ -11,12 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
 from experiments.layout import ENV_JOB_ID, PROGRESS_LOG, CommandSpec, RankJob, WorkloadSpec
 
 JOB_ID = "4711_3"  # an array element, as submitit names it
+OWN_JOB = {ENV_JOB_ID: JOB_ID, "SLURM_ARRAY_JOB_ID": "4711", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_ID": "4714"}
 
 
 def _dump(folder: Path, function: object, *args: object) -> None:
@@ -42,9 +44,9 @@ def _command_job(tmp_path: Path) -> RankJob:
 
 
 def test_a_rank_runs_from_submitits_pickle_without_submitit_or_numpy(tmp_path: Path) -> None:
-    folder = tmp_path / "submitit"
+    folder = tmp_path / "drill-4711" / "submitit"  # the workdir named after the array: %A, as submitit fills it
     _dump(folder, run_rank, _command_job(tmp_path))
-    done = _task(folder, {ENV_JOB_ID: JOB_ID})
+    done = _task(tmp_path / "drill-%A" / "submitit", OWN_JOB)
     assert done.returncode == 0, done.stderr[-3000:]
     outcome, result = submitit_utils.pickle_load(folder / f"{JOB_ID}_0_result.pkl")
     assert outcome == "success" and result["exit_code"] == 0 and result["rank"] == 0
@@ -57,7 +59,7 @@ def test_a_rank_runs_from_submitits_pickle_without_submitit_or_numpy(tmp_path: P
 def test_a_call_that_raises_leaves_submitits_error_and_fails_the_task(tmp_path: Path) -> None:
     folder = tmp_path / "submitit"
     _dump(folder, json.loads, "{not json")
-    done = _task(folder, {ENV_JOB_ID: JOB_ID})
+    done = _task(folder, OWN_JOB)
     assert done.returncode == 1 and "JSONDecodeError" in done.stderr
     outcome, trace = submitit_utils.pickle_load(folder / f"{JOB_ID}_0_result.pkl")
     assert outcome == "error" and "JSONDecodeError" in trace
@@ -66,15 +68,17 @@ def test_a_call_that_raises_leaves_submitits_error_and_fails_the_task(tmp_path: 
 def test_a_rank_that_exits_with_its_own_code_keeps_it(tmp_path: Path) -> None:
     folder = tmp_path / "submitit"
     _dump(folder, sys.exit, 7)
-    done = _task(folder, {ENV_JOB_ID: JOB_ID})
+    done = _task(folder, OWN_JOB)
     assert done.returncode == 7, done.stderr[-2000:]
     assert not (folder / f"{JOB_ID}_0_result.pkl").exists(), "as submitit's runner: an exit is no outcome"
 
 
-def test_without_the_job_id_submitits_own_runner_runs_the_call(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [None, "999_1"], ids=["none", "another-jobs"])
+def test_without_this_jobs_id_submitits_own_runner_runs_the_call(tmp_path: Path, named: str | None) -> None:
     folder = tmp_path / "submitit"
     _dump(folder, run_rank, _command_job(tmp_path))
-    done = _task(folder, {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4711", "SLURM_ARRAY_JOB_ID": "4711",
+    done = _task(folder, {**({ENV_JOB_ID: named} if named else {}),
+                          "SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4711", "SLURM_ARRAY_JOB_ID": "4711",
                           "SLURM_ARRAY_TASK_ID": "3", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
                           "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -155,3 +155,23 @@ def test_a_rounds_work_for_a_waiting_or_finished_run_is_constant(tmp_path: Path)
         assert seen[3][run_id] == seen[-1][run_id], (run_id, seen[3][run_id], seen[-1][run_id])
     assert seen[-1]["flying"][0] == 20 * 3 and seen[-1]["flying"][1] >= 20, "the run in flight is read every round"
     ledger.ledger.close()
+
+
+def test_an_event_read_after_the_end_was_told_reaches_the_runs_row(tmp_path: Path) -> None:
+    """The read after a run's end (helper 38): what it finds is told, and the row kept from then on
+    shows it (the row was once kept from the round the story settled, without it)."""
+    from orchestrator.control.progress import RowBook
+
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    tracker = _tracker(ledger, status="completed")
+    story = Story()
+    book = RowBook(story)
+    story.new_lines([tracker], now=T0)
+    assert book.rows([tracker], now=T0)[0].last_event == "run completed"
+    ledger.add_fault(FaultRow(fault_id=None, run_id="r000", attempt=0, plan_index=0, kind="kill-rank",
+                              target="rank 1@n2", signal="SIGKILL", planned_delay_s=1.0, at=T0 + 1, pid=4711, node="n2",
+                              outcome="injected", met_step=130))
+    assert story.new_lines([tracker], now=T0 + 1) == [_at(T0 + 1, "kill-rank -> rank 1@n2 (pid 4711, step 130)")]
+    for now in (T0 + 1, T0 + 2):
+        assert book.rows([tracker], now=now)[0].last_event.startswith("kill-rank -> rank 1@n2")
+    ledger.close()

@@ -39,3 +39,26 @@ def test_a_pickle_of_something_else_is_refused(tmp_path: Path) -> None:
     submitit_utils.cloudpickle_dump({"not": "a call"}, path)
     with pytest.raises(RuntimeError, match="holds a dict"):
         task.load_call(path)
+
+
+def test_the_folder_is_filled_in_as_submitit_fills_it() -> None:
+    assert task.job_folder("/w/%j/submitit", "4711") == Path("/w/4711/submitit")
+    assert task.job_folder("/w/d-%A-%a/submitit", "4711_3") == Path("/w/d-4711-3/submitit")
+    assert task.job_folder("/w/r000/submitit", "12[3].pbs") == Path("/w/r000/submitit")
+
+
+@pytest.mark.parametrize("environ,own", [
+    ({"FAULTDRILL_JOB_ID": "4711_3", "SLURM_ARRAY_JOB_ID": "4711", "SLURM_ARRAY_TASK_ID": "3",
+      "SLURM_JOB_ID": "4714"}, "4711_3"),
+    ({"FAULTDRILL_JOB_ID": "4711_3", "SLURM_ARRAY_JOB_ID": "4711", "SLURM_ARRAY_TASK_ID": "4",
+      "SLURM_JOB_ID": "4715"}, None),  # another element's
+    ({"FAULTDRILL_JOB_ID": "88", "SLURM_JOB_ID": "88"}, "88"),
+    ({"FAULTDRILL_JOB_ID": "12[3].pbs", "PBS_JOBID": "12[3].pbs"}, "12[3].pbs"),
+    ({"FAULTDRILL_JOB_ID": "12[3]", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "3",
+      "SLURM_JOB_ID": "15"}, "12[3]"),  # under Slurm's PBS wrappers
+    ({"FAULTDRILL_JOB_ID": "885", "SLURM_JOB_ID": "88"}, None),
+    ({"FAULTDRILL_JOB_ID": "77", "SLURM_JOB_ID": "88"}, None),  # inherited from where the job was submitted
+    ({"SLURM_JOB_ID": "88"}, None),
+])
+def test_only_this_jobs_own_id_is_taken(environ: dict[str, str], own: str | None) -> None:
+    assert task.own_job_id(environ) == own
