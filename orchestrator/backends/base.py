@@ -173,13 +173,16 @@ class Backend(abc.ABC):
         daemon there alive), within ``timeout_s``? The check of a node whose ranks fell silent
         (orchestrator/observe/node_check.py): a bare Python on the node, as the fault agent starts."""
         try:
-            result = self.run_agent(job_id, node, ["-c", "pass"], timeout_s)
+            result = self.run_agent(job_id, node, ["-S", "-c", "pass"], timeout_s)
         except CommandError as error:
-            return NodeAnswer(False, f"no step started on it within {timeout_s:g} s ({one_line(error)})")
+            if error.returncode is None and "timed out" in str(error):
+                return NodeAnswer(False, f"no step started on it within {timeout_s:g} s", timed_out=True)
+            return NodeAnswer(False, f"the check could not be made ({one_line(error)})")
         if result.returncode == 0:
             return NodeAnswer(True, f"a step on it ran in {result.duration_s:.2f} s")
-        said = (result.stderr.strip().splitlines() or [""])[-1][:200]
-        return NodeAnswer(False, f"a step on it failed (exit {result.returncode}: {said})")
+        said = " ".join(result.stderr.split())[-300:]
+        return NodeAnswer(False, f"a step on it failed (exit {result.returncode}: {said})",
+                          failed=any(sign in said for sign in NODE_DOWN_SAID))
 
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         """``python <argv>`` on ``node`` inside job ``job_id``'s allocation, as the fault agent runs,
@@ -220,10 +223,20 @@ class Backend(abc.ABC):
 
 @dataclass(frozen=True)
 class NodeAnswer:
-    """A node's answer to its check (Backend.node_answers): alive or not, and in words."""
+    """A node's answer to its check (Backend.node_answers), in words: a step ran there
+    (``answered``); the scheduler could not reach the node to start one (``failed``); none started
+    within the timeout (``timed_out``: lost only beside a node that answered); or neither (the
+    scheduler refused the step for a reason of its own, the check could not be made): nothing proved."""
 
     answered: bool
     said: str
+    failed: bool = False
+    timed_out: bool = False
+
+
+# What srun says when it could not reach the node's daemon to launch a step there (Slurm 20-24).
+NODE_DOWN_SAID = ("Communication connection failure", "Unable to contact slurm daemon", "Connection refused",
+                  "Zero Bytes were transmitted or received", "Unable to connect to")
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,10 @@ class RunTracker:
         self._clock_reads: dict[int, Future[AttemptClocks]] = {}
         self._observed: tuple[AttemptWatch, float, JobState] | None = None  # this round's reading (observe)
         # a node of the attempt whose ranks fell silent: checked, lost at once if it does not answer
-        self.node_checks = (NodeChecks(run, backend, self.restart.node_silence_s, node_check_pool)
-                            if node_check_pool is not None else None)
+        # (not under a coordinator of the job's own, warm's or torchrun's: its word comes first)
+        own_coordinator = run.strategy_traits.warm or run.strategy_traits.torchrun
+        self.node_checks = (NodeChecks(run, backend, self.restart.node_silence_s, self.heartbeat_s, node_check_pool)
+                            if node_check_pool is not None and not own_coordinator else None)
         self.faults = FaultBook(run.run_id, plan, ledger, injector_pool, self._act, self._late_record, progress,
                                 run.paths, clocks_pending=self._clocks_pending)
         for attempt in self.faults.caused_oom_attempts():  # idempotent: a class taken again changes once
@@ -153,7 +155,8 @@ class RunTracker:
         # lingers past them (a hung teardown) waits at the regular pace for finish_timeout_s.
         ending = watch.completed and (watch.completed_seen_at is None
                                       or time.time() - watch.completed_seen_at < FINISH_NEWS_S)
-        return started_unseen or watch.step_exit is not None or ending or watch.silent_since is not None
+        lost_node = self.node_checks is not None and self.node_checks.awaiting_poll
+        return started_unseen or watch.step_exit is not None or ending or watch.silent_since is not None or lost_node
 
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
@@ -384,7 +387,7 @@ class RunTracker:
                  else self._read_round(watch, states, now, asked_at))
         self.faults.collect(watch)
         self.recoveries.record()
-        node_lost = self.node_checks.lost(watch, now) if self.node_checks is not None else None
+        node_lost = self.node_checks.lost(watch, now, asked_at) if self.node_checks is not None else None
         sign = failure_sign(watch, state, now, self.restart, self.backend, asked_at, node_lost)
         if sign is not None and self._final_of(watch) is None:
             self._on_failure(watch, sign, state, now)
@@ -478,7 +481,8 @@ class RunTracker:
         backoff = decision.backoff_s
         log.info("%s: %s%s", self.run.run_id, decision.reason, f", in {backoff:.1f} s" if backoff else "")
         not_before = now + backoff if backoff else None
-        why_not_here = self._why_no_relaunch(attempt + 1, backoff) if continuation is Continuation.RELAUNCH else None
+        why_not_here = (self._why_no_relaunch(attempt + 1, backoff, job_id) if continuation is Continuation.RELAUNCH
+                        else None)
         if in_job is not None and why_not_here is not None:
             self._cancel_job_of_next(attempt, in_job, now, why=why_not_here)
             in_job = None
@@ -497,11 +501,14 @@ class RunTracker:
                          in_job)
             self.same_job.follow_warm(attempt + 1, in_job)
 
-    def _why_no_relaunch(self, attempt: int, backoff: float) -> str | None:
+    def _why_no_relaunch(self, attempt: int, backoff: float, job_id: str | None = None) -> str | None:
         """Why ``attempt`` cannot relaunch in the job that is there (a new job takes it, after the
         backoff), if it cannot: the batch script would stop waiting for the go before the backoff
         ends; or the nodes it must stay off leave the allocation too few (more than its spare
-        nodes: each launch would fail at once, "required nodes explicitly excluded")."""
+        nodes: each launch would fail at once, "required nodes explicitly excluded"); or the job
+        ``job_id`` has lost more nodes than it has to spare (a dead node stays in the allocation:
+        each relaunch would fail at once, "Requested node configuration is not available", until
+        the restart budget is spent), however many of them the next attempt names."""
         if backoff + RELAUNCH_MARGIN_S > self.restart.relaunch_wait_s:
             return (f"the backoff ({backoff:g} s) outlasts the job's wait for the go "
                     f"(restart.relaunch_wait_s = {self.restart.relaunch_wait_s:g})")
@@ -510,7 +517,20 @@ class RunTracker:
         if len(excluded) > spare:
             return (f"attempt {attempt} stays off {', '.join(excluded)}, more nodes than the job's "
                     f"{spare} spare node(s): it cannot relaunch there")
+        lost = self._nodes_lost_in(job_id) if job_id is not None else []
+        if len(lost) > spare:
+            return (f"job {job_id} has lost {', '.join(lost)}, more nodes than its {spare} spare node(s): "
+                    f"attempt {attempt} cannot relaunch there")
         return None
+
+    def _nodes_lost_in(self, job_id: str) -> list[str]:
+        """The nodes the attempts that ran in ``job_id`` lost to node failures (dead, they stay in
+        its allocation)."""
+        lost: list[str] = []
+        for row in self.ledger.attempts(self.run.run_id):
+            if row.job_id == job_id and row.failure_class == FailureClass.NODE_FAIL.value and row.failed_nodes:
+                lost += [node for node in row.failed_nodes.split(",") if node not in lost]
+        return lost
 
     def _requeue_refused(self, attempt: int, job_id: str, why: str, now: float) -> None:
         """The scheduler would not requeue the job as ``attempt``: that attempt never runs, the job

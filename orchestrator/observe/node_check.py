@@ -3,22 +3,32 @@
 After a node crash the scheduler says nothing for SlurmdTimeout and more (28-30 s here: the rank
 step ends only once Slurm declares the node down), and the survivors learn of it from their
 collective's timeout. The drill's first sign is the node's own silence: none of its ranks has
-beaten for ``restart.node_silence_s`` (at least NODE_SILENCE_STEPS of the attempt's step times, as
-this controller heard them). Silence alone proves nothing (a checkpoint, a slow step, a stalled
-node, every rank of a data-parallel job waiting on one), so it is confirmed by one check, the
-backend's ``node_answers``: can the scheduler still start a step on the node, inside the job's
-allocation (``srun --overlap``), within CHECK_TIMEOUT_S? A node that does not answer is lost: the
-attempt failed there (``FailureSign`` evidence ``node_check``, dated to the node's last beat) and
-its strategy ends or relaunches it off that node. A node that answers is alive: the drill waits on
-(its hang timeout still stands) and checks it again only after twice as long a silence.
+beaten for ``restart.node_silence_s`` (and for at least NODE_SILENCE_BEATS of the attempt's step
+times and heartbeat intervals). Silence alone proves nothing (a checkpoint, a slow step, a stalled
+node, every rank of a data-parallel job waiting on one), so it is confirmed by checks, the
+backend's ``node_answers`` (can the scheduler still start a step on the node, inside the job's
+allocation, within CHECK_TIMEOUT_S?), two a silence whatever the job's size:
 
-The checks run on a thread of their own: the control loop never waits for one."""
+- the suspect: the silent node whose ranks beat last the longest ago (a dead node stops at once;
+  its peers beat their step a moment later, then wait for it in a collective) and that has not
+  answered in this silence yet;
+- a reference: the silent node that beat most recently, checked beside it. A suspect whose check
+  times out is lost only where the reference answered in the same silence (the scheduler starts
+  steps, only not on that node); a check the scheduler refused for a reason of its own (the job
+  ending, a step limit, an option it lacks) proves nothing either way.
+
+A lost node fails the attempt (``FailureSign`` evidence ``node_check``, dated to its last beat)
+once a scheduler poll asked after the silence began still says the job runs (a job that ended
+meanwhile is the scheduler's to explain). A node that answers is alive: the next silence is checked
+only when twice as long. Strategies with a coordinator of their own (warm, elastic) are left to it.
+
+The checks run on threads of their own: the control loop never waits for one."""
 
 from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from injectors.targets import TargetRefused, read_identity
@@ -31,80 +41,143 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NODE_SILENCE_STEPS = 3  # a node is silent only past this many of the attempt's step times too
+NODE_SILENCE_BEATS = 3  # a node is silent only past this many of its step times and heartbeat intervals too
 CHECK_TIMEOUT_S = 3.0  # a live node's scheduler daemon starts a step in well under a second
 NODE_CHECK_EVIDENCE = "node_check"
 
 
 @dataclass
-class _NodeWatch:
-    """One node's checks in one attempt: the one under way, and the silence the next one waits for."""
+class _Silence:
+    """One silence of an attempt's nodes and its checks."""
 
-    check_after_s: float  # the silence (s) past which the node is checked (doubled after each answer)
-    checking: "Future[NodeAnswer] | None" = None
-    silent_since: float = 0.0  # the node's last beat (this controller's clock) when the check began
+    since: float  # the suspect's last beat (this controller's clock)
+    suspect: str
+    reference: str | None
+    checks: dict[str, "Future[NodeAnswer]"] = field(default_factory=dict)
+    lost: FailureSign | None = None  # the suspect, lost: said once a fresh poll still says RUNNING
 
 
 class NodeChecks:
     """A run's node checks, attempt by attempt."""
 
-    def __init__(self, run: "RunConfig", backend: "Backend", silence_s: float, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, run: "RunConfig", backend: "Backend", silence_s: float, heartbeat_s: float,
+                 pool: ThreadPoolExecutor) -> None:
         self.run = run
         self.backend = backend
         self.silence_s = silence_s
+        self.heartbeat_s = heartbeat_s
         self.pool = pool
+        self.made = 0  # checks made (each one srun)
         self._attempt: int | None = None
         self._nodes: dict[int, str] = {}  # rank -> node, from the ranks' identity files
-        self._watches: dict[str, _NodeWatch] = {}
+        self._silence: _Silence | None = None
+        self._answered: set[str] = set()  # nodes alive in this silence
+        self._check_after_s = 0.0  # the silence (s) past which the nodes are checked (doubled after an answer)
 
-    def lost(self, watch: AttemptWatch, now: float) -> FailureSign | None:
-        """The sign of a node of ``watch``'s attempt that fell silent and did not answer its check;
-        None while every node beats or answered (a check is started here when one is due)."""
+    @property
+    def awaiting_poll(self) -> bool:
+        """A lost node waits for the scheduler's word that the job still runs: poll it now."""
+        return self._silence is not None and self._silence.lost is not None
+
+    def lost(self, watch: AttemptWatch, now: float, asked_at: float | None) -> FailureSign | None:
+        """The sign of a node of ``watch``'s attempt that fell silent and did not answer its check,
+        once a poll asked since (``asked_at``: this round's) says the job still runs; None while
+        every node beats or answered (checks are started here when due)."""
+        if self._attempt != watch.attempt:
+            self._attempt, self._nodes, self._silence, self._answered = watch.attempt, {}, None, set()
+            self._check_after_s = 0.0
         if self.silence_s <= 0 or watch.state is not JobState.RUNNING or not watch.beats:
             return None
-        if self._attempt != watch.attempt:
-            self._attempt, self._nodes, self._watches = watch.attempt, {}, {}
-        for node, beats in self._ranks_by_node(watch).items():
-            sign = self._look(watch, node, beats, now)
-            if sign is not None:
-                return sign
+        nodes = self._last_beats(watch)
+        if not nodes:
+            return None
+        least = self._least_silence(watch)
+        silent = {node: last for node, last in nodes.items() if now - last >= least}
+        if not silent:  # every node beats: no silence (or it ended)
+            self._silence, self._answered, self._check_after_s = None, set(), least
+            return None
+        silence = self._silence
+        if silence is None:
+            self._check_after_s = max(self._check_after_s, least)
+            if now - min(silent.values()) < self._check_after_s:
+                return None
+            self._silence = self._begin(watch, silent, nodes)
+            return None
+        if silence.lost is None:
+            silence.lost = self._verdict(watch, silence, nodes, now)
+        if silence.lost is not None and asked_at is not None and asked_at >= silence.since:
+            return silence.lost
         return None
 
-    def _look(self, watch: AttemptWatch, node: str, beats: list[RankBeat], now: float) -> FailureSign | None:
-        last = max(beat.time if beat.seen is None else beat.seen for beat in beats)
-        least = self.silence_s
+    def _begin(self, watch: AttemptWatch, silent: dict[str, float], nodes: dict[str, float]) -> _Silence:
+        """The silence's checks: the suspect (the oldest last beat among the silent nodes that have
+        not answered in it) and a reference (the node that beat last)."""
+        unanswered = {node: last for node, last in silent.items() if node not in self._answered} or silent
+        suspect = min(unanswered, key=lambda node: unanswered[node])
+        reference = max(nodes, key=lambda node: nodes[node])
+        silence = _Silence(since=nodes[suspect], suspect=suspect, reference=reference if reference != suspect else None)
+        for node in filter(None, (silence.suspect, silence.reference)):
+            silence.checks[node] = self.pool.submit(_ask, self.backend, watch.job_id, node)
+            self.made += 1
+        return silence
+
+    def _verdict(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float],
+                 now: float) -> FailureSign | None:
+        """Once the silence's checks are answered: the suspect lost, or the next silence set."""
+        if not all(check.done() for check in silence.checks.values()):
+            return None
+        answers = {node: check.result() for node, check in silence.checks.items()}
+        suspect = answers[silence.suspect]
+        self._answered |= {node for node, answer in answers.items() if answer.answered}
+        reference_alive = silence.reference is not None and answers[silence.reference].answered
+        still_silent = nodes.get(silence.suspect, silence.since) <= silence.since
+        if still_silent and (suspect.failed or (suspect.timed_out and reference_alive)):
+            beats = self._beats_of(watch, silence.suspect)
+            at = max(beat.time for beat in beats) if beats else silence.since
+            return FailureSign(f"node {silence.suspect} lost: its ranks silent {now - silence.since:.1f} s and "
+                               f"{suspect.said}", at, NODE_CHECK_EVIDENCE, node=silence.suspect)
+        log.info("%s: nodes silent %.1f s; checked: %s", self.run.run_id, now - silence.since,
+                 "; ".join(f"{node}: {answer.said}" for node, answer in answers.items()))
+        self._silence = None
+        self._check_after_s *= 2  # alive, or the check proved nothing: the next one after twice the silence
+        return None
+
+    def _least_silence(self, watch: AttemptWatch) -> float:
         pace = watch.steps_per_s()
-        if pace:
-            least = max(least, NODE_SILENCE_STEPS / pace)
-        if any(beat.allowed_s for beat in beats):
-            return None  # a long phase the ranks announced (a checkpoint, a resume): the hang timeout's
-        state = self._watches.setdefault(node, _NodeWatch(check_after_s=least))
-        if state.checking is not None and state.checking.done():
-            answer = state.checking.result()
-            state.checking = None
-            if not answer.answered and last <= state.silent_since:
-                newest = max(beats, key=lambda beat: beat.time)
-                return FailureSign(f"node {node} lost: its ranks silent {now - last:.1f} s and {answer.said}",
-                                   newest.time, NODE_CHECK_EVIDENCE, node=node)
-            if answer.answered:
-                log.info("%s: node %s silent %.1f s, and it answered: alive", self.run.run_id, node, now - last)
-                state.check_after_s *= 2
-        if state.checking is None and now - last >= state.check_after_s:
-            state.silent_since = last
-            state.checking = self.pool.submit(self.backend.node_answers, watch.job_id, node, CHECK_TIMEOUT_S)
-        if now - last < least:
-            state.check_after_s = least  # it beat again: the next silence is checked at the least
-        return None
+        step_s = 1 / pace if pace else 0.0
+        return max(self.silence_s, NODE_SILENCE_BEATS * step_s, NODE_SILENCE_BEATS * self.heartbeat_s)
 
-    def _ranks_by_node(self, watch: AttemptWatch) -> dict[str, list[RankBeat]]:
-        """The beats of each node's ranks (ranks not registered yet, or not heard yet: none)."""
-        nodes: dict[str, list[RankBeat]] = {}
+    def _last_beats(self, watch: AttemptWatch) -> dict[str, float]:
+        """Each node's last beat (this controller's clock) over its ranks heard so far; none while
+        any rank announced a long phase (a checkpoint, a resume: the hang timeout's to judge)."""
+        if any(beat.allowed_s for beat in watch.beats.values()):
+            return {}
+        last: dict[str, float] = {}
         for rank, beat in watch.beats.items():
-            node = self._nodes.get(rank)
-            if node is None:
-                try:
-                    node = self._nodes[rank] = read_identity(self.run.paths.root, watch.attempt, rank).node
-                except TargetRefused:
-                    continue
-            nodes.setdefault(node, []).append(beat)
-        return nodes
+            node = self._node(watch, rank)
+            if node is not None:
+                heard = beat.time if beat.seen is None else beat.seen
+                last[node] = max(last.get(node, heard), heard)
+        return last
+
+    def _beats_of(self, watch: AttemptWatch, node: str) -> list[RankBeat]:
+        return [beat for rank, beat in watch.beats.items() if self._nodes.get(rank) == node]
+
+    def _node(self, watch: AttemptWatch, rank: int) -> str | None:
+        node = self._nodes.get(rank)
+        if node is None:
+            try:
+                node = self._nodes[rank] = read_identity(self.run.paths.root, watch.attempt, rank).node
+            except TargetRefused:
+                return None
+        return node
+
+
+def _ask(backend: "Backend", job_id: str, node: str) -> "NodeAnswer":
+    """The backend's check of ``node``, whatever goes wrong in it an answer that proves nothing."""
+    from orchestrator.backends.base import NodeAnswer
+
+    try:
+        return backend.node_answers(job_id, node, CHECK_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - a check that could not be made proves nothing
+        return NodeAnswer(False, f"the check could not be made ({type(error).__name__}: {error})")

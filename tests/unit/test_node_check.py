@@ -1,7 +1,10 @@
-"""Issue 24, goal 2: a node whose ranks all fell silent is checked (can the scheduler still start a
-step there?) and, if it does not answer, lost at once, dated to its last beat; a node that answers
-is alive (a stall, a slow step) and is not checked again before twice the silence; silence is
-measured against the attempt's pace and never inside a long phase the ranks announced."""
+"""Issue 24, goal 2: a silent node is checked (can the scheduler still start a step there?) and
+lost at once where it cannot: the scheduler said it could not reach the node, or no step started
+there within the timeout while a node that beat later answered. Lost once a poll asked after the
+silence began still says the job runs; dated to the node's last beat. Two checks a silence, however
+large the job; a node that answers is alive (a stall) and the next silence is checked only when
+twice as long; a refusal of the scheduler's own, or a check that could not be made, proves nothing.
+Silence is measured against the attempt's pace and heartbeat interval, never inside a long phase."""
 
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ from orchestrator.states import JobState
 pytestmark = pytest.mark.unit
 
 T0 = 1_800_000_000.0
-NODES = {0: "n2", 1: "n3"}
+DEAD = NodeAnswer(False, "no step started on it within 3 s", timed_out=True)
+UNREACHABLE = NodeAnswer(False, "a step on it failed (exit 1: Communication connection failure)", failed=True)
+REFUSED = NodeAnswer(False, "a step on it failed (exit 1: Job/step already completing or completed)")
+ALIVE = NodeAnswer(True, "a step on it ran in 0.07 s")
 
 
 class _Inline:
@@ -34,13 +40,16 @@ class _Inline:
 
 
 class _Backend:
-    def __init__(self, dead: set[str]) -> None:
-        self.dead = dead
+    def __init__(self, answers: dict[str, NodeAnswer | Exception]) -> None:
+        self.answers = answers
         self.asked: list[str] = []
 
     def node_answers(self, job_id: str, node: str, timeout_s: float) -> NodeAnswer:
         self.asked.append(node)
-        return NodeAnswer(node not in self.dead, "no step started on it within 3 s" if node in self.dead else "ran")
+        answer = self.answers.get(node, ALIVE)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 def _watch(beats: dict[int, float], pace: float | None = 20.0, allowed: float | None = None) -> Any:
@@ -49,48 +58,84 @@ def _watch(beats: dict[int, float], pace: float | None = 20.0, allowed: float | 
 
 
 @pytest.fixture
-def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[set[str]], tuple[NodeChecks, _Backend]]:
-    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=NODES[rank]))
+def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., tuple[NodeChecks, _Backend]]:
+    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
 
-    def make(dead: set[str]) -> tuple[NodeChecks, _Backend]:
-        backend = _Backend(dead)
+    def make(answers: dict[str, NodeAnswer | Exception], heartbeat_s: float = 0.05) -> tuple[NodeChecks, _Backend]:
+        backend = _Backend(answers)
         run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
-        return NodeChecks(run, backend, 5.0, _Inline()), backend  # type: ignore[arg-type]  # stand-ins
+        return NodeChecks(run, backend, 3.0, heartbeat_s, _Inline()), backend  # type: ignore[arg-type]  # stand-ins
     return make
 
 
-def test_a_silent_node_that_does_not_answer_is_lost_at_its_last_beat(checks: Any) -> None:
-    found, backend = checks({"n3"})
-    watch = _watch({0: T0, 1: T0 - 0.2})
-    assert found.lost(watch, T0 + 4.0) is None and backend.asked == [], "4 s of silence: not yet"
-    assert found.lost(watch, T0 + 5.5) is None, "the checks start; their answers are read next round"
-    assert sorted(backend.asked) == ["n2", "n3"]
-    sign = found.lost(watch, T0 + 5.6)
-    assert sign is not None and sign.node == "n3" and sign.evidence == NODE_CHECK_EVIDENCE
+def test_a_dead_node_is_lost_beside_one_that_answered_once_a_fresh_poll_says_the_job_runs(checks: Any) -> None:
+    found, backend = checks({"n1": DEAD})
+    watch = _watch({0: T0, 1: T0 - 0.2})  # n1 stopped first; n0 beat its step, then waited on it
+    assert found.lost(watch, T0 + 2.0, None) is None and backend.asked == [], "2 s of silence: not yet"
+    assert found.lost(watch, T0 + 3.5, None) is None, "the checks start; their answers are read next round"
+    assert backend.asked == ["n1", "n0"], "the suspect (the oldest last beat) and a reference"
+    assert found.lost(watch, T0 + 3.6, None) is None and found.awaiting_poll, "lost: a poll is wanted first"
+    assert found.lost(watch, T0 + 3.7, asked_at=T0 - 1.0) is None, "a poll asked before the silence says nothing"
+    sign = found.lost(watch, T0 + 3.8, asked_at=T0 + 3.7)
+    assert sign is not None and sign.node == "n1" and sign.evidence == NODE_CHECK_EVIDENCE
     assert sign.at == pytest.approx(T0 - 0.21), "dated to the node's last beat, on its own clock"
-    assert "node n3 lost" in sign.reason and "within 3 s" in sign.reason
+    assert "node n1 lost" in sign.reason and "within 3 s" in sign.reason
 
 
-def test_a_stalled_node_that_answers_is_alive_and_not_checked_again_before_twice_the_silence(checks: Any) -> None:
-    found, backend = checks(set())
-    watch = _watch({0: T0, 1: T0})
-    for now in (T0 + 5.5, T0 + 5.6, T0 + 8.0, T0 + 9.9):
-        assert found.lost(watch, now) is None
-    assert sorted(backend.asked) == ["n2", "n3"], "each checked once"
-    found.lost(watch, T0 + 10.5)
-    assert len(backend.asked) == 4, "again past twice the silence"
+def test_a_node_the_scheduler_says_it_cannot_reach_is_lost_even_alone(checks: Any) -> None:
+    found, _ = checks({"n0": UNREACHABLE})
+    watch = _watch({0: T0})
+    found.lost(watch, T0 + 3.5, None)
+    sign = found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6)
+    assert sign is not None and sign.node == "n0" and "Communication connection failure" in sign.reason
+
+
+@pytest.mark.parametrize("answers", [{"n0": DEAD}, {"n0": REFUSED}, {"n0": OSError("fork failed")}],
+                         ids=["timed-out-alone", "refused", "could-not-check"])
+def test_what_proves_nothing_ends_nothing(checks: Any, answers: dict[str, Any]) -> None:
+    """A timeout with no node beside it that answered (the scheduler may be slow), a step the
+    scheduler refused for its own reasons (the job ending, a step limit), a check that raised."""
+    found, backend = checks(answers)
+    watch = _watch({0: T0})
+    for now in (T0 + 3.5, T0 + 3.6, T0 + 5.9):
+        assert found.lost(watch, now, asked_at=now) is None
+    assert backend.asked == ["n0"], "checked once; again only past twice the silence"
+    found.lost(watch, T0 + 6.1, asked_at=T0 + 6.1)
+    assert backend.asked == ["n0", "n0"]
+
+
+def test_a_stalled_node_that_answers_is_alive_and_the_next_check_waits_twice_as_long(checks: Any) -> None:
+    found, backend = checks({})
+    watch = _watch({0: T0, 1: T0 - 0.1})
+    for now in (T0 + 3.5, T0 + 3.6, T0 + 5.0, T0 + 5.8):
+        assert found.lost(watch, now, asked_at=now) is None
+    assert backend.asked == ["n1", "n0"], "each checked once"
+    found.lost(watch, T0 + 6.2, asked_at=T0 + 6.2)
+    assert backend.asked == ["n1", "n0", "n1", "n0"], "again past twice the silence"
 
 
 def test_a_node_that_beat_again_after_its_check_began_is_not_lost(checks: Any) -> None:
-    found, backend = checks({"n3"})
-    found.lost(_watch({0: T0, 1: T0}), T0 + 5.5)
-    assert found.lost(_watch({0: T0 + 5.55, 1: T0 + 5.55}), T0 + 5.6) is None
+    found, _ = checks({"n1": DEAD})
+    found.lost(_watch({0: T0, 1: T0 - 0.2}), T0 + 3.5, None)
+    assert found.lost(_watch({0: T0 + 3.55, 1: T0 + 3.55}), T0 + 3.6, asked_at=T0 + 3.6) is None
 
 
-def test_no_check_while_the_ranks_beat_within_their_pace_or_announced_a_long_phase(checks: Any) -> None:
-    found, backend = checks({"n2", "n3"})
-    assert found.lost(_watch({0: T0, 1: T0}, pace=0.1), T0 + 20.0) is None, "10 s a step: silent past 30 s only"
-    assert found.lost(_watch({0: T0, 1: T0}, allowed=300.0), T0 + 60.0) is None, "a checkpoint announced"
+def test_a_thousand_silent_nodes_cost_two_checks(checks: Any) -> None:
+    found, backend = checks({"n733": DEAD})
+    beats = {rank: T0 for rank in range(1000)}
+    beats[733] = T0 - 0.3
+    watch = _watch(beats)
+    found.lost(watch, T0 + 3.5, None)
+    sign = found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6)
+    assert len(backend.asked) == 2 and sign is not None and sign.node == "n733"
+
+
+def test_no_check_within_the_pace_the_heartbeat_interval_or_a_long_phase(checks: Any) -> None:
+    found, backend = checks({"n0": UNREACHABLE})
+    assert found.lost(_watch({0: T0}, pace=0.1), T0 + 20.0, T0 + 20) is None, "10 s a step: silent past 30 s only"
+    assert found.lost(_watch({0: T0}, allowed=300.0), T0 + 60.0, T0 + 60) is None, "a checkpoint announced"
+    slow_beats, _ = checks({"n0": UNREACHABLE}, heartbeat_s=5.0)
+    assert slow_beats.lost(_watch({0: T0}), T0 + 10.0, T0 + 10) is None, "beats 5 s apart: silent past 15 s"
     assert backend.asked == []
-    found.lost(_watch({0: T0, 1: T0}, pace=0.1), T0 + 31.0)
-    assert sorted(backend.asked) == ["n2", "n3"]
+    found.lost(_watch({0: T0}, pace=0.1), T0 + 31.0, T0 + 31)
+    assert backend.asked == ["n0"]

@@ -69,3 +69,29 @@ def test_a_relaunch_the_excluded_nodes_leave_no_room_for_takes_a_new_job(
     else:  # the hung job cancelled as the drill's; the next attempt in a new job, off n2
         assert attempt.job_id != failed.job_id and scheduler.called("submit") == [(run.run_id, 0), (run.run_id, 1)]
         assert failed.job_id in scheduler.called("cancel")
+
+
+@pytest.mark.parametrize("lost, new_job", [(["n2"], False), (["n2", "n3"], True)])
+def test_a_job_that_lost_more_nodes_than_it_has_to_spare_is_not_relaunched_in(
+        tmp_path: Path, lost: list[str], new_job: bool) -> None:
+    """Issue 24: in-allocation with one spare node and two node crashes in the same job. The next
+    attempt stays off the newest dead node only (max_excluded_nodes 1), but both dead nodes stay in
+    the allocation: each relaunch failed at once ("Requested node configuration is not available")
+    until the restart budget was spent (bench/ttr.py). Two nodes lost, one to spare: a new job."""
+    controller = Controller(load_campaign(_spec(tmp_path, spare_nodes=1)), backend=FakeScheduler())
+    [run] = controller.runs
+    pools = controller.injector_pools()
+    try:
+        [tracker] = controller.trackers(pools)
+        for attempt, node in enumerate(lost):
+            controller.ledger.add_attempt(run.run_id, attempt, "fd-job", None)
+            controller.ledger.update_attempt(run.run_id, attempt, job_id="101", failure_class="NODE_FAIL",
+                                             failed_nodes=node)
+        why = tracker._why_no_relaunch(len(lost), 0.0, "101")
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+        controller.close()
+    assert (why is not None) is new_job, why
+    if new_job:
+        assert why is not None and "job 101 has lost n2, n3, more nodes than its 1 spare node(s)" in why
