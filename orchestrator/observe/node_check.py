@@ -76,8 +76,9 @@ class NodeChecks:
 
     @property
     def awaiting_poll(self) -> bool:
-        """A lost node waits for the scheduler's word that the job still runs: poll it now."""
-        return self._silence is not None and self._silence.lost is not None
+        """A silence is being checked: the scheduler's word that the job still runs, which a lost
+        node waits for, is asked now (answered by the time the checks are)."""
+        return self._silence is not None
 
     def lost(self, watch: AttemptWatch, now: float, asked_at: float | None) -> FailureSign | None:
         """The sign of a node of ``watch``'s attempt that fell silent and did not answer its check,
@@ -114,8 +115,9 @@ class NodeChecks:
         not answered in it) and a reference (the node that beat last)."""
         unanswered = {node: last for node, last in silent.items() if node not in self._answered} or silent
         suspect = min(unanswered, key=lambda node: unanswered[node])
-        reference = max(nodes, key=lambda node: nodes[node])
-        silence = _Silence(since=nodes[suspect], suspect=suspect, reference=reference if reference != suspect else None)
+        others = {node: last for node, last in nodes.items() if node != suspect}
+        reference = max(others, key=lambda node: others[node]) if others else None
+        silence = _Silence(since=min(silent.values()), suspect=suspect, reference=reference)
         for node in filter(None, (silence.suspect, silence.reference)):
             silence.checks[node] = self.pool.submit(_ask, self.backend, watch.job_id, node)
             self.made += 1
@@ -127,15 +129,15 @@ class NodeChecks:
         if not all(check.done() for check in silence.checks.values()):
             return None
         answers = {node: check.result() for node, check in silence.checks.items()}
-        suspect = answers[silence.suspect]
         self._answered |= {node for node, answer in answers.items() if answer.answered}
-        reference_alive = silence.reference is not None and answers[silence.reference].answered
-        still_silent = nodes.get(silence.suspect, silence.since) <= silence.since
-        if still_silent and (suspect.failed or (suspect.timed_out and reference_alive)):
-            beats = self._beats_of(watch, silence.suspect)
-            at = max(beat.time for beat in beats) if beats else silence.since
-            return FailureSign(f"node {silence.suspect} lost: its ranks silent {now - silence.since:.1f} s and "
-                               f"{suspect.said}", at, NODE_CHECK_EVIDENCE, node=silence.suspect)
+        some_alive = any(answer.answered for answer in answers.values())
+        for node, answer in answers.items():  # either may be the dead one: beats are rate-limited
+            still_silent = now - nodes.get(node, 0.0) >= self._check_after_s
+            if still_silent and (answer.failed or (answer.timed_out and some_alive)):
+                beats = self._beats_of(watch, node)
+                at = max(beat.time for beat in beats) if beats else silence.since
+                return FailureSign(f"node {node} lost: its ranks silent {now - nodes.get(node, silence.since):.1f} s "
+                                   f"and {answer.said}", at, NODE_CHECK_EVIDENCE, node=node)
         log.info("%s: nodes silent %.1f s; checked: %s", self.run.run_id, now - silence.since,
                  "; ".join(f"{node}: {answer.said}" for node, answer in answers.items()))
         self._silence = None

@@ -72,7 +72,7 @@ def test_a_dead_node_is_lost_beside_one_that_answered_once_a_fresh_poll_says_the
     found, backend = checks({"n1": DEAD})
     watch = _watch({0: T0, 1: T0 - 0.2})  # n1 stopped first; n0 beat its step, then waited on it
     assert found.lost(watch, T0 + 2.0, None) is None and backend.asked == [], "2 s of silence: not yet"
-    assert found.lost(watch, T0 + 3.5, None) is None, "the checks start; their answers are read next round"
+    assert found.lost(watch, T0 + 3.5, None) is None and found.awaiting_poll, "the checks start, a poll is asked"
     assert backend.asked == ["n1", "n0"], "the suspect (the oldest last beat) and a reference"
     assert found.lost(watch, T0 + 3.6, None) is None and found.awaiting_poll, "lost: a poll is wanted first"
     assert found.lost(watch, T0 + 3.7, asked_at=T0 - 1.0) is None, "a poll asked before the silence says nothing"
@@ -139,3 +139,14 @@ def test_no_check_within_the_pace_the_heartbeat_interval_or_a_long_phase(checks:
     assert backend.asked == []
     found.lost(_watch({0: T0}, pace=0.1), T0 + 31.0, T0 + 31)
     assert backend.asked == ["n0"]
+
+
+def test_the_dead_node_is_found_when_its_last_beat_came_after_its_peers(checks: Any) -> None:
+    """Beats are rate-limited: the survivor's last one may be older than the dead node's. The
+    survivor is then the suspect and answers; the dead node, checked beside it, does not."""
+    found, backend = checks({"n1": DEAD})
+    watch = _watch({0: T0 - 0.2, 1: T0})
+    found.lost(watch, T0 + 3.5, None)
+    assert backend.asked == ["n0", "n1"]
+    sign = found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6)
+    assert sign is not None and sign.node == "n1"
