@@ -181,8 +181,10 @@ class Backend(abc.ABC):
         if result.returncode == 0:
             return NodeAnswer(True, f"a step on it ran in {result.duration_s:.2f} s")
         said = " ".join(result.stderr.split())[-300:]
-        return NodeAnswer(False, f"a step on it failed (exit {result.returncode}: {said})",
-                          failed=any(sign in said for sign in NODE_DOWN_SAID))
+        # Only a line about this node's daemon (not the controller's, not the job's state) says it is out of reach.
+        unreachable = any(node in line and any(sign in line for sign in NODE_DOWN_SAID)
+                          for line in result.stderr.splitlines())
+        return NodeAnswer(False, f"a step on it failed (exit {result.returncode}: {said})", failed=unreachable)
 
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         """``python <argv>`` on ``node`` inside job ``job_id``'s allocation, as the fault agent runs,
@@ -234,9 +236,10 @@ class NodeAnswer:
     timed_out: bool = False
 
 
-# What srun says when it could not reach the node's daemon to launch a step there (Slurm 20-24).
-NODE_DOWN_SAID = ("Communication connection failure", "Unable to contact slurm daemon", "Connection refused",
-                  "Zero Bytes were transmitted or received", "Unable to connect to")
+# What srun says, on a line naming the node, when it could not reach the node's daemon to launch a
+# step there ("Task launch for StepId=... failed on node fd-n3: Communication connection failure").
+NODE_DOWN_SAID = ("Communication connection failure", "Connection refused", "Connection timed out",
+                  "No route to host")
 
 
 @dataclass(frozen=True)

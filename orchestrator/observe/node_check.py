@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NODE_SILENCE_BEATS = 3  # a node is silent only past this many of its step times and heartbeat intervals too
+MAX_CHECK_AFTER_S = 60.0  # a silence that goes on is checked again at least this often
 CHECK_TIMEOUT_S = 3.0  # a live node's scheduler daemon starts a step in well under a second
 NODE_CHECK_EVIDENCE = "node_check"
 
@@ -50,7 +51,8 @@ NODE_CHECK_EVIDENCE = "node_check"
 class _Silence:
     """One silence of an attempt's nodes and its checks."""
 
-    since: float  # the suspect's last beat (this controller's clock)
+    since: float  # the earliest last beat of the silent nodes (this controller's clock)
+    sent_at: float  # when the checks were sent: a node heard after it is alive, a poll asked after it is fresh
     suspect: str
     reference: str | None
     checks: dict[str, "Future[NodeAnswer]"] = field(default_factory=dict)
@@ -87,10 +89,9 @@ class NodeChecks:
         if self._attempt != watch.attempt:
             self._attempt, self._nodes, self._silence, self._answered = watch.attempt, {}, None, set()
             self._check_after_s = 0.0
-        if self.silence_s <= 0 or watch.state is not JobState.RUNNING or not watch.beats:
-            return None
-        nodes = self._last_beats(watch)
-        if not nodes:
+        nodes = self._last_beats(watch) if self.silence_s > 0 and watch.state is JobState.RUNNING else {}
+        if not nodes:  # not running (suspended, ending), no beat yet, a long phase announced: no check
+            self._silence = None  # a silence checked meanwhile is over (its checks, still under way, unread)
             return None
         least = self._least_silence(watch)
         silent = {node: last for node, last in nodes.items() if now - last >= least}
@@ -102,46 +103,55 @@ class NodeChecks:
             self._check_after_s = max(self._check_after_s, least)
             if now - min(silent.values()) < self._check_after_s:
                 return None
-            self._silence = self._begin(watch, silent, nodes)
+            self._silence = self._begin(watch, silent, nodes, now)
             return None
         if silence.lost is None:
-            silence.lost = self._verdict(watch, silence, nodes, now)
-        if silence.lost is not None and asked_at is not None and asked_at >= silence.since:
-            return silence.lost
+            silence.lost = self._verdict(watch, silence, nodes, now, least)
+        lost = silence.lost
+        if lost is not None and not _silent_since(nodes, lost.node, silence.sent_at):
+            self._silence = None  # it beat again while the poll was awaited: alive
+            return None
+        if lost is not None and asked_at is not None and asked_at >= silence.sent_at:
+            return lost
         return None
 
-    def _begin(self, watch: AttemptWatch, silent: dict[str, float], nodes: dict[str, float]) -> _Silence:
+    def _begin(self, watch: AttemptWatch, silent: dict[str, float], nodes: dict[str, float], now: float) -> _Silence:
         """The silence's checks: the suspect (the oldest last beat among the silent nodes that have
         not answered in it) and a reference (the node that beat last)."""
         unanswered = {node: last for node, last in silent.items() if node not in self._answered} or silent
         suspect = min(unanswered, key=lambda node: unanswered[node])
         others = {node: last for node, last in nodes.items() if node != suspect}
         reference = max(others, key=lambda node: others[node]) if others else None
-        silence = _Silence(since=min(silent.values()), suspect=suspect, reference=reference)
+        silence = _Silence(since=min(silent.values()), sent_at=now, suspect=suspect, reference=reference)
         for node in filter(None, (silence.suspect, silence.reference)):
             silence.checks[node] = self.pool.submit(_ask, self.backend, watch.job_id, node)
             self.made += 1
         return silence
 
     def _verdict(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float],
-                 now: float) -> FailureSign | None:
-        """Once the silence's checks are answered: the suspect lost, or the next silence set."""
+                 now: float, least: float) -> FailureSign | None:
+        """Once the silence's checks are answered: a checked node lost (once silent as long as the
+        least silence: one that beat later than its peer waits for it), or the next silence set."""
         if not all(check.done() for check in silence.checks.values()):
             return None
         answers = {node: check.result() for node, check in silence.checks.items()}
         self._answered |= {node for node, answer in answers.items() if answer.answered}
         some_alive = any(answer.answered for answer in answers.values())
         for node, answer in answers.items():  # either may be the dead one: beats are rate-limited
-            still_silent = now - nodes.get(node, 0.0) >= self._check_after_s
-            if still_silent and (answer.failed or (answer.timed_out and some_alive)):
-                beats = self._beats_of(watch, node)
-                at = max(beat.time for beat in beats) if beats else silence.since
-                return FailureSign(f"node {node} lost: its ranks silent {now - nodes.get(node, silence.since):.1f} s "
-                                   f"and {answer.said}", at, NODE_CHECK_EVIDENCE, node=node)
+            lost = answer.failed or (answer.timed_out and some_alive)
+            if not lost or not _silent_since(nodes, node, silence.sent_at):
+                continue
+            if now - nodes[node] < least:
+                return None  # it beat later than its peer: lost once it has been silent as long
+            beats = self._beats_of(watch, node)
+            at = max(beat.time for beat in beats) if beats else silence.since
+            return FailureSign(f"node {node} lost: its ranks silent {now - nodes[node]:.1f} s and {answer.said}",
+                               at, NODE_CHECK_EVIDENCE, node=node)
         log.info("%s: nodes silent %.1f s; checked: %s", self.run.run_id, now - silence.since,
                  "; ".join(f"{node}: {answer.said}" for node, answer in answers.items()))
         self._silence = None
-        self._check_after_s *= 2  # alive, or the check proved nothing: the next one after twice the silence
+        # alive, or nothing proved: the next check after twice the silence (at most a minute)
+        self._check_after_s = min(2 * self._check_after_s, max(MAX_CHECK_AFTER_S, least))
         return None
 
     def _least_silence(self, watch: AttemptWatch) -> float:
@@ -173,6 +183,11 @@ class NodeChecks:
             except TargetRefused:
                 return None
         return node
+
+
+def _silent_since(nodes: dict[str, float], node: str | None, moment: float) -> bool:
+    """``node`` has not been heard after ``moment`` (this controller's clock)."""
+    return node is not None and node in nodes and nodes[node] <= moment
 
 
 def _ask(backend: "Backend", job_id: str, node: str) -> "NodeAnswer":

@@ -150,3 +150,55 @@ def test_the_dead_node_is_found_when_its_last_beat_came_after_its_peers(checks: 
     assert backend.asked == ["n0", "n1"]
     sign = found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6)
     assert sign is not None and sign.node == "n1"
+
+
+def test_a_node_that_answers_at_once_that_it_cannot_be_reached_is_lost_though_it_beat_last(checks: Any) -> None:
+    """Helper 40: round after round (every 0.1 s, a fresh poll each), the unreachable node that beat
+    half a second after its peer; its prompt answer once came while it was silent for less than the
+    doubled wait, and it was never lost."""
+    found, backend = checks({"n1": UNREACHABLE})
+    watch = _watch({0: T0, 1: T0 + 0.5})
+    sign = None
+    now = T0
+    while sign is None and now < T0 + 60:
+        now += 0.1
+        sign = found.lost(watch, now, asked_at=now)
+    assert sign is not None and sign.node == "n1" and now < T0 + 4.0, (now - T0, backend.asked)
+
+
+def test_a_lost_node_that_beats_again_before_the_poll_is_alive(checks: Any) -> None:
+    found, _ = checks({"n1": DEAD})
+    watch = _watch({0: T0, 1: T0 - 0.2, 2: T0})
+    found.lost(watch, T0 + 3.5, None)
+    assert found.lost(watch, T0 + 3.6, None) is None and found.awaiting_poll
+    again = _watch({0: T0, 1: T0 + 3.65, 2: T0})
+    assert found.lost(again, T0 + 3.7, asked_at=T0 + 3.7) is None
+    assert found.lost(_watch({0: T0, 1: T0 + 3.65, 2: T0}), T0 + 3.8, asked_at=T0 + 3.8) is None
+
+
+@pytest.mark.parametrize("how", ["suspended", "long phase"])
+def test_a_silence_under_check_ends_when_the_job_stops_running_or_announces_a_long_phase(checks: Any, how: str) -> None:
+    """Helper 40: the pending silence asked for a poll every second for as long as it lasted."""
+    found, _ = checks({"n1": DEAD})
+    found.lost(_watch({0: T0, 1: T0 - 0.2}), T0 + 3.5, None)
+    assert found.awaiting_poll
+    later = _watch({0: T0, 1: T0 - 0.2}, allowed=300.0 if how == "long phase" else None)
+    if how == "suspended":
+        later.state = JobState.SUSPENDED
+    assert found.lost(later, T0 + 60.0, asked_at=T0 + 60.0) is None and not found.awaiting_poll
+
+
+def test_only_a_line_about_the_node_itself_says_it_is_out_of_reach() -> None:
+    from orchestrator.backends.base import Backend
+    from orchestrator.commands import CommandResult
+
+    def answer(stderr: str) -> NodeAnswer:
+        result = CommandResult(args=("srun",), returncode=1, stdout="", stderr=stderr, duration_s=0.1)
+        agent = SimpleNamespace(run_agent=lambda job_id, node, argv, timeout_s: result)
+        return Backend.node_answers(agent, "77", "fd-n3", 3.0)  # type: ignore[arg-type]  # a stand-in backend
+
+    assert answer("srun: error: Task launch for StepId=77.2 failed on node fd-n3: Communication connection failure\n"
+                  "srun: error: Application launch failed: Communication connection failure\n").failed
+    assert not answer("srun: error: slurm_receive_msg: 10.0.0.1:6817: Connection refused\n"
+                      "srun: error: Unable to create step for job 77: Job/step already completing or completed\n").failed
+    assert not answer("srun: error: Unable to create step for job 77: Zero Bytes were transmitted or received\n").failed
