@@ -12,10 +12,10 @@ allocation, within CHECK_TIMEOUT_S?), two a silence whatever the job's size:
 - the suspect: the silent node whose ranks beat last the longest ago (a dead node stops at once;
   its peers beat their step a moment later, then wait for it in a collective) and that has not
   answered in this silence yet;
-- a reference: the silent node that beat most recently, checked beside it. A suspect whose check
-  times out is lost only where the reference answered in the same silence (the scheduler starts
-  steps, only not on that node); a check the scheduler refused for a reason of its own (the job
-  ending, a step limit, an option it lacks) proves nothing either way.
+- a reference: the node that beat most recently, checked beside it (beats are rate-limited: either
+  may be the dead one). A node whose check times out is lost only where the other answered in the
+  same silence (the scheduler starts steps, only not on that node); a check the scheduler refused
+  for a reason of its own (the job ending, a step limit, an option it lacks) proves nothing.
 
 A lost node fails the attempt (``FailureSign`` evidence ``node_check``, dated to its last beat)
 once a scheduler poll asked after the silence began still says the job runs (a job that ended
@@ -53,10 +53,8 @@ class _Silence:
 
     since: float  # the earliest last beat of the silent nodes (this controller's clock)
     sent_at: float  # when the checks were sent: a node heard after it is alive, a poll asked after it is fresh
-    suspect: str
-    reference: str | None
-    checks: dict[str, "Future[NodeAnswer]"] = field(default_factory=dict)
-    lost: FailureSign | None = None  # the suspect, lost: said once a fresh poll still says RUNNING
+    checks: dict[str, "Future[NodeAnswer]"] = field(default_factory=dict)  # node -> its check
+    lost: FailureSign | None = None  # a checked node, lost: said once a fresh poll still says RUNNING
 
 
 class NodeChecks:
@@ -69,7 +67,6 @@ class NodeChecks:
         self.silence_s = silence_s
         self.heartbeat_s = heartbeat_s
         self.pool = pool
-        self.made = 0  # checks made (each one srun)
         self._attempt: int | None = None
         self._nodes: dict[int, str] = {}  # rank -> node, from the ranks' identity files
         self._silence: _Silence | None = None
@@ -122,10 +119,9 @@ class NodeChecks:
         suspect = min(unanswered, key=lambda node: unanswered[node])
         others = {node: last for node, last in nodes.items() if node != suspect}
         reference = max(others, key=lambda node: others[node]) if others else None
-        silence = _Silence(since=min(silent.values()), sent_at=now, suspect=suspect, reference=reference)
-        for node in filter(None, (silence.suspect, silence.reference)):
+        silence = _Silence(since=min(silent.values()), sent_at=now)
+        for node in filter(None, (suspect, reference)):
             silence.checks[node] = self.pool.submit(_ask, self.backend, watch.job_id, node)
-            self.made += 1
         return silence
 
     def _verdict(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float],

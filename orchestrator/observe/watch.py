@@ -51,7 +51,7 @@ class FailureSign:
 
     reason: str
     at: float
-    evidence: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running
+    evidence: str  # step_exit | scheduler_end | poll | last_heartbeat | job_running | node_check | ...
     rank: int | None = None  # the rank it names (the silent one of a hang)
     node: str | None = None  # the node it names (one lost: orchestrator/observe/node_check.py)
 
