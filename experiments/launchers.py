@@ -33,6 +33,14 @@ class MpiRuntime:
     program: str = "mpiexec"
     prrte: bool | None = False
 
+    def survivors_stay_words(self) -> list[Word]:
+        """A task's death does not end the launch's other tasks: PRRTE's recoverable job, ORTE's
+        abort on a non-zero status turned off (measured: the survivor lives on in its blocked
+        collective, both releases). A release told only when the script runs: none (the default)."""
+        if self.prrte is None:
+            return []
+        return ["--runtime-options", "recoverable"] if self.prrte else ["--mca", "orte_abort_on_non_zero_status", "0"]
+
     def session_dir_words(self, session_dir: Word) -> list[Word]:
         if self.prrte is None:
             return [Shell(f'"${{{SESSION_OPTION}[@]}}"'), session_dir]
@@ -139,6 +147,9 @@ class Mpiexec:
     forwarded: Sequence[str] = ()
     session_dir: Word | None = None
     runtime: MpiRuntime = SITE_MPI
+    # A warm set: a dead task leaves the others running (their state is served to the next set,
+    # which retires them), not aborted at once.
+    survivors_stay: bool = False
 
     def words(self, launch: Launch) -> list[Word]:
         words: list[Word] = [self.runtime.program]
@@ -147,6 +158,8 @@ class Mpiexec:
         if launch.tasks_per_node is not None:
             words += ["--map-by", f"ppr:{launch.tasks_per_node}:node"]
         words += MPIEXEC_OPTIONS
+        if self.survivors_stay:
+            words += self.runtime.survivors_stay_words()
         if self.session_dir is not None:
             words += self.runtime.session_dir_words(self.session_dir)
         for name in self.forwarded:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from experiments.layout import RankJob
 from experiments.runtime.distenv import DistEnv
@@ -19,6 +20,7 @@ from experiments.workloads.base import Workload
 
 # The runner's options are the session's (timeouts, async persist, the warning and its hold).
 RunnerOptions = SessionOptions
+Resume = Callable[[RankSession], int]  # the state put in place some other way: the step it holds
 
 
 @dataclass(frozen=True)
@@ -39,16 +41,21 @@ class Runner:
         # The workload's own collectives: the ranks already share its process group.
         self.session = RankSession(job, env, workload, workload.checkpoint_meta, options, started_at)
 
-    def run(self, prepared: dict[str, float] | None = None) -> RunOutcome:
+    def run(self, prepared: dict[str, float] | None = None, resume: Resume | None = None) -> RunOutcome:
         """``prepared``: the workload was set up before this attempt began (a warm spare set: its
-        collective formed, model built, step traced, then it waited); its set-up's timings."""
+        collective formed, model built, step traced, then it waited); its set-up's timings.
+        ``resume``: where the state comes from instead of the newest valid checkpoint (a warm set
+        taking a survivor's); the step it holds."""
         session = self.session
         session.started()
         timings = prepared if prepared is not None else self.workload.setup(self.env, self.job.workload,
                                                                              session.options.timeouts)
         session.ready(determinism=self.workload.determinism, **timings)
-        found = session.resume(self.workload.load)
-        start_step = found.step if found else 0
+        if resume is not None:
+            start_step = resume(session)
+        else:
+            found = session.resume(self.workload.load)
+            start_step = found.step if found else 0
         warned_at = self._train(start_step)
         if warned_at is not None:
             session.hold(warned_at)

@@ -81,8 +81,9 @@ def within(seconds: float, condition: Callable[[], bool]) -> bool:
     return True
 
 
-def warm_member(address: str, slot: int, node: str = "n1", connect_timeout_s: float = 5) -> WarmMember:
+def warm_member(address: str, slot: int, node: str = "n1", connect_timeout_s: float = 5,
+                state_port: int = 0) -> WarmMember:
     member = WarmMember(address, slot=slot, node=node, address="127.0.0.1", connect_timeout_s=connect_timeout_s,
-                        secret=SECRET)
+                        secret=SECRET, state_port=state_port)
     member.line.connection.settimeout(MEMBER_WAIT_S)  # a plan that never comes fails the test, never hangs it
     return member

@@ -118,7 +118,7 @@ class SrunMembers:
 
         launch = Launch(command, tasks=len(nodes) * per_node, nodes=len(nodes), tasks_per_node=per_node, hosts=nodes,
                         name=f"faultdrill-warm-set-{number}", output=named(output), error=named(error),
-                        mpi=self.mpi, overlap=True)
+                        mpi=self.mpi, overlap=True, kill_on_bad_exit=False)  # survivors serve their state
         return MemberLaunch(argv(Srun().words(launch)))
 
     def environment(self) -> dict[str, str]:
@@ -144,16 +144,17 @@ class MpiexecMembers:
             return pattern.replace("%t", f"set{number}")
 
         launch = Launch(command, tasks=len(nodes) * per_node, tasks_per_node=per_node, hosts=nodes)
-        return MemberLaunch(argv(self._mpiexec(f"set-{number}", env).words(launch)),
+        return MemberLaunch(argv(self._mpiexec(f"set-{number}", env, survivors_stay=True).words(launch)),
                             stdout=named(output), stderr=named(error))
 
-    def _mpiexec(self, launch: str, env: Mapping[str, str]) -> Mpiexec:
+    def _mpiexec(self, launch: str, env: Mapping[str, str], survivors_stay: bool = False) -> Mpiexec:
         """The variables of ``env`` that a member needs, and this launch's own session directory: a new
         one of a random name (0700), made when the launch is, so that no user of another node can
         know its name before the launch shows it (a spare set launches minutes after the job starts)."""
         session_dir = tempfile.mkdtemp(prefix=f"{launch}-", dir=self.session_dir)
         forwarded = tuple(name for name in sorted({*self.forwarded, *WARM_VARIABLES}) if name in env)
-        return Mpiexec(forwarded=forwarded, session_dir=session_dir, runtime=site_runtime())
+        return Mpiexec(forwarded=forwarded, session_dir=session_dir, runtime=site_runtime(),
+                       survivors_stay=survivors_stay)
 
     def environment(self) -> dict[str, str]:
         # Under Slurm's Torque wrappers mpiexec starts its remote daemons with srun: each launch's

@@ -13,8 +13,12 @@ starts a spare in place of the one it used.
 TensorFlow and Chainer cannot drop a member from their collectives (``restart_all``): their warm
 spares come as whole sets, one process per rank, each set launched together (one ``mpiexec``, or
 one TF_CONFIG) with its collective formed, its model built and its step traced before any fault.
-A failure retires the whole active set (the host ends its processes) and the next complete spare
-set resumes from the newest valid checkpoint; a new set is started in its place. Slots are numbered
+A failure ends the whole active set, but not before its survivors hand over their state: each is
+told to ``hold`` (no update after the step it completed: its workload's StateGate) and serves the
+state on its own authenticated port (``state_channel.py``); the next complete spare set takes it
+from the survivor with the highest step (no rollback) and the survivors are retired once that set
+formed. With no survivor holding a step (none served, or all died), the set resumes from the
+newest valid checkpoint. A new set is started in place of the one used. Slots are numbered
 set by set: slot ``s`` is rank ``s % world_size`` of set ``s // world_size``.
 
 It writes what it saw and did as events of the attempt
@@ -64,6 +68,7 @@ Fence = Callable[[int], None]  # make that attempt the run's current one (in thi
 ExitCode = Callable[[int], "int | None"]  # how the process of that slot ended, if the host knows
 EndSlots = Callable[[list[int]], None]  # restart_all: end these slots' processes (a retired set)
 ACTIVE, SPARE, GONE, DONE, RETIRED = "active", "spare", "gone", "done", "retired"
+SERVING = "serving"  # restart_all: a survivor of a failed set, its state held and served until the next set formed
 # Spares whose launches end before their hello are started again, this many in a row (a launch onto
 # a node that is down fails at once, again and again).
 FAILED_LAUNCHES_REPLACED = 3
@@ -119,6 +124,8 @@ class Member:
     lost_why: str = ""  # its collective's error, in its words
     warm_at: float = field(default_factory=time.time)  # when it said hello: set up and waiting
     nonce: str = ""  # its hello's: each plan answers it with the job's secret (coordinator_proof)
+    state_port: int = 0  # restart_all: where it serves its held state (0: it serves none)
+    held_step: int | None = None  # restart_all: it holds the state after this step (its "held")
 
 
 @dataclass
@@ -132,6 +139,8 @@ class Timing:
     # While a re-formation awaits the survivors' reports, the failed generation's store is voided
     # again this often (a member that connected after the last void waits there otherwise).
     void_again_s: float = 1.0
+    # restart_all: a survivor's answer to "hold" (its update in progress finishes first), at most
+    hold_s: float = 5.0
 
 
 @dataclass
@@ -272,8 +281,8 @@ class Coordinator:
         with self._lock:
             if member.role in (ACTIVE, SPARE):
                 self._on_gone(member)
-            elif member.role == WARNED:
-                member.role = GONE  # it held after the warning, then ended: no failure
+            elif member.role in (WARNED, SERVING):
+                member.role = GONE  # it held after the warning (or served its state), then ended: no failure
             self._lock.notify_all()
 
     def _admitted(self, line: Line) -> Member | None:
@@ -365,12 +374,15 @@ class Coordinator:
                 self._generation_formed = True
                 self._event({"event": EVENT_WARM_FORMED, "time": time.time(), "generation": self.generation})
         elif op == "lost":
+            if message.get("generation") != self.generation or member.role != ACTIVE:
+                return  # of a generation already replaced (a set member that held after its plan went out)
             member.lost_step = _step_of(message)
             member.lost_why = str(message.get("why") or "")
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
-            if message.get("generation") == self.generation:
-                self._void_rendezvous(first_sign=True)
+            self._void_rendezvous(first_sign=True)
+        elif op == "held":
+            member.held_step = _step_of(message)
         elif op == "warned":
             member.role = WARNED
             self._warned_step = _step_of(message)
@@ -412,8 +424,11 @@ class Coordinator:
                 self._on_gone(member)
             while True:
                 self._lock.wait_for(lambda: self._done() or self._failed_at is not None or self._verdict is not None
-                                    or self._warned_step is not None)
+                                    or self._warned_step is not None or self._servers_to_retire())
                 self._check_aborted()
+                if self._servers_to_retire() and self._failed_at is None:
+                    self._retire(self._of_role(SERVING))  # the set that took their state formed
+                    continue
                 if self._done():
                     self._verdict = "completed"
                     return
@@ -514,9 +529,14 @@ class Coordinator:
                      "what": f"generation {self.generation}: {stage} failed on rank {first.rank}, no rank died{words}"})
 
     def _restart_all(self) -> None:
-        """The active set retired (its processes ended), the next complete spare set resumes from the
-        newest valid checkpoint, a new set started in its place."""
-        self._retire(self._of_role(ACTIVE))
+        """The active set's survivors hold their state (those that serve none are retired), the next
+        complete spare set takes the state of the one with the highest step (none: the newest
+        valid checkpoint), a new set is started in its place. The survivors are retired once that
+        set formed (``_drive``); until then they stay sources, for a set that fails while taking."""
+        active = self._of_role(ACTIVE)
+        self._retire([member for member in active if not member.state_port])
+        self._hold([member for member in active if member.state_port])
+        self._tell_failure_of_the_living([m for m in active if m.lost_step is not None])
         self._awaiting(1, lambda: self._complete_spare_set() is not None or not self._pending,
                        f"no complete warm spare set of {self.world_size} process(es)")
         spare_set = self._complete_spare_set()
@@ -524,8 +544,34 @@ class Coordinator:
             raise CoordinatorGaveUp(f"warm: no warm spare set of {self.world_size} process(es) is left or can start "
                                     f"(nodes lost: {', '.join(sorted(self._lost_nodes())) or 'none'})")
         ranks = {member.slot % self.world_size: member for member in spare_set}
-        self._send_plans(ranks, RESUME_CHECKPOINT, None, 0, spares={m.slot: rank for rank, m in ranks.items()})
+        spares = {m.slot: rank for rank, m in ranks.items()}
+        source = max((m for m in self._of_role(SERVING) if m.held_step), default=None,
+                     key=lambda m: (m.held_step or 0, -(m.rank or 0)))
+        if source is None:
+            self._send_plans(ranks, RESUME_CHECKPOINT, None, 0, spares=spares)
+        else:
+            self._send_plans(ranks, RESUME_PEER, source.rank, source.held_step or 0, spares=spares,
+                             source_address=source.address, source_port=source.state_port)
         self._replace_spares()
+
+    def _hold(self, survivors: list[Member]) -> None:
+        """Each survivor told to hold; those whose "held" comes within hold_s serve their state from
+        now on. All of them stay until the next set formed: one that did not answer is no source,
+        but it may share its launch with one that serves (a Chainer set is one ``mpiexec``)."""
+        for member in survivors:
+            try:
+                member.line.send({"op": "hold"})
+            except OSError:
+                pass  # it died meanwhile: its end is (or was) told
+        self._lock.wait_for(lambda: all(m.held_step is not None or m.role != ACTIVE for m in survivors),
+                            timeout=self.timing.hold_s)
+        for member in survivors:
+            if member.role == ACTIVE:
+                member.role = SERVING
+
+    def _servers_to_retire(self) -> bool:
+        """Survivors still serving while the set that took their state has formed."""
+        return self._generation_formed and bool(self._of_role(SERVING))
 
     def _complete_spare_set(self) -> list[Member] | None:
         """The lowest spare set whose every process is warm and waiting, one clear of the nodes
@@ -564,7 +610,7 @@ class Coordinator:
         return self.world_size if self.restart_all else 1
 
     def _send_plans(self, ranks: dict[int, Member], resume: str, source_rank: int | None, step: int,
-                    spares: dict[int, int] | None = None) -> None:
+                    spares: dict[int, int] | None = None, source_address: str = "", source_port: int = 0) -> None:
         """The next generation: the run's next attempt (fenced before anyone hears of it), its plans."""
         self._count_unformed()
         self.generation += 1
@@ -573,7 +619,7 @@ class Coordinator:
             self.fence(attempt)
         master = ranks[0]
         for rank, member in ranks.items():
-            member.role, member.rank, member.lost_step = ACTIVE, rank, None
+            member.role, member.rank, member.lost_step, member.held_step = ACTIVE, rank, None, None
         self._formed, self._generation_formed, self._failure_told, self._voided = set(), False, False, False
         now = time.time()
         join_timeout_s = self.timing.reform_s if self.generation > 0 else None
@@ -583,7 +629,8 @@ class Coordinator:
         else:
             address, port = master.address, self.port_base + self.generation
         plans = {rank: Plan(self.generation, attempt, rank, self.world_size, address, port, resume, source_rank, step,
-                            now, join_timeout_s, store_hosted=self.stores is not None)
+                            now, join_timeout_s, store_hosted=self.stores is not None,
+                            source_address=source_address, source_port=source_port)
                  for rank in ranks}
         self._event({"event": EVENT_WARM_PLAN, "time": now, "generation": self.generation, "resume": resume,
                      "source_rank": source_rank, "step": step, "failed_at": self._failed_at,
@@ -649,7 +696,7 @@ class Coordinator:
     def _lost_nodes(self) -> frozenset[str]:
         """Nodes where a member died and none is left alive (a node crash). Retired members say
         nothing either way (the job ended them): a node with only those is not lost by them."""
-        alive = {m.node for m in self.members.values() if m.role in (ACTIVE, SPARE, DONE)}
+        alive = {m.node for m in self.members.values() if m.role in (ACTIVE, SPARE, DONE, SERVING)}
         died = {m.node for m in self.members.values() if m.role == GONE}
         return frozenset(died - alive)
 
@@ -697,8 +744,11 @@ def _member_of(hello: dict[str, Any] | None, line: Line) -> Member | None:
     slot, pid = hello["slot"], hello["pid"]
     if type(slot) is not int or type(pid) is not int:
         raise TypeError(f"slot {slot!r} and pid {pid!r} must be integers")
+    state_port = hello.get("state_port", 0)
+    if type(state_port) is not int or not 0 <= state_port < 65536:
+        raise TypeError(f"state_port {state_port!r} must be a port number")
     return Member(slot=slot, node=str(hello["node"]), address=str(hello["address"]), pid=pid, line=line,
-                  nonce=str(hello.get("nonce", "")))
+                  nonce=str(hello.get("nonce", "")), state_port=state_port)
 
 
 def _step_of(message: dict[str, Any]) -> int:

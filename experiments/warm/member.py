@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from experiments.layout import ENV_WARM_SECRET
 from experiments.warm.protocol import (
@@ -36,17 +37,19 @@ class CoordinatorGone(RuntimeError):
 
 class WarmMember:
     def __init__(self, coordinator: str, slot: int, node: str, address: str, connect_timeout_s: float = 120.0,
-                 secret: str | None = None) -> None:
+                 secret: str | None = None, state_port: int = 0) -> None:
         """Connect, answer the coordinator's challenge with the job's secret (``secret``, else
-        ENV_WARM_SECRET), say hello."""
+        ENV_WARM_SECRET), say hello (``state_port``: where this set member serves its held state)."""
         self.slot = slot
+        self._sending = threading.Lock()  # the training thread and the hold listener both send
+        self.released = threading.Event()  # the coordinator's connection ended (hold listener)
         self.line, challenge = _challenged(coordinator, slot, connect_timeout_s)
         self.line.connection.settimeout(None)
         self.key = secret if secret is not None else os.environ.get(ENV_WARM_SECRET, "")
         self.nonce = new_nonce()  # the coordinator's plans must answer it: it holds the secret too
         pid = os.getpid()
         self.line.send({"op": "hello", "slot": slot, "node": node, "address": address, "pid": pid,
-                        "nonce": self.nonce,
+                        "nonce": self.nonce, "state_port": state_port,
                         "proof": proof(self.key, str(challenge.get("nonce", "")), slot, pid) if self.key else ""})
 
     def next_plan(self) -> Plan | None:
@@ -81,9 +84,26 @@ class WarmMember:
     def done(self) -> None:
         self._send({"op": "done"})
 
+    def answer_holds(self, hold: Callable[[], int]) -> None:
+        """From now on (a set member that was planned), the coordinator's ``hold`` is answered on a
+        thread of its own: ``hold()`` freezes the state, its step goes back as ``held``. The
+        connection's end sets ``released``."""
+        threading.Thread(target=self._holds, args=(hold,), name="warm-holds", daemon=True).start()
+
+    def _holds(self, hold: Callable[[], int]) -> None:
+        try:
+            while (message := self.line.receive()) is not None:
+                if message.get("op") == "hold":
+                    self._send({"op": "held", "step": hold()})
+        except (MalformedMessage, CoordinatorGone):
+            pass
+        finally:
+            self.released.set()
+
     def _send(self, message: dict[str, Any]) -> None:
         try:
-            self.line.send(message)
+            with self._sending:
+                self.line.send(message)
         except OSError as error:
             raise CoordinatorGone(f"warm: slot {self.slot}: the coordinator is gone ({error})") from error
 

@@ -10,12 +10,14 @@ the environment of the processes the job launched, which only the user and root 
 connection without that proof, for a slot the job did not launch or one already held, is turned
 away; a line longer than MAX_LINE_CHARS or not a JSON object ends its connection.
 
-member -> coordinator: ``hello`` (slot, node, address, pid, proof: the member is warm: framework
-imported, model built), ``formed`` (its group of that generation is up and its state in sync), ``lost`` (a
-collective of that generation failed; the last step it completed), ``done`` (the run reached its
-last step on this member).
+member -> coordinator: ``hello`` (slot, node, address, pid, proof, and a set member's state port:
+the member is warm: framework imported, model built), ``formed`` (its group of that generation is
+up and its state in sync), ``lost`` (a collective of that generation failed; the last step it
+completed), ``held`` (a set member's state is frozen at that step and served), ``done`` (the run
+reached its last step on this member).
 coordinator -> member: ``plan`` (its rank in a new generation: world size, rendezvous, where the
-state comes from), ``exit`` (the run is over; a spare leaves).
+state comes from), ``hold`` (a set member: stop updating, serve the state), ``exit`` (the run is
+over; a spare leaves).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class Plan:
     # member that died meanwhile voids the generation: the others report lost and a new plan comes.
     join_timeout_s: float | None = None
     store_hosted: bool = False  # the coordinator hosts the rendezvous store (rank 0 does not)
+    # RESUME_PEER in a restart-all set (TensorFlow, Chainer): where the held survivor serves its
+    # state (experiments/warm/state_channel.py); PyTorch's survivors broadcast it in the new group.
+    source_address: str = ""
+    source_port: int = 0
 
     def message(self) -> dict[str, Any]:
         return {"op": "plan", **asdict(self)}

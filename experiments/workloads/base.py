@@ -19,6 +19,9 @@ from experiments.runtime.digest import digest_arrays  # noqa: F401  (the built-i
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
 from experiments.runtime.snapshot import ShareWriter
+from experiments.runtime.state_gate import StateGate
+
+StateArrays = dict[str, np.ndarray]
 
 
 class Workload(ABC):
@@ -28,6 +31,9 @@ class Workload(ABC):
     # The switches this workload turns on so that a resumed run is bitwise the uninterrupted one
     # (reported by the determinism study); empty if it needs none.
     determinism: str = ""
+    # Its state can be served to a warm spare set (peer_state, take_peer_state), its updates gated.
+    serves_state: bool = False
+    gate: StateGate  # where each step's local update runs (serves_state): set by the workload
 
     @property
     @abstractmethod
@@ -60,6 +66,16 @@ class Workload(ABC):
         if (left := least_s - (time.monotonic() - started)) > 0:
             time.sleep(left)
         return loss
+
+    def peer_state(self) -> StateArrays:
+        """The whole state after ``gate.completed`` as named arrays (weights, optimizer, counters),
+        the same on every rank (a data-parallel replica): a spare set's ranks take it instead of a
+        checkpoint. Called with the gate held."""
+        raise NotImplementedError(f"{self.framework}: no state to serve to a warm spare set")
+
+    def take_peer_state(self, arrays: StateArrays, step: int) -> None:
+        """Make ``peer_state``'s arrays (a survivor's, after ``step``) this rank's state."""
+        raise NotImplementedError(f"{self.framework}: cannot take a survivor's state")
 
     @abstractmethod
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:

@@ -5,9 +5,12 @@ started with ``SETUPTOOLS_USE_DISTUTILS=stdlib``: Chainer imports numpy.distutil
 standard library's distutils, and the choice is made when the interpreter starts.
 
 Bitwise reproducibility across a restart rests on: the batch of a step is a pure function of
-(seed, step, rank); dropout masks come from a per-rank NumPy generator whose state is checkpointed;
-the Adam state (moments and step counts) is checkpointed with the weights; and the multi-node
-optimizer is primed in ``setup`` (see ``_prime``) so that every ``update`` is a real update.
+(seed, step, rank); so are the dropout masks (a generator seeded from them at each step: no rank
+holds state another cannot rebuild, so any survivor's state is the whole run's, see
+experiments/warm/state_channel.py); the Adam state (moments and step counts) is checkpointed with
+the weights; and the multi-node optimizer is primed in ``setup`` (see ``_prime``) so that every
+``update`` is a real update. A step's all-reduce and its Adam update are two calls: the update runs
+inside the workload's ``StateGate``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from experiments.runtime.checkpoint import CheckpointMeta
 from experiments.runtime.distenv import DistEnv, Timeouts
 from experiments.runtime.sink import FileSink
 from experiments.runtime.snapshot import ShareWriter
-from experiments.workloads.base import Workload
+from experiments.runtime.state_gate import StateGate
+from experiments.workloads.base import StateArrays, Workload
 from experiments.workloads.npz_writer import write_npz
 from experiments.workloads.synthetic import (
     DROPOUT,
@@ -115,22 +119,19 @@ def param_count(link: chainer.Link) -> int:
     return sum(param.size for param in link.params())
 
 
-def rng_file(rank: int) -> str:
-    return f"rng-rank{rank:05d}.npz"
-
-
-def dropout_rng(seed: int, rank: int) -> np.random.RandomState:
-    # RandomState (MT19937) rather than a Generator: its whole state is arrays and small ints,
-    # which save_npz stores without pickle (PCG64's state holds 128-bit integers).
-    return np.random.RandomState(np.random.MT19937(mixed_seed(seed, DROPOUT_STREAM, rank)))
+def dropout_rng(seed: int, rank: int, step: int) -> np.random.RandomState:
+    """The masks of ``step`` on ``rank``: a pure function of the three (MT19937, as NumPy's legacy
+    dropout draws)."""
+    return np.random.RandomState(np.random.MT19937(mixed_seed(seed, DROPOUT_STREAM, rank, step)))
 
 
 class ChainerWorkload(Workload):
     framework = "chainer"
     determinism = ("chainermn multi-node optimizer primed at setup (weights broadcast, parameter set "
                    "recorded) so a restarted process's first update is a real Adam step; dropout masks "
-                   "from a per-rank MT19937 state checkpointed with Adam's t, m and v; gradients in one "
-                   "MPI_Allreduce of fixed size")
+                   "from an MT19937 seeded by (seed, rank, step); Adam's t, m and v checkpointed with "
+                   "the weights; gradients in one MPI_Allreduce of fixed size")
+    serves_state = True
 
     def __init__(self) -> None:
         self.env: DistEnv | None = None
@@ -139,7 +140,8 @@ class ChainerWorkload(Workload):
         self.comm: Any = None  # chainermn communicator
         self.model: MLP | CNN | None = None
         self.optimizer: Any = None  # chainermn multi-node optimizer around Adam
-        self.rng = np.random.RandomState(0)
+        self.rng = np.random.RandomState(0)  # this step's dropout masks (dropout_rng)
+        self.gate = StateGate()
         self.width = 0
         self.shut_down = False
         self.staging: dict[str, np.ndarray] = {}  # the snapshot's copies, reused (see _npz_arrays)
@@ -147,7 +149,7 @@ class ChainerWorkload(Workload):
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
         file_format = f"chainer save_npz (NumPy .npz, uncompressed), chainer {chainer.__version__}"
-        return CheckpointMeta("chainer", file_format, "all")
+        return CheckpointMeta("chainer", file_format, "rank0")
 
     def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
         self.env, self.spec, self.timeouts = env, spec, timeouts
@@ -157,7 +159,6 @@ class ChainerWorkload(Workload):
         joined = time.monotonic()
         self.width, count = model_size(spec.model, spec.params)
         self.model = build_model(spec.model, self.width, spec.seed)
-        self.rng = dropout_rng(spec.seed, env.rank)
         self.model.masks = self._mask
         adam = chainer.optimizers.Adam(alpha=LEARNING_RATE)
         self.optimizer = chainermn.create_multi_node_optimizer(adam, self.comm)
@@ -179,15 +180,21 @@ class ChainerWorkload(Workload):
         return np.ascontiguousarray(images.transpose(0, 3, 1, 2)), targets  # NHWC -> NCHW
 
     def train_step(self, step: int) -> float:
-        assert self.model is not None and self.optimizer is not None
+        assert self.model is not None and self.optimizer is not None and self.env is not None
         inputs, targets = self.batch(step)
+        self.rng = dropout_rng(self.spec.seed, self.env.rank, step)
         with chainer.using_config("train", True):
             loss = F.mean_squared_error(self.model(inputs), targets)
         self.model.cleargrads()
         loss.backward()
-        # All-reduces the gradients (mean over ranks, like DDP), then Adam updates. MPI has no
-        # timeout: a dead peer leaves this call blocked until the launcher ends the job.
-        self.optimizer.update()
+        # What the multi-node optimizer's update does, in two: the gradients all-reduced (mean over
+        # ranks, like DDP; MPI has no timeout: a dead peer leaves this call blocked until the
+        # launcher ends the job), then Adam's update, inside the gate (nothing of a peer's).
+        if self.optimizer.is_changed(self.model):
+            raise RuntimeError("chainer: the model's parameters changed after setup")
+        self.comm.multi_node_mean_grad(self.model, self.optimizer.zero_fill)
+        with self.gate.updating(step):
+            self.optimizer.actual_optimizer.update()
         return float(loss.array)
 
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
@@ -197,14 +204,13 @@ class ChainerWorkload(Workload):
         save_npz's default (zip deflate) took 14-19x as long for 9 % fewer bytes (measured: 1M and
         10M-parameter MLP with Adam state, save + fsync)."""
         assert self.env is not None
-        files = {rng_file(self.env.rank): _npz_arrays(_RngState(self.rng), self.staging)}
-        if self.env.rank == 0:
-            files[MODEL_FILE] = _npz_arrays(_TrainingState(self, step), self.staging)
+        if self.env.rank != 0:
+            return lambda: None
+        arrays = _npz_arrays(_TrainingState(self, step), self.staging)
 
         def write() -> None:
-            for name, arrays in files.items():
-                with sink.open(name) as handle:
-                    write_npz(handle, arrays)
+            with sink.open(MODEL_FILE) as handle:
+                write_npz(handle, arrays)
 
         return write
 
@@ -216,12 +222,17 @@ class ChainerWorkload(Workload):
                 raise ValueError(f"{directory / MODEL_FILE} holds step {saved_step}, width {saved_width}; "
                                  f"expected step {step}, width {self.width}")
             NpzDeserializer(npz).load(_TrainingState(self, step))
-        path = directory / rng_file(self.env.rank)
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no RNG state for rank {self.env.rank} "
-                                    "(was the checkpoint written with another world size?)")
-        with _open_npz(path) as npz:
-            NpzDeserializer(npz).load(_RngState(self.rng))
+        self.gate.resumed(step)
+
+    def peer_state(self) -> StateArrays:
+        return _npz_arrays(_TrainingState(self, self.gate.completed), {})
+
+    def take_peer_state(self, arrays: StateArrays, step: int) -> None:
+        held, width = int(arrays["step"]), int(arrays["hidden_width"])
+        if held != step or width != self.width:
+            raise ValueError(f"a survivor's state of step {held}, width {width}; expected step {step}, width {self.width}")
+        NpzDeserializer(arrays).load(_TrainingState(self, step))
+        self.gate.resumed(step)
 
     def named_weights(self) -> list[tuple[str, np.ndarray]]:
         assert self.model is not None
@@ -290,23 +301,6 @@ def _npz_arrays(target: Any, staging: dict[str, np.ndarray]) -> dict[str, np.nda
         np.copyto(buffer, array)
         copies[key] = buffer
     return copies
-
-
-class _RngState:
-    """A RandomState's full MT19937 state as named arrays (no pickle)."""
-
-    def __init__(self, rng: np.random.RandomState) -> None:
-        self.rng = rng
-
-    def serialize(self, serializer: chainer.AbstractSerializer) -> None:
-        # numpy 1.x's stubs type get_state() as its dict form; called so, it returns the legacy tuple.
-        name, key, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", self.rng.get_state())
-        key = serializer("key", key)
-        pos = serializer("pos", int(pos))
-        has_gauss = serializer("has_gauss", int(has_gauss))
-        cached = serializer("cached_gaussian", float(cached))
-        if isinstance(serializer, chainer.serializer.Deserializer):
-            self.rng.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, cached))
 
 
 def _open_npz(path: Path) -> Any:

@@ -6,10 +6,11 @@ One worker per rank, one CPU replica per worker, ring all-reduce over gRPC; a cu
 initial values and the dropout RNG are all under this module's control.
 
 Bitwise reproducibility across a restart rests on: the batch of a step is a pure function of
-(seed, step, rank); the dropout RNG is one ``tf.random.Generator`` created under the strategy (its
-state is mirrored, and each replica folds in its replica id, so ranks draw different masks from
-one state that every rank holds identically: the chief's copy is the whole RNG state); weights,
-Adam's slots and iteration count are checkpointed. ``enable_op_determinism`` is on as a guard,
+(seed, step, rank), and so are the dropout masks (stateless draws keyed by them: no rank holds
+state another cannot rebuild, so any survivor's state is the whole run's, see
+experiments/warm/state_channel.py); weights, Adam's slots and iteration count are checkpointed. A
+step is two traced functions: the gradients and their all-reduce (a dead peer breaks or blocks
+only this one), then Adam's update, inside the workload's ``StateGate``. ``enable_op_determinism`` is on as a guard,
 though on CPU it is not what makes the resume exact (measured: identical digests without it).
 """
 
@@ -40,7 +41,8 @@ from experiments.runtime.checkpoint import CheckpointMeta  # noqa: E402
 from experiments.runtime.distenv import DistEnv, Timeouts, task_addresses  # noqa: E402
 from experiments.runtime.sink import FileSink  # noqa: E402
 from experiments.runtime.snapshot import ShareWriter  # noqa: E402
-from experiments.workloads.base import Workload  # noqa: E402
+from experiments.runtime.state_gate import StateGate  # noqa: E402
+from experiments.workloads.base import StateArrays, Workload  # noqa: E402
 from experiments.workloads.synthetic import (  # noqa: E402
     DROPOUT,
     DROPOUT_STREAM,
@@ -81,10 +83,10 @@ def _glorot(shape: tuple[int, ...], fan_in: int, fan_out: int, seed: tuple[int, 
 class SyntheticModel(tf.Module):
     """``synthetic``'s MLP or CNN as named variables (Keras' default init: Glorot kernels, zero biases)."""
 
-    def __init__(self, model: str, size: int, seed: int, rng: tf.random.Generator, initialize: bool = True) -> None:
+    def __init__(self, model: str, size: int, seed: int, initialize: bool = True) -> None:
         """``initialize`` False: zeros (a shadow whose values are copied in: TensorFlowWorkload.snapshot)."""
         super().__init__(name=model)
-        self.model, self.rng = model, rng
+        self.model = model
         shapes = mlp_shapes(size) if model == "mlp" else cnn_shapes(size)
         self.weights: dict[str, tf.Variable] = {}
         for index, (name, shape) in enumerate(shapes):
@@ -97,22 +99,39 @@ class SyntheticModel(tf.Module):
         # Gradients and Adam's slots follow this order (the checkpoint names slots by position).
         self.variables_in_order = [self.weights[name] for name, _ in shapes]
 
-    def __call__(self, inputs: tf.Tensor, training: bool) -> tf.Tensor:
+    def __call__(self, inputs: tf.Tensor, dropout_seed: tf.Tensor | None) -> tf.Tensor:
+        """``dropout_seed``: this step's on this rank (dropout_seed()); None: no dropout."""
         w = self.weights
         if self.model == "mlp":
-            hidden = self._dropout(tf.nn.relu(inputs @ w["hidden1/kernel"] + w["hidden1/bias"]), training)
-            hidden = self._dropout(tf.nn.relu(hidden @ w["hidden2/kernel"] + w["hidden2/bias"]), training)
+            hidden = _dropout(tf.nn.relu(inputs @ w["hidden1/kernel"] + w["hidden1/bias"]), dropout_seed, 1)
+            hidden = _dropout(tf.nn.relu(hidden @ w["hidden2/kernel"] + w["hidden2/bias"]), dropout_seed, 2)
             return hidden @ w["output/kernel"] + w["output/bias"]
         hidden = tf.nn.relu(tf.nn.conv2d(inputs, w["conv1/kernel"], 1, "SAME") + w["conv1/bias"])
         hidden = tf.nn.relu(tf.nn.conv2d(hidden, w["conv2/kernel"], 1, "SAME") + w["conv2/bias"])
         pooled = tf.reduce_mean(hidden, axis=[1, 2])
         return pooled @ w["output/kernel"] + w["output/bias"]
 
-    def _dropout(self, values: tf.Tensor, training: bool) -> tf.Tensor:
-        if not training:
-            return values
-        keep = tf.cast(self.rng.uniform(tf.shape(values)) >= DROPOUT, values.dtype)
-        return values * keep / (1.0 - DROPOUT)
+
+
+def dropout_seed(seed: int, rank: int, step: int) -> np.ndarray:
+    """The key of a step's masks on a rank: (a 63-bit mix of seed and rank, the step)."""
+    return np.array([mixed_seed(seed, DROPOUT_STREAM, rank), step], dtype=np.int64)
+
+
+def _dropout(values: tf.Tensor, seed: tf.Tensor | None, layer: int) -> tf.Tensor:
+    if seed is None:
+        return values
+    uniform = tf.random.stateless_uniform(tf.shape(values), seed=tf.random.experimental.stateless_fold_in(seed, layer))
+    keep = tf.cast(uniform >= DROPOUT, values.dtype)
+    return values * keep / (1.0 - DROPOUT)
+
+
+class _PreReducedAdam(tf.keras.optimizers.Adam):
+    """Adam whose gradients come all-reduced already (the step's first function did it): Keras'
+    own all-reduce under the strategy would sum them over the ranks a second time."""
+
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
+        return list(grads_and_vars)
 
 
 COUNTERS = ("step", "data_position", "hidden_width")
@@ -124,8 +143,8 @@ def _counters() -> dict[str, tf.Variable]:
 
 def state_variables(model: SyntheticModel, optimizer: Any, counters: dict[str, tf.Variable]) -> list[tf.Variable]:
     """Everything a step changes, as the checkpoint holds it: weights, Adam's slots and iteration
-    count, the dropout generator's state, the counters (the same order for a workload and its shadow)."""
-    return [*model.variables_in_order, *optimizer.variables, model.rng.state, *counters.values()]
+    count, the counters (the same order for a workload and its shadow)."""
+    return [*model.variables_in_order, *optimizer.variables, *counters.values()]
 
 
 @dataclass(frozen=True)
@@ -149,8 +168,9 @@ def cnn_shapes(channels: int) -> list[tuple[str, tuple[int, ...]]]:
 class TensorFlowWorkload(Workload):
     framework = "tensorflow"
     determinism = ("tf.config.experimental.enable_op_determinism() (a guard: CPU resumes were identical "
-                   "without it); one mirrored tf.random.Generator for dropout, checkpointed with the "
-                   "weights and Adam's slots and iteration count")
+                   "without it); dropout masks drawn statelessly from (seed, rank, step); weights, "
+                   "Adam's slots and iteration count checkpointed")
+    serves_state = True
 
     def __init__(self) -> None:
         self.env: DistEnv | None = None
@@ -162,7 +182,9 @@ class TensorFlowWorkload(Workload):
         self.checkpoint: tf.train.Checkpoint | None = None
         self.counters: dict[str, tf.Variable] = {}
         self.width = 0
-        self._step_fn: tf.types.experimental.PolymorphicFunction | None = None
+        self._reduce_fn: tf.types.experimental.PolymorphicFunction | None = None
+        self._apply_fn: tf.types.experimental.PolymorphicFunction | None = None
+        self.gate = StateGate()
         self._shadow: _Shadow | None = None  # the chief's copy of the state, written off the training thread
 
     @property
@@ -180,46 +202,54 @@ class TensorFlowWorkload(Workload):
         joined = time.monotonic()
         self.width, param_count = model_size(spec.model, spec.params)
         with self.strategy.scope():
-            rng = tf.random.Generator.from_seed(mixed_seed(spec.seed, DROPOUT_STREAM))
-            self.model = SyntheticModel(spec.model, self.width, spec.seed, rng)
-            self.optimizer = tf.keras.optimizers.Adam(learning_rate=LEARNING_RATE)
+            self.model = SyntheticModel(spec.model, self.width, spec.seed)
+            self.optimizer = _PreReducedAdam(learning_rate=LEARNING_RATE, name="adam")
             self.optimizer.build(self.model.variables_in_order)
             self.counters = _counters()
-        self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, dropout_rng=rng, **self.counters)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, **self.counters)
         built = time.monotonic()
-        self._step_fn = self._make_step_fn()
+        self._reduce_fn, self._apply_fn = self._make_step_fns()
         # Trace now: it takes a second or more, which would otherwise land in the first step (and
         # the study's step time), and ranks finish it at different times, which the first
         # all-reduce's short timeout would take for a dead peer.
-        self._step_fn.get_concrete_function(*self.batch(1))
+        reduce_concrete = self._reduce_fn.get_concrete_function(*self.batch(1))
+        self._apply_fn.get_concrete_function(reduce_concrete.structured_outputs[1])
         return {"rendezvous_s": joined - started, "build_s": built - joined,
                 "trace_s": time.monotonic() - built, "params": float(param_count),
                 "hidden_width": float(self.width)}
 
-    def _make_step_fn(self) -> tf.types.experimental.PolymorphicFunction:
+    def _make_step_fns(self) -> tuple[tf.types.experimental.PolymorphicFunction, tf.types.experimental.PolymorphicFunction]:
+        """The step's two functions: the loss and the all-reduced gradients (no variable changes),
+        then Adam's update of them (no collective)."""
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
         assert strategy is not None and model is not None
         variables = model.variables_in_order
         replicas = strategy.num_replicas_in_sync
 
-        def replica_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+        def replica_gradients(inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> Any:
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(inputs, training=True) - targets))
-                # Keras' optimizer SUM-all-reduces the gradients under the strategy: scaling by
-                # 1/replicas makes that DDP's mean of the ranks' gradients.
+                loss = tf.reduce_mean(tf.square(model(inputs, seed) - targets))
+                # Summed over the ranks: scaling by 1/replicas makes that DDP's mean of their gradients.
                 scaled = loss / replicas
-            optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=False))
-            return loss
+            gradients = tape.gradient(scaled, variables)
+            return loss, tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+
+        def replica_update(gradients: Any) -> None:
+            optimizer.apply_gradients(zip(gradients, variables, strict=False))
 
         @tf.function
-        def step_fn(inputs: Any, targets: Any) -> Any:
-            return strategy.run(replica_step, args=(inputs, targets))
+        def reduce_fn(inputs: Any, targets: Any, seeds: Any) -> Any:
+            return strategy.run(replica_gradients, args=(inputs, targets, seeds))
 
-        return step_fn
+        @tf.function
+        def apply_fn(gradients: Any) -> None:
+            strategy.run(replica_update, args=(gradients,))
 
-    def batch(self, step: int) -> tuple[Any, Any]:
-        """This rank's batch of ``step`` as per-replica values (rank r's replica gets batch r)."""
+        return reduce_fn, apply_fn
+
+    def batch(self, step: int) -> tuple[Any, Any, Any]:
+        """This rank's batch of ``step`` and its dropout key as per-replica values (rank r's replica
+        gets batch r)."""
         assert self.env is not None and self.strategy is not None
         make = mlp_batch if self.spec.model == "mlp" else cnn_batch
         inputs, targets = make(self.spec.seed, step, self.env.rank, self.spec.batch_size)
@@ -233,7 +263,8 @@ class TensorFlowWorkload(Workload):
             return value_fn
 
         distribute = self.strategy.experimental_distribute_values_from_function
-        return distribute(local(inputs)), distribute(local(targets))
+        seed = dropout_seed(self.spec.seed, rank, step)
+        return distribute(local(inputs)), distribute(local(targets)), distribute(local(seed))
 
     def warm_up(self) -> None:
         """One step through the traced function, then every variable it touched put back, bit for
@@ -245,15 +276,17 @@ class TensorFlowWorkload(Workload):
         self.train_step(1)
         for variable, value in zip(variables, saved, strict=False):
             variable.assign(value)
+        self.gate.resumed(0)
 
     def _state_variables(self) -> list[tf.Variable]:
         assert self.model is not None and self.optimizer is not None
         return state_variables(self.model, self.optimizer, self.counters)
 
     def train_step(self, step: int) -> float:
-        assert self.strategy is not None and self._step_fn is not None
-        inputs, targets = self.batch(step)
-        loss = self._step_fn(inputs, targets)  # the all-reduce: a dead peer raises here
+        assert self.strategy is not None and self._reduce_fn is not None and self._apply_fn is not None
+        loss, gradients = self._reduce_fn(*self.batch(step))  # the all-reduce: a dead peer raises (or blocks) here
+        with self.gate.updating(step):
+            self._apply_fn(gradients)
         return float(self.strategy.experimental_local_results(loss)[0])
 
     def snapshot(self, sink: FileSink, step: int) -> ShareWriter:
@@ -290,12 +323,11 @@ class TensorFlowWorkload(Workload):
         """Built at the first checkpoint, outside the strategy (plain variables on this CPU)."""
         if self._shadow is None:
             with tf.device("/cpu:0"):
-                rng = tf.random.Generator.from_seed(0)  # its state is copied in
-                model = SyntheticModel(self.spec.model, self.width, self.spec.seed, rng, initialize=False)
+                model = SyntheticModel(self.spec.model, self.width, self.spec.seed, initialize=False)
                 optimizer = tf.keras.optimizers.Adam(learning_rate=LEARNING_RATE)
                 optimizer.build(model.variables_in_order)
                 counters = _counters()
-            self._shadow = _Shadow(tf.train.Checkpoint(model=model, optimizer=optimizer, dropout_rng=rng, **counters),
+            self._shadow = _Shadow(tf.train.Checkpoint(model=model, optimizer=optimizer, **counters),
                                    state_variables(model, optimizer, counters))
         return self._shadow
 
@@ -309,6 +341,25 @@ class TensorFlowWorkload(Workload):
         if found_step != step or width != self.width:
             raise ValueError(f"{prefix} holds step {found_step}, width {width}; "
                              f"expected step {step}, width {self.width}")
+        self.gate.resumed(step)
+
+    def peer_state(self) -> StateArrays:
+        step = self.gate.completed
+        for name in ("step", "data_position"):
+            self.counters[name].assign(step)
+        self.counters["hidden_width"].assign(self.width)
+        return {f"{index:05d}": variable.numpy() for index, variable in enumerate(self._state_variables())}
+
+    def take_peer_state(self, arrays: StateArrays, step: int) -> None:
+        variables = self._state_variables()
+        if len(arrays) != len(variables):
+            raise ValueError(f"a survivor's state of {len(arrays)} variables; this model has {len(variables)}")
+        for index, variable in enumerate(variables):
+            variable.assign(arrays[f"{index:05d}"])
+        held, width = int(self.counters["step"].numpy()), int(self.counters["hidden_width"].numpy())
+        if held != step or width != self.width:
+            raise ValueError(f"a survivor's state of step {held}, width {width}; expected step {step}, width {self.width}")
+        self.gate.resumed(step)
 
     def named_weights(self) -> list[tuple[str, np.ndarray]]:
         assert self.model is not None
@@ -336,7 +387,7 @@ class TensorFlowWorkload(Workload):
 
     def shutdown(self) -> None:
         # TensorFlow has no way to leave a cluster: the gRPC server lives as long as the process.
-        self._step_fn = None
+        self._reduce_fn = self._apply_fn = None
 
 
 def _configure_runtime(seed: int) -> None:

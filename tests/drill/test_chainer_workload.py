@@ -29,7 +29,7 @@ PROBE = """
 import json, sys
 import numpy as np
 from experiments.workloads.chainer_workload import (
-    ChainerWorkload, _RngState, build_model, dropout_rng, param_count)
+    ChainerWorkload, build_model, dropout_rng, param_count)
 from chainer import serializers
 from chainer.serializers.npz import NpzDeserializer
 import io
@@ -44,20 +44,55 @@ for model, size in sizes:
     found.setdefault("same_init", []).append(all(
         np.array_equal(a.array, b.array) for a, b in zip(link.params(), twin.params())))
 
-# The dropout generator survives a save_npz/load round trip, mid-stream.
+# The masks of a step are a function of (seed, rank, step): any process draws them again.
 workload = ChainerWorkload()
-workload.rng = dropout_rng(3, 1)
-workload._mask((4, 5))
-buffer = io.BytesIO()
-serializers.save_npz(buffer, _RngState(workload.rng), compression=False)
+workload.rng = dropout_rng(3, 1, 17)
 expected = workload._mask((64, 7))
-restored = dropout_rng(0, 0)
-with np.load(io.BytesIO(buffer.getvalue()), allow_pickle=False) as npz:
-    NpzDeserializer(npz).load(_RngState(restored))
-workload.rng = restored
+workload.rng = dropout_rng(3, 1, 17)
 found["mask_dtype"] = str(expected.dtype)
-found["mask_roundtrip"] = bool(np.array_equal(workload._mask((64, 7)), expected))
+found["mask_redrawn"] = bool(np.array_equal(workload._mask((64, 7)), expected))
+workload.rng = dropout_rng(3, 1, 18)
+found["mask_of_next_step_differs"] = not np.array_equal(workload._mask((64, 7)), expected)
 found["keep_fraction"] = float((expected > 0).mean())
+
+# A survivor's state (weights, Adam's t, m and v) taken by another process's workload: the same
+# arrays, the same next update. Plain Adam stands in for the multi-node optimizer (no MPI here).
+import chainer, chainer.functions as F
+from experiments.workloads.synthetic import mlp_batch
+
+def bare(size):
+    bare = ChainerWorkload()
+    bare.model, bare.width = build_model("mlp", size, seed=3), size
+    bare.optimizer = chainer.optimizers.Adam(alpha=1e-3)
+    bare.optimizer.setup(bare.model)
+    return bare
+
+def update(bare, step):
+    inputs, targets = mlp_batch(3, step, 0, 8)
+    bare.model.cleargrads()
+    F.mean_squared_error(bare.model(inputs), targets).backward()
+    with bare.gate.updating(step):
+        bare.optimizer.update()
+
+size = sizes[0][1]
+survivor, spare = bare(size), bare(size)
+for step in range(1, 4):
+    update(survivor, step)
+survivor.gate.hold()
+state = survivor.peer_state()
+spare.take_peer_state({name: np.array(array) for name, array in state.items()}, 3)
+update(spare, 4)
+twin = bare(size)
+for step in range(1, 5):
+    update(twin, step)
+found["peer_state_completed"] = spare.gate.completed
+found["peer_state_resumes_bitwise"] = all(
+    np.array_equal(a.array, b.array) for a, b in zip(spare.model.params(), twin.model.params()))
+try:
+    spare.take_peer_state(state, 2)
+    found["wrong_step_refused"] = False
+except ValueError:
+    found["wrong_step_refused"] = True
 found["mpi_initialised"] = "mpi4py.MPI" in sys.modules  # building models must not run MPI_Init
 print(json.dumps(found))
 """
@@ -88,10 +123,16 @@ def test_initial_weights_are_a_function_of_the_seed(probe: dict[str, Any]) -> No
     assert all(probe["same_init"])
 
 
-def test_dropout_generator_round_trips_through_save_npz(probe: dict[str, Any]) -> None:
+def test_dropout_masks_are_a_function_of_seed_rank_and_step(probe: dict[str, Any]) -> None:
     assert probe["mask_dtype"] == "float32"
-    assert probe["mask_roundtrip"]
+    assert probe["mask_redrawn"] and probe["mask_of_next_step_differs"]
     assert 0.8 < probe["keep_fraction"] < 0.97  # DROPOUT = 0.1
+
+
+def test_a_survivors_state_taken_by_another_workload_makes_the_same_next_update(probe: dict[str, Any]) -> None:
+    assert probe["peer_state_completed"] == 4
+    assert probe["peer_state_resumes_bitwise"]
+    assert probe["wrong_step_refused"]
 
 
 def test_importing_the_workload_does_not_start_mpi(probe: dict[str, Any]) -> None:

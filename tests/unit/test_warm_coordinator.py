@@ -109,6 +109,105 @@ def test_restart_all_retires_the_active_set_and_the_next_warm_set_resumes_from_t
     late.line.close()
 
 
+def test_restart_all_takes_the_state_of_the_survivor_with_the_highest_step_and_retires_it_once_formed() -> None:
+    """TensorFlow and Chainer without rollback: rank 1 dies; the survivors (world 3) are told to
+    hold, answer the step they completed, and serve it; the spare set is planned from the one
+    with the highest step (its address and state port in the plan), and the survivors are retired
+    only once every rank of the new set took the state (said formed), not before."""
+    host = Host()
+    coordinator, address, outcome = start_coordinator(host, world=3, spares=1, restart_all=True)
+    ports = {0: 41000, 1: 41001, 2: 41002}
+    ranks = [warm_member(address, slot, state_port=ports[slot]) for slot in range(3)]
+    spares = [warm_member(address, slot, state_port=42000 + slot) for slot in range(3, 6)]
+    assert [member.next_plan().rank for member in ranks] == [0, 1, 2]
+    ranks[0].answer_holds(lambda: 11)  # its update of step 11 finished before the hold
+    ranks[2].answer_holds(lambda: 10)
+    ranks[1].line.close()  # rank 1 died; ranks 0 and 2 are blocked in the all-reduce of step 11 (12)
+
+    plans = [member.next_plan() for member in spares]
+    assert [plan.rank for plan in plans] == [0, 1, 2]
+    assert {(plan.resume, plan.step, plan.source_rank, plan.source_address, plan.source_port) for plan in plans} == {
+        (RESUME_PEER, 11, 0, "127.0.0.1", 41000)}
+    [(_, event)] = [(a, e) for a, e in host.named("warm_plan") if e["generation"] == 1]
+    assert event["resume"] == RESUME_PEER and event["step"] == 11 and event["source_rank"] == 0
+    assert host.ended == [], "the sources stay until the new set took their state"
+    spares[0].formed(1)
+    spares[1].formed(1)
+    time.sleep(0.3)
+    assert host.ended == [], "one rank of the new set has not taken the state yet"
+    spares[2].formed(1)
+    assert within(5, lambda: sorted(slot for ended in host.ended for slot in ended) == [0, 2]), host.ended
+    ranks[0].line.close()  # the host ended them: no second failure
+    ranks[2].line.close()
+    time.sleep(0.2)
+    assert [e["rank"] for _, e in host.named("warm_failure")] == [1]
+    _complete(outcome, *spares)
+
+
+def test_a_set_that_fails_while_taking_the_state_is_followed_by_one_from_the_same_source() -> None:
+    """The next set's member dies before its set formed: the survivor still serves (it was not
+    retired), the set after takes the same step from it; a survivor that never answers "hold" is
+    no source; with no source left, the checkpoint."""
+    host = Host()
+    coordinator, address, outcome = start_coordinator(
+        host, world=2, spares=2, restart_all=True, timing=Timing(report_s=5, spare_s=5, start_s=5, hold_s=0.5))
+    ranks = [warm_member(address, slot, state_port=41000 + slot) for slot in range(2)]
+    sets = [warm_member(address, slot, state_port=42000 + slot) for slot in range(2, 6)]
+    assert [member.next_plan().rank for member in ranks] == [0, 1]
+    ranks[1].answer_holds(lambda: 30)
+    ranks[0].line.close()
+    first = [sets[0].next_plan(), sets[1].next_plan()]
+    assert {(plan.resume, plan.step, plan.source_port) for plan in first} == {(RESUME_PEER, 30, 41001)}
+    sets[1].line.close()  # died while taking the state: its set never formed
+    second = [sets[2].next_plan(), sets[3].next_plan()]
+    assert {(plan.resume, plan.step, plan.source_port) for plan in second} == {(RESUME_PEER, 30, 41001)}
+    sets[2].formed(2)
+    sets[3].formed(2)
+    assert within(5, lambda: 1 in {slot for ended in host.ended for slot in ended}), host.ended
+    _complete(outcome, sets[2], sets[3])
+    sets[0].line.close()
+    ranks[1].line.close()
+
+
+def test_a_survivors_lost_report_of_a_generation_already_replaced_is_no_new_failure() -> None:
+    """The survivor's collective breaks a moment after the coordinator saw the death and planned
+    the next set: its "lost" (of generation 0) must not void the set that is taking its state."""
+    host = Host()
+    _, address, outcome = start_coordinator(host, world=2, spares=1, restart_all=True)
+    ranks = [warm_member(address, slot, state_port=41000 + slot) for slot in range(2)]
+    spares = [warm_member(address, slot, state_port=42000 + slot) for slot in range(2, 4)]
+    assert [member.next_plan().rank for member in ranks] == [0, 1]
+    ranks[0].answer_holds(lambda: 5)
+    ranks[1].line.close()
+    assert {spare.next_plan().generation for spare in spares} == {1}
+    ranks[0].lost(0, 5, why="Connection reset by peer")
+    time.sleep(0.5)
+    assert [e["generation"] for _, e in host.named("warm_plan")] == [0, 1], "no generation 2"
+    assert len(host.named("warm_failure")) == 1
+    for spare in spares:
+        spare.formed(1)
+    assert within(5, lambda: [0] in host.ended), host.ended
+    _complete(outcome, *spares)
+    ranks[0].line.close()
+
+
+def test_with_no_survivor_answering_hold_the_next_set_resumes_from_the_checkpoint() -> None:
+    host = Host()
+    _, address, outcome = start_coordinator(
+        host, world=2, spares=1, restart_all=True, timing=Timing(report_s=5, spare_s=5, start_s=5, hold_s=0.3))
+    ranks = [warm_member(address, slot, state_port=41000 + slot) for slot in range(2)]
+    spares = [warm_member(address, slot, state_port=42000 + slot) for slot in range(2, 4)]
+    assert [member.next_plan().rank for member in ranks] == [0, 1]
+    ranks[1].line.close()  # rank 0 never answers (hung, or its node is gone)
+    plans = [spares[0].next_plan(), spares[1].next_plan()]
+    assert {(plan.resume, plan.source_port) for plan in plans} == {(RESUME_CHECKPOINT, 0)}
+    spares[0].formed(1)
+    spares[1].formed(1)
+    assert within(5, lambda: [0] in host.ended), host.ended
+    _complete(outcome, *spares)
+    ranks[0].line.close()
+
+
 def test_a_spare_whose_hello_comes_after_the_run_completed_is_let_go() -> None:
     """A spare connected, but its hello reached the coordinator after the spares were released (CI
     saw a test hang on it): it is told to exit (or, still in the listener's backlog at the end, its

@@ -216,7 +216,8 @@ class LocalLaunch:
         environment = rank_environment(run, attempt, drill_id)
         if run.strategy_traits.relaunches_in_job:
             environment[ENV_RELAUNCH_WAIT_S] = f"{run.campaign.restart.relaunch_wait_s:g}"
-        prefix = mpi_launcher(run.ranks, runtime_for(run.mpi)) if run.workload_entry.launcher == LAUNCHER_MPI else []
+        prefix = (mpi_launcher(run.ranks, runtime_for(run.mpi), survivors_stay=run.strategy_traits.warm)
+                  if run.workload_entry.launcher == LAUNCHER_MPI else [])
         return cls(prefix, run.local_tasks, environment)
 
 
@@ -236,10 +237,10 @@ def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mpi_launcher(ranks: int, runtime: MpiRuntime) -> list[str]:
+def mpi_launcher(ranks: int, runtime: MpiRuntime, survivors_stay: bool = False) -> list[str]:
     """Open MPI's launch of ``ranks`` local ranks (experiments/launchers.py): the prefix of the
-    job's one task, which starts the ranks."""
-    return argv(Mpiexec(runtime=runtime).words(Launch(command=[], tasks=ranks)))
+    job's one task, which starts the ranks (a warm set's: a dead rank leaves the others running)."""
+    return argv(Mpiexec(runtime=runtime, survivors_stay=survivors_stay).words(Launch(command=[], tasks=ranks)))
 
 
 def _all_tasks_succeeded(record: LocalJobRecord, job_id: str) -> bool:

@@ -164,9 +164,11 @@ class LocalWarmJob:
         return processes_of(self.slots, slots)
 
     def _exit_code(self, slot: int) -> int | None:
-        """How the slot's process ended (its connection ended a moment before: wait for it briefly)."""
+        """How the slot's process ended (its connection ended a moment before: wait for it briefly).
+        None for a launch of several slots (Chainer's ``mpiexec``): it outlives the rank (the
+        survivors serve their state), and its end would not be the rank's."""
         task = self.slots.get(slot)
-        if task is None:
+        if task is None or sum(process is task for process in self.slots.values()) > 1:
             return None
         try:
             code = task.wait(timeout=1.0)
