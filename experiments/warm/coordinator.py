@@ -374,9 +374,10 @@ class Coordinator:
                 self._generation_formed = True
                 self._event({"event": EVENT_WARM_FORMED, "time": time.time(), "generation": self.generation})
         elif op == "lost":
+            step = _step_of(message)
             if message.get("generation") != self.generation or member.role != ACTIVE:
                 return  # of a generation already replaced (a set member that held after its plan went out)
-            member.lost_step = _step_of(message)
+            member.lost_step = step
             member.lost_why = str(message.get("why") or "")
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()

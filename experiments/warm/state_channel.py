@@ -59,7 +59,7 @@ def pack(step: int, arrays: Arrays) -> Packed:
     for name in sorted(arrays):
         array = np.asarray(arrays[name])
         array = array if array.flags.c_contiguous else array.copy(order="C")  # ascontiguousarray makes 0-d 1-d
-        view = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        view = memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy 1.x stubs: no Buffer
         digest.update(view)
         payload.append(view)
         entries.append([name, array.dtype.str, list(array.shape), array.nbytes])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv
 from experiments.warm.batch_host import MpiexecMembers, SrunMembers, set_nodes
 from experiments.warm.coordinator import SpareNotStarted
 
@@ -30,7 +31,7 @@ def test_srun_runs_each_member_as_a_step_of_its_own_and_a_set_as_one_step() -> N
     assert member[0] == "srun" and member[-len(COMMAND):] == COMMAND
     assert {"--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--kill-on-bad-exit=0"} <= set(member)
     spare_set = SrunMembers(mpi="pmix").spare_set(1, ["n1", "n3"], 1, "%j_%t_log.out", "%j_%t_log.err", COMMAND, {}).argv
-    assert "--nodelist=n1,n3" in spare_set and "--mpi=pmix" in spare_set and "--kill-on-bad-exit=1" in spare_set
+    assert "--nodelist=n1,n3" in spare_set and "--mpi=pmix" in spare_set and "--kill-on-bad-exit=0" in spare_set
     assert "--output=%j_set1-%t_log.out" in spare_set and spare_set[-len(COMMAND):] == COMMAND
 
 
@@ -78,3 +79,20 @@ def test_a_session_directory_another_user_made_first_is_never_used(tmp_path: Pat
     assert planted not in made and made[0] != made[1]
     assert all(path.parent == tmp_path and path.name.startswith("set-0-") for path in made)
     assert all(path.lstat().st_uid == os.geteuid() and stat.S_IMODE(path.lstat().st_mode) == 0o700 for path in made)
+
+
+@pytest.mark.parametrize("prrte,words", [(True, ["--runtime-options", "recoverable"]),
+                                         (False, ["--mca", "orte_abort_on_non_zero_status", "0"])])
+def test_a_warm_sets_mpiexec_lets_the_survivors_of_a_dead_task_live_and_a_rank_launch_does_not(
+        prrte: bool, words: list[str]) -> None:
+    """A set's survivors serve their state to the next set: Open MPI must not abort them when one
+    task dies (measured: by default they are ended ~1 s after the death). An ordinary launch keeps
+    Open MPI's abort (a dead rank ends the job at once)."""
+    runtime = MpiRuntime(program="mpiexec", prrte=prrte)
+    warm_set = argv(Mpiexec(runtime=runtime, survivors_stay=True).words(Launch(COMMAND, tasks=2)))
+    ranks = argv(Mpiexec(runtime=runtime).words(Launch(COMMAND, tasks=2)))
+    assert _contains(warm_set, words) and not _contains(ranks, words)
+
+
+def _contains(argv_words: list[str], words: list[str]) -> bool:
+    return any(argv_words[index:index + len(words)] == words for index in range(len(argv_words)))
