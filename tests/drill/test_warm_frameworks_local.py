@@ -1,7 +1,7 @@
 """restart.strategy warm for TensorFlow and Chainer on the local backend (issue 12), drilled through
 the real CLI with experiments/campaigns/warm-frameworks.yaml: every rank SIGKILL is answered in the
-same job by a warm spare set (its collective formed before the fault) that resumes from the newest
-valid checkpoint; a new set replaces it; each run ends bit for bit as its fault-free twin and no
+same job by a warm spare set (its collective formed before the fault) that takes a survivor's held
+state (no rollback: lost steps <= 1); a new set replaces it; each run ends bit for bit as its fault-free twin and no
 process of the drill is left behind. CI drills TensorFlow's sets here, one kill (Chainer's are CI's on
 a real cluster: tests/cluster/test_warm_pbs.py); both, two kills each, with FAULTDRILL_FULL=1."""
 
