@@ -179,7 +179,7 @@ class Backend(abc.ABC):
                 return NodeAnswer(False, f"no step started on it within {timeout_s:g} s", timed_out=True)
             return NodeAnswer(False, f"the check could not be made ({one_line(error)})")
         if result.returncode == 0:
-            return NodeAnswer(True, f"a step on it ran in {result.duration_s:.2f} s")
+            return NodeAnswer(True, f"a step on it ran in {result.duration_s:.2f} s", took_s=result.duration_s)
         said = " ".join(result.stderr.split())[-300:]
         # Only a line about this node's daemon (not the controller's, not the job's state) says it is out of reach.
         unreachable = any(node in line and any(sign in line for sign in NODE_DOWN_SAID)
@@ -234,6 +234,7 @@ class NodeAnswer:
     said: str
     failed: bool = False
     timed_out: bool = False
+    took_s: float | None = None  # answered: how long the step took to run
 
 
 # What srun says, on a line naming the node, when it could not reach the node's daemon to launch a

@@ -7,15 +7,18 @@ beaten for ``restart.node_silence_s`` (and for at least NODE_SILENCE_BEATS of th
 times and heartbeat intervals). Silence alone proves nothing (a checkpoint, a slow step, a stalled
 node, every rank of a data-parallel job waiting on one), so it is confirmed by checks, the
 backend's ``node_answers`` (can the scheduler still start a step on the node, inside the job's
-allocation, within CHECK_TIMEOUT_S?), two a silence whatever the job's size:
+allocation, within CHECK_TIMEOUT_S?), two a silence whatever the job's size, sent once the nodes
+have been quiet for CHECK_AT of the least silence (the verdict still waits for all of it):
 
 - the suspect: the silent node whose ranks beat last the longest ago (a dead node stops at once;
   its peers beat their step a moment later, then wait for it in a collective) and that has not
   answered in this silence yet;
 - a reference: the node that beat most recently, checked beside it (beats are rate-limited: either
   may be the dead one). A node whose check times out is lost only where the other answered in the
-  same silence (the scheduler starts steps, only not on that node); a check the scheduler refused
-  for a reason of its own (the job ending, a step limit, an option it lacks) proves nothing.
+  same silence (the scheduler starts steps, only not on that node); once the other answered, the
+  check still running is given PATIENCE_X times its time (at least PATIENCE_S), not the whole
+  timeout. A check the scheduler refused for a reason of its own (the job ending, a step limit, an
+  option it lacks) proves nothing.
 
 A lost node fails the attempt (``FailureSign`` evidence ``node_check``, dated to its last beat)
 once a scheduler poll asked after the silence began still says the job runs (a job that ended
@@ -44,6 +47,13 @@ log = logging.getLogger(__name__)
 NODE_SILENCE_BEATS = 3  # a node is silent only past this many of its step times and heartbeat intervals too
 MAX_CHECK_AFTER_S = 60.0  # a silence that goes on is checked again at least this often
 CHECK_TIMEOUT_S = 3.0  # a live node's scheduler daemon starts a step in well under a second
+# The checks start once a node has been quiet for this share of the least silence (a live node
+# beats at least every third of it), so that their answers are in when the silence is complete.
+CHECK_AT = 0.5
+# A check still running while its peer's answered is given this many times the peer's time (at
+# least PATIENCE_S), not the whole CHECK_TIMEOUT_S: the scheduler started a step beside it at once.
+PATIENCE_X = 4.0
+PATIENCE_S = 1.0
 NODE_CHECK_EVIDENCE = "node_check"
 
 
@@ -91,16 +101,16 @@ class NodeChecks:
             self._silence = None  # a silence checked meanwhile is over (its checks, still under way, unread)
             return None
         least = self._least_silence(watch)
-        silent = {node: last for node, last in nodes.items() if now - last >= least}
-        if not silent:  # every node beats: no silence (or it ended)
-            self._silence, self._answered, self._check_after_s = None, set(), least
+        quiet = {node: last for node, last in nodes.items() if now - last >= CHECK_AT * least}
+        if not quiet:  # every node beats: no silence (or it ended)
+            self._silence, self._answered, self._check_after_s = None, set(), CHECK_AT * least
             return None
         silence = self._silence
         if silence is None:
-            self._check_after_s = max(self._check_after_s, least)
-            if now - min(silent.values()) < self._check_after_s:
+            self._check_after_s = max(self._check_after_s, CHECK_AT * least)
+            if now - min(quiet.values()) < self._check_after_s:
                 return None
-            self._silence = self._begin(watch, silent, nodes, now)
+            self._silence = self._begin(watch, quiet, nodes, now)
             return None
         if silence.lost is None:
             silence.lost = self._verdict(watch, silence, nodes, now, least)
@@ -128,9 +138,9 @@ class NodeChecks:
                  now: float, least: float) -> FailureSign | None:
         """Once the silence's checks are answered: a checked node lost (once silent as long as the
         least silence: one that beat later than its peer waits for it), or the next silence set."""
-        if not all(check.done() for check in silence.checks.values()):
+        answers = _answers(silence, now)
+        if answers is None:
             return None
-        answers = {node: check.result() for node, check in silence.checks.items()}
         self._answered |= {node for node, answer in answers.items() if answer.answered}
         some_alive = any(answer.answered for answer in answers.values())
         for node, answer in answers.items():  # either may be the dead one: beats are rate-limited
@@ -179,6 +189,23 @@ class NodeChecks:
             except TargetRefused:
                 return None
         return node
+
+
+def _answers(silence: _Silence, now: float) -> "dict[str, NodeAnswer] | None":
+    """The silence's answers once all are in, or once a node answered and the other's check has
+    run past the patience its answer sets (then timed out); None meanwhile."""
+    from orchestrator.backends.base import NodeAnswer
+
+    done = {node: check.result() for node, check in silence.checks.items() if check.done()}
+    if len(done) == len(silence.checks):
+        return done
+    took = [answer.took_s for answer in done.values() if answer.answered and answer.took_s is not None]
+    waited = now - silence.sent_at
+    if not took or waited < max(PATIENCE_S, PATIENCE_X * max(took)):
+        return None
+    late = NodeAnswer(False, f"no step started on it within {waited:.1f} s, beside one that started in "
+                             f"{max(took):.2f} s", timed_out=True)
+    return {node: done.get(node, late) for node in silence.checks}
 
 
 def _silent_since(nodes: dict[str, float], node: str | None, moment: float) -> bool:

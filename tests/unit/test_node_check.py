@@ -71,11 +71,13 @@ def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., tup
 def test_a_dead_node_is_lost_beside_one_that_answered_once_a_fresh_poll_says_the_job_runs(checks: Any) -> None:
     found, backend = checks({"n1": DEAD})
     watch = _watch({0: T0, 1: T0 - 0.2})  # n1 stopped first; n0 beat its step, then waited on it
-    assert found.lost(watch, T0 + 2.0, None) is None and backend.asked == [], "2 s of silence: not yet"
-    assert found.lost(watch, T0 + 3.5, None) is None and found.awaiting_poll, "the checks start, a poll is asked"
+    assert found.lost(watch, T0 + 1.0, None) is None and backend.asked == [], "1 s of quiet: not yet"
+    assert found.lost(watch, T0 + 1.6, None) is None and found.awaiting_poll, \
+        "quiet for half the least silence (3 s): the checks start, a poll is asked"
     assert backend.asked == ["n1", "n0"], "the suspect (the oldest last beat) and a reference"
+    assert found.lost(watch, T0 + 2.5, asked_at=T0 + 2.4) is None, "answered, but not silent 3 s yet"
     assert found.lost(watch, T0 + 3.6, None) is None and found.awaiting_poll, "lost: a poll is wanted first"
-    assert found.lost(watch, T0 + 3.7, asked_at=T0 - 1.0) is None, "a poll asked before the silence says nothing"
+    assert found.lost(watch, T0 + 3.7, asked_at=T0 + 1.0) is None, "a poll asked before the checks says nothing"
     sign = found.lost(watch, T0 + 3.8, asked_at=T0 + 3.7)
     assert sign is not None and sign.node == "n1" and sign.evidence == NODE_CHECK_EVIDENCE
     assert sign.at == pytest.approx(T0 - 0.21), "dated to the node's last beat, on its own clock"
@@ -97,20 +99,20 @@ def test_what_proves_nothing_ends_nothing(checks: Any, answers: dict[str, Any]) 
     scheduler refused for its own reasons (the job ending, a step limit), a check that raised."""
     found, backend = checks(answers)
     watch = _watch({0: T0})
-    for now in (T0 + 3.5, T0 + 3.6, T0 + 5.9):
+    for now in (T0 + 1.6, T0 + 1.7, T0 + 2.9):
         assert found.lost(watch, now, asked_at=now) is None
-    assert backend.asked == ["n0"], "checked once; again only past twice the silence"
-    found.lost(watch, T0 + 6.1, asked_at=T0 + 6.1)
+    assert backend.asked == ["n0"], "checked once; again only past twice the quiet"
+    found.lost(watch, T0 + 3.1, asked_at=T0 + 3.1)
     assert backend.asked == ["n0", "n0"]
 
 
 def test_a_stalled_node_that_answers_is_alive_and_the_next_check_waits_twice_as_long(checks: Any) -> None:
     found, backend = checks({})
     watch = _watch({0: T0, 1: T0 - 0.1})
-    for now in (T0 + 3.5, T0 + 3.6, T0 + 5.0, T0 + 5.8):
+    for now in (T0 + 1.6, T0 + 1.7, T0 + 2.2, T0 + 2.8):
         assert found.lost(watch, now, asked_at=now) is None
     assert backend.asked == ["n1", "n0"], "each checked once"
-    found.lost(watch, T0 + 6.2, asked_at=T0 + 6.2)
+    found.lost(watch, T0 + 3.0, asked_at=T0 + 3.0)
     assert backend.asked == ["n1", "n0", "n1", "n0"], "again past twice the silence"
 
 
@@ -132,13 +134,15 @@ def test_a_thousand_silent_nodes_cost_two_checks(checks: Any) -> None:
 
 def test_no_check_within_the_pace_the_heartbeat_interval_or_a_long_phase(checks: Any) -> None:
     found, backend = checks({"n0": UNREACHABLE})
-    assert found.lost(_watch({0: T0}, pace=0.1), T0 + 20.0, T0 + 20) is None, "10 s a step: silent past 30 s only"
+    assert found.lost(_watch({0: T0}, pace=0.1), T0 + 14.0, T0 + 14) is None, \
+        "10 s a step: silent past 30 s only, checked once quiet for 15 s"
     assert found.lost(_watch({0: T0}, allowed=300.0), T0 + 60.0, T0 + 60) is None, "a checkpoint announced"
     slow_beats, _ = checks({"n0": UNREACHABLE}, heartbeat_s=5.0)
-    assert slow_beats.lost(_watch({0: T0}), T0 + 10.0, T0 + 10) is None, "beats 5 s apart: silent past 15 s"
+    assert slow_beats.lost(_watch({0: T0}), T0 + 7.0, T0 + 7) is None, "beats 5 s apart: silent past 15 s"
     assert backend.asked == []
-    found.lost(_watch({0: T0}, pace=0.1), T0 + 31.0, T0 + 31)
+    found.lost(_watch({0: T0}, pace=0.1), T0 + 16.0, T0 + 16)
     assert backend.asked == ["n0"]
+    assert found.lost(_watch({0: T0}, pace=0.1), T0 + 20.0, T0 + 20) is None, "unreachable, but not silent 30 s yet"
 
 
 def test_the_dead_node_is_found_when_its_last_beat_came_after_its_peers(checks: Any) -> None:
@@ -202,3 +206,44 @@ def test_only_a_line_about_the_node_itself_says_it_is_out_of_reach() -> None:
     assert not answer("srun: error: slurm_receive_msg: 10.0.0.1:6817: Connection refused\n"
                       "srun: error: Unable to create step for job 77: Job/step already completing or completed\n").failed
     assert not answer("srun: error: Unable to create step for job 77: Zero Bytes were transmitted or received\n").failed
+
+
+class _Pending:
+    """The checks of ``slow`` never return (a node that does not answer: srun waits to its timeout);
+    the others answer at once."""
+
+    def __init__(self, slow: str) -> None:
+        self.slow = slow
+
+    def submit(self, fn: Callable[..., Any], backend: Any, job_id: str, node: str) -> "Future[Any]":
+        future: Future[Any] = Future()
+        if node != self.slow:
+            future.set_result(fn(backend, job_id, node))
+        return future
+
+
+def test_a_check_still_running_while_its_peer_answered_times_out_after_a_few_times_the_peers_time(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The reference answered in 0.4 s: the suspect's check is given 4 x that (1.6 s), not the whole
+    3 s timeout, then it is lost as one that timed out beside a node that answered."""
+    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
+    backend = _Backend({"n0": NodeAnswer(True, "a step on it ran in 0.40 s", took_s=0.4)})
+    run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
+    found = NodeChecks(run, backend, 3.0, 0.05, _Pending("n1"))  # type: ignore[arg-type]  # stand-ins
+    watch = _watch({0: T0, 1: T0 - 0.2})
+    found.lost(watch, T0 + 1.5, None)  # the checks start
+    assert found.lost(watch, T0 + 3.0, asked_at=T0 + 3.0) is None, "1.5 s: within 4 x 0.4 s"
+    sign = found.lost(watch, T0 + 3.2, asked_at=T0 + 3.2)
+    assert sign is not None and sign.node == "n1", "1.7 s, past 4 x the reference's time: lost"
+    assert "beside one that started in 0.40 s" in sign.reason
+
+
+def test_a_check_still_running_with_no_peer_that_answered_proves_nothing_yet(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
+    backend = _Backend({"n0": REFUSED})
+    run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
+    found = NodeChecks(run, backend, 3.0, 0.05, _Pending("n1"))  # type: ignore[arg-type]  # stand-ins
+    watch = _watch({0: T0, 1: T0 - 0.2})
+    found.lost(watch, T0 + 1.5, None)
+    assert found.lost(watch, T0 + 4.4, asked_at=T0 + 4.4) is None, "no answer beside it: the whole timeout"
