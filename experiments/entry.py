@@ -15,9 +15,10 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from experiments.layout import (  # noqa: F401
     ENV_ASYNC_PERSIST,
@@ -155,6 +156,7 @@ def _run_warm_set(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: flo
     spare set, which trains the run when the coordinator hands it to its set."""
     from experiments.runner import RunnerOptions
     from experiments.runtime.distenv import Timeouts
+    from experiments.runtime.fault_requests import InjectedRankError
     from experiments.warm.spare_set import WarmSetMember
 
     options = RunnerOptions(timeouts=Timeouts.from_environ(), async_persist=os.environ.get(ENV_ASYNC_PERSIST, "1") != "0",
@@ -165,8 +167,20 @@ def _run_warm_set(job: RankJob, env: "DistEnv", paths: RunPaths, started_at: flo
     except Exception as error:
         if member.attempt is not None:
             record_rank_error(paths, member.attempt, env.rank, error)
+        if isinstance(error, InjectedRankError):  # the drill's rank-error: this rank alone ends
+            _exit_alone(error)
         atexit.register(gc.freeze)
         raise
+
+
+def _exit_alone(error: BaseException) -> NoReturn:
+    """End this process now, with its traceback and exit code 1, skipping the interpreter's exit
+    hooks: a Chainer rank's MPI_Abort at exit (experiments/workloads/chainer_workload.py) would end
+    its whole set, whose survivors must live on to serve their state to the next set."""
+    traceback.print_exception(error, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def attempt_from_environment(job: RankJob) -> RankJob:

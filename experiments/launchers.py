@@ -8,8 +8,10 @@ list (``argv``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -75,6 +77,17 @@ def runtime_of(version_text: str, program: str = "mpiexec") -> MpiRuntime:
     """The runtime of an mpiexec whose ``--version`` said ``version_text`` (run from Python)."""
     release = open_mpi_release(version_text)
     return MpiRuntime(program=program, prrte=release is not None and release[0] >= 5)
+
+
+@functools.lru_cache(maxsize=4)
+def runtime_here(program: str = "mpiexec") -> MpiRuntime:
+    """The runtime of ``program`` on this machine, as its ``--version`` says (a node's, or the local
+    backend's: where the launch runs is where it is asked)."""
+    try:
+        said = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    return runtime_of(said, program)
 
 
 @dataclass(frozen=True)

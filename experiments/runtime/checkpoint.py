@@ -141,9 +141,12 @@ class CheckpointStore:
         which training stopped for this checkpoint; ``persist_s`` runs from there to the manifest
         being durable (the rename after it is one metadata operation). ``blocking_s`` None: training
         waits for this commit (synchronous), so it equals persist_s. ``before_publish`` runs right
-        before the rename that publishes (the attempt fence: it raises to stop a stale attempt).
+        before the manifest is written and again right before the rename that publishes (the
+        attempt fence: it raises to stop a stale attempt, which then touches nothing).
         """
         partial = self.partial_dir(step)
+        if before_publish is not None:  # a stale attempt touches nothing (another may be writing this step)
+            before_publish()
         algorithm = default_algorithm()
         sizes, delivered_hashes = self._delivered(partial, step, ranks, algorithm)
         hashes = {name: delivered_hashes.get(name) or file_hash(partial / name, algorithm) for name in sorted(sizes)}

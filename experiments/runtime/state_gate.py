@@ -26,7 +26,11 @@ class StateGate:
         """The local update of ``step``: once it returns, the state is the state after ``step``.
         Blocks for good once the gate is held (the process is only serving now)."""
         with self._lock:
-            yield
+            try:
+                yield
+            except BaseException:
+                self.completed = 0  # part of an update landed: the state is no step's, never a source
+                raise
             self.completed = step
 
     def resumed(self, step: int) -> None:

@@ -26,7 +26,6 @@ with its own ports; the coordinator retires a set after a failure by ending its 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import signal
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping
 
-from experiments.launchers import Launch, Mpiexec, MpiRuntime, Srun, argv, runtime_of
+from experiments.launchers import Launch, Mpiexec, MpiRuntime, Srun, argv, runtime_here
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_DRILL_ID,
@@ -78,14 +77,9 @@ def _own_address() -> str:
     return "" if address.startswith("127.") else address
 
 
-@functools.lru_cache(maxsize=1)
 def site_runtime() -> MpiRuntime:
     """The node's Open MPI, as its mpiexec says (Open MPI 5: PRRTE's session-directory option)."""
-    try:
-        said = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        said = ""
-    return runtime_of(said)
+    return runtime_here("mpiexec")
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ class Coordinator:
     _unformed_in_a_row: int = 0  # re-formations since the last generation that formed
     _failure_told: bool = False  # the current generation's failure is in a warm_failure event
     _voided: bool = False  # the current generation's store was voided on its first failure sign
+    _source: Member | None = None  # restart_all: the survivor the current generation takes its state from
     _next_slot: int = 0
     _pending: set[int] = field(default_factory=set)  # spare slots started that have not said hello yet
     _broken_sets: set[int] = field(default_factory=set)  # restart_all: spare sets that lost a member
@@ -379,6 +380,8 @@ class Coordinator:
                 return  # of a generation already replaced (a set member that held after its plan went out)
             member.lost_step = step
             member.lost_why = str(message.get("why") or "")
+            if message.get("source_failed") is True and self._source is not None:
+                self._source.held_step = None  # its state could not be taken: no source again (the checkpoint is)
             if self._failed_at is None:  # a collective failed before any connection ended (a hang)
                 self._failed_at = time.time()
             self._void_rendezvous(first_sign=True)
@@ -553,6 +556,7 @@ class Coordinator:
         else:
             self._send_plans(ranks, RESUME_PEER, source.rank, source.held_step or 0, spares=spares,
                              source_address=source.address, source_port=source.state_port)
+        self._source = source
         self._replace_spares()
 
     def _hold(self, survivors: list[Member]) -> None:

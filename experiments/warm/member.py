@@ -72,10 +72,12 @@ class WarmMember:
     def formed(self, generation: int, **timings: float) -> None:
         self._send({"op": "formed", "generation": generation, **timings})
 
-    def lost(self, generation: int, step: int, why: str = "") -> None:
+    def lost(self, generation: int, step: int, why: str = "", source_failed: bool = False) -> None:
         """A collective (or the rendezvous) of ``generation`` failed, ``why`` in its own words;
-        ``step``: the last step this member completed."""
-        self._send({"op": "lost", "generation": generation, "step": step, "why": why[:LOST_WHY_CHARS]})
+        ``step``: the last step this member completed; ``source_failed``: the state its plan named
+        could not be taken from that source (a set member)."""
+        self._send({"op": "lost", "generation": generation, "step": step, "why": why[:LOST_WHY_CHARS],
+                    "source_failed": source_failed})
 
     def warned(self, generation: int, step: int) -> None:
         """This rank saved ``step`` on the scheduler's warning and holds until the job ends."""

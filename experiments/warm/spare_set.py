@@ -41,7 +41,7 @@ from experiments.runtime.identity import register_rank
 from experiments.runtime.session import RankSession
 from experiments.warm.member import WarmMember
 from experiments.warm.protocol import RESUME_PEER, Plan
-from experiments.warm.state_channel import StateServer, fetch_state
+from experiments.warm.state_channel import StateNotTaken, StateServer, fetch_state
 from experiments.workloads import get_workload
 from experiments.workloads.base import Workload
 
@@ -64,7 +64,7 @@ class WarmSetMember:
             workload.warm_up()
         timings["set_setup_s"] = time.monotonic() - prepared_at
         address = os.environ.get(ENV_WARM_ADDRESS, self.env.node)
-        server = _state_server(workload, address, self.secret)
+        server = _state_server(workload, self.secret)
         member = WarmMember(os.environ[ENV_WARM_COORDINATOR], self.slot, self.env.node, address,
                             state_port=server.port if server is not None else 0)
         plan = member.next_plan()
@@ -115,12 +115,18 @@ class WarmSetMember:
         return plan.step
 
 
-def _state_server(workload: Workload, address: str, secret: str) -> StateServer | None:
-    """This member's state channel: a workload that can serve its state, in a job with a secret."""
+def _state_server(workload: Workload, secret: str) -> StateServer | None:
+    """This member's state channel: a workload that can serve its state, in a job with a secret.
+    None where it cannot listen (the next set then takes another's state, or the checkpoint)."""
     if not workload.serves_state or not secret:
         return None
     gate = workload.gate
-    return StateServer(address, secret, lambda: (gate.completed, workload.peer_state()), held=lambda: gate.held)
+    try:
+        return StateServer(secret, lambda: (gate.completed, workload.peer_state()), held=lambda: gate.held)
+    except OSError as error:
+        sys.stderr.write(f"faultdrill: warm: this member cannot serve its state ({error}): a set after a failure "
+                         "here resumes from another survivor or the checkpoint\n")
+        return None
 
 
 def _hold_and_wait(member: WarmMember, workload: Workload, plan: Plan, error: Exception) -> None:
@@ -131,5 +137,6 @@ def _hold_and_wait(member: WarmMember, workload: Workload, plan: Plan, error: Ex
     step = workload.gate.hold()
     sys.stderr.write(f"faultdrill: warm set rank {plan.rank}: training failed after step {step}; its state is "
                      "held for the next set, this process waits to be retired\n")
-    member.lost(plan.generation, step, why=f"{type(error).__name__}: {error}")
+    member.lost(plan.generation, step, why=f"{type(error).__name__}: {error}",
+                source_failed=isinstance(error, StateNotTaken))
     member.released.wait()

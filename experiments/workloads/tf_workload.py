@@ -134,6 +134,15 @@ class _PreReducedAdam(tf.keras.optimizers.Adam):
         return list(grads_and_vars)
 
 
+def _check_pre_reduced() -> None:
+    """What _PreReducedAdam overrides is Keras' own (a private method of Keras 3's TensorFlow
+    optimizer): were it renamed, the gradients would be summed over the ranks twice, inside the
+    state's gate. Refused at set-up instead."""
+    if not callable(getattr(tf.keras.optimizers.Adam, "_all_reduce_sum_gradients", None)):
+        raise RuntimeError(f"keras {getattr(tf.keras, '__version__', '?')}: its TensorFlow optimizer has no _all_reduce_sum_gradients; "
+                           "Faultdrill's TensorFlow workload needs the Keras 3 releases that have it")
+
+
 COUNTERS = ("step", "data_position", "hidden_width")
 
 
@@ -196,6 +205,7 @@ class TensorFlowWorkload(Workload):
 
     def setup(self, env: DistEnv, spec: WorkloadSpec, timeouts: Timeouts) -> dict[str, float]:
         self.env, self.spec, self.timeouts = env, spec, timeouts
+        _check_pre_reduced()
         _configure_runtime(spec.seed)
         started = time.monotonic()
         self.strategy = _join_cluster(env, timeouts)

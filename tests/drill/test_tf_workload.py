@@ -192,7 +192,7 @@ def test_a_held_state_served_to_a_new_process_resumes_bit_for_bit() -> None:
     for step in range(1, 7):
         survivor.train_step(step)
     secret = new_secret()
-    server = StateServer("127.0.0.1", secret, lambda: (survivor.gate.completed, survivor.peer_state()),
+    server = StateServer(secret, lambda: (survivor.gate.completed, survivor.peer_state()),
                          held=lambda: survivor.gate.held)
     try:
         with pytest.raises(StateNotTaken, match="not held"):

@@ -117,6 +117,30 @@ def test_a_fence_that_moves_during_an_attempt_stops_its_commit(tmp_path: Path) -
     assert not store.step_dir(5).exists() and store.newest_valid() is None
 
 
+def test_a_fenced_out_commit_leaves_the_next_sets_receipts_and_files_as_they_are(tmp_path: Path) -> None:
+    """Review (warm sets without rollback): the old set's rank 0 outlives the next attempt's fence
+    while it serves its state; its background commit of step 20 found the new set's receipts for
+    step 20 (resumed from an older checkpoint), wrote its manifest and unlinked them before the
+    fence refused the publish: the new set's own commit then found no receipts."""
+    paths = RunPaths(tmp_path)
+    write_fence(paths, Fence(4, None))
+    store = CheckpointStore(tmp_path)
+    for rank in (0, 1):  # the new set's two ranks deliver their shares of step 20
+        sink = store.sink(20, rank)
+        if rank == 0:
+            sink.write_bytes("state.bin", b"new set")
+        sink.close()
+
+    def old_rank0_fence() -> None:
+        check_current(paths, 3, None, "publishing a checkpoint")
+
+    with pytest.raises(StaleAttemptError):
+        store.commit(20, 3, META, time.monotonic(), None, ranks=2, before_publish=old_rank0_fence)
+    store.await_receipts(20, 2, 1.0)
+    store.commit(20, 4, META, time.monotonic(), None, ranks=2, before_publish=lambda: check_current(paths, 4, None, "x"))
+    assert store.newest_valid() is not None and store.newest_valid().step == 20
+
+
 def test_fence_file_round_trip_and_garbage(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
     assert read_fence(paths) is None

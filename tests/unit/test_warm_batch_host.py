@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv
+from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv, runtime_of
 from experiments.warm.batch_host import MpiexecMembers, SrunMembers, set_nodes
 from experiments.warm.coordinator import SpareNotStarted
 
@@ -96,3 +96,15 @@ def test_a_warm_sets_mpiexec_lets_the_survivors_of_a_dead_task_live_and_a_rank_l
 
 def _contains(argv_words: list[str], words: list[str]) -> bool:
     return any(argv_words[index:index + len(words)] == words for index in range(len(argv_words)))
+
+
+def test_the_local_backends_warm_set_asks_the_sites_mpiexec_which_flag_keeps_the_survivors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: with workload.mpi site (its release unknown until asked) the local launch of a warm
+    set got no flag at all: Open MPI ended the survivors ~1 s after the death."""
+    from orchestrator.backends.local import backend
+
+    monkeypatch.setattr(backend, "runtime_here", lambda program: runtime_of("mpiexec (OpenRTE) 4.1.4", program))
+    warm_set = backend.mpi_launcher(2, MpiRuntime(prrte=None), survivors_stay=True)
+    assert _contains(warm_set, ["--mca", "orte_abort_on_non_zero_status", "0"])
+    assert not _contains(backend.mpi_launcher(2, MpiRuntime(prrte=None)), ["orte_abort_on_non_zero_status"])

@@ -191,6 +191,33 @@ def test_a_survivors_lost_report_of_a_generation_already_replaced_is_no_new_fail
     ranks[0].line.close()
 
 
+def test_a_source_whose_state_could_not_be_taken_is_no_source_again() -> None:
+    """Review: a survivor alive and connected but unable to serve (its port unreachable, its server
+    gone) was planned as the source of every later set until the job gave up; the checkpoint was
+    never tried. A taker that could not fetch says so in its lost report: that source is dropped."""
+    host = Host()
+    _, address, outcome = start_coordinator(
+        host, world=2, spares=2, restart_all=True, timing=Timing(report_s=5, spare_s=5, start_s=5, hold_s=0.5))
+    ranks = [warm_member(address, slot, state_port=41000 + slot) for slot in range(2)]
+    sets = [warm_member(address, slot, state_port=42000 + slot) for slot in range(2, 6)]
+    assert [member.next_plan().rank for member in ranks] == [0, 1]
+    ranks[1].answer_holds(lambda: 30)
+    ranks[0].line.close()
+    first = [sets[0].next_plan(), sets[1].next_plan()]
+    assert {(plan.resume, plan.source_port) for plan in first} == {(RESUME_PEER, 41001)}
+    for member in sets[:2]:  # as spare_set.py does when fetch_state fails
+        member.answer_holds(lambda: 0)
+        member.lost(1, 0, why="StateNotTaken: connection refused", source_failed=True)
+    second = [sets[2].next_plan(), sets[3].next_plan()]
+    assert {(plan.resume, plan.source_port) for plan in second} == {(RESUME_CHECKPOINT, 0)}, \
+        "the source that could not serve is passed over: the newest valid checkpoint"
+    for member in sets[2:]:
+        member.formed(2)
+    _complete(outcome, *sets[2:])
+    for member in (*ranks, *sets[:2]):
+        member.line.close()
+
+
 def test_with_no_survivor_answering_hold_the_next_set_resumes_from_the_checkpoint() -> None:
     host = Host()
     _, address, outcome = start_coordinator(

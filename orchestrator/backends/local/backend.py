@@ -16,7 +16,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from experiments.entry import run_rank
-from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv
+from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv, runtime_here
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_DRILL_ID,
@@ -240,6 +240,8 @@ def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
 def mpi_launcher(ranks: int, runtime: MpiRuntime, survivors_stay: bool = False) -> list[str]:
     """Open MPI's launch of ``ranks`` local ranks (experiments/launchers.py): the prefix of the
     job's one task, which starts the ranks (a warm set's: a dead rank leaves the others running)."""
+    if survivors_stay and runtime.prrte is None:  # the site's: its release says which flag keeps them
+        runtime = runtime_here(runtime.program)
     return argv(Mpiexec(runtime=runtime, survivors_stay=survivors_stay).words(Launch(command=[], tasks=ranks)))
 
 
