@@ -29,7 +29,6 @@ takes over) when a member stops answering or no spare comes in time.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
@@ -54,9 +53,12 @@ from experiments.warm.protocol import (
     Line,
     MalformedMessage,
     Plan,
+    Unproven,
+    accepted,
     coordinator_proof,
     new_nonce,
     proven,
+    shut,
 )
 from experiments.warm.store_host import StoreHost
 
@@ -86,7 +88,6 @@ MAX_UNPROVEN = 32
 REFUSALS_EACH = 20
 REFUSALS_BATCH_S = 10.0
 REFUSAL_WHY_CHARS = 200  # of a refusal's reason, which may quote what a stranger sent
-ACCEPT_RETRY_S = 0.2
 WARNED = "warned"  # a rank that saved on the scheduler's warning and holds until the job ends
 
 
@@ -180,7 +181,7 @@ class Coordinator:
     _spares_awaited: int | None = None  # a re-formation waits for this many spares (sets) now
     _failed_launches: int = 0  # spares (sets) whose launch ended before they said hello, since one did
     refused: int = 0  # connections turned away (no proof, a slot not launched or held)
-    _unproven: list[socket.socket] = field(default_factory=list)  # not proven yet, oldest first (MAX_UNPROVEN)
+    _unproven: Unproven = field(default_factory=lambda: Unproven(MAX_UNPROVEN))
     _joining: set[int] = field(default_factory=set)  # slots proven and admitted, not in members yet
     _refusals_unrecorded: int = 0  # refused after the first REFUSALS_EACH, not in an event yet
     _refusals_recorded_at: float = 0.0
@@ -231,20 +232,8 @@ class Coordinator:
             self._lock.notify_all()
 
     def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError as error:
-                if listener.fileno() < 0 or error.errno in (errno.EBADF, errno.EINVAL):
-                    return  # the coordinator closed its listener: the job is over
-                log.warning("warm: accepting a connection failed (%s): trying again", error)
-                time.sleep(ACCEPT_RETRY_S)  # descriptors out (a flood): they come back as its connections end
-                continue
-            with self._lock:
-                oldest = self._unproven.pop(0) if len(self._unproven) >= MAX_UNPROVEN else None
-                self._unproven.append(connection)
-            if oldest is not None:
-                _shut(oldest)  # its thread finds no hello: refused, counted
+        while (connection := accepted(listener, _warn_accept)) is not None:  # None: the job is over
+            self._unproven.admit(connection)  # the oldest shut for it: its thread finds no hello, refused, counted
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _keepalive(connection)
             threading.Thread(target=self._listen, args=(Line(connection),), name="warm-member", daemon=True).start()
@@ -253,9 +242,7 @@ class Coordinator:
         try:
             member = self._admitted(line)
         finally:
-            with self._lock:
-                if line.connection in self._unproven:
-                    self._unproven.remove(line.connection)
+            self._unproven.settled(line.connection)
         if member is None:
             return
         with self._lock:
@@ -292,7 +279,7 @@ class Coordinator:
         nonce = new_nonce()
         line.connection.settimeout(HELLO_TIMEOUT_S)
         # HELLO_TIMEOUT_S for the whole hello, not for each read (a byte at a time kept it open).
-        deadline = threading.Timer(HELLO_TIMEOUT_S, _shut, args=(line.connection,))
+        deadline = threading.Timer(HELLO_TIMEOUT_S, shut, args=(line.connection,))
         deadline.start()
         try:
             line.send({"op": "challenge", "nonce": nonce})
@@ -764,12 +751,8 @@ def _step_of(message: dict[str, Any]) -> int:
     return step
 
 
-def _shut(connection: socket.socket) -> None:
-    """End a connection from another thread: its reader wakes with nothing to read."""
-    try:
-        connection.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+def _warn_accept(error: OSError) -> None:
+    log.warning("warm: accepting a connection failed (%s): trying again", error)
 
 
 def _let_go(line: Line) -> None:

@@ -22,13 +22,16 @@ over; a spare leaves).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
 import secrets
 import socket
+import threading
+import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 MAX_LINE_CHARS = 16 * 1024  # a plan or a hello is well under 1 KB
 HELLO_TIMEOUT_S = 10.0  # a connection's hello must come this soon after its challenge
@@ -147,3 +150,55 @@ class Line:
             self.connection.close()
         except OSError:
             pass
+
+
+ACCEPT_RETRY_S = 0.2
+
+
+def accepted(listener: socket.socket, warn: Callable[[OSError], None]) -> socket.socket | None:
+    """The listener's next connection; None once it is closed. An accept that fails (descriptors
+    out: a flood) is told to ``warn``, waits ACCEPT_RETRY_S and goes on: they come back as the
+    flood's connections end."""
+    while True:
+        try:
+            return listener.accept()[0]
+        except OSError as error:
+            if listener.fileno() < 0 or error.errno in (errno.EBADF, errno.EINVAL):
+                return None
+            warn(error)
+            time.sleep(ACCEPT_RETRY_S)
+
+
+class Unproven:
+    """Connections that have not proven the job's secret yet, at most ``limit``: a newer one takes
+    the oldest's place (shut: its reader finds nothing), so a stranger who holds them all cannot
+    keep a member out, and a flood cannot take the threads and descriptors."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._connections: list[socket.socket] = []  # oldest first
+        self._guard = threading.Lock()
+
+    def admit(self, connection: socket.socket) -> None:
+        with self._guard:
+            oldest = self._connections.pop(0) if len(self._connections) >= self.limit else None
+            self._connections.append(connection)
+        if oldest is not None:
+            shut(oldest)
+
+    def __len__(self) -> int:
+        return len(self._connections)
+
+    def settled(self, connection: socket.socket) -> None:
+        """Proven, refused or gone: no longer counted."""
+        with self._guard:
+            if connection in self._connections:
+                self._connections.remove(connection)
+
+
+def shut(connection: socket.socket) -> None:
+    """End a connection from another thread: its reader wakes with nothing to read."""
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

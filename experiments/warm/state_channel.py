@@ -16,7 +16,6 @@ goes on.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import hmac
 import json
@@ -25,13 +24,12 @@ import math
 import socket
 import struct
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from experiments.warm.protocol import HELLO_TIMEOUT_S, new_nonce
+from experiments.warm.protocol import HELLO_TIMEOUT_S, Unproven, accepted, new_nonce, shut
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +40,6 @@ FETCH_CONNECT_S = 10.0
 FETCH_READ_S = 120.0  # no byte for this long: the source is gone (or hung); keepalive sees a dead node sooner
 CHUNK = 4 * 1024 * 1024
 MAX_UNPROVEN = 8  # handshakes under way at once; a newer one shuts the oldest
-ACCEPT_RETRY_S = 0.2
 WARNINGS_LOGGED = 5  # a stranger's flood is not a flood of log lines
 ARRAY_KINDS = "biuf"  # bool, integers, floats: nothing else is state
 
@@ -102,35 +99,25 @@ class StateServer:
         self.port = int(self.listener.getsockname()[1])
         self._packed: Packed | None = None
         self._packing = threading.Lock()
-        self._unproven: list[socket.socket] = []  # oldest first
-        self._guard = threading.Lock()
+        self._unproven = Unproven(MAX_UNPROVEN)
         self._warnings = 0
         threading.Thread(target=self._accept, name="warm-state", daemon=True).start()
 
     def close(self) -> None:
-        _shut(self.listener)
+        shut(self.listener)
         self.listener.close()
 
     def _accept(self) -> None:
         while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError as error:
-                if self.listener.fileno() < 0 or error.errno in (errno.EBADF, errno.EINVAL):
-                    return  # closed: the process is ending
-                self._warn(f"accepting a connection failed ({error}): trying again")
-                time.sleep(ACCEPT_RETRY_S)  # descriptors out (a flood): they come back as its connections end
-                continue
-            with self._guard:
-                oldest = self._unproven.pop(0) if len(self._unproven) >= MAX_UNPROVEN else None
-                self._unproven.append(connection)
-            if oldest is not None:
-                _shut(oldest)
+            connection = accepted(self.listener, lambda error: self._warn(f"accepting a connection failed ({error})"))
+            if connection is None:
+                return  # closed: the process is ending
+            self._unproven.admit(connection)
             threading.Thread(target=self._serve, args=(connection,), name="warm-state-taker", daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
-            deadline = threading.Timer(HELLO_TIMEOUT_S, _shut, args=(connection,))  # the whole handshake
+            deadline = threading.Timer(HELLO_TIMEOUT_S, shut, args=(connection,))  # the whole handshake
             deadline.start()
             try:
                 taker_nonce = self._handshake(connection)
@@ -139,9 +126,7 @@ class StateServer:
                 return
             finally:
                 deadline.cancel()
-                with self._guard:
-                    if connection in self._unproven:
-                        self._unproven.remove(connection)
+                self._unproven.settled(connection)
             try:
                 packed = self._pack()
                 header = {**packed.header, "proof": ""}
@@ -268,14 +253,6 @@ def _read_json(connection: socket.socket, limit: int) -> dict[str, Any]:
 
 def _refuse(connection: socket.socket, why: str) -> None:
     connection.sendall(_framed({"why": why}))
-
-
-def _shut(connection: socket.socket) -> None:
-    """End a connection from another thread: its reader wakes with nothing to read."""
-    try:
-        connection.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
 
 
 def _keepalive(connection: socket.socket) -> None:

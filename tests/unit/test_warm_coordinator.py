@@ -144,12 +144,10 @@ def test_restart_all_takes_the_state_of_the_survivor_with_the_highest_step_and_r
     _complete(outcome, *spares)
 
 
-def test_a_set_that_fails_while_taking_the_state_is_followed_by_one_from_the_same_source() -> None:
-    """The next set's member dies before its set formed: the survivor still serves (it was not
-    retired), the set after takes the same step from it; a survivor that never answers "hold" is
-    no source; with no source left, the checkpoint."""
-    host = Host()
-    coordinator, address, outcome = start_coordinator(
+def _rank_0_dies_rank_1_serves_step_30(host: Host) -> tuple[list[WarmMember], list[WarmMember], dict[str, Any]]:
+    """restart_all, world 2, two spare sets (slots 2-5), every member with a state port: rank 0
+    dies, rank 1 holds step 30; the first spare set is planned from it (checked here)."""
+    _, address, outcome = start_coordinator(
         host, world=2, spares=2, restart_all=True, timing=Timing(report_s=5, spare_s=5, start_s=5, hold_s=0.5))
     ranks = [warm_member(address, slot, state_port=41000 + slot) for slot in range(2)]
     sets = [warm_member(address, slot, state_port=42000 + slot) for slot in range(2, 6)]
@@ -158,6 +156,15 @@ def test_a_set_that_fails_while_taking_the_state_is_followed_by_one_from_the_sam
     ranks[0].line.close()
     first = [sets[0].next_plan(), sets[1].next_plan()]
     assert {(plan.resume, plan.step, plan.source_port) for plan in first} == {(RESUME_PEER, 30, 41001)}
+    return ranks, sets, outcome
+
+
+def test_a_set_that_fails_while_taking_the_state_is_followed_by_one_from_the_same_source() -> None:
+    """The next set's member dies before its set formed: the survivor still serves (it was not
+    retired), the set after takes the same step from it; a survivor that never answers "hold" is
+    no source; with no source left, the checkpoint."""
+    host = Host()
+    ranks, sets, outcome = _rank_0_dies_rank_1_serves_step_30(host)
     sets[1].line.close()  # died while taking the state: its set never formed
     second = [sets[2].next_plan(), sets[3].next_plan()]
     assert {(plan.resume, plan.step, plan.source_port) for plan in second} == {(RESUME_PEER, 30, 41001)}
@@ -196,15 +203,7 @@ def test_a_source_whose_state_could_not_be_taken_is_no_source_again() -> None:
     gone) was planned as the source of every later set until the job gave up; the checkpoint was
     never tried. A taker that could not fetch says so in its lost report: that source is dropped."""
     host = Host()
-    _, address, outcome = start_coordinator(
-        host, world=2, spares=2, restart_all=True, timing=Timing(report_s=5, spare_s=5, start_s=5, hold_s=0.5))
-    ranks = [warm_member(address, slot, state_port=41000 + slot) for slot in range(2)]
-    sets = [warm_member(address, slot, state_port=42000 + slot) for slot in range(2, 6)]
-    assert [member.next_plan().rank for member in ranks] == [0, 1]
-    ranks[1].answer_holds(lambda: 30)
-    ranks[0].line.close()
-    first = [sets[0].next_plan(), sets[1].next_plan()]
-    assert {(plan.resume, plan.source_port) for plan in first} == {(RESUME_PEER, 41001)}
+    ranks, sets, outcome = _rank_0_dies_rank_1_serves_step_30(host)
     for member in sets[:2]:  # as spare_set.py does when fetch_state fails
         member.answer_holds(lambda: 0)
         member.lost(1, 0, why="StateNotTaken: connection refused", source_failed=True)
