@@ -38,6 +38,7 @@ from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
 from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_checkpoint_homes
 from orchestrator.control.scheduler_calls import SchedulerCalls
+from orchestrator.control.ticks import Ticks
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
 from orchestrator.faults.job_control import (
@@ -178,6 +179,7 @@ class Controller:
         self._ended_jobs: set[str] = set()  # jobs of the drill seen ended: a new one frees a held submission
         self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
         self._cpu_at_start = time.process_time()
+        self.ticks = Ticks(restart.poll_interval_s)  # the loop's schedule, and how far behind it ran
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
 
     def run(self, observer: Observer | None = None) -> bool:
@@ -297,6 +299,7 @@ class Controller:
             arrayed = self._submit_arrays(waiting, self.in_flight_limit - len(active), self._jobs_held(trackers))
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]
+        ticks = self.ticks
         while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
             while waiting and len(active) < self.in_flight_limit and self._room_for_a_job(trackers):
                 tracker = waiting.pop(0)
@@ -307,7 +310,7 @@ class Controller:
             if observer is not None:
                 observer(trackers)
             if waiting or active or any(t.closing for t in trackers):
-                self.stop_requested.wait(self.campaign.restart.poll_interval_s)
+                ticks.wait(self.stop_requested)
 
     def _jobs_held(self, trackers: list[RunTracker]) -> int:
         """The drill's jobs the scheduler may still count: current ones and failed ones finishing."""
@@ -419,6 +422,9 @@ class Controller:
             "scheduler_wait_s": round(before.get("scheduler_wait_s", 0.0) + stats.seconds, 3),
             "controller_cpu_s": round(before.get("controller_cpu_s", 0.0) + time.process_time() - self._cpu_at_start, 3),
             "scheduler_poll_interval_s": self.poller.interval_s,
+            "rounds": before.get("rounds", 0) + self.ticks.rounds,
+            "rounds_behind": before.get("rounds_behind", 0) + self.ticks.rounds_behind,
+            "behind_ms_max": round(max(before.get("behind_ms_max", 0.0), 1000 * self.ticks.behind_s_max), 1),
         })
 
 

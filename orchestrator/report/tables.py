@@ -136,8 +136,10 @@ def _cost_caption(cost: dict[str, Any]) -> str | None:
         return None
     commands = cost.get("scheduler_poll_commands")
     issued = f", {commands} commands" if commands is not None else ""
+    behind = (f"; {cost['rounds_behind']} of {cost['rounds']} rounds behind schedule, by {cost['behind_ms_max']:g} ms "
+              "at most" if cost.get("rounds_behind") else "")
     return (f"controller: {cost['scheduler_polls']} scheduler polls{issued} ({cost['scheduler_wait_s']:.1f} s waiting "
-            f"on the scheduler, {cost['scheduler_poll_failures']} failed), {cost['controller_cpu_s']:.1f} s CPU")
+            f"on the scheduler, {cost['scheduler_poll_failures']} failed), {cost['controller_cpu_s']:.1f} s CPU{behind}")
 
 
 def recoveries_table(report: dict[str, Any]) -> Table:
