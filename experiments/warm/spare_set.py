@@ -58,13 +58,14 @@ class WarmSetMember:
     def run(self) -> dict[str, Any]:
         """Set up, wait for the coordinator, train the run if handed it; a spare never used returns."""
         workload = get_workload(self.job.workload.framework)
+        servable = workload.serve_state()  # before set-up: each step's update gated apart from its all-reduce
         prepared_at = time.monotonic()
         timings = workload.setup(self.env, self.job.workload, self.options.timeouts)
         if self.slot >= self.env.world_size:  # a spare set: what a first step costs beyond a step, now
             workload.warm_up()
         timings["set_setup_s"] = time.monotonic() - prepared_at
         address = os.environ.get(ENV_WARM_ADDRESS, self.env.node)
-        server = _state_server(workload, self.secret)
+        server = _state_server(workload, self.secret) if servable else None
         member = WarmMember(os.environ[ENV_WARM_COORDINATOR], self.slot, self.env.node, address,
                             state_port=server.port if server is not None else 0)
         plan = member.next_plan()
@@ -116,9 +117,9 @@ class WarmSetMember:
 
 
 def _state_server(workload: Workload, secret: str) -> StateServer | None:
-    """This member's state channel: a workload that can serve its state, in a job with a secret.
-    None where it cannot listen (the next set then takes another's state, or the checkpoint)."""
-    if not workload.serves_state or not secret:
+    """This member's state channel, in a job with a secret. None where it cannot listen (the next
+    set then takes another's state, or the checkpoint)."""
+    if not secret:
         return None
     gate = workload.gate
     try:

@@ -31,9 +31,7 @@ class Workload(ABC):
     # The switches this workload turns on so that a resumed run is bitwise the uninterrupted one
     # (reported by the determinism study); empty if it needs none.
     determinism: str = ""
-    # Its state can be served to a warm spare set (peer_state, take_peer_state), its updates gated.
-    serves_state: bool = False
-    gate: StateGate  # where each step's local update runs (serves_state): set by the workload
+    gate: StateGate  # where each step's local update runs (serve_state): set by the workload
 
     @property
     @abstractmethod
@@ -66,6 +64,12 @@ class Workload(ABC):
         if (left := least_s - (time.monotonic() - started)) > 0:
             time.sleep(left)
         return loss
+
+    def serve_state(self) -> bool:
+        """Before ``setup``: make this rank's state servable to a warm spare set (each step's local
+        update inside ``gate``, apart from its all-reduce; ``peer_state``, ``take_peer_state``).
+        False where the framework cannot."""
+        return False
 
     def peer_state(self) -> StateArrays:
         """The whole state after ``gate.completed`` as named arrays (weights, optimizer, counters),

@@ -131,7 +131,6 @@ class ChainerWorkload(Workload):
                    "recorded) so a restarted process's first update is a real Adam step; dropout masks "
                    "from an MT19937 seeded by (seed, rank, step); Adam's t, m and v checkpointed with "
                    "the weights; gradients in one MPI_Allreduce of fixed size")
-    serves_state = True
 
     def __init__(self) -> None:
         self.env: DistEnv | None = None
@@ -223,6 +222,9 @@ class ChainerWorkload(Workload):
                                  f"expected step {step}, width {self.width}")
             NpzDeserializer(npz).load(_TrainingState(self, step))
         self.gate.resumed(step)
+
+    def serve_state(self) -> bool:
+        return True  # every step is split so (what ChainerMN's update does, in two calls)
 
     def peer_state(self) -> StateArrays:
         return _npz_arrays(_TrainingState(self, self.gate.completed), {})
