@@ -234,21 +234,32 @@ class TensorFlowWorkload(Workload):
                 "trace_s": time.monotonic() - built, "params": float(param_count),
                 "hidden_width": float(self.width)}
 
-    def _make_step_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """The whole step in one function (Keras' optimizer all-reduces the gradients). A peer's
-        death is seen at once by a survivor blocked in it (measured: 0.12 s), where the split
-        functions' survivor, between them when the peer died, waited out the collective timeout
-        in 2 of 7 tries: the split is for warm sets only, whose survivors hold anyway."""
-        strategy, model, optimizer = self.strategy, self.model, self.optimizer
+    def _replica_gradients(self) -> Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tuple[tf.Tensor, Any]]:
+        """A replica's loss and its gradients, scaled by 1/replicas: summed over the ranks, that is
+        DDP's mean of their gradients (both step forms below)."""
+        strategy, model = self.strategy, self.model
         assert strategy is not None and model is not None
-        variables = model.variables_in_order
-        replicas = strategy.num_replicas_in_sync
+        variables, replicas = model.variables_in_order, strategy.num_replicas_in_sync
 
-        def replica_step(inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        def gradients(inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> tuple[tf.Tensor, Any]:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.square(model(inputs, seed) - targets))
-                scaled = loss / replicas  # SUM-all-reduced by Keras: DDP's mean of the ranks' gradients
-            optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables, strict=False))
+                scaled = loss / replicas
+            return loss, tape.gradient(scaled, variables)
+
+        return gradients
+
+    def _make_step_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """The whole step in one function (Keras' optimizer all-reduces the gradients). A peer's
+        death is seen at once by a survivor blocked in it (measured: 0.12 s); the split is for warm
+        sets only, whose survivors hold anyway."""
+        strategy, optimizer, gradients = self.strategy, self.optimizer, self._replica_gradients()
+        assert strategy is not None and self.model is not None
+        variables = self.model.variables_in_order
+
+        def replica_step(inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+            loss, grads = gradients(inputs, targets, seed)
+            optimizer.apply_gradients(zip(grads, variables, strict=False))
             return loss
 
         @tf.function
@@ -260,29 +271,24 @@ class TensorFlowWorkload(Workload):
     def _make_step_fns(self) -> tuple[tf.types.experimental.PolymorphicFunction, tf.types.experimental.PolymorphicFunction]:
         """The step's two functions: the loss and the all-reduced gradients (no variable changes),
         then Adam's update of them (no collective)."""
-        strategy, model, optimizer = self.strategy, self.model, self.optimizer
-        assert strategy is not None and model is not None
-        variables = model.variables_in_order
-        replicas = strategy.num_replicas_in_sync
+        strategy, optimizer, gradients = self.strategy, self.optimizer, self._replica_gradients()
+        assert strategy is not None and self.model is not None
+        variables = self.model.variables_in_order
 
-        def replica_gradients(inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> Any:
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(inputs, seed) - targets))
-                # Summed over the ranks: scaling by 1/replicas makes that DDP's mean of their gradients.
-                scaled = loss / replicas
-            gradients = tape.gradient(scaled, variables)
-            return loss, tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        def replica_reduced(inputs: tf.Tensor, targets: tf.Tensor, seed: tf.Tensor) -> Any:
+            loss, grads = gradients(inputs, targets, seed)
+            return loss, tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
 
-        def replica_update(gradients: Any) -> None:
-            optimizer.apply_gradients(zip(gradients, variables, strict=False))
+        def replica_update(reduced: Any) -> None:
+            optimizer.apply_gradients(zip(reduced, variables, strict=False))
 
         @tf.function
         def reduce_fn(inputs: Any, targets: Any, seeds: Any) -> Any:
-            return strategy.run(replica_gradients, args=(inputs, targets, seeds))
+            return strategy.run(replica_reduced, args=(inputs, targets, seeds))
 
         @tf.function
-        def apply_fn(gradients: Any) -> None:
-            strategy.run(replica_update, args=(gradients,))
+        def apply_fn(reduced: Any) -> None:
+            strategy.run(replica_update, args=(reduced,))
 
         return reduce_fn, apply_fn
 
