@@ -225,8 +225,20 @@ def main() -> None:
 
 def _write(out: Path, rows: list[dict[str, Any]], found_peers: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "rows": rows, "peers": found_peers},
-                              indent=2))
+    out.write_text(json.dumps({"measured": time.strftime("%Y-%m-%d %H:%M"), "slurm": _slurm_settings(),
+                               "rows": rows, "peers": found_peers}, indent=2))
+
+
+def _slurm_settings() -> dict[str, str]:
+    """What the cluster's Slurm says of the settings that pace its own recovery (the requeue's hold is
+    ``cred_expire`` + 1 s; a node is down after SlurmdTimeout): the peer's figure depends on them."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    wanted = ("AuthInfo", "SlurmdTimeout", "KillWait", "MessageTimeout")
+    found = (line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in found if key.strip() in wanted}
 
 
 def _fmt(value: Any) -> str:

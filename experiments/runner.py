@@ -8,6 +8,7 @@ the rank API (``experiments/runtime/api.py``).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -80,7 +81,11 @@ class Runner:
         return None
 
     def _snapshot(self, step: int) -> Snapshot:
-        return lambda sink: self.workload.snapshot(sink, step)
+        """The workload's capture of its state; a synchronous checkpoint's writes the state as it
+        stands (training waits for it: a workload need not copy it first)."""
+        if self.session.options.async_persist:
+            return lambda sink: self.workload.snapshot(sink, step)
+        return lambda sink: functools.partial(self.workload.save, sink, step)
 
 
 def run_training(

@@ -16,12 +16,14 @@ No framework is imported here, so the login node can ask for the newest valid ch
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,7 +36,6 @@ from experiments.layout import (
     fsync_dir,
     read_json_lines,
     record_dict,
-    write_json_atomic,
 )
 from experiments.runtime.integrity import default_algorithm
 from experiments.runtime.sink import FileSink, read_receipt, receipt_name
@@ -106,6 +107,8 @@ class CheckpointStore:
         self.paths = RunPaths(Path(run_dir))
         self.root = self.paths.checkpoints
         self.keep = keep  # <= 0 keeps every checkpoint
+        self._committers: dict[int, list[FileSink]] = {}  # step -> rank 0's sinks, their fsyncs still running
+        self._reaper: ThreadPoolExecutor | None = None  # deletes pruned checkpoints off the saving thread
 
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)
@@ -114,10 +117,16 @@ class CheckpointStore:
         return self.root / f".{step_dir_name(step)}.partial"
 
     def sink(self, step: int, rank: int = 0) -> FileSink:
-        """Where ``rank`` writes its files for checkpoint ``step`` (all ranks share the directory)."""
+        """Where ``rank`` writes its files for checkpoint ``step`` (all ranks share the directory).
+        Rank 0's (the committer's) files are flushed while it goes on; ``commit`` waits for them
+        with the manifest's and the directory's flushes."""
         directory = self.partial_dir(step)
         directory.mkdir(parents=True, exist_ok=True)
-        return FileSink(directory, rank)
+        if rank != 0:
+            return FileSink(directory, rank)
+        sink = FileSink(directory, rank, committer=True)
+        self._committers.setdefault(step, []).append(sink)
+        return sink
 
     def remove_stale(self) -> list[Path]:
         """Delete partial and half-pruned directories left by an attempt that died (rank 0, at start)."""
@@ -138,9 +147,11 @@ class CheckpointStore:
         The manifest lists the files the ``ranks`` receipts name (each rank's sink leaves one when
         it closes): a rank that delivered nothing, or a file that is gone, raises
         CheckpointIncomplete and nothing is published. ``started`` is the ``time.monotonic()`` at
-        which training stopped for this checkpoint; ``persist_s`` runs from there to the manifest
-        being durable (the rename after it is one metadata operation). ``blocking_s`` None: training
-        waits for this commit (synchronous), so it equals persist_s. ``before_publish`` runs right
+        which training stopped for this checkpoint; ``persist_s`` runs from there to the publish
+        (the manifest's own copy stops where its hashes were known: it cannot time its own write).
+        ``blocking_s`` None: training waits for this commit (synchronous), so it equals persist_s.
+        The files, the manifest and the directory are flushed together, once, before the rename
+        that publishes (a crash before it leaves a hidden partial directory). ``before_publish`` runs right
         before the manifest is written and again right before the rename that publishes (the
         attempt fence: it raises to stop a stale attempt, which then touches nothing).
         """
@@ -159,9 +170,10 @@ class CheckpointStore:
         )
         manifest = {**record_dict(record), "sizes": sizes, "ranks": ranks, "version": MANIFEST_VERSION}
         del manifest["path"]  # the directory may be moved as a whole; its name gives the step
-        write_json_atomic(partial / MANIFEST_NAME, manifest)
-        for rank in range(ranks):  # the manifest now says what they said
-            (partial / receipt_name(rank)).unlink(missing_ok=True)
+        try:  # rank 0's own files' flushes end here: a full disk may say so only now (delayed allocation)
+            self._write_manifest_durably(partial, manifest, ranks, self._own_shares(step))
+        except OSError as error:
+            raise explain_write_failure(error, self.root, step) from error
         if before_publish is not None:
             before_publish()
         if final.exists():
@@ -169,9 +181,35 @@ class CheckpointStore:
             self.quarantine(final, "replaced by a new checkpoint of the same step")
         os.rename(partial, final)
         fsync_dir(self.root)
+        published_s = time.monotonic() - started
+        record = replace(record, persist_s=published_s, blocking_s=published_s if blocking_s is None else blocking_s)
         append_json_line(self.paths.checkpoint_log, record_dict(record))
         self.prune()
         return record
+
+    def _own_shares(self, step: int) -> list[FileSink]:
+        """Rank 0's sinks of this step (and of older steps never committed: their flushes are waited
+        for too, and forgotten)."""
+        return [sink for found in sorted(self._committers) if found <= step for sink in self._committers.pop(found)]
+
+    @staticmethod
+    def _write_manifest_durably(partial: Path, manifest: dict[str, Any], ranks: int, own_shares: list[FileSink]) -> None:
+        """The manifest under its name, then its flush, the partial directory's (every file's name in
+        it) and rank 0's files' (started when each was written) at once: one round of the disk's
+        flushes. The ranks' receipts go first (the manifest says what they said)."""
+        tmp = partial / f".{MANIFEST_NAME}.tmp-{os.getpid()}"
+        with open(tmp, "w") as handle:
+            json.dump(manifest, handle, sort_keys=True)
+            handle.flush()
+            os.replace(tmp, partial / MANIFEST_NAME)
+            for rank in range(ranks):
+                (partial / receipt_name(rank)).unlink(missing_ok=True)
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync") as pool:
+                flushes = [pool.submit(os.fsync, handle.fileno()), pool.submit(fsync_dir, partial)]
+                for sink in own_shares:
+                    sink.wait_durable()
+                for flush in flushes:
+                    flush.result()
 
     def await_receipts(self, step: int, ranks: int, timeout_s: float) -> None:
         """Wait until every rank left its receipt for checkpoint ``step`` (ranks persisting in the
@@ -303,9 +341,20 @@ class CheckpointStore:
         return sorted(found, reverse=True)
 
     def _trash(self, path: Path) -> None:
+        """Out of every reader's sight at once (one rename to a hidden name); its bytes deleted on a
+        thread of its own, so that a save does not wait for the old one's deletion (one left
+        half-deleted by an exit is removed with the other hidden directories: remove_stale)."""
         trash = self.root / f".{path.name}.trash-{os.getpid()}-{time.monotonic_ns()}"
         os.rename(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        if self._reaper is None:
+            self._reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prune")
+        self._reaper.submit(shutil.rmtree, trash, ignore_errors=True)
+
+    def wait_pruned(self) -> None:
+        """Every pruned checkpoint's bytes deleted."""
+        if self._reaper is not None:
+            self._reaper.shutdown(wait=True)
+            self._reaper = None
 
 
 def _is_payload(name: str) -> bool:

@@ -16,15 +16,15 @@ import json
 import os
 import shutil
 import stat
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, cast
 
 from experiments.layout import MANIFEST_NAME
-from experiments.runtime.integrity import LEGACY_ALGORITHM, default_algorithm
-from experiments.runtime.verify import file_hash
+from experiments.runtime.integrity import LEGACY_ALGORITHM, default_algorithm, digest_fresh_file
+from experiments.runtime.writeback import start_writeback
 
 _COPY_CHUNK = 4 << 20
 
@@ -32,12 +32,15 @@ _COPY_CHUNK = 4 << 20
 class FileSink:
     """Hands out files inside one (partial) checkpoint directory; the workload writes through it."""
 
-    def __init__(self, directory: Path, rank: int = 0) -> None:
+    def __init__(self, directory: Path, rank: int = 0, committer: bool = False) -> None:
         self.directory = directory
         self.rank = rank
         self.written: dict[str, int] = {}  # name -> bytes: this rank's share, listed in its receipt
         self.algorithm = default_algorithm()
         self.hashes: dict[str, str] = {}  # name -> its hash (self.algorithm), taken while the file was made durable
+        # The committing rank's files: their fsyncs run on, and the commit waits for them together with
+        # the manifest's and the directory's (one round of the disk's flushes, not one a file).
+        self._syncs: _Syncs | None = _Syncs() if committer else None
 
     @contextmanager
     def open(self, name: str) -> Iterator[BinaryIO]:
@@ -47,9 +50,9 @@ class FileSink:
         tmp = self.directory / f".{name}.tmp-{os.getpid()}"
         handle = open(tmp, "wb")
         try:
-            yield handle
+            yield cast(BinaryIO, WritebackFile(handle))
             handle.flush()
-            digest = durable_hash(tmp, handle.fileno(), self.algorithm)
+            digest = self._durable_hash(tmp, handle.fileno())
         except BaseException:
             handle.close()
             tmp.unlink(missing_ok=True)
@@ -57,6 +60,19 @@ class FileSink:
         handle.close()
         os.replace(tmp, final)
         self._record(name, final, digest)
+
+    def _durable_hash(self, path: Path, fd: int) -> str:
+        """The file's hash, read back while its fsync runs; the fsync waited for here, or by the
+        commit (committer)."""
+        if self._syncs is None:
+            return durable_hash(path, fd, self.algorithm)
+        self._syncs.start(fd)
+        return digest_fresh_file(path, self.algorithm)
+
+    def wait_durable(self) -> None:
+        """Every file this sink wrote is on disk (a committer's fsyncs run on after its writes)."""
+        if self._syncs is not None:
+            self._syncs.wait()
 
     def _record(self, name: str, final: Path, digest: str) -> None:
         self.written[name] = final.stat().st_size
@@ -96,7 +112,7 @@ class FileSink:
             self._copy_in(path, name)
             return
         with open(path, "rb") as handle:
-            digest = durable_hash(path, handle.fileno(), self.algorithm)
+            digest = self._durable_hash(path, handle.fileno())
         final = self.directory / name
         try:
             os.replace(path, final)
@@ -125,12 +141,70 @@ class FileSink:
         os.replace(tmp, receipt)
 
 
+class WritebackFile:
+    """The file a rank's share is written into, which tells the disk to start writing every
+    ``WRITEBACK_BYTES`` as they go out (experiments.runtime.writeback): the disk writes while the
+    framework serializes the rest, and the fsync at the end finds little left. A hint only; any
+    other use of the file goes to the file itself."""
+
+    WRITEBACK_BYTES = 2 << 20
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self._written = 0
+        self._started_to = 0  # bytes whose writeback has been started
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), self.WRITEBACK_BYTES):
+            self._written += self._handle.write(view[start:start + self.WRITEBACK_BYTES])
+            if self._written - self._started_to >= self.WRITEBACK_BYTES:
+                self._handle.flush()
+                start_writeback(self._handle.fileno(), self._started_to, self._written - self._started_to)
+                self._started_to = self._written
+        return len(view)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
+class _Syncs:
+    """fsyncs started now and waited for later, each on a duplicate of the file's descriptor (the
+    writer closes its own at once); the first error is raised by ``wait``."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def start(self, fd: int) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
+        self._pending.append(self._pool.submit(_fsync_and_close, os.dup(fd)))
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, []
+        try:
+            for synced in pending:
+                synced.result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+def _fsync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def durable_hash(path: Path, fd: int, algorithm: str) -> str:
     """fsync ``fd`` (the file at ``path``) and, meanwhile, hash the file: both release the GIL, and
     the bytes just written are read back from the page cache, so this takes about the fsync's time."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync") as pool:
         synced = pool.submit(os.fsync, fd)
-        digest = file_hash(path, algorithm)
+        digest = digest_fresh_file(path, algorithm)
         synced.result()
     return digest
 

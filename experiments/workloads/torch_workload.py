@@ -171,6 +171,12 @@ class TorchWorkload(Workload):
         return torch_state.snapshot(sink, self.model, self.optimizer, rank=self.env.rank, step=step,
                                     extra={"hidden_width": self.width}, staging=self.staging)
 
+    def save(self, sink: FileSink, step: int) -> None:
+        """Written from the tensors themselves: training waits for this save, so nothing is copied."""
+        assert self.env is not None and self.optimizer is not None
+        torch_state.save(sink, self.model, self.optimizer, rank=self.env.rank, step=step,
+                         extra={"hidden_width": self.width})
+
     def load(self, directory: Path, step: int) -> None:
         assert self.env is not None and self.optimizer is not None
         state = torch_state.load_file(directory / torch_state.MODEL_FILE)

@@ -81,3 +81,26 @@ def test_cold_start_when_no_checkpoint(tmp_path: Path) -> None:
     loaded = next(e for e in events if e["event"] == EVENT_CHECKPOINT_LOADED)
     assert loaded["step"] == 0
     assert not RunPaths(tmp_path).checkpoints.exists()
+
+
+def test_torch_saves_without_its_unchecked_crc_and_the_state_loads_the_same(tmp_path: Path) -> None:
+    """torch.load never checks a record's CRC-32 (the manifest's hash is the check), so the store's
+    torch.save skips computing it; the setting is torch's global one and is put back."""
+    import zipfile
+
+    from torch.utils.serialization import config
+
+    from experiments.runtime import torch_state
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 64)).sum().backward()
+    optimizer.step()
+    torch_state.save(tmp_path, model, optimizer, rank=0, step=3)
+    assert config.save.compute_crc32 is True
+    with zipfile.ZipFile(tmp_path / torch_state.MODEL_FILE) as archive:
+        records = [info for info in archive.infolist() if "/data/" in info.filename]
+    assert records and all(info.CRC == 0 for info in records)
+    twin = torch.nn.Linear(64, 64)
+    state = torch_state.load(tmp_path, twin, torch.optim.Adam(twin.parameters()), rank=0, step=3)
+    assert state["step"] == 3 and all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))

@@ -148,7 +148,9 @@ def test_keep_prunes_oldest(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2)
     for step in (10, 20, 30, 40):
         write_checkpoint(store, step)
-    assert sorted(p.name for p in store.root.iterdir()) == ["step-00000030", "step-00000040"]
+    assert [step for step, _ in store.published()] == [40, 30]  # out of sight at once
+    store.wait_pruned()
+    assert sorted(p.name for p in store.root.iterdir()) == ["step-00000030", "step-00000040"]  # and deleted
     assert [r["step"] for r in read_json_lines(store.paths.checkpoint_log)] == [10, 20, 30, 40]
 
 
