@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 MANIFEST_VERSION = 3
 _STEP_DIR = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)$")
 _HIDDEN = "." + CHECKPOINT_PREFIX  # partial and trash directories: never candidates for a resume
+_TRASH = ".trash-"  # in the name of a directory being deleted
 REJECTED = "rejected"  # a ScanEntry's problem_kind: verified, but a rank failed to load it
 
 __all__ = ["CheckpointIncomplete", "CheckpointMeta", "CheckpointUncheckable", "CheckpointStore", "ScanEntry", "ValidCheckpoint",
@@ -109,6 +110,7 @@ class CheckpointStore:
         self.keep = keep  # <= 0 keeps every checkpoint
         self._committers: dict[int, list[FileSink]] = {}  # step -> rank 0's sinks, their fsyncs still running
         self._reaper: ThreadPoolExecutor | None = None  # deletes pruned checkpoints off the saving thread
+        self._reaping: Future[None] | None = None  # its deletion in progress
 
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)
@@ -124,18 +126,26 @@ class CheckpointStore:
         directory.mkdir(parents=True, exist_ok=True)
         if rank != 0:
             return FileSink(directory, rank)
+        for older in [found for found in self._committers if found < step]:  # never committed: a failed save
+            for abandoned in self._committers.pop(older):
+                abandoned.abandon()
         sink = FileSink(directory, rank, committer=True)
         self._committers.setdefault(step, []).append(sink)
         return sink
 
     def remove_stale(self) -> list[Path]:
-        """Delete partial and half-pruned directories left by an attempt that died (rank 0, at start)."""
+        """Remove the partial and half-pruned directories an attempt that died left (rank 0, at
+        start): each renamed out of the way at once (a partial one's name is free for this attempt),
+        its bytes deleted in the background (a resume does not wait for them)."""
         if not self.root.is_dir():
             return []
         stale = sorted(p for p in self.root.iterdir() if p.name.startswith(_HIDDEN))
+        doomed = []
         for path in stale:
             log.warning("removing stale checkpoint directory %s", path)
-            shutil.rmtree(path, ignore_errors=True)
+            doomed.append(path if _TRASH in path.name else self._renamed_to_trash(path))
+        if doomed:
+            self._reap(doomed)
         return stale
 
     def commit(
@@ -152,9 +162,21 @@ class CheckpointStore:
         ``blocking_s`` None: training waits for this commit (synchronous), so it equals persist_s.
         The files, the manifest and the directory are flushed together, once, before the rename
         that publishes (a crash before it leaves a hidden partial directory). ``before_publish`` runs right
-        before the manifest is written and again right before the rename that publishes (the
-        attempt fence: it raises to stop a stale attempt, which then touches nothing).
+        before anything is read, before the manifest is written and right before the rename that
+        publishes (the attempt fence: it raises to stop a stale attempt, which then touches nothing).
         """
+        own_shares = self._committers.pop(step, [])  # rank 0's sinks of this step: their flushes end here
+        try:
+            return self._commit(step, attempt, meta, started, blocking_s, ranks, before_publish, own_shares)
+        except BaseException:
+            for sink in own_shares:  # a failed commit's flushes are not a later checkpoint's concern
+                sink.abandon()
+            raise
+
+    def _commit(
+        self, step: int, attempt: int, meta: CheckpointMeta, started: float, blocking_s: float | None,
+        ranks: int, before_publish: Callable[[], None] | None, own_shares: list[FileSink],
+    ) -> CheckpointRecord:
         partial = self.partial_dir(step)
         if before_publish is not None:  # a stale attempt touches nothing (another may be writing this step)
             before_publish()
@@ -170,8 +192,10 @@ class CheckpointStore:
         )
         manifest = {**record_dict(record), "sizes": sizes, "ranks": ranks, "version": MANIFEST_VERSION}
         del manifest["path"]  # the directory may be moved as a whole; its name gives the step
+        if before_publish is not None:  # again: the hashes took time, and the manifest replaces the receipts
+            before_publish()
         try:  # rank 0's own files' flushes end here: a full disk may say so only now (delayed allocation)
-            self._write_manifest_durably(partial, manifest, ranks, self._own_shares(step))
+            self._write_manifest_durably(partial, manifest, ranks, own_shares)
         except OSError as error:
             raise explain_write_failure(error, self.root, step) from error
         if before_publish is not None:
@@ -186,11 +210,6 @@ class CheckpointStore:
         append_json_line(self.paths.checkpoint_log, record_dict(record))
         self.prune()
         return record
-
-    def _own_shares(self, step: int) -> list[FileSink]:
-        """Rank 0's sinks of this step (and of older steps never committed: their flushes are waited
-        for too, and forgotten)."""
-        return [sink for found in sorted(self._committers) if found <= step for sink in self._committers.pop(found)]
 
     @staticmethod
     def _write_manifest_durably(partial: Path, manifest: dict[str, Any], ranks: int, own_shares: list[FileSink]) -> None:
@@ -344,17 +363,32 @@ class CheckpointStore:
         """Out of every reader's sight at once (one rename to a hidden name); its bytes deleted on a
         thread of its own, so that a save does not wait for the old one's deletion (one left
         half-deleted by an exit is removed with the other hidden directories: remove_stale)."""
-        trash = self.root / f".{path.name}.trash-{os.getpid()}-{time.monotonic_ns()}"
+        self._reap([self._renamed_to_trash(path)])
+
+    def _renamed_to_trash(self, path: Path) -> Path:
+        trash = self.root / f".{path.name.lstrip('.')}{_TRASH}{os.getpid()}-{time.monotonic_ns()}"
         os.rename(path, trash)
+        return trash
+
+    def _reap(self, paths: list[Path]) -> None:
+        """Delete ``paths`` in the background, one batch at a time: a deletion slower than the
+        checkpoints waits for the one before it (never a pile of old checkpoints on the disk)."""
+        if self._reaping is not None:
+            self._reaping.result()
         if self._reaper is None:
             self._reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prune")
-        self._reaper.submit(shutil.rmtree, trash, ignore_errors=True)
+        self._reaping = self._reaper.submit(_delete_all, paths)
 
     def wait_pruned(self) -> None:
         """Every pruned checkpoint's bytes deleted."""
         if self._reaper is not None:
             self._reaper.shutdown(wait=True)
-            self._reaper = None
+            self._reaper, self._reaping = None, None
+
+
+def _delete_all(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _is_payload(name: str) -> bool:

@@ -49,7 +49,8 @@ def new_hasher(algorithm: str) -> Any:
         if blake3 is None:
             raise HashUnavailable("hashed with blake3, which this Python lacks (pip install blake3, or the rank "
                                   "API's extra: faultdrill-rank[blake3])")
-        return blake3(max_threads=blake3.AUTO)  # the same digest on any number of threads
+        threads = getattr(blake3, "AUTO", None)  # the same digest on any number of threads
+        return blake3() if threads is None else blake3(max_threads=threads)
     raise HashUnavailable(f"unknown hash algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
 
 
@@ -69,4 +70,7 @@ def digest_fresh_file(path: Path, algorithm: str) -> str:
     hasher = new_hasher(algorithm)
     if not hasattr(hasher, "update_mmap"):  # sha256, or a blake3 package older than 0.4
         return digest_file(path, algorithm)
-    return str(hasher.update_mmap(path).hexdigest())
+    try:
+        return str(hasher.update_mmap(path).hexdigest())
+    except (OSError, ValueError):  # a file system that cannot map it (FUSE direct I/O): read it
+        return digest_file(path, algorithm)

@@ -74,6 +74,11 @@ class FileSink:
         if self._syncs is not None:
             self._syncs.wait()
 
+    def abandon(self) -> None:
+        """A committer's share that will not be published: its fsyncs ended, their errors dropped."""
+        if self._syncs is not None:
+            self._syncs.wait(raise_errors=False)
+
     def _record(self, name: str, final: Path, digest: str) -> None:
         self.written[name] = final.stat().st_size
         self.hashes[name] = digest
@@ -170,22 +175,34 @@ class WritebackFile:
 
 class _Syncs:
     """fsyncs started now and waited for later, each on a duplicate of the file's descriptor (the
-    writer closes its own at once); the first error is raised by ``wait``."""
+    writer closes its own at once); the first error is raised by ``wait``. At most MAX_PENDING are
+    pending (each holds a descriptor): one more waits for the oldest."""
+
+    MAX_PENDING = 32
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
 
     def start(self, fd: int) -> None:
+        if len(self._pending) >= self.MAX_PENDING:
+            self._pending.pop(0).result()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
-        self._pending.append(self._pool.submit(_fsync_and_close, os.dup(fd)))
+        duplicate = os.dup(fd)
+        try:
+            self._pending.append(self._pool.submit(_fsync_and_close, duplicate))
+        except BaseException:
+            os.close(duplicate)
+            raise
 
-    def wait(self) -> None:
+    def wait(self, raise_errors: bool = True) -> None:
         pending, self._pending = self._pending, []
         try:
             for synced in pending:
-                synced.result()
+                error = synced.exception()
+                if error is not None and raise_errors:
+                    raise error
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import io
 import random
-from contextlib import contextmanager, nullcontext
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, ContextManager, Iterator, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, cast
 
 import torch
 import torch.distributed as dist
@@ -69,18 +70,49 @@ def _capture(target: Path | FileSink, model: torch.nn.Module, optimizer: torch.o
     return write
 
 
-def _without_crc() -> ContextManager[Any]:
+@contextmanager
+def _without_crc() -> Iterator[None]:
     """torch.save without the CRC-32 of every record: about half of its time for a large state
     (measured: 8 ms of 18 at 16 MiB), and torch.load never checks it (a flipped byte loads); the
-    checkpoint's manifest hash is what is checked. The setting is torch's global one, set for the
-    save and put back (another thread's torch.save in that moment is written without it too, and
-    loads the same). A torch without the setting saves as it always did."""
+    checkpoint's manifest hash is what is checked. The setting is torch's global one: off while any
+    of this module's saves runs (counted, so that overlapping saves on several threads put it back
+    only when the last ends), then as it was (another thread's own torch.save in that moment is
+    written without it too, and loads the same). A torch without the setting saves as it always did."""
+    global _crc_off_count, _crc_saved
+    config = _serialization_config()
+    if config is None:
+        yield
+        return
+    with _crc_lock:
+        if _crc_off_count == 0:
+            _crc_saved = config.save.compute_crc32
+            config.save.compute_crc32 = False
+        _crc_off_count += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_off_count -= 1
+            if _crc_off_count == 0:
+                config.save.compute_crc32 = _crc_saved
+
+
+_crc_lock = threading.Lock()
+_crc_off_count = 0
+_crc_saved: Any = True
+
+
+def _serialization_config() -> Any:
+    """torch's serialization settings, where this torch has the CRC switch (2.6 on)."""
     try:
         from torch.utils.serialization import config
-
-        return cast(ContextManager[Any], config.patch({"save.compute_crc32": False}))  # type: ignore[attr-defined]  # the config module adds patch at import
-    except (ImportError, AttributeError, KeyError):
-        return nullcontext()
+    except ImportError:
+        return None
+    try:
+        config.save.compute_crc32  # noqa: B018 - does this torch have it
+    except AttributeError:
+        return None
+    return config
 
 
 class StagingBuffers:

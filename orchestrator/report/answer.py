@@ -44,10 +44,37 @@ def short_cause(text: str | None, limit: int = CAUSE_LIMIT) -> str:
     return f"{cut} ..."
 
 
+TERMINAL_ROWS = 50  # lines (or a table's rows) a terminal shows; past it, the exceptions and a count of the rest
+
+
 def answer_lines(report: dict[str, Any], page: Path | None = None) -> list[str]:
-    """One line per run that met a fault or did not complete, then the verdict."""
-    lines = [line for run in report["runs"] if (line := _run_line(run)) is not None]
-    return [*lines, _verdict(report, page)]
+    """One line per run that met a fault or did not complete, then the verdict. A sweep with more
+    such runs than a terminal shows (TERMINAL_ROWS): the runs that failed, differ from their twin or
+    have findings, then one line for the rest (every run is in --format json and the HTML page)."""
+    said = [(run, line) for run in report["runs"] if (line := _run_line(run)) is not None]
+    if len(said) <= TERMINAL_ROWS:
+        return [*(line for _, line in said), _verdict(report, page)]
+    exceptions = [line for run, line in said if is_exception(run)]
+    shown = exceptions[:TERMINAL_ROWS]
+    rest = [run for run, _ in said if not is_exception(run)]
+    return [*shown, *_more_lines(len(exceptions) - len(shown), rest), _verdict(report, page)]
+
+
+def is_exception(run: dict[str, Any]) -> bool:
+    """A run a long report lists by name: it did not complete, it differs from its twin, or its
+    records have findings."""
+    return (run["status"] != "completed" or run.get("identical_to_baseline") is False
+            or bool(run.get("findings")))
+
+
+def _more_lines(unlisted_exceptions: int, rest: list[dict[str, Any]]) -> list[str]:
+    lines = [f"... and {unlisted_exceptions} more such run(s) (--format json, the report page)"] if unlisted_exceptions else []
+    if rest:
+        ttrs = sorted(recovery["ttr_s"] for run in rest for recovery in run["recoveries"])
+        recovered = (f", ttr median {ttrs[len(ttrs) // 2]:.2f} s, slowest {ttrs[-1]:.2f} s ({len(ttrs)} recoveries)"
+                     if ttrs else "")
+        lines.append(f"{len(rest)} more run(s) met a fault and completed, none differing from its twin{recovered}")
+    return lines
 
 
 def _run_line(run: dict[str, Any]) -> str | None:

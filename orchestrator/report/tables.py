@@ -7,8 +7,10 @@ campaign is a study), "study" (the checkpoint study too), "full" (every table)."
 from __future__ import annotations
 
 import os
+import statistics
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from rich.cells import cell_len
 from rich.console import Console, RenderableType
@@ -16,7 +18,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from orchestrator.record.outputs import NOT_CHECKED
-from orchestrator.report.answer import answer_lines, short_cause
+from orchestrator.report.answer import TERMINAL_ROWS, answer_lines, is_exception, short_cause
 
 SCOPES = ("drill", "study", "full")
 # The leading columns that name a row: a record's heading where a table is shown as records.
@@ -24,6 +26,25 @@ KEY_HEADERS = frozenset({"run", "#", "kind", "fault", "class", "strategy", "fail
 # Columns that hold counts: a mean of them is shown as a whole number where it is one.
 COUNT_COLUMNS = frozenset({"recoveries", "ranks", "nodes", "params", "bytes", "raw param bytes", "lost steps",
                            "resumed from step", "files per checkpoint", "first divergent step", "count"})
+
+
+Item = TypeVar("Item")
+
+
+def rows_shown(items: list[Item], exceptional: Callable[[Item], bool]) -> tuple[list[Item], list[Item]]:
+    """The rows a terminal shows and those it leaves out: all of them up to TERMINAL_ROWS; past
+    it, the exceptional ones (at most TERMINAL_ROWS), the rest counted in a last row (every row is
+    in --format json and on the report page)."""
+    if len(items) <= TERMINAL_ROWS:
+        return items, []
+    shown = [item for item in items if exceptional(item)][:TERMINAL_ROWS]
+    kept = {id(item) for item in shown}
+    return shown, [item for item in items if id(item) not in kept]
+
+
+def counted(values: list[str]) -> str:
+    """``completed 9950, failed 2``: each value and how often, the commonest first."""
+    return ", ".join(f"{value} {count}" for value, count in Counter(values).most_common())
 
 
 class Table(RichTable):
@@ -104,10 +125,15 @@ def runs_table(report: dict[str, Any]) -> Table:
                   caption=_cost_caption(report.get("controller_cost") or {}))
     for column in ("run", "framework", "ranks", "status", "steps", "attempts", "faults", "as its twin"):
         table.add_column(column, no_wrap=column != "as its twin")
-    for run in report["runs"]:
+    shown, rest = rows_shown(report["runs"], is_exception)
+    for run in shown:
         table.add_row(run["run_id"], run["framework"], str(run["ranks"]), run["status"],
                       f"{run['final_step']}/{run['target_steps']}", str(len(run["attempts"])), str(len(run["faults"])),
                       _identity(run))
+    if rest:
+        table.add_row(f"... {len(rest)} more", counted([run["framework"] for run in rest]), "",
+                      counted([run["status"] for run in rest]), "", str(sum(len(run["attempts"]) for run in rest)),
+                      str(sum(len(run["faults"]) for run in rest)), counted([_identity(run) for run in rest]))
     return table
 
 
@@ -150,14 +176,23 @@ def recoveries_table(report: dict[str, Any]) -> Table:
                "resumed from", "lost steps", "lost s", "lost rank-s", *(("state from", "spare") if warm else ()))
     for column in columns:
         table.add_column(column, no_wrap=True)
-    # Grouped by failure class: recoveries from one kind of failure side by side.
-    for run, rec in sorted(recoveries, key=lambda item: item[1].get("failure_class") or ""):
+    # A long list: the slowest, the rest counted. Grouped by failure class: recoveries from one kind
+    # of failure side by side.
+    slowest = {id(item) for item in sorted(recoveries, key=lambda item: -item[1]["ttr_s"])[:TERMINAL_ROWS]}
+    shown, rest = rows_shown(recoveries, lambda item: id(item) in slowest)
+    for run, rec in sorted(shown, key=lambda item: item[1].get("failure_class") or ""):
         inferred = set(run.get("progress", {}).get("inferred", ()))
         table.add_row(run["run_id"], rec["fault_kind"], rec.get("failure_class") or "-", *(
             ("~" if key in inferred else "") + phase_shown(rec, key) for key in (
                 "detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s", "ttr_s",
                 "resumed_from_step", "lost_steps", "lost_s", "lost_rank_s")),
             *((rec.get("state_source") or "-", rec.get("spare") or "-") if warm else ()))
+    if rest:
+        table.add_row(f"... {len(rest)} more", counted([rec["fault_kind"] for _, rec in rest]),
+                      counted([rec.get("failure_class") or "-" for _, rec in rest]), *([""] * 6),
+                      f"median {_fmt(statistics.median(rec['ttr_s'] for _, rec in rest))}", "",
+                      f"median {_fmt(statistics.median(rec['lost_steps'] for _, rec in rest))}", "", "",
+                      *(("", "") if warm else ()))
     captions = []
     if any(run.get("progress", {}).get("inferred") for run in report["runs"]):
         captions.append("~ inferred, not measured: a zero-code script's start-up ends at its first step logged, "
@@ -198,26 +233,39 @@ def faults_table(report: dict[str, Any]) -> Table:
     table = Table(title="Faults (details shortened to their cause: the whole text in --format json)")
     for column in ("run", "#", "kind", "target", "attempt", "planned", "met step", "outcome", "checked", "detail"):
         table.add_column(column, no_wrap=column != "detail", overflow="fold")
-    for run in report["runs"]:
-        for number, fault in enumerate(run["faults"]):
-            planned = (f"step {fault['planned_step']}" if fault.get("planned_step") is not None
-                       else f"{_fmt(fault['planned_delay_s'])} s")
-            met = "" if fault.get("met_step") is None else str(fault["met_step"])
-            effect = fault.get("effect") or ""
-            checked = "INEFFECTIVE" if effect.startswith("ineffective") else "verified" if effect else "-"
-            table.add_row(run["run_id"], str(number), fault["kind"], fault["target"], str(fault["attempt"]),
-                          planned, met, fault["outcome"], checked, short_cause(fault["detail"]))
+    faults = [(run, number, fault) for run in report["runs"] for number, fault in enumerate(run["faults"])]
+    shown, rest = rows_shown(faults, lambda item: item[2]["outcome"] != "injected" or _checked(item[2]) == "INEFFECTIVE")
+    for run, number, fault in shown:
+        planned = (f"step {fault['planned_step']}" if fault.get("planned_step") is not None
+                   else f"{_fmt(fault['planned_delay_s'])} s")
+        met = "" if fault.get("met_step") is None else str(fault["met_step"])
+        table.add_row(run["run_id"], str(number), fault["kind"], fault["target"], str(fault["attempt"]),
+                      planned, met, fault["outcome"], _checked(fault), short_cause(fault["detail"]))
+    if rest:
+        table.add_row(f"... {len(rest)} more", "", counted([fault["kind"] for _, _, fault in rest]), "", "", "", "",
+                      counted([fault["outcome"] for _, _, fault in rest]),
+                      counted([_checked(fault) for _, _, fault in rest]), "")
     return table
+
+
+def _checked(fault: dict[str, Any]) -> str:
+    effect = fault.get("effect") or ""
+    return "INEFFECTIVE" if effect.startswith("ineffective") else "verified" if effect else "-"
 
 
 def checkpoints_table(report: dict[str, Any]) -> Table:
     table = Table(title="Checkpoints")
     for column in ("run", "count", "bytes each", "format", "writers", "mean blocking s", "mean persist s"):
         table.add_column(column, no_wrap=column != "format")
-    for run in report["runs"]:
+    first = {id(run) for run in report["runs"][:TERMINAL_ROWS]}
+    shown, rest = rows_shown(report["runs"], lambda run: id(run) in first)  # a long list: its first rows, the rest counted
+    for run in shown:
         ckpt = run["checkpoints"]
         table.add_row(run["run_id"], str(ckpt["count"]), str(ckpt["bytes"]), ckpt["format"], ckpt["writers"],
                       _fmt(ckpt["mean_blocking_s"]), _fmt(ckpt["mean_persist_s"]))
+    if rest:
+        table.add_row(f"... {len(rest)} more", str(sum(run["checkpoints"]["count"] for run in rest)), "",
+                      counted([run["checkpoints"]["format"] for run in rest]), "", "", "")
     return table
 
 

@@ -156,7 +156,7 @@ def _measured_alike(skewed: dict[str, Any], one_clock: dict[str, Any]) -> None:
             assert "ranks saved step" in moved["faults"][0]["detail"] and a["lost_steps"] == 0, moved["faults"]
 
 
-def _limits_spec(shared_tmp: Path, runs: int) -> Path:
+def _limits_spec(shared_tmp: Path, runs: int, parallel_runs: int) -> Path:
     """``runs`` runs of one small config (so one shared twin, one of them), 1 rank each, all at once
     if the site allowed it: the first killed at step 40, the others fault-free."""
     faults: list[list[dict[str, Any]]] = [[{"kind": "kill-rank", "after": {"at_step": 40}, "rank": 0,
@@ -167,7 +167,7 @@ def _limits_spec(shared_tmp: Path, runs: int) -> Path:
         "checkpoint": {"every_steps": 20, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
         "restart": {"max_restarts": 2, "poll_interval_s": 0.2},
-        "baseline": True, "parallel_runs": runs, "submit_as_array": True,
+        "baseline": True, "parallel_runs": parallel_runs, "submit_as_array": True,
         "sweep": {"grid": {"faults": faults}},
     }
     path = shared_tmp / "spec.yaml"
@@ -190,8 +190,8 @@ def _sacct_spans(job_ids: list[str]) -> list[tuple[float, float]]:
 
 def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
         shared_tmp: Path, site_limits: dict[str, int], slurm, wait_until) -> None:
-    """The limits profile: parallel_runs 10 against MaxSubmitJobs 8 (each array element counts, so
-    an array of ten is refused whole). The first eight runs go out as one array, the other two as
+    """The limits profile: parallel_runs 100 (past the cap of 64 the spec had before issue 29)
+    against MaxSubmitJobs 8 (each array element counts, so an array of ten is refused whole). The first eight runs go out as one array, the other two as
     single jobs as places free; by Slurm's own accounting never more than eight of the drill's jobs
     at once (a failed attempt's job counted until it ended); every run
     completes as its twin, its jobs' states read once they left squeue (MinJobAge 10 s); the report
@@ -208,8 +208,9 @@ def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
     found = pbs.max_submit_jobs(None, "debug")
     assert found is not None and found.jobs == site_limits["MaxSubmitJobs"], found
     assert pbs.max_array_size() == site_limits["MaxArraySize"]
-    runs = 10
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill", str(_limits_spec(shared_tmp, runs)),
+    runs, parallel_runs = 10, 100
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "drill",
+                           str(_limits_spec(shared_tmp, runs, parallel_runs)),
                            "--format", "json", "--no-html"], capture_output=True, text=True, timeout=DRILL_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout)
@@ -231,9 +232,9 @@ def test_under_the_sites_limits_a_sweep_keeps_to_its_submit_limit_and_completes(
                        timeout=60, message="sacct to hold every job's end")
     assert most_at_once(spans) <= site_limits["MaxSubmitJobs"], spans
 
-    [limits] = [check for check in scheduler_checks(parallel_runs=runs) if check.name == "limits"]
+    [limits] = [check for check in scheduler_checks(parallel_runs=parallel_runs) if check.name == "limits"]
     assert limits.status == "warn", limits
-    for said in ("MaxArraySize 16", "MinJobAge 10", "MaxSubmitJobs 8 < parallel_runs 10"):
+    for said in ("MaxArraySize 16", "MinJobAge 10", "MaxSubmitJobs 8 < parallel_runs 100"):
         assert said in limits.detail, limits
 
 
@@ -246,7 +247,7 @@ def test_the_users_other_jobs_count_too_a_refused_submission_is_held_until_they_
     failed, and by Slurm's accounting never more than eight of the user's jobs at once."""
     fillers = [slurm.sbatch("-p", "debug", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 20")
                for _ in range(site_limits["MaxSubmitJobs"] - 2)]
-    spec_path = _limits_spec(shared_tmp, runs=4)
+    spec_path = _limits_spec(shared_tmp, runs=4, parallel_runs=4)
     spec = yaml.safe_load(spec_path.read_text())
     spec["submit_as_array"] = False
     spec_path.write_text(yaml.safe_dump(spec))

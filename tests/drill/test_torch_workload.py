@@ -104,3 +104,21 @@ def test_torch_saves_without_its_unchecked_crc_and_the_state_loads_the_same(tmp_
     twin = torch.nn.Linear(64, 64)
     state = torch_state.load(tmp_path, twin, torch.optim.Adam(twin.parameters()), rank=0, step=3)
     assert state["step"] == 3 and all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+
+
+def test_overlapping_saves_put_torchs_crc_setting_back() -> None:
+    """Review of goal 3: saves on two threads that overlap (the first ends while the second runs)
+    left torch's CRC off for the whole process; counted, it comes back when the last ends."""
+    from torch.utils.serialization import config
+
+    from experiments.runtime.torch_state import _without_crc
+
+    first, second = _without_crc(), _without_crc()
+    first.__enter__()
+    second.__enter__()
+    assert config.save.compute_crc32 is False
+    first.__exit__(None, None, None)
+    assert config.save.compute_crc32 is False  # the second save still runs
+    second.__exit__(None, None, None)
+    assert config.save.compute_crc32 is True
+

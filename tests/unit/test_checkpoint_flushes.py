@@ -5,6 +5,7 @@ that deletes off the saving thread."""
 
 import errno
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from experiments.runtime import checkpoint as checkpoint_module
 from experiments.runtime import sink as sink_module
-from experiments.runtime.checkpoint import CheckpointMeta, CheckpointStore
+from experiments.runtime.checkpoint import CheckpointIncomplete, CheckpointMeta, CheckpointStore
 from experiments.runtime.sink import WritebackFile
 
 pytestmark = pytest.mark.unit
@@ -27,13 +28,14 @@ def _deliver_rank0(store: CheckpointStore, step: int, payload: bytes) -> None:
 
 
 def _record_flushes(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, int]]) -> None:
-    """Record every fsync (by the inode its descriptor names: a file's name changes on its way) and
-    every rename (by the inode renamed), in order."""
+    """Record every fsync as it returns (by the inode its descriptor names: a file's name changes on
+    its way) and every rename (by the inode renamed), in order."""
     real_fsync, real_rename = os.fsync, os.rename
 
     def fsync(fd: int) -> None:
-        events.append(("fsync", os.fstat(fd).st_ino))
+        inode = os.fstat(fd).st_ino
         real_fsync(fd)
+        events.append(("fsync", inode))  # when it returned: a flush not waited for is not before the publish
 
     def rename(source: str | Path, target: str | Path) -> None:
         events.append(("rename", os.stat(source).st_ino))
@@ -167,4 +169,127 @@ def test_a_pruned_checkpoint_leaves_sight_at_once_and_its_bytes_go_off_the_savin
     store.wait_pruned()
     assert len(deleting) == 1 and deleting[0].startswith(".step-00000001.trash-")
     assert sorted(p.name for p in store.root.iterdir()) == ["step-00000002"]
+
+
+def _failing_flush_of(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if name in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(sink_module.os, "fsync", fsync)
+
+
+def test_a_save_that_failed_before_its_flushes_does_not_fail_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of goal 3: a commit that stopped before its flushes (a rank delivered nothing) left
+    rank 0's pending flush to the next step's commit, which failed with it."""
+    store = CheckpointStore(tmp_path)
+    _failing_flush_of(monkeypatch, "step-00000001")
+    _deliver_rank0(store, 1, b"a" * 100)
+    with pytest.raises(CheckpointIncomplete):
+        store.commit(1, 0, META, time.monotonic(), None, ranks=2)  # rank 1 delivered nothing
+    _deliver_rank0(store, 2, b"b" * 100)
+    store.commit(2, 0, META, time.monotonic(), None, ranks=1)
+    assert _newest_step(store) == 2
+
+
+def test_a_save_never_committed_does_not_fail_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save whose ranks never met (no commit at all: the receipts' wait timed out) is let go by
+    the next save's sink."""
+    store = CheckpointStore(tmp_path)
+    _failing_flush_of(monkeypatch, "step-00000001")
+    _deliver_rank0(store, 1, b"a" * 100)
+    _deliver_rank0(store, 2, b"b" * 100)
+    store.commit(2, 0, META, time.monotonic(), None, ranks=1)
+    assert _newest_step(store) == 2
+
+
+def _newest_step(store: CheckpointStore) -> int | None:
+    found = store.newest_valid()
+    return None if found is None else found.step
+
+
+def test_rank_zero_holds_a_bounded_number_of_descriptors_however_many_files_it_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pending flush holds a duplicate descriptor: a share of many files on a slow disk must
+    not run the process out of them."""
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.02)
+        real_fsync(fd)
+
+    monkeypatch.setattr(sink_module.os, "fsync", slow_fsync)
+    before = len(os.listdir("/proc/self/fd"))
+    sink = CheckpointStore(tmp_path).sink(1, 0)
+    most = 0
+    for index in range(120):
+        sink.write_bytes(f"shard{index:03d}.bin", b"s" * 10)
+        most = max(most, len(os.listdir("/proc/self/fd")) - before)
+    sink.wait_durable()
+    assert most <= sink_module._Syncs.MAX_PENDING + 4, most
+
+
+def test_deletions_slower_than_the_saves_never_pile_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep = 1 and a deletion slower than a save: a save waits for the deletion before its own, so
+    at most one old checkpoint is on its way out at any time (never five keeps' worth of bytes)."""
+    store = CheckpointStore(tmp_path, keep=1)
+    real_rmtree = checkpoint_module.shutil.rmtree
+
+    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        time.sleep(0.1)
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", slow_rmtree)
+    most_trash = 0
+    for step in range(1, 7):
+        _deliver_rank0(store, step, b"p" * 10)
+        store.commit(step, 0, META, time.monotonic(), None, ranks=1)
+        most_trash = max(most_trash, sum(".trash-" in path.name for path in store.root.iterdir()))
+    assert most_trash <= 1, most_trash
+
+
+def test_a_restart_is_not_kept_waiting_by_the_deletion_of_what_the_last_attempt_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """remove_stale frees the partial directory's name at once and deletes its bytes meanwhile."""
+    store = CheckpointStore(tmp_path)
+    _deliver_rank0(store, 9, b"left by a dead attempt")
+    release, deleted = threading.Event(), threading.Event()
+    real_rmtree = checkpoint_module.shutil.rmtree
+
+    def held_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        release.wait(2)
+        real_rmtree(path, ignore_errors=ignore_errors)
+        deleted.set()
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", held_rmtree)
+    fresh = CheckpointStore(tmp_path)  # the next attempt's rank 0
+    assert fresh.remove_stale() == [fresh.partial_dir(9)]
+    assert not deleted.is_set(), "remove_stale waited for the deletion"
+    assert not fresh.partial_dir(9).exists()
+    release.set()
+    fresh.wait_pruned()
+    assert list(fresh.root.iterdir()) == []
+
+
+def test_a_stale_attempt_stopped_by_the_fence_after_hashing_writes_no_manifest(tmp_path: Path) -> None:
+    """The fence is asked again after the hashes (they take time): a stale attempt stopped there
+    neither writes a manifest nor takes the receipts of the attempt that shares the directory."""
+    store = CheckpointStore(tmp_path)
+    _deliver_rank0(store, 4, b"f" * 10)
+    calls = []
+
+    def fence() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("fenced out: attempt 1 is current")
+
+    with pytest.raises(RuntimeError, match="fenced out"):
+        store.commit(4, 0, META, time.monotonic(), None, ranks=1, before_publish=fence)
+    partial = store.partial_dir(4)
+    assert not (partial / "manifest.json").exists()
+    assert (partial / ".receipt-rank00000.json").exists()
 

@@ -113,3 +113,45 @@ def test_the_verdict_says_what_the_exit_code_says() -> None:
     line = answer_lines(failed)[0]
     assert line.endswith(", failed") and "failed: " not in line.split("->", 1)[1], line
     assert answer_lines(failed)[-1].startswith("Verdict: FAILED")
+
+
+def _a_sweep(report: dict[str, Any], runs: int) -> dict[str, Any]:
+    """The quick drill's faulted run ``runs`` times (ttr 1..runs s), two of them failed and one that
+    differs from its twin; the twin once."""
+    sweep = copy.deepcopy(report)
+    faulted, twin = report["runs"]
+    sweep["runs"] = []
+    for index in range(runs):
+        run = copy.deepcopy(faulted)
+        run["run_id"] = f"r{index:05d}"
+        run["recoveries"][0]["ttr_s"] = float(index + 1)
+        sweep["runs"].append(run)
+    for index in (17, 4242):
+        if index < runs:
+            sweep["runs"][index].update(status="failed", ended_because="gave up after 3 restarts")
+    if 777 < runs:
+        sweep["runs"][777]["identical_to_baseline"] = False
+    sweep["runs"].append(twin)
+    return sweep
+
+
+def test_a_sweep_of_ten_thousand_runs_shows_its_exceptions_and_counts_the_rest() -> None:
+    """Issue 29: a terminal gets the runs that failed or differ by name, and one line (or row) for
+    the rest, not 10,000 lines a table; every figure of the rest is still counted."""
+    text = _shown(_a_sweep(_quick(), 10_000))
+    lines = text.splitlines()
+    assert len(lines) < 600, len(lines)
+    named = [line for line in lines[:5] if line.startswith("r0")]
+    assert [line.split()[0] for line in named] == ["r00017", "r00777", "r04242"], lines[:5]
+    assert "DIFFERS from its twin" in named[1] and "failed: gave up" in named[0]
+    assert "9997 more run(s) met a fault and completed" in text and "slowest 10000.00 s" in text
+    assert "Verdict: FAILED: 9998 of 10000 run(s) completed, 10000 recovery(ies), 1 differ(s)" in text
+    assert re.search(r"\.\.\. 9998\s+more", text), "the runs table counts the rest (the twin with them)"
+    assert "completed 9998" in text and re.search(r"identical[\s│]+9997", text)  # a cell may wrap
+    assert re.search(r"\.\.\. 9950\s+more", text), "the recoveries table: the 50 slowest, the rest counted"
+    assert "r09999" in text and "r00100" not in text.split("Recoveries")[1]
+
+
+def test_a_sweep_that_fits_a_terminal_lists_every_run() -> None:
+    text = _shown(_a_sweep(_quick(), 40))
+    assert all(f"r{index:05d}" in text for index in range(40)) and "more run(s)" not in text

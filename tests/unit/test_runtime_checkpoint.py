@@ -160,7 +160,9 @@ def test_partial_directory_ignored_then_removed(tmp_path: Path) -> None:
     store.sink(20).write_bytes("rank0.bin", b"half a checkpoint")  # writer died before commit
     assert _newest(store).step == 10
     assert store.remove_stale() == [store.partial_dir(20)]
-    assert [p.name for p in store.root.iterdir()] == ["step-00000010"]
+    assert not store.partial_dir(20).exists()  # its name free at once for this attempt
+    store.wait_pruned()
+    assert [p.name for p in store.root.iterdir()] == ["step-00000010"]  # and its bytes deleted
 
 
 def test_sink_leaves_no_file_under_final_name_when_writer_fails(tmp_path: Path) -> None:

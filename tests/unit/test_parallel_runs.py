@@ -1,0 +1,83 @@
+"""Runs in flight past 64 (issue 29): bounded by the site's limit, not by the spec; the local
+backend's default follows the cores."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fake_scheduler import FakeScheduler
+from orchestrator.campaign.spec import MAX_PARALLEL_RUNS, SpecError, load_campaign, local_parallel_runs
+from orchestrator.control.controller import Controller
+
+pytestmark = pytest.mark.unit
+
+
+def _spec(tmp_path: Path, backend: str, runs: int = 1, tasks_per_node: int = 1, **extra: Any) -> Path:
+    spec = {
+        "name": "wide", "backend": backend, "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "checkpoint": {"every_steps": 50},
+        "resources": {"nodes": 1, "tasks_per_node": tasks_per_node, "time": "00:10:00"},
+        "restart": {"max_restarts": 1, "poll_interval_s": 0.01},
+        **extra,
+    }
+    if runs > 1:
+        spec["sweep"] = {"grid": {"workload.seed": list(range(runs))}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_five_hundred_in_flight_on_slurm_are_valid_and_the_sites_limit_binds_them(tmp_path: Path) -> None:
+    spec = load_campaign(_spec(tmp_path, "slurm", runs=600, parallel_runs=500, submit_as_array=True))
+    assert spec.parallel_runs == 500
+    controller = Controller(spec, backend=FakeScheduler(max_array=1000, max_submit=300))
+    try:
+        assert controller.in_flight_limit == 300
+        controller.run(observer=lambda trackers: controller.stop_requested.set())  # one round
+        notes = controller.ledger.meta("site_notes")
+    finally:
+        controller.close()
+    assert notes and "MaxSubmitJobs: 300)" in notes[0] and "parallel_runs 500" in notes[0], notes
+
+
+def test_without_a_site_limit_every_one_goes_out_in_one_array_throttled_to_parallel_runs(tmp_path: Path) -> None:
+    scheduler = FakeScheduler(max_array=1000)
+    controller = Controller(load_campaign(_spec(tmp_path, "slurm", runs=600, parallel_runs=500, submit_as_array=True)),
+                            backend=scheduler)
+    try:
+        controller.run(observer=lambda trackers: controller.stop_requested.set())
+    finally:
+        controller.close()
+    assert [len(array) for array in scheduler.called("submit_array")] == [600] and scheduler.throttles == [500]
+
+
+def test_past_the_sanity_bound_is_refused_naming_the_field_and_the_bound(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"parallel_runs[\s\S]*100000"):
+        load_campaign(_spec(tmp_path, "slurm", parallel_runs=MAX_PARALLEL_RUNS + 1))
+    assert not (tmp_path / "work").exists()
+
+
+def test_slurm_and_pbs_keep_one_run_in_flight_unless_told(tmp_path: Path) -> None:
+    assert load_campaign(_spec(tmp_path, "slurm")).parallel_runs == 1
+    assert load_campaign(_spec(tmp_path, "pbs")).parallel_runs == 1
+    assert load_campaign(_spec(tmp_path, "slurm", parallel_runs=3)).parallel_runs == 3
+
+
+def test_the_local_default_is_a_run_per_two_cores_a_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert load_campaign(_spec(tmp_path, "local")).parallel_runs == 8
+    assert load_campaign(_spec(tmp_path, "local", tasks_per_node=2)).parallel_runs == 4
+    assert load_campaign(_spec(tmp_path, "local", tasks_per_node=2, parallel_runs=6)).parallel_runs == 6  # said: kept
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert load_campaign(_spec(tmp_path, "local", tasks_per_node=4)).parallel_runs == 1  # never none
+
+
+@pytest.mark.parametrize(("ranks", "cores", "runs"), [(1, 2, 1), (1, 3, 1), (1, 4, 2), (2, 16, 4), (3, 16, 2), (9, 16, 1)])
+def test_local_parallel_runs(ranks: int, cores: int, runs: int) -> None:
+    assert local_parallel_runs(ranks, cores) == runs
