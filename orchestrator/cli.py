@@ -167,7 +167,8 @@ def _doctor(args: argparse.Namespace) -> int:
         resources = campaign.resources
         site = Site(args.backend or campaign.backend, campaign.workdir, args.nodes or resources.nodes,
                     args.partition or resources.partition, args.framework or campaign.workload.framework,
-                    campaign.parallel_runs, tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory,
+                    campaign.parallel_runs or 1,  # unsaid: Slurm's and PBS's default (the limits it is checked against)
+                    tuple(resources.extra_directives), campaign.checkpoint.every_runs_directory,
                     resources.container.image if resources.container is not None else None, campaign.ledger_dir,
                     max((float(getattr(fault, "max_fill_mb", 0.0)) for fault in campaign.faults
                          if fault.kind == "disk-full"), default=DISK_FULL_DEFAULT_MB))

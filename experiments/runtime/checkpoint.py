@@ -143,7 +143,10 @@ class CheckpointStore:
         doomed = []
         for path in stale:
             log.warning("removing stale checkpoint directory %s", path)
-            doomed.append(path if _TRASH in path.name else self._renamed_to_trash(path))
+            try:
+                doomed.append(path if _TRASH in path.name else self._renamed_to_trash(path))
+            except FileNotFoundError:  # gone meanwhile (published or removed by another attempt)
+                continue
         if doomed:
             self._reap(doomed)
         return stale

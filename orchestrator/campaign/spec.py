@@ -598,25 +598,16 @@ class Campaign(_Strict):
     # Resilience objectives checked when the drill ends (orchestrator/campaign/slo.py): a missed one
     # makes `drill` exit 5; `--junit FILE` writes one test case per run and objective.
     slo: list[Objective] = Field(default_factory=list)
-    # Runs in flight at once. Slurm and PBS: 1 unless said, and bounded at run time by the site's
-    # limit of submitted jobs (MaxSubmitJobs, max_queued: the controller reads it); the local
-    # backend: a run per two cores each of its ranks needs (local_parallel_runs), unless said.
-    parallel_runs: int = Field(None, ge=1, le=MAX_PARALLEL_RUNS, validate_default=True)  # None: the backend's default, filled in below
+    # Runs in flight at once; None: the backend's default, worked out when the drill runs
+    # (orchestrator/control/controller.py parallel_runs_of). Bounded at run time by the site's limit
+    # of submitted jobs (MaxSubmitJobs, max_queued: the controller reads it).
+    parallel_runs: int | None = Field(None, ge=1, le=MAX_PARALLEL_RUNS)
     # Submit the runs' first attempts as job arrays (one per set of equal resources), throttled to
     # parallel_runs by the scheduler; restarts are single jobs.
     submit_as_array: bool = False
 
     # Cross-field checks as field validators (they see the fields before them in info.data), so
     # that they are reported together with every other bad field, not only once the rest is valid.
-    @field_validator("parallel_runs", mode="before")
-    @classmethod
-    def _default_parallel_runs(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None:
-            return value
-        resources = info.data.get("resources")
-        ranks = resources.nodes * resources.tasks_per_node if isinstance(resources, ResourcesConfig) else 1
-        return local_parallel_runs(ranks) if info.data.get("backend", "local") == "local" else 1
-
     @field_validator("resources")
     @classmethod
     def _resources_fit_backend(cls, resources: ResourcesConfig, info: ValidationInfo) -> ResourcesConfig:
@@ -927,11 +918,3 @@ def _model_of(annotation: Any) -> Any:
             return found
     return None
 
-
-def local_parallel_runs(ranks_per_run: int, cores: int | None = None) -> int:
-    """The local backend's default of runs in flight: one run per two cores for each of its ranks
-    (a rank's own core, and one for its supervisor, the injector and the controller), at least one:
-    runs that share cores would measure each other's load, not their recovery."""
-    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                             else os.cpu_count() or 1)
-    return max(1, cores // (2 * max(1, ranks_per_run)))

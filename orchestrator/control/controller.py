@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -174,8 +175,8 @@ class Controller:
         self._notes_recorded: list[str] = []  # the site notes already in the ledger
         self.submit_limit = self.backend.max_submit_jobs(qos_of(campaign.resources.extra_directives),
                                                          campaign.resources.partition)
-        self.in_flight_limit, self._limit_notes = in_flight_limit(campaign.parallel_runs, len(self.runs),
-                                                                  self.submit_limit)
+        self.parallel_runs = parallel_runs_of(campaign, self.runs)
+        self.in_flight_limit, self._limit_notes = in_flight_limit(self.parallel_runs, len(self.runs), self.submit_limit)
         self._ended_jobs: set[str] = set()  # jobs of the drill seen ended: a new one frees a held submission
         self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
         self._cpu_at_start = time.process_time()
@@ -426,6 +427,25 @@ class Controller:
             "rounds_behind": before.get("rounds_behind", 0) + self.ticks.rounds_behind,
             "behind_ms_max": round(max(before.get("behind_ms_max", 0.0), 1000 * self.ticks.behind_s_max), 1),
         })
+
+
+def parallel_runs_of(campaign: Campaign, runs: list[RunConfig]) -> int:
+    """The spec's parallel_runs, or the backend's default where it says none: 1 on Slurm and PBS;
+    on the local backend, one run per two cores for each rank of its largest run."""
+    if campaign.parallel_runs is not None:
+        return campaign.parallel_runs
+    if campaign.backend != "local":
+        return 1
+    return local_parallel_runs(max((run.ranks for run in runs), default=1))
+
+
+def local_parallel_runs(ranks_per_run: int, cores: int | None = None) -> int:
+    """One run per two cores for each of its ranks (a rank's own core, and one for its supervisor,
+    the injector and the controller), at least one: runs that share cores would measure each
+    other's load, not their recovery. ``cores``: those this process may run on."""
+    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1)
+    return max(1, cores // (2 * max(1, ranks_per_run)))
 
 
 def in_flight_limit(parallel_runs: int, runs: int, limit: SubmitLimit | None) -> tuple[int, list[str]]:

@@ -61,10 +61,13 @@ def answer_lines(report: dict[str, Any], page: Path | None = None) -> list[str]:
 
 
 def is_exception(run: dict[str, Any]) -> bool:
-    """A run a long report lists by name: it did not complete, it differs from its twin, or its
-    records have findings."""
+    """A run a long report lists by name: it did not complete, it differs from its twin (or its
+    outputs to compare are missing), it resumed from an older step than its newest checkpoint or
+    replayed steps, or its records have findings."""
+    progress = run.get("progress") or {}
     return (run["status"] != "completed" or run.get("identical_to_baseline") is False
-            or bool(run.get("findings")))
+            or (run.get("outputs") or {}).get("verdict") in ("differs", "missing")
+            or bool(progress.get("resume_mismatch") or progress.get("replayed")) or bool(run.get("findings")))
 
 
 def _more_lines(unlisted_exceptions: int, rest: list[dict[str, Any]]) -> list[str]:
@@ -73,7 +76,8 @@ def _more_lines(unlisted_exceptions: int, rest: list[dict[str, Any]]) -> list[st
         ttrs = sorted(recovery["ttr_s"] for run in rest for recovery in run["recoveries"])
         recovered = (f", ttr median {ttrs[len(ttrs) // 2]:.2f} s, slowest {ttrs[-1]:.2f} s ({len(ttrs)} recoveries)"
                      if ttrs else "")
-        lines.append(f"{len(rest)} more run(s) met a fault and completed, none differing from its twin{recovered}")
+        lines.append(f"{len(rest)} more run(s) met a fault and completed (none of them failed, differs from its twin "
+                     f"or has a finding){recovered}")
     return lines
 
 

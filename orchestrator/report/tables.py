@@ -348,11 +348,15 @@ def slo_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"Resilience objectives (slo): {verdict['slo_met']} met, {verdict['slo_missed']} missed")
     for column in ("objective", "run", "bound", "measured", "met", "why"):
         table.add_column(column, no_wrap=column in ("bound", "measured", "met"))
-    for result in report["slo"]:
+    shown_results, rest = rows_shown(report["slo"], lambda result: not result["met"])  # a long list: the missed
+    for result in shown_results:
         measured = result["measured"]
         shown = "-" if measured is None else str(measured) if isinstance(measured, bool) else f"{measured:.3g}"
         table.add_row(result["objective"], result["run_id"], result["bound"], shown,
                       "yes" if result["met"] else "NO", result["why"])
+    if rest:
+        table.add_row(counted([result["objective"] for result in rest]), f"... {len(rest)} more", "", "",
+                      counted(["yes" if result["met"] else "NO" for result in rest]), "")
     return table
 
 
@@ -366,6 +370,8 @@ def findings_lines(report: dict[str, Any]) -> list[str]:
     """Each run's findings in full (a fault the ranks' records show ineffective, a suspicious
     record), and what the verdict then means; none for a drill without findings."""
     lines = [f"{run['run_id']}: {finding['what']}" for run in report["runs"] for finding in run.get("findings", [])]
+    if len(lines) > TERMINAL_ROWS:
+        lines[TERMINAL_ROWS:] = [f"... and {len(lines) - TERMINAL_ROWS} more finding(s) (--format json, the report page)"]
     if lines and not report["verdict"]["allowed"]:
         lines.append("The drill is not to be believed as it stands (exit 6); the spec's allow_ineffective: true "
                      "accepts such findings.")

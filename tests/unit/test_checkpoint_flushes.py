@@ -293,3 +293,19 @@ def test_a_stale_attempt_stopped_by_the_fence_after_hashing_writes_no_manifest(t
     assert not (partial / "manifest.json").exists()
     assert (partial / ".receipt-rank00000.json").exists()
 
+
+
+def test_a_stale_directory_gone_before_it_is_moved_aside_is_no_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: another attempt published or removed it between the listing and the rename."""
+    store = CheckpointStore(tmp_path)
+    _deliver_rank0(store, 3, b"left")
+    real_rename = os.rename
+
+    def gone_first(source: str | Path, target: str | Path) -> None:
+        checkpoint_module.shutil.rmtree(source)
+        real_rename(source, target)
+
+    monkeypatch.setattr(checkpoint_module.os, "rename", gone_first)
+    assert store.remove_stale() == [store.partial_dir(3)]
+    store.wait_pruned()

@@ -11,13 +11,15 @@ import pytest
 import yaml
 
 from fake_scheduler import FakeScheduler
-from orchestrator.campaign.spec import MAX_PARALLEL_RUNS, SpecError, load_campaign, local_parallel_runs
-from orchestrator.control.controller import Controller
+from orchestrator.campaign.runs import expand_runs
+from orchestrator.campaign.spec import MAX_PARALLEL_RUNS, SpecError, load_campaign
+from orchestrator.control.controller import Controller, local_parallel_runs, parallel_runs_of
 
 pytestmark = pytest.mark.unit
 
 
 def _spec(tmp_path: Path, backend: str, runs: int = 1, tasks_per_node: int = 1, **extra: Any) -> Path:
+    """A small spec; ``runs`` > 1: a sweep over seeds (or ``sweep=`` given in ``extra``)."""
     spec = {
         "name": "wide", "backend": backend, "workdir": str(tmp_path / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
@@ -63,19 +65,37 @@ def test_past_the_sanity_bound_is_refused_naming_the_field_and_the_bound(tmp_pat
     assert not (tmp_path / "work").exists()
 
 
+def _in_flight(path: Path) -> int:
+    campaign = load_campaign(path)
+    return parallel_runs_of(campaign, expand_runs(campaign))
+
+
 def test_slurm_and_pbs_keep_one_run_in_flight_unless_told(tmp_path: Path) -> None:
-    assert load_campaign(_spec(tmp_path, "slurm")).parallel_runs == 1
-    assert load_campaign(_spec(tmp_path, "pbs")).parallel_runs == 1
-    assert load_campaign(_spec(tmp_path, "slurm", parallel_runs=3)).parallel_runs == 3
+    assert _in_flight(_spec(tmp_path, "slurm")) == 1
+    assert _in_flight(_spec(tmp_path, "pbs")) == 1
+    assert _in_flight(_spec(tmp_path, "slurm", parallel_runs=3)) == 3
 
 
-def test_the_local_default_is_a_run_per_two_cores_a_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_local_default_is_a_run_per_two_cores_for_each_rank_of_the_largest_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert load_campaign(_spec(tmp_path, "local")).parallel_runs == 8
-    assert load_campaign(_spec(tmp_path, "local", tasks_per_node=2)).parallel_runs == 4
-    assert load_campaign(_spec(tmp_path, "local", tasks_per_node=2, parallel_runs=6)).parallel_runs == 6  # said: kept
+    assert _in_flight(_spec(tmp_path, "local")) == 8
+    assert _in_flight(_spec(tmp_path, "local", tasks_per_node=2)) == 4
+    assert _in_flight(_spec(tmp_path, "local", tasks_per_node=2, parallel_runs=6)) == 6  # said: kept
+    # Review: a sweep whose runs differ in size is sized by its largest (8 ranks: one at a time on 16 cores)
+    assert _in_flight(_spec(tmp_path, "local", sweep={"grid": {"resources.tasks_per_node": [1, 8]}})) == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert load_campaign(_spec(tmp_path, "local", tasks_per_node=4)).parallel_runs == 1  # never none
+    assert _in_flight(_spec(tmp_path, "local", tasks_per_node=4)) == 1  # never none
+
+
+def test_an_unsaid_parallel_runs_stays_unsaid_in_the_spec_a_workdir_keeps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: the default filled into the spec made a resume on a machine (or an allocation) with
+    other cores a different spec, which the workdir refused."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    first = load_campaign(_spec(tmp_path, "local")).model_dump()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert load_campaign(_spec(tmp_path, "local")).model_dump() == first and first["parallel_runs"] is None
 
 
 @pytest.mark.parametrize(("ranks", "cores", "runs"), [(1, 2, 1), (1, 3, 1), (1, 4, 2), (2, 16, 4), (3, 16, 2), (9, 16, 1)])

@@ -144,7 +144,7 @@ def test_a_sweep_of_ten_thousand_runs_shows_its_exceptions_and_counts_the_rest()
     named = [line for line in lines[:5] if line.startswith("r0")]
     assert [line.split()[0] for line in named] == ["r00017", "r00777", "r04242"], lines[:5]
     assert "DIFFERS from its twin" in named[1] and "failed: gave up" in named[0]
-    assert "9997 more run(s) met a fault and completed" in text and "slowest 10000.00 s" in text
+    assert "9997 more run(s) met a fault and completed (none of them failed" in text and "slowest 10000.00 s" in text
     assert "Verdict: FAILED: 9998 of 10000 run(s) completed, 10000 recovery(ies), 1 differ(s)" in text
     assert re.search(r"\.\.\. 9998\s+more", text), "the runs table counts the rest (the twin with them)"
     assert "completed 9998" in text and re.search(r"identical[\s│]+9997", text)  # a cell may wrap
@@ -155,3 +155,25 @@ def test_a_sweep_of_ten_thousand_runs_shows_its_exceptions_and_counts_the_rest()
 def test_a_sweep_that_fits_a_terminal_lists_every_run() -> None:
     text = _shown(_a_sweep(_quick(), 40))
     assert all(f"r{index:05d}" in text for index in range(40)) and "more run(s)" not in text
+
+
+def test_in_a_long_report_a_run_with_missing_outputs_or_an_older_resume_is_named() -> None:
+    """Review: such runs are not 'completed as their twin' and must not fold into the count."""
+    sweep = _a_sweep(_quick(), 60)
+    sweep["runs"][5].update(identical_to_baseline=None, outputs={"verdict": "missing"})
+    sweep["runs"][6]["progress"] = {"resume_mismatch": True}
+    named = [line.split()[0] for line in _shown(sweep).splitlines()[:6] if line.startswith("r0")]
+    assert named == ["r00005", "r00006", "r00017"], named
+
+
+def test_a_long_list_of_objectives_shows_the_missed_and_counts_the_met() -> None:
+    sweep = _a_sweep(_quick(), 2000)
+    sweep["slo"] = [{"objective": "kill-rank ttr", "run_id": run["run_id"], "bound": "<= 60 s",
+                     "measured": run["recoveries"][0]["ttr_s"] if run["recoveries"] else None,
+                     "met": bool(run["recoveries"]) and run["recoveries"][0]["ttr_s"] <= 60, "why": ""}
+                    for run in sweep["runs"] if not run["is_baseline"]]
+    sweep["verdict"].update(slo_met=60, slo_missed=1940)
+    text = _shown(sweep)
+    assert len(text.splitlines()) < 700
+    assert re.search(r"\.\.\. 1950\s+more", text), "50 missed listed, the rest counted"
+

@@ -131,7 +131,7 @@ class PBSBackend(Backend):
         first = items[0][0]
         name = array_job_name([run for run, _ in items], items[0][1].attempt, self.drill_id)
         script = render_pbs_array([(run, job.attempt) for run, job in items], self.drill_id, name,
-                                  throttle or first.campaign.parallel_runs, self.python)
+                                  throttle or first.campaign.parallel_runs or 1, self.python)  # unsaid: 1 (parallel_runs_of)
         pending = PendingArray.prepare(items, script)
         array_id = qsub(pending.script_path.name, script.text, script.submit_dir)
         accepted = time.time()
