@@ -72,18 +72,20 @@ def test_rank_zeros_flush_runs_on_while_it_writes_and_the_commit_waits_for_it(
     store = CheckpointStore(tmp_path)
     real_fsync = os.fsync
     flushing: list[str] = []
+    release = threading.Event()
 
-    def slow_fsync(fd: int) -> None:
+    def held_fsync(fd: int) -> None:
         path = os.readlink(f"/proc/self/fd/{fd}")
         if "rank0.bin" in path:
-            time.sleep(0.3)
+            release.wait(10)  # held until the rank has gone on
             flushing.append(path)
         real_fsync(fd)
 
-    monkeypatch.setattr(sink_module.os, "fsync", slow_fsync)
+    monkeypatch.setattr(sink_module.os, "fsync", held_fsync)
     started = time.monotonic()
     _deliver_rank0(store, 3, b"z" * 1000)
     assert not flushing  # still flushing: the rank went on
+    release.set()
     store.commit(3, 0, META, started, None, ranks=1)
     assert len(flushing) == 1  # waited for before the publish
     assert store.newest_valid() is not None
@@ -97,14 +99,7 @@ def test_rank_zeros_flush_runs_on_while_it_writes_and_the_commit_waits_for_it(
 def test_a_flush_that_fails_publishes_nothing_and_says_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, says: str) -> None:
     store = CheckpointStore(tmp_path)
-    real_fsync = os.fsync
-
-    def failing_fsync(fd: int) -> None:
-        if "rank0.bin" in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(code, os.strerror(code))
-        real_fsync(fd)
-
-    monkeypatch.setattr(sink_module.os, "fsync", failing_fsync)
+    _failing_flush_of(monkeypatch, "rank0.bin", code)
     started = time.monotonic()
     _deliver_rank0(store, 4, b"w" * 1000)
     with pytest.raises(OSError, match=says):
@@ -152,31 +147,34 @@ def test_a_pruned_checkpoint_leaves_sight_at_once_and_its_bytes_go_off_the_savin
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = CheckpointStore(tmp_path, keep=1)
     deleting = []
+    release = threading.Event()
     real_rmtree = checkpoint_module.shutil.rmtree
 
-    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
-        time.sleep(0.3)
+    def held_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        release.wait(10)  # held until the save has returned
         deleting.append(Path(path).name)
         real_rmtree(path, ignore_errors=ignore_errors)
 
-    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", slow_rmtree)
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", held_rmtree)
     for step in (1, 2):
         started = time.monotonic()
         _deliver_rank0(store, step, b"u" * 10)
         store.commit(step, 0, META, started, None, ranks=1)
     assert [step for step, _ in store.published()] == [2]
     assert deleting == []  # the save did not wait for the deletion
+    release.set()
     store.wait_pruned()
     assert len(deleting) == 1 and deleting[0].startswith(".step-00000001.trash-")
     assert sorted(p.name for p in store.root.iterdir()) == ["step-00000002"]
 
 
-def _failing_flush_of(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def _failing_flush_of(monkeypatch: pytest.MonkeyPatch, name: str, code: int = errno.EIO) -> None:
+    """Every fsync of a file whose path holds ``name`` fails with ``code``."""
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
         if name in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
+            raise OSError(code, os.strerror(code))
         real_fsync(fd)
 
     monkeypatch.setattr(sink_module.os, "fsync", fsync)
