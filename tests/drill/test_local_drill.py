@@ -39,8 +39,10 @@ def test_killed_rank_is_recovered_and_ends_identical_to_baseline(tmp_path: Path)
     assert recovery["resumed_from_step"] > 0 and recovery["resumed_from_step"] % 20 == 0
     # The phases are differences of ordered moments (>= 0, summing to ttr, by construction): what is
     # checked is what the local backend promises of them: a SIGKILL seen within a few 0.1 s polls,
-    # no queue (the controller starts the job itself), and a start-up that happened.
-    assert 0 < recovery["detect_s"] < 3 and recovery["queue_s"] < 1 and recovery["startup_s"] > 0
+    # no queue (the controller starts the job itself: its "queue" is two Python start-ups, the
+    # controller's and the rank's, a fraction of the rank's start-up, which imports the framework:
+    # a bound that holds however slow the machine), and a start-up that happened.
+    assert 0 < recovery["detect_s"] < 3 and 0 < recovery["queue_s"] < recovery["startup_s"]
     assert recovery["lost_steps"] >= 0
     assert faulted["identical_to_baseline"] is True
     assert faulted["final_digest"] == twin["final_digest"] != ""
