@@ -32,19 +32,12 @@ from experiments.layout import (  # noqa: F401
 )
 from experiments.runtime.rank_error import record_rank_error
 from experiments.runtime.warning import WarningNote, hold_seconds, warning_signal
+from experiments.threads import limit_threads
 
 if TYPE_CHECKING:  # the rank's modules load late: a rank's start-up time is measured
     from experiments.runtime.distenv import DistEnv
     from experiments.workloads.torch_workload import TorchWorkload
 
-# One thread per rank: ranks share the node's cores, and oversubscription makes step times noisy.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                    "NUMEXPR_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
-
-
-def limit_threads() -> None:
-    for name in THREAD_VARIABLES:
-        os.environ.setdefault(name, "1")
 
 
 def run_rank(job: RankJob) -> dict[str, Any]:

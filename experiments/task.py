@@ -20,7 +20,8 @@ This runs the same pickled call with the standard library alone:
 
 Without ``FAULTDRILL_JOB_ID`` (a user's template that does not export it), or with one that is not
 this job's (inherited from where the job was submitted), submitit's runner runs the job instead:
-slower, the same outcome.
+slower, the same outcome (the rank's thread limits set first: they must precede its NumPy). The
+local backend's tasks take that way (no scheduler id).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from experiments.layout import ENV_JOB_ID
+from experiments.threads import limit_threads
 
 PICKLE_WAIT_S = 60.0  # as submitit's runner
 PICKLE_LOOK_S = 0.05
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         raise SystemExit("usage: python -m experiments.task FOLDER (the job's submitit folder)")
+    limit_threads()  # before submitit's runner, which imports NumPy (OpenBLAS reads them at load)
     job_id = own_job_id(os.environ)
     if job_id is None:
         from submitit.core.submission import process_job

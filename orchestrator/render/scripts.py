@@ -151,14 +151,10 @@ def unique_job_name(stem: str, suffix: str) -> str:
     return stem[: JOB_NAME_LIMIT - len(tail)] + tail
 
 
-def submitit_command(python: str = sys.executable) -> list[str]:
-    """submitit's own task runner (its submitit folder follows): the local backend's tasks."""
-    return [python, "-u", "-m", "submitit.core._submit"]
-
-
 def task_command(python: str = sys.executable) -> list[str]:
-    """What a task of a Slurm or PBS job runs (its submitit folder follows: the batch script gives
-    it): submitit's pickled call, run without loading submitit (experiments/task.py)."""
+    """What a task of a job runs on every backend (its submitit folder follows: the batch script, or
+    the local executor, gives it): submitit's pickled call, run without loading submitit where the
+    scheduler names the job (experiments/task.py), through submitit's runner on the local backend."""
     return [python, "-u", "-m", "experiments.task"]
 
 
@@ -444,7 +440,8 @@ class PBSScriptRequest:
             "in_allocation": self.in_allocation, "relaunch_wait_s": self.relaunch_wait_s,
             "warning_at_s": _warning_at_s(self.walltime, self.warning_s),
             "extra_directives": [pbs_directive(extra) for extra in self.extra_directives],
-            "common_environment": common, "python": self.python, "forwarded": sorted(names),
+            "common_environment": common, "python": self.python, "command": task_command(self.python),
+            "forwarded": sorted(names),
             "site_mpi_release": site_release_lines(),
             "setup": list(self.setup), "setup_forwarded": list(SETUP_FORWARDED) if self.setup else [],
             "elements": [{"index": e.index, "folder": str(e.folder), "events_file": str(e.events_file or ""),

@@ -27,7 +27,7 @@ def test_render_shows_what_the_chosen_backend_submits(tmp_path: Path, backend: s
     if backend == "pbs":
         assert "#SBATCH" not in done.stdout and "mpiexec -n 2" in done.stdout
     if backend == "local":
-        assert "submitit.core._submit" in done.stdout and "export FAULTDRILL_RUN_ID=r000" in done.stdout
+        assert "-u -m experiments.task " in done.stdout and "export FAULTDRILL_RUN_ID=r000" in done.stdout
     assert not (tmp_path / "work").exists()
 
 

@@ -138,6 +138,8 @@ def test_warm_runs_the_coordinator_with_the_spares_task_slots(tmp_path: Path, fr
     # torch: 2 ranks + 2 spares a node; TensorFlow, Chainer: 2 ranks + 2 sets of 2 a node
     assert f"#SBATCH --ntasks-per-node={4 if framework == 'torch' else 6}\n" in text, text
     assert "-m experiments.warm.batch_host --launcher srun" in text and "--ranks-per-node 2" in text
+    members = text.split("-m experiments.warm.batch_host ", 1)[1].split("\nrc=$?")[0]
+    assert members.split(" -- ", 1)[1] == f'{PYTHON} -u -m experiments.task "$folder"', "the task command"
     if sets_flags is None:
         assert "--restart-all" not in text
     else:
@@ -162,4 +164,4 @@ def test_the_local_render_shows_the_tasks_and_environment_that_submit_starts(
     shown = describe_local(expand_runs(campaign)[0], attempt=0, drill_id="d-1")
     assert f"# {tasks} task(s) of this command" in shown
     assert ("export FAULTDRILL_RELAUNCH_WAIT_S=45" in shown) is relaunch_wait
-    assert shown.rstrip().endswith(f"-u -m submitit.core._submit {tmp_path / 'work' / 'runs' / 'r000' / 'submitit'}")
+    assert shown.rstrip().endswith(f"-u -m experiments.task {tmp_path / 'work' / 'runs' / 'r000' / 'submitit'}")

@@ -4,12 +4,15 @@ element may start before its pickle is in place), named when it never comes."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from submitit.core import utils as submitit_utils
 
 from experiments import task
+from experiments.layout import ENV_JOB_ID
+from experiments.threads import THREAD_VARIABLES
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +65,21 @@ def test_the_folder_is_filled_in_as_submitit_fills_it() -> None:
 ])
 def test_only_this_jobs_own_id_is_taken(environ: dict[str, str], own: str | None) -> None:
     assert task.own_job_id(environ) == own
+
+
+def test_submitits_runner_starts_with_the_ranks_thread_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI: warm members under PBS ran submitit's runner, which loads NumPy (OpenBLAS's threads)
+    before the rank's limits; the faulted run did other arithmetic than its twin. Every task, the
+    local backend's (no scheduler id) included, goes through experiments/task.py, which sets them
+    first; a value the task inherits still wins."""
+    from submitit.core import submission
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the user's
+    monkeypatch.delenv(ENV_JOB_ID, raising=False)
+    seen: dict[str, str | None] = {}
+    monkeypatch.setattr(submission, "process_job",
+                        lambda folder: seen.update({name: os.environ.get(name) for name in THREAD_VARIABLES}))
+    task.main(["/jobs/%j"])
+    assert seen == {**{name: "1" for name in THREAD_VARIABLES}, "OMP_NUM_THREADS": "4"}

@@ -36,7 +36,7 @@ from orchestrator.campaign.mpi import runtime_for
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
 from orchestrator.commands import CommandResult, run_command
-from orchestrator.render.scripts import rank_environment, submitit_command
+from orchestrator.render.scripts import rank_environment, task_command
 from orchestrator.states import JobState
 
 LOCAL_CONTROLLER_MODULE = "orchestrator.backends.local.controller"  # submitit's, recording exit codes
@@ -57,7 +57,9 @@ class EnvLocalExecutor(submitit.LocalExecutor):
     @property
     def _submitit_command_str(self) -> str:
         """With an MPI launcher, the launcher is the one task and starts every rank itself."""
-        base = super()._submitit_command_str
+        # the task command of every backend (experiments/task.py): with no scheduler's job id, it
+        # sets the rank's thread limits, then runs submitit's runner (which imports NumPy first)
+        base = shlex.join([*task_command(sys.executable), str(self.folder)])
         return shlex.join(self.launcher_prefix) + " " + base if self.launcher_prefix else base
 
     def _submit_command(self, command: str) -> submitit.local.local.LocalJob[Any]:
@@ -232,7 +234,7 @@ def describe_local(run: RunConfig, attempt: int, drill_id: str) -> str:
         f"# {launch.tasks} task(s) of this command in {run.paths.submitit}, {_minutes(run):g} min time limit;",
         f"# {what}, every one with this environment:",
         *(f"export {name}={shlex.quote(value)}" for name, value in sorted(launch.environment.items())),
-        shlex.join([*launch.prefix, *submitit_command(), str(run.paths.submitit)]),
+        shlex.join([*launch.prefix, *task_command(), str(run.paths.submitit)]),
     ]
     return "\n".join(lines) + "\n"
 
