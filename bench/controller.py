@@ -74,8 +74,8 @@ class Sampler:
 
     rounds: list[Round] = field(default_factory=list)
 
-    def __call__(self, trackers: list[Any]) -> None:
-        in_flight = sum(1 for tracker in trackers if _in_flight(tracker))
+    def __call__(self, touched: list[Any]) -> None:
+        in_flight = sum(1 for tracker in touched if _in_flight(tracker))
         self.rounds.append(Round(time.monotonic(), time.process_time(), in_flight))
 
 
@@ -154,7 +154,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
     set_up_at = time.monotonic()
     plan = plan_drill(campaign)
     prepare_workdir(campaign)
-    sampler, kills, trackers_seen = Sampler(), [], []
+    sampler, kills = Sampler(), []
     with ControllerLock(campaign.workdir):
         controller = Controller(campaign, plan=plan)
         set_up_s = time.monotonic() - set_up_at
@@ -164,15 +164,14 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         next_kill = started + warmup_s
         ends_at = started + warmup_s + window_s
 
-        def observe(trackers: list[Any]) -> None:
+        def observe(trackers: list[Any], touched: list[Any]) -> None:
             nonlocal next_kill
-            progress(trackers)
-            progress_file(trackers)
-            sampler(trackers)
-            trackers_seen[:] = [trackers]
+            progress(trackers, touched)
+            progress_file(trackers, touched)
+            sampler(touched)
             now = time.monotonic()
             if now >= next_kill and now < ends_at - 2 * kill_every_s:  # the last kills are detected in the window
-                kills.extend(kill_some(campaign.workdir, trackers, fail_share))
+                kills.extend(kill_some(campaign.workdir, touched, fail_share))
                 next_kill = now + kill_every_s
             if now >= ends_at:
                 controller.stop_requested.set()
@@ -181,6 +180,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
             with Progress(story=story) as progress:
                 controller.run(observer=observe)
         finally:
+            progress_file.close()
             controller.close()
     rounds = [r for r in sampler.rounds if r.at >= started + warmup_s]
     costs_ms = [1000 * (b.cpu_s - a.cpu_s) for a, b in zip(rounds, rounds[1:], strict=False)]

@@ -290,9 +290,9 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     previous = {signum: signal.signal(signum, lambda *_: controller.stop_requested.set()) for signum in stops}
     try:
         with Progress(story=story) as progress:
-            def observe(trackers: list[RunTracker]) -> None:
-                progress(trackers)
-                progress_file(trackers)
+            def observe(trackers: list[RunTracker], touched: list[RunTracker]) -> None:
+                progress(trackers, touched)
+                progress_file(trackers, touched)
 
             finished = controller.run(observer=observe)
     except SchedulerUnavailable as error:
@@ -301,6 +301,7 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        progress_file.close()  # the last word of every run
         controller.close()
     if not finished:
         print(f"faultdrill: stopped; the drill's jobs keep running. `faultdrill drill SPEC` picks them up, "

@@ -147,13 +147,13 @@ def run_completed(run_dir: Any, attempt: int, steps: int) -> None:
     append_json_line(paths.events_file(attempt), {"event": EVENT_COMPLETED, "time": time.time()})
 
 
-def when_first_job_runs(scheduler: FakeScheduler, act: Callable[[str], None]) -> Callable[[list[Any]], None]:
+def when_first_job_runs(scheduler: FakeScheduler, act: Callable[[str], None]) -> Callable[[list[Any], list[Any]], None]:
     """An observer for ``Controller.run``: the first time the drill's first job is pending, it starts
     running and ``act(job)`` happens to it (its ranks die, hang or finish); never again (a requeue
     puts it back in the queue)."""
     acted: list[str] = []
 
-    def observe(trackers: list[Any]) -> None:
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
         job = next(iter(scheduler.states), None)
         if job is not None and not acted and scheduler.states[job] is JobState.PENDING:
             acted.append(job)

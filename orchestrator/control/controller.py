@@ -15,6 +15,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -59,7 +60,7 @@ from orchestrator.states import JobState
 
 log = logging.getLogger(__name__)
 
-Observer = Callable[[list[RunTracker]], None]
+Observer = Callable[[list[RunTracker], list[RunTracker]], None]  # (every run, those this round touched)
 
 
 def plan_faults(run: RunConfig) -> list[PlannedFault]:
@@ -301,16 +302,24 @@ class Controller:
             active += arrayed
             waiting = [t for t in waiting if t not in arrayed]
         ticks = self.ticks
-        while (waiting or active or any(t.closing for t in trackers)) and not self.stop_requested.is_set():
-            while waiting and len(active) < self.in_flight_limit and self._room_for_a_job(trackers):
-                tracker = waiting.pop(0)
+        queue = deque(waiting)
+        closing = [t for t in trackers if t.closing]  # a failed job still finishing (an earlier controller's)
+        first_round = True  # its observers see every run once
+        while (queue or active or closing) and not self.stop_requested.is_set():
+            while queue and len(active) < self.in_flight_limit and self._room_for_a_job(active + closing):
+                tracker = queue.popleft()
                 tracker.start(time.time())
                 active.append(tracker)
-            self._advance(active, trackers)
+            # This round's work is its runs in flight and those whose failed job is still closing:
+            # a run that waits for its turn or has ended (its jobs gone) costs it nothing (issue 29).
+            busy = active + [t for t in closing if t not in active]
+            self._advance(active, busy)
+            closing = [t for t in busy if t.closing]
             active = [t for t in active if not t.done]
             if observer is not None:
-                observer(trackers)
-            if waiting or active or any(t.closing for t in trackers):
+                observer(trackers, trackers if first_round else busy)
+            first_round = False
+            if queue or active or closing:
                 ticks.wait(self.stop_requested)
 
     def _jobs_held(self, trackers: list[RunTracker]) -> int:
@@ -365,9 +374,11 @@ class Controller:
         sync_filesystem(self.campaign.workdir)
         return group
 
-    def _advance(self, active: list[RunTracker], trackers: list[RunTracker]) -> None:
+    def _advance(self, active: list[RunTracker], busy: list[RunTracker]) -> None:
         """Every run's files at the fast interval; the scheduler's states when a poll was due (a
-        job absent from ``states`` has no news this round)."""
+        job absent from ``states`` has no news this round). ``busy``: the runs in flight and those
+        whose failed job is closing: every job the drill still watches is one of theirs."""
+        trackers = busy
         job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]
         states = self.poller.poll(self.backend, job_ids, urgent=any(tracker.awaits_scheduler for tracker in active))
         now = time.time()

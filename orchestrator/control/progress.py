@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,12 @@ from rich.live import Live
 from orchestrator.control.story import Story, not_begun
 from orchestrator.control.tracker import RunTracker
 from orchestrator.report.answer import short_cause
-from orchestrator.report.tables import Table
+from orchestrator.report.tables import Table, rows_shown
 
 REDRAW_INTERVAL_S = 0.25
 PROGRESS_NAME = "progress.json"
 PROGRESS_WRITE_INTERVAL_S = 1.0
+ROWS_PER_SECOND = 2000  # progress.json of a large sweep: at most this many rows written a second
 
 
 @dataclass(frozen=True)
@@ -42,26 +44,53 @@ class ProgressRow:
 
 
 class RowBook:
-    """Every run's progress row, kept from round to round: the row of a run that waits for its
-    first turn, or whose story is told to its end (built once more after that), is not built
-    again (a sweep's round costs what its runs in flight cost: issue 29)."""
+    """Every run's progress row, kept from round to round and rebuilt only for the runs whose row
+    can change: those a round touched (in flight, a failed job closing), until their row was built
+    after their story was settled. A run that waits for its turn, or whose row is final, costs a
+    round nothing (issue 29); ``counts`` holds the rows by status, kept as they change."""
 
     def __init__(self, story: Story) -> None:
         self.story = story
-        self._rows: dict[str, ProgressRow] = {}
+        self._rows: dict[str, ProgressRow] = {}  # every run's, in the trackers' order
+        self._open: dict[str, RunTracker] = {}  # rows to rebuild: touched, not final
         self._final: set[str] = set()  # runs whose row was built after their story was settled
+        self.counts: Counter[str] = Counter()
+
+    def update(self, trackers: list[RunTracker], touched: list[RunTracker],
+               now: float | None = None) -> list[ProgressRow]:
+        """The rows rebuilt this round (every run's the first time)."""
+        for tracker in trackers if not self._rows else touched:
+            run_id = tracker.run.run_id
+            if run_id in self._rows and not_begun(tracker):
+                self._open.pop(run_id, None)  # waits for its turn: its row stands
+            elif run_id not in self._final:
+                self._open[run_id] = tracker
+        building = list(self._open.values())
+        built = progress_rows(building, self.story, now)
+        for tracker, row in zip(building, built, strict=True):
+            before = self._rows.get(row.run)
+            if before is not None:
+                self.counts[before.status] -= 1
+            self.counts[row.status] += 1
+            self._rows[row.run] = row
+            if row.run in self.story.settled:
+                self._final.add(row.run)
+                del self._open[row.run]
+            elif not_begun(tracker):
+                del self._open[row.run]  # touched again when it starts
+        return built
 
     def rows(self, trackers: list[RunTracker], now: float | None = None) -> list[ProgressRow]:
-        changing = [tracker for tracker in trackers if not self._kept(tracker)]
-        for tracker, row in zip(changing, progress_rows(changing, self.story, now), strict=True):
-            self._rows[row.run] = row
-            if tracker.run.run_id in self.story.settled:
-                self._final.add(row.run)
+        """Every run's row, in the trackers' order, each rebuilt where it can have changed."""
+        self.update(trackers, trackers, now)
         return [self._rows[tracker.run.run_id] for tracker in trackers]
 
-    def _kept(self, tracker: RunTracker) -> bool:
-        run_id = tracker.run.run_id
-        return run_id in self._final or (run_id in self._rows and not_begun(tracker))
+    def all_rows(self) -> list[ProgressRow]:
+        return list(self._rows.values())
+
+    def open_rows(self) -> list[ProgressRow]:
+        """The rows that can still change: the runs in flight and those just ended."""
+        return [self._rows[run_id] for run_id in self._open if run_id in self._rows]
 
 
 def progress_rows(trackers: list[RunTracker], story: Story | None = None, now: float | None = None) -> list[ProgressRow]:
@@ -88,12 +117,17 @@ def progress_rows(trackers: list[RunTracker], story: Story | None = None, now: f
 
 
 def progress_table(rows: list[ProgressRow], title: str = "Faultdrill: drill in progress",
-                   now: float | None = None) -> Table:
+                   now: float | None = None, counts: Counter[str] | None = None) -> Table:
+    """The rows, as many as a terminal shows (past TERMINAL_ROWS: the runs in flight, stalled or
+    failed first), and one row counting the rest by status: of ``rows``, or of ``counts`` (every
+    run's) where ``rows`` are some of the runs (the live display's: those that can change)."""
     now = time.time() if now is None else now
     table = Table(title=title)
     for column in ("run", "status", "attempt", "job", "state", "step", "faults", "last event"):
         table.add_column(column, no_wrap=column != "last event")
-    for row in rows:
+    shown, rest = rows_shown(rows, _notable)
+    left = Counter(row.status for row in rest) if counts is None else counts - Counter(row.status for row in shown)
+    for row in shown:
         step = f"{row.step}/{row.target_steps}"
         if row.stalled_s is not None:
             step += f" STALLED {row.stalled_s:.0f} s"
@@ -101,7 +135,15 @@ def progress_table(rows: list[ProgressRow], title: str = "Faultdrill: drill in p
                  if row.last_event_at is not None else "-")
         table.add_row(row.run, row.status, "-" if row.attempt is None else str(row.attempt), row.job or "-",
                       row.state or "-", step, f"{row.faults_sent}/{row.faults_planned}", event)
+    if +left:
+        table.add_row(f"{sum((+left).values())} more", ", ".join(f"{status} {count}" for status, count in
+                                                                 (+left).most_common()), "", "", "", "", "", "")
     return table
+
+
+def _notable(row: ProgressRow) -> bool:
+    """A row a long table lists by name: its run is under way or did not end well, or it stalled."""
+    return row.stalled_s is not None or row.status not in ("pending", "completed")
 
 
 def _age(seconds: float) -> str:
@@ -110,25 +152,39 @@ def _age(seconds: float) -> str:
 
 
 class ProgressFile:
-    """Observer for Controller.run: the progress rows in ``<workdir>/progress.json``, at most once
-    a second, and at once when a run's status or attempt changed (so the last word is written)."""
+    """Observer for Controller.run: the progress rows in ``<workdir>/progress.json``, when one
+    changed, at most once a second (once every ``rows / ROWS_PER_SECOND`` seconds for a large
+    sweep: the file holds every run), and on ``close`` (the last word). Each row is serialized
+    when it is rebuilt, so a write joins what is kept."""
 
     def __init__(self, workdir: Path, story: Story | None = None) -> None:
         self.path = workdir / PROGRESS_NAME
         self.book = RowBook(story or Story())
-        self._last_write = 0.0
-        self._last_key: list[tuple[str, int | None, str | None, str]] = []
+        self._last_write = float("-inf")
+        self._serialized: dict[str, str] = {}  # every run's row as JSON, in the trackers' order
+        self._dirty = False
 
-    def __call__(self, trackers: list[RunTracker]) -> None:
-        rows = self.book.rows(trackers)
-        key = [(row.status, row.attempt, row.state, row.last_event) for row in rows]
+    def __call__(self, trackers: list[RunTracker], touched: list[RunTracker] | None = None) -> None:
+        for row in self.book.update(trackers, trackers if touched is None else touched):
+            text = json.dumps(row.__dict__)
+            if self._serialized.get(row.run) != text:
+                self._serialized[row.run], self._dirty = text, True
         now = time.monotonic()
-        if key == self._last_key and now - self._last_write < PROGRESS_WRITE_INTERVAL_S:
-            return
-        self._last_write, self._last_key = now, key
+        if self._dirty and now - self._last_write >= self.write_interval_s():
+            self._write(now)
+
+    def write_interval_s(self) -> float:
+        return max(PROGRESS_WRITE_INTERVAL_S, len(self._serialized) / ROWS_PER_SECOND)
+
+    def close(self) -> None:
+        if self._dirty:
+            self._write(time.monotonic())
+
+    def _write(self, now: float) -> None:
+        self._last_write, self._dirty = now, False
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"updated": time.time(), "controller_pid": os.getpid(),
-                                   "runs": [asdict(row) for row in rows]}))
+        tmp.write_text(f'{{"updated": {time.time()!r}, "controller_pid": {os.getpid()}, "runs": ['
+                       + ", ".join(self._serialized.values()) + "]}")
         os.replace(tmp, self.path)
 
 
@@ -162,12 +218,13 @@ class Progress:
         if self._live is not None:
             self._live.__exit__(*exc)
 
-    def __call__(self, trackers: list[RunTracker]) -> None:
-        for line in self.story.new_lines(trackers):
+    def __call__(self, trackers: list[RunTracker], touched: list[RunTracker] | None = None) -> None:
+        touched = trackers if touched is None else touched
+        for line in self.story.new_lines(touched):
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
         now = time.time()
-        rows = self.book.rows(trackers, now)
-        for row in rows:  # a stall said once as a line (the live table shows it as long as it lasts)
+        for row in self.book.update(trackers, touched, now):  # a stall said once as a line (the live
+            # table shows it as long as it lasts)
             if row.stalled_s is not None and row.run not in self._stalls_said:
                 self._stalls_said.add(row.run)
                 self.console.print(f"{time.strftime('%H:%M:%S')} {row.run} STALLED: no new step for "
@@ -176,6 +233,6 @@ class Progress:
             elif row.stalled_s is None:
                 self._stalls_said.discard(row.run)
         if self._live is not None and time.monotonic() - self._last_draw >= REDRAW_INTERVAL_S:
-            self._live.update(progress_table(rows, f"Faultdrill: drill in progress, {_age(now - self._started)} "
-                                                   "elapsed", now))
+            self._live.update(progress_table(self.book.open_rows(), f"Faultdrill: drill in progress, "
+                                             f"{_age(now - self._started)} elapsed", now, self.book.counts))
             self._last_draw = time.monotonic()

@@ -47,30 +47,41 @@ class RunStory:
 
 
 class Story:
-    """Observer part: new events of every run, as lines ("HH:MM:SS r000 ..."), each told once."""
+    """Observer part: new events of every run, as lines ("HH:MM:SS r000 ..."), each told once.
+
+    Reads the runs whose story is open: each run a round touched (in flight, or a failed job
+    closing) from then until its end was told and read once more; a run that waits for its turn
+    or was settled costs nothing (``new_lines`` takes the round's touched runs, not the sweep)."""
 
     def __init__(self) -> None:
         self.runs: dict[str, RunStory] = {}
         self._looked = 0.0
         self._ended_told: set[str] = set()  # runs whose end was told: read once more, then settled
         self.settled: set[str] = set()  # runs whose story is told to its end: not read again
+        self._open: dict[str, "RunTracker"] = {}  # runs to read: touched, not settled
 
     def quiet(self, tracker: "RunTracker") -> bool:
         """Nothing new can come from this run: it waits for its first turn, or its story is told."""
         return tracker.run.run_id in self.settled or not_begun(tracker)
 
-    def new_lines(self, trackers: list["RunTracker"], now: float | None = None) -> list[str]:
+    def new_lines(self, touched: list["RunTracker"], now: float | None = None) -> list[str]:
+        """The new events of the open runs, ``touched`` (this round's) among them; every runs' on
+        the first call (a controller that adopts a drill tells what its runs did meanwhile)."""
+        for tracker in touched:
+            if tracker.run.run_id not in self.settled:
+                self._open[tracker.run.run_id] = tracker
         now = time.time() if now is None else now
         if now - self._looked < LOOK_EVERY_S:
             return []
         self._looked = now
         lines = []
-        for tracker in trackers:
-            run_id = tracker.run.run_id
+        for run_id, tracker in list(self._open.items()):
             if self.quiet(tracker):
+                del self._open[run_id]  # a waiting run is touched again when it starts
                 continue
             if run_id in self._ended_told:
                 self.settled.add(run_id)  # this is its read after the end
+                del self._open[run_id]
             story = self.runs.setdefault(run_id, RunStory())
             for key, moment, text in _events(tracker.ledger, run_id, tracker.status):
                 if key in story.said:

@@ -78,7 +78,7 @@ def test_a_controller_that_dies_right_after_cancelling_a_failed_job_restarts_the
 
     second = Controller(spec, backend=scheduler)
     try:
-        second.run(observer=lambda trackers: len(scheduler.called("submit")) == 2 and second.stop_requested.set())
+        second.run(observer=lambda trackers, touched: len(scheduler.called("submit")) == 2 and second.stop_requested.set())
         attempts = second.ledger.attempts(run.run_id)
         status = second.ledger.run(run.run_id).status
     finally:
@@ -92,7 +92,7 @@ def _in_flight(tmp_path: Path, scheduler: FakeScheduler) -> Path:
     path = _spec(tmp_path, "resubmit", max_restarts=2)
     controller = Controller(load_campaign(path), backend=scheduler)
     try:
-        controller.run(observer=lambda trackers: scheduler.called("submit") and controller.stop_requested.set())
+        controller.run(observer=lambda trackers, touched: scheduler.called("submit") and controller.stop_requested.set())
     finally:
         controller.close()
     for job in scheduler.states:
@@ -149,7 +149,7 @@ def test_a_final_record_no_attempt_of_this_drill_wrote_does_not_complete_its_run
     write_json_atomic(run.paths.final, record_dict(FinalRecord(step=100, digest="orphan", time=0.0, attempt=0,
                                                                drill_id="an-earlier-drill")))
     try:
-        controller.run(observer=lambda trackers: controller.stop_requested.set())
+        controller.run(observer=lambda trackers, touched: controller.stop_requested.set())
         status = controller.ledger.run(run.run_id).status
     finally:
         controller.close()
@@ -211,7 +211,7 @@ def test_a_final_record_of_this_drill_from_an_attempt_the_ledger_has_not_seen_co
     first = Controller(spec, backend=scheduler)
     [run] = first.runs
     try:
-        first.run(observer=lambda trackers: scheduler.called("submit") and first.stop_requested.set())
+        first.run(observer=lambda trackers, touched: scheduler.called("submit") and first.stop_requested.set())
         drill_id = first.drill_id
     finally:
         first.close()
@@ -314,8 +314,8 @@ def test_a_policy_backoff_outlives_the_controller(tmp_path: Path) -> None:
 
     start = when_first_job_runs(scheduler, ranks_die)
 
-    def ranks_die_then_stop(trackers: list) -> None:
-        start(trackers)
+    def ranks_die_then_stop(trackers: list, touched: list) -> None:
+        start(trackers, touched)
         if len(first.ledger.attempts(run.run_id)) == 2:
             first.stop_requested.set()  # stopped during the backoff
 
@@ -326,7 +326,7 @@ def test_a_policy_backoff_outlives_the_controller(tmp_path: Path) -> None:
     second = Controller(spec, backend=scheduler)
     rounds: list[int] = []
 
-    def twenty_rounds(trackers: list) -> None:
+    def twenty_rounds(trackers: list, touched: list) -> None:
         rounds.append(1)
         if len(rounds) >= 20:
             second.stop_requested.set()

@@ -31,7 +31,7 @@ def _sweep(tmp_path: Path, runs: int, parallel_runs: int) -> Path:
 
 def _first_round(controller: Controller) -> None:
     """The controller's loop, stopped after its first round."""
-    controller.run(observer=lambda trackers: controller.stop_requested.set())
+    controller.run(observer=lambda trackers, touched: controller.stop_requested.set())
 
 
 def _a_controller_leaves_its_jobs_running(spec: Campaign, scheduler: FakeScheduler) -> None:
@@ -85,7 +85,7 @@ def test_under_the_sites_limit_of_submitted_jobs_arrays_and_runs_in_flight_keep_
     controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=5)), backend=scheduler)
     most_in_flight = []
 
-    def runs_end_one_by_one(trackers: list) -> None:
+    def runs_end_one_by_one(trackers: list, touched: list) -> None:
         in_flight = [job for job, state in scheduler.states.items() if not state.is_terminal]
         most_in_flight.append(len(in_flight))
         if in_flight:
@@ -169,7 +169,7 @@ def test_an_attempt_in_the_same_job_is_looked_up_as_its_array_element(tmp_path: 
     controller = Controller(load_campaign(path), backend=scheduler)
     second = controller.runs[1]
 
-    def second_runs_ranks_die(trackers: list) -> None:
+    def second_runs_ranks_die(trackers: list, touched: list) -> None:
         element = "101_1"
         if scheduler.states.get(element) is JobState.PENDING:
             scheduler.states = {job: JobState.RUNNING for job in scheduler.states}
@@ -216,7 +216,7 @@ def test_a_relaunch_in_a_later_job_is_looked_up_under_that_jobs_name(tmp_path: P
     controller = Controller(load_campaign(path), backend=scheduler)
     [run] = controller.runs
 
-    def two_failures(trackers: list) -> None:
+    def two_failures(trackers: list, touched: list) -> None:
         attempts = controller.ledger.attempts(run.run_id)
         job = attempts[-1].job_id
         if job is None or len(attempts) > 2:
@@ -269,3 +269,41 @@ def test_a_restarted_controller_counts_the_arrays_in_flight_against_parallel_run
     for _ in range(2):
         _a_controller_leaves_its_jobs_running(spec, scheduler)
     assert scheduler.throttles == [1, 1], scheduler.throttles
+
+
+def test_a_rounds_work_follows_the_runs_in_flight_not_the_sweeps_size(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a run that waits for its turn or has ended costs a round nothing. 30 runs, 2 in
+    flight, each ended by the scheduler as it runs: every round (the first, which looks at every
+    run once, aside) asks only the runs in flight and those it ended for their jobs, and its
+    observers are told of those alone. Counts calls, not time."""
+    from orchestrator.control.tracker import RunTracker
+    from orchestrator.states import JobState
+
+    asked: list[str] = []
+    watched = RunTracker.watched_job_ids
+    monkeypatch.setattr(RunTracker, "watched_job_ids", lambda self: asked.append(self.run.run_id) or watched(self))
+    spec = load_campaign(_sweep(tmp_path, runs=30, parallel_runs=2))
+    spec = spec.model_copy(update={"submit_as_array": False})
+    scheduler = FakeScheduler()
+    controller = Controller(spec, backend=scheduler)
+    rounds: list[tuple[int, int, int]] = []  # (runs asked, runs told to the observers, every run)
+
+    def runs_end_as_they_run(trackers: list, touched: list) -> None:
+        rounds.append((len(set(asked)), len(touched), len(trackers)))
+        asked.clear()
+        running = [job for job, state in scheduler.states.items() if not state.is_terminal]
+        for job in running:
+            scheduler.states[job] = JobState.CANCELLED  # a person's cancel: the run gives up
+        if len(scheduler.states) == 30 and not running:
+            controller.stop_requested.set()
+
+    try:
+        controller.run(observer=runs_end_as_they_run)
+    finally:
+        controller.close()
+    assert len(scheduler.called("submit")) == 30
+    assert rounds[0][1] == 30, "the first round's observers see every run once"
+    later = rounds[1:]
+    assert len(later) >= 15 and all(told <= 2 * 2 and runs_asked <= 2 * 2 for runs_asked, told, _ in later), later
+    assert all(every == 30 for _, _, every in rounds)

@@ -114,7 +114,7 @@ def test_the_harness_crosses_every_fence_write_of_the_controller() -> None:
 
 def _runs_in_flight(spec: Path, world: SimulatedCluster) -> None:
     """A controller drives the drill until every run it has submitted is running, then dies."""
-    def observe(trackers: list[Any]) -> None:
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
         watched = [tracker.watch for tracker in trackers if tracker.watch is not None]
         if len(watched) == 2 and all(watch.job_started is not None for watch in watched):
             raise ControllerCrash("stopped with its runs in flight")

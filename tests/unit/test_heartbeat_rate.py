@@ -48,7 +48,7 @@ def _first_job(tmp_path: Path, **restart: object) -> RankJob:
     scheduler = Capturing()
     controller = Controller(load_campaign(path), backend=scheduler)
     try:
-        controller.run(observer=lambda trackers: controller.stop_requested.set())
+        controller.run(observer=lambda trackers, touched: controller.stop_requested.set())
     finally:
         controller.close()
     [job] = scheduler.jobs

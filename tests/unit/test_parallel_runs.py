@@ -41,7 +41,7 @@ def test_five_hundred_in_flight_on_slurm_are_valid_and_the_sites_limit_binds_the
     controller = Controller(spec, backend=FakeScheduler(max_array=1000, max_submit=300))
     try:
         assert controller.in_flight_limit == 300
-        controller.run(observer=lambda trackers: controller.stop_requested.set())  # one round
+        controller.run(observer=lambda trackers, touched: controller.stop_requested.set())  # one round
         notes = controller.ledger.meta("site_notes")
     finally:
         controller.close()
@@ -53,7 +53,7 @@ def test_without_a_site_limit_every_one_goes_out_in_one_array_throttled_to_paral
     controller = Controller(load_campaign(_spec(tmp_path, "slurm", runs=600, parallel_runs=500, submit_as_array=True)),
                             backend=scheduler)
     try:
-        controller.run(observer=lambda trackers: controller.stop_requested.set())
+        controller.run(observer=lambda trackers, touched: controller.stop_requested.set())
     finally:
         controller.close()
     assert [len(array) for array in scheduler.called("submit_array")] == [600] and scheduler.throttles == [500]

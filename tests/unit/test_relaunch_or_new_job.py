@@ -51,8 +51,8 @@ def test_a_relaunch_the_excluded_nodes_leave_no_room_for_takes_a_new_job(
     hang = when_first_job_runs(scheduler, lambda job: _hang_on_node_n2(run.paths.root))
     rounds: list[int] = []
 
-    def observe(trackers: list[Any]) -> None:
-        hang(trackers)
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
+        hang(trackers, touched)
         if len(controller.ledger.attempts(run.run_id)) >= 2:
             rounds.append(1)
             if len(rounds) > 20:

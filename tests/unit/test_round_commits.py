@@ -58,7 +58,7 @@ def test_the_rounds_observations_of_three_runs_commit_once(tmp_path: Path) -> No
     controller.ledger._db.set_trace_callback(commits)  # the ledger's own connection: what it commits
     per_round: list[tuple[int, int]] = []  # (jobs running, commits in the round)
 
-    def observe(trackers: list[Any]) -> None:
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
         running = sum(state is JobState.RUNNING for state in scheduler.states.values())
         per_round.append((running, commits.count))
         commits.count = 0

@@ -42,14 +42,14 @@ def _spec(tmp_path: Path, strategy: str, backoff_s: float = BACKOFF_S, **restart
 
 
 def _rounds_after_the_failure(controller: Controller, run: RunConfig, scheduler: FakeScheduler, rounds: int,
-                              then: Callable[[], None] = lambda: None) -> Callable[[list[Any]], None]:
+                              then: Callable[[], None] = lambda: None) -> Callable[[list[Any], list[Any]], None]:
     """An observer: the first job's ranks die (SIGKILL) once it runs; ``rounds`` rounds after the
     next attempt is recorded, ``then`` happens, and after as many again the controller stops."""
     ranks_die = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
     seen: list[int] = []
 
-    def observe(trackers: list[Any]) -> None:
-        ranks_die(trackers)
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
+        ranks_die(trackers, touched)
         if len(controller.ledger.attempts(run.run_id)) >= 2:
             seen.append(1)
             if len(seen) == rounds:
@@ -155,8 +155,8 @@ def test_a_job_that_ends_during_a_held_go_takes_the_go_with_it(tmp_path: Path) -
     ranks_die = when_first_job_runs(scheduler, lambda job: launch_exited(run.paths.root, 0, 137))
     deadline = time.monotonic() + 30
 
-    def watch_the_fence(trackers: list[Any]) -> None:
-        ranks_die(trackers)
+    def watch_the_fence(trackers: list[Any], touched: list[Any]) -> None:
+        ranks_die(trackers, touched)
         attempts = controller.ledger.attempts(run.run_id)
         if len(attempts) == 2 and attempts[1].failure_class is None and scheduler.states[attempts[0].job_id] \
                 is JobState.RUNNING:

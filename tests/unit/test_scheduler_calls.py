@@ -87,7 +87,7 @@ def test_a_command_the_scheduler_holds_up_stalls_no_other_run(tmp_path: Path, he
     controller = Controller(campaign, backend=cluster)
     seen: dict[str, float] = {}
 
-    def observe(trackers: list[Any]) -> None:
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
         if cluster.slow_asked.is_set() and not cluster.released.is_set():
             seen.setdefault("blocked", time.monotonic())
             if controller.ledger.run(runs[1]).status == "completed":
@@ -131,7 +131,7 @@ def test_a_stop_while_sbatch_runs_keeps_its_answer(tmp_path: Path) -> None:
     cluster = Brownout(slow=(runs[0], 0))
     controller = Controller(campaign, backend=cluster)
 
-    def stop_while_it_hangs(trackers: list[Any]) -> None:
+    def stop_while_it_hangs(trackers: list[Any], touched: list[Any]) -> None:
         if cluster.slow_asked.is_set() and not controller.stop_requested.is_set():
             controller.stop_requested.set()
             threading.Timer(0.3, cluster.released.set).start()

@@ -175,3 +175,49 @@ def test_an_event_read_after_the_end_was_told_reaches_the_runs_row(tmp_path: Pat
     for now in (T0 + 1, T0 + 2):
         assert book.rows([tracker], now=now)[0].last_event.startswith("kill-rank -> rank 1@n2")
     ledger.close()
+
+
+def _row(run: str, status: str) -> Any:
+    from orchestrator.control.progress import ProgressRow
+
+    return ProgressRow(run=run, status=status, attempt=0, job="1", state="RUNNING", step=5, target_steps=10,
+                       faults_sent=0, faults_planned=0)
+
+
+def test_the_progress_of_a_large_sweep_shows_the_runs_under_way_and_counts_the_rest() -> None:
+    """Issue 29: ``faultdrill status`` and the live table of 10,000 runs: the runs under way or
+    that ended badly by name (at most a terminal's rows), the rest in one row counted by status."""
+    from collections import Counter
+
+    from orchestrator.report.answer import TERMINAL_ROWS
+
+    rows = ([_row(f"r{i:05d}", "completed") for i in range(9_000)] + [_row(f"w{i:05d}", "pending") for i in range(980)]
+            + [_row(f"x{i:02d}", "running") for i in range(18)] + [_row("f00000", "failed"), _row("g00000", "gave_up")])
+    table = progress_table(rows, now=T0)
+    names = list(table.columns[0].cells)
+    assert len(names) == 20 + 1 and {str(name) for name in names[:-1]} == {row.run for row in rows[-20:]}
+    assert str(names[-1]) == "9980 more" and str(list(table.columns[1].cells)[-1]) == "completed 9000, pending 980"
+    live = progress_table(rows[-60:], now=T0, counts=Counter(row.status for row in rows))  # the open rows, all counts
+    assert len(list(live.columns[0].cells)) == min(TERMINAL_ROWS, 20) + 1
+    assert str(list(live.columns[1].cells)[-1]) == "completed 9000, pending 980"
+
+
+def test_the_progress_file_joins_every_runs_row_and_writes_the_last_word_on_close(tmp_path: Path) -> None:
+    """Rows are rebuilt for the runs a round touched only; the file holds every run; a change made
+    within the write interval reaches it on close."""
+    import json
+
+    from orchestrator.control.progress import ProgressFile
+
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    first, second = _tracker(ledger), _tracker(ledger)
+    second.run = SimpleNamespace(run_id="r001", workload=SimpleNamespace(steps=800))
+    progress = ProgressFile(tmp_path, Story())
+    progress([first, second], [first, second])
+    assert [run["run"] for run in json.loads((tmp_path / "progress.json").read_text())["runs"]] == ["r000", "r001"]
+    second.watch.last_step = 131  # a new step of a run the next round touches, within the interval
+    progress([first, second], [second])
+    assert json.loads((tmp_path / "progress.json").read_text())["runs"][1]["step"] == 130
+    progress.close()
+    assert [run["step"] for run in json.loads((tmp_path / "progress.json").read_text())["runs"]] == [130, 131]
+    ledger.close()

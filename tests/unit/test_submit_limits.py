@@ -101,7 +101,7 @@ def _spec(tmp_path: Path) -> Path:
 
 def _rounds(controller: Controller, rounds: int) -> None:
     seen = []
-    controller.run(observer=lambda trackers: seen.append(1) or (len(seen) >= rounds and controller.stop_requested.set()))
+    controller.run(observer=lambda trackers, touched: seen.append(1) or (len(seen) >= rounds and controller.stop_requested.set()))
 
 
 def test_a_submission_held_by_the_sites_submit_limit_waits_and_spends_no_retry(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ def test_a_limit_that_never_clears_fails_the_run_after_submit_hold_s(tmp_path: P
     path.write_text(yaml.safe_dump(spec))
     controller = Controller(load_campaign(path), backend=site)
     try:
-        controller.run(observer=lambda trackers: None)  # to the end: the run fails
+        controller.run(observer=lambda trackers, touched: None)  # to the end: the run fails
         [run] = controller.runs
         [row] = controller.ledger.attempts(run.run_id)  # no restart: a new attempt would be held as long
         assert row.state == SUBMIT_FAILED and "held by the site's limit of submitted jobs" in (row.reason or ""), row
@@ -159,7 +159,7 @@ def test_a_held_submission_is_tried_again_as_soon_as_a_job_of_the_drill_ends(tmp
     controller = Controller(load_campaign(_spec(tmp_path)), backend=site)
     tries = []
 
-    def a_job_ends(trackers: list) -> None:
+    def a_job_ends(trackers: list, touched: list) -> None:
         tries.append(len(site.called("submit")))
         if len(tries) == 2:
             site.states["outside-999"] = JobState.COMPLETED  # one of the drill's jobs ended (polled next round)
