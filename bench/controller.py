@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--sweeps", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--warmup-s", type=float, default=20.0)
-    parser.add_argument("--run-s", type=float, default=30.0, help="how long a run trains (its steps at 0.2 s)")
+    parser.add_argument("--run-s", type=float, default=60.0, help="how long a run trains (its steps at 0.2 s)")
     parser.add_argument("--kill-every-s", type=float, default=5.0)
     parser.add_argument("--fail-share", type=float, default=0.01)
     parser.add_argument("--one", type=int, nargs=2, metavar=("POINTS", "IN_FLIGHT"), help=argparse.SUPPRESS)

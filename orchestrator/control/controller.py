@@ -306,13 +306,13 @@ class Controller:
         closing = [t for t in trackers if t.closing]  # a failed job still finishing (an earlier controller's)
         first_round = True  # its observers see every run once
         while (queue or active or closing) and not self.stop_requested.is_set():
-            while queue and len(active) < self.in_flight_limit and self._room_for_a_job(active + closing):
+            while queue and len(active) < self.in_flight_limit and self._room_for_a_job(_busy(active, closing)):
                 tracker = queue.popleft()
                 tracker.start(time.time())
                 active.append(tracker)
             # This round's work is its runs in flight and those whose failed job is still closing:
             # a run that waits for its turn or has ended (its jobs gone) costs it nothing (issue 29).
-            busy = active + [t for t in closing if t not in active]
+            busy = _busy(active, closing)
             self._advance(active, busy)
             closing = [t for t in busy if t.closing]
             active = [t for t in active if not t.done]
@@ -438,6 +438,13 @@ class Controller:
             "rounds_behind": before.get("rounds_behind", 0) + self.ticks.rounds_behind,
             "behind_ms_max": round(max(before.get("behind_ms_max", 0.0), 1000 * self.ticks.behind_s_max), 1),
         })
+
+
+def _busy(active: list[RunTracker], closing: list[RunTracker]) -> list[RunTracker]:
+    """The runs a round works on, each once: those in flight and those whose failed job is closing
+    (a run may be both: its next attempt runs while its failed job ends)."""
+    flying = set(map(id, active))
+    return active + [tracker for tracker in closing if id(tracker) not in flying]
 
 
 def parallel_runs_of(campaign: Campaign, runs: list[RunConfig]) -> int:

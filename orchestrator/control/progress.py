@@ -18,12 +18,13 @@ from rich.live import Live
 
 from orchestrator.control.story import Story, not_begun
 from orchestrator.control.tracker import RunTracker
-from orchestrator.report.answer import short_cause
+from orchestrator.report.answer import TERMINAL_ROWS, short_cause
 from orchestrator.report.tables import Table, rows_shown
 
 REDRAW_INTERVAL_S = 0.25
 PROGRESS_NAME = "progress.json"
 PROGRESS_WRITE_INTERVAL_S = 1.0
+UNDER_WAY = ("running", "submitting")
 ROWS_PER_SECOND = 2000  # progress.json of a large sweep: at most this many rows written a second
 
 
@@ -125,6 +126,8 @@ def progress_table(rows: list[ProgressRow], title: str = "Faultdrill: drill in p
     table = Table(title=title)
     for column in ("run", "status", "attempt", "job", "state", "step", "faults", "last event"):
         table.add_column(column, no_wrap=column != "last event")
+    if len(rows) > TERMINAL_ROWS:  # the runs under way before those that ended badly
+        rows = sorted(rows, key=_priority)
     shown, rest = rows_shown(rows, _notable)
     left = Counter(row.status for row in rest) if counts is None else counts - Counter(row.status for row in shown)
     for row in shown:
@@ -139,6 +142,11 @@ def progress_table(rows: list[ProgressRow], title: str = "Faultdrill: drill in p
         table.add_row(f"{sum((+left).values())} more", ", ".join(f"{status} {count}" for status, count in
                                                                  (+left).most_common()), "", "", "", "", "", "")
     return table
+
+
+def _priority(row: ProgressRow) -> int:
+    """Of a long table's rows, which come first: stalled, then under way, then ended badly."""
+    return 0 if row.stalled_s is not None else 1 if row.status in UNDER_WAY else 2 if _notable(row) else 3
 
 
 def _notable(row: ProgressRow) -> bool:

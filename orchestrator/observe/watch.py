@@ -132,9 +132,10 @@ class AttemptWatch:
         seen = time.time() if now is None else now
         for event in self.events.read_new():
             self._event(event)
-        for record in self.checkpoint_tail.read_new():
-            if record.attempt == self.attempt and self.first_checkpoint is None:
-                self.first_checkpoint = record.time
+        if self.first_checkpoint is None:  # all the watch takes from the log: not read again after it
+            for record in self.checkpoint_tail.read_new():
+                if record.attempt == self.attempt and self.first_checkpoint is None:
+                    self.first_checkpoint = record.time
         for rank, tail in enumerate(self.heartbeat_tails):
             for beat in tail.read_new():
                 if beat.attempt == self.attempt:

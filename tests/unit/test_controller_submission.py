@@ -307,3 +307,42 @@ def test_a_rounds_work_follows_the_runs_in_flight_not_the_sweeps_size(tmp_path: 
     later = rounds[1:]
     assert len(later) >= 15 and all(told <= 2 * 2 and runs_asked <= 2 * 2 for runs_asked, told, _ in later), later
     assert all(every == 30 for _, _, every in rounds)
+
+
+def test_a_run_with_a_job_in_flight_and_a_failed_one_closing_is_counted_once_under_a_sites_limit(
+        tmp_path: Path) -> None:
+    """Review of issue 29: a run whose new attempt runs while its failed job is still closing is in
+    flight and closing at once; its jobs were counted twice under MaxSubmitJobs and a waiting run was
+    held back. Limit 4, 2 in flight: r000 fails (its job stays COMPLETING) and goes out again,
+    r001 completes: 2 jobs held, so r002 goes out."""
+    from fake_scheduler import launch_exited, run_completed
+    from orchestrator.states import JobState
+
+    spec = load_campaign(_sweep(tmp_path, runs=3, parallel_runs=2)).model_copy(update={"submit_as_array": False})
+    scheduler = FakeScheduler(max_submit=4)
+    controller = Controller(spec, backend=scheduler)
+    first, second, third = controller.runs
+    stage, rounds_after = [0], [0]
+
+    def r000_fails_r001_completes(trackers: list, touched: list) -> None:
+        states = scheduler.states
+        if stage[0] == 0 and states.get("101") is JobState.PENDING:
+            states["101"] = JobState.RUNNING
+            launch_exited(first.paths.root, 0, 137)
+            stage[0] = 1
+        if stage[0] >= 1 and "101" in states:
+            states["101"] = JobState.COMPLETING  # the failed job takes its time to end
+        if stage[0] == 1 and len(controller.ledger.attempts(first.run_id)) == 2 and trackers[0].job_id:
+            states["102"] = JobState.COMPLETED
+            run_completed(second.paths.root, 0, 100)
+            stage[0] = 2
+        if stage[0] == 2 and (controller.ledger.attempts(third.run_id) or rounds_after[0] >= 40):
+            controller.stop_requested.set()
+        rounds_after[0] += stage[0] == 2
+
+    try:
+        controller.run(observer=r000_fails_r001_completes)
+        third_attempts = controller.ledger.attempts(third.run_id)
+    finally:
+        controller.close()
+    assert stage[0] == 2 and third_attempts, f"r002 held back: {scheduler.calls}"

@@ -221,3 +221,11 @@ def test_the_progress_file_joins_every_runs_row_and_writes_the_last_word_on_clos
     progress.close()
     assert [run["step"] for run in json.loads((tmp_path / "progress.json").read_text())["runs"]] == [130, 131]
     ledger.close()
+
+
+def test_a_long_progress_table_names_the_runs_under_way_before_those_that_ended_badly() -> None:
+    """Review of issue 29: sixty runs that gave up, first in the sweep, hid the ten still running."""
+    rows = ([_row(f"g{i:02d}", "gave_up") for i in range(60)] + [_row(f"c{i:03d}", "completed") for i in range(930)]
+            + [_row(f"x{i:02d}", "running") for i in range(10)])
+    names = [str(name) for name in progress_table(rows, now=T0).columns[0].cells]
+    assert names[:10] == [f"x{i:02d}" for i in range(10)] and len(names) == 50 + 1, names[:12]

@@ -20,6 +20,7 @@ from experiments.launchers import Launch, Mpiexec, MpiRuntime, argv, runtime_her
 from experiments.layout import (
     ENV_ATTEMPT,
     ENV_DRILL_ID,
+    ENV_JOB_ID,
     ENV_RUN_ID,
     ENV_WARM_WORLD,
     EVENT_PROCESS_START,
@@ -66,7 +67,9 @@ class EnvLocalExecutor(submitit.LocalExecutor):
         ntasks = int(self.parameters.get("tasks_per_node", 1))
         timeout_min = float(self.parameters.get("timeout_min", 60.0))
         env = {
-            **os.environ,
+            # not a job id this process inherited (a drill started inside a job of Faultdrill's):
+            # a local task would take it for its own and look for that job's pickled call
+            **{name: value for name, value in os.environ.items() if name != ENV_JOB_ID},
             **self.extra_env,
             "SUBMITIT_LOCAL_NTASKS": str(ntasks),
             "SUBMITIT_LOCAL_COMMAND": command,
