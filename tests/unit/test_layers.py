@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 ORCHESTRATOR_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),
     frozenset({"control"}),
-    frozenset({"report", "strategies", "doctor"}),
+    frozenset({"report", "strategies", "doctor", "project"}),
     frozenset({"faults"}),
     frozenset({"observe"}),
     frozenset({"backends"}),

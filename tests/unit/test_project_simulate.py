@@ -1,0 +1,76 @@
+"""`faultdrill project`'s simulator (issue 25) against Daly's closed form, and its properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orchestrator.project.simulate import Recovery, Scenario, daly_interval_s, daly_wall_s, simulate
+
+pytestmark = pytest.mark.unit
+
+C = 60.0  # checkpoint cost, s
+DAY = 24 * 3600.0
+
+
+def _fixed(mttf_s: float, interval_s: float, restart_s: float, solve_s: float = 5 * DAY, **others: object) -> Scenario:
+    return Scenario(solve_s=solve_s, mttf_s=mttf_s, interval_s=interval_s, checkpoint_s=C,
+                    process=Recovery.fixed(restart_s), new_job=Recovery.fixed(restart_s), **others)  # type: ignore[arg-type]  # the rest of Scenario's fields
+
+
+@pytest.mark.parametrize("mttf_over_c", [20, 100, 1000])
+@pytest.mark.parametrize("restart_over_c", [1, 10])
+def test_the_expected_wall_time_is_dalys_within_two_percent(mttf_over_c: int, restart_over_c: int) -> None:
+    mttf, restart = mttf_over_c * C, restart_over_c * C
+    interval = daly_interval_s(C, mttf)
+    simulated = simulate(_fixed(mttf, interval, restart), 400, np.random.default_rng(7)).wall_s.mean()
+    expected = daly_wall_s(5 * DAY, mttf, interval, C, restart)
+    assert simulated == pytest.approx(expected, rel=0.02)
+
+
+def test_the_best_simulated_interval_is_within_ten_percent_of_dalys_optimum() -> None:
+    mttf, restart = 100 * C, 5 * C
+    optimum = daly_interval_s(C, mttf)
+    factors = np.array([0.5, 0.7, 0.85, 1.0, 1.18, 1.4, 2.0])
+    walls = [simulate(_fixed(mttf, optimum * f, restart), 1500, np.random.default_rng(11)).wall_s.mean()
+             for f in factors]
+    a, b, _ = np.polyfit(np.log(factors), walls, 2)  # the curve's bottom, from all the points
+    best = optimum * float(np.exp(-b / (2 * a)))
+    assert a > 0 and best == pytest.approx(optimum, rel=0.10), (best, optimum)
+
+
+def test_goodput_falls_as_failures_come_more_often_and_as_restarts_take_longer() -> None:
+    def goodput(mttf: float, restart: float) -> float:
+        return float(simulate(_fixed(mttf, 600.0, restart), 300, np.random.default_rng(3)).goodput.mean())
+
+    by_rate = [goodput(mttf, 120.0) for mttf in (40 * 3600.0, 8 * 3600.0, 2 * 3600.0, 1800.0)]
+    by_restart = [goodput(7200.0, restart) for restart in (30.0, 300.0, 1800.0)]
+    assert by_rate == sorted(by_rate, reverse=True) and by_restart == sorted(by_restart, reverse=True)
+
+
+def test_more_spares_never_lower_goodput_when_spares_are_free() -> None:
+    """In-allocation: a node failure with a spare relaunches in place (60 s); without one, the job
+    ends and a new one waits in the queue (1 h)."""
+    def goodput(spares: int) -> float:
+        scenario = _fixed(3600.0, 600.0, 60.0, node=Recovery.fixed(60.0), node_share=0.6, spares=spares,
+                          repair_s=12 * 3600.0)
+        scenario = Scenario(**{**scenario.__dict__, "new_job": Recovery.fixed(3600.0)})
+        return float(simulate(scenario, 300, np.random.default_rng(5)).goodput.mean())
+
+    by_spares = [goodput(spares) for spares in (0, 1, 4, 16)]
+    assert by_spares == sorted(by_spares) and by_spares[-1] > by_spares[0] + 0.1, by_spares
+
+
+def test_without_failures_goodput_is_one_less_the_checkpoints_overhead() -> None:
+    outcome = simulate(_fixed(1e15, 600.0, 300.0, solve_s=DAY), 50, np.random.default_rng(1))
+    checkpoints = np.ceil(DAY / 600.0) - 1
+    assert np.allclose(outcome.goodput, DAY / (DAY + checkpoints * C)) and not outcome.failures.any()
+
+
+def test_a_warm_recovery_that_keeps_the_work_redoes_none_of_it() -> None:
+    warm = Scenario(solve_s=2 * DAY, mttf_s=3600.0, interval_s=1800.0, checkpoint_s=C,
+                    process=Recovery.fixed(1.0, keeps_work=True), new_job=Recovery.fixed(300.0))
+    cold = Scenario(**{**warm.__dict__, "process": Recovery.fixed(1.0)})
+    kept, rolled = (simulate(scenario, 200, np.random.default_rng(2)) for scenario in (warm, cold))
+    assert (kept.rework_s <= kept.failures * C + 1e-6).all(), "only a checkpoint a failure cut short is done again"
+    assert rolled.rework_s.mean() > 20 * kept.rework_s.mean() and kept.goodput.mean() > rolled.goodput.mean()
