@@ -18,6 +18,7 @@ from injectors.schedule import PlannedFault
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError, load_campaign, parse_campaign
 from orchestrator.control.detach import ControllerBusy, live_controller
+from orchestrator.project import command as project_command
 from orchestrator.record.ledger import LedgerBusy
 from orchestrator.record.ledger_home import LedgerElsewhere, has_ledger
 from orchestrator.render.scripts import TemplateError, render_pbs, render_slurm
@@ -133,7 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     advise.add_argument("--step", type=float, metavar="S", help="one training step, seconds (to say intervals in steps)")
     advise.add_argument("--every-steps", type=int, metavar="N", help="the interval in use, to compare (needs --step)")
     advise.add_argument("--format", choices=("table", "json"), default="table", help="a table or one JSON document")
+    project_command.add_parser(sub)
     return parser
+
+
+def _project(args: argparse.Namespace) -> int:
+    project_command.print_projection(project_command.run(args), args.format)
+    return 0
 
 
 def _advise(args: argparse.Namespace) -> int:
@@ -465,6 +472,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.workdir = workdir_of(args.workdir)
     if args.command == "advise":
         return _advise(args)
+    if args.command == "project":
+        return _project(args)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "report":
@@ -496,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         code = _dispatch(args)
         sys.stdout.flush()
         return code
-    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError, LedgerBusy, LedgerElsewhere) as error:
+    except (SpecError, TemplateError, ReportError, ControllerBusy, AdviceError, LedgerBusy, LedgerElsewhere,
+            project_command.ProjectError) as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SPEC
     except BrokenPipeError:

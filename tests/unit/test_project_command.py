@@ -1,0 +1,105 @@
+"""`faultdrill project` on a workdir's ledger (issue 25): what it reads, what it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.layout import CheckpointRecord
+from orchestrator.cli import main
+from orchestrator.project.failure_models import FailureModelError, load_failure_model
+from orchestrator.project.simulate import PHASES
+from orchestrator.record.ledger import Ledger, RecoveryRow, RunRow
+
+pytestmark = pytest.mark.unit
+
+
+def _workdir(tmp_path: Path, recoveries: dict[str, list[tuple[float, str, str | None]]],
+             checkpoints: bool = True) -> Path:
+    """A ledger of one run per strategy: its recoveries (ttr spread over the phases, failure
+    class, state source) and checkpoints of 1 and 4 MB that block 0.1 s and 0.4 s."""
+    workdir = tmp_path / "work"
+    ledger = Ledger.in_workdir(workdir)
+    for index, (strategy, rows) in enumerate(sorted(recoveries.items()) or [("resubmit", [])]):
+        run_id = f"r{index:03d}"
+        ledger.add_run(RunRow(run_id=run_id, framework="torch", ranks=2, nodes=2, strategy=strategy, target_steps=100,
+                              baseline_of=None, config=json.dumps({"resources": {"nodes": 2}})))
+        for attempt, (ttr, failure_class, source) in enumerate(rows, start=1):
+            share = ttr / len(PHASES)
+            ledger.add_recovery(RecoveryRow(
+                run_id=run_id, attempt=attempt, fault_kind="kill-rank", fault_at=1.0, **dict.fromkeys(PHASES, share),
+                ttr_s=ttr, lost_steps=0 if source == "peer" else 30, lost_s=0.0 if source == "peer" else 3.0,
+                lost_rank_s=0.0, resumed_from_step=0, failure_class=failure_class, state_source=source))
+        if checkpoints:
+            ledger.add_checkpoints(run_id, [CheckpointRecord(step=step, attempt=0, path=f"/c/{step}", time=1.0,
+                                                             bytes=size, blocking_s=seconds)
+                                            for step, size, seconds in ((10, 10**6, 0.1), (20, 4 * 10**6, 0.4))])
+    ledger.close()
+    return workdir
+
+
+def _project(workdir: Path, *options: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["project", str(workdir), "--format", "json", "--replicas", "20", "--days", "3", *options])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_workdir_that_recovered_from_nothing_is_refused_with_what_to_drill(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _project(_workdir(tmp_path, {}), capsys=capsys)
+    assert code != 0 and out == ""
+    assert "no recovery was measured" in err and "experiments/campaigns/strategies.yaml" in err
+
+
+def test_a_workdir_without_checkpoints_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _project(_workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}, checkpoints=False),
+                            capsys=capsys)
+    assert code != 0 and "no checkpoint was written" in err
+
+
+def test_every_measured_strategy_is_projected_at_every_scale_and_warm_keeps_its_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint"), (40.0, "NODE_FAIL", "checkpoint")],
+                                  "warm": [(0.5, "RANK_SIGNAL", "peer"), (0.7, "RANK_SIGNAL", "peer")]})
+    code, out, _ = _project(workdir, "--gpus", "1024,16384", "--spares", "0,4", "--interval", "60,600",
+                            "--state-gb", "0.1", capsys=capsys)
+    projection = json.loads(out)
+    assert code == 0
+    cells = {(row["gpus"], row["strategy"], row["spares"], row["interval_s"]) for row in projection["rows"]}
+    assert cells == {(gpus, strategy, spares, interval) for gpus in (1024, 16384) for interval in (60.0, 600.0)
+                     for strategy, spares in (("resubmit", 0), ("warm", 0), ("warm", 4))}
+    measured = projection["measured"]
+    assert measured["checkpoint_s"] == pytest.approx(10.0, rel=0.01), "0.1 s per MB, at 100 MB"
+    assert [item["name"] for item in projection["assumptions"]] == ["queue_wait_s", "startup_per_doubling_s",
+                                                                     "repair_h"]
+    rows = {(row["gpus"], row["strategy"], row["spares"], row["interval_s"]): row for row in projection["rows"]}
+    for gpus in (1024, 16384):
+        warm, resubmit = rows[(gpus, "warm", 4, 600.0)], rows[(gpus, "resubmit", 0, 600.0)]
+        assert warm["goodput"] > resubmit["goodput"] and warm["lost_h"]["rework"] < resubmit["lost_h"]["rework"]
+    assert rows[(16384, "resubmit", 0, 600.0)]["failures"] > rows[(1024, "resubmit", 0, 600.0)]["failures"]
+    assert {best["strategy"] for best in projection["best"]} == {"resubmit", "warm"}
+
+
+def test_a_strategy_the_drill_did_not_measure_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]})
+    code, _, err = _project(workdir, "--strategies", "warm", capsys=capsys)
+    assert code != 0 and "warm not measured" in err and "measured: resubmit" in err
+
+
+def test_the_shipped_failure_models_say_their_published_figures() -> None:
+    meta, llama = load_failure_model("meta-rsc"), load_failure_model("llama3")
+    assert meta.mttf_h(1024) == pytest.approx(7.9) and meta.mttf_h(16384) == pytest.approx(1.8)
+    assert 54 * 24 / llama.mttf_h(16384) == pytest.approx(419)
+    assert sum(cause.count for cause in llama.causes) == 419 and 0.7 < llama.node_share < 0.8
+
+
+def test_a_failure_model_file_with_a_mistake_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nsource: sacct\ncauses: [{name: gpu, count: 3, takes_node: true, "
+                    "failure_class: GPU_FELL_OFF}]\nrate: {failures: 3, days: 7, gpus: 64}\n")
+    with pytest.raises(FailureModelError, match="mine.yaml: causes.0.failure_class"):
+        load_failure_model(str(path))
+    with pytest.raises(FailureModelError, match="no such model or file; shipped: llama3, meta-rsc"):
+        load_failure_model("nope")
