@@ -33,7 +33,7 @@ from orchestrator.project.simulate import (
     Recovery,
     Scenario,
     daly_interval_s,
-    simulate,
+    simulate_many,
     young_interval_s,
 )
 
@@ -97,16 +97,20 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
                   "checkpoint_fixed_s": measured.checkpoint.fixed_s,
                   "checkpoint_bytes_per_s": measured.checkpoint.bytes_per_s, "state_bytes": state_bytes,
                   "checkpoint_s": checkpoint_s})
-    rng = np.random.default_rng(grid.seed)
-    for gpus in grid.gpus:
-        mttf_s = model.mttf_h(gpus) * 3600
+    cells: list[tuple[int, str, int, float]] = []
+    scenarios: list[Scenario] = []
+    mttfs = {gpus: model.mttf_h(gpus) * 3600 for gpus in grid.gpus}
+    for gpus, mttf_s in mttfs.items():
         intervals = grid.intervals_s or tuple(f * daly_interval_s(max(checkpoint_s, 1e-3), mttf_s) for f in AUTO_INTERVALS)
         for strategy in strategies:
             for spares in (grid.spares if strategy in SPARE_STRATEGIES else (0,)):
                 for interval in intervals:
-                    scenario = scenario_for(strategy, measured, model, gpus, spares, interval, checkpoint_s,
-                                            grid.days * 86400, assumptions)
-                    projection.rows.append(_row(gpus, strategy, spares, interval, simulate(scenario, grid.replicas, rng)))
+                    cells.append((gpus, strategy, spares, interval))
+                    scenarios.append(scenario_for(strategy, measured, model, gpus, spares, interval, checkpoint_s,
+                                                  grid.days * 86400, assumptions))
+    outcomes = simulate_many(scenarios, grid.replicas, np.random.default_rng(grid.seed))  # the whole grid at once
+    projection.rows = [_row(*cell, outcome) for cell, outcome in zip(cells, outcomes, strict=True)]
+    for gpus, mttf_s in mttfs.items():
         projection.best += _best(projection.rows, gpus, checkpoint_s, mttf_s)
     return projection
 
@@ -145,7 +149,7 @@ def _mostly_peer(measured: Measured, strategy: str) -> bool:
 
 def _row(gpus: int, strategy: str, spares: int, interval_s: float, outcome: Outcome) -> Row:
     goodput = outcome.goodput
-    lost = {phase: float(outcome.restart_s[:, index].mean() / 3600) for index, phase in enumerate(PHASES)}
+    lost = {phase: float(outcome.restart_phases_s[index] / 3600) for index, phase in enumerate(PHASES)}
     lost |= {"rework": float(outcome.rework_s.mean() / 3600), "checkpoints": float(outcome.checkpoint_s.mean() / 3600)}
     return Row(gpus, strategy, spares, float(interval_s), float(goodput.mean()),
                float(1.96 * goodput.std(ddof=1) / np.sqrt(goodput.size)) if goodput.size > 1 else 0.0,

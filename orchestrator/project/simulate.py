@@ -76,7 +76,8 @@ class Outcome:
     failures: np.ndarray
     checkpoint_s: np.ndarray  # blocking checkpoints (the partial one a failure interrupted: rework)
     rework_s: np.ndarray  # training done again (rolled back, or a warm recovery's lost steps)
-    restart_s: np.ndarray  # (replicas, len(PHASES)): each phase of every recovery, restarts that failed included
+    restart_s: np.ndarray  # (replicas,): every recovery's time, restarts that failed included
+    restart_phases_s: np.ndarray  # (len(PHASES),): the mean replica's restart time by phase (a cut-short restart: detect_s)
     new_jobs: np.ndarray  # failures the job did not survive (no spare for a dead node, or the strategy's way)
     solve_s: float
 
@@ -86,108 +87,157 @@ class Outcome:
 
 
 def simulate(scenario: Scenario, replicas: int, rng: np.random.Generator) -> Outcome:
-    s = scenario
-    tau, delta, mttf = float(s.interval_s), float(s.checkpoint_s), float(s.mttf_s)
-    if tau <= 0 or delta < 0 or mttf <= 0 or s.solve_s <= 0:
-        raise ValueError("interval, MTTF and solve time must be > 0, the checkpoint cost >= 0")
-    segment = tau + delta
-    remaining = np.full(replicas, float(s.solve_s))  # training still to do (work since the last checkpoint counted as done)
-    offset = np.zeros(replicas)  # training since the last completed checkpoint
-    wall = np.zeros(replicas)
-    failures = np.zeros(replicas, dtype=np.int64)
-    new_jobs = np.zeros(replicas, dtype=np.int64)
-    checkpointing = np.zeros(replicas)
-    rework = np.zeros(replicas)
-    restart = np.zeros((replicas, len(PHASES)))
-    spare_back = np.zeros((replicas, max(s.spares, 1)))  # when each spare node is free again
-    if s.spares == 0:
-        spare_back[:] = np.inf
-    running = np.arange(replicas)
+    return simulate_many([scenario], replicas, rng)[0]
+
+
+@dataclass
+class _Recoveries:
+    """Every distinct recovery of the scenarios, as one table: its rows' phases and lost work, and
+    per recovery its first row, its number of rows and whether it keeps the work."""
+
+    phases: np.ndarray
+    lost: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    keeps: np.ndarray
+
+    @classmethod
+    def of(cls, recoveries: list[Recovery]) -> "_Recoveries":
+        firsts = np.cumsum([0] + [r.phases.shape[0] for r in recoveries[:-1]])
+        lost = [r.lost_s if r.lost_s is not None else np.zeros(r.phases.shape[0]) for r in recoveries]
+        return cls(np.concatenate([r.phases for r in recoveries]), np.concatenate(lost), firsts,
+                   np.array([r.phases.shape[0] for r in recoveries]), np.array([r.keeps_work for r in recoveries]))
+
+
+def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Generator) -> list[Outcome]:
+    """``replicas`` runs of every scenario, all of them lanes of the same arrays (a grid of cells
+    costs about what its largest cell does)."""
+    for s in scenarios:
+        if s.interval_s <= 0 or s.checkpoint_s < 0 or s.mttf_s <= 0 or s.solve_s <= 0:
+            raise ValueError("interval, MTTF and solve time must be > 0, the checkpoint cost >= 0")
+    distinct: dict[int, int] = {}
+    table: list[Recovery] = []
+    for recovery in (r for s in scenarios for r in (s.process, s.new_job, s.node) if r is not None):
+        if id(recovery) not in distinct:
+            distinct[id(recovery)] = len(table)
+            table.append(recovery)
+    recoveries = _Recoveries.of(table)
+
+    def per_lane(values: list[float]) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=float), replicas)
+
+    tau = per_lane([s.interval_s for s in scenarios])
+    delta = per_lane([s.checkpoint_s for s in scenarios])
+    mttf = per_lane([s.mttf_s for s in scenarios])
+    node_share = per_lane([s.node_share for s in scenarios])
+    repair = per_lane([s.repair_s for s in scenarios])
+    process_of = per_lane([distinct[id(s.process)] for s in scenarios]).astype(int)
+    new_job_of = per_lane([distinct[id(s.new_job)] for s in scenarios]).astype(int)
+    node_of = per_lane([distinct[id(s.node)] if s.node is not None else -1 for s in scenarios]).astype(int)
+    lanes_total = tau.size
+    slots = max([s.spares for s in scenarios] + [1])
+    spare_back = np.full((lanes_total, slots), np.inf)  # when each spare node is free again (inf: none)
+    for index, s in enumerate(scenarios):
+        spare_back[index * replicas:(index + 1) * replicas, :s.spares] = 0.0
+    remaining = per_lane([s.solve_s for s in scenarios])  # training still to do (since the last checkpoint: done)
+    offset = np.zeros(lanes_total)  # training since the last completed checkpoint
+    wall = np.zeros(lanes_total)
+    failures = np.zeros(lanes_total, dtype=np.int64)
+    new_jobs = np.zeros(lanes_total, dtype=np.int64)
+    checkpointing = np.zeros(lanes_total)
+    rework = np.zeros(lanes_total)
+    restart = np.zeros(lanes_total)
+    cell_of = np.repeat(np.arange(len(scenarios)), replicas)
+    phase_sums = np.zeros((len(scenarios), len(PHASES)))  # per cell: the sum over its replicas
+    running = np.arange(lanes_total)
     while running.size:
-        gap = rng.exponential(mttf, running.size)  # training time until this lane's next failure
+        t, d, m = tau[running], delta[running], mttf[running]
+        gap = rng.exponential(m)  # time until this lane's next failure
         u, p = remaining[running], offset[running]
         # checkpoints before the end (none at the end): one at every segment boundary crossed
-        ckpts_to_end = np.maximum(np.ceil((p + u) / tau - 1e-12) - 1, 0)
-        to_end = u + ckpts_to_end * delta
+        ckpts_to_end = np.maximum(np.ceil((p + u) / t - 1e-12) - 1, 0)
+        to_end = u + ckpts_to_end * d
         ends = gap >= to_end
         done = running[ends]
         wall[done] += to_end[ends]
-        checkpointing[done] += ckpts_to_end[ends] * delta
+        checkpointing[done] += ckpts_to_end[ends] * d[ends]
         remaining[done] = 0.0
-        lanes, x, u, p = running[~ends], gap[~ends], u[~ends], p[~ends]
-        first = tau - p + delta  # until the next checkpoint is complete
+        failed = ~ends
+        lanes, x, u, p, t, d, m = running[failed], gap[failed], u[failed], p[failed], t[failed], d[failed], m[failed]
+        first = t - p + d  # until the next checkpoint is complete
         before = x < first
-        k = np.where(before, 0, np.floor((x - first) / segment) + 1)  # checkpoints completed
-        since = np.where(before, x, x - first - (k - 1) * segment)  # wall time since the last one (or the start)
-        trained = np.where(before, np.minimum(x, tau - p), (tau - p) + (k - 1) * tau + np.minimum(since, tau))
-        position = np.where(before, p + trained, np.minimum(since, tau))  # training since the last checkpoint
-        wasted_checkpoint = np.where(before, np.maximum(x - (tau - p), 0), np.maximum(since - tau, 0))
+        k = np.where(before, 0, np.floor((x - first) / (t + d)) + 1)  # checkpoints completed
+        since = np.where(before, x, x - first - (k - 1) * (t + d))  # since the last one completed (or the start)
+        trained = np.where(before, np.minimum(x, t - p), (t - p) + (k - 1) * t + np.minimum(since, t))
+        position = np.where(before, p + trained, np.minimum(since, t))  # training since the last checkpoint
         wall[lanes] += x
-        checkpointing[lanes] += k * delta
-        rework[lanes] += wasted_checkpoint
+        checkpointing[lanes] += k * d
+        rework[lanes] += np.where(before, np.maximum(x - (t - p), 0), np.maximum(since - t, 0))  # a checkpoint cut short
         remaining[lanes] = u - trained
         failures[lanes] += 1
-        recovery_of = _recoveries(s, lanes, wall, spare_back, rng)
-        for recovery, chosen in recovery_of:
-            if not chosen.size:
-                continue
-            where = np.searchsorted(lanes, chosen)
-            rows = rng.integers(0, recovery.phases.shape[0], chosen.size)
-            if recovery is s.new_job:
-                new_jobs[chosen] += 1
-            if recovery.keeps_work:
-                lost = np.minimum(recovery.lost_s[rows] if recovery.lost_s is not None else 0.0, position[where])
-                remaining[chosen] += lost
-                rework[chosen] += lost
-                offset[chosen] = position[where] - lost
-            else:
-                remaining[chosen] += position[where]
-                rework[chosen] += position[where]
-                offset[chosen] = 0.0
-            _restart(recovery.phases[rows], chosen, mttf, wall, restart, failures, rng)
+        chosen = _choose(lanes, wall, node_share, process_of, new_job_of, node_of, spare_back, repair, rng)
+        new_jobs[lanes] += chosen == new_job_of[lanes]
+        rows = recoveries.first[chosen] + (rng.random(lanes.size) * recoveries.count[chosen]).astype(int)
+        keeps = recoveries.keeps[chosen]
+        lost = np.where(keeps, np.minimum(recoveries.lost[rows], position), position)
+        remaining[lanes] += lost
+        rework[lanes] += lost
+        offset[lanes] = np.where(keeps, position - lost, 0.0)
+        _restart(recoveries.phases[rows], lanes, m, wall, restart, failures, rng)
+        _add_phases(phase_sums, cell_of[lanes], recoveries.phases[rows])
         running = lanes
-    return Outcome(wall, failures, checkpointing, rework, restart, new_jobs, float(s.solve_s))
+    return _outcomes(scenarios, replicas, wall, failures, checkpointing, rework, restart, new_jobs, phase_sums)
 
 
-def _recoveries(s: Scenario, lanes: np.ndarray, wall: np.ndarray, spare_back: np.ndarray,
-                rng: np.random.Generator) -> list[tuple[Recovery, np.ndarray]]:
-    """Which recovery each failed lane takes: a node failure takes a free spare (back after the
+def _add_phases(sums: np.ndarray, cells: np.ndarray, phases: np.ndarray) -> None:
+    for phase in range(phases.shape[1]):
+        sums[:, phase] += np.bincount(cells, weights=phases[:, phase], minlength=sums.shape[0])
+
+
+def _outcomes(scenarios: list[Scenario], replicas: int, wall: np.ndarray, failures: np.ndarray,
+              checkpointing: np.ndarray, rework: np.ndarray, restart: np.ndarray, new_jobs: np.ndarray,
+              phase_sums: np.ndarray) -> list[Outcome]:
+    """Each cell's lanes, its phases' means; the time of restarts cut short goes to detection's."""
+    outcomes = []
+    for index, scenario in enumerate(scenarios):
+        cell = slice(index * replicas, (index + 1) * replicas)
+        phases = phase_sums[index] / replicas
+        phases[0] += restart[cell].mean() - phases.sum()  # restarts cut short
+        outcomes.append(Outcome(wall[cell], failures[cell], checkpointing[cell], rework[cell], restart[cell],
+                                phases, new_jobs[cell], float(scenario.solve_s)))
+    return outcomes
+
+
+def _choose(lanes: np.ndarray, wall: np.ndarray, node_share: np.ndarray, process_of: np.ndarray,
+            new_job_of: np.ndarray, node_of: np.ndarray, spare_back: np.ndarray, repair: np.ndarray,
+            rng: np.random.Generator) -> np.ndarray:
+    """The recovery each failed lane takes: a node failure takes a free spare (back after the
     repair) where the strategy answers node failures with one, else the job ends (a new job)."""
-    node_failed = rng.random(lanes.size) < s.node_share
-    if s.node is None:
-        with_spare = np.zeros(lanes.size, dtype=bool)
-    else:
-        free = spare_back[lanes] <= wall[lanes, None]
-        with_spare = node_failed & free.any(axis=1)
-        taken = lanes[with_spare]
-        slot = np.argmax(free[with_spare], axis=1)
-        spare_back[taken, slot] = wall[taken] + s.repair_s
-    process_failed = lanes[~node_failed]
-    node_new_job = lanes[node_failed & ~with_spare]
-    groups: list[tuple[Recovery, np.ndarray]] = []
-    if s.process is s.new_job:
-        groups.append((s.new_job, np.sort(np.concatenate([process_failed, node_new_job]))))
-    else:
-        groups += [(s.process, process_failed), (s.new_job, node_new_job)]
-    if s.node is not None:
-        groups.append((s.node, lanes[with_spare]))
-    return groups
+    node_failed = rng.random(lanes.size) < node_share[lanes]
+    asking = np.flatnonzero(node_failed & (node_of[lanes] >= 0))  # of the failed lanes, those with spares to ask
+    free = spare_back[lanes[asking]] <= wall[lanes[asking], None]
+    found = free.any(axis=1)
+    with_spare = np.zeros(lanes.size, dtype=bool)
+    with_spare[asking[found]] = True
+    taken = lanes[asking[found]]
+    spare_back[taken, np.argmax(free[found], axis=1)] = wall[taken] + repair[taken]
+    return np.where(with_spare, node_of[lanes], np.where(node_failed, new_job_of[lanes], process_of[lanes]))
 
 
-def _restart(phases: np.ndarray, lanes: np.ndarray, mttf: float, wall: np.ndarray, restart: np.ndarray,
+def _restart(phases: np.ndarray, lanes: np.ndarray, mttf: np.ndarray, wall: np.ndarray, restart: np.ndarray,
              failures: np.ndarray, rng: np.random.Generator) -> None:
     """Each lane's restart, started again by every failure that comes before it is over."""
     length = phases.sum(axis=1)
     pending = np.arange(lanes.size)
     while pending.size:
-        gap = rng.exponential(mttf, pending.size)
+        gap = rng.exponential(mttf[pending])
         failed = gap < length[pending]
         over = pending[~failed]
         wall[lanes[over]] += length[over]
-        restart[lanes[over]] += phases[over]
+        restart[lanes[over]] += length[over]
         again = pending[failed]
         wall[lanes[again]] += gap[failed]
-        restart[lanes[again], 0] += gap[failed]  # a restart cut short: time lost to detection's column
+        restart[lanes[again]] += gap[failed]  # a restart cut short
         failures[lanes[again]] += 1
         pending = again
 

@@ -74,3 +74,15 @@ def test_a_warm_recovery_that_keeps_the_work_redoes_none_of_it() -> None:
     kept, rolled = (simulate(scenario, 200, np.random.default_rng(2)) for scenario in (warm, cold))
     assert (kept.rework_s <= kept.failures * C + 1e-6).all(), "only a checkpoint a failure cut short is done again"
     assert rolled.rework_s.mean() > 20 * kept.rework_s.mean() and kept.goodput.mean() > rolled.goodput.mean()
+
+
+def test_a_grid_simulated_at_once_gives_each_cell_its_own_answer() -> None:
+    """The cells of a grid are lanes of the same arrays: each keeps its own MTTF, interval and
+    restart (Daly's answer for each), and its own spares."""
+    from orchestrator.project.simulate import simulate_many
+
+    cells = [(20 * C, 300.0, 60.0), (200 * C, 1200.0, 600.0), (2000 * C, 3000.0, 60.0)]
+    outcomes = simulate_many([_fixed(mttf, interval, restart) for mttf, interval, restart in cells], 300,
+                             np.random.default_rng(4))
+    for (mttf, interval, restart), outcome in zip(cells, outcomes, strict=True):
+        assert outcome.wall_s.mean() == pytest.approx(daly_wall_s(5 * DAY, mttf, interval, C, restart), rel=0.02)
