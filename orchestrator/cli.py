@@ -139,7 +139,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _project(args: argparse.Namespace) -> int:
-    project_command.print_projection(project_command.run(args), args.format)
+    projection = project_command.run(args)
+    project_command.print_projection(projection, args.format)
+    if args.html is not None:
+        from orchestrator.project.page import write_projection_page
+
+        page = write_projection_page(projection, args.html)
+        print(f"faultdrill: the projection's page: {page}", file=sys.stderr)
     return 0
 
 

@@ -44,6 +44,7 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--startup-per-doubling-s", type=float, default=Assumptions.startup_per_doubling_s)
     parser.add_argument("--repair-h", type=float, default=Assumptions.repair_h)
     parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--html", type=Path, metavar="DIR", help="also write the page (three plots, their tables) here")
 
 
 def run(args: argparse.Namespace) -> "Projection":

@@ -353,6 +353,39 @@ def _mtbf(runs: list[dict[str, Any]]) -> tuple[float | None, str]:
 # --- the page ----------------------------------------------------------------------------------------
 
 
+def figure_png(out_dir: Path, name: str, draw: Callable[[Any], None], size: tuple[float, float] = (8, 3.6)) -> str:
+    """A PNG beside a page (matplotlib's Agg): its file name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    return _figure(out_dir, name, draw, size)
+
+
+def write_page(out_dir: Path, title: str, intro: list[str], sections: list[Section]) -> Path:
+    """``out_dir/index.html`` of ``sections`` (another command's page: ``faultdrill project``)."""
+    parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>",
+             f"<style>{STYLE}</style></head><body>", f"<h1>{_e(title)}</h1>",
+             *(f"<p>{_e(line)}</p>" for line in intro), *_sections_html(sections), "</body></html>\n"]
+    page = out_dir / "index.html"
+    tmp = page.with_name(".index.html.tmp")
+    tmp.write_text("\n".join(parts))
+    tmp.replace(page)
+    return page
+
+
+def _sections_html(sections: list[Section]) -> list[str]:
+    parts = []
+    for section in sections:
+        parts.append(f"<section><h2>{_e(section.title)}</h2>")
+        if section.image:
+            parts.append(f"<img src=\"{_e(section.image)}\" alt=\"{_e(section.title)}\">")
+        if section.note:
+            parts.append(f"<p class=\"note\">{_e(section.note)}</p>")
+        parts.extend(_table(header, rows) for header, rows in section.tables)
+        parts.append("</section>")
+    return parts
+
+
 def _page(report: dict[str, Any], sections: list[Section]) -> str:
     title = f"Faultdrill report: {report['campaign']} ({report['backend']} backend)"
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>",
@@ -367,14 +400,7 @@ def _page(report: dict[str, Any], sections: list[Section]) -> str:
                     [[r["run_id"], r["framework"], r["strategy"], r["status"], f"{r['final_step']}/{r['target_steps']}",
                       len(r["attempts"]), len(r["faults"]),
                       "(twin)" if r["is_baseline"] else r["identical_to_baseline"]] for r in report["runs"]])]
-    for section in sections:
-        parts.append(f"<section><h2>{_e(section.title)}</h2>")
-        if section.image:
-            parts.append(f"<img src=\"{_e(section.image)}\" alt=\"{_e(section.title)}\">")
-        if section.note:
-            parts.append(f"<p class=\"note\">{_e(section.note)}</p>")
-        parts.extend(_table(header, rows) for header, rows in section.tables)
-        parts.append("</section>")
+    parts += _sections_html(sections)
     parts.append("</body></html>\n")
     return "\n".join(parts)
 

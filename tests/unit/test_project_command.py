@@ -103,3 +103,16 @@ def test_a_failure_model_file_with_a_mistake_is_named(tmp_path: Path) -> None:
         load_failure_model(str(path))
     with pytest.raises(FailureModelError, match="no such model or file; shipped: llama3, meta-rsc"):
         load_failure_model("nope")
+
+
+def test_the_page_shows_the_three_plots_with_their_tables_and_the_assumptions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")],
+                                  "in-allocation": [(5.0, "RANK_SIGNAL", "checkpoint"), (8.0, "NODE_FAIL", "checkpoint")]})
+    code, _, err = _project(workdir, "--gpus", "1024,4096", "--spares", "0,2", "--html", str(tmp_path / "page"),
+                            capsys=capsys)
+    page = (tmp_path / "page" / "index.html").read_text()
+    assert code == 0 and "the projection's page" in err
+    for image in ("scale.png", "interval.png", "spares.png"):
+        assert (tmp_path / "page" / image).stat().st_size > 1000 and f'src="{image}"' in page
+    assert page.count("<table>") == 4 and "queue_wait_s" in page and "Goodput against spare nodes" in page
