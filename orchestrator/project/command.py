@@ -14,7 +14,6 @@ from orchestrator.report.tables import Table, report_console
 if TYPE_CHECKING:  # NumPy and the simulator load when a projection is made, not with the CLI
     from orchestrator.project.projection import Grid, Projection
 
-STRATEGIES = ("resubmit", "requeue", "in-allocation", "warm")
 
 
 class ProjectError(ValueError):
@@ -108,8 +107,12 @@ def _check(grid: "Grid") -> None:
         problems.append("--gpus: one or more scales of at least 1 GPU")
     if grid.gpus_per_node < 1 or grid.days <= 0 or grid.replicas < 2:
         problems.append("--gpus-per-node >= 1, --days > 0 and --replicas >= 2")
+    elif any(gpus % grid.gpus_per_node for gpus in grid.gpus):
+        problems.append(f"--gpus: each scale a whole number of nodes of --gpus-per-node {grid.gpus_per_node}")
     if any(spares < 0 for spares in grid.spares):
         problems.append("--spares: counts >= 0")
+    from orchestrator.project.projection import STRATEGIES
+
     if grid.strategies and set(grid.strategies) - set(STRATEGIES):
         problems.append(f"--strategies: of {', '.join(STRATEGIES)}")
     if grid.intervals_s is not None and min(grid.intervals_s) <= 0:

@@ -87,7 +87,7 @@ def read_measured(workdir: Path) -> Measured:
                     tuple(float(getattr(row, phase)) for phase in PHASES), row.failure_class or "UNKNOWN",
                     float(row.lost_s), row.state_source == PEER))
             points += [(record.bytes, record.blocking_s) for record in ledger.checkpoints(run.run_id)
-                       if record.bytes > 0]
+                       if record.bytes > 0 and record.blocking_s > 0]  # 0: a record that measured none
     finally:
         ledger.close()
     missing = []

@@ -38,6 +38,7 @@ from orchestrator.project.simulate import (
 )
 
 NEW_JOB_STRATEGIES = ("resubmit", "requeue")  # every failure: a new job
+STRATEGIES = ("resubmit", "requeue", "in-allocation", "warm", "elastic")
 SPARE_STRATEGIES = ("in-allocation", "warm")  # a node failure takes a spare node
 AUTO_INTERVALS = (0.5, 0.75, 1.0, 1.5, 2.0)  # x Daly's optimum at each scale
 
@@ -58,6 +59,7 @@ class Grid:
 @dataclass
 class Row:
     gpus: int
+    nodes: int
     strategy: str
     spares: int
     interval_s: float
@@ -73,12 +75,13 @@ class Projection:
     failure_model: dict[str, Any]
     assumptions: list[dict[str, Any]]
     measured: dict[str, Any]
+    notes: list[str] = field(default_factory=list)  # where it stands on other measurements than asked
     rows: list[Row] = field(default_factory=list)
     best: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"failure_model": self.failure_model, "assumptions": self.assumptions, "measured": self.measured,
-                "rows": [asdict(row) for row in self.rows], "best": self.best}
+                "notes": self.notes, "rows": [asdict(row) for row in self.rows], "best": self.best}
 
 
 def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: Assumptions) -> Projection:
@@ -90,12 +93,16 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
     state_bytes = grid.state_bytes if grid.state_bytes is not None else measured.checkpoint.largest_bytes
     checkpoint_s = measured.checkpoint.blocking_s(state_bytes)
     projection = Projection(
+        notes=fallback_notes(measured, model, strategies),
         failure_model={"name": model.name, "source": model.source, "node_share": model.node_share},
         assumptions=assumptions.listed(),
         measured={"workdir": str(measured.workdir), "drill_gpus": measured.drill_gpus,
                   "recoveries": {s: len(rows) for s, rows in measured.recoveries.items()},
                   "checkpoint_fixed_s": measured.checkpoint.fixed_s,
-                  "checkpoint_bytes_per_s": measured.checkpoint.bytes_per_s, "state_bytes": state_bytes,
+                  # null: no cost grows with the size (one size measured, or none that grew)
+                  "checkpoint_bytes_per_s": (measured.checkpoint.bytes_per_s
+                                             if np.isfinite(measured.checkpoint.bytes_per_s) else None),
+                  "state_bytes": state_bytes,
                   "checkpoint_s": checkpoint_s})
     cells: list[tuple[int, str, int, float]] = []
     scenarios: list[Scenario] = []
@@ -109,7 +116,7 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
                     scenarios.append(scenario_for(strategy, measured, model, gpus, spares, interval, checkpoint_s,
                                                   grid.days * 86400, assumptions))
     outcomes = simulate_many(scenarios, grid.replicas, np.random.default_rng(grid.seed))  # the whole grid at once
-    projection.rows = [_row(*cell, outcome) for cell, outcome in zip(cells, outcomes, strict=True)]
+    projection.rows = [_row(*cell, outcome, grid.gpus_per_node) for cell, outcome in zip(cells, outcomes, strict=True)]
     for gpus, mttf_s in mttfs.items():
         projection.best += _best(projection.rows, gpus, checkpoint_s, mttf_s)
     return projection
@@ -119,39 +126,64 @@ def scenario_for(strategy: str, measured: Measured, model: FailureModel, gpus: i
                  checkpoint_s: float, solve_s: float, assumptions: Assumptions) -> Scenario:
     grown = assumptions.startup_per_doubling_s * max(0.0, float(np.log2(gpus / max(measured.drill_gpus, 1))))
     process_classes, node_classes = model.class_shares(False), model.class_shares(True)
-    new_job_source = "resubmit" if "resubmit" in measured.recoveries else strategy
-    new_job = _recovery(measured, new_job_source, None, grown, assumptions.queue_wait_s, keeps_work=False)
+    new_job = _recovery(measured, new_job_source(measured, strategy), None, grown, assumptions.queue_wait_s)
+    common = {"solve_s": solve_s, "mttf_s": model.mttf_h(gpus) * 3600, "interval_s": interval_s,
+              "checkpoint_s": checkpoint_s, "node_share": model.node_share, "repair_s": assumptions.repair_h * 3600}
     if strategy in NEW_JOB_STRATEGIES:
-        own = _recovery(measured, strategy, None, grown, assumptions.queue_wait_s, keeps_work=False)
-        return Scenario(solve_s, model.mttf_h(gpus) * 3600, interval_s, checkpoint_s, own, own,
-                        node=None, node_share=model.node_share, spares=0, repair_s=assumptions.repair_h * 3600)
-    keeps = strategy == "warm" and _mostly_peer(measured, strategy)
-    process = _recovery(measured, strategy, process_classes, grown, 0.0, keeps_work=keeps)
-    node = _recovery(measured, strategy, node_classes, grown, 0.0, keeps_work=keeps) if spares else None
-    return Scenario(solve_s, model.mttf_h(gpus) * 3600, interval_s, checkpoint_s, process, new_job, node=node,
-                    node_share=model.node_share, spares=spares, repair_s=assumptions.repair_h * 3600)
+        own = _recovery(measured, strategy, None, grown, assumptions.queue_wait_s)
+        return Scenario(process=own, new_job=own, **common)  # type: ignore[arg-type]  # common's values are Scenario's
+    # warm answers what its coordinator saw (a rank's death) with a spare, a job found hung from
+    # outside with a new job (orchestrator/strategies/warm.py)
+    hung = process_classes.get("HANG", 0.0) if strategy == "warm" else 0.0
+    process = _recovery(measured, strategy, process_classes, grown, 0.0)
+    node = _recovery(measured, strategy, node_classes, grown, 0.0) if spares and strategy in SPARE_STRATEGIES else None
+    return Scenario(process=process, new_job=new_job, node=node, spares=spares if node is not None else 0,
+                    process_new_job_share=hung, **common)
+
+
+def new_job_source(measured: Measured, strategy: str) -> str:
+    """Whose measured recoveries stand for a new job: resubmit's, else another strategy's that
+    starts cold (requeue, in-allocation, elastic), else the strategy's own (a note says so)."""
+    for source in ("resubmit", "requeue", "in-allocation", "elastic"):
+        if source in measured.recoveries:
+            return source
+    return strategy
 
 
 def _recovery(measured: Measured, strategy: str, classes: dict[str, float] | None, startup_grown_s: float,
-              queue_wait_s: float, keeps_work: bool) -> Recovery:
+              queue_wait_s: float) -> Recovery:
+    """The measured recoveries, grown to the scale; those that took a survivor's state keep the
+    work (their measured lost work re-done), the others roll back to the checkpoint."""
     rows = measured.chosen(strategy, classes)
     phases = np.array([row.phases for row in rows], dtype=float)
     phases[:, PHASES.index("startup_s")] += startup_grown_s
     phases[:, PHASES.index("queue_s")] += queue_wait_s
-    lost = np.array([row.lost_s for row in rows]) if keeps_work else None
-    return Recovery(phases, keeps_work, lost)
+    if not any(row.keeps_work for row in rows):
+        return Recovery(phases)
+    return Recovery(phases, True, np.array([row.lost_s if row.keeps_work else np.inf for row in rows]))
 
 
-def _mostly_peer(measured: Measured, strategy: str) -> bool:
-    rows = measured.recoveries[strategy]
-    return sum(row.keeps_work for row in rows) * 2 > len(rows)
+def fallback_notes(measured: Measured, model: FailureModel, strategies: list[str]) -> list[str]:
+    """Where the projection stands on other measurements than the ones it asks for."""
+    notes = []
+    for strategy in strategies:
+        if strategy not in NEW_JOB_STRATEGIES and new_job_source(measured, strategy) == strategy:
+            notes.append(f"{strategy}: no strategy that starts a new job was measured; a new job is taken as "
+                         f"{strategy}'s own recovery plus the queue wait (drill resubmit beside it)")
+        for takes_node, what in ((False, "process"), (True, "node")):
+            measured_classes = {row.failure_class for row in measured.recoveries[strategy]}
+            missing = sorted(set(model.class_shares(takes_node)) - measured_classes)
+            if missing:
+                notes.append(f"{strategy}: no {', '.join(missing)} recovery measured; {what} failures of "
+                             f"{'that class' if len(missing) == 1 else 'those classes'} take {strategy}'s others")
+    return notes
 
 
-def _row(gpus: int, strategy: str, spares: int, interval_s: float, outcome: Outcome) -> Row:
+def _row(gpus: int, strategy: str, spares: int, interval_s: float, outcome: Outcome, gpus_per_node: int) -> Row:
     goodput = outcome.goodput
     lost = {phase: float(outcome.restart_phases_s[index] / 3600) for index, phase in enumerate(PHASES)}
     lost |= {"rework": float(outcome.rework_s.mean() / 3600), "checkpoints": float(outcome.checkpoint_s.mean() / 3600)}
-    return Row(gpus, strategy, spares, float(interval_s), float(goodput.mean()),
+    return Row(gpus, -(-gpus // gpus_per_node), strategy, spares, float(interval_s), float(goodput.mean()),
                float(1.96 * goodput.std(ddof=1) / np.sqrt(goodput.size)) if goodput.size > 1 else 0.0,
                float(outcome.failures.mean()), float(outcome.new_jobs.mean()), lost)
 

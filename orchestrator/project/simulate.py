@@ -13,7 +13,9 @@ process (a restart in place is enough). Where the job goes on depends on the str
 - a node failure takes a spare when the strategy has a recovery for it and a spare is free; the
   spare comes back after ``repair_s``; without one the job ends and a new job (``new_job``) starts,
   from the checkpoint;
-- a failure during a restart starts that restart again (Daly's model: the restart is paid again).
+- a failure from a restart's start-up on (the job holds its nodes again) starts the start-up again
+  (Daly's model, for the part of a restart a failure can strike: detection and the queue hold no nodes);
+- a new job comes with its own spare nodes.
 
 With exponential failures, one fixed restart R and checkpoint cost C, a job's expected wall time is
 exactly Daly's higher-order formula (Daly 2006, FGCS 22(3)): each segment of length s = interval +
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
+EXPOSED_FROM = PHASES.index("startup_s")  # the phases a failure can strike: the job holds its nodes again
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Recovery:
     @classmethod
     def fixed(cls, seconds: float, keeps_work: bool = False, lost_s: float = 0.0) -> "Recovery":
         phases = np.zeros((1, len(PHASES)))
-        phases[0, 0] = seconds
+        phases[0, PHASES.index("startup_s")] = seconds  # all of it on the nodes (Daly's restart)
         return cls(phases, keeps_work, np.array([lost_s]) if keeps_work else None)
 
     @property
@@ -64,6 +67,7 @@ class Scenario:
     new_job: Recovery  # the job ended and a new one started (from the checkpoint)
     node: Recovery | None = None  # a node failure answered with a spare; None: every node failure is a new job
     node_share: float = 0.0  # failures that take a node
+    process_new_job_share: float = 0.0  # of the others, those the strategy answers with a new job (warm: a hang)
     spares: int = 0
     repair_s: float = 24 * 3600.0  # a dead node's time out of the pool
 
@@ -77,7 +81,7 @@ class Outcome:
     checkpoint_s: np.ndarray  # blocking checkpoints (the partial one a failure interrupted: rework)
     rework_s: np.ndarray  # training done again (rolled back, or a warm recovery's lost steps)
     restart_s: np.ndarray  # (replicas,): every recovery's time, restarts that failed included
-    restart_phases_s: np.ndarray  # (len(PHASES),): the mean replica's restart time by phase (a cut-short restart: detect_s)
+    restart_phases_s: np.ndarray  # (len(PHASES),): the mean replica's restart time by phase (a start-up cut short: startup_s)
     new_jobs: np.ndarray  # failures the job did not survive (no spare for a dead node, or the strategy's way)
     solve_s: float
 
@@ -130,6 +134,7 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
     delta = per_lane([s.checkpoint_s for s in scenarios])
     mttf = per_lane([s.mttf_s for s in scenarios])
     node_share = per_lane([s.node_share for s in scenarios])
+    process_new_job = per_lane([s.process_new_job_share for s in scenarios])
     repair = per_lane([s.repair_s for s in scenarios])
     process_of = per_lane([distinct[id(s.process)] for s in scenarios]).astype(int)
     new_job_of = per_lane([distinct[id(s.new_job)] for s in scenarios]).astype(int)
@@ -175,7 +180,11 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
         rework[lanes] += np.where(before, np.maximum(x - (t - p), 0), np.maximum(since - t, 0))  # a checkpoint cut short
         remaining[lanes] = u - trained
         failures[lanes] += 1
-        chosen = _choose(lanes, wall, node_share, process_of, new_job_of, node_of, spare_back, repair, rng)
+        chosen = _choose(lanes, wall, node_share, process_new_job, process_of, new_job_of, node_of, spare_back, repair,
+                         rng)
+        # a new job comes with its own spares (the dead nodes stay in repair outside it)
+        renewed = lanes[(chosen == new_job_of[lanes]) & np.isfinite(spare_back[lanes, 0])]
+        spare_back[renewed] = np.where(np.isfinite(spare_back[renewed]), 0.0, np.inf)
         new_jobs[lanes] += chosen == new_job_of[lanes]
         rows = recoveries.first[chosen] + (rng.random(lanes.size) * recoveries.count[chosen]).astype(int)
         keeps = recoveries.keeps[chosen]
@@ -202,15 +211,15 @@ def _outcomes(scenarios: list[Scenario], replicas: int, wall: np.ndarray, failur
     for index, scenario in enumerate(scenarios):
         cell = slice(index * replicas, (index + 1) * replicas)
         phases = phase_sums[index] / replicas
-        phases[0] += restart[cell].mean() - phases.sum()  # restarts cut short
+        phases[EXPOSED_FROM] += restart[cell].mean() - phases.sum()  # start-ups cut short
         outcomes.append(Outcome(wall[cell], failures[cell], checkpointing[cell], rework[cell], restart[cell],
                                 phases, new_jobs[cell], float(scenario.solve_s)))
     return outcomes
 
 
-def _choose(lanes: np.ndarray, wall: np.ndarray, node_share: np.ndarray, process_of: np.ndarray,
-            new_job_of: np.ndarray, node_of: np.ndarray, spare_back: np.ndarray, repair: np.ndarray,
-            rng: np.random.Generator) -> np.ndarray:
+def _choose(lanes: np.ndarray, wall: np.ndarray, node_share: np.ndarray, process_new_job: np.ndarray,
+            process_of: np.ndarray, new_job_of: np.ndarray, node_of: np.ndarray, spare_back: np.ndarray,
+            repair: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """The recovery each failed lane takes: a node failure takes a free spare (back after the
     repair) where the strategy answers node failures with one, else the job ends (a new job)."""
     node_failed = rng.random(lanes.size) < node_share[lanes]
@@ -221,13 +230,19 @@ def _choose(lanes: np.ndarray, wall: np.ndarray, node_share: np.ndarray, process
     with_spare[asking[found]] = True
     taken = lanes[asking[found]]
     spare_back[taken, np.argmax(free[found], axis=1)] = wall[taken] + repair[taken]
-    return np.where(with_spare, node_of[lanes], np.where(node_failed, new_job_of[lanes], process_of[lanes]))
+    draw = rng.random(lanes.size)
+    to_new_job = node_failed | (draw < process_new_job[lanes])
+    return np.where(with_spare, node_of[lanes], np.where(to_new_job, new_job_of[lanes], process_of[lanes]))
 
 
 def _restart(phases: np.ndarray, lanes: np.ndarray, mttf: np.ndarray, wall: np.ndarray, restart: np.ndarray,
              failures: np.ndarray, rng: np.random.Generator) -> None:
-    """Each lane's restart, started again by every failure that comes before it is over."""
-    length = phases.sum(axis=1)
+    """Each lane's restart: detection, resubmission and the queue hold no nodes a failure could
+    strike; from the start-up on, every failure before the first step starts it again."""
+    waited = phases[:, :EXPOSED_FROM].sum(axis=1)
+    wall[lanes] += waited
+    restart[lanes] += waited
+    length = phases[:, EXPOSED_FROM:].sum(axis=1)
     pending = np.arange(lanes.size)
     while pending.size:
         gap = rng.exponential(mttf[pending])
@@ -237,7 +252,7 @@ def _restart(phases: np.ndarray, lanes: np.ndarray, mttf: np.ndarray, wall: np.n
         restart[lanes[over]] += length[over]
         again = pending[failed]
         wall[lanes[again]] += gap[failed]
-        restart[lanes[again]] += gap[failed]  # a restart cut short
+        restart[lanes[again]] += gap[failed]  # a start-up cut short
         failures[lanes[again]] += 1
         pending = again
 

@@ -116,3 +116,51 @@ def test_the_page_shows_the_three_plots_with_their_tables_and_the_assumptions(
     for image in ("scale.png", "interval.png", "spares.png"):
         assert (tmp_path / "page" / image).stat().st_size > 1000 and f'src="{image}"' in page
     assert page.count("<table>") == 4 and "queue_wait_s" in page and "Goodput against spare nodes" in page
+
+
+def test_checkpoints_of_one_size_give_valid_json_and_unmeasured_blocking_is_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review: one size measured gave a bandwidth of Infinity, which is no JSON; a record that
+    measured no blocking time (0) pulled the cost to nothing."""
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}, checkpoints=False)
+    ledger = Ledger.in_workdir(workdir)
+    ledger.add_checkpoints("r000", [CheckpointRecord(step=step, attempt=0, path=f"/c/{step}", time=1.0, bytes=10**6,
+                                                     blocking_s=seconds) for step, seconds in ((10, 0.2), (20, 0.0))])
+    ledger.close()
+    code, out, _ = _project(workdir, "--gpus", "1024", capsys=capsys)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    measured = json.loads(out, parse_constant=refuse)["measured"]
+    assert code == 0 and measured["checkpoint_bytes_per_s"] is None and measured["checkpoint_s"] == pytest.approx(0.2)
+
+
+def test_warm_keeps_the_work_of_a_survivors_state_only_and_its_hangs_are_new_jobs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review: warm decided "keeps the work" for all its recoveries at once (a recovery from the
+    checkpoint kept it too), and gave a hang a spare's recovery."""
+    from orchestrator.project.failure_models import load_failure_model
+    from orchestrator.project.measured import read_measured
+    from orchestrator.project.projection import Assumptions, scenario_for
+
+    workdir = _workdir(tmp_path, {"warm": [(0.5, "RANK_SIGNAL", "peer"), (0.6, "RANK_SIGNAL", "peer"),
+                                           (40.0, "RANK_SIGNAL", "checkpoint")]})
+    model = load_failure_model("llama3")
+    scenario = scenario_for("warm", read_measured(workdir), model, 16384, 4, 600.0, 10.0, 86400.0, Assumptions())
+    assert scenario.process.keeps_work and scenario.process.lost_s is not None
+    assert sorted(scenario.process.lost_s.tolist()) == [0.0, 0.0, float("inf")], "the checkpoint's rolls back"
+    assert scenario.process_new_job_share == pytest.approx(42 / 98), "llama3's hangs of its process failures"
+    code, out, _ = _project(workdir, "--gpus", "1024,4096", "--gpus-per-node", "8", "--failure-model", "llama3",
+                            capsys=capsys)
+    projection = json.loads(out)
+    assert code == 0 and {row["nodes"] for row in projection["rows"]} == {128, 512}
+    assert any("no NODE_FAIL recovery measured" in note for note in projection["notes"])
+    assert any("no strategy that starts a new job was measured" in note for note in projection["notes"])
+
+
+def test_a_scale_that_is_no_whole_number_of_nodes_is_refused(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _project(_workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}),
+                            "--gpus", "1020", capsys=capsys)
+    assert code != 0 and "a whole number of nodes of --gpus-per-node 8" in err

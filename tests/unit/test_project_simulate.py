@@ -106,3 +106,40 @@ def test_the_llama3_model_at_16384_gpus_reproduces_the_published_run() -> None:
     per_54_days = outcome.failures / (outcome.wall_s / (54 * DAY))
     assert per_54_days.mean() == pytest.approx(419, rel=0.05)
     assert 0.90 < outcome.goodput.mean() < 0.97
+
+
+def test_a_failure_can_strike_a_restart_only_once_it_holds_its_nodes_again() -> None:
+    """Review: a failure during a new job's queue wait made it pay the whole restart again; a job
+    that waits in the queue holds no nodes. From the start-up on it does."""
+    def failures_beyond_the_work(phase: str) -> float:
+        phases = np.zeros((1, 6))
+        phases[0, ["detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s"].index(phase)] = 7200.0
+        recovery = Recovery(phases)
+        scenario = Scenario(solve_s=DAY, mttf_s=3600.0, interval_s=600.0, checkpoint_s=C, process=recovery,
+                            new_job=recovery)
+        outcome = simulate(scenario, 200, np.random.default_rng(8))
+        return float(outcome.failures.mean())
+
+    queued, starting = failures_beyond_the_work("queue_s"), failures_beyond_the_work("startup_s")
+    assert starting > 4 * queued, (queued, starting)
+
+
+def test_a_new_job_comes_with_its_own_spare_nodes() -> None:
+    """Review: after the job ended for want of a spare, the new job's spares were still those out
+    for repair. Every failure takes a node, one spare, repairs of a year: with a fresh spare in
+    each new job, every other failure is a new job (not all of them but the first)."""
+    scenario = Scenario(solve_s=10 * DAY, mttf_s=3600.0, interval_s=600.0, checkpoint_s=C,
+                        process=Recovery.fixed(30.0), new_job=Recovery.fixed(300.0), node=Recovery.fixed(30.0),
+                        node_share=1.0, spares=1, repair_s=365 * DAY)
+    outcome = simulate(scenario, 100, np.random.default_rng(6))
+    work_failures = outcome.failures.sum()
+    assert outcome.new_jobs.sum() == pytest.approx(work_failures / 2, rel=0.1)
+
+
+def test_a_hang_under_warm_is_a_new_job() -> None:
+    """warm answers a job found hung from outside with a new job (orchestrator/strategies/warm.py)."""
+    scenario = Scenario(solve_s=5 * DAY, mttf_s=3600.0, interval_s=600.0, checkpoint_s=C,
+                        process=Recovery.fixed(1.0, keeps_work=True), new_job=Recovery.fixed(300.0),
+                        process_new_job_share=0.4)
+    outcome = simulate(scenario, 100, np.random.default_rng(12))
+    assert outcome.new_jobs.sum() / outcome.failures.sum() == pytest.approx(0.4, abs=0.05)
