@@ -73,6 +73,8 @@ def print_projection(projection: "Projection", output_format: str) -> None:
     console = report_console()
     for table in projection_tables(projection):
         console.print(table)
+    for note in projection.notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def projection_tables(projection: "Projection") -> list[Table]:

@@ -19,7 +19,8 @@ def write_projection_page(projection: Projection, out_dir: Path) -> Path:
              f"{model['node_share']:.2f}).",
              f"From the drill in {projection.measured['workdir']} (its largest run: {projection.measured['drill_gpus']} "
              f"GPUs or ranks); a checkpoint blocks {projection.measured['checkpoint_s']:.3g} s at the state size "
-             f"asked. Goodput: training time / wall time (Meta's ETTR), the mean of the replicas, 95 % CI."]
+             f"asked. Goodput: training time / wall time (Meta's ETTR), the mean of the replicas, 95 % CI.",
+             *(f"Note: {note}" for note in projection.notes)]
     sections = [_by_scale(projection, out_dir), _by_interval(projection, largest, out_dir),
                 _by_spares(projection, largest, out_dir),
                 Section("Assumed, not measured", None, [(["name", "value", "source"],
