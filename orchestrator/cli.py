@@ -139,6 +139,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _project(args: argparse.Namespace) -> int:
+    if args.replay:
+        return project_command.print_replays(args.workdir, args.format)
     projection = project_command.run(args)
     project_command.print_projection(projection, args.format)
     if args.html is not None:

@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--repair-h", type=float, default=Assumptions.repair_h)
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--html", type=Path, metavar="DIR", help="also write the page (three plots, their tables) here")
+    parser.add_argument("--replay", action="store_true",
+                        help="instead: replay each faulted run of the drill with its own failures and recoveries, "
+                             "its predicted goodput beside the measured one (the model checked against the drill)")
 
 
 def run(args: argparse.Namespace) -> "Projection":
@@ -141,3 +144,26 @@ def _intervals(text: str) -> tuple[float, ...] | None:
         return tuple(float(part) for part in text.split(","))
     except ValueError:
         raise ProjectError(f"--interval {text!r}: seconds, comma-separated, or auto") from None
+
+
+def print_replays(workdir: Path, output_format: str) -> int:
+    """``--replay``: every faulted run's measured and replayed goodput; exit 1 if none was replayed."""
+    from dataclasses import asdict
+
+    from orchestrator.project.replay import replay_drill
+
+    replays = replay_drill(workdir)
+    if output_format == "json":
+        print(json.dumps([{**asdict(run), "error": run.error} for run in replays], indent=2))
+    else:
+        table = Table(title="Each faulted run replayed through the model: goodput predicted against measured")
+        for column in ("run", "strategy", "failures", "measured", "replayed", "error", "lost s (drill)", "lost s (model)"):
+            table.add_column(column)
+        for run in replays:
+            table.add_row(run.run_id, run.strategy, str(run.failures), f"{run.measured_goodput:.4f}",
+                          f"{run.replayed_goodput:.4f}", f"{100 * run.error:+.2f} %", f"{run.measured_lost_s:.2f}",
+                          f"{run.replayed_lost_s:.2f}")
+        report_console().print(table)
+    if not replays:
+        raise ProjectError(f"{workdir}: no run failed, recovered and completed: nothing to replay")
+    return 0

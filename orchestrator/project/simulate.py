@@ -159,9 +159,7 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
         t, d, m = tau[running], delta[running], mttf[running]
         gap = rng.exponential(m)  # time until this lane's next failure
         u, p = remaining[running], offset[running]
-        # checkpoints before the end (none at the end): one at every segment boundary crossed
-        ckpts_to_end = np.maximum(np.ceil((p + u) / t - 1e-12) - 1, 0)
-        to_end = u + ckpts_to_end * d
+        ckpts_to_end, to_end = _to_the_end(u, p, t, d)
         ends = gap >= to_end
         done = running[ends]
         wall[done] += to_end[ends]
@@ -169,15 +167,10 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
         remaining[done] = 0.0
         failed = ~ends
         lanes, x, u, p, t, d, m = running[failed], gap[failed], u[failed], p[failed], t[failed], d[failed], m[failed]
-        first = t - p + d  # until the next checkpoint is complete
-        before = x < first
-        k = np.where(before, 0, np.floor((x - first) / (t + d)) + 1)  # checkpoints completed
-        since = np.where(before, x, x - first - (k - 1) * (t + d))  # since the last one completed (or the start)
-        trained = np.where(before, np.minimum(x, t - p), (t - p) + (k - 1) * t + np.minimum(since, t))
-        position = np.where(before, p + trained, np.minimum(since, t))  # training since the last checkpoint
+        k, trained, position, cut_short = _work_until(x, p, t, d)
         wall[lanes] += x
         checkpointing[lanes] += k * d
-        rework[lanes] += np.where(before, np.maximum(x - (t - p), 0), np.maximum(since - t, 0))  # a checkpoint cut short
+        rework[lanes] += cut_short
         remaining[lanes] = u - trained
         failures[lanes] += 1
         chosen = _choose(lanes, wall, node_share, process_new_job, process_of, new_job_of, node_of, spare_back, repair,
@@ -196,6 +189,61 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
         _add_phases(phase_sums, cell_of[lanes], recoveries.phases[rows])
         running = lanes
     return _outcomes(scenarios, replicas, wall, failures, checkpointing, rework, restart, new_jobs, phase_sums)
+
+
+def _to_the_end(u: np.ndarray, p: np.ndarray, t: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """From ``p`` of training since the last checkpoint, ``u`` left to train: the checkpoints
+    before the end (one at every segment boundary crossed, none at the end) and the time it takes."""
+    checkpoints = np.maximum(np.ceil((p + u) / t - 1e-12) - 1, 0)
+    return checkpoints, u + checkpoints * d
+
+
+def _work_until(x: np.ndarray, p: np.ndarray, t: np.ndarray, d: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A failure ``x`` after work resumed ``p`` into its segment: the checkpoints completed, the
+    training done, the training since the last checkpoint, and a checkpoint's time it cut short."""
+    first = t - p + d  # until the next checkpoint is complete
+    before = x < first
+    k = np.where(before, 0, np.floor((x - first) / (t + d)) + 1)
+    since = np.where(before, x, x - first - (k - 1) * (t + d))  # since the last one completed (or the start)
+    trained = np.where(before, np.minimum(x, t - p), (t - p) + (k - 1) * t + np.minimum(since, t))
+    position = np.where(before, p + trained, np.minimum(since, t))
+    cut_short = np.where(before, np.maximum(x - (t - p), 0), np.maximum(since - t, 0))
+    return k, trained, position, cut_short
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A drill's own run replayed: its wall time from its first step to its end, and its parts."""
+
+    wall_s: float
+    rework_s: float
+    checkpoint_s: float
+    restart_s: float
+
+
+def replay(solve_s: float, interval_s: float, checkpoint_s: float, gaps_s: list[float],
+           recoveries: list[tuple[float, bool, float]]) -> Replayed:
+    """The model's account of one run with the failures it had: the k-th came ``gaps_s[k]`` after
+    training resumed; each recovery (restart seconds, kept the work, its lost work) as measured.
+    The same arithmetic as ``simulate_many``, with the drill's failures instead of drawn ones."""
+    t, d = np.array([interval_s]), np.array([checkpoint_s])
+    remaining, offset = np.array([solve_s]), np.array([0.0])
+    wall = rework = checkpointing = restarting = 0.0
+    for gap, (restart_s, keeps_work, lost_s) in zip(gaps_s, recoveries, strict=True):
+        checkpoints, to_end = _to_the_end(remaining, offset, t, d)
+        if gap >= to_end[0]:
+            break
+        k, trained, position, cut_short = _work_until(np.array([gap]), offset, t, d)
+        wall += gap + restart_s
+        checkpointing += float(k[0]) * checkpoint_s
+        lost = min(lost_s, float(position[0])) if keeps_work else float(position[0])
+        rework += float(cut_short[0]) + lost
+        restarting += restart_s
+        remaining = remaining - trained + lost
+        offset = np.array([float(position[0]) - lost if keeps_work else 0.0])
+    checkpoints, to_end = _to_the_end(remaining, offset, t, d)
+    return Replayed(wall + float(to_end[0]), rework, checkpointing + float(checkpoints[0]) * checkpoint_s, restarting)
 
 
 def _add_phases(sums: np.ndarray, cells: np.ndarray, phases: np.ndarray) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -183,3 +184,15 @@ def test_the_report_page_shows_the_strategies_side_by_side(report: dict[str, Any
     pairs = {(row[1], row[2]) for row in ttr[1:]}
     assert pairs == {(row["strategy"], row["failure_class"]) for row in report["strategies"]}
     assert {f"Timeline of {run['run_id']}" for run in _faulted(report)} <= set(seen["sections"])
+
+
+def test_the_projections_model_replays_each_run_within_five_percent_of_its_measured_goodput(
+        report: dict[str, Any]) -> None:
+    """Issue 25, "against the drill itself": each faulted run replayed with its own failures and
+    recoveries through the projection's arithmetic predicts the goodput the drill measured."""
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "project", report["workdir"], "--replay",
+                           "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    replays = json.loads(done.stdout)
+    assert {run["run_id"] for run in replays} == {run["run_id"] for run in _faulted(report) if run["recoveries"]}
+    assert all(abs(run["error"]) <= 0.05 for run in replays), replays

@@ -143,3 +143,17 @@ def test_a_hang_under_warm_is_a_new_job() -> None:
                         process_new_job_share=0.4)
     outcome = simulate(scenario, 100, np.random.default_rng(12))
     assert outcome.new_jobs.sum() / outcome.failures.sum() == pytest.approx(0.4, abs=0.05)
+
+
+def test_a_replay_without_failures_is_the_training_and_its_checkpoints_and_each_failure_adds_its_cost() -> None:
+    from orchestrator.project.simulate import replay
+
+    clean = replay(1000.0, 100.0, 5.0, [], [])
+    assert clean.wall_s == pytest.approx(1000 + 9 * 5)
+    # one failure 250 s after the start: two checkpoints done (at 105 and 210 s), 40 s of training
+    # since the second lost, a 30 s restart; the run then trains its 800 s left with 7 checkpoints
+    once = replay(1000.0, 100.0, 5.0, [250.0], [(30.0, False, 0.0)])
+    assert once.rework_s == pytest.approx(40.0) and once.restart_s == 30.0
+    assert once.wall_s == pytest.approx(250 + 30 + 800 + 7 * 5)
+    kept = replay(1000.0, 100.0, 5.0, [250.0], [(30.0, True, 2.0)])
+    assert kept.rework_s == pytest.approx(2.0) and kept.wall_s == pytest.approx(250 + 30 + (1000 - 200 - 38) + 7 * 5)
