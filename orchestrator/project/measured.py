@@ -4,7 +4,8 @@
   class, the work it re-did and where its state came from (``peer``: a survivor's, no rollback).
   A projection resamples them (empirical distributions, never a fitted guess).
 - The checkpoint's cost against its size: ``blocking = fixed + bytes / bandwidth``, least squares
-  over every checkpoint the drill wrote (non-negative terms), extrapolated to the state size asked.
+  over every checkpoint the drill wrote (non-negative terms; proportional to the size where the
+  sizes cannot say more), extrapolated to the state size asked.
 - The drill's own scale (GPUs, or ranks where it had none) and its step time.
 
 A workdir whose drill recovered from nothing cannot be projected: ``MissingMeasurements`` names
@@ -43,12 +44,12 @@ class CheckpointCost:
     """``blocking_s(bytes) = fixed_s + bytes / bytes_per_s`` fitted to the drill's checkpoints."""
 
     fixed_s: float
-    bytes_per_s: float  # inf: no cost grows with the size
+    bytes_per_s: float
     points: int
     largest_bytes: int
 
     def blocking_s(self, size_bytes: float) -> float:
-        return self.fixed_s + (size_bytes / self.bytes_per_s if np.isfinite(self.bytes_per_s) else 0.0)
+        return self.fixed_s + size_bytes / self.bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -104,15 +105,13 @@ def read_measured(workdir: Path) -> Measured:
 
 
 def fit_checkpoint_cost(points: list[tuple[int, float]]) -> CheckpointCost:
-    """Least squares of blocking time on size, both terms >= 0 (one size: all of it fixed)."""
+    """Least squares of blocking time on size, both terms >= 0. Where the sizes cannot show how the
+    cost grows (one size, or a fit whose cost falls with the size or starts below zero), the cost is
+    taken as proportional to the size (the measured bandwidth): a larger state never costs less."""
     sizes = np.array([size for size, _ in points], dtype=float)
     seconds = np.array([blocking for _, blocking in points], dtype=float)
     largest = int(sizes.max())
-    if np.ptp(sizes) == 0:
-        return CheckpointCost(float(np.median(seconds)), float("inf"), len(points), largest)
-    slope, fixed = np.polyfit(sizes, seconds, 1)
-    if slope <= 0:
-        return CheckpointCost(float(np.median(seconds)), float("inf"), len(points), largest)
-    if fixed < 0:  # through the origin
+    slope, fixed = np.polyfit(sizes, seconds, 1) if np.ptp(sizes) > 0 else (0.0, 0.0)
+    if slope <= 0 or fixed < 0:  # through the origin
         slope, fixed = float(sizes @ seconds / (sizes @ sizes)), 0.0
     return CheckpointCost(float(fixed), float(1 / slope), len(points), largest)

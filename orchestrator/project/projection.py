@@ -99,9 +99,7 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
         measured={"workdir": str(measured.workdir), "drill_gpus": measured.drill_gpus,
                   "recoveries": {s: len(rows) for s, rows in measured.recoveries.items()},
                   "checkpoint_fixed_s": measured.checkpoint.fixed_s,
-                  # null: no cost grows with the size (one size measured, or none that grew)
-                  "checkpoint_bytes_per_s": (measured.checkpoint.bytes_per_s
-                                             if np.isfinite(measured.checkpoint.bytes_per_s) else None),
+                  "checkpoint_bytes_per_s": measured.checkpoint.bytes_per_s,
                   "state_bytes": state_bytes,
                   "checkpoint_s": checkpoint_s})
     cells: list[tuple[int, str, int, float]] = []

@@ -68,7 +68,7 @@ def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay | None:
     # a step's wall time as the last attempt trained (checkpoints included, as the drill's lost_s
     # counts them): the model's training is the drill's, every failure and recovery as it was
     model = replay(run["final_step"] * step_wall_s, run["checkpoint_every_steps"] * step_wall_s, 0.0,
-                   gaps, [(r["ttr_s"], r.get("state_source") == "peer", r["lost_s"]) for r in recoveries])
+                   gaps, [(r["ttr_s"], _kept_the_work(r), r["lost_s"]) for r in recoveries])
     head, tail = started.time - min(submitted), max(ended) - completed.time
     return RunReplay(run["run_id"], run["strategy"], len(recoveries), useful / elapsed,
                      useful / (head + model.wall_s + tail), sum(r["lost_s"] for r in recoveries), model.rework_s)
@@ -86,3 +86,10 @@ def _step_wall_s(paths: RunPaths, recoveries: list[dict[str, Any]], final_step: 
         spans.append((end_at - first.time, end_step - int(first.number("step", float(end_step)))))
     steps = sum(count for _, count in spans)
     return sum(seconds for seconds, _ in spans) / steps if steps >= 10 else None
+
+
+def _kept_the_work(recovery: dict[str, Any]) -> bool:
+    """The run resumed where it failed: from a survivor's state (warm), or from the checkpoint its
+    ranks wrote on the scheduler's warning (a preemption, a walltime): nothing to roll back."""
+    return recovery.get("state_source") == "peer" or (recovery["lost_steps"] == 0 and
+                                                      recovery.get("failure_class") in ("PREEMPTED", "TIMEOUT"))
