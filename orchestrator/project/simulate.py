@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 PHASES = ("detect_s", "resubmit_s", "queue_s", "startup_s", "load_s", "first_step_s")
+WALL_CAP = 10.0  # a replica whose wall time passes 10 x its training stops: goodput < 10 %, no answer needed
 EXPOSED_FROM = PHASES.index("startup_s")  # the phases a failure can strike: the job holds its nodes again
 
 
@@ -144,7 +145,8 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
     spare_back = np.full((lanes_total, slots), np.inf)  # when each spare node is free again (inf: none)
     for index, s in enumerate(scenarios):
         spare_back[index * replicas:(index + 1) * replicas, :s.spares] = 0.0
-    remaining = per_lane([s.solve_s for s in scenarios])  # training still to do (since the last checkpoint: done)
+    solve = per_lane([s.solve_s for s in scenarios])
+    remaining = solve.copy()  # training still to do (since the last checkpoint: done)
     offset = np.zeros(lanes_total)  # training since the last completed checkpoint
     wall = np.zeros(lanes_total)
     failures = np.zeros(lanes_total, dtype=np.int64)
@@ -187,7 +189,8 @@ def simulate_many(scenarios: list[Scenario], replicas: int, rng: np.random.Gener
         offset[lanes] = np.where(keeps, position - lost, 0.0)
         _restart(recoveries.phases[rows], lanes, m, wall, restart, failures, rng)
         _add_phases(phase_sums, cell_of[lanes], recoveries.phases[rows])
-        running = lanes
+        # a job that could not finish (its goodput under 1 / WALL_CAP) stops here: its cell says so
+        running = lanes[wall[lanes] < WALL_CAP * solve[lanes]]
     return _outcomes(scenarios, replicas, wall, failures, checkpointing, rework, restart, new_jobs, phase_sums)
 
 

@@ -157,3 +157,14 @@ def test_a_replay_without_failures_is_the_training_and_its_checkpoints_and_each_
     assert once.wall_s == pytest.approx(250 + 30 + 800 + 7 * 5)
     kept = replay(1000.0, 100.0, 5.0, [250.0], [(30.0, True, 2.0)])
     assert kept.rework_s == pytest.approx(2.0) and kept.wall_s == pytest.approx(250 + 30 + (1000 - 200 - 38) + 7 * 5)
+
+
+def test_a_job_that_cannot_finish_is_stopped_with_a_goodput_under_a_tenth() -> None:
+    """A checkpoint costing longer than the mean time between failures: no segment completes (the
+    projection of a state too large for its storage at scale) and the simulation still ends."""
+    from orchestrator.project.simulate import WALL_CAP
+
+    scenario = Scenario(solve_s=2 * DAY, mttf_s=1000.0, interval_s=2000.0, checkpoint_s=3000.0,
+                        process=Recovery.fixed(60.0), new_job=Recovery.fixed(60.0))
+    outcome = simulate(scenario, 20, np.random.default_rng(1))
+    assert (outcome.goodput <= 1 / WALL_CAP + 1e-9).all()
