@@ -488,8 +488,13 @@ class Run:
         with self._lock:
             threads = [*self.processes.values(), *(thread for relay in self.relays.values() for thread in relay.threads)]
         for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return [f"{thread.name} still runs after the teardown" for thread in threads if thread.is_alive()]
+            # registered before it was started (a launch, a relay's second pump): started soon
+            while thread.ident is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if thread.ident is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return [f"{thread.name} still runs after the teardown" for thread in threads
+                if thread.is_alive() or thread.ident is None]
 
     def _broken_promises(self) -> list[str]:
         plans = [event for _, event in self.host.named("warm_plan")]
