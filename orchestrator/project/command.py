@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
                     "failure model; what a small cluster cannot measure is a named assumption, printed with it.")
     parser.add_argument("workdir", type=Path, help="a drill's workdir (or its spec)")
     parser.add_argument("--gpus", type=_ints, default=(1024, 4096, 16384), help="scales, e.g. 1024,4096,16384")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs of a node (each scale a whole number of nodes)")
     parser.add_argument("--days", type=float, default=30.0, help="the job's training time without failures")
     parser.add_argument("--failure-model", default="meta-rsc",
                         help=f"a shipped model ({', '.join(shipped_models())}) or a YAML file of the same form")
@@ -38,11 +38,14 @@ def add_parser(sub: Any) -> None:
                         help="checkpoint intervals in seconds (S,S,...) or auto: 0.5-2 x Daly's optimum at each scale")
     parser.add_argument("--state-gb", type=float, help="the job's checkpoint size (default: the drill's largest)")
     parser.add_argument("--replicas", type=int, default=200, help="simulated jobs per cell")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--queue-wait-s", type=float, default=Assumptions.queue_wait_s)
-    parser.add_argument("--startup-per-doubling-s", type=float, default=Assumptions.startup_per_doubling_s)
-    parser.add_argument("--repair-h", type=float, default=Assumptions.repair_h)
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (the same seed, the same answer)")
+    parser.add_argument("--queue-wait-s", type=float, default=Assumptions.queue_wait_s,
+                        help="assumed: a new job's wait for its nodes at scale, seconds")
+    parser.add_argument("--startup-per-doubling-s", type=float, default=Assumptions.startup_per_doubling_s,
+                        help="assumed: the start-up's growth per doubling of the drill's GPUs, seconds")
+    parser.add_argument("--repair-h", type=float, default=Assumptions.repair_h,
+                        help="assumed: a dead node's time out of the pool, hours")
+    parser.add_argument("--format", choices=("table", "json"), default="table", help="tables or one JSON document")
     parser.add_argument("--html", type=Path, metavar="DIR", help="also write the page (three plots, their tables) here")
     parser.add_argument("--replay", action="store_true",
                         help="instead: replay each faulted run of the drill with its own failures and recoveries, "
