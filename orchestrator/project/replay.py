@@ -60,11 +60,15 @@ def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay | None:
         return None
     useful = run["final_step"] * run["step_time_s"]
     elapsed = max(ended) - min(submitted)
-    step_wall_s = _step_wall_s(paths, recoveries, run["final_step"], completed.time) or run["step_time_s"]
+    step_wall_s = _step_wall_s(paths, recoveries, run["final_step"], completed.time)
+    if step_wall_s is None:
+        return None  # an attempt that trained left no first step: its rate is not known
     gaps, resumed = [], started.time
     for recovery in recoveries:
         gaps.append(recovery["fault_at"] - resumed)
         resumed = recovery["fault_at"] + recovery["ttr_s"]
+    if min(gaps) < 0:
+        return None  # a failure before training resumed: moments on clocks too far apart to replay
     # a step's wall time as the last attempt trained (checkpoints included, as the drill's lost_s
     # counts them): the model's training is the drill's, every failure and recovery as it was
     model = replay(run["final_step"] * step_wall_s, run["checkpoint_every_steps"] * step_wall_s, 0.0,
@@ -79,7 +83,10 @@ def _step_wall_s(paths: RunPaths, recoveries: list[dict[str, Any]], final_step: 
     its failure (its last step: where the next resumed, plus the steps it lost) or its completion."""
     spans: list[tuple[float, int]] = []
     ends = [(r["fault_at"], r["resumed_from_step"] + r["lost_steps"]) for r in recoveries] + [(completed_at, final_step)]
-    for attempt, (end_at, end_step) in enumerate(ends):
+    # the attempts that trained: the first, then each recovery's (restarts that failed before their
+    # first step are skipped by the recoveries' attempt numbers)
+    trained = [0] + [int(r["attempt"]) for r in recoveries]
+    for attempt, (end_at, end_step) in zip(trained, ends, strict=True):
         first = first_event(read_attempt_events(paths, attempt), EVENT_FIRST_STEP)
         if first is None:
             return None

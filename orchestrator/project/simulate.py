@@ -230,6 +230,8 @@ def replay(solve_s: float, interval_s: float, checkpoint_s: float, gaps_s: list[
     """The model's account of one run with the failures it had: the k-th came ``gaps_s[k]`` after
     training resumed; each recovery (restart seconds, kept the work, its lost work) as measured.
     The same arithmetic as ``simulate_many``, with the drill's failures instead of drawn ones."""
+    if any(gap < 0 for gap in gaps_s):
+        raise ValueError("a failure before training resumed (a negative gap) cannot be replayed")
     t, d = np.array([interval_s]), np.array([checkpoint_s])
     remaining, offset = np.array([solve_s]), np.array([0.0])
     wall = rework = checkpointing = restarting = 0.0

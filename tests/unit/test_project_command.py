@@ -182,3 +182,19 @@ def test_a_replayed_run_keeps_its_work_where_it_resumed_where_it_failed(recovery
     from orchestrator.project.replay import _kept_the_work
 
     assert _kept_the_work(recovery) is kept
+
+
+def test_a_replays_step_rate_reads_the_attempts_that_trained_past_a_restart_that_failed(tmp_path: Path) -> None:
+    """Review: recoveries 0 -> 1 and 1 -> 3 (attempt 2 died before its first step): the last span was
+    read from attempt 2 (no first step) and the rate fell back to the pure compute step."""
+    from experiments.layout import RunPaths
+    from orchestrator.project.replay import _step_wall_s
+
+    paths = RunPaths(tmp_path / "runs" / "r000")
+    for attempt, (at, step) in {0: (100.0, 1), 1: (200.0, 301), 3: (300.0, 601)}.items():
+        paths.events_file(attempt).parent.mkdir(parents=True, exist_ok=True)
+        paths.events_file(attempt).write_text(json.dumps({"event": "first_step", "time": at, "step": step}) + "\n")
+    recoveries = [{"attempt": 1, "fault_at": 150.0, "resumed_from_step": 300, "lost_steps": 50},
+                  {"attempt": 3, "fault_at": 250.0, "resumed_from_step": 600, "lost_steps": 49}]
+    # spans: 50 s for 349 steps, 50 s for 348, 100 s for 399 (to step 1000 at 400 s)
+    assert _step_wall_s(paths, recoveries, 1000, 400.0) == pytest.approx(200.0 / (349 + 348 + 399))

@@ -168,3 +168,11 @@ def test_a_job_that_cannot_finish_is_stopped_with_a_goodput_under_a_tenth() -> N
                         process=Recovery.fixed(60.0), new_job=Recovery.fixed(60.0))
     outcome = simulate(scenario, 20, np.random.default_rng(1))
     assert (outcome.goodput <= 1 / WALL_CAP + 1e-9).all()
+
+
+def test_a_replay_refuses_a_failure_before_training_resumed() -> None:
+    """Review: a negative gap (moments on clocks apart) gave negative rework, silently."""
+    from orchestrator.project.simulate import replay
+
+    with pytest.raises(ValueError, match="negative gap"):
+        replay(100.0, 10.0, 0.0, [-5.0, 20.0], [(1.0, False, 0.0), (1.0, False, 0.0)])
