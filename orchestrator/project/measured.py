@@ -15,7 +15,7 @@ what is missing and the campaign that measures it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +59,6 @@ class Measured:
     checkpoint: CheckpointCost
     drill_gpus: int  # the largest run's GPUs (ranks where it had none)
     step_s: float | None
-    notes: list[str] = field(default_factory=list)
 
     def chosen(self, strategy: str, classes: dict[str, float] | None = None) -> list[MeasuredRecovery]:
         """The strategy's recoveries of ``classes`` (a failure model's mix) where the drill

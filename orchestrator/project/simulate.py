@@ -51,10 +51,6 @@ class Recovery:
         phases[0, PHASES.index("startup_s")] = seconds  # all of it on the nodes (Daly's restart)
         return cls(phases, keeps_work, np.array([lost_s]) if keeps_work else None)
 
-    @property
-    def mean_s(self) -> float:
-        return float(self.phases.sum(axis=1).mean())
-
 
 @dataclass(frozen=True)
 class Scenario:

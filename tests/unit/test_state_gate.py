@@ -4,23 +4,13 @@ step it names is the state's; an update that fails part-way leaves a state that 
 from __future__ import annotations
 
 import threading
-import time
-from typing import Callable
 
 import pytest
 
 from experiments.runtime.state_gate import StateGate
+from warm_scenario import within
 
 pytestmark = pytest.mark.unit
-
-
-def _wait_until(condition: Callable[[], bool], deadline_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def test_hold_waits_for_the_update_in_progress_and_no_update_starts_after_it() -> None:
@@ -32,10 +22,10 @@ def test_hold_waits_for_the_update_in_progress_and_no_update_starts_after_it() -
         with gate.updating(5):
             entered.set()
             # the hold has begun (it waits for this update), however slow the machine
-            assert _wait_until(gate._holding.locked)
+            assert within(5.0, gate._holding.locked)
             state["step"] = 5
         # the next step's all-reduce: the hold, the only one waiting, takes the gate meanwhile
-        assert _wait_until(lambda: gate.held)
+        assert within(5.0, lambda: gate.held)
         with gate.updating(6):  # blocks for good: the gate is held
             started_after_hold.set()
 
