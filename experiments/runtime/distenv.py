@@ -447,7 +447,7 @@ def _slurm_task_hosts(env: Mapping[str, str], world_size: int) -> list[str]:
             f"{len(nodes)} nodes of {nodelist_var}={env[nodelist_var]!r}"
         )
     # zip without strict=: the rank API runs on Python 3.9
-    return [node for node, count in zip(nodes, counts, strict=False) for _ in range(count)]
+    return [node for node, count in zip(nodes, counts) for _ in range(count)]  # noqa: B905 - lengths checked
 
 
 def _launcher_task_hosts(text: str, world_size: int) -> list[str]:

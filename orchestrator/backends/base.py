@@ -14,6 +14,7 @@ from submitit.core import utils as submitit_utils
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.actions import WalltimeSet
+from orchestrator.backends.daemon_probe import Address, daemons_accept
 from orchestrator.campaign.capabilities import BackendCapabilities, Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import time_limit_minutes
@@ -185,6 +186,16 @@ class Backend(abc.ABC):
         unreachable = any(node in line and any(sign in line for sign in NODE_DOWN_SAID)
                           for line in result.stderr.splitlines())
         return NodeAnswer(False, f"a step on it failed (exit {result.returncode}: {said})", failed=unreachable)
+
+    def daemon_addresses(self, job_id: str, nodes: list[str]) -> "dict[str, Address | None]":
+        """Where each node's scheduler daemon listens (host, port); None where the backend does not
+        know (then its node checks prove a node dead only by the scheduler's own word)."""
+        return dict.fromkeys(nodes)
+
+    def daemons_accept(self, job_id: str, nodes: list[str], timeout_s: float) -> dict[str, bool | None]:
+        """Does each node's scheduler daemon accept a connection within ``timeout_s``? (True: the
+        node is up, however slow its steps start; False: it is not; None: nothing proved.)"""
+        return daemons_accept(self.daemon_addresses(job_id, nodes), timeout_s)
 
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         """``python <argv>`` on ``node`` inside job ``job_id``'s allocation, as the fault agent runs,

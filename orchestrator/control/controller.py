@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from experiments.runtime.fence import sync_filesystem
@@ -183,6 +183,7 @@ class Controller:
         self._cpu_at_start = time.process_time()
         self.ticks = Ticks(restart.poll_interval_s)  # the loop's schedule, and how far behind it ran
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
+        self._trackers: list[RunTracker] = []  # the runs driven (their node checks' counts are recorded)
 
     def run(self, observer: Observer | None = None) -> bool:
         """Drive every run to completed, failed or gave_up; False if asked to stop first (``stop``:
@@ -192,7 +193,7 @@ class Controller:
         pools = self.injector_pools()
         clocks = ClockBook(self.backend)
         node_checks = self.node_check_pool()
-        trackers = self.trackers(pools, clocks, node_checks)
+        trackers = self._trackers = self.trackers(pools, clocks, node_checks)
         now = time.time()
         for tracker in trackers:
             tracker.reclaim_cancels(now)
@@ -437,7 +438,21 @@ class Controller:
             "rounds": before.get("rounds", 0) + self.ticks.rounds,
             "rounds_behind": before.get("rounds_behind", 0) + self.ticks.rounds_behind,
             "behind_ms_max": round(max(before.get("behind_ms_max", 0.0), 1000 * self.ticks.behind_s_max), 1),
+            "node_checks": self._node_check_counts(before.get("node_checks") or {}),
         })
+
+    def _node_check_counts(self, before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        """Per run that had any: the silences its node checks looked at, found alive, found a node
+        lost in (orchestrator/observe/node_check.py), added to earlier controllers'."""
+        counts = {run_id: dict(seen) for run_id, seen in before.items()}
+        for tracker in self._trackers:
+            checks = tracker.node_checks
+            if checks is None or not checks.counts.silences:
+                continue
+            mine = counts.setdefault(tracker.run.run_id, {})
+            for key, value in asdict(checks.counts).items():
+                mine[key] = mine.get(key, 0) + value
+        return counts
 
 
 def _busy(active: list[RunTracker], closing: list[RunTracker]) -> list[RunTracker]:

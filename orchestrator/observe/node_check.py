@@ -5,20 +5,27 @@ step ends only once Slurm declares the node down), and the survivors learn of it
 collective's timeout. The drill's first sign is the node's own silence: none of its ranks has
 beaten for ``restart.node_silence_s`` (and for at least NODE_SILENCE_BEATS of the attempt's step
 times and heartbeat intervals). Silence alone proves nothing (a checkpoint, a slow step, a stalled
-node, every rank of a data-parallel job waiting on one), so it is confirmed by checks, the
-backend's ``node_answers`` (can the scheduler still start a step on the node, inside the job's
-allocation, within CHECK_TIMEOUT_S?), two a silence whatever the job's size, sent once the nodes
-have been quiet for CHECK_AT of the least silence (the verdict still waits for all of it):
+node, every rank of a data-parallel job waiting on one), so once the nodes have been quiet for
+CHECK_AT of the least silence (the verdict still waits for all of it) it is checked, in two steps:
 
-- the suspect: the silent node whose ranks beat last the longest ago (a dead node stops at once;
-  its peers beat their step a moment later, then wait for it in a collective) and that has not
-  answered in this silence yet;
-- a reference: the node that beat most recently, checked beside it (beats are rate-limited: either
-  may be the dead one). A node whose check times out is lost only where the other answered in the
-  same silence (the scheduler starts steps, only not on that node); once the other answered, the
-  check still running is given PATIENCE_X times its time (at least PATIENCE_S), not the whole
-  timeout. A check the scheduler refused for a reason of its own (the job ending, a step limit, an
-  option it lacks) proves nothing.
+1. **Every node's scheduler daemon is asked for a connection** (``Backend.daemons_accept``: one
+   thread, every node at once, DAEMON_TIMEOUT_S). A node that is up accepts however loaded it is;
+   a crashed one does not. Where no node accepted (the backend knows no address, the site's port
+   is closed to this host), the answers prove nothing and step 2 alone decides, on the scheduler's
+   own word only.
+2. **A step is started on the suspects** (``Backend.node_answers``: can the scheduler still start
+   one on the node, inside the job's allocation, within CHECK_TIMEOUT_S?): the quiet nodes whose
+   daemon did not accept (every quiet node's beats tie on one controller round, so no beat order
+   picks one), and a reference, a node whose daemon accepted (the one heard last). Where the
+   daemons proved nothing: the quiet node heard first and the one heard last.
+
+A node is lost when the scheduler says it cannot reach it (``failed``), or when no step started on
+it within the timeout, or within PATIENCE_X times the reference's time (at least PATIENCE_S) once
+the reference answered, **and its daemon did not accept a connection while another node's did**.
+A step that is only slow to start (a busy slurmctld, a loaded node) never loses a live node: its
+daemon accepts. Quiet nodes whose daemons all accept are alive at once (no step is started). A
+check the scheduler refused for a reason of its own (the job ending, a step limit, an option it
+lacks) proves nothing.
 
 A lost node fails the attempt (``FailureSign`` evidence ``node_check``, dated to its last beat)
 once a scheduler poll asked after the silence began still says the job runs (a job that ended
@@ -55,6 +62,8 @@ CHECK_AT = 0.5
 PATIENCE_X = 4.0
 PATIENCE_S = 1.0
 NODE_CHECK_EVIDENCE = "node_check"
+DAEMON_TIMEOUT_S = 1.0  # an up node's kernel accepts a connection in well under it
+MAX_SUSPECTS = 8  # quiet nodes whose daemon did not accept, each checked with a step (at once)
 
 
 @dataclass
@@ -62,9 +71,32 @@ class _Silence:
     """One silence of an attempt's nodes and its checks."""
 
     since: float  # the earliest last beat of the silent nodes (this controller's clock)
-    sent_at: float  # when the checks were sent: a node heard after it is alive, a poll asked after it is fresh
-    checks: dict[str, "Future[NodeAnswer]"] = field(default_factory=dict)  # node -> its check
+    sent_at: float  # when it was checked: a node heard after it is alive, a poll asked after it is fresh
+    quiet: dict[str, float]  # the quiet nodes then, each with its last beat heard
+    daemons: "Future[dict[str, bool | None]]"  # every node's daemon asked for a connection
+    accepted: dict[str, bool | None] | None = None  # their answers, once in
+    checks: dict[str, "Future[NodeAnswer]"] = field(default_factory=dict)  # node -> its step's check
+    steps_sent_at: float | None = None
     lost: FailureSign | None = None  # a checked node, lost: said once a fresh poll still says RUNNING
+
+    @property
+    def daemons_prove(self) -> bool:
+        """Some node's daemon accepted: a daemon that did not is out of reach (the port is not
+        closed to this host, nor the address unknown, for every node)."""
+        return self.accepted is not None and any(answer is True for answer in self.accepted.values())
+
+    def daemon_silent(self, node: str) -> bool:
+        return self.daemons_prove and self.accepted is not None and self.accepted.get(node) is False
+
+
+@dataclass
+class CheckCounts:
+    """What a run's node checks found (the report's ``controller_cost``): silences checked, those
+    found alive (a stall: its nodes' daemons accepted or their steps started), nodes found lost."""
+
+    silences: int = 0
+    alive: int = 0
+    lost: int = 0
 
 
 class NodeChecks:
@@ -82,6 +114,7 @@ class NodeChecks:
         self._silence: _Silence | None = None
         self._answered: set[str] = set()  # nodes alive in this silence
         self._check_after_s = 0.0  # the silence (s) past which the nodes are checked (doubled after an answer)
+        self.counts = CheckCounts()
 
     @property
     def awaiting_poll(self) -> bool:
@@ -110,10 +143,20 @@ class NodeChecks:
             self._check_after_s = max(self._check_after_s, CHECK_AT * least)
             if now - min(quiet.values()) < self._check_after_s:
                 return None
-            self._silence = self._begin(watch, quiet, nodes, now)
+            self.counts.silences += 1
+            silence = self._silence = _Silence(
+                since=min(quiet.values()), sent_at=now, quiet=dict(quiet),
+                daemons=self.pool.submit(_daemons, self.backend, watch.job_id, sorted(nodes)))
+        if silence.accepted is None:
+            if not silence.daemons.done():
+                return None
+            silence.accepted = silence.daemons.result()
+            if not self._send_checks(watch, silence, nodes, now):
+                self._alive(silence, now, least, "; ".join(f"{node}: its daemon accepts" for node in silence.quiet))
             return None
         if silence.lost is None:
             silence.lost = self._verdict(watch, silence, nodes, now, least)
+            self.counts.lost += silence.lost is not None
         lost = silence.lost
         if lost is not None and not _silent_since(nodes, lost.node, silence.sent_at):
             self._silence = None  # it beat again while the poll was awaited: alive
@@ -122,17 +165,29 @@ class NodeChecks:
             return lost
         return None
 
-    def _begin(self, watch: AttemptWatch, silent: dict[str, float], nodes: dict[str, float], now: float) -> _Silence:
-        """The silence's checks: the suspect (the oldest last beat among the silent nodes that have
-        not answered in it) and a reference (the node that beat last)."""
-        unanswered = {node: last for node, last in silent.items() if node not in self._answered} or silent
-        suspect = min(unanswered, key=lambda node: unanswered[node])
-        others = {node: last for node, last in nodes.items() if node != suspect}
-        reference = max(others, key=lambda node: others[node]) if others else None
-        silence = _Silence(since=min(silent.values()), sent_at=now)
-        for node in filter(None, (suspect, reference)):
+    def _send_checks(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float], now: float) -> bool:
+        """The silence's steps (see the module doc): the quiet nodes whose daemon did not accept and
+        a reference whose daemon did; where the daemons proved nothing, the quiet node heard first
+        (not yet answered in this silence) and the node heard last. False: no node to check (every
+        quiet node's daemon accepts: alive)."""
+        accepted = silence.accepted or {}
+        if silence.daemons_prove:
+            suspects = sorted((node for node in silence.quiet if accepted.get(node) is not True),
+                              key=lambda node: silence.quiet[node])[:MAX_SUSPECTS]
+            if not suspects:
+                return False
+            witnesses = [node for node in nodes if accepted.get(node) is True]
+            targets = [*suspects, max(witnesses, key=lambda node: nodes[node])]
+        else:
+            unanswered = {node: last for node, last in silence.quiet.items() if node not in self._answered} \
+                or silence.quiet
+            suspect = min(unanswered, key=lambda node: unanswered[node])
+            others = [node for node in nodes if node != suspect]
+            targets = [suspect, *([max(others, key=lambda node: nodes[node])] if others else [])]
+        silence.steps_sent_at = now
+        for node in targets:
             silence.checks[node] = self.pool.submit(_ask, self.backend, watch.job_id, node)
-        return silence
+        return True
 
     def _verdict(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float],
                  now: float, least: float) -> FailureSign | None:
@@ -144,21 +199,28 @@ class NodeChecks:
         self._answered |= {node for node, answer in answers.items() if answer.answered}
         some_alive = any(answer.answered for answer in answers.values())
         for node, answer in answers.items():  # either may be the dead one: beats are rate-limited
-            lost = answer.failed or (answer.timed_out and some_alive)
+            lost = answer.failed or (answer.timed_out and some_alive and silence.daemon_silent(node))
             if not lost or not _silent_since(nodes, node, silence.sent_at):
                 continue
             if now - nodes[node] < least:
                 return None  # it beat later than its peer: lost once it has been silent as long
             beats = self._beats_of(watch, node)
             at = max(beat.time for beat in beats) if beats else silence.since
-            return FailureSign(f"node {node} lost: its ranks silent {now - nodes[node]:.1f} s and {answer.said}",
+            daemon = "; its scheduler daemon did not accept a connection" if silence.daemon_silent(node) else ""
+            return FailureSign(f"node {node} lost: its ranks silent {now - nodes[node]:.1f} s and {answer.said}{daemon}",
                                at, NODE_CHECK_EVIDENCE, node=node)
-        log.info("%s: nodes silent %.1f s; checked: %s", self.run.run_id, now - silence.since,
-                 "; ".join(f"{node}: {answer.said}" for node, answer in answers.items()))
-        self._silence = None
-        # alive, or nothing proved: the next check after twice the silence (at most a minute)
-        self._check_after_s = min(2 * self._check_after_s, max(MAX_CHECK_AFTER_S, least))
+        self._alive(silence, now, least, "; ".join(f"{node}: {answer.said}" for node, answer in answers.items()))
         return None
+
+    def _alive(self, silence: _Silence, now: float, least: float, said: str) -> None:
+        """Nothing lost in this silence (alive, or nothing proved): the next check after twice the
+        silence (at most a minute)."""
+        log.info("%s: nodes silent %.1f s; checked: %s", self.run.run_id, now - silence.since, said)
+        self.counts.alive += 1
+        if silence.daemons_prove:
+            self._answered |= {node for node in silence.quiet if (silence.accepted or {}).get(node) is True}
+        self._silence = None
+        self._check_after_s = min(2 * self._check_after_s, max(MAX_CHECK_AFTER_S, least))
 
     def _least_silence(self, watch: AttemptWatch) -> float:
         pace = watch.steps_per_s()
@@ -200,7 +262,7 @@ def _answers(silence: _Silence, now: float) -> "dict[str, NodeAnswer] | None":
     if len(done) == len(silence.checks):
         return done
     took = [answer.took_s for answer in done.values() if answer.answered and answer.took_s is not None]
-    waited = now - silence.sent_at
+    waited = now - (silence.steps_sent_at if silence.steps_sent_at is not None else silence.sent_at)
     if not took or waited < max(PATIENCE_S, PATIENCE_X * max(took)):
         return None
     late = NodeAnswer(False, f"no step started on it within {waited:.1f} s, beside one that started in "
@@ -221,3 +283,12 @@ def _ask(backend: "Backend", job_id: str, node: str) -> "NodeAnswer":
         return backend.node_answers(job_id, node, CHECK_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - a check that could not be made proves nothing
         return NodeAnswer(False, f"the check could not be made ({type(error).__name__}: {error})")
+
+
+def _daemons(backend: "Backend", job_id: str, nodes: list[str]) -> dict[str, bool | None]:
+    """The backend's ask of the nodes' daemons; whatever goes wrong in it, answers that prove nothing."""
+    try:
+        return backend.daemons_accept(job_id, nodes, DAEMON_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - an ask that could not be made proves nothing
+        log.warning("the nodes' daemons could not be asked (%s: %s)", type(error).__name__, error)
+        return dict.fromkeys(nodes)

@@ -65,3 +65,9 @@ def test_a_script_on_another_python_takes_part_through_the_rank_api_wheel(tmp_pa
     logs = "".join(path.read_text() for path in (tmp_path / "work" / "runs" / "r000").rglob("*log.err"))
     assert "ModuleNotFoundError" not in logs, logs[-2000:]
     assert f"rank api: {venv}" in logs and f"on Python {version}." in logs, logs[-2000:]  # the wheel's, not the repo's
+    # A rank launched by srun on two nodes finds its peers' hosts there too (helper 47: zip(strict=)
+    # raised on 3.9 in the path a Slurm warm set's members take).
+    hosts = subprocess.run([str(python), "-c", "from experiments.runtime.distenv import _slurm_task_hosts as h; "
+                            "print(h({'SLURM_STEP_NODELIST': 'n[1-2]', 'SLURM_STEP_TASKS_PER_NODE': '2(x2)'}, 4))"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert hosts.returncode == 0 and hosts.stdout.split() == ["['n1',", "'n1',", "'n2',", "'n2']"], hosts.stderr

@@ -1,10 +1,13 @@
-"""Issue 24, goal 2: a silent node is checked (can the scheduler still start a step there?) and
-lost at once where it cannot: the scheduler said it could not reach the node, or no step started
-there within the timeout while a node that beat later answered. Lost once a poll asked after the
-silence began still says the job runs; dated to the node's last beat. Two checks a silence, however
-large the job; a node that answers is alive (a stall) and the next silence is checked only when
-twice as long; a refusal of the scheduler's own, or a check that could not be made, proves nothing.
-Silence is measured against the attempt's pace and heartbeat interval, never inside a long phase."""
+"""Issue 24, goal 2: a silent node is checked, in two steps: every node's scheduler daemon is asked
+for a connection (an up node accepts however busy it is), then a step is started on the quiet nodes
+whose daemon did not accept, beside a reference whose daemon did. A node is lost where the scheduler
+said it could not reach it, or where no step started on it within the timeout (or a few times the
+reference's time) while its daemon did not accept and another's did: a slow step start never loses
+a live node. Lost once a poll asked after the silence began still says the job runs; dated to the
+node's last beat. Quiet nodes whose daemons all accept are alive with no step started, and the next
+silence is checked only when twice as long; a refusal of the scheduler's own, or a check that could
+not be made, proves nothing. Silence is measured against the attempt's pace and heartbeat interval,
+never inside a long phase."""
 
 from __future__ import annotations
 
@@ -40,9 +43,18 @@ class _Inline:
 
 
 class _Backend:
-    def __init__(self, answers: dict[str, NodeAnswer | Exception]) -> None:
+    """Each node's step check answers as ``answers`` says (ALIVE unless named); its daemon accepts a
+    connection unless ``daemons`` says otherwise, or its step's answer is DEAD or UNREACHABLE."""
+
+    def __init__(self, answers: dict[str, NodeAnswer | Exception], daemons: dict[str, bool | None] | None = None) -> None:
         self.answers = answers
+        self.daemons = daemons or {}
         self.asked: list[str] = []
+        self.daemons_asked: list[list[str]] = []
+
+    def daemons_accept(self, job_id: str, nodes: list[str], timeout_s: float) -> dict[str, bool | None]:
+        self.daemons_asked.append(list(nodes))
+        return {node: self.daemons.get(node, self.answers.get(node) not in (DEAD, UNREACHABLE)) for node in nodes}
 
     def node_answers(self, job_id: str, node: str, timeout_s: float) -> NodeAnswer:
         self.asked.append(node)
@@ -61,8 +73,9 @@ def _watch(beats: dict[int, float], pace: float | None = 20.0, allowed: float | 
 def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., tuple[NodeChecks, _Backend]]:
     monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
 
-    def make(answers: dict[str, NodeAnswer | Exception], heartbeat_s: float = 0.05) -> tuple[NodeChecks, _Backend]:
-        backend = _Backend(answers)
+    def make(answers: dict[str, NodeAnswer | Exception], heartbeat_s: float = 0.05,
+             daemons: dict[str, bool | None] | None = None) -> tuple[NodeChecks, _Backend]:
+        backend = _Backend(answers, daemons)
         run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
         return NodeChecks(run, backend, 3.0, heartbeat_s, _Inline()), backend  # type: ignore[arg-type]  # stand-ins
     return make
@@ -96,8 +109,9 @@ def test_a_node_the_scheduler_says_it_cannot_reach_is_lost_even_alone(checks: An
                          ids=["timed-out-alone", "refused", "could-not-check"])
 def test_what_proves_nothing_ends_nothing(checks: Any, answers: dict[str, Any]) -> None:
     """A timeout with no node beside it that answered (the scheduler may be slow), a step the
-    scheduler refused for its own reasons (the job ending, a step limit), a check that raised."""
-    found, backend = checks(answers)
+    scheduler refused for its own reasons (the job ending, a step limit), a check that raised; the
+    node's daemon not asked (no address known)."""
+    found, backend = checks(answers, daemons={"n0": None})
     watch = _watch({0: T0})
     for now in (T0 + 1.6, T0 + 1.7, T0 + 2.9):
         assert found.lost(watch, now, asked_at=now) is None
@@ -106,12 +120,23 @@ def test_what_proves_nothing_ends_nothing(checks: Any, answers: dict[str, Any]) 
     assert backend.asked == ["n0", "n0"]
 
 
-def test_a_stalled_node_that_answers_is_alive_and_the_next_check_waits_twice_as_long(checks: Any) -> None:
+def test_a_stalled_node_whose_daemon_accepts_is_alive_with_no_step_and_the_next_check_waits_twice_as_long(
+        checks: Any) -> None:
     found, backend = checks({})
     watch = _watch({0: T0, 1: T0 - 0.1})
     for now in (T0 + 1.6, T0 + 1.7, T0 + 2.2, T0 + 2.8):
         assert found.lost(watch, now, asked_at=now) is None
-    assert backend.asked == ["n1", "n0"], "each checked once"
+    assert backend.daemons_asked == [["n0", "n1"]] and backend.asked == [], "the daemons asked once, no step"
+    found.lost(watch, T0 + 3.0, asked_at=T0 + 3.0)
+    assert len(backend.daemons_asked) == 2 and backend.asked == [], "again past twice the silence"
+
+
+def test_where_the_daemons_prove_nothing_a_stalled_node_that_answers_is_alive(checks: Any) -> None:
+    found, backend = checks({}, daemons={"n0": None, "n1": False})
+    watch = _watch({0: T0, 1: T0 - 0.1})
+    for now in (T0 + 1.6, T0 + 1.7, T0 + 2.2, T0 + 2.8):
+        assert found.lost(watch, now, asked_at=now) is None
+    assert backend.asked == ["n1", "n0"], "the quiet node heard first and the one heard last, each once"
     found.lost(watch, T0 + 3.0, asked_at=T0 + 3.0)
     assert backend.asked == ["n1", "n0", "n1", "n0"], "again past twice the silence"
 
@@ -151,7 +176,7 @@ def test_the_dead_node_is_found_when_its_last_beat_came_after_its_peers(checks: 
     found, backend = checks({"n1": DEAD})
     watch = _watch({0: T0 - 0.2, 1: T0})
     found.lost(watch, T0 + 3.5, None)
-    assert backend.asked == ["n0", "n1"]
+    assert backend.asked == ["n1", "n0"], "its daemon did not accept: the suspect, beside the survivor"
     sign = found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6)
     assert sign is not None and sign.node == "n1"
 
@@ -209,27 +234,71 @@ def test_only_a_line_about_the_node_itself_says_it_is_out_of_reach() -> None:
 
 
 class _Pending:
-    """The checks of ``slow`` never return (a node that does not answer: srun waits to its timeout);
-    the others answer at once."""
+    """The step checks of ``slow`` never return (a node that does not answer: srun waits to its
+    timeout); the others, and the ask of the daemons, answer at once."""
 
     def __init__(self, slow: str) -> None:
         self.slow = slow
 
-    def submit(self, fn: Callable[..., Any], backend: Any, job_id: str, node: str) -> "Future[Any]":
+    def submit(self, fn: Callable[..., Any], backend: Any, job_id: str, node: Any) -> "Future[Any]":
         future: Future[Any] = Future()
         if node != self.slow:
             future.set_result(fn(backend, job_id, node))
         return future
 
 
+def _pending_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: str, backend: _Backend) -> NodeChecks:
+    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
+    run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
+    return NodeChecks(run, backend, 3.0, 0.05, _Pending(slow))  # type: ignore[arg-type]  # stand-ins
+
+
+def test_a_live_node_whose_step_is_slow_to_start_is_not_lost_beside_a_stalled_one_that_answered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Helper 47: n1 stalled (its ranks stopped), n0's ranks waited on it in the all-reduce; n1's step
+    started in 0.10 s, n0's was still starting 1.4 s later (a busy slurmctld): n0 was taken for
+    dead and the healthy job ended. Its daemon accepts a connection: no node is lost."""
+    backend = _Backend({"n1": NodeAnswer(True, "a step on it ran in 0.10 s", took_s=0.1)}, daemons={"n0": True, "n1": True})
+    found = _pending_checks(tmp_path, monkeypatch, "n0", backend)
+    watch = _watch({0: T0, 1: T0 - 0.2})
+    now = T0
+    while now < T0 + 20:
+        now += 0.1
+        assert found.lost(watch, now, asked_at=now) is None, (now - T0, backend.asked)
+    assert backend.daemons_asked, "the silence was checked"
+
+
+def test_a_daemon_that_does_not_accept_with_a_step_still_starting_is_lost_beside_a_reference(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = _Backend({"n1": NodeAnswer(True, "a step on it ran in 0.10 s", took_s=0.1)}, daemons={"n0": False, "n1": True})
+    found = _pending_checks(tmp_path, monkeypatch, "n0", backend)
+    watch = _watch({0: T0, 1: T0 - 0.2})
+    found.lost(watch, T0 + 1.5, None)
+    assert backend.asked == ["n1"], "n0's check is under way (it never returns here), n1 is the reference"
+    sign = found.lost(watch, T0 + 3.1, asked_at=T0 + 3.1)
+    assert sign is not None and sign.node == "n0" and "did not accept a connection" in sign.reason
+
+
+def test_the_dead_node_of_eight_is_found_within_the_silence_though_every_beat_ties(checks: Any) -> None:
+    """Helper 47: every node's last beat is heard in the same round (one controller clock), so beat
+    order picks no suspect; the 8-node job's dead node was found after 60 s (checked one a round at a
+    doubling back-off). Its daemon does not accept: it is the suspect at once."""
+    found, backend = checks({"n7": DEAD})
+    watch = _watch({rank: T0 for rank in range(8)})
+    sign, now = None, T0
+    while sign is None and now < T0 + 60:
+        now += 0.1
+        sign = found.lost(watch, now, asked_at=now)
+    assert sign is not None and sign.node == "n7" and now < T0 + 3.5, (now - T0, backend.asked)
+    assert len(backend.daemons_asked) == 1 and sorted(backend.asked) == ["n0", "n7"], "one ask, two steps"
+
+
 def test_a_check_still_running_while_its_peer_answered_times_out_after_a_few_times_the_peers_time(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The reference answered in 0.4 s: the suspect's check is given 4 x that (1.6 s), not the whole
     3 s timeout, then it is lost as one that timed out beside a node that answered."""
-    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
-    backend = _Backend({"n0": NodeAnswer(True, "a step on it ran in 0.40 s", took_s=0.4)})
-    run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
-    found = NodeChecks(run, backend, 3.0, 0.05, _Pending("n1"))  # type: ignore[arg-type]  # stand-ins
+    backend = _Backend({"n0": NodeAnswer(True, "a step on it ran in 0.40 s", took_s=0.4)}, daemons={"n1": False})
+    found = _pending_checks(tmp_path, monkeypatch, "n1", backend)
     watch = _watch({0: T0, 1: T0 - 0.2})
     found.lost(watch, T0 + 1.5, None)  # the checks start
     assert found.lost(watch, T0 + 3.0, asked_at=T0 + 3.0) is None, "1.5 s: within 4 x 0.4 s"
@@ -240,10 +309,54 @@ def test_a_check_still_running_while_its_peer_answered_times_out_after_a_few_tim
 
 def test_a_check_still_running_with_no_peer_that_answered_proves_nothing_yet(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
-    backend = _Backend({"n0": REFUSED})
-    run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
-    found = NodeChecks(run, backend, 3.0, 0.05, _Pending("n1"))  # type: ignore[arg-type]  # stand-ins
+    found = _pending_checks(tmp_path, monkeypatch, "n1", _Backend({"n0": REFUSED}))
     watch = _watch({0: T0, 1: T0 - 0.2})
     found.lost(watch, T0 + 1.5, None)
     assert found.lost(watch, T0 + 4.4, asked_at=T0 + 4.4) is None, "no answer beside it: the whole timeout"
+
+
+def test_a_nodes_daemon_is_asked_for_a_connection_and_nothing_is_sent() -> None:
+    """Loopback: a port that listens accepts (True), a closed one refuses (False), a name that does
+    not resolve or no address proves nothing (None); every node asked at once."""
+    import socket
+
+    from orchestrator.backends.daemon_probe import daemons_accept
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused
+    try:
+        answers = daemons_accept({"up": ("127.0.0.1", listening.getsockname()[1]),
+                                  "down": ("127.0.0.1", closed.getsockname()[1]),
+                                  "unnamed": ("no-such-host.invalid", 6818), "unknown": None}, timeout_s=2.0)
+    finally:
+        listening.close()
+        closed.close()
+    assert answers == {"up": True, "down": False, "unnamed": None, "unknown": None}
+
+
+def test_slurms_nodes_are_asked_at_their_nodeaddr_and_the_sites_slurmd_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded ``scontrol -o show node`` (a node Slurm does not know fails the command; the others
+    are still described) and ``SlurmdPort``; asked once a node."""
+    from orchestrator.backends.slurm import backend as slurm
+    from orchestrator.commands import CommandResult
+
+    asked: list[list[str]] = []
+
+    def scontrol(args: list[str], **_: Any) -> CommandResult:
+        asked.append(args)
+        shown = ("NodeName=fd-n1 Arch=x86_64 NodeAddr=10.0.0.11 NodeHostName=fd-n1 State=IDLE\n"
+                 "NodeName=fd-n3 Arch=x86_64 NodeAddr=10.0.0.13 NodeHostName=fd-n3 State=MIXED\n")
+        return CommandResult(args=tuple(args), returncode=1, stdout=shown, stderr="Node nope not found", duration_s=0.01)
+
+    monkeypatch.setattr(slurm, "run_command", scontrol)
+    site = slurm.SlurmBackend.__new__(slurm.SlurmBackend)
+    site._daemons, site._config = {}, "SlurmdPort              = 7003\n"
+    assert site.daemon_addresses("77", ["fd-n1", "fd-n3", "nope"]) == {
+        "fd-n1": ("10.0.0.11", 7003), "fd-n3": ("10.0.0.13", 7003), "nope": None}
+    assert asked == [["scontrol", "-o", "show", "node", "fd-n1,fd-n3,nope"]]
+    site.daemon_addresses("77", ["fd-n1"])
+    assert len(asked) == 1, "asked once a node"
+    assert slurm.slurmd_port("") == 6818, "Slurm's default where the site does not say"

@@ -25,6 +25,7 @@ from experiments.layout import ENV_PBS_AGENT_LAUNCH, RankJob
 from injectors.actions import WalltimeSet
 from orchestrator.backends.base import (
     MAX_NUM_TIMEOUT,
+    Address,
     AttemptRef,
     Backend,
     NotSupported,
@@ -58,6 +59,7 @@ from orchestrator.render.scripts import SubmissionScript, array_job_name, render
 from orchestrator.states import JobState
 
 ENV_AGENT_LAUNCH = ENV_PBS_AGENT_LAUNCH  # auto | ssh | srun
+PBS_MOM_PORT = 15002  # pbs_mom's service port unless the site says otherwise
 
 
 class TemplatePBSExecutor(PBSExecutor):
@@ -195,6 +197,15 @@ class PBSBackend(Backend):
 
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         return Conversation(self._on_node(job_id, node, [self.python, *argv]))
+
+    def daemon_addresses(self, job_id: str, nodes: list[str]) -> "dict[str, Address | None]":
+        """Each node's execution daemon: slurmd under Slurm's PBS wrappers (Slurm's word for where it
+        listens), else pbs_mom at its service port (PBS_MOM_SERVICE_PORT, 15002 by default)."""
+        if detect_server() is ServerKind.SLURM_WRAPPERS:
+            return self._slurm().daemon_addresses("", nodes)  # the wrappers' own cluster
+        said = os.environ.get("PBS_MOM_SERVICE_PORT", "")
+        port = int(said) if said.isdigit() else PBS_MOM_PORT
+        return {node: (node, port) for node in nodes}
 
     def _on_node(self, job_id: str, node: str, agent: list[str]) -> list[str]:
         launch = os.environ.get(ENV_AGENT_LAUNCH, "auto")

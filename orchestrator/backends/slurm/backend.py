@@ -19,7 +19,15 @@ from experiments.launchers import srun_on_node
 from experiments.layout import AGENT_STEP_NAME, RankJob
 from experiments.runtime.hostlist import expand_hostlist
 from injectors.actions import WalltimeSet
-from orchestrator.backends.base import AttemptRef, Backend, PendingArray, Submission, SubmitLimit, SubmitRefusal
+from orchestrator.backends.base import (
+    Address,
+    AttemptRef,
+    Backend,
+    PendingArray,
+    Submission,
+    SubmitLimit,
+    SubmitRefusal,
+)
 from orchestrator.backends.slurm.site import (
     accounting_configured,
     confines_memory,
@@ -27,6 +35,7 @@ from orchestrator.backends.slurm.site import (
     max_submit_jobs,
     parse_max_array_size,
     show_config,
+    slurmd_port,
 )
 from orchestrator.backends.slurm.version import overlap_refusals
 from orchestrator.campaign.capabilities import SLURM
@@ -178,6 +187,7 @@ class SlurmBackend(Backend):
         self._poll_outage_since: float | None = None
         self.accounting_grace_s = ACCOUNTING_GRACE_S
         self._config: str | None = None
+        self._daemons: dict[tuple[str | None, str], Address] = {}  # (cluster, node) -> its slurmd
 
     def site_config(self) -> str:
         """``scontrol show config`` (asked once; "" if it did not answer)."""
@@ -347,6 +357,25 @@ class SlurmBackend(Backend):
         number = self._own_number(number, cluster)
         return run_command(srun_on_node(number, node, [self.python, *argv], cluster_args(cluster)),
                            timeout_s=timeout_s, check=False)
+
+    def daemon_addresses(self, job_id: str, nodes: list[str]) -> "dict[str, Address | None]":
+        """Each node's slurmd: its NodeAddr (``scontrol show node``, one command for the nodes not
+        asked before) at the site's SlurmdPort; None for a node Slurm did not describe."""
+        _, cluster = split_job_id(job_id)
+        unknown = [node for node in nodes if (cluster, node) not in self._daemons]
+        if unknown:
+            try:  # a node Slurm does not know fails the command, the others still described
+                shown = run_command(["scontrol", *cluster_args(cluster), "-o", "show", "node", ",".join(unknown)],
+                                    timeout_s=POLL_TIMEOUT_S, check=False).stdout
+            except CommandError as error:
+                log.warning("scontrol show node failed (%s): no node's slurmd is asked", error.summary)
+                return dict.fromkeys(nodes)
+            port = slurmd_port(self.site_config())
+            for line in shown.splitlines():
+                record = parse_scontrol_record(line)
+                if record.get("NodeName"):
+                    self._daemons[(cluster, record["NodeName"])] = (record.get("NodeAddr") or record["NodeName"], port)
+        return {node: self._daemons.get((cluster, node)) for node in nodes}
 
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         number, cluster = split_job_id(job_id)

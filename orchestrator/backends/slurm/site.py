@@ -38,6 +38,15 @@ def config_value(config: str, key: str) -> str | None:
     return match.group(1) if match else None
 
 
+DEFAULT_SLURMD_PORT = 6818
+
+
+def slurmd_port(config: str) -> int:
+    """``SlurmdPort = N`` of ``scontrol show config``; Slurm's default when absent or unreadable."""
+    value = config_value(config, "SlurmdPort") or ""
+    return int(value) if value.isdigit() and 0 < int(value) < 65536 else DEFAULT_SLURMD_PORT
+
+
 def parse_max_array_size(config: str) -> int:
     """``MaxArraySize = N`` of ``scontrol show config``; Slurm's default when absent or unreadable."""
     value = config_value(config, "MaxArraySize") or ""
