@@ -140,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _project(args: argparse.Namespace) -> int:
     if args.replay:
+        project_command.replay_conflicts(args)
         return project_command.print_replays(args.workdir, args.format)
     projection = project_command.run(args)
     project_command.print_projection(projection, args.format)

@@ -16,8 +16,9 @@ class Assumptions:
     repair_h: float = 24.0
 
     SOURCES = {
-        "queue_wait_s": "assumed: a new job's wait for its nodes at scale (a site's own: sacct Start - Submit "
-                        "of its large jobs; --queue-wait-s)",
+        "queue_wait_s": "assumed: a new job's wait for its nodes at scale, in place of the drill's own queue (a "
+                        "site's own: sacct Start - Submit, or qstat's qtime to stime, of its large jobs; requeue adds "
+                        "it to the scheduler's hold it measured; --queue-wait-s)",
         "startup_per_doubling_s": "assumed: the start-up's growth (rendezvous, collectives' set-up) per doubling "
                                   "of the drill's GPUs (--startup-per-doubling-s)",
         "repair_h": "assumed: a dead node's time out of the pool before it is a spare again (--repair-h)",

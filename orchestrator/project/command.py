@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,17 @@ class ProjectError(ValueError):
     """A projection that cannot be made: what is wrong, and what would do."""
 
 
+PAGE_TITLE = "Faultdrill projection: what failures cost at scale"  # --html: its page, and how one is known
+# Options of a projection (``--replay`` takes none of them): their defaults, applied in ``run``.
+DEFAULTS: dict[str, Any] = {
+    "gpus": (1024, 4096, 16384), "gpus_per_node": 8, "days": 30.0, "failure_model": "meta-rsc", "strategies": None,
+    "spares": (0, 1, 4, 16), "interval": "auto", "state_gb": None, "checkpoint_s": None, "replicas": 200, "seed": 0,
+    "queue_wait_s": Assumptions.queue_wait_s, "startup_per_doubling_s": Assumptions.startup_per_doubling_s,
+    "repair_h": Assumptions.repair_h, "html": None,
+}
+MAX_DAYS = 3650.0  # ten years of training: past it, a typo
+
+
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "project", help="what failures would cost the job at 1,000-100,000 GPUs, from a drill's measurements",
@@ -27,24 +39,29 @@ def add_parser(sub: Any) -> None:
                     "checkpoint interval, from the drill's measured recoveries and checkpoint cost (WORKDIR) and a "
                     "failure model; what a small cluster cannot measure is a named assumption, printed with it.")
     parser.add_argument("workdir", type=Path, help="a drill's workdir (or its spec)")
-    parser.add_argument("--gpus", type=_ints, default=(1024, 4096, 16384), help="scales, e.g. 1024,4096,16384")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs of a node (each scale a whole number of nodes)")
-    parser.add_argument("--days", type=float, default=30.0, help="the job's training time without failures")
-    parser.add_argument("--failure-model", default="meta-rsc",
-                        help=f"a shipped model ({', '.join(shipped_models())}) or a YAML file of the same form")
+    parser.add_argument("--gpus", type=_ints, help="scales, e.g. 1024,4096,16384 (the default)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs of a node (each scale a whole number of nodes; 8)")
+    parser.add_argument("--days", type=float, help="the job's training time without failures (30)")
+    parser.add_argument("--failure-model",
+                        help=f"a shipped model ({', '.join(shipped_models())}; meta-rsc) or a YAML file of the same form")
     parser.add_argument("--strategies", type=_words, help="of those the drill measured (default: all of them)")
-    parser.add_argument("--spares", type=_ints, default=(0, 1, 4, 16), help="spare nodes (in-allocation, warm)")
-    parser.add_argument("--interval", default="auto",
-                        help="checkpoint intervals in seconds (S,S,...) or auto: 0.5-2 x Daly's optimum at each scale")
+    parser.add_argument("--spares", type=_ints, help="spare nodes (in-allocation, warm; 0,1,4,16)")
+    parser.add_argument("--interval",
+                        help="checkpoint intervals in seconds (S,S,...) or auto (the default: 0.5-2 x Daly's optimum "
+                             "at each scale)")
     parser.add_argument("--state-gb", type=float, help="the job's checkpoint size (default: the drill's largest)")
-    parser.add_argument("--replicas", type=int, default=200, help="simulated jobs per cell")
-    parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (the same seed, the same answer)")
-    parser.add_argument("--queue-wait-s", type=float, default=Assumptions.queue_wait_s,
-                        help="assumed: a new job's wait for its nodes at scale, seconds")
-    parser.add_argument("--startup-per-doubling-s", type=float, default=Assumptions.startup_per_doubling_s,
-                        help="assumed: the start-up's growth per doubling of the drill's GPUs, seconds")
-    parser.add_argument("--repair-h", type=float, default=Assumptions.repair_h,
-                        help="assumed: a dead node's time out of the pool, hours")
+    parser.add_argument("--checkpoint-s", type=float,
+                        help="a checkpoint's blocking time at --state-gb, your own figure (a script whose checkpoints "
+                             "the drill did not time), in place of the drill's")
+    parser.add_argument("--replicas", type=int, help="simulated jobs per cell (200)")
+    parser.add_argument("--seed", type=int, help="the simulation's random seed (the same seed, the same answer; 0)")
+    parser.add_argument("--queue-wait-s", type=float,
+                        help=f"assumed: a new job's wait for its nodes at scale, seconds ({Assumptions.queue_wait_s:g})")
+    parser.add_argument("--startup-per-doubling-s", type=float,
+                        help="assumed: the start-up's growth per doubling of the drill's GPUs, seconds "
+                             f"({Assumptions.startup_per_doubling_s:g})")
+    parser.add_argument("--repair-h", type=float,
+                        help=f"assumed: a dead node's time out of the pool, hours ({Assumptions.repair_h:g})")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="tables or one JSON document")
     parser.add_argument("--html", type=Path, metavar="DIR", help="also write the page (three plots, their tables) here")
     parser.add_argument("--replay", action="store_true",
@@ -52,24 +69,69 @@ def add_parser(sub: Any) -> None:
                              "its predicted goodput beside the measured one (the model checked against the drill)")
 
 
+def replay_conflicts(args: argparse.Namespace) -> None:
+    """``--replay`` projects nothing: a projection's option beside it is refused, not ignored."""
+    given = [f"--{name.replace('_', '-')}" for name in DEFAULTS if getattr(args, name) is not None]
+    if given:
+        raise ProjectError(f"--replay replays the drill's runs at their own scale: {', '.join(given)} "
+                           "belong to a projection (leave out --replay, or them)")
+
+
 def run(args: argparse.Namespace) -> "Projection":
     from orchestrator.project.measured import MissingMeasurements, read_measured
     from orchestrator.project.projection import Grid, project
 
-    try:
-        model = load_failure_model(args.failure_model)
-        measured = read_measured(args.workdir)
-    except (FailureModelError, MissingMeasurements) as error:
-        raise ProjectError(str(error)) from None
-    grid = Grid(gpus=tuple(args.gpus), gpus_per_node=args.gpus_per_node, days=args.days,
-                strategies=tuple(args.strategies) if args.strategies else None, spares=tuple(args.spares),
-                intervals_s=_intervals(args.interval), replicas=args.replicas, seed=args.seed,
-                state_bytes=args.state_gb * 1e9 if args.state_gb is not None else None)
+    chosen = {name: getattr(args, name) if getattr(args, name) is not None else default
+              for name, default in DEFAULTS.items()}
+    _check_numbers(chosen)
+    if chosen["html"] is not None:
+        check_page_dir(chosen["html"])
+    grid = Grid(gpus=tuple(chosen["gpus"]), gpus_per_node=chosen["gpus_per_node"], days=chosen["days"],
+                strategies=tuple(chosen["strategies"]) if chosen["strategies"] else None, spares=tuple(chosen["spares"]),
+                intervals_s=_intervals(chosen["interval"]), replicas=chosen["replicas"], seed=chosen["seed"],
+                state_bytes=chosen["state_gb"] * 1e9 if chosen["state_gb"] is not None else None)
     _check(grid)
     try:
-        return project(measured, model, grid, Assumptions(args.queue_wait_s, args.startup_per_doubling_s, args.repair_h))
+        model = load_failure_model(chosen["failure_model"])
+        measured = read_measured(args.workdir, chosen["checkpoint_s"])
+    except (FailureModelError, MissingMeasurements) as error:
+        raise ProjectError(str(error)) from None
+    assumptions = Assumptions(chosen["queue_wait_s"], chosen["startup_per_doubling_s"], chosen["repair_h"])
+    try:
+        return project(measured, model, grid, assumptions)
     except ValueError as error:
         raise ProjectError(str(error)) from None
+
+
+def _check_numbers(chosen: dict[str, Any]) -> None:
+    """Every number finite and in its range, named where it is not."""
+    bounds = {"days": (0.0, MAX_DAYS, False), "state_gb": (0.0, math.inf, False), "checkpoint_s": (0.0, math.inf, True),
+              "queue_wait_s": (0.0, math.inf, True), "startup_per_doubling_s": (0.0, math.inf, True),
+              "repair_h": (0.0, math.inf, False)}
+    problems = []
+    for name, (low, high, low_ok) in bounds.items():
+        value = chosen[name]
+        if value is None:
+            continue
+        above = value >= low if low_ok else value > low
+        if not (math.isfinite(value) and above and value <= high):
+            problems.append(f"--{name.replace('_', '-')} {value:g}: a number {'>=' if low_ok else '>'} {low:g}"
+                            + (f" and <= {high:g}" if math.isfinite(high) else ""))
+    if chosen["seed"] < 0:
+        problems.append(f"--seed {chosen['seed']}: a whole number >= 0")
+    if problems:
+        raise ProjectError("; ".join(problems))
+
+
+def check_page_dir(out_dir: Path) -> None:
+    """``--html DIR``, before anything is simulated: a directory (made if missing) whose index.html,
+    if any, is an earlier projection's page (never a drill's report, nor a file in DIR's place)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ProjectError(f"--html {out_dir}: a file is there; give a directory for the page")
+    index = out_dir / "index.html"
+    if index.exists() and PAGE_TITLE not in index.read_text(errors="replace")[:4000]:
+        raise ProjectError(f"--html {out_dir}: its index.html is another page (a drill's report?); give a directory "
+                           "of its own")
 
 
 def print_projection(projection: "Projection", output_format: str) -> None:
@@ -123,7 +185,7 @@ def _check(grid: "Grid") -> None:
 
     if grid.strategies and set(grid.strategies) - set(STRATEGIES):
         problems.append(f"--strategies: of {', '.join(STRATEGIES)}")
-    if grid.intervals_s is not None and min(grid.intervals_s) <= 0:
+    if grid.intervals_s is not None and not all(0 < interval < math.inf for interval in grid.intervals_s):
         problems.append("--interval: seconds > 0, or auto")
     if problems:
         raise ProjectError("; ".join(problems))
@@ -150,23 +212,29 @@ def _intervals(text: str) -> tuple[float, ...] | None:
 
 
 def print_replays(workdir: Path, output_format: str) -> int:
-    """``--replay``: every faulted run's measured and replayed goodput; exit 1 if none was replayed."""
+    """``--replay``: every faulted run's measured and replayed goodput, and the runs that could not be
+    replayed with the reason; refused (exit 1) if none was replayed."""
     from dataclasses import asdict
 
     from orchestrator.project.replay import replay_drill
 
-    replays = replay_drill(workdir)
-    if output_format == "json":
-        print(json.dumps([{**asdict(run), "error": run.error} for run in replays], indent=2))
-    else:
-        table = Table(title="Each faulted run replayed through the model: goodput predicted against measured")
-        for column in ("run", "strategy", "failures", "measured", "replayed", "error", "lost s (drill)", "lost s (model)"):
-            table.add_column(column)
-        for run in replays:
-            table.add_row(run.run_id, run.strategy, str(run.failures), f"{run.measured_goodput:.4f}",
-                          f"{run.replayed_goodput:.4f}", f"{100 * run.error:+.2f} %", f"{run.measured_lost_s:.2f}",
-                          f"{run.replayed_lost_s:.2f}")
-        report_console().print(table)
+    replays, skipped = replay_drill(workdir)
     if not replays:
-        raise ProjectError(f"{workdir}: no run failed, recovered and completed: nothing to replay")
+        said = "; ".join(f"{run.run_id}: {run.why}" for run in skipped) or "no run had a fault"
+        raise ProjectError(f"{workdir}: no run could be replayed ({said})")
+    if output_format == "json":
+        print(json.dumps({"replayed": [{**asdict(run), "error": run.error} for run in replays],
+                          "not_replayed": [asdict(run) for run in skipped]}, indent=2))
+        return 0
+    table = Table(title="Each faulted run replayed through the model: goodput predicted against measured")
+    for column in ("run", "strategy", "failures", "measured", "replayed", "error", "lost s (drill)", "lost s (model)"):
+        table.add_column(column)
+    for run in replays:
+        table.add_row(run.run_id, run.strategy, str(run.failures), f"{run.measured_goodput:.4f}",
+                      f"{run.replayed_goodput:.4f}", f"{100 * run.error:+.2f} %", f"{run.measured_lost_s:.2f}",
+                      f"{run.replayed_lost_s:.2f}")
+    console = report_console()
+    console.print(table)
+    for left in skipped:
+        console.print(f"not replayed: {left.run_id}: {left.why}", highlight=False, markup=False)
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from orchestrator.project.command import PAGE_TITLE
 from orchestrator.project.projection import Projection, Row
 from orchestrator.report.html import Section, figure_png, write_page
 
@@ -26,7 +27,7 @@ def write_projection_page(projection: Projection, out_dir: Path) -> Path:
                 Section("Assumed, not measured", None, [(["name", "value", "source"],
                                                          [[a["name"], a["value"], a["source"]]
                                                           for a in projection.assumptions])])]
-    return write_page(out_dir, "Faultdrill projection: what failures cost at scale", intro, sections)
+    return write_page(out_dir, PAGE_TITLE, intro, sections)
 
 
 def _best_of(rows: list[Row]) -> Row:

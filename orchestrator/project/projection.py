@@ -90,16 +90,20 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
     if unknown:
         raise ValueError(f"--strategies: {', '.join(unknown)} not measured in {measured.workdir} "
                          f"(measured: {', '.join(sorted(measured.recoveries))})")
-    state_bytes = grid.state_bytes if grid.state_bytes is not None else measured.checkpoint.largest_bytes
-    checkpoint_s = measured.checkpoint.blocking_s(state_bytes)
+    state_bytes = grid.state_bytes if grid.state_bytes is not None else measured.largest_bytes
+    checkpoint_s = measured.checkpoint_s(state_bytes)  # its blocking: an asynchronous one's wait is per interval
+    fitted, written = measured.checkpoint, measured.persist
     projection = Projection(
-        notes=fallback_notes(measured, model, strategies),
+        notes=[*measured.notes, *fallback_notes(measured, model, strategies), *_checkpoint_notes(measured, state_bytes),
+               *queue_notes(measured, strategies, assumptions)],
         failure_model={"name": model.name, "source": model.source, "node_share": model.node_share},
         assumptions=assumptions.listed(),
         measured={"workdir": str(measured.workdir), "drill_gpus": measured.drill_gpus,
                   "recoveries": {s: len(rows) for s, rows in measured.recoveries.items()},
-                  "checkpoint_fixed_s": measured.checkpoint.fixed_s,
-                  "checkpoint_bytes_per_s": measured.checkpoint.bytes_per_s,
+                  "checkpoint_fixed_s": fitted.fixed_s if fitted else None,
+                  "checkpoint_bytes_per_s": fitted.bytes_per_s if fitted else None,
+                  "persist_bytes_per_s": written.bytes_per_s if written else None,
+                  "checkpoint_given_s": measured.given_checkpoint_s,
                   "state_bytes": state_bytes,
                   "checkpoint_s": checkpoint_s})
     cells: list[tuple[int, str, int, float]] = []
@@ -111,8 +115,9 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
             for spares in (grid.spares if strategy in SPARE_STRATEGIES else (0,)):
                 for interval in intervals:
                     cells.append((gpus, strategy, spares, interval))
-                    scenarios.append(scenario_for(strategy, measured, model, gpus, spares, interval, checkpoint_s,
-                                                  grid.days * 86400, assumptions))
+                    scenarios.append(scenario_for(strategy, measured, model, gpus, spares, interval,
+                                                  measured.checkpoint_s(state_bytes, interval), grid.days * 86400,
+                                                  assumptions))
     outcomes = simulate_many(scenarios, grid.replicas, np.random.default_rng(grid.seed))  # the whole grid at once
     projection.rows = [_row(*cell, outcome, grid.gpus_per_node) for cell, outcome in zip(cells, outcomes, strict=True)]
     for gpus, mttf_s in mttfs.items():
@@ -128,13 +133,14 @@ def scenario_for(strategy: str, measured: Measured, model: FailureModel, gpus: i
     common = {"solve_s": solve_s, "mttf_s": model.mttf_h(gpus) * 3600, "interval_s": interval_s,
               "checkpoint_s": checkpoint_s, "node_share": model.node_share, "repair_s": assumptions.repair_h * 3600}
     if strategy in NEW_JOB_STRATEGIES:
-        own = _recovery(measured, strategy, None, grown, assumptions.queue_wait_s)
+        # requeue's measured queue is the scheduler's hold of a requeued job, which the wait adds to
+        own = _recovery(measured, strategy, None, grown, assumptions.queue_wait_s, on_top=strategy == "requeue")
         return Scenario(process=own, new_job=own, **common)  # type: ignore[arg-type]  # common's values are Scenario's
     # warm answers what its coordinator saw (a rank's death) with a spare, a job found hung from
     # outside with a new job (orchestrator/strategies/warm.py)
     hung = process_classes.get("HANG", 0.0) if strategy == "warm" else 0.0
-    process = _recovery(measured, strategy, process_classes, grown, 0.0)
-    node = _recovery(measured, strategy, node_classes, grown, 0.0) if spares and strategy in SPARE_STRATEGIES else None
+    process = _recovery(measured, strategy, process_classes, grown, None)
+    node = _recovery(measured, strategy, node_classes, grown, None) if spares and strategy in SPARE_STRATEGIES else None
     return Scenario(process=process, new_job=new_job, node=node, spares=spares if node is not None else 0,
                     process_new_job_share=hung, **common)
 
@@ -149,13 +155,17 @@ def new_job_source(measured: Measured, strategy: str) -> str:
 
 
 def _recovery(measured: Measured, strategy: str, classes: dict[str, float] | None, startup_grown_s: float,
-              queue_wait_s: float) -> Recovery:
+              queue_wait_s: float | None, on_top: bool = False) -> Recovery:
     """The measured recoveries, grown to the scale; those that took a survivor's state keep the
-    work (their measured lost work re-done), the others roll back to the checkpoint."""
+    work (their measured lost work re-done), the others roll back to the checkpoint. A new job
+    waits ``queue_wait_s`` in the queue (the assumption replaces what the drill's small, idle
+    cluster measured; ``on_top``: added to it); None: a restart in place keeps its measured queue."""
     rows = measured.chosen(strategy, classes)
     phases = np.array([row.phases for row in rows], dtype=float)
     phases[:, PHASES.index("startup_s")] += startup_grown_s
-    phases[:, PHASES.index("queue_s")] += queue_wait_s
+    if queue_wait_s is not None:
+        queue = PHASES.index("queue_s")
+        phases[:, queue] = queue_wait_s + (phases[:, queue] if on_top else 0.0)
     if not any(row.keeps_work for row in rows):
         return Recovery(phases)
     return Recovery(phases, True, np.array([row.lost_s if row.keeps_work else np.inf for row in rows]))
@@ -175,6 +185,25 @@ def fallback_notes(measured: Measured, model: FailureModel, strategies: list[str
                 notes.append(f"{strategy}: no {', '.join(missing)} recovery measured; {what} failures of "
                              f"{'that class' if len(missing) == 1 else 'those classes'} take {strategy}'s others")
     return notes
+
+
+def _checkpoint_notes(measured: Measured, state_bytes: float) -> list[str]:
+    if measured.persist is None or measured.given_checkpoint_s is not None:
+        return []
+    return [f"the drill's checkpoints were written in the background: at the state size asked a checkpoint blocks "
+            f"{measured.checkpoint_s(state_bytes):.3g} s and is written in {measured.persist.blocking_s(state_bytes):.3g} s; "
+            "the next waits for it where the interval is shorter (counted), and a failure before it is written rolls "
+            "back one interval further (not counted)"]
+
+
+def queue_notes(measured: Measured, strategies: list[str], assumptions: Assumptions) -> list[str]:
+    """What the queue wait of a new job stands on: the assumption, not the drill's idle cluster."""
+    measured_queue = [row.phases[PHASES.index("queue_s")] for strategy in strategies if strategy != "requeue"
+                      for row in measured.recoveries.get(new_job_source(measured, strategy), [])]
+    if not measured_queue:
+        return []
+    return [f"a new job waits {assumptions.queue_wait_s:g} s for its nodes (--queue-wait-s), in place of the drill's "
+            f"measured queue (median {float(np.median(measured_queue)):.2f} s on its own cluster)"]
 
 
 def _row(gpus: int, strategy: str, spares: int, interval_s: float, outcome: Outcome, gpus_per_node: int) -> Row:

@@ -4,7 +4,12 @@ through the simulator's arithmetic (orchestrator/project/simulate.py ``replay``)
 predicts beside the goodput the drill measured (orchestrator/report/document.py ``goodput``).
 
 What the model does not cover is taken as measured: the first attempt's way to its first step (the
-queue and a cold start before any failure) and the last attempt's end after its last step.
+queue and a cold start before any failure) and the last attempt's end after its last step. Every
+moment is put on the login node's clock first (each node's offset as the drill read it: the same
+move the recoveries' phases had). A run that cannot be replayed is named with the reason: it did not
+complete, its own records contradict its faults, it is a user's own script (its checkpoint interval
+is its own, its progress read from its logs), a node clock was not read, an attempt left no first
+step.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from typing import Any
 
 from experiments.layout import EVENT_COMPLETED, EVENT_FIRST_STEP, RunPaths, first_event, read_attempt_events
 from orchestrator.project.simulate import replay
+from orchestrator.record.clocks import Stamp, load_clocks
+from orchestrator.record.ledger_snapshot import ledger_snapshot
+from orchestrator.record.stamps import rank_node
 from orchestrator.report.document import build_report
 
 
@@ -33,66 +41,103 @@ class RunReplay:
         return self.replayed_goodput / self.measured_goodput - 1
 
 
-def replay_drill(workdir: Path) -> list[RunReplay]:
-    """Every run of the drill that failed, recovered and completed, replayed (the others have no
-    goodput to compare)."""
-    report = build_report(workdir)
-    replays = []
+@dataclass(frozen=True)
+class NotReplayed:
+    run_id: str
+    why: str
+
+
+class CannotReplay(Exception):
+    """Why a run cannot be replayed."""
+
+
+def replay_drill(workdir: Path) -> tuple[list[RunReplay], list[NotReplayed]]:
+    """Every run of the drill that failed, recovered and completed, replayed; the faulted runs that
+    could not be, each with the reason (a run without faults or recoveries has nothing to replay)."""
+    with ledger_snapshot(workdir) as ledger:
+        report = build_report(workdir, ledger)
+    replays, skipped = [], []
     for run in report["runs"]:
-        replayed = _replay_run(workdir, run)
-        if replayed is not None:
-            replays.append(replayed)
-    return replays
+        if not run["recoveries"] and not run["faults"]:
+            continue
+        try:
+            replays.append(_replay_run(workdir, run))
+        except CannotReplay as why:
+            skipped.append(NotReplayed(run["run_id"], str(why)))
+    return replays, skipped
 
 
-def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay | None:
-    recoveries = run["recoveries"]
-    attempts = run["attempts"]
-    if run["status"] != "completed" or not recoveries or not run["step_time_s"] or not run["checkpoint_every_steps"]:
-        return None
+def _replayable(run: dict[str, Any]) -> None:
+    if run["status"] != "completed":
+        raise CannotReplay(f"it did not complete ({run['status']})")
+    if not run["recoveries"]:
+        raise CannotReplay("it recovered from nothing")
+    if run["findings"]:
+        raise CannotReplay("its own records contradict its faults (the report's findings)")
+    if run["progress"]["inferred"]:
+        raise CannotReplay("a user's own script: its checkpoint interval is its own, its progress read from its logs")
+    if not run["step_time_s"] or not run["checkpoint_every_steps"]:
+        raise CannotReplay("no step time or checkpoint interval was measured")
+    if any(recovery["clocks_not_read"] for recovery in run["recoveries"]):
+        raise CannotReplay("a node clock its recoveries span was not read: its moments are on no one clock")
+
+
+def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay:
+    _replayable(run)
+    recoveries, attempts = run["recoveries"], run["attempts"]
     paths = RunPaths(workdir / "runs" / run["run_id"])
-    started = first_event(read_attempt_events(paths, 0), EVENT_FIRST_STEP)
     last = len(attempts) - 1
-    completed = first_event(read_attempt_events(paths, last), EVENT_COMPLETED)
+    started = _rank0_on_login(paths, 0, EVENT_FIRST_STEP)
+    completed = _rank0_on_login(paths, last, EVENT_COMPLETED)
     submitted = [a["submitted"] for a in attempts if a["submitted"] is not None]
     ended = [a["ended"] for a in attempts if a["ended"] is not None]
-    if started is None or completed is None or not submitted or not ended:
-        return None
+    if not submitted or not ended:
+        raise CannotReplay("an attempt's submission or end was not recorded")
     useful = run["final_step"] * run["step_time_s"]
     elapsed = max(ended) - min(submitted)
-    step_wall_s = _step_wall_s(paths, recoveries, run["final_step"], completed.time)
-    if step_wall_s is None:
-        return None  # an attempt that trained left no first step: its rate is not known
-    gaps, resumed = [], started.time
-    for recovery in recoveries:
-        gaps.append(recovery["fault_at"] - resumed)
-        resumed = recovery["fault_at"] + recovery["ttr_s"]
+    # each failure on the login clock: its recovery's first step less its time to recover
+    resumed_at = [_rank0_on_login(paths, int(r["attempt"]), EVENT_FIRST_STEP) for r in recoveries]
+    failed_at = [at - r["ttr_s"] for at, r in zip(resumed_at, recoveries, strict=True)]
+    gaps = [fail - resumed for fail, resumed in zip(failed_at, [started, *resumed_at], strict=False)]
     if min(gaps) < 0:
-        return None  # a failure before training resumed: moments on clocks too far apart to replay
-    # a step's wall time as the last attempt trained (checkpoints included, as the drill's lost_s
-    # counts them): the model's training is the drill's, every failure and recovery as it was
+        raise CannotReplay("a failure before training resumed, on the login clock")
+    step_wall_s = _step_wall_s(paths, recoveries, failed_at, run["final_step"], completed)
+    # a step's wall time as the run trained (checkpoints included, as the drill's lost_s counts
+    # them): the model's training is the drill's, every failure and recovery as it was
     model = replay(run["final_step"] * step_wall_s, run["checkpoint_every_steps"] * step_wall_s, 0.0,
                    gaps, [(r["ttr_s"], _kept_the_work(r), r["lost_s"]) for r in recoveries])
-    head, tail = started.time - min(submitted), max(ended) - completed.time
+    head, tail = started - min(submitted), max(ended) - completed
     return RunReplay(run["run_id"], run["strategy"], len(recoveries), useful / elapsed,
                      useful / (head + model.wall_s + tail), sum(r["lost_s"] for r in recoveries), model.rework_s)
 
 
-def _step_wall_s(paths: RunPaths, recoveries: list[dict[str, Any]], final_step: int, completed_at: float) -> float | None:
+def _rank0_on_login(paths: RunPaths, attempt: int, event: str) -> float:
+    """When rank 0 of ``attempt`` wrote its first ``event``, on the login clock."""
+    found = first_event(read_attempt_events(paths, attempt), event)
+    if found is None:
+        raise CannotReplay(f"attempt {attempt} left no {event} event")
+    return load_clocks(paths.clocks_file(attempt)).on_login(Stamp(found.time, rank_node(paths, attempt, 0))).time
+
+
+def _step_wall_s(paths: RunPaths, recoveries: list[dict[str, Any]], failed_at: list[float], final_step: int,
+                 completed_at: float) -> float:
     """A step's wall time as the run trained, over all its attempts: each from its first step to
     its failure (its last step: where the next resumed, plus the steps it lost) or its completion."""
     spans: list[tuple[float, int]] = []
-    ends = [(r["fault_at"], r["resumed_from_step"] + r["lost_steps"]) for r in recoveries] + [(completed_at, final_step)]
+    ends = [(at, r["resumed_from_step"] + r["lost_steps"]) for at, r in zip(failed_at, recoveries, strict=True)]
     # the attempts that trained: the first, then each recovery's (restarts that failed before their
     # first step are skipped by the recoveries' attempt numbers)
     trained = [0] + [int(r["attempt"]) for r in recoveries]
-    for attempt, (end_at, end_step) in zip(trained, ends, strict=True):
+    for attempt, (end_at, end_step) in zip(trained, [*ends, (completed_at, final_step)], strict=True):
         first = first_event(read_attempt_events(paths, attempt), EVENT_FIRST_STEP)
         if first is None:
-            return None
-        spans.append((end_at - first.time, end_step - int(first.number("step", float(end_step)))))
+            raise CannotReplay(f"attempt {attempt} left no first step")
+        spans.append((end_at - _rank0_on_login(paths, attempt, EVENT_FIRST_STEP),
+                      end_step - int(first.number("step", float(end_step)))))
     steps = sum(count for _, count in spans)
-    return sum(seconds for seconds, _ in spans) / steps if steps >= 10 else None
+    if steps < 10:
+        raise CannotReplay(f"it trained {steps} steps: too few for a step time")
+    return sum(seconds for seconds, _ in spans) / steps
 
 
 def _kept_the_work(recovery: dict[str, Any]) -> bool:

@@ -34,40 +34,48 @@ class ReportError(RuntimeError):
     pass
 
 
-def build_report(workdir: Path) -> dict[str, Any]:
+def build_report(workdir: Path, ledger: Ledger | None = None) -> dict[str, Any]:
+    """The drill's report from its workdir (``ledger``: one the caller opened, e.g. a snapshot of
+    it; the runs' files are read from the workdir either way)."""
+    if ledger is not None:
+        return _report(workdir, ledger)
     if not has_ledger(workdir):
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
-    ledger = Ledger.in_workdir(workdir)
+    own = Ledger.in_workdir(workdir)
     try:
-        runs = ledger.runs()
-        digests = {run.run_id: run.final_digest for run in runs}
-        run_reports = [_run_report(ledger, run, digests) for run in runs]
-        spec = ledger.meta("spec") or {}
-        slo = [result.to_dict() for result in evaluate_slo(spec.get("slo") or [], run_reports)]
-        return {
-            "verdict": drill_verdict(run_reports, bool(spec.get("allow_ineffective", False)), slo),
-            # the spec's resilience objectives, one result per run and bound (orchestrator/report/slo.py)
-            "slo": slo,
-            "campaign": ledger.meta("campaign", ""),
-            "backend": ledger.meta("backend", ""),
-            "drill_id": ledger.meta("drill_id", ""),
-            "controller_cost": ledger.meta("controller_cost", {}),
-            "site_notes": ledger.meta("site_notes", []),  # what the site did not give the drill
-            "runs": run_reports,
-            "strategies": strategy_summary(run_reports),
-            "study": checkpoint_study(run_reports),
-        }
+        return _report(workdir, own)
     finally:
-        ledger.close()
+        own.close()
 
 
-def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str, Any]:
-    report = _run_facts(ledger, run, digests)
+def _report(workdir: Path, ledger: Ledger) -> dict[str, Any]:
+    runs = ledger.runs()
+    digests = {run.run_id: run.final_digest for run in runs}
+    run_reports = [_run_report(ledger, run, digests, workdir / "runs") for run in runs]
+    spec = ledger.meta("spec") or {}
+    slo = [result.to_dict() for result in evaluate_slo(spec.get("slo") or [], run_reports)]
+    return {
+        "verdict": drill_verdict(run_reports, bool(spec.get("allow_ineffective", False)), slo),
+        # the spec's resilience objectives, one result per run and bound (orchestrator/report/slo.py)
+        "slo": slo,
+        "campaign": ledger.meta("campaign", ""),
+        "backend": ledger.meta("backend", ""),
+        "drill_id": ledger.meta("drill_id", ""),
+        "controller_cost": ledger.meta("controller_cost", {}),
+        "site_notes": ledger.meta("site_notes", []),  # what the site did not give the drill
+        "runs": run_reports,
+        "strategies": strategy_summary(run_reports),
+        "study": checkpoint_study(run_reports),
+    }
+
+
+def _run_report(ledger: Ledger, run: RunRow, digests: dict[str, str], runs_dir: Path) -> dict[str, Any]:
+    report = _run_facts(ledger, run, digests, runs_dir)
     report["goodput"] = goodput(report)[2]  # useful time / elapsed (None: no step time or end)
     return report
 
 
-def _run_facts(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str, Any]:
+def _run_facts(ledger: Ledger, run: RunRow, digests: dict[str, str], runs_dir: Path) -> dict[str, Any]:
     baseline_digest = _baseline_digest(run, digests)
     identical = None
     if baseline_digest and run.final_digest:
@@ -80,7 +88,7 @@ def _run_facts(ledger: Ledger, run: RunRow, digests: dict[str, str]) -> dict[str
                                                ledger.attempts(run.run_id))
     recoveries = [{**{key: asdict(r)[key] for key in LEDGER_RECOVERY_FIELDS}, "strategy": run.strategy,
                    **clock_view(asdict(r))} for r in recovery_rows]
-    paths = RunPaths(ledger.path.parent / "runs" / run.run_id)
+    paths = RunPaths(runs_dir / run.run_id)
     effects, findings = verify_run(RunEvidence(paths, run.ranks, fault_rows, recovery_rows, attempt_rows))
     return {
         "run_id": run.run_id,
