@@ -134,7 +134,7 @@ class Backend(abc.ABC):
     def site_notes(self) -> list[str]:
         """What this site did not give the drill (accounting, ...) and what the drill then knows
         less of: said in the report."""
-        return []
+        return [DAEMONS_SILENT] if getattr(self, "_daemons_silent", False) else []
 
     def set_patience(self, scheduler_timeout_s: float) -> None:
         """How long the controller waits on the scheduler (restart.scheduler_timeout_s): a backend
@@ -195,7 +195,10 @@ class Backend(abc.ABC):
     def daemons_accept(self, job_id: str, nodes: list[str], timeout_s: float) -> dict[str, bool | None]:
         """Does each node's scheduler daemon accept a connection within ``timeout_s``? (True: the
         node is up, however slow its steps start; False: it is not; None: nothing proved.)"""
-        return daemons_accept(self.daemon_addresses(job_id, nodes), timeout_s)
+        answers = daemons_accept(self.daemon_addresses(job_id, nodes), timeout_s)
+        if True not in answers.values() and False in answers.values():
+            self._daemons_silent = True  # said once in the report: a silence is confirmed more slowly here
+        return answers
 
     def talk_on_node(self, job_id: str, node: str, argv: list[str]) -> Conversation:
         """``python <argv>`` on ``node`` inside job ``job_id``'s allocation, as the fault agent runs,
@@ -247,6 +250,10 @@ class NodeAnswer:
     timed_out: bool = False
     took_s: float | None = None  # answered: how long the step took to run
 
+
+DAEMONS_SILENT = ("node checks: no node's scheduler daemon accepted a connection from this host (a firewall, another "
+                  "port): a silent node was found lost only where the scheduler said it could not reach it, not by "
+                  "a step that did not start (a crash is then found later, by the scheduler or the hang timeout)")
 
 # What srun says, on a line naming the node, when it could not reach the node's daemon to launch a
 # step there ("Task launch for StepId=... failed on node fd-n3: Communication connection failure").

@@ -22,12 +22,14 @@ def daemons_accept(addresses: dict[str, Address | None], timeout_s: float) -> di
     """Per node: True where its daemon accepted a connection within ``timeout_s``; False where it
     refused, was out of reach or did not answer in time; None where no address is known or its name
     does not resolve (nothing proved)."""
-    answers: dict[str, bool | None] = {}
+    answers: dict[str, bool | None] = dict.fromkeys(addresses)
     selector = selectors.DefaultSelector()
+    deadline = time.monotonic() + timeout_s  # name lookups included: a slow resolver leaves the rest unasked
     try:
         for node, address in addresses.items():
+            if time.monotonic() >= deadline:
+                break
             answers[node] = _start(selector, node, address)
-        deadline = time.monotonic() + timeout_s
         while selector.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -39,8 +41,9 @@ def daemons_accept(addresses: dict[str, Address | None], timeout_s: float) -> di
                 sock.close()
         for key in list(selector.get_map().values()):  # no answer in time
             answers[key.data] = False
-            key.fileobj.close()  # type: ignore[union-attr]  # sockets
     finally:
+        for key in list(selector.get_map().values()):  # closed however the ask ended
+            key.fileobj.close()  # type: ignore[union-attr]  # sockets
         selector.close()
     return answers
 
@@ -55,10 +58,14 @@ def _start(selector: selectors.BaseSelector, node: str, address: Address | None)
     except (OSError, UnicodeError):
         return None
     sock = socket.socket(family, kind, proto)
-    sock.setblocking(False)
-    code = sock.connect_ex(where)
-    if code not in (0, errno.EINPROGRESS):
+    try:
+        sock.setblocking(False)
+        code = sock.connect_ex(where)
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            return False
+        selector.register(sock, selectors.EVENT_WRITE, node)
+    except BaseException:
         sock.close()
-        return False
-    selector.register(sock, selectors.EVENT_WRITE, node)
+        raise
     return None

@@ -62,7 +62,7 @@ CHECK_AT = 0.5
 PATIENCE_X = 4.0
 PATIENCE_S = 1.0
 NODE_CHECK_EVIDENCE = "node_check"
-DAEMON_TIMEOUT_S = 1.0  # an up node's kernel accepts a connection in well under it
+DAEMON_TIMEOUT_S = 2.0  # an up node's kernel accepts at once; past Linux's first SYN retransmit (1 s)
 MAX_SUSPECTS = 8  # quiet nodes whose daemon did not accept, each checked with a step (at once)
 
 
@@ -114,6 +114,7 @@ class NodeChecks:
         self._silence: _Silence | None = None
         self._answered: set[str] = set()  # nodes alive in this silence
         self._check_after_s = 0.0  # the silence (s) past which the nodes are checked (doubled after an answer)
+        self._checked_at: float | None = None  # when this silence's nodes were last checked
         self.counts = CheckCounts()
 
     @property
@@ -128,7 +129,7 @@ class NodeChecks:
         every node beats or answered (checks are started here when due)."""
         if self._attempt != watch.attempt:
             self._attempt, self._nodes, self._silence, self._answered = watch.attempt, {}, None, set()
-            self._check_after_s = 0.0
+            self._check_after_s, self._checked_at = 0.0, None
         nodes = self._last_beats(watch) if self.silence_s > 0 and watch.state is JobState.RUNNING else {}
         if not nodes:  # not running (suspended, ending), no beat yet, a long phase announced: no check
             self._silence = None  # a silence checked meanwhile is over (its checks, still under way, unread)
@@ -137,12 +138,17 @@ class NodeChecks:
         quiet = {node: last for node, last in nodes.items() if now - last >= CHECK_AT * least}
         if not quiet:  # every node beats: no silence (or it ended)
             self._silence, self._answered, self._check_after_s = None, set(), CHECK_AT * least
+            self._checked_at = None
             return None
         silence = self._silence
         if silence is None:
             self._check_after_s = max(self._check_after_s, CHECK_AT * least)
             if now - min(quiet.values()) < self._check_after_s:
                 return None
+            if (self._check_after_s >= MAX_CHECK_AFTER_S and self._checked_at is not None
+                    and now - self._checked_at < MAX_CHECK_AFTER_S):
+                return None  # a silence past a minute: checked once a minute, not every round
+            self._checked_at = now
             self.counts.silences += 1
             silence = self._silence = _Silence(
                 since=min(quiet.values()), sent_at=now, quiet=dict(quiet),
@@ -156,12 +162,12 @@ class NodeChecks:
             return None
         if silence.lost is None:
             silence.lost = self._verdict(watch, silence, nodes, now, least)
-            self.counts.lost += silence.lost is not None
         lost = silence.lost
         if lost is not None and not _silent_since(nodes, lost.node, silence.sent_at):
             self._silence = None  # it beat again while the poll was awaited: alive
             return None
         if lost is not None and asked_at is not None and asked_at >= silence.sent_at:
+            self.counts.lost += 1
             return lost
         return None
 

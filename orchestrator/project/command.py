@@ -217,8 +217,12 @@ def print_replays(workdir: Path, output_format: str) -> int:
     from dataclasses import asdict
 
     from orchestrator.project.replay import replay_drill
+    from orchestrator.report.document import ReportError
 
-    replays, skipped = replay_drill(workdir)
+    try:
+        replays, skipped = replay_drill(workdir)
+    except ReportError as error:
+        raise ProjectError(str(error)) from None
     if not replays:
         said = "; ".join(f"{run.run_id}: {run.why}" for run in skipped) or "no run had a fault"
         raise ProjectError(f"{workdir}: no run could be replayed ({said})")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.project.simulate import PHASES
+from orchestrator.record.effects import INEFFECTIVE
 from orchestrator.record.ledger_home import has_ledger
 from orchestrator.record.ledger_snapshot import LedgerUnreadable, ledger_snapshot
 from orchestrator.report.document import build_report
@@ -139,10 +140,14 @@ class _RecoveryBook:
         self.below_uncertainty = 0
 
     def add(self, run: dict[str, Any]) -> None:
-        if run["findings"] and run["recoveries"]:
+        ineffective = ineffective_faults(run)
+        if ineffective is None:
             self.contradicted.append(run["run_id"])
             return
         for row in run["recoveries"]:
+            if row["fault_at"] in ineffective:  # that fault did not act as the drill says it did
+                self.contradicted.append(f"{run['run_id']} (a {row['fault_kind']})")
+                continue
             if row["clocks_not_read"]:
                 self.off_clock += 1
                 continue
@@ -154,8 +159,8 @@ class _RecoveryBook:
     def notes(self) -> list[str]:
         notes = []
         if self.contradicted:
-            notes.append(f"left out: the recoveries of {', '.join(self.contradicted)}, whose own records contradict "
-                         "their faults (the report's findings: faultdrill report WORKDIR)")
+            notes.append(f"left out: the recoveries of {', '.join(self.contradicted)}, whose faults the ranks' own "
+                         "records say were ineffective (the report's findings: faultdrill report WORKDIR)")
         if self.off_clock:
             notes.append(f"left out: {self.off_clock} recoveries whose phases span a node clock that was not read "
                          "(not on one clock)")
@@ -163,6 +168,21 @@ class _RecoveryBook:
             notes.append(f"{self.below_uncertainty} recoveries have phases shorter than their clocks' uncertainty "
                          "(kept as measured: the report marks them <=)")
         return notes
+
+
+def ineffective_faults(run: dict[str, Any]) -> set[float] | None:
+    """The moments of the run's faults that its ranks' records say were ineffective (the report's
+    INEFFECTIVE findings: a kill that hit a launcher while its ranks trained on); None where a
+    finding names no fault (the whole run is not to be believed). A suspicious record (ranks slow to
+    exit after their final record) leaves the recoveries as measured."""
+    moments: set[float] = set()
+    for finding in run["findings"]:
+        if finding["verdict"] != INEFFECTIVE:
+            continue
+        if finding["fault"] is None:
+            return None
+        moments.add(run["faults"][finding["fault"]]["at"])
+    return moments
 
 
 def _refuse_if_missing(workdir: Path, book: _RecoveryBook, points: list[tuple[int, float, float]],

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments.layout import EVENT_COMPLETED, EVENT_FIRST_STEP, RunPaths, first_event, read_attempt_events
+from orchestrator.project.measured import ineffective_faults
 from orchestrator.project.simulate import replay
-from orchestrator.record.clocks import Stamp, load_clocks
-from orchestrator.record.ledger_snapshot import ledger_snapshot
+from orchestrator.record.clocks import AttemptClocks, Stamp, load_clocks
 from orchestrator.record.stamps import rank_node
 from orchestrator.report.document import build_report
 
@@ -54,8 +54,7 @@ class CannotReplay(Exception):
 def replay_drill(workdir: Path) -> tuple[list[RunReplay], list[NotReplayed]]:
     """Every run of the drill that failed, recovered and completed, replayed; the faulted runs that
     could not be, each with the reason (a run without faults or recoveries has nothing to replay)."""
-    with ledger_snapshot(workdir) as ledger:
-        report = build_report(workdir, ledger)
+    report = build_report(workdir)
     replays, skipped = [], []
     for run in report["runs"]:
         if not run["recoveries"] and not run["faults"]:
@@ -72,8 +71,8 @@ def _replayable(run: dict[str, Any]) -> None:
         raise CannotReplay(f"it did not complete ({run['status']})")
     if not run["recoveries"]:
         raise CannotReplay("it recovered from nothing")
-    if run["findings"]:
-        raise CannotReplay("its own records contradict its faults (the report's findings)")
+    if ineffective_faults(run) != set():
+        raise CannotReplay("its ranks' own records say a fault was ineffective (the report's findings)")
     if run["progress"]["inferred"]:
         raise CannotReplay("a user's own script: its checkpoint interval is its own, its progress read from its logs")
     if not run["step_time_s"] or not run["checkpoint_every_steps"]:
@@ -86,9 +85,10 @@ def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay:
     _replayable(run)
     recoveries, attempts = run["recoveries"], run["attempts"]
     paths = RunPaths(workdir / "runs" / run["run_id"])
+    on_login = _LoginClock(paths, len(attempts))
     last = len(attempts) - 1
-    started = _rank0_on_login(paths, 0, EVENT_FIRST_STEP)
-    completed = _rank0_on_login(paths, last, EVENT_COMPLETED)
+    started = on_login.rank0(0, EVENT_FIRST_STEP)
+    completed = on_login.rank0(last, EVENT_COMPLETED)
     submitted = [a["submitted"] for a in attempts if a["submitted"] is not None]
     ended = [a["ended"] for a in attempts if a["ended"] is not None]
     if not submitted or not ended:
@@ -96,12 +96,12 @@ def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay:
     useful = run["final_step"] * run["step_time_s"]
     elapsed = max(ended) - min(submitted)
     # each failure on the login clock: its recovery's first step less its time to recover
-    resumed_at = [_rank0_on_login(paths, int(r["attempt"]), EVENT_FIRST_STEP) for r in recoveries]
+    resumed_at = [on_login.rank0(int(r["attempt"]), EVENT_FIRST_STEP) for r in recoveries]
     failed_at = [at - r["ttr_s"] for at, r in zip(resumed_at, recoveries, strict=True)]
     gaps = [fail - resumed for fail, resumed in zip(failed_at, [started, *resumed_at], strict=False)]
     if min(gaps) < 0:
         raise CannotReplay("a failure before training resumed, on the login clock")
-    step_wall_s = _step_wall_s(paths, recoveries, failed_at, run["final_step"], completed)
+    step_wall_s = _step_wall_s(on_login, recoveries, failed_at, run["final_step"], completed)
     # a step's wall time as the run trained (checkpoints included, as the drill's lost_s counts
     # them): the model's training is the drill's, every failure and recovery as it was
     model = replay(run["final_step"] * step_wall_s, run["checkpoint_every_steps"] * step_wall_s, 0.0,
@@ -111,15 +111,32 @@ def _replay_run(workdir: Path, run: dict[str, Any]) -> RunReplay:
                      useful / (head + model.wall_s + tail), sum(r["lost_s"] for r in recoveries), model.rework_s)
 
 
-def _rank0_on_login(paths: RunPaths, attempt: int, event: str) -> float:
-    """When rank 0 of ``attempt`` wrote its first ``event``, on the login clock."""
-    found = first_event(read_attempt_events(paths, attempt), event)
-    if found is None:
-        raise CannotReplay(f"attempt {attempt} left no {event} event")
-    return load_clocks(paths.clocks_file(attempt)).on_login(Stamp(found.time, rank_node(paths, attempt, 0))).time
+class _LoginClock:
+    """Rank 0's moments on the login clock: each attempt's readings, merged with the run's other
+    attempts' (a node read while one attempt ran is the same clock in the next, as the recoveries
+    were computed). A run of which no attempt has a reading is on one clock (the local backend, an
+    older drill); one whose rank 0 ran on a node no attempt read cannot be replayed."""
+
+    def __init__(self, paths: RunPaths, attempts: int) -> None:
+        self.paths = paths
+        self.read = {attempt: load_clocks(paths.clocks_file(attempt)) for attempt in range(attempts)}
+        self.measured = any(clocks.one_clock or clocks.readings for clocks in self.read.values())
+
+    def rank0(self, attempt: int, event: str) -> float:
+        """When rank 0 of ``attempt`` wrote its first ``event``, on the login clock."""
+        found = first_event(read_attempt_events(self.paths, attempt), event)
+        if found is None:
+            raise CannotReplay(f"attempt {attempt} left no {event} event")
+        clocks = self.read.get(attempt) or AttemptClocks()
+        for other in self.read.values():
+            clocks = clocks.merged_with(other)
+        moved = clocks.on_login(Stamp(found.time, rank_node(self.paths, attempt, 0)))
+        if moved.uncertainty_s is None and self.measured:
+            raise CannotReplay(f"the clock of attempt {attempt}'s rank 0 ({moved.clock}) was not read")
+        return moved.time
 
 
-def _step_wall_s(paths: RunPaths, recoveries: list[dict[str, Any]], failed_at: list[float], final_step: int,
+def _step_wall_s(on_login: _LoginClock, recoveries: list[dict[str, Any]], failed_at: list[float], final_step: int,
                  completed_at: float) -> float:
     """A step's wall time as the run trained, over all its attempts: each from its first step to
     its failure (its last step: where the next resumed, plus the steps it lost) or its completion."""
@@ -129,10 +146,10 @@ def _step_wall_s(paths: RunPaths, recoveries: list[dict[str, Any]], failed_at: l
     # first step are skipped by the recoveries' attempt numbers)
     trained = [0] + [int(r["attempt"]) for r in recoveries]
     for attempt, (end_at, end_step) in zip(trained, [*ends, (completed_at, final_step)], strict=True):
-        first = first_event(read_attempt_events(paths, attempt), EVENT_FIRST_STEP)
+        first = first_event(read_attempt_events(on_login.paths, attempt), EVENT_FIRST_STEP)
         if first is None:
             raise CannotReplay(f"attempt {attempt} left no first step")
-        spans.append((end_at - _rank0_on_login(paths, attempt, EVENT_FIRST_STEP),
+        spans.append((end_at - on_login.rank0(attempt, EVENT_FIRST_STEP),
                       end_step - int(first.number("step", float(end_step)))))
     steps = sum(count for _, count in spans)
     if steps < 10:

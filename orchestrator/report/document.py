@@ -13,6 +13,7 @@ from orchestrator.campaign.strategies import traits_of
 from orchestrator.record.effects import INEFFECTIVE, SUSPICIOUS, RunEvidence, verify_run
 from orchestrator.record.ledger import Ledger, RunRow
 from orchestrator.record.ledger_home import has_ledger
+from orchestrator.record.ledger_snapshot import LedgerUnreadable, ledger_snapshot
 from orchestrator.record.outputs import IDENTICAL, MISSING, NOT_CHECKED
 from orchestrator.report.slo import evaluate as evaluate_slo
 from orchestrator.report.study import checkpoint_study
@@ -41,11 +42,11 @@ def build_report(workdir: Path, ledger: Ledger | None = None) -> dict[str, Any]:
         return _report(workdir, ledger)
     if not has_ledger(workdir):
         raise ReportError(f"{workdir}: no ledger.sqlite here; is this a campaign workdir?")
-    own = Ledger.in_workdir(workdir)
     try:
-        return _report(workdir, own)
-    finally:
-        own.close()
+        with ledger_snapshot(workdir) as own:  # the drill's file is read, never written
+            return _report(workdir, own)
+    except LedgerUnreadable as error:
+        raise ReportError(str(error)) from None
 
 
 def _report(workdir: Path, ledger: Ledger) -> dict[str, Any]:

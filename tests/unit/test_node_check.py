@@ -360,3 +360,40 @@ def test_slurms_nodes_are_asked_at_their_nodeaddr_and_the_sites_slurmd_port(monk
     site.daemon_addresses("77", ["fd-n1"])
     assert len(asked) == 1, "asked once a node"
     assert slurm.slurmd_port("") == 6818, "Slurm's default where the site does not say"
+
+
+def test_a_silence_past_a_minute_is_checked_once_a_minute(checks: Any) -> None:
+    """Helper 49: past a minute of silence a check went out every round (609 asks of every node's
+    daemon in 120 s for one stalled job)."""
+    found, backend = checks({})
+    watch = _watch({0: T0, 1: T0, 2: T0})
+    now = T0
+    while now < T0 + 240:
+        now += 0.1
+        found.lost(watch, now, asked_at=now)
+    assert 7 <= len(backend.daemons_asked) <= 12, len(backend.daemons_asked)  # 1.5 .. 48 s doubling, then a minute
+
+
+def test_a_lost_node_is_counted_only_once_it_is_said(checks: Any) -> None:
+    found, _ = checks({"n1": DEAD})
+    found.lost(_watch({0: T0, 1: T0 - 0.2}), T0 + 3.5, None)
+    assert found.lost(_watch({0: T0, 1: T0 - 0.2}), T0 + 3.6, None) is None, "lost, the poll awaited"
+    assert found.lost(_watch({0: T0, 1: T0 + 3.55}), T0 + 3.7, asked_at=T0 + 3.7) is None, "it beat again"
+    assert found.counts.lost == 0 and found.counts.silences == 1
+
+
+def test_where_no_nodes_daemon_accepts_the_report_says_what_the_checks_cannot_prove() -> None:
+    import socket
+
+    from orchestrator.backends.base import DAEMONS_SILENT, Backend
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    site = SimpleNamespace(daemon_addresses=lambda job_id, nodes: {node: ("127.0.0.1", port) for node in nodes})
+    try:
+        answers = Backend.daemons_accept(site, "77", ["n0", "n1"], 2.0)  # type: ignore[arg-type]  # a stand-in backend
+    finally:
+        closed.close()
+    assert answers == {"n0": False, "n1": False}
+    assert Backend.site_notes(site) == [DAEMONS_SILENT]  # type: ignore[arg-type]  # a stand-in backend

@@ -188,7 +188,7 @@ def test_a_replays_step_rate_reads_the_attempts_that_trained_past_a_restart_that
     """Review: recoveries 0 -> 1 and 1 -> 3 (attempt 2 died before its first step): the last span was
     read from attempt 2 (no first step) and the rate fell back to the pure compute step."""
     from experiments.layout import RunPaths
-    from orchestrator.project.replay import _step_wall_s
+    from orchestrator.project.replay import _LoginClock, _step_wall_s
 
     paths = RunPaths(tmp_path / "runs" / "r000")
     for attempt, (at, step) in {0: (100.0, 1), 1: (200.0, 301), 3: (300.0, 601)}.items():
@@ -197,7 +197,8 @@ def test_a_replays_step_rate_reads_the_attempts_that_trained_past_a_restart_that
     recoveries = [{"attempt": 1, "resumed_from_step": 300, "lost_steps": 50},
                   {"attempt": 3, "resumed_from_step": 600, "lost_steps": 49}]
     # spans: 50 s for 349 steps, 50 s for 348, 100 s for 399 (to step 1000 at 400 s)
-    assert _step_wall_s(paths, recoveries, [150.0, 250.0], 1000, 400.0) == pytest.approx(200.0 / (349 + 348 + 399))
+    assert _step_wall_s(_LoginClock(paths, 4), recoveries, [150.0, 250.0], 1000, 400.0) == pytest.approx(
+        200.0 / (349 + 348 + 399))
 
 
 # Review of `faultdrill project` against sites that are not ours (helper 48): each failed first.
@@ -374,3 +375,49 @@ def test_a_workdir_is_read_as_it_stands_and_never_written(tmp_path: Path, capsys
     assert code == 0, err
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in workdir.iterdir() if p.name.startswith("ledger")) == ["ledger.sqlite"]
+
+
+# Its second review (helper 49): each failed first.
+
+def test_an_attempt_without_a_reading_of_its_own_takes_its_nodes_reading_from_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Attempt 0 ended before its node's clock was read: its events were taken raw (+6.3 % at 5 s)."""
+    replayed = {}
+    for skew in (0.0, 5.0):
+        workdir = _replayable_workdir(tmp_path / f"skew{skew:g}", skew)
+        (workdir / "runs" / "r0" / "attempts" / "0" / "clocks.json").unlink()
+        code, out, err = _replay(workdir, capsys)
+        assert code == 0, err
+        [replayed[skew]] = json.loads(out)["replayed"]
+    assert replayed[5.0]["replayed_goodput"] == pytest.approx(replayed[0.0]["replayed_goodput"], rel=1e-9)
+
+
+def test_a_node_no_attempt_read_is_not_replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = _replayable_workdir(tmp_path / "work", 5.0)
+    identity = workdir / "runs" / "r0" / "attempts" / "0" / "rank-0.json"
+    identity.write_text(identity.read_text().replace('"node": "n1"', '"node": "n2"'))
+    code, out, err = _replay(workdir, capsys)
+    assert code == 2 and out == "" and "the clock of attempt 0's rank 0 (n2) was not read" in err
+
+
+def test_replay_of_a_directory_without_a_ledger_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _replay(tmp_path, capsys)
+    assert code == 2 and out == "" and "no ledger.sqlite here" in err and "Traceback" not in err
+
+
+def test_only_a_fault_its_ranks_say_was_ineffective_leaves_out_its_recovery() -> None:
+    """A suspicious record (ranks slow to exit after their final record) left the whole run out; one
+    ineffective fault of several left out every recovery of its run."""
+    from orchestrator.project.measured import _RecoveryBook
+
+    def recovery(at: float) -> dict[str, object]:
+        return {"fault_at": at, "fault_kind": "kill-rank", "clocks_not_read": [], "below_uncertainty": [],
+                "failure_class": "RANK_SIGNAL", "lost_s": 1.0, "state_source": None, **dict.fromkeys(PHASES, 1.0)}
+
+    run = {"run_id": "r0", "strategy": "resubmit", "recoveries": [recovery(10.0), recovery(20.0)],
+           "faults": [{"at": 10.0}, {"at": 20.0}],
+           "findings": [{"verdict": "suspicious", "what": "did not exit", "fault": None},
+                        {"verdict": "ineffective", "what": "the ranks trained on", "fault": 1}]}
+    book = _RecoveryBook()
+    book.add(run)
+    assert len(book.recoveries["resubmit"]) == 1 and book.contradicted == ["r0 (a kill-rank)"]

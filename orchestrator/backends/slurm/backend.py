@@ -315,7 +315,7 @@ class SlurmBackend(Backend):
         return sbatch_refusal(error)
 
     def site_notes(self) -> list[str]:
-        return [NO_ACCOUNTING.format(why=self.accounting_missed)] if self.accounting_missed else []
+        return super().site_notes() + ([NO_ACCOUNTING.format(why=self.accounting_missed)] if self.accounting_missed else [])
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         """One squeue call per cluster for every job it still holds; sacct only for ids squeue has
