@@ -145,6 +145,13 @@ class Line:
         return message
 
     def close(self) -> None:
+        """The connection ended both ways at once: a thread blocked reading it (the member's wait for
+        the coordinator's word) returns now, not at its read timeout (closing the reader first
+        waited for that read to end: 20 s)."""
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # not connected any more
         try:
             self._reader.close()
             self.connection.close()
