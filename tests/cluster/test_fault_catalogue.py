@@ -152,9 +152,10 @@ def test_a_stall_costs_no_restart(report: dict[str, Any]) -> None:
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and fault["detail"].startswith("went on: stopped for 3.0"), fault
     assert len(run["attempts"]) == 1 and run["recoveries"] == []
-    checked = report["controller_cost"]["node_checks"].get("stall-rank", {})
-    assert checked.get("silences", 0) >= 1 and checked["alive"] == checked["silences"] and not checked["lost"], \
-        "the silence was checked and its nodes found alive"
+    # the silence was checked (its nodes' daemons asked) and its nodes found alive, none lost (a
+    # silence that ended before its checks did is counted as checked, not as alive)
+    checked = report["controller_cost"]["node_checks"].get(run["run_id"], {})
+    assert checked.get("alive", 0) >= 1 and checked["lost"] == 0, (run["run_id"], report["controller_cost"])
 
 
 def test_a_corrupted_checkpoint_is_skipped_and_kept_aside(report: dict[str, Any]) -> None:
