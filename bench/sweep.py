@@ -8,6 +8,7 @@ faults, no twins. Measured from the drill's own report and ledger:
   (goal <= 2 s: one ``sbatch --array`` for the whole sweep);
 - scheduler commands per poll (goal: 1, whatever the number of jobs) and controller CPU per poll;
 - until all finished: from the drill started to the last job's end (sacct).
+- CPU per element: Slurm's accounting (sacct TotalCPU) of the batch scripts and rank steps.
 The floor: the same script in a plain ``sbatch --array=0-(N-1)%throttle`` (srun, as Faultdrill's
 batch script does), from its submission to its last element's end (sacct), in the same run.
 
@@ -69,6 +70,7 @@ def faultdrill_sweep(root: Path, points: int, throttle: int) -> dict[str, Any]:
         "all_finished_s": _last_end(job_ids) - started,
         "scheduler_polls": cost["scheduler_polls"], "commands_per_poll": cost["scheduler_poll_commands"] / polls,
         "controller_cpu_s": cost["controller_cpu_s"], "controller_cpu_ms_per_poll": 1000 * cost["controller_cpu_s"] / polls,
+        "cpu_per_element": cpu_per_element(job_ids, points),
     }
 
 
@@ -82,7 +84,8 @@ def plain_array(root: Path, points: int, throttle: int) -> dict[str, Any]:
     job_id = run_command(["sbatch", "--parsable", f"--array=0-{points - 1}%{throttle}", str(script)]).stdout.strip()
     submitted = time.time()
     _wait_gone(job_id)
-    return {"array_job": job_id, "submit_s": submitted - started, "all_finished_s": _last_end([job_id]) - started}
+    return {"array_job": job_id, "submit_s": submitted - started, "all_finished_s": _last_end([job_id]) - started,
+            "cpu_per_element": cpu_per_element([job_id], points)}
 
 
 def _wait_gone(job_id: str, deadline_s: float = 7200) -> None:
@@ -106,6 +109,30 @@ def _last_end(job_ids: list[str]) -> float:
     raise SystemExit(f"bench: sacct has no end for every element of {job_ids}")
 
 
+def cpu_per_element(job_ids: list[str], elements: int) -> dict[str, float]:
+    """Slurm's accounting of the elements' CPU (sacct TotalCPU): their batch scripts' and their rank
+    steps', each summed and divided by the elements (the allocation lines, which add the steps up,
+    are not counted again)."""
+    out = run_command(["sacct", "-n", "-P", "-o", "JobID,TotalCPU", "-j", ",".join(job_ids)]).stdout
+    batch = ranks = 0.0
+    for line in out.splitlines():
+        job, _, total = line.partition("|")
+        step = job.rpartition(".")[2] if "." in job else ""
+        if step == "batch":
+            batch += _slurm_seconds(total)
+        elif step.isdigit():
+            ranks += _slurm_seconds(total)
+    return {"batch_s": batch / elements, "ranks_s": ranks / elements, "total_s": (batch + ranks) / elements}
+
+
+def _slurm_seconds(text: str) -> float:
+    """sacct's ``[D-][HH:]MM:SS[.mmm]`` in seconds (0 for an empty field)."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = [float(part) for part in clock.split(":") if part] if clock else []
+    seconds = sum(value * 60 ** index for index, value in enumerate(reversed(parts)))
+    return seconds + 86400 * (int(days) if days else 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--points", type=int, default=1000)
@@ -123,6 +150,9 @@ def main() -> None:
     print("what | faultdrill | plain sbatch --array | goal")
     print(f"validate + render + submit, s | {drilled['submit_s']:.2f} | {plain['submit_s']:.2f} (sbatch alone) | <= 2")
     print(f"until all finished, s | {drilled['all_finished_s']:.1f} | {plain['all_finished_s']:.1f} | x {ratio:.2f}")
+    mine, theirs = drilled["cpu_per_element"], plain["cpu_per_element"]
+    print(f"CPU per element (sacct: batch + ranks), s | {mine['total_s']:.3f} ({mine['batch_s']:.3f} + "
+          f"{mine['ranks_s']:.3f}) | {theirs['total_s']:.3f} ({theirs['batch_s']:.3f} + {theirs['ranks_s']:.3f}) |")
     print(f"scheduler polls | {drilled['scheduler_polls']} | - |")
     print(f"scheduler commands per poll | {drilled['commands_per_poll']:.2f} | - | 1")
     print(f"controller CPU per poll, ms | {drilled['controller_cpu_ms_per_poll']:.1f} | - |")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ def default_algorithm() -> str:
     return BLAKE3 if _blake3() is not None else SHA256
 
 
-def new_hasher(algorithm: str) -> Any:
-    """A fresh hasher (``update``, ``hexdigest``) of ``algorithm``."""
+def new_hasher(algorithm: str, every_core: bool = False) -> Any:
+    """A fresh hasher (``update``, ``hexdigest``) of ``algorithm``; ``every_core``: BLAKE3 on every
+    core of the node (the same digest on any number of threads), else on one."""
     if algorithm == SHA256:
         return hashlib.sha256()
     if algorithm == BLAKE3:
@@ -49,7 +51,7 @@ def new_hasher(algorithm: str) -> Any:
         if blake3 is None:
             raise HashUnavailable("hashed with blake3, which this Python lacks (pip install blake3, or the rank "
                                   "API's extra: faultdrill-rank[blake3])")
-        threads = getattr(blake3, "AUTO", None)  # the same digest on any number of threads
+        threads = getattr(blake3, "AUTO", None) if every_core else None
         return blake3() if threads is None else blake3(max_threads=threads)
     raise HashUnavailable(f"unknown hash algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
 
@@ -65,9 +67,11 @@ def digest_file(path: Path, algorithm: str) -> str:
 
 def digest_fresh_file(path: Path, algorithm: str) -> str:
     """``digest_file`` of a file this process has just written and no one else changes: BLAKE3
-    maps it and hashes on every core (a file cut short while mapped would end the process with
-    SIGBUS, which is why files read for verification are read, not mapped)."""
-    hasher = new_hasher(algorithm)
+    maps it (a file cut short while mapped would end the process with SIGBUS, which is why files
+    read for verification are read, not mapped) and hashes it on every core while training waits for
+    the save (the main thread's), on one beside training (an asynchronous save's persist thread: the
+    node's other ranks train on those cores)."""
+    hasher = new_hasher(algorithm, every_core=threading.current_thread() is threading.main_thread())
     if not hasattr(hasher, "update_mmap"):  # sha256, or a blake3 package older than 0.4
         return digest_file(path, algorithm)
     try:

@@ -127,3 +127,36 @@ def test_an_algorithm_this_version_does_not_know_is_unreadable_and_named(tmp_pat
     (checkpoint / MANIFEST_NAME).write_text(json.dumps(manifest))
     _, problem = check_checkpoint(checkpoint, 10)
     assert problem is not None and problem.kind == INVALID and "garbled manifest (hash_algorithm None)" in str(problem)
+
+
+def test_a_fresh_file_is_hashed_on_every_core_only_while_training_waits(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Helper 47: BLAKE3 took every core of the node for a file an asynchronous save's persist thread
+    hashed while the node's ranks trained on. The main thread's save (training waits) keeps them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    real = integrity._blake3()
+    made: list[int] = []
+
+    class Recording:
+        AUTO = real.AUTO
+
+        def __init__(self, max_threads: int = 1) -> None:
+            made.append(max_threads)
+            self._hasher = real()
+
+        def update_mmap(self, path: Path) -> "Recording":
+            self._hasher.update(Path(path).read_bytes())
+            return self
+
+        def hexdigest(self) -> str:
+            return str(self._hasher.hexdigest())
+
+    monkeypatch.setattr(integrity, "_blake3", lambda: Recording)
+    path = tmp_path / "shard"
+    path.write_bytes(b"x" * 1000)
+    waited = integrity.digest_fresh_file(path, integrity.BLAKE3)
+    with ThreadPoolExecutor(max_workers=1) as persist:
+        beside = persist.submit(integrity.digest_fresh_file, path, integrity.BLAKE3).result()
+    assert waited == beside == real(b"x" * 1000).hexdigest()
+    assert made == [real.AUTO, 1]
