@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.layout import EVENT_COMPLETED, EVENT_FIRST_STEP, RunPaths, first_event, read_attempt_events
+from experiments.layout import (
+    EVENT_COMPLETED,
+    EVENT_FIRST_STEP,
+    EventRecord,
+    RunPaths,
+    first_event,
+    read_attempt_events,
+)
 from orchestrator.project.measured import ineffective_faults
 from orchestrator.project.simulate import replay
 from orchestrator.record.clocks import AttemptClocks, Stamp, load_clocks
@@ -124,6 +131,10 @@ class _LoginClock:
 
     def rank0(self, attempt: int, event: str) -> float:
         """When rank 0 of ``attempt`` wrote its first ``event``, on the login clock."""
+        return self.first(attempt, event)[0]
+
+    def first(self, attempt: int, event: str) -> tuple[float, EventRecord]:
+        """Rank 0's first ``event`` of ``attempt``, and when it came on the login clock."""
         found = first_event(read_attempt_events(self.paths, attempt), event)
         if found is None:
             raise CannotReplay(f"attempt {attempt} left no {event} event")
@@ -133,7 +144,7 @@ class _LoginClock:
         moved = clocks.on_login(Stamp(found.time, rank_node(self.paths, attempt, 0)))
         if moved.uncertainty_s is None and self.measured:
             raise CannotReplay(f"the clock of attempt {attempt}'s rank 0 ({moved.clock}) was not read")
-        return moved.time
+        return moved.time, found
 
 
 def _step_wall_s(on_login: _LoginClock, recoveries: list[dict[str, Any]], failed_at: list[float], final_step: int,
@@ -146,11 +157,8 @@ def _step_wall_s(on_login: _LoginClock, recoveries: list[dict[str, Any]], failed
     # first step are skipped by the recoveries' attempt numbers)
     trained = [0] + [int(r["attempt"]) for r in recoveries]
     for attempt, (end_at, end_step) in zip(trained, [*ends, (completed_at, final_step)], strict=True):
-        first = first_event(read_attempt_events(on_login.paths, attempt), EVENT_FIRST_STEP)
-        if first is None:
-            raise CannotReplay(f"attempt {attempt} left no first step")
-        spans.append((end_at - on_login.rank0(attempt, EVENT_FIRST_STEP),
-                      end_step - int(first.number("step", float(end_step)))))
+        started_at, first = on_login.first(attempt, EVENT_FIRST_STEP)  # the events read once
+        spans.append((end_at - started_at, end_step - int(first.number("step", float(end_step)))))
     steps = sum(count for _, count in spans)
     if steps < 10:
         raise CannotReplay(f"it trained {steps} steps: too few for a step time")
