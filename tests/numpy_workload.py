@@ -22,6 +22,8 @@ class NumpyWorkload(Workload):
     def __init__(self, write_s: float, fail_at: int | None = None) -> None:
         self.weights = np.zeros(4)
         self.write_s, self.fail_at = write_s, fail_at
+        self.writing_step: int | None = None  # the checkpoint whose write is under way, if any
+        self.steps_during_write: dict[int, int] = {}  # checkpoint step -> training steps run during its write
 
     @property
     def checkpoint_meta(self) -> CheckpointMeta:
@@ -32,6 +34,9 @@ class NumpyWorkload(Workload):
 
     def train_step(self, step: int) -> float:
         self.weights += step  # the model changes while an earlier checkpoint may still be written
+        writing = self.writing_step
+        if writing is not None:
+            self.steps_during_write[writing] = self.steps_during_write.get(writing, 0) + 1
         time.sleep(0.01)
         return float(self.weights.sum())
 
@@ -39,7 +44,9 @@ class NumpyWorkload(Workload):
         weights = self.weights.copy()
 
         def write() -> None:
+            self.writing_step = step
             time.sleep(self.write_s)
+            self.writing_step = None
             if step == self.fail_at:
                 raise OSError(28, "No space left on device")
             sink.write_bytes("weights.bin", weights.tobytes())
