@@ -35,7 +35,7 @@ from orchestrator.report.document import RECOVERY_FIELDS as REPORTED_RECOVERY_FI
 REPO = Path(__file__).resolve().parents[2]
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_TIMEOUT_S = 600
-STEPS_PAST_WARNING = 1200  # the preempt and walltime runs' steps
+STEPS_PAST_WARNING = 300  # the preempt and walltime runs' steps
 RECOVERY_FIELDS = set(REPORTED_RECOVERY_FIELDS)  # the contract, as the Slurm and local drills report it
 
 
@@ -123,9 +123,12 @@ def _check_scheduler_view(report: dict[str, Any], shared_tmp: Path, run_id: str)
 def sweep(_cluster_up: tuple[bool, str]) -> Iterator[tuple[dict[str, Any], Path]]:
     """One drill, its runs side by side (the walltime run's minute bounds it): a preemption (r000),
     a walltime (r001), a rank SIGKILL (r002), and a kill then a hang under in-allocation (r003), 2
-    nodes x 1 rank each, sharing one twin. Paced steps (36 s of training at least): the walltime
-    run is still training at its warning, 30 s into its minute, and has a few seconds left to train
-    after it resumes."""
+    nodes x 1 rank each, sharing one twin. Paced steps, 42 s of training: the walltime run is still
+    training at its warning, 40 s into its minute, whatever its start-up took, and what it has left
+    (what its start-up took, and 2 s) fits in the next job's 40 s before that one's warning (a job
+    warned saves and trains no more: a third job would cost another minute). Few slow steps, not
+    many fast ones: a step costs a rank ~5 ms of CPU whatever its pace, and ten ranks stepping every
+    30 ms starved the walltime run's start-up of its minute."""
     if not _cluster_up[0]:
         pytest.skip("cluster not up")  # _require_cluster fails the tests themselves when it must be up
     shared = SHARED_TMP_ROOT / f"pbs-sweep-{uuid.uuid4().hex[:8]}"
@@ -133,16 +136,16 @@ def sweep(_cluster_up: tuple[bool, str]) -> Iterator[tuple[dict[str, Any], Path]
     spec_path = _pbs_quick_spec(shared / "work", shared / "pbs-sweep.yaml")
     spec = yaml.safe_load(spec_path.read_text())
     spec.update(name="pbs-sweep", parallel_runs=5)
-    spec["workload"].update(steps=STEPS_PAST_WARNING, batch_size=16, step_s=0.03)
-    spec["checkpoint"] = {"every_steps": 500, "keep": 3}
-    spec["resources"].update(tasks_per_node=1, warning_s=30)
+    spec["workload"].update(steps=STEPS_PAST_WARNING, batch_size=16, step_s=0.14)
+    spec["checkpoint"] = {"every_steps": 125, "keep": 3}
+    spec["resources"].update(tasks_per_node=1, warning_s=20)
     # workload.setup (issue 23): its lines run in the batch script before the launch.
     spec["workload"]["setup"] = ['echo "faultdrill setup: ran on $(hostname)" >&2']
     spec.pop("faults")
     after_checkpoint = {"after": {"fixed": 0.3}, "anchor": "first_checkpoint"}
     spec["sweep"] = {"grid": [
-        {"faults": [[{"kind": "preempt", "after": {"at_step": 200}, "grace_s": 30}]]},
-        {"faults": [[{"kind": "timeout", "after": {"at_step": 50}}]], "resources.time": ["00:01:00"]},
+        {"faults": [[{"kind": "preempt", "after": {"at_step": 50}, "grace_s": 30}]]},
+        {"faults": [[{"kind": "timeout", "after": {"at_step": 12}}]], "resources.time": ["00:01:00"]},
         {"faults": [[{"kind": "kill-rank", "rank": "random", "signal": "SIGKILL", **after_checkpoint}]]},
         {"faults": [[{"kind": "kill-rank", "rank": 1, **after_checkpoint},
                      {"kind": "hang-rank", "rank": 0, **after_checkpoint}]],
