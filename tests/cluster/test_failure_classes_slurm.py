@@ -29,7 +29,7 @@ from orchestrator.control.detach import live_controller
 SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes have a private one
 DRILL_DEADLINE_S = 900
 CANCELLED_RUN = "r001"
-STEPS, EVERY, START_TIMEOUT_S = 600, 200, 30  # the campaign's
+STEPS, EVERY, START_TIMEOUT_S = 150, 50, 30  # the campaign's
 
 
 def _stepping_job(workdir: Path, run_id: str) -> str | None:

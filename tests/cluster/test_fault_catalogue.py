@@ -34,7 +34,7 @@ SHARED_TMP_ROOT = Path("/var/tmp/faultdrill-tests")  # outside /tmp: the nodes h
 DRILL_TIMEOUT_S = 1500
 SMALL_FS_MB = 16  # three checkpoints of 2.4 MB and room to spare, until disk-full fills it
 SCRATCH_MB = 160  # every other run's (and twin's) three checkpoints of 2.4 MB, and those kept aside
-STEPS, EVERY, FAULT_STEP = 600, 200, 270  # the campaign's steps, checkpoint interval and faults' step
+STEPS, EVERY, FAULT_STEP = 150, 50, 68  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = RankJob.heartbeat_interval_s
 COVERED_ELSEWHERE = {  # kind -> where CI drills it instead
     "preempt": "drilled on Slurm by tests/cluster/test_strategies.py (requeue) and on PBS by test_pbs_drill.py",
@@ -202,7 +202,7 @@ def test_disk_full_fails_one_checkpoint_write_cleanly(report: dict[str, Any]) ->
 
 
 def test_timeout_ends_the_job_at_its_walltime_after_a_warning_checkpoint(report: dict[str, Any]) -> None:
-    run = _run(report, "timeout", steps=4000, twin=False)
+    run = _run(report, "timeout", steps=1000, twin=False)
     [fault] = run["faults"]
     assert fault["outcome"] == "injected" and "time limit set to" in fault["detail"], fault
     saved = int(re.search(r"ranks saved step (\d+)", fault["detail"]).group(1))

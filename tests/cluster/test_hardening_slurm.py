@@ -155,8 +155,9 @@ def test_a_refused_sbatch_costs_that_run_only_and_a_half_accepted_one_is_not_sen
 def test_a_job_suspended_longer_than_the_hang_timeout_is_not_taken_for_hung(shared_tmp: Path, slurm,
                                                                            wait_until) -> None:
     hang_timeout = 2.0
-    spec = _spec(shared_tmp, workload={"framework": "torch", "params": 2000, "steps": 3000, "seed": 2,
-                                       "batch_size": 16},
+    # 15 s of training at least, the suspension inside it: few slow steps, not many fast ones.
+    spec = _spec(shared_tmp, workload={"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.05,
+                                       "seed": 2, "batch_size": 16},
                  restart={"max_restarts": 1, "poll_interval_s": 0.1, "hang_timeout_s": hang_timeout})
     paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
     suspended: list[str] = []

@@ -18,7 +18,9 @@ from drills import FAULTDRILL, drill, drill_processes, kill_verified, run_of, wr
 from faultdrill_cli import faultdrill, faultdrill_on, report, status
 from orchestrator.control.detach import live_controller
 
-SLOW = {"framework": "torch", "params": 20000, "steps": 4000, "seed": 3, "batch_size": 16}
+# 40 s of training at least, past the commands a test gives meanwhile; few slow steps, not many fast
+# ones (a step costs a rank ~5 ms of CPU whatever its pace).
+SLOW = {"framework": "torch", "params": 20000, "steps": 400, "step_s": 0.1, "seed": 3, "batch_size": 16}
 
 
 def wait_for(condition: Any, what: str, deadline_s: float = 120.0) -> Any:

@@ -25,7 +25,7 @@ from orchestrator.campaign.spec import load_campaign
 # The shipped campaign experiments/campaigns/fault-catalogue-local.yaml: each kind in a run of its
 # own, all sharing one fault-free twin, drilled once for this module's tests.
 CAMPAIGN = "fault-catalogue-local"
-STEPS, EVERY, FAULT_STEP = 600, 200, 270  # the campaign's steps, checkpoint interval and faults' step
+STEPS, EVERY, FAULT_STEP = 150, 50, 68  # the campaign's steps, checkpoint interval and faults' step
 HEARTBEAT_S = 0.05
 RESTART = {"max_restarts": 3, "poll_interval_s": 0.05, "hang_timeout_s": 3.0, "checkpoint_timeout_s": 10.0}
 WORKLOAD = {"framework": "torch", "params": 200000, "steps": 2000, "seed": 5, "batch_size": 16}
