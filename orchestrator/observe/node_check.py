@@ -17,13 +17,16 @@ CHECK_AT of the least silence (the verdict still waits for all of it) it is chec
    one on the node, inside the job's allocation, within CHECK_TIMEOUT_S?): the quiet nodes whose
    daemon did not accept (every quiet node's beats tie on one controller round, so no beat order
    picks one), and a reference, a node whose daemon accepted (the one heard last). Where the
-   daemons proved nothing: the quiet node heard first and the one heard last.
+   daemons proved nothing: the quiet node heard first and the one heard last. A silence of at most
+   EARLY_STEPS_MAX quiet nodes (a small job's) has its steps started beside the ask, on every quiet
+   node and the node heard last, so that a crashed node's verdict is in when its daemon's ask times
+   out; quiet nodes whose daemons all accept are still alive whatever their steps say.
 
 A node is lost when the scheduler says it cannot reach it (``failed``), or when no step started on
 it within the timeout, or within PATIENCE_X times the reference's time (at least PATIENCE_S) once
 the reference answered, **and its daemon did not accept a connection while another node's did**.
 A step that is only slow to start (a busy slurmctld, a loaded node) never loses a live node: its
-daemon accepts. Quiet nodes whose daemons all accept are alive at once (no step is started). A
+daemon accepts. Quiet nodes whose daemons all accept are alive at once (no further step). A
 check the scheduler refused for a reason of its own (the job ending, a step limit, an option it
 lacks) proves nothing.
 
@@ -46,6 +49,8 @@ from orchestrator.observe.watch import AttemptWatch, FailureSign, RankBeat
 from orchestrator.states import JobState
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from orchestrator.backends.base import Backend, NodeAnswer
     from orchestrator.campaign.runs import RunConfig
 
@@ -64,6 +69,10 @@ PATIENCE_S = 1.0
 NODE_CHECK_EVIDENCE = "node_check"
 DAEMON_TIMEOUT_S = 2.0  # an up node's kernel accepts at once; past Linux's first SYN retransmit (1 s)
 MAX_SUSPECTS = 8  # quiet nodes whose daemon did not accept, each checked with a step (at once)
+# A silence of at most this many quiet nodes has its steps started beside the daemons' ask, on every
+# quiet node and the node heard last: the verdict waits for both, and a crashed node's is in once its
+# daemon's ask times out, not a step's start after it (2 s sooner). A larger one steps the suspects only.
+EARLY_STEPS_MAX = 4
 
 
 @dataclass
@@ -153,12 +162,16 @@ class NodeChecks:
             silence = self._silence = _Silence(
                 since=min(quiet.values()), sent_at=now, quiet=dict(quiet),
                 daemons=self.pool.submit(_daemons, self.backend, watch.job_id, sorted(nodes)))
+            if len(quiet) <= EARLY_STEPS_MAX:
+                self._send_steps(watch, silence, [*sorted(quiet, key=quiet.__getitem__), *_heard_last(nodes, exclude=quiet)], now)
         if silence.accepted is None:
             if not silence.daemons.done():
                 return None
             silence.accepted = silence.daemons.result()
-            if not self._send_checks(watch, silence, nodes, now):
+            if silence.daemons_prove and all(silence.accepted.get(node) is True for node in silence.quiet):
                 self._alive(silence, now, least, "; ".join(f"{node}: its daemon accepts" for node in silence.quiet))
+            elif not silence.checks:
+                self._send_steps(watch, silence, self._targets(silence, nodes), now)
             return None
         if silence.lost is None:
             silence.lost = self._verdict(watch, silence, nodes, now, least)
@@ -171,29 +184,25 @@ class NodeChecks:
             return lost
         return None
 
-    def _send_checks(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float], now: float) -> bool:
-        """The silence's steps (see the module doc): the quiet nodes whose daemon did not accept and
-        a reference whose daemon did; where the daemons proved nothing, the quiet node heard first
-        (not yet answered in this silence) and the node heard last. False: no node to check (every
-        quiet node's daemon accepts: alive)."""
+    def _targets(self, silence: _Silence, nodes: dict[str, float]) -> list[str]:
+        """The silence's steps once the daemons answered (see the module doc): the quiet nodes whose
+        daemon did not accept and a reference whose daemon did; where the daemons proved nothing, the
+        quiet node heard first (not yet answered in this silence) and the node heard last."""
         accepted = silence.accepted or {}
         if silence.daemons_prove:
             suspects = sorted((node for node in silence.quiet if accepted.get(node) is not True),
                               key=lambda node: silence.quiet[node])[:MAX_SUSPECTS]
-            if not suspects:
-                return False
             witnesses = [node for node in nodes if accepted.get(node) is True]
-            targets = [*suspects, max(witnesses, key=lambda node: nodes[node])]
-        else:
-            unanswered = {node: last for node, last in silence.quiet.items() if node not in self._answered} \
-                or silence.quiet
-            suspect = min(unanswered, key=lambda node: unanswered[node])
-            others = [node for node in nodes if node != suspect]
-            targets = [suspect, *([max(others, key=lambda node: nodes[node])] if others else [])]
+            return [*suspects, max(witnesses, key=lambda node: nodes[node])]
+        unanswered = {node: last for node, last in silence.quiet.items() if node not in self._answered} \
+            or silence.quiet
+        suspect = min(unanswered, key=lambda node: unanswered[node])
+        return [suspect, *_heard_last(nodes, exclude={suspect})]
+
+    def _send_steps(self, watch: AttemptWatch, silence: _Silence, targets: list[str], now: float) -> None:
         silence.steps_sent_at = now
         for node in targets:
             silence.checks[node] = self.pool.submit(_ask, self.backend, watch.job_id, node)
-        return True
 
     def _verdict(self, watch: AttemptWatch, silence: _Silence, nodes: dict[str, float],
                  now: float, least: float) -> FailureSign | None:
@@ -274,6 +283,13 @@ def _answers(silence: _Silence, now: float) -> "dict[str, NodeAnswer] | None":
     late = NodeAnswer(False, f"no step started on it within {waited:.1f} s, beside one that started in "
                              f"{max(took):.2f} s", timed_out=True)
     return {node: done.get(node, late) for node in silence.checks}
+
+
+def _heard_last(nodes: dict[str, float], exclude: "Iterable[str]") -> list[str]:
+    """The node heard last apart from ``exclude``, as a list (empty where there is none)."""
+    left_out = set(exclude)
+    others = {node: last for node, last in nodes.items() if node not in left_out}
+    return [max(others, key=lambda node: others[node])] if others else []
 
 
 def _silent_since(nodes: dict[str, float], node: str | None, moment: float) -> bool:

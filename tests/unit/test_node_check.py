@@ -4,8 +4,8 @@ whose daemon did not accept, beside a reference whose daemon did. A node is lost
 said it could not reach it, or where no step started on it within the timeout (or a few times the
 reference's time) while its daemon did not accept and another's did: a slow step start never loses
 a live node. Lost once a poll asked after the silence began still says the job runs; dated to the
-node's last beat. Quiet nodes whose daemons all accept are alive with no step started, and the next
-silence is checked only when twice as long; a refusal of the scheduler's own, or a check that could
+node's last beat. A small job's steps start beside the daemons' ask (every quiet node's); quiet nodes
+whose daemons all accept are alive, and the next silence is checked only when twice as long; a refusal of the scheduler's own, or a check that could
 not be made, proves nothing. Silence is measured against the attempt's pace and heartbeat interval,
 never inside a long phase."""
 
@@ -40,6 +40,24 @@ class _Inline:
         done: Future[Any] = Future()
         done.set_result(fn(*args))
         return done
+
+
+class _HeldAsk(_Inline):
+    """As _Inline, but the daemons' ask stays under way until ``release``."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> "Future[Any]":
+        if fn is not node_check._daemons:
+            return super().submit(fn, *args)
+        pending: Future[Any] = Future()
+        self.held.append((pending, fn, args))
+        return pending
+
+    def release(self) -> None:
+        for pending, fn, args in self.held:
+            pending.set_result(fn(*args))
 
 
 class _Backend:
@@ -120,15 +138,36 @@ def test_what_proves_nothing_ends_nothing(checks: Any, answers: dict[str, Any]) 
     assert backend.asked == ["n0", "n0"]
 
 
-def test_a_stalled_node_whose_daemon_accepts_is_alive_with_no_step_and_the_next_check_waits_twice_as_long(
+def test_a_stalled_node_whose_daemon_accepts_is_alive_and_the_next_check_waits_twice_as_long(
         checks: Any) -> None:
-    found, backend = checks({})
+    found, backend = checks({}, daemons={"n0": True, "n1": True})
     watch = _watch({0: T0, 1: T0 - 0.1})
     for now in (T0 + 1.6, T0 + 1.7, T0 + 2.2, T0 + 2.8):
         assert found.lost(watch, now, asked_at=now) is None
-    assert backend.daemons_asked == [["n0", "n1"]] and backend.asked == [], "the daemons asked once, no step"
+    assert backend.daemons_asked == [["n0", "n1"]] and backend.asked == ["n1", "n0"], \
+        "the daemons asked once, a small job's steps beside them"
+    assert found.counts.alive == 1
     found.lost(watch, T0 + 3.0, asked_at=T0 + 3.0)
-    assert len(backend.daemons_asked) == 2 and backend.asked == [], "again past twice the silence"
+    assert len(backend.daemons_asked) == 2, "again past twice the silence"
+
+
+def test_a_small_jobs_steps_start_beside_the_daemons_ask_and_the_verdict_waits_for_both(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 24, goal 2 (the 2 s the ask added on a crash): the steps go out with the ask, not
+    after its timeout; the crashed node is lost once the ask is in, never on its step alone."""
+    monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
+    backend, pool = _Backend({"n1": DEAD}), _HeldAsk()
+    run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
+    found = NodeChecks(run, backend, 3.0, 0.05, pool)  # type: ignore[arg-type]  # stand-ins
+    watch = _watch({0: T0, 1: T0 - 0.2})
+    assert found.lost(watch, T0 + 1.6, None) is None
+    assert backend.asked == ["n1", "n0"] and backend.daemons_asked == [], "steps out, the ask still under way"
+    assert found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6) is None, "its step timed out: not lost before the ask is in"
+    pool.release()
+    assert found.lost(watch, T0 + 3.7, asked_at=T0 + 3.7) is None, "the ask in: the verdict (a poll since is wanted)"
+    sign = found.lost(watch, T0 + 3.8, asked_at=T0 + 3.8)
+    assert sign is not None and sign.node == "n1" and "did not accept" in sign.reason
+    assert backend.asked == ["n1", "n0"], "no second step"
 
 
 def test_where_the_daemons_prove_nothing_a_stalled_node_that_answers_is_alive(checks: Any) -> None:
@@ -176,7 +215,7 @@ def test_the_dead_node_is_found_when_its_last_beat_came_after_its_peers(checks: 
     found, backend = checks({"n1": DEAD})
     watch = _watch({0: T0 - 0.2, 1: T0})
     found.lost(watch, T0 + 3.5, None)
-    assert backend.asked == ["n1", "n0"], "its daemon did not accept: the suspect, beside the survivor"
+    assert backend.asked == ["n0", "n1"], "a small job's every quiet node stepped, beside the daemons' ask"
     sign = found.lost(watch, T0 + 3.6, asked_at=T0 + 3.6)
     assert sign is not None and sign.node == "n1"
 
