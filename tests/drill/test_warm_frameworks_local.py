@@ -15,9 +15,9 @@ from drills import drill, drill_processes
 from faultdrill_cli import campaign_copy, full_campaigns, keep_sweep_points
 from warm_checks import assert_spare_sets_recovered
 
-# CI: one SIGKILL of a 700-step TensorFlow run (its spare set takes it, a new set starts behind it);
+# CI: one SIGKILL of a 175-step TensorFlow run (its spare set takes it, a new set starts behind it);
 # FAULTDRILL_FULL=1: the campaign as it is (two kills a run, the second met by the job's other set).
-CI_STEPS, CI_FAULTS = 700, 1
+CI_STEPS, CI_FAULTS = 175, 1
 
 
 def test_every_sigkill_is_answered_by_a_warm_spare_set_and_every_run_ends_as_its_twin(tmp_path: Path) -> None:
