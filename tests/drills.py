@@ -22,13 +22,25 @@ KILL_RANK_1 = [{"kind": "kill-rank", "after": {"fixed": 0.2}, "anchor": "first_c
 PACED = {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_size": 16, "step_s": 0.02}
 
 
+# A rank with no framework: tests/api_trainer.py, through the rank API (heartbeats, checkpoints in the
+# store, its resume, a digest for the twin). ~0.2 s of CPU to start where a torch rank takes ~5 s
+# (its import and dynamo's): for tests of the drill's own bookkeeping, where what trains is not the point.
+API_TRAINER = {"command": ["python", str(Path(__file__).resolve().parent / "api_trainer.py")], "framework": "other"}
+
+
+def api_workload(steps: int = 160, step_s: float = 0.01) -> dict[str, Any]:
+    """API_TRAINER for ``steps`` steps of ``step_s`` each."""
+    return {**API_TRAINER, "command": [*API_TRAINER["command"], "--step-s", str(step_s)], "steps": steps}
+
+
 def write_spec(tmp_path: Path, **overrides: Any) -> Path:
-    """A small torch drill on 2 local ranks; ``overrides`` replace top-level sections."""
+    """A small drill on 2 local ranks (the framework-free API_TRAINER, 160 steps); ``overrides``
+    replace top-level sections."""
     spec: dict[str, Any] = {
         "name": "local-hardening",
         "backend": "local",
         "workdir": str(tmp_path / "work"),
-        "workload": {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_size": 16},
+        "workload": api_workload(),
         "checkpoint": {"every_steps": 20, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00"},
         "faults": [],

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from drills import api_workload
+
 DRILL = [sys.executable, "-m", "orchestrator.cli", "drill"]
 DRILL_TIMEOUT_S = 600
 CLUSTER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
@@ -90,8 +92,7 @@ def test_three_sigkills_of_the_controller_submit_nothing_twice_and_lose_no_row(s
     fault = {"kind": "kill-rank", "after": {"fixed": 4.0}, "anchor": "first_checkpoint", "rank": 1, "signal": "SIGKILL"}
     # Long enough to outlive three kills at up to 8 s each (seed 983656985 drew 3.4, 5.6, 4.4 s, and the
     # drill had finished before the last start, which then began a new one: "changed job").
-    # Few slow steps, not many fast ones: a step costs a rank ~5 ms of CPU whatever its pace.
-    workload = {"framework": "torch", "params": 2000, "steps": 300, "seed": 5, "batch_size": 16, "step_s": 0.12}
+    workload = api_workload(300, step_s=0.12)  # framework-free ranks: the controller is what is drilled
     spec = _spec(shared_tmp, faults=[fault], baseline=True, parallel_runs=2, workload=workload)
     workdir, log = shared_tmp / "work", shared_tmp / "drill.log"
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 5))
@@ -140,9 +141,9 @@ def _cluster(action: str) -> str:
 
 # Long enough that the rank step ends well after slurmctld is back: a step that ends while it is
 # down leaves a slurmstepd retrying its completion message, and Slurm drains the node ("Kill task
-# failed") when the job's end comes first: 375 steps of at least 120 ms (step_s), 45 s or more
-# whatever the machine's load (few slow steps: a step costs a rank ~5 ms of CPU whatever its pace).
-LONG = {"framework": "torch", "params": 2000, "steps": 375, "step_s": 0.12, "seed": 5, "batch_size": 16}
+# failed") when the job's end comes first: 375 steps of at least 120 ms, 45 s or more whatever the
+# machine's load (framework-free ranks: the controller and the scheduler are what is drilled).
+LONG = api_workload(375, step_s=0.12)
 OUTAGE_S = 12  # past the deadline drill's 6 s and its exit, short of the other's 60 s
 
 

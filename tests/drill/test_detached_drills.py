@@ -14,13 +14,12 @@ from typing import Any
 
 import psutil
 
-from drills import FAULTDRILL, drill, drill_processes, kill_verified, run_of, write_spec
+from drills import FAULTDRILL, api_workload, drill, drill_processes, kill_verified, run_of, write_spec
 from faultdrill_cli import faultdrill, faultdrill_on, report, status
 from orchestrator.control.detach import live_controller
 
-# 40 s of training at least, past the commands a test gives meanwhile; few slow steps, not many fast
-# ones (a step costs a rank ~5 ms of CPU whatever its pace).
-SLOW = {"framework": "torch", "params": 20000, "steps": 400, "step_s": 0.1, "seed": 3, "batch_size": 16}
+# 40 s of training at least, past the commands a test gives meanwhile (framework-free ranks).
+SLOW = api_workload(400, step_s=0.1)
 
 
 def wait_for(condition: Any, what: str, deadline_s: float = 120.0) -> Any:

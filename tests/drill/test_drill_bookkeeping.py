@@ -20,7 +20,7 @@ import psutil
 import pytest
 from recovery_checks import assert_phases_follow_the_moments
 
-from drills import drill, drill_processes, kill_verified, ledger_sql, run_of, write_spec
+from drills import api_workload, drill, drill_processes, kill_verified, ledger_sql, run_of, write_spec
 from experiments.layout import RankJob, RunPaths, attempt_event_lines, read_json_lines
 from orchestrator.backends.base import Submission
 from orchestrator.backends.local.backend import EnvLocalExecutor, LocalBackend, LocalJobRecord
@@ -41,7 +41,7 @@ from rank_launch import wait_for
 def test_a_job_started_but_never_recorded_is_adopted_not_submitted_again(tmp_path: Path) -> None:
     """The window between the process start and ``accept``: reproduced by doing what the controller
     does up to it (record the attempt, start the job) and stopping there."""
-    spec = write_spec(tmp_path, workload={"framework": "torch", "params": 20000, "steps": 300, "seed": 3})
+    spec = write_spec(tmp_path, workload=api_workload(300))
     controller = Controller(load_campaign(spec))
     run = controller.runs[0]
     with ThreadPoolExecutor(1) as pool:
@@ -148,7 +148,7 @@ def test_every_planned_fault_is_accounted_for_and_credited_to_the_failure_it_cau
     faults = [{"kind": "kill-rank", "after": {"fixed": 0.0}, "anchor": "first_checkpoint", "rank": 1}] * 3
     faults.append({"kind": "kill-rank", "after": {"fixed": 3600.0}, "anchor": "training_start", "rank": 0})
     spec = write_spec(tmp_path, faults=faults, restart={"max_restarts": 5, "poll_interval_s": 0.05},
-                      workload={"framework": "torch", "params": 20000, "steps": 400, "seed": 3, "batch_size": 16})
+                      workload=api_workload(400))
     report = drill(spec, timeout=600)
     run = run_of(report, "r000")
     assert run["status"] == "completed"
@@ -188,7 +188,7 @@ def test_a_natural_hang_is_timed_from_the_last_heartbeat(tmp_path: Path) -> None
     hang_timeout = 2.0
     spec = write_spec(tmp_path, restart={"max_restarts": 2, "poll_interval_s": 0.05, "hang_timeout_s": hang_timeout,
                                          "checkpoint_timeout_s": 5.0},
-                      workload={"framework": "torch", "params": 20000, "steps": 600, "seed": 3, "batch_size": 16})
+                      workload=api_workload(600))
     paths = RunPaths(tmp_path / "work" / "runs" / "r000")
     stopped: list[int] = []
 
@@ -268,7 +268,7 @@ def test_a_cancelled_job_that_never_ends_is_killed_then_left_behind_and_the_dril
                                          "rank": 1, "signal": "SIGSTOP"}],
                       restart={"poll_interval_s": 0.05, "hang_timeout_s": 1.5, "cancel_timeout_s": 0.5,
                                "checkpoint_timeout_s": 5.0},
-                      workload={"framework": "torch", "params": 20000, "steps": 600, "seed": 3, "batch_size": 16})
+                      workload=api_workload(600))
     campaign = load_campaign(spec)
     backends: list[NeverEndingCancelBackend] = []
     finished = threading.Event()
@@ -300,7 +300,7 @@ def test_a_cancelled_job_that_never_ends_is_killed_then_left_behind_and_the_dril
 
 def test_submit_as_array_on_a_backend_without_arrays_honours_parallel_runs(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, sweep={"grid": {"workload.seed": [1, 2, 3]}}, parallel_runs=1, submit_as_array=True,
-                      workload={"framework": "torch", "params": 20000, "steps": 60, "seed": 3, "batch_size": 16})
+                      workload=api_workload(60))
     report = drill(spec)
     spans = sorted((a["started"], a["ended"]) for run in report["runs"] for a in run["attempts"])
     assert len(spans) == 3 and all(run["status"] == "completed" for run in report["runs"])

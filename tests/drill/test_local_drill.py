@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from drills import FAULTDRILL, KILL_RANK_1, PACED, drill, run_of, write_spec
+from drills import FAULTDRILL, KILL_RANK_1, PACED, api_workload, drill, run_of, write_spec
 from orchestrator.record.ledger import Ledger
 
 
@@ -87,7 +87,7 @@ def test_bad_spec_exits_nonzero_names_the_field_and_submits_nothing(tmp_path: Pa
 
 def test_controller_killed_mid_drill_resumes_without_duplicate_submission(tmp_path: Path) -> None:
     spec = _write_spec(tmp_path, faults=[], baseline=False,
-                       workload={"framework": "torch", "params": 20000, "steps": 400, "seed": 3})
+                       workload=api_workload(400))
     first = subprocess.Popen([*FAULTDRILL, "drill", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     heartbeat = tmp_path / "work" / "runs" / "r000" / "heartbeats" / "0" / "rank-0.jsonl"
