@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from drills import api_workload
 from orchestrator.backends.pbs.commands import qdel
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
@@ -25,7 +26,7 @@ DRILL_TIMEOUT_S = 600
 def _spec(shared_tmp: Path, **overrides: Any) -> Path:
     spec: dict[str, Any] = {
         "name": "pbs-hardening", "backend": "pbs", "workdir": str(shared_tmp / "work"),
-        "workload": {"framework": "torch", "params": 2000, "steps": 40, "seed": 2, "batch_size": 16},
+        "workload": api_workload(40),  # framework-free ranks (the TensorFlow test names its own)
         "checkpoint": {"every_steps": 20, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
         "restart": {"max_restarts": 1, "poll_interval_s": 0.1},

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from drills import api_workload
 from experiments.layout import RunPaths, read_json_lines
 from experiments.runtime.fence import Fence, write_fence
 from orchestrator.campaign.runs import expand_runs
@@ -33,7 +34,7 @@ CLUSTER_NAME = "faultdrill"  # scripts/cluster's ClusterName
 def _spec(shared_tmp: Path, **overrides: Any) -> Path:
     spec: dict[str, Any] = {
         "name": "slurm-hardening", "backend": "slurm", "workdir": str(shared_tmp / "work"),
-        "workload": {"framework": "torch", "params": 2000, "steps": 80, "seed": 2, "batch_size": 16},
+        "workload": api_workload(80),  # framework-free ranks: the controller's bookkeeping is drilled
         "checkpoint": {"every_steps": 20, "keep": 2},
         "resources": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
         "restart": {"max_restarts": 1, "poll_interval_s": 0.1},
@@ -147,17 +148,26 @@ def test_a_refused_sbatch_costs_that_run_only_and_a_half_accepted_one_is_not_sen
     [attempt] = good["attempts"]
     assert attempt["job_id"].endswith(f";{CLUSTER_NAME}"), "the id lost the cluster sbatch chose"
     name = f"fd-{report['drill_id']}-{good['run_id']}-a0"
-    jobs = slurm.run(["sacct", "-M", CLUSTER_NAME, "-X", "-n", "-P", "-o", "JobID", "--name", name,
-                      "-S", "now-1hour"]).stdout.split()
+    jobs = _accounted_by_name(slurm, name)
     assert jobs == [attempt["job_id"].split(";")[0]], f"the attempt went to Slurm {len(jobs)} times: {jobs}"
+
+
+def _accounted_by_name(slurm: Any, name: str, deadline_s: float = 60.0) -> list[str]:
+    """The ids Slurm's accounting holds for jobs named ``name``, once it holds any (slurmdbd takes a
+    record a moment after a short job ended), or none by the deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        jobs = slurm.run(["sacct", "-M", CLUSTER_NAME, "-X", "-n", "-P", "-o", "JobID", "--name", name,
+                          "-S", "now-1hour"]).stdout.split()
+        if jobs or time.monotonic() > end:
+            return jobs
+        time.sleep(0.5)
 
 
 def test_a_job_suspended_longer_than_the_hang_timeout_is_not_taken_for_hung(shared_tmp: Path, slurm,
                                                                            wait_until) -> None:
     hang_timeout = 2.0
-    # 15 s of training at least, the suspension inside it: few slow steps, not many fast ones.
-    spec = _spec(shared_tmp, workload={"framework": "torch", "params": 2000, "steps": 300, "step_s": 0.05,
-                                       "seed": 2, "batch_size": 16},
+    spec = _spec(shared_tmp, workload=api_workload(300, step_s=0.05),  # 15 s at least, the suspension inside
                  restart={"max_restarts": 1, "poll_interval_s": 0.1, "hang_timeout_s": hang_timeout})
     paths = RunPaths(shared_tmp / "work" / "runs" / "r000")
     suspended: list[str] = []
@@ -190,7 +200,7 @@ def test_a_job_suspended_longer_than_the_hang_timeout_is_not_taken_for_hung(shar
 
 def test_submit_as_array_on_slurm_honours_parallel_runs(shared_tmp: Path, slurm) -> None:
     spec = _spec(shared_tmp, parallel_runs=1, submit_as_array=True,
-                 workload={"framework": "torch", "params": 2000, "steps": 40, "seed": 2, "batch_size": 16},
+                 workload=api_workload(40),
                  resources={"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
                  sweep={"grid": {"workload.seed": [1, 2]}})
     report = _drill(spec)

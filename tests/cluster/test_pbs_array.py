@@ -15,6 +15,7 @@ import pytest
 import submitit
 
 from conftest import most_at_once
+from drills import api_workload
 from experiments.layout import RankJob
 from experiments.runtime.fence import Fence, write_fence
 from orchestrator.backends.pbs.backend import PBSBackend
@@ -84,7 +85,7 @@ def test_submit_array_of_partials(shared_tmp: Path, cluster, slurm) -> None:
 def test_backend_submits_first_attempts_as_one_array(shared_tmp: Path, cluster, slurm) -> None:
     campaign = Campaign.model_validate({
         "name": "pbs-array", "backend": "pbs", "workdir": str(shared_tmp / "work"), "parallel_runs": 2,
-        "workload": {"framework": "torch", "params": 20000, "steps": 20, "batch_size": 8},
+        "workload": api_workload(20),  # framework-free ranks: the array is what is drilled
         "checkpoint": {"every_steps": 10},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
         "sweep": {"grid": {"workload.seed": [1, 2, 3]}},

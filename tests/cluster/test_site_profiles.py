@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from conftest import CLUSTER_SCRIPT, CLUSTER_STATE_DIR, SHARED_TMP_ROOT, PlainUser, most_at_once, wait_until
+from drills import api_workload
 from experiments.layout import RunPaths
 from orchestrator.record.clocks import load_clocks
 
@@ -163,7 +164,7 @@ def _limits_spec(shared_tmp: Path, runs: int, parallel_runs: int) -> Path:
                                             "signal": "SIGKILL"}]] + [[] for _ in range(runs - 2)]
     spec: dict[str, Any] = {
         "name": "site-limits", "backend": "slurm", "workdir": str(shared_tmp / "work"),
-        "workload": {"framework": "torch", "params": 1000, "steps": 80, "step_s": 0.01, "seed": 5, "batch_size": 8},
+        "workload": api_workload(80, step_s=0.01),  # framework-free ranks: the site's limits are drilled
         "checkpoint": {"every_steps": 20, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
         "restart": {"max_restarts": 2, "poll_interval_s": 0.2},
