@@ -50,6 +50,7 @@ from orchestrator.faults.job_control import (
     node_fault_refusals,
     privilege_refusals,
 )
+from orchestrator.observe.node_check import CheckPool
 from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.scheduler_poll import SchedulerPoller
 from orchestrator.record.ledger import Ledger, RunRow
@@ -210,7 +211,7 @@ class Controller:
             self._mend(menders, "at the end of the drill" if not self.stop_requested.is_set() else "on stop")
             clocks.close()  # after the mends: a read under way may wait on a node that does not answer
             if node_checks is not None:
-                node_checks.shutdown(wait=False, cancel_futures=True)  # a check under way ends within its timeout
+                node_checks.shutdown()  # a check under way ends within its timeout
             for tracker in trackers:
                 if tracker.done:
                     tracker.finalize()
@@ -274,16 +275,16 @@ class Controller:
                 for run in self.runs}
 
     def trackers(self, pools: dict[str, ThreadPoolExecutor], clocks: ClockBook | None = None,
-                 node_checks: ThreadPoolExecutor | None = None) -> list[RunTracker]:
+                 node_checks: CheckPool | None = None) -> list[RunTracker]:
         return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id, self.calls,
                            clocks, node_checks) for run, faults in self.plan]
 
-    def node_check_pool(self) -> ThreadPoolExecutor | None:
+    def node_check_pool(self) -> CheckPool | None:
         """The threads that check silent nodes (orchestrator/observe/node_check.py): where jobs span
         nodes and restart.node_silence_s asks for it; threads start only when a check is due."""
         if not self.backend.offers(Capability.MULTI_NODE) or self.campaign.restart.node_silence_s <= 0:
             return None
-        return ThreadPoolExecutor(max_workers=NODE_CHECKS_AT_ONCE, thread_name_prefix="node-check")
+        return CheckPool(NODE_CHECKS_AT_ONCE)
 
     def _mend(self, menders: Menders, when: str) -> None:
         for said in menders.run_all():

@@ -56,7 +56,7 @@ from orchestrator.observe.failure_signs import (
     failure_sign,
     requeued,
 )
-from orchestrator.observe.node_check import NodeChecks
+from orchestrator.observe.node_check import CheckPool, NodeChecks
 from orchestrator.observe.node_clocks import ClockBook
 from orchestrator.observe.watch import AttemptWatch, FailureSign
 from orchestrator.record.clocks import AttemptClocks
@@ -87,7 +87,7 @@ class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
         injector_pool: ThreadPoolExecutor, drill_id: str, calls: SchedulerCalls | None = None,
-        clocks: ClockBook | None = None, node_check_pool: ThreadPoolExecutor | None = None,
+        clocks: ClockBook | None = None, node_check_pool: CheckPool | None = None,
     ) -> None:
         self.run = run
         self.plan = plan

@@ -11,6 +11,8 @@ never inside a long phase."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,18 +36,26 @@ ALIVE = NodeAnswer(True, "a step on it ran in 0.07 s")
 
 
 class _Inline:
-    """An executor that runs each check at once (the controller's runs it on a thread)."""
+    """A CheckPool that runs each check at once (the controller's runs it on a thread); ``early``:
+    whether it has threads free for a small job's early steps."""
+
+    def __init__(self, early: bool = True) -> None:
+        self.early = early
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> "Future[Any]":
         done: Future[Any] = Future()
         done.set_result(fn(*args))
         return done
 
+    def submit_early(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> "list[Future[Any]] | None":
+        return [self.submit(fn, *args) for args in calls] if self.early else None
+
 
 class _HeldAsk(_Inline):
     """As _Inline, but the daemons' ask stays under way until ``release``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.held: list[tuple["Future[Any]", Callable[..., Any], tuple[Any, ...]]] = []
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> "Future[Any]":
@@ -92,10 +102,10 @@ def checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., tup
     monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
 
     def make(answers: dict[str, NodeAnswer | Exception], heartbeat_s: float = 0.05,
-             daemons: dict[str, bool | None] | None = None) -> tuple[NodeChecks, _Backend]:
+             daemons: dict[str, bool | None] | None = None, early: bool = True) -> tuple[NodeChecks, _Backend]:
         backend = _Backend(answers, daemons)
         run = SimpleNamespace(run_id="r000", paths=SimpleNamespace(root=tmp_path))
-        return NodeChecks(run, backend, 3.0, heartbeat_s, _Inline()), backend  # type: ignore[arg-type]  # stand-ins
+        return NodeChecks(run, backend, 3.0, heartbeat_s, _Inline(early)), backend  # type: ignore[arg-type]  # stand-ins
     return make
 
 
@@ -285,6 +295,9 @@ class _Pending:
             future.set_result(fn(backend, job_id, node))
         return future
 
+    def submit_early(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> "list[Future[Any]]":
+        return [self.submit(fn, *args) for args in calls]
+
 
 def _pending_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: str, backend: _Backend) -> NodeChecks:
     monkeypatch.setattr(node_check, "read_identity", lambda root, attempt, rank: SimpleNamespace(node=f"n{rank}"))
@@ -436,3 +449,46 @@ def test_where_no_nodes_daemon_accepts_the_report_says_what_the_checks_cannot_pr
         closed.close()
     assert answers == {"n0": False, "n1": False}
     assert Backend.site_notes(site) == [DAEMONS_SILENT]  # type: ignore[arg-type]  # a stand-in backend
+
+
+def test_one_crashed_quiet_node_of_several_is_lost_at_the_first_check_beside_the_one_heard_last(checks: Any) -> None:
+    """Helper 50: the early steps include a reference that beats on (the node heard last); without
+    it the crash among live nodes was first counted as a stall and found 4 s later."""
+    found, backend = checks({"n5": DEAD})
+    sign, now = None, T0
+    while sign is None and now < T0 + 30:
+        now += 0.1
+        beats = {rank: (now if rank != 5 else T0) for rank in range(6)}  # n0-n4 beat on; n5 went quiet at T0
+        sign = found.lost(_watch(beats), now, asked_at=now)
+    assert sign is not None and sign.node == "n5" and now < T0 + 3.5, (now - T0, backend.asked)
+    assert found.counts.silences == 1 and found.counts.alive == 0
+    assert backend.asked[0] == "n5" and len(backend.asked) == 2, "the quiet node and one heard last"
+
+
+def test_with_no_thread_free_for_early_steps_the_steps_wait_for_the_daemons_answer(checks: Any) -> None:
+    found, backend = checks({"n1": DEAD}, early=False)
+    watch = _watch({0: T0, 1: T0 - 0.2})
+    found.lost(watch, T0 + 1.6, None)
+    assert backend.daemons_asked == [["n0", "n1"]] and backend.asked == ["n1", "n0"], \
+        "after the ask: its suspect and a reference whose daemon accepted"
+
+
+def test_a_daemons_ask_never_waits_behind_early_steps_nor_an_early_step_in_a_queue() -> None:
+    """Helper 50: a stalled job's early steps (slow to start on a busy scheduler) held the shared
+    threads, and another run's crash was found 1.8 s later than without early steps."""
+    pool, slow = node_check.CheckPool(2), threading.Event()
+    try:
+        early = pool.submit_early(slow.wait, [(30,), (30,)])
+        assert early is not None and len(early) == 2
+        assert pool.submit_early(slow.wait, [(30,)]) is None, "no thread free: not queued"
+        assert pool.submit(lambda: "asked").result(timeout=10) == "asked", "the ask runs beside them"
+        slow.set()
+        for future in early:
+            future.result(timeout=10)
+        deadline = time.monotonic() + 10
+        while (again := pool.submit_early(lambda: None, [(), ()])) is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the done callbacks free the threads just after the results are set
+        assert again is not None, "threads freed once their steps ended"
+    finally:
+        slow.set()
+        pool.shutdown()
