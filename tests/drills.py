@@ -25,12 +25,12 @@ PACED = {"framework": "torch", "params": 20000, "steps": 160, "seed": 3, "batch_
 # A rank with no framework: tests/api_trainer.py, through the rank API (heartbeats, checkpoints in the
 # store, its resume, a digest for the twin). ~0.2 s of CPU to start where a torch rank takes ~5 s
 # (its import and dynamo's): for tests of the drill's own bookkeeping, where what trains is not the point.
-API_TRAINER = {"command": ["python", str(Path(__file__).resolve().parent / "api_trainer.py")], "framework": "other"}
+API_TRAINER = Path(__file__).resolve().parent / "api_trainer.py"
 
 
 def api_workload(steps: int = 160, step_s: float = 0.01) -> dict[str, Any]:
     """API_TRAINER for ``steps`` steps of ``step_s`` each."""
-    return {**API_TRAINER, "command": [*API_TRAINER["command"], "--step-s", str(step_s)], "steps": steps}
+    return {"command": ["python", str(API_TRAINER), "--step-s", str(step_s)], "framework": "other", "steps": steps}
 
 
 def write_spec(tmp_path: Path, **overrides: Any) -> Path:

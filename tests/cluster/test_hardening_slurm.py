@@ -148,20 +148,10 @@ def test_a_refused_sbatch_costs_that_run_only_and_a_half_accepted_one_is_not_sen
     [attempt] = good["attempts"]
     assert attempt["job_id"].endswith(f";{CLUSTER_NAME}"), "the id lost the cluster sbatch chose"
     name = f"fd-{report['drill_id']}-{good['run_id']}-a0"
-    jobs = _accounted_by_name(slurm, name)
+    slurm.wait_sacct_state(attempt["job_id"].split(";")[0], name_prefix=name)  # slurmdbd has the short job's record
+    jobs = slurm.run(["sacct", "-M", CLUSTER_NAME, "-X", "-n", "-P", "-o", "JobID", "--name", name,
+                      "-S", "now-1hour"]).stdout.split()
     assert jobs == [attempt["job_id"].split(";")[0]], f"the attempt went to Slurm {len(jobs)} times: {jobs}"
-
-
-def _accounted_by_name(slurm: Any, name: str, deadline_s: float = 60.0) -> list[str]:
-    """The ids Slurm's accounting holds for jobs named ``name``, once it holds any (slurmdbd takes a
-    record a moment after a short job ended), or none by the deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        jobs = slurm.run(["sacct", "-M", CLUSTER_NAME, "-X", "-n", "-P", "-o", "JobID", "--name", name,
-                          "-S", "now-1hour"]).stdout.split()
-        if jobs or time.monotonic() > end:
-            return jobs
-        time.sleep(0.5)
 
 
 def test_a_job_suspended_longer_than_the_hang_timeout_is_not_taken_for_hung(shared_tmp: Path, slurm,
