@@ -83,7 +83,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     dearest = sorted(_machine_cpu_s.items(), key=lambda item: -item[1])[:CPU_REPORTED]
     if not dearest or sum(seconds for _, seconds in dearest) < 1.0:
         return
-    terminalreporter.write_sep("=", f"{len(dearest)} dearest tests in machine CPU (all processes, set-up included)")
+    beside = " and the other lane's tests" if os.environ.get("FAULTDRILL_TEST_LANES", "1") != "1" else ""
+    terminalreporter.write_sep("=", f"{len(dearest)} dearest tests in machine CPU (all processes{beside}, "
+                                    "set-up included)")
     for nodeid, seconds in dearest:
         terminalreporter.write_line(f"{seconds:8.1f}s cpu  {nodeid}")
 

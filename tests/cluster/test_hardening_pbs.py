@@ -45,7 +45,11 @@ def _drill(spec: Path) -> dict[str, Any]:
 
 
 def test_an_array_submitted_by_a_stopped_controller_is_adopted_not_submitted_again(shared_tmp: Path) -> None:
-    spec = _spec(shared_tmp, submit_as_array=True, parallel_runs=2, sweep={"grid": {"workload.seed": [1, 2, 3]}})
+    # 12 s of steps: the stopped controller's array is still in qstat when the next drill looks for it
+    # (at 10 ms a step its first elements had ended and left qstat first on a loaded machine: nothing
+    # to adopt, the runs' own files said they were complete).
+    spec = _spec(shared_tmp, submit_as_array=True, parallel_runs=2, sweep={"grid": {"workload.seed": [1, 2, 3]}},
+                 workload=api_workload(40, step_s=0.3))
     controller = Controller(load_campaign(spec))
     runs = controller.runs
     name = array_job_name(runs, 0, controller.drill_id)

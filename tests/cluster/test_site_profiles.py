@@ -164,7 +164,10 @@ def _limits_spec(shared_tmp: Path, runs: int, parallel_runs: int) -> Path:
                                             "signal": "SIGKILL"}]] + [[] for _ in range(runs - 2)]
     spec: dict[str, Any] = {
         "name": "site-limits", "backend": "slurm", "workdir": str(shared_tmp / "work"),
-        "workload": api_workload(80, step_s=0.01),  # framework-free ranks: the site's limits are drilled
+        # Framework-free ranks (the site's limits are drilled), 8 s of steps: the kill's agent, started
+        # through srun as the rank registers (seconds on a loaded machine), waits for step 40 on the
+        # node; at 10 ms a step the run had ended first (its fault "not fired", no recovery to check).
+        "workload": api_workload(80, step_s=0.1),
         "checkpoint": {"every_steps": 20, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00", "partition": "debug"},
         "restart": {"max_restarts": 2, "poll_interval_s": 0.2},

@@ -77,7 +77,7 @@ def test_the_cluster_script_acts_only_on_its_own_cluster(tmp_path: Path, monkeyp
 @pytest.mark.drill
 def test_a_site_command_is_run_with_the_node_filled_in_and_the_mending_always_runs(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
+    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n'); import os, time; os.close(1); os.close(2); time.sleep(0.3)"]
     task = _task(tmp_path, "node-crash", node=-1, down_s=0,
                  command={"act": [*write, "off", "{node}"], "mend": [*write, "on", "{node}"]})
     control, acted = _control(RecordingBackend()), []
@@ -154,7 +154,7 @@ def test_the_warning_signal_is_named_by_the_environment(monkeypatch: pytest.Monk
 @pytest.mark.drill
 def test_a_node_down_for_the_rest_of_the_drill_is_owed_a_mend_that_survives_the_controller(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
+    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n'); import os, time; os.close(1); os.close(2); time.sleep(0.3)"]
     task = _task(tmp_path, "node-crash", node=0, down_s=None,
                  command={"act": [*write, "off", "{node}"], "mend": [*write, "on", "{node}"]})
     control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path))
@@ -256,16 +256,22 @@ def test_a_timed_node_crash_owes_its_restore_while_it_holds_and_not_after(tmp_pa
     from injectors.kinds import node_faults
 
     log = tmp_path / "log"
-    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')"]
+    write = [sys.executable, "-c", f"import sys; open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n'); import os, time; os.close(1); os.close(2); time.sleep(0.3)"]
     task = _task(tmp_path, "node-crash", node=0, down_s=0.1,
                  command={"act": [*write, "off", "{node}"], "mend": [*write, "on", "{node}"]})
     control = BackendJobControl(RecordingBackend(), "7", signal_by_agent=lambda name: None, menders=Menders(tmp_path))
     owed_while_down = []
     real_sleep = node_faults.time.sleep
     this_thread = threading.current_thread()  # time.sleep is patched for every thread: only the fault's counts
-    monkeypatch.setattr(node_faults.time, "sleep", lambda s: (owed_while_down.append(
-        (tmp_path / "owed-cluster-actions.json").exists()) if threading.current_thread() is this_thread else None,
-        real_sleep(s)))
+
+    def the_hold(seconds: float) -> None:
+        # and only its own hold: subprocess's wait for the cluster command sleeps too, when the
+        # command has not exited as its output closed (a loaded machine)
+        if threading.current_thread() is this_thread and sys._getframe(1).f_globals["__name__"] == node_faults.__name__:
+            owed_while_down.append((tmp_path / "owed-cluster-actions.json").exists())
+        real_sleep(seconds)
+
+    monkeypatch.setattr(node_faults.time, "sleep", the_hold)
     get_kind("node-crash").act_on_controller(task, control)
     assert owed_while_down == [True], "the restore was not owed while the node was down"
     assert log.read_text().splitlines() == ["off fd-n1", "on fd-n1"]
