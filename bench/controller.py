@@ -144,8 +144,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
     from orchestrator.campaign.spec import load_campaign
     from orchestrator.control.controller import Controller, plan_drill
     from orchestrator.control.detach import ControllerLock
-    from orchestrator.control.progress import Progress, ProgressFile
-    from orchestrator.control.story import Story
+    from orchestrator.control.progress import DrillProgress
     from orchestrator.control.workdir import prepare_workdir
     from orchestrator.record.ledger_home import place_ledger
 
@@ -158,8 +157,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
     with ControllerLock(campaign.workdir):
         controller = Controller(campaign, plan=plan)
         set_up_s = time.monotonic() - set_up_at
-        story = Story()
-        progress_file = ProgressFile(campaign.workdir, story)
+        progress = DrillProgress(campaign.workdir)
         started = time.monotonic()
         next_kill = started + warmup_s
         ends_at = started + warmup_s + window_s
@@ -167,7 +165,6 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         def observe(trackers: list[Any], touched: list[Any]) -> None:
             nonlocal next_kill
             progress(trackers, touched)
-            progress_file(trackers, touched)
             sampler(touched)
             now = time.monotonic()
             if now >= next_kill and now < ends_at - 2 * kill_every_s:  # the last kills are detected in the window
@@ -177,10 +174,10 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
                 controller.stop_requested.set()
 
         try:
-            with Progress(story=story) as progress:
+            with progress:
                 controller.run(observer=observe)
         finally:
-            progress_file.close()
+            progress.close()
             controller.close()
     rounds = [r for r in sampler.rounds if r.at >= started + warmup_s]
     costs_ms = [1000 * (b.cpu_s - a.cpu_s) for a, b in zip(rounds, rounds[1:], strict=False)]

@@ -531,11 +531,8 @@ class JsonlTail(Generic[Record]):
         self._partial = b""
 
     def read_new(self) -> list[Record]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                chunk = handle.read()
-        except FileNotFoundError:
+        chunk = self._appended()
+        if not chunk:
             return []
         self._offset += len(chunk)
         data = self._partial + chunk
@@ -548,6 +545,22 @@ class JsonlTail(Generic[Record]):
             except (ValueError, KeyError, TypeError, AttributeError):  # a torn line, NULs a node crash left
                 continue
         return records
+
+    def _appended(self) -> bytes:
+        """The bytes past the offset, b"" when there are none (the controller's watch asks every
+        round for every file of every run in flight: a file that did not grow costs an open, a
+        stat and a close, no buffered reader). The file is opened each time, never kept open: on
+        NFS the open is what sees another node's appends (close-to-open consistency), and the size
+        is taken from the open file, after it."""
+        try:
+            descriptor = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return b""
+        try:
+            size = os.fstat(descriptor).st_size
+            return os.pread(descriptor, size - self._offset, self._offset) if size > self._offset else b""
+        finally:
+            os.close(descriptor)
 
 
 class EventsTail:

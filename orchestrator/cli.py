@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from injectors.schedule import PlannedFault
 from orchestrator.campaign.runs import RunConfig, expand_runs
@@ -26,9 +26,6 @@ from orchestrator.report.advise import AdviceError
 from orchestrator.report.document import ReportError, build_report
 from orchestrator.report.html import REPORT_DIR
 from orchestrator.report.tables import print_report, report_console
-
-if TYPE_CHECKING:
-    from orchestrator.control.tracker import RunTracker
 
 EXIT_SPEC = 2  # the spec (or the workdir) cannot be used; nothing was submitted
 EXIT_SCHEDULER = 3  # the scheduler stopped answering; the drill stopped, its jobs left as they are
@@ -295,29 +292,23 @@ def _drive(campaign: Campaign, plan: list[tuple[RunConfig, list[PlannedFault]]])
     hung up: both stop it at its next round, never in the middle of a side effect); (exit code, how
     it ended)."""
     from orchestrator.control.controller import Controller
-    from orchestrator.control.progress import Progress, ProgressFile
-    from orchestrator.control.story import Story
+    from orchestrator.control.progress import DrillProgress
     from orchestrator.observe.scheduler_poll import SchedulerUnavailable
 
     controller = Controller(campaign, plan=plan)
-    story = Story()
-    progress_file = ProgressFile(campaign.workdir, story)
+    progress = DrillProgress(campaign.workdir)
     stops = (signal.SIGTERM, signal.SIGHUP)
     previous = {signum: signal.signal(signum, lambda *_: controller.stop_requested.set()) for signum in stops}
     try:
-        with Progress(story=story) as progress:
-            def observe(trackers: list[RunTracker], touched: list[RunTracker]) -> None:
-                progress(trackers, touched)
-                progress_file(trackers, touched)
-
-            finished = controller.run(observer=observe)
+        with progress:
+            finished = controller.run(observer=progress)
     except SchedulerUnavailable as error:
         print(f"faultdrill: {error}", file=sys.stderr)
         return EXIT_SCHEDULER, "the scheduler stopped answering"
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        progress_file.close()  # the last word of every run
+        progress.close()  # the last word of every run
         controller.close()
     if not finished:
         print(f"faultdrill: stopped; the drill's jobs keep running. `faultdrill drill SPEC` picks them up, "

@@ -165,15 +165,19 @@ class ProgressFile:
     sweep: the file holds every run), and on ``close`` (the last word). Each row is serialized
     when it is rebuilt, so a write joins what is kept."""
 
-    def __init__(self, workdir: Path, story: Story | None = None) -> None:
+    def __init__(self, workdir: Path, story: Story | None = None, book: RowBook | None = None) -> None:
         self.path = workdir / PROGRESS_NAME
-        self.book = RowBook(story or Story())
+        self.book = book or RowBook(story or Story())
         self._last_write = float("-inf")
         self._serialized: dict[str, str] = {}  # every run's row as JSON, in the trackers' order
         self._dirty = False
 
     def __call__(self, trackers: list[RunTracker], touched: list[RunTracker] | None = None) -> None:
-        for row in self.book.update(trackers, trackers if touched is None else touched):
+        self.keep(self.book.update(trackers, trackers if touched is None else touched))
+
+    def keep(self, rows: list[ProgressRow]) -> None:
+        """The rows rebuilt this round (by this file's book, or the live display's it shares)."""
+        for row in rows:
             text = json.dumps(row.__dict__)
             if self._serialized.get(row.run) != text:
                 self._serialized[row.run], self._dirty = text, True
@@ -207,10 +211,10 @@ def read_progress(workdir: Path) -> tuple[float, list[ProgressRow]] | None:
 class Progress:
     """Observer for Controller.run: a live table on a terminal, one line per change otherwise."""
 
-    def __init__(self, console: Console | None = None, story: Story | None = None) -> None:
+    def __init__(self, console: Console | None = None, story: Story | None = None, book: RowBook | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.story = story or Story()
-        self.book = RowBook(self.story)
+        self.book = book or RowBook(self.story)
         self._live: Live | None = None
         self._last_draw = 0.0
         self._started = time.time()
@@ -228,11 +232,15 @@ class Progress:
 
     def __call__(self, trackers: list[RunTracker], touched: list[RunTracker] | None = None) -> None:
         touched = trackers if touched is None else touched
-        for line in self.story.new_lines(touched):
-            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        lines = self.story.new_lines(touched)
         now = time.time()
-        for row in self.book.update(trackers, touched, now):  # a stall said once as a line (the live
-            # table shows it as long as it lasts)
+        self.show(lines, self.book.update(trackers, touched, now), now)
+
+    def show(self, lines: list[str], rows: list[ProgressRow], now: float) -> None:
+        """This round's story lines and rebuilt rows (``DrillProgress``: rows its file keeps too)."""
+        for line in lines:
+            self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        for row in rows:  # a stall said once as a line (the live table shows it as long as it lasts)
             if row.stalled_s is not None and row.run not in self._stalls_said:
                 self._stalls_said.add(row.run)
                 self.console.print(f"{time.strftime('%H:%M:%S')} {row.run} STALLED: no new step for "
@@ -244,3 +252,32 @@ class Progress:
             self._live.update(progress_table(self.book.open_rows(), f"Faultdrill: drill in progress, "
                                              f"{_age(now - self._started)} elapsed", now, self.book.counts))
             self._last_draw = time.monotonic()
+
+
+class DrillProgress:
+    """A drill's observer (Controller.run): its story, the live display and ``progress.json``, the
+    rows rebuilt once a round for both (one RowBook: issue 29, a round's work)."""
+
+    def __init__(self, workdir: Path, console: Console | None = None) -> None:
+        self.story = Story()
+        self.book = RowBook(self.story)
+        self.display = Progress(console, self.story, self.book)
+        self.file = ProgressFile(workdir, self.story, self.book)
+
+    def __enter__(self) -> "DrillProgress":
+        self.display.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.display.__exit__(*exc)
+
+    def __call__(self, trackers: list[RunTracker], touched: list[RunTracker]) -> None:
+        lines = self.story.new_lines(touched)
+        now = time.time()
+        rows = self.book.update(trackers, touched, now)
+        self.display.show(lines, rows, now)
+        self.file.keep(rows)
+
+    def close(self) -> None:
+        """The last word of every run in progress.json."""
+        self.file.close()

@@ -59,6 +59,7 @@ class Story:
         self._ended_told: set[str] = set()  # runs whose end was told: read once more, then settled
         self.settled: set[str] = set()  # runs whose story is told to its end: not read again
         self._open: dict[str, "RunTracker"] = {}  # runs to read: touched, not settled
+        self._read_as_of: dict[str, tuple[object, ...]] = {}  # run -> its ledger writes and status when last read
 
     def quiet(self, tracker: "RunTracker") -> bool:
         """Nothing new can come from this run: it waits for its first turn, or its story is told."""
@@ -75,6 +76,7 @@ class Story:
             return []
         self._looked = now
         lines = []
+        asked_others: set[int] = set()
         for run_id, tracker in list(self._open.items()):
             if self.quiet(tracker):
                 del self._open[run_id]  # a waiting run is touched again when it starts
@@ -82,6 +84,13 @@ class Story:
             if run_id in self._ended_told:
                 self.settled.add(run_id)  # this is its read after the end
                 del self._open[run_id]
+            if id(tracker.ledger) not in asked_others:  # once a look: another process's commit reads every run again
+                asked_others.add(id(tracker.ledger))
+                tracker.ledger.others_committed()
+            as_of = (*tracker.ledger.writes(run_id), tracker.status)
+            if self._read_as_of.get(run_id) == as_of:
+                continue  # nothing of the run written since it was read: no new event
+            self._read_as_of[run_id] = as_of
             story = self.runs.setdefault(run_id, RunStory())
             for key, moment, text in _events(tracker.ledger, run_id, tracker.status):
                 if key in story.said:

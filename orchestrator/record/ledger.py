@@ -240,6 +240,12 @@ class Ledger:
             self._db.close()
             raise
         self._depth = 0
+        # What this connection wrote, per run: a reader that shows a run (the live story) reads it
+        # again only when its count moved (issue 29); ``_epoch`` moves for a write of no known run.
+        self._writes: dict[str, int] = {}
+        self._epoch = 0
+        self._fault_runs: dict[int, str] = {}  # fault id -> its run, for a fault's update
+        self._data_version: int | None = None
 
     def _add_missing_columns(self) -> None:
         for table, columns in ADDED_COLUMNS.items():
@@ -277,6 +283,28 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    def writes(self, run_id: str) -> tuple[int, int]:
+        """A count that moves whenever this connection wrote a row of ``run_id`` (or a row whose run
+        it does not know, or another connection committed since ``others_committed`` was last
+        asked): equal counts, the run's rows unchanged."""
+        return self._epoch, self._writes.get(run_id, 0)
+
+    def others_committed(self) -> bool:
+        """Another connection (a ``faultdrill`` command beside the controller) committed since the
+        last call: every run's count moves."""
+        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        changed = self._data_version is not None and version != self._data_version
+        self._data_version = version
+        if changed:
+            self._epoch += 1
+        return changed
+
+    def _wrote(self, run_id: str | None) -> None:
+        if run_id is None:
+            self._epoch += 1
+        else:
+            self._writes[run_id] = self._writes.get(run_id, 0) + 1
 
     # meta -------------------------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
@@ -319,13 +347,17 @@ class Ledger:
     def add_fault(self, fault: FaultRow) -> int:
         values = {k: v for k, v in asdict(fault).items() if k != "fault_id"}
         cursor = self._insert("faults", values)
-        return int(cursor.lastrowid or 0)
+        fault_id = int(cursor.lastrowid or 0)
+        self._fault_runs[fault_id] = fault.run_id
+        return fault_id
 
     def update_fault(self, fault_id: int, **values: Any) -> None:
         self._update("faults", values, "fault_id = ?", (fault_id,))
 
     def faults(self, run_id: str) -> list[FaultRow]:
-        return self._select(FaultRow, "SELECT * FROM faults WHERE run_id = ? ORDER BY plan_index", (run_id,))
+        rows = self._select(FaultRow, "SELECT * FROM faults WHERE run_id = ? ORDER BY plan_index", (run_id,))
+        self._fault_runs.update((row.fault_id, row.run_id) for row in rows if row.fault_id is not None)
+        return rows
 
     # checkpoints ------------------------------------------------------------------------------
     def add_checkpoints(self, run_id: str, records: list[CheckpointRecord]) -> None:
@@ -355,6 +387,7 @@ class Ledger:
     # helpers ----------------------------------------------------------------------------------
     def _insert(self, table: str, values: dict[str, Any], ignore: bool = False) -> sqlite3.Cursor:
         verb = "INSERT OR IGNORE" if ignore else "INSERT"
+        self._wrote(values.get("run_id"))
         columns = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         return self._db.execute(f"{verb} INTO {table} ({columns}) VALUES ({marks})", tuple(values.values()))
@@ -362,6 +395,7 @@ class Ledger:
     def _update(self, table: str, values: dict[str, Any], where: str, args: tuple[Any, ...]) -> None:
         if not values:
             return
+        self._wrote(self._fault_runs.get(args[0]) if table == "faults" else str(args[0]))
         assignments = ", ".join(f"{column} = ?" for column in values)
         self._db.execute(f"UPDATE {table} SET {assignments} WHERE {where}", (*values.values(), *args))
 

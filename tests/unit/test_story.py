@@ -129,8 +129,9 @@ class _CountingRun(SimpleNamespace):
 def test_a_rounds_work_for_a_waiting_or_finished_run_is_constant(tmp_path: Path) -> None:
     """Issue 29: a sweep's round costs what its runs in flight cost. Over twenty rounds of the story
     and the progress rows, a run that waits for its turn is never read from the ledger, and one that
-    ended is read until its end is told and once more (a fault's late word), then no more; the
-    filled workload of either is not computed again. A run in flight is read every round."""
+    ended is read once, when its end is told (its look after is for a fault's late word, which would
+    be a write of its rows: none came); the filled workload of either is not computed again. A run
+    in flight is read in each round that wrote its rows (every other round here), in no other."""
     from orchestrator.control.progress import RowBook
 
     ledger = _CountingLedger(Ledger.in_workdir(tmp_path / "work"))
@@ -143,17 +144,21 @@ def test_a_rounds_work_for_a_waiting_or_finished_run_is_constant(tmp_path: Path)
     story = Story()
     book = RowBook(story)
     seen: list[dict[str, tuple[int, int]]] = []
+    ledger.ledger.add_attempt("flying", 0)
     for round_ in range(20):
         now = T0 + round_
+        if round_ % 2 == 0:  # what a round in flight writes: a state the scheduler gave, a start
+            ledger.ledger.update_attempt("flying", 0, state="RUNNING" if round_ % 4 else "PENDING")
         story.new_lines(list(trackers.values()), now=now)
         rows = book.rows(list(trackers.values()), now=now)
         assert [row.run for row in rows] == list(trackers) and rows[1].status == "completed"
         seen.append({run_id: (ledger.reads.get(run_id, 0), tracker.run.reads) for run_id, tracker in trackers.items()})
     assert seen[-1]["waiting"][0] == 0, "a waiting run is not read from the ledger"
-    assert seen[-1]["ended"][0] == 2 * 3, "an ended run: the read that told its end and one more, 3 queries each"
+    assert seen[-1]["ended"][0] == 3, "an ended run: the read that told its end, 3 queries"
     for run_id in ("waiting", "ended"):
         assert seen[3][run_id] == seen[-1][run_id], (run_id, seen[3][run_id], seen[-1][run_id])
-    assert seen[-1]["flying"][0] == 20 * 3 and seen[-1]["flying"][1] >= 20, "the run in flight is read every round"
+    assert seen[-1]["flying"][0] == 10 * 3, "the run in flight is read when its rows were written, and only then"
+    assert seen[-1]["flying"][1] >= 20, "its progress row is built every round"
     ledger.ledger.close()
 
 
@@ -174,6 +179,20 @@ def test_an_event_read_after_the_end_was_told_reaches_the_runs_row(tmp_path: Pat
     assert story.new_lines([tracker], now=T0 + 1) == [_at(T0 + 1, "kill-rank -> rank 1@n2 (pid 4711, step 130)")]
     for now in (T0 + 1, T0 + 2):
         assert book.rows([tracker], now=now)[0].last_event.startswith("kill-rank -> rank 1@n2")
+    ledger.close()
+
+
+def test_a_row_another_process_wrote_is_told_though_this_connection_wrote_nothing(tmp_path: Path) -> None:
+    """The story reads a run again only when its rows were written (issue 29); a write through
+    another connection (a faultdrill command beside the controller) counts too."""
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    ledger.add_attempt("r000", 0)
+    story, tracker = Story(), _tracker(ledger)
+    assert story.new_lines([tracker], now=T0) == []
+    beside = Ledger.in_workdir(tmp_path / "work")
+    beside.update_attempt("r000", 0, job_id="2956", accepted=T0 + 0.5)
+    assert story.new_lines([tracker], now=T0 + 1) == [_at(T0 + 0.5, "attempt 0 submitted: job 2956")]
+    beside.close()
     ledger.close()
 
 
@@ -220,6 +239,31 @@ def test_the_progress_file_joins_every_runs_row_and_writes_the_last_word_on_clos
     assert json.loads((tmp_path / "progress.json").read_text())["runs"][1]["step"] == 130
     progress.close()
     assert [run["step"] for run in json.loads((tmp_path / "progress.json").read_text())["runs"]] == [130, 131]
+    ledger.close()
+
+
+def test_a_drills_display_and_progress_file_share_one_row_a_round(tmp_path: Path) -> None:
+    """Issue 29: the live display and progress.json are one observer (what `faultdrill drill` runs):
+    a run in flight's row is built once a round for both (counted: its workload's steps read once a
+    row), and the file still gets every change on close."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    from orchestrator.control.progress import DrillProgress
+
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    tracker = _tracker(ledger)
+    tracker.run = _CountingRun(run_id="r000")
+    progress = DrillProgress(tmp_path, Console(file=io.StringIO()))
+    with progress:
+        for round_ in range(5):
+            tracker.watch.last_step = 130 + round_
+            progress([tracker], [tracker])
+    progress.close()
+    assert tracker.run.reads == 5, "a row built once a round, not once for each of its two readers"
+    assert json.loads((tmp_path / "progress.json").read_text())["runs"][0]["step"] == 134
     ledger.close()
 
 
