@@ -60,7 +60,7 @@ class Backend(abc.ABC):
     # at a respectful pace; the local backend's poll costs nothing.
     poll_interval_s: float = 5.0
     # Its commands wait on a scheduler that may take up to their timeouts to answer: the controller
-    # runs submissions and cancels off its loop (orchestrator/control/scheduler_calls.py).
+    # runs submissions and cancels off its loop (orchestrator/backends/scheduler_calls.py).
     slow_commands: ClassVar[bool] = True
     # Every moment of its jobs is stamped by this host's clock (the local backend): no clock to read.
     one_clock: ClassVar[bool] = False

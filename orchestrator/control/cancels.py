@@ -12,10 +12,10 @@ from typing import Callable
 
 from experiments.layout import RankJob
 from orchestrator.backends.base import AttemptRef, Backend
+from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.failure_classes import DrillEnded
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
-from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.submission import SUBMIT_FAILED
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.states import TERMINAL_STATE_NAMES

@@ -25,6 +25,7 @@ from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
 from orchestrator.backends import backend_class, make_backend
 from orchestrator.backends.base import Backend, SubmitLimit
+from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.directives import qos_of
 from orchestrator.campaign.forking import forking_launcher, forking_note
@@ -39,7 +40,6 @@ from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
 from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_checkpoint_homes
-from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.ticks import Ticks
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir

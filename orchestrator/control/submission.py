@@ -6,7 +6,7 @@ The attempt is already in the ledger and the fence (the tracker's ``begin_attemp
 first try, so a controller that stops at any moment is replaced by one that looks it up instead of
 submitting it twice; a late acceptance of a try given up on is fenced off by its job id.
 
-The commands run off the controller's loop (orchestrator.control.scheduler_calls): a try is asked,
+The commands run off the controller's loop (orchestrator.backends.scheduler_calls): a try is asked,
 and its answer taken in a later round; the ledger is written only then, on the loop's thread.
 """
 
@@ -19,10 +19,10 @@ from typing import Callable
 
 from experiments.layout import RankJob
 from orchestrator.backends.base import AttemptRef, Backend, Submission, SubmitRefusal
+from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.campaign.spec import RestartConfig
 from orchestrator.commands import CommandError, one_line
-from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.render.scripts import TemplateError, attempt_job_name
 

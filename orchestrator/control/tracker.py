@@ -36,6 +36,7 @@ from experiments.runtime.identity import ticks_now
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import Backend, Submission
+from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.failure_classes import DrillEnded, FailureClass, classify
 from orchestrator.campaign.policy import Decision, decide, policy_entry, restarts_left
@@ -46,7 +47,6 @@ from orchestrator.control.closing import ClosingJobs
 from orchestrator.control.failed_attempt import STEP_FAILED, reclassify_at_end, reclassify_with_record, record_failure
 from orchestrator.control.recovery_record import RecoveryRecorder
 from orchestrator.control.same_job_attempts import SameJobAttempts
-from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.control.submission import SubmissionHooks, Submitter
 from orchestrator.faults.book import FaultBook, OnActed, RunProgress
 from orchestrator.faults.inject import FaultRequest, inject
@@ -118,7 +118,7 @@ class RunTracker:
                                    SubmissionHooks(accepted=self.accept, gave_up=self._next_or_give_up, refused=self._give_up,
                                                    cancel=self.cancels.ask), calls)
         self.requeuer = Requeuer(run, backend, self.restart.cancel_timeout_s, accepted=self.accept,
-                                 refused=self._requeue_refused)
+                                 refused=self._requeue_refused, calls=calls)
         self.same_job = SameJobAttempts(run, backend, ledger, drill_id, self, self.requeuer, self.cancels,
                                         next_after=self._next_or_give_up)
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,

@@ -2,17 +2,21 @@
 ``scontrol requeue`` (tried again while the job is still completing), and in-allocation's end of a
 hung attempt's ranks that keeps the allocation. What the tracker records for such an attempt (the
 ledger row under the first attempt's job name, the fence naming the attempt and the job) comes
-before; these only talk to the scheduler and the ranks."""
+before; these only talk to the scheduler and the ranks. The requeue runs off the controller's loop
+(orchestrator.backends.scheduler_calls, as submissions and cancels do): a scheduler that takes a
+command's timeout to answer holds up no other run's detection."""
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
 from injectors.targets import TargetRefused
 from orchestrator.backends.base import Backend, NotSupported, Submission
+from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.capabilities import Capability
 from orchestrator.campaign.runs import RunConfig
 from orchestrator.commands import CommandError
@@ -40,6 +44,7 @@ class PendingRequeue:
     # The job's state when the request was held: a CANCELLED seen later, and not the drill's, is a
     # person's (the request would bring back a job its owner ended).
     state_at_hold: JobState | None = None
+    asked: "Future[None] | None" = None  # the request in flight (off the loop)
 
     def held(self, now: float) -> bool:
         return not self.already and now < self.first_try
@@ -47,9 +52,11 @@ class PendingRequeue:
 
 class Requeuer:
     def __init__(self, run: RunConfig, backend: Backend, timeout_s: float,
-                 accepted: Callable[[int, Submission], None], refused: Callable[[int, str, str, float], None]) -> None:
+                 accepted: Callable[[int, Submission], None], refused: Callable[[int, str, str, float], None],
+                 calls: SchedulerCalls | None = None) -> None:
         self.run, self.backend, self.timeout_s = run, backend, timeout_s
         self.accepted, self.refused = accepted, refused  # refused(attempt, job id, why, now)
+        self.calls = calls or SchedulerCalls(off_loop=False)
         self.pending: PendingRequeue | None = None
 
     def requeue(self, attempt: int, job_id: str, now: float, already: bool = False, not_before: float | None = None,
@@ -81,12 +88,20 @@ class Requeuer:
         return None
 
     def try_requeue(self, now: float) -> None:
+        """The pending request's next step, when it is due: asked of the scheduler, or the answer
+        of the one in flight taken (a refusal tried again every REQUEUE_RETRY_S, until timeout_s)."""
         pending = self.pending
-        if pending is None or now < pending.next_try_at:
+        if pending is None or (pending.asked is None and now < pending.next_try_at):
             return
         if not pending.already:
+            if pending.asked is None:
+                job_id = pending.job_id
+                pending.asked = self.calls.start(lambda: self.backend.requeue(job_id))
+            if not pending.asked.done():
+                return
+            asked, pending.asked = pending.asked, None
             try:
-                self.backend.requeue(pending.job_id)
+                asked.result()
             except (CommandError, NotSupported) as error:
                 pending.error = error.summary if isinstance(error, CommandError) else str(error)
                 if now - pending.first_try > self.timeout_s:

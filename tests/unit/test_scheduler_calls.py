@@ -1,6 +1,6 @@
 """Issue 21, item 10: sbatch (60 s) and scancel (3 x 20 s) ran on the controller's loop, so a
 scheduler in a brownout stalled every run's watch. Submissions and the drill's cancels now run off
-the loop for backends whose commands are slow (orchestrator/control/scheduler_calls.py)."""
+the loop for backends whose commands are slow (orchestrator/backends/scheduler_calls.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import yaml
 
 from experiments.layout import RankJob
 from orchestrator.backends.base import Submission
+from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
-from orchestrator.control.scheduler_calls import SchedulerCalls
 from orchestrator.states import JobState
 from simulated_cluster import HANG, KILL, SimulatedCluster
 
@@ -55,18 +55,27 @@ class Brownout(SimulatedCluster):
         with self.lock:
             super().cancel(job_id, force)
 
+    def requeue(self, job_id: str) -> None:
+        sim = self.jobs.get(job_id)
+        if sim is not None and sim.run.run_id == self.slow[0]:  # the run's job, as whatever attempt
+            self.slow_asked.set()
+            self.released.wait(BROWNOUT_S)
+            self.slow_answered_at = self.slow_answered_at or time.monotonic()  # the first answer
+        with self.lock:
+            super().requeue(job_id)
+
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         with self.lock:
             return super().poll(job_ids)
 
 
-def _spec(tmp_path: Path) -> Path:
+def _spec(tmp_path: Path, strategy: str = "resubmit") -> Path:
     spec = {
         "name": "brownout", "backend": "slurm", "workdir": str(tmp_path / "work"),
         "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
         "checkpoint": {"every_steps": 50, "keep": 2},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
-        "restart": {"strategy": "resubmit", "max_restarts": 2, "poll_interval_s": 0.01, "hang_timeout_s": 0.2},
+        "restart": {"strategy": strategy, "max_restarts": 2, "poll_interval_s": 0.01, "hang_timeout_s": 0.2},
         "parallel_runs": 2, "baseline": False,
         "sweep": {"grid": {"workload.seed": [0, 1]}},
     }
@@ -75,14 +84,14 @@ def _spec(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("held", ["sbatch", "scancel"])
+@pytest.mark.parametrize("held", ["sbatch", "scancel", "scontrol requeue"])
 def test_a_command_the_scheduler_holds_up_stalls_no_other_run(tmp_path: Path, held: str) -> None:
-    """r000's resubmission hangs in sbatch (or, after its hang, the drill's scancel of its job);
-    meanwhile r001's failure is detected, resubmitted and its run completes. Then the scheduler
-    answers r000's command, and r000 completes too."""
-    campaign = load_campaign(_spec(tmp_path))
+    """r000's resubmission hangs in sbatch (or, after its hang, the drill's scancel of its job; or,
+    under the requeue strategy, the requeue of its job); meanwhile r001's failure is detected, its
+    run restarted and completed. Then the scheduler answers r000's command, and r000 completes too."""
+    campaign = load_campaign(_spec(tmp_path, "requeue" if held == "scontrol requeue" else "resubmit"))
     runs = sorted(run.run_id for run in expand_runs(campaign))
-    slow, failure = ((runs[0], 1), KILL) if held == "sbatch" else ((runs[0], 0), HANG)
+    slow, failure = ((runs[0], 1), KILL) if held != "scancel" else ((runs[0], 0), HANG)
     cluster = Brownout(slow=slow, failures={(runs[0], 0): failure, (runs[1], 0): KILL}, polls_to_finish=6)
     controller = Controller(campaign, backend=cluster)
     seen: dict[str, float] = {}
