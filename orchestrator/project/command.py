@@ -168,7 +168,20 @@ def projection_tables(projection: "Projection") -> list[Table]:
         said.add_column(column)
     for item in projection.assumptions:
         said.add_row(item["name"], f"{item['value']:g}", item["source"])
-    return [best, cells, said]
+    return [best, cells, said, causes_table(model)]
+
+
+def causes_table(model: dict[str, Any]) -> Table:
+    """The failure model's mix: what share of failures takes a node (a spare, a new job) and what
+    class each cause is drilled as; a share the model's file only assumes says so in its name."""
+    causes = Table(title=f"Failure model {model['name']}: its causes ({100 * model['node_share']:.0f} % take their "
+                         "node out of the job; a name that says 'assumed' is the file's assumption, not its source's)")
+    for column in ("cause", "share", "takes its node", "drilled as"):
+        causes.add_column(column)
+    for cause in model["causes"]:
+        causes.add_row(cause["name"], f"{100 * cause['share']:.0f} %", "yes" if cause["takes_node"] else "no",
+                       cause["failure_class"])
+    return causes
 
 
 def _check(grid: "Grid") -> None:

@@ -191,8 +191,9 @@ def _refuse_if_missing(workdir: Path, book: _RecoveryBook, points: list[tuple[in
     if not book.recoveries:
         why = "; ".join(book.notes())
         missing.append("no recovery was measured (no run failed and came back" + (f"; {why}" if why else "")
-                       + "): drill faults first, e.g. experiments/campaigns/strategies.yaml (every restart strategy, "
-                       "each failure class)")
+                       + "), so none of a restart's phases is known (detection, resubmission, queue, start-up, "
+                       "checkpoint load, first step) nor the work a failure loses: drill faults first, e.g. "
+                       "experiments/campaigns/strategies.yaml (every restart strategy, each failure class)")
     if not points and checkpoint_s is None:
         missing.append("no checkpoint was timed by the drill (a built-in workload's checkpoint.every_steps, or the "
                        "rank API's save, times them; a script's own are not the drill's): give --checkpoint-s, your "

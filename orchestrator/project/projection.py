@@ -96,7 +96,10 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
     projection = Projection(
         notes=[*measured.notes, *fallback_notes(measured, model, strategies), *_checkpoint_notes(measured, state_bytes),
                *queue_notes(measured, strategies, assumptions)],
-        failure_model={"name": model.name, "source": model.source, "node_share": model.node_share},
+        failure_model={"name": model.name, "source": model.source, "node_share": model.node_share,
+                       "causes": [{"name": cause.name, "share": cause.count / sum(c.count for c in model.causes),
+                                   "takes_node": cause.takes_node, "failure_class": cause.failure_class.value}
+                                  for cause in model.causes]},
         assumptions=assumptions.listed(),
         measured={"workdir": str(measured.workdir), "drill_gpus": measured.drill_gpus,
                   "recoveries": {s: len(rows) for s, rows in measured.recoveries.items()},
@@ -110,7 +113,7 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
     scenarios: list[Scenario] = []
     mttfs = {gpus: model.mttf_h(gpus) * 3600 for gpus in grid.gpus}
     for gpus, mttf_s in mttfs.items():
-        intervals = grid.intervals_s or tuple(f * daly_interval_s(max(checkpoint_s, 1e-3), mttf_s) for f in AUTO_INTERVALS)
+        intervals = grid.intervals_s or auto_intervals(measured, state_bytes, checkpoint_s, mttf_s)
         for strategy in strategies:
             for spares in (grid.spares if strategy in SPARE_STRATEGIES else (0,)):
                 for interval in intervals:
@@ -122,7 +125,30 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
     projection.rows = [_row(*cell, outcome, grid.gpus_per_node) for cell, outcome in zip(cells, outcomes, strict=True)]
     for gpus, mttf_s in mttfs.items():
         projection.best += _best(projection.rows, gpus, checkpoint_s, mttf_s)
+    projection.notes += edge_notes(projection.rows, projection.best)
     return projection
+
+
+def auto_intervals(measured: Measured, state_bytes: float, checkpoint_s: float, mttf_s: float) -> tuple[float, ...]:
+    """The intervals tried where none are given: around Daly's optimum for the checkpoint's blocking
+    time, or around the asynchronous write's own time where that is longer (a shorter interval waits
+    for the write before it: its optimum lies past the write, not at Daly's)."""
+    write_s = measured.persist.blocking_s(state_bytes) if measured.given_checkpoint_s is None and measured.persist else 0.0
+    centre = max(daly_interval_s(max(checkpoint_s, 1e-3), mttf_s), write_s)
+    return tuple(factor * centre for factor in AUTO_INTERVALS)
+
+
+def edge_notes(rows: list[Row], best: list[dict[str, Any]]) -> list[str]:
+    """A best interval at the longest or shortest one tried: the optimum may lie beyond the grid."""
+    notes = []
+    for top in best:
+        tried = sorted({row.interval_s for row in rows if row.gpus == top["gpus"] and row.strategy == top["strategy"]})
+        if len(tried) < 2 or tried[0] < top["interval_s"] < tried[-1]:
+            continue
+        side, way = ("longest", "longer") if top["interval_s"] == tried[-1] else ("shortest", "shorter")
+        notes.append(f"at {top['gpus']} GPUs, {top['strategy']}'s best interval is the {side} tried "
+                     f"({top['interval_s']:.0f} s): the best may be {way} still (--interval with {way} ones)")
+    return notes
 
 
 def scenario_for(strategy: str, measured: Measured, model: FailureModel, gpus: int, spares: int, interval_s: float,

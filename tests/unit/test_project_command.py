@@ -51,6 +51,8 @@ def test_a_workdir_that_recovered_from_nothing_is_refused_with_what_to_drill(tmp
     code, out, err = _project(_workdir(tmp_path, {}), capsys=capsys)
     assert code != 0 and out == ""
     assert "no recovery was measured" in err and "experiments/campaigns/strategies.yaml" in err
+    assert all(phase in err for phase in ("detection", "resubmission", "queue", "start-up", "checkpoint load",
+                                          "first step", "work")), "the phases that are missing, named"
 
 
 def test_a_workdir_without_checkpoints_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -327,6 +329,44 @@ def test_an_asynchronous_checkpoint_costs_the_wait_for_its_write(tmp_path: Path)
     assert measured.checkpoint_s(1e9) == pytest.approx(0.02)
     assert measured.checkpoint_s(1e9, interval_s=100.0) == pytest.approx(0.02), "written long before the next"
     assert measured.checkpoint_s(1e9, interval_s=1.0) == pytest.approx(0.02 + 5.0 - 0.02 - 1.0), "waits for the write"
+
+
+def test_the_auto_intervals_centre_on_an_asynchronous_write_longer_than_dalys_optimum(tmp_path: Path) -> None:
+    """Helper 52: the intervals tried were 0.5-2 x Daly's optimum for the blocking time alone; with
+    a write that outlasts it, every interval shorter than the write waited for it, the best lay at
+    the grid's edge and nothing said so. Centred on the write where it is longer; an edge said."""
+    from orchestrator.project.measured import read_measured
+    from orchestrator.project.projection import AUTO_INTERVALS, Row, auto_intervals, edge_notes
+    from orchestrator.project.simulate import daly_interval_s
+
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}, checkpoints=False)
+    ledger = Ledger(workdir / "ledger.sqlite")
+    ledger.add_checkpoints("r000", [CheckpointRecord(step=step, attempt=0, path=f"/c/{step}", time=1.0, bytes=10**9,
+                                                     blocking_s=0.02, persist_s=600.0) for step in (10, 20, 30)])
+    ledger.close()
+    measured = read_measured(workdir)
+    mttf_s = 4 * 3600.0
+    assert daly_interval_s(0.02, mttf_s) < 600.0
+    tried = auto_intervals(measured, 1e9, 0.02, mttf_s)
+    assert tried == pytest.approx([factor * 600.0 for factor in AUTO_INTERVALS])
+    lost = {"rework": 0.0, "checkpoints": 0.0}
+    rows = [Row(1024, 128, "resubmit", 0, interval, goodput, 0.01, 3.0, 3.0, lost)
+            for interval, goodput in ((300.0, 0.80), (600.0, 0.85), (1200.0, 0.90))]
+    [note] = edge_notes(rows, [{"gpus": 1024, "strategy": "resubmit", "interval_s": 1200.0}])
+    assert "longest tried (1200 s)" in note and "--interval" in note
+    assert edge_notes(rows, [{"gpus": 1024, "strategy": "resubmit", "interval_s": 600.0}]) == []
+
+
+def test_the_terminal_shows_the_failure_models_node_share_and_its_assumed_causes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Helper 52: the share of failures that take a node, and that meta-rsc's mix is the file's
+    assumption, were in the JSON and the page only."""
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]})
+    code = main(["project", str(workdir), "--replicas", "20", "--days", "3", "--gpus", "1024",
+                 "--failure-model", "meta-rsc"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0
+    assert "70 % take their node out of the job" in out and "hardware (assumed share)" in out, out[-1500:]
 
 
 @pytest.mark.parametrize("option,value", [
