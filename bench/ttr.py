@@ -159,7 +159,11 @@ def faultdrill_row(root: Path, backend: str, framework: str, strategy: str, kind
     recoveries = run["recoveries"]
     row = {"backend": backend, "framework": framework, "strategy": strategy, "kind": kind, "faults": len(recoveries),
            "floor_s": floor, **{phase: _median([r[phase] for r in recoveries]) for phase in PHASES},
-           "lost_steps": _median([r["lost_steps"] for r in recoveries])}
+           "lost_steps": _median([r["lost_steps"] for r in recoveries]),
+           # where each recovery's state came from (warm: "peer", a survivor's; else the checkpoint), and
+           # whether the run ended as its twin: what a warm row's claims stand on, kept beside its figures
+           "state_sources": sorted({str(r.get("state_source")) for r in recoveries}),
+           "identical_to_twin": run.get("identical_to_baseline")}
     row["ratio_to_floor"] = row["ttr_s"] / floor if row["ttr_s"] is not None else None
     return row
 

@@ -2,7 +2,7 @@
 experiments/campaigns/warm-pbs.yaml: the batch script runs the job's warm coordinator, which
 launches every rank and spare with an mpiexec of its own (Chainer: every spare set one mpiexec, an
 MPI world of its own). Chainer: each of two rank SIGKILLs answered in the same job by a whole spare
-set from the newest valid checkpoint. With FAULTDRILL_FULL=1 also TensorFlow's sets (drilled
+set handed the survivors' state (issue 24: state source "peer", at most one step lost). With FAULTDRILL_FULL=1 also TensorFlow's sets (drilled
 locally in CI) and PyTorch (each kill answered by a spare and a survivor's state): ~1.5 min less
 in CI. PyTorch's warm spares stay CI's on a real cluster through Slurm
 (tests/cluster/test_warm_slurm.py, a job step per member); their launch through PBS (an

@@ -3,7 +3,8 @@
 job by a spare and a survivor's state; a node crash answered by the spare on the surviving node
 (each rank and spare is a job step of its own: the crash ends only the steps on that node). Every
 run ends bit for bit as its twin. TensorFlow and Chainer (warm-slurm-frameworks.yaml): whole spare
-sets, each one job step of both nodes' tasks, restart every rank from the newest valid checkpoint."""
+sets, each one job step of both nodes' tasks, handed the survivors' state (issue 24: state source
+"peer", at most one step lost; the checkpoint only where no survivor is left)."""
 
 from __future__ import annotations
 
