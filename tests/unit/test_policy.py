@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from drills import api_workload, drill, run_of, write_spec
+from drills import drill, run_of, write_spec
 from orchestrator.campaign.failure_classes import FailureClass as C
 from orchestrator.campaign.policy import PolicyEntry, decide, policy_entry, restarts_left
 
@@ -89,10 +89,9 @@ def test_a_backoff_delays_the_next_attempt_and_is_part_of_the_time_to_recover(tm
 
 @pytest.mark.drill
 def test_a_preemption_restarts_even_with_no_failure_budget_left(tmp_path: Path) -> None:
-    # framework-free ranks (the policy is what is drilled), 6 s of steps: the preemption, acted at the
-    # controller's first look past step 100, lands with 4 s of training left
-    spec = write_spec(tmp_path, workload=api_workload(300, step_s=0.02),
-                      faults=[{"kind": "preempt", "after": {"at_step": 100}, "grace_s": 20}],
+    spec = write_spec(tmp_path, workload={"framework": "torch", "params": 20000, "steps": 600, "seed": 3,
+                                          "batch_size": 16},
+                      faults=[{"kind": "preempt", "after": {"at_step": 300}, "grace_s": 20}],
                       restart={"max_restarts": 0, "poll_interval_s": 0.05})
     run = run_of(drill(spec), "r000")
     assert run["status"] == "completed" and [a["failure_class"] for a in run["attempts"]] == ["PREEMPTED", None]
