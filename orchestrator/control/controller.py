@@ -200,11 +200,12 @@ class Controller:
             tracker.reclaim_cancels(now)
         try:
             self._drive(trackers, observer)
-            # Submissions in flight when the loop stopped (faultdrill stop): their answers are
-            # taken, so the next controller (or a cancel) knows their jobs.
+            # Submissions and requeues in flight when the loop stopped (faultdrill stop): their
+            # answers are taken, so the next controller (or a cancel) knows their jobs.
             self.calls.close()
             for tracker in trackers:
                 tracker.submitter.take_answer()
+                tracker.requeuer.take_answer()
         finally:
             for pool in pools.values():
                 pool.shutdown(wait=True)  # a fault still acting may owe a mend

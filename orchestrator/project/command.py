@@ -48,7 +48,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--spares", type=_ints, help="spare nodes (in-allocation, warm; 0,1,4,16)")
     parser.add_argument("--interval",
                         help="checkpoint intervals in seconds (S,S,...) or auto (the default: 0.5-2 x Daly's optimum "
-                             "at each scale)")
+                             "at each scale, or x the first interval that does not wait for an asynchronous write "
+                             "where that is longer)")
     parser.add_argument("--state-gb", type=float, help="the job's checkpoint size (default: the drill's largest)")
     parser.add_argument("--checkpoint-s", type=float,
                         help="a checkpoint's blocking time at --state-gb, your own figure (a script whose checkpoints "

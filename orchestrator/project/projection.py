@@ -40,7 +40,7 @@ from orchestrator.project.simulate import (
 NEW_JOB_STRATEGIES = ("resubmit", "requeue")  # every failure: a new job
 STRATEGIES = ("resubmit", "requeue", "in-allocation", "warm", "elastic")
 SPARE_STRATEGIES = ("in-allocation", "warm")  # a node failure takes a spare node
-AUTO_INTERVALS = (0.5, 0.75, 1.0, 1.5, 2.0)  # x Daly's optimum at each scale
+AUTO_INTERVALS = (0.5, 0.75, 1.0, 1.5, 2.0)  # x Daly's optimum at each scale, or the write's wait-free interval
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Grid:
     days: float = 30.0
     strategies: tuple[str, ...] | None = None  # None: every strategy the drill measured
     spares: tuple[int, ...] = (0, 1, 4, 16)
-    intervals_s: tuple[float, ...] | None = None  # None: around Daly's optimum at each scale
+    intervals_s: tuple[float, ...] | None = None  # None: auto_intervals at each scale
     state_bytes: float | None = None  # None: the drill's largest checkpoint
     replicas: int = 200
     seed: int = 0
@@ -131,10 +131,11 @@ def project(measured: Measured, model: FailureModel, grid: Grid, assumptions: As
 
 def auto_intervals(measured: Measured, state_bytes: float, checkpoint_s: float, mttf_s: float) -> tuple[float, ...]:
     """The intervals tried where none are given: around Daly's optimum for the checkpoint's blocking
-    time, or around the asynchronous write's own time where that is longer (a shorter interval waits
-    for the write before it: its optimum lies past the write, not at Daly's)."""
+    time, or around the shortest interval that no longer waits for the asynchronous write before it
+    where that is longer (the write's time less the blocking: ``Measured.checkpoint_s``), for below
+    it every checkpoint waits and the optimum lies past it, not at Daly's."""
     write_s = measured.persist.blocking_s(state_bytes) if measured.given_checkpoint_s is None and measured.persist else 0.0
-    centre = max(daly_interval_s(max(checkpoint_s, 1e-3), mttf_s), write_s)
+    centre = max(daly_interval_s(max(checkpoint_s, 1e-3), mttf_s), write_s - checkpoint_s)
     return tuple(factor * centre for factor in AUTO_INTERVALS)
 
 

@@ -87,6 +87,17 @@ class Requeuer:
             return pending
         return None
 
+    def take_answer(self) -> None:
+        """The answer of the request in flight, once the commands off the loop have ended (the loop
+        stopped): a requeue the scheduler took is accepted (recorded, not asked again by the next
+        controller, which would end the attempt it started); a refusal is the next one's to retry."""
+        pending = self.pending
+        if pending is None or pending.asked is None or not pending.asked.done() or pending.asked.exception() is not None:
+            return
+        self.pending = None
+        log.info("%s: attempt %d is job %s, requeued", self.run.run_id, pending.attempt, pending.job_id)
+        self.accepted(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
+
     def try_requeue(self, now: float) -> None:
         """The pending request's next step, when it is due: asked of the scheduler, or the answer
         of the one in flight taken (a refusal tried again every REQUEUE_RETRY_S, until timeout_s)."""

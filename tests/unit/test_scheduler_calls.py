@@ -154,6 +154,30 @@ def test_a_stop_while_sbatch_runs_keeps_its_answer(tmp_path: Path) -> None:
     assert attempt.job_id is not None and cluster.states[attempt.job_id] is JobState.PENDING
 
 
+def test_a_stop_while_a_requeue_runs_keeps_its_answer(tmp_path: Path) -> None:
+    """Helper 53: ``faultdrill stop`` while an ``scontrol requeue`` ran off the loop dropped its
+    answer: the attempt stayed REQUEUING, and the next controller asked again (which ends the
+    attempt the requeue started, or gives the run up when refused). Its answer is taken now."""
+    campaign = load_campaign(_spec(tmp_path, "requeue"))
+    runs = sorted(run.run_id for run in expand_runs(campaign))
+    cluster = Brownout(slow=(runs[0], 1), failures={(runs[0], 0): KILL})
+    controller = Controller(campaign, backend=cluster)
+
+    def stop_while_it_hangs(trackers: list[Any], touched: list[Any]) -> None:
+        if cluster.slow_asked.is_set() and not controller.stop_requested.is_set():
+            controller.stop_requested.set()
+            threading.Timer(0.3, cluster.released.set).start()
+
+    try:
+        assert controller.run(stop_while_it_hangs) is False
+        attempts = controller.ledger.attempts(runs[0])
+    finally:
+        cluster.released.set()
+        controller.close()
+    assert [attempt.job_id for attempt in attempts] == [attempts[0].job_id] * 2, "the same job, requeued"
+    assert attempts[1].accepted is not None and attempts[1].state != "REQUEUING", attempts[1]
+
+
 def test_a_cancel_finds_the_job_of_a_submission_no_controller_saw_answered(tmp_path: Path) -> None:
     """A controller killed while sbatch ran leaves an attempt without a job id; the job exists.
     ``faultdrill cancel`` looked at recorded job ids only and left it running: it looks it up."""
