@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.project.assumptions import Assumptions
 from orchestrator.project.failure_models import FailureModelError, load_failure_model, shipped_models
-from orchestrator.report.tables import Table, report_console
+from orchestrator.report.tables import Table, fit, report_console
 
 if TYPE_CHECKING:  # NumPy and the simulator load when a projection is made, not with the CLI
     from orchestrator.project.projection import Grid, Projection
@@ -141,7 +141,7 @@ def print_projection(projection: "Projection", output_format: str) -> None:
         return
     console = report_console()
     for table in projection_tables(projection):
-        console.print(table)
+        console.print(fit(table, console))  # a record per row where the terminal is too narrow for the columns
     for note in projection.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
 
@@ -155,15 +155,18 @@ def projection_tables(projection: "Projection") -> list[Table]:
         best.add_row(str(top["gpus"]), f"{top['mttf_h']:.2f} h", top["strategy"], f"{top['goodput']:.3f}",
                      f"{top['interval_s']:.0f} s", f"{top['young_interval_s']:.0f} s", f"{top['daly_interval_s']:.0f} s",
                      str(top["spares"]))
-    cells = Table(title="Every cell: goodput (95 % CI), failures, hours lost per cause (means of the replicas)")
-    for column in ("GPUs", "strategy", "spares", "interval", "goodput", "failures", "new jobs", "restart h",
-                   "rework h", "checkpoint h"):
+    cells = Table(title="Every cell: goodput (95 % CI), failures, hours lost per cause (means of the replicas; "
+                        "restart: resubmission, start-up, load and first step; each phase in --format json)")
+    for column in ("GPUs", "strategy", "spares", "interval", "goodput", "failures", "new jobs", "detect h",
+                   "queue h", "restart h", "rework h", "checkpoint h"):
         cells.add_column(column)
     for row in projection.rows:
-        restart = sum(value for name, value in row.lost_h.items() if name.endswith("_s"))
+        restart = sum(value for name, value in row.lost_h.items() if name.endswith("_s")
+                      and name not in ("detect_s", "queue_s"))
         cells.add_row(str(row.gpus), row.strategy, str(row.spares), f"{row.interval_s:.0f} s",
                       f"{row.goodput:.3f} ± {row.goodput_ci95:.3f}", f"{row.failures:.0f}", f"{row.new_jobs:.0f}",
-                      f"{restart:.1f}", f"{row.lost_h['rework']:.1f}", f"{row.lost_h['checkpoints']:.1f}")
+                      f"{row.lost_h['detect_s']:.1f}", f"{row.lost_h['queue_s']:.1f}", f"{restart:.1f}",
+                      f"{row.lost_h['rework']:.1f}", f"{row.lost_h['checkpoints']:.1f}")
     said = Table(title="Assumed, not measured (pass your site's own)")
     for column in ("name", "value", "source"):
         said.add_column(column)

@@ -367,6 +367,7 @@ def test_the_terminal_shows_the_failure_models_node_share_and_its_assumed_causes
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0
     assert "70 % take their node out of the job" in out and "hardware (assumed share)" in out, out[-1500:]
+    assert "detect h" in out and "queue h" in out, "detection and the wait for nodes, each a column of its own"
 
 
 @pytest.mark.parametrize("option,value", [
