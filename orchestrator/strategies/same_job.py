@@ -94,6 +94,10 @@ class Requeuer:
         pending = self.pending
         if pending is None or pending.asked is None or not pending.asked.done() or pending.asked.exception() is not None:
             return
+        self._took(pending)
+
+    def _took(self, pending: PendingRequeue) -> None:
+        """The scheduler requeued the job (or had itself): the attempt is accepted as that job."""
         self.pending = None
         log.info("%s: attempt %d is job %s, requeued", self.run.run_id, pending.attempt, pending.job_id)
         self.accepted(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
@@ -122,9 +126,7 @@ class Requeuer:
                     return
                 pending.next_try_at = now + REQUEUE_RETRY_S
                 return
-        self.pending = None
-        log.info("%s: attempt %d is job %s, requeued", self.run.run_id, pending.attempt, pending.job_id)
-        self.accepted(pending.attempt, Submission(pending.job_id, accepted_at=time.time()))
+        self._took(pending)
 
 
 def end_rank_launch(backend: Backend, run: RunConfig, attempt: int, job_id: str, started_before: int,

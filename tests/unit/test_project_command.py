@@ -315,17 +315,22 @@ def test_recoveries_across_an_unread_clock_are_left_out_and_said(tmp_path: Path,
     assert any("1 recoveries whose phases span a node clock that was not read" in note for note in projection["notes"])
 
 
+def _async_workdir(tmp_path: Path, persist_s: float) -> Path:
+    """A resubmit drill's workdir whose 1 GB checkpoints block 0.02 s and are written in ``persist_s``."""
+    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}, checkpoints=False)
+    ledger = Ledger(workdir / "ledger.sqlite")
+    ledger.add_checkpoints("r000", [CheckpointRecord(step=step, attempt=0, path=f"/c/{step}", time=1.0, bytes=10**9,
+                                                     blocking_s=0.02, persist_s=persist_s) for step in (10, 20, 30)])
+    ledger.close()
+    return workdir
+
+
 def test_an_asynchronous_checkpoint_costs_the_wait_for_its_write(tmp_path: Path) -> None:
     """1 GB checkpoints that block 0.02 s and are written in 5 s: projected as 0.02 s whatever the
     interval (the write, which the next checkpoint waits for, ignored)."""
     from orchestrator.project.measured import read_measured
 
-    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}, checkpoints=False)
-    ledger = Ledger(workdir / "ledger.sqlite")
-    ledger.add_checkpoints("r000", [CheckpointRecord(step=step, attempt=0, path=f"/c/{step}", time=1.0, bytes=10**9,
-                                                     blocking_s=0.02, persist_s=5.0) for step in (10, 20, 30)])
-    ledger.close()
-    measured = read_measured(workdir)
+    measured = read_measured(_async_workdir(tmp_path, persist_s=5.0))
     assert measured.checkpoint_s(1e9) == pytest.approx(0.02)
     assert measured.checkpoint_s(1e9, interval_s=100.0) == pytest.approx(0.02), "written long before the next"
     assert measured.checkpoint_s(1e9, interval_s=1.0) == pytest.approx(0.02 + 5.0 - 0.02 - 1.0), "waits for the write"
@@ -339,12 +344,7 @@ def test_the_auto_intervals_centre_on_an_asynchronous_write_longer_than_dalys_op
     from orchestrator.project.projection import AUTO_INTERVALS, Row, auto_intervals, edge_notes
     from orchestrator.project.simulate import daly_interval_s
 
-    workdir = _workdir(tmp_path, {"resubmit": [(20.0, "RANK_SIGNAL", "checkpoint")]}, checkpoints=False)
-    ledger = Ledger(workdir / "ledger.sqlite")
-    ledger.add_checkpoints("r000", [CheckpointRecord(step=step, attempt=0, path=f"/c/{step}", time=1.0, bytes=10**9,
-                                                     blocking_s=0.02, persist_s=600.0) for step in (10, 20, 30)])
-    ledger.close()
-    measured = read_measured(workdir)
+    measured = read_measured(_async_workdir(tmp_path, persist_s=600.0))
     mttf_s = 4 * 3600.0
     assert daly_interval_s(0.02, mttf_s) < 600.0
     tried = auto_intervals(measured, 1e9, 0.02, mttf_s)

@@ -132,12 +132,9 @@ def test_inline_calls_keep_their_order_and_raise_a_crash_at_once() -> None:
         calls.start(crash)
 
 
-def test_a_stop_while_sbatch_runs_keeps_its_answer(tmp_path: Path) -> None:
-    """Review: ``faultdrill stop`` while an sbatch ran off the loop lost its answer: the attempt
-    kept no job id. The loop's end now waits for the commands in flight and records their jobs."""
-    campaign = load_campaign(_spec(tmp_path))
-    runs = sorted(run.run_id for run in expand_runs(campaign))
-    cluster = Brownout(slow=(runs[0], 0))
+def _stopped_while_it_hangs(campaign: Any, cluster: Brownout, run_id: str) -> list[Any]:
+    """``faultdrill stop`` as the slow command hangs (answered 0.3 s later): the run's attempts as
+    the stopped controller left them in the ledger."""
     controller = Controller(campaign, backend=cluster)
 
     def stop_while_it_hangs(trackers: list[Any], touched: list[Any]) -> None:
@@ -147,10 +144,19 @@ def test_a_stop_while_sbatch_runs_keeps_its_answer(tmp_path: Path) -> None:
 
     try:
         assert controller.run(stop_while_it_hangs) is False
-        [attempt] = controller.ledger.attempts(runs[0])
+        return controller.ledger.attempts(run_id)
     finally:
         cluster.released.set()
         controller.close()
+
+
+def test_a_stop_while_sbatch_runs_keeps_its_answer(tmp_path: Path) -> None:
+    """Review: ``faultdrill stop`` while an sbatch ran off the loop lost its answer: the attempt
+    kept no job id. The loop's end now waits for the commands in flight and records their jobs."""
+    campaign = load_campaign(_spec(tmp_path))
+    runs = sorted(run.run_id for run in expand_runs(campaign))
+    cluster = Brownout(slow=(runs[0], 0))
+    [attempt] = _stopped_while_it_hangs(campaign, cluster, runs[0])
     assert attempt.job_id is not None and cluster.states[attempt.job_id] is JobState.PENDING
 
 
@@ -161,19 +167,7 @@ def test_a_stop_while_a_requeue_runs_keeps_its_answer(tmp_path: Path) -> None:
     campaign = load_campaign(_spec(tmp_path, "requeue"))
     runs = sorted(run.run_id for run in expand_runs(campaign))
     cluster = Brownout(slow=(runs[0], 1), failures={(runs[0], 0): KILL})
-    controller = Controller(campaign, backend=cluster)
-
-    def stop_while_it_hangs(trackers: list[Any], touched: list[Any]) -> None:
-        if cluster.slow_asked.is_set() and not controller.stop_requested.is_set():
-            controller.stop_requested.set()
-            threading.Timer(0.3, cluster.released.set).start()
-
-    try:
-        assert controller.run(stop_while_it_hangs) is False
-        attempts = controller.ledger.attempts(runs[0])
-    finally:
-        cluster.released.set()
-        controller.close()
+    attempts = _stopped_while_it_hangs(campaign, cluster, runs[0])
     assert [attempt.job_id for attempt in attempts] == [attempts[0].job_id] * 2, "the same job, requeued"
     assert attempts[1].accepted is not None and attempts[1].state != "REQUEUING", attempts[1]
 
