@@ -50,6 +50,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orchestrator.states import JobState  # noqa: E402
+
 STEP_S = 0.2  # the rank's pace: a line a step
 RANK = "i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo step $i; sleep " + f"{STEP_S}" + "; done"
 
@@ -58,7 +60,9 @@ RANK = "i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo step $i; sleep " + f"
 class Round:
     at: float  # monotonic, when the round's work ended
     cpu_s: float  # the process's CPU time then
-    in_flight: int
+    loop_cpu_s: float  # the loop thread's alone (the observer runs on it)
+    in_flight: int  # runs with an attempt out (on Slurm: a pending array element too)
+    running: int  # of them, those whose job the scheduler last said runs
 
 
 @dataclass
@@ -75,25 +79,28 @@ class Sampler:
     rounds: list[Round] = field(default_factory=list)
 
     def __call__(self, touched: list[Any]) -> None:
-        in_flight = sum(1 for tracker in touched if _in_flight(tracker))
-        self.rounds.append(Round(time.monotonic(), time.process_time(), in_flight))
+        in_flight = [tracker for tracker in touched if _in_flight(tracker)]
+        running = sum(1 for tracker in in_flight if tracker.watch.state is JobState.RUNNING)
+        self.rounds.append(Round(time.monotonic(), time.process_time(), time.thread_time(), len(in_flight), running))
 
 
 def _in_flight(tracker: Any) -> bool:
     return tracker.watch is not None and not tracker.done
 
 
-def spec(root: Path, points: int, in_flight: int, run_s: float) -> Path:
+def spec(root: Path, points: int, in_flight: int, run_s: float, backend: str = "local") -> Path:
+    """The sweep: on Slurm its first attempts go out as job arrays (split at MaxArraySize, each
+    throttled so that together at most ``in_flight`` run), as a sweep of 10,000 runs would."""
     steps = max(1, round(run_s / STEP_S))
     text = {
-        "name": f"bench-controller-{points}-{in_flight}", "backend": "local", "workdir": str(root / "work"),
+        "name": f"bench-controller-{points}-{in_flight}", "backend": backend, "workdir": str(root / "work"),
         "args": {"point": 0},
         "workload": {"command": ["sh", "-c", RANK.format(steps=steps)], "framework": "other", "steps": steps,
                      "progress": {"log": r"^step (\d+)"}},
         "resources": {"nodes": 1, "tasks_per_node": 1, "time": "01:00:00"},
         "restart": {"max_restarts": 5},
         "sweep": {"grid": {"args.point": list(range(points))}},
-        "baseline": False, "parallel_runs": in_flight,
+        "baseline": False, "parallel_runs": in_flight, "submit_as_array": backend != "local",
     }
     path = root / "spec.yaml"
     path.write_text(yaml.safe_dump(text))
@@ -140,7 +147,7 @@ def detections(ledger: Path, kills: list[Kill]) -> list[float]:
 
 
 def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run_s: float,
-              kill_every_s: float, fail_share: float) -> dict[str, Any]:
+              kill_every_s: float, fail_share: float, backend: str = "local") -> dict[str, Any]:
     from orchestrator.campaign.spec import load_campaign
     from orchestrator.control.controller import Controller, plan_drill
     from orchestrator.control.detach import ControllerLock
@@ -149,7 +156,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
     from orchestrator.record.ledger_home import place_ledger
 
     root = Path(tempfile.mkdtemp(prefix="fd-bench-controller-", dir="/var/tmp"))
-    campaign = load_campaign(spec(root, points, in_flight, run_s))
+    campaign = load_campaign(spec(root, points, in_flight, run_s, backend))
     set_up_at = time.monotonic()
     plan = plan_drill(campaign)
     prepare_workdir(campaign)
@@ -159,11 +166,14 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         set_up_s = time.monotonic() - set_up_at
         progress = DrillProgress(campaign.workdir)
         started = time.monotonic()
+        first_round_at: float | None = None  # the arrays (Slurm) are out before the first round
         next_kill = started + warmup_s
         ends_at = started + warmup_s + window_s
 
         def observe(trackers: list[Any], touched: list[Any]) -> None:
-            nonlocal next_kill
+            nonlocal next_kill, first_round_at
+            if first_round_at is None:
+                first_round_at = time.monotonic()
             progress(trackers, touched)
             sampler(touched)
             now = time.monotonic()
@@ -181,28 +191,45 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
             controller.close()
     rounds = [r for r in sampler.rounds if r.at >= started + warmup_s]
     costs_ms = [1000 * (b.cpu_s - a.cpu_s) for a, b in zip(rounds, rounds[1:], strict=False)]
+    loop_ms = [1000 * (b.loop_cpu_s - a.loop_cpu_s) for a, b in zip(rounds, rounds[1:], strict=False)]
     gaps_ms = [1000 * (b.at - a.at) for a, b in zip(rounds, rounds[1:], strict=False)]
     mean_in_flight = statistics.fmean(r.in_flight for r in rounds) if rounds else 0.0
+    mean_running = statistics.fmean(r.running for r in rounds) if rounds else 0.0
+    per_minute_of = mean_in_flight if backend == "local" else mean_running
     window_cpu_s = rounds[-1].cpu_s - rounds[0].cpu_s if len(rounds) > 1 else 0.0
     window_wall_s = rounds[-1].at - rounds[0].at if len(rounds) > 1 else 0.0
     detected = sorted(detections(place_ledger(campaign.workdir, campaign.ledger_dir), kills))
     cancelled = subprocess.run([sys.executable, "-m", "orchestrator.cli", "cancel", str(campaign.workdir)],
                                capture_output=True, text=True, timeout=900, cwd=REPO)
+    report_at = time.monotonic()  # the sweep's report, as a user asks it (a process of its own)
+    reported = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", str(campaign.workdir)],
+                              capture_output=True, text=True, timeout=900, cwd=REPO)
+    report_s = time.monotonic() - report_at
     result = {
-        "points": points, "in_flight_limit": in_flight, "in_flight_mean": round(mean_in_flight, 1),
+        "backend": backend, "points": points, "in_flight_limit": in_flight,
+        "in_flight_mean": round(mean_in_flight, 1),
+        "running_mean": round(mean_running, 1),
         "set_up_s": round(set_up_s, 2), "rounds": len(costs_ms),
+        # the first attempts of every run accepted by the scheduler (Slurm: the arrays), from the
+        # controller's start
+        "submit_s": round(first_round_at - started, 2) if first_round_at is not None and backend != "local" else None,
         "round_cpu_ms_median": round(statistics.median(costs_ms), 3) if costs_ms else None,
         "round_cpu_ms_mean": round(statistics.fmean(costs_ms), 3) if costs_ms else None,
         "round_cpu_ms_p99": round(_quantile(costs_ms, 0.99), 3) if costs_ms else None,
+        # of it, the loop's own thread (the rest: the scheduler's poll and commands, clock reads)
+        "round_loop_cpu_ms_median": round(statistics.median(loop_ms), 3) if loop_ms else None,
         "round_gap_ms_median": round(statistics.median(gaps_ms), 1) if gaps_ms else None,
-        "cpu_s_per_run_minute": round(window_cpu_s / (mean_in_flight * window_wall_s / 60), 4)
-        if mean_in_flight and window_wall_s else None,
+        # per minute of a run in flight (Slurm: of a run whose job runs, not of a pending element)
+        "cpu_s_per_run_minute": round(window_cpu_s / (per_minute_of * window_wall_s / 60), 4)
+        if per_minute_of and window_wall_s else None,
         "goal_round_cpu_ms": round(1.0 + 0.05 * in_flight, 2),
         "rss_mb_peak": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "kills": len(kills), "detected": len(detected),
         "detect_ms_median": round(1000 * statistics.median(detected), 1) if detected else None,
         "detect_ms_p99": round(1000 * _quantile(detected, 0.99), 1) if detected else None,
         "cancel_rc": cancelled.returncode,
+        "report_s": round(report_s, 2), "report_rc": reported.returncode,
+        "report_lines": len(reported.stdout.splitlines()),
         "workdir": str(campaign.workdir),
     }
     if cancelled.returncode == 0:
@@ -224,13 +251,15 @@ def main() -> None:
     parser.add_argument("--run-s", type=float, default=60.0, help="how long a run trains (its steps at 0.2 s)")
     parser.add_argument("--kill-every-s", type=float, default=5.0)
     parser.add_argument("--fail-share", type=float, default=0.01)
+    parser.add_argument("--backend", choices=("local", "slurm"), default="local",
+                        help="slurm: the sweep's first attempts as job arrays on the cluster scripts/cluster starts")
     parser.add_argument("--one", type=int, nargs=2, metavar=("POINTS", "IN_FLIGHT"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "controller.json")
     args = parser.parse_args()
     if args.one:
         points, in_flight = args.one
         print(json.dumps(one_drill(points, in_flight, args.window_s, args.warmup_s, args.run_s, args.kill_every_s,
-                                   args.fail_share)))
+                                   args.fail_share, args.backend)))
         return
     results = []
     for in_flight in args.in_flight:
@@ -255,7 +284,7 @@ def main() -> None:
 
 def _passed(args: argparse.Namespace) -> list[str]:
     return ["--window-s", str(args.window_s), "--warmup-s", str(args.warmup_s), "--run-s", str(args.run_s),
-            "--kill-every-s", str(args.kill_every_s), "--fail-share", str(args.fail_share)]
+            "--kill-every-s", str(args.kill_every_s), "--fail-share", str(args.fail_share), "--backend", args.backend]
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:

@@ -40,6 +40,7 @@ from orchestrator.campaign.runs import RunConfig, expand_runs
 from orchestrator.campaign.spec import Campaign, SpecError
 from orchestrator.commands import CommandError, one_line
 from orchestrator.control.checkpoint_home import checkpoint_home_refusals, link_checkpoint_homes
+from orchestrator.control.scheduler_queue import SchedulerQueue
 from orchestrator.control.ticks import Ticks
 from orchestrator.control.tracker import RunTracker
 from orchestrator.control.workdir import claim_workdir
@@ -306,33 +307,54 @@ class Controller:
             waiting = [t for t in waiting if t not in arrayed]
         ticks = self.ticks
         queue = deque(waiting)
+        # Runs whose job waits in the scheduler's queue, unheard (an array's pending elements):
+        # out of the rounds until the scheduler starts them (scheduler_queue.py).
+        queued = SchedulerQueue()
         closing = [t for t in trackers if t.closing]  # a failed job still finishing (an earlier controller's)
         first_round = True  # its observers see every run once
-        while (queue or active or closing) and not self.stop_requested.is_set():
-            while queue and len(active) < self.in_flight_limit and self._room_for_a_job(_busy(active, closing)):
+        while (queue or active or closing or queued) and not self.stop_requested.is_set():
+            while (queue and len(active) + len(queued) < self.in_flight_limit
+                   and self._room_for_a_job(_busy(active, closing), also_held=len(queued))):
                 tracker = queue.popleft()
                 tracker.start(time.time())
                 active.append(tracker)
             # This round's work is its runs in flight and those whose failed job is still closing:
-            # a run that waits for its turn or has ended (its jobs gone) costs it nothing (issue 29).
+            # a run that waits for its turn or has ended (its jobs gone) costs it nothing (issue 29),
+            # nor one whose job waits in the scheduler's queue (but the first of each array).
             busy = _busy(active, closing)
-            self._advance(active, busy)
+            states = self._poll(busy, active, queued)
+            back = queued.take_back(states)
+            active, busy = active + back, busy + back
+            self._advance(active, busy, states)
             closing = [t for t in busy if t.closing]
-            active = [t for t in active if not t.done]
+            active = self._queue_unheard([t for t in active if not t.done], queued)
             if observer is not None:
                 observer(trackers, trackers if first_round else busy)
             first_round = False
-            if queue or active or closing:
+            if queue or active or closing or queued:
                 ticks.wait(self.stop_requested)
+
+    @staticmethod
+    def _queue_unheard(active: list[RunTracker], queued: SchedulerQueue) -> list[RunTracker]:
+        """The runs in flight after a round, less those whose job waits in the scheduler's queue
+        unheard: they wait in ``queued`` (those read this round as their array's first stay)."""
+        flying = []
+        for tracker in active:
+            if not tracker.queued_unheard:
+                queued.settle(tracker)
+                flying.append(tracker)
+            elif not queued.holds(tracker):
+                queued.park(tracker)
+        return flying
 
     def _jobs_held(self, trackers: list[RunTracker]) -> int:
         """The drill's jobs the scheduler may still count: current ones and failed ones finishing."""
         return sum(len(tracker.watched_job_ids()) for tracker in trackers)
 
-    def _room_for_a_job(self, trackers: list[RunTracker]) -> bool:
+    def _room_for_a_job(self, trackers: list[RunTracker], also_held: int = 0) -> bool:
         """Under a site's limit of submitted jobs, a new run's job fits beside those the drill holds
-        (a failed attempt's job counts until it has ended)."""
-        return self.submit_limit is None or self._jobs_held(trackers) < self.submit_limit.jobs
+        (a failed attempt's job counts until it has ended; ``also_held``: jobs waiting in the queue)."""
+        return self.submit_limit is None or self._jobs_held(trackers) + also_held < self.submit_limit.jobs
 
     def _submit_arrays(self, fresh: list[RunTracker], budget: int, jobs_held: int = 0) -> list[RunTracker]:
         """The first attempts of fresh runs, one job array per set of runs with equal resources
@@ -377,13 +399,16 @@ class Controller:
         sync_filesystem(self.campaign.workdir)
         return group
 
-    def _advance(self, active: list[RunTracker], busy: list[RunTracker]) -> None:
-        """Every run's files at the fast interval; the scheduler's states when a poll was due (a
-        job absent from ``states`` has no news this round). ``busy``: the runs in flight and those
-        whose failed job is closing: every job the drill still watches is one of theirs."""
+    def _poll(self, busy: list[RunTracker], active: list[RunTracker], queued: SchedulerQueue) -> dict[str, JobState]:
+        """The scheduler's states when a poll was due (a job absent from them has no news this
+        round). ``busy``: the runs in flight and those whose failed job is closing; with the jobs
+        waiting in ``queued``, every job the drill still watches."""
+        job_ids = [job_id for tracker in busy for job_id in tracker.watched_job_ids()] + queued.job_ids()
+        return self.poller.poll(self.backend, job_ids, urgent=any(tracker.awaits_scheduler for tracker in active))
+
+    def _advance(self, active: list[RunTracker], busy: list[RunTracker], states: dict[str, JobState]) -> None:
+        """Every run's files at the fast interval, with the scheduler's ``states`` of this round."""
         trackers = busy
-        job_ids = [job_id for tracker in trackers for job_id in tracker.watched_job_ids()]
-        states = self.poller.poll(self.backend, job_ids, urgent=any(tracker.awaits_scheduler for tracker in active))
         now = time.time()
         for tracker in trackers:
             tracker.settle_closing(states, now)

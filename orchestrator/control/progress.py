@@ -20,6 +20,7 @@ from orchestrator.control.story import Story, not_begun
 from orchestrator.control.tracker import RunTracker
 from orchestrator.report.answer import TERMINAL_ROWS, short_cause
 from orchestrator.report.tables import Table, rows_shown
+from orchestrator.states import JobState
 
 REDRAW_INTERVAL_S = 0.25
 PROGRESS_NAME = "progress.json"
@@ -62,8 +63,8 @@ class RowBook:
         """The rows rebuilt this round (every run's the first time)."""
         for tracker in trackers if not self._rows else touched:
             run_id = tracker.run.run_id
-            if run_id in self._rows and not_begun(tracker):
-                self._open.pop(run_id, None)  # waits for its turn: its row stands
+            if self._stands(tracker):
+                self._open.pop(run_id, None)  # waits for its turn, or in the scheduler's queue: its row stands
             elif run_id not in self._final:
                 self._open[run_id] = tracker
         building = list(self._open.values())
@@ -77,9 +78,18 @@ class RowBook:
             if row.run in self.story.settled:
                 self._final.add(row.run)
                 del self._open[row.run]
-            elif not_begun(tracker):
+            elif self._stands(tracker):
                 del self._open[row.run]  # touched again when it starts
         return built
+
+    def _stands(self, tracker: RunTracker) -> bool:
+        """The run's row cannot change until a round touches it again: the run waits for its first
+        turn, or its job waits in the scheduler's queue unheard and the row already says so."""
+        row = self._rows.get(tracker.run.run_id)
+        if row is None:
+            return False
+        return not_begun(tracker) or (tracker.queued_unheard and row.job == tracker.job_id
+                                      and row.status == tracker.status and row.state == JobState.PENDING.value)
 
     def rows(self, trackers: list[RunTracker], now: float | None = None) -> list[ProgressRow]:
         """Every run's row, in the trackers' order, each rebuilt where it can have changed."""

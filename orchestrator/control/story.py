@@ -89,6 +89,8 @@ class Story:
                 tracker.ledger.others_committed()
             as_of = (*tracker.ledger.writes(run_id), tracker.status)
             if self._read_as_of.get(run_id) == as_of:
+                if tracker.queued_unheard:  # its job waits in the scheduler's queue: told to now
+                    del self._open[run_id]  # touched again when it starts
                 continue  # nothing of the run written since it was read: no new event
             self._read_as_of[run_id] = as_of
             story = self.runs.setdefault(run_id, RunStory())

@@ -158,6 +158,15 @@ class RunTracker:
         lost_node = self.node_checks is not None and self.node_checks.awaiting_poll
         return started_unseen or watch.step_exit is not None or ending or watch.silent_since is not None or lost_node
 
+    @property
+    def queued_unheard(self) -> bool:
+        """The run's one job waits in the scheduler's queue (its poll says PENDING, never RUNNING)
+        and nothing of it was heard: a round has nothing to read or decide for it until the
+        scheduler starts it (orchestrator/control/scheduler_queue.py)."""
+        watch = self.watch
+        return (watch is not None and not self.done and watch.state is JobState.PENDING and watch.unheard
+                and self.submitter.pending is None and self.watched_job_ids() == [watch.job_id])
+
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
         current = [self.job_id] if self.job_id is not None and not self.done else []

@@ -122,6 +122,14 @@ class AttemptWatch:
         return max((beat.time for beat in self.beats.values()), default=None)
 
     @property
+    def unheard(self) -> bool:
+        """Nothing of the attempt was heard yet: no event, heartbeat or rank file read, never seen
+        running by the scheduler, no go held for it."""
+        return (self.job_started is None and self.ranks_started is None and self.training_started is None
+                and not self.beats and self.step_exit is None and not self.completed and self.warm_failure is None
+                and self.running_since is None and self.go_at is None and self.first_checkpoint is None)
+
+    @property
     def failing(self) -> bool:
         """The step already ended badly or the scheduler ended the job: no fault should land here."""
         exit_code = self.step_exit.exit_code if self.step_exit else 0

@@ -309,6 +309,60 @@ def test_a_rounds_work_follows_the_runs_in_flight_not_the_sweeps_size(tmp_path: 
     assert all(every == 30 for _, _, every in rounds)
 
 
+def test_an_arrays_pending_elements_cost_a_round_nothing_but_its_first(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a sweep that goes out as job arrays has every run's job out at once, most of them
+    pending. 30 runs in three arrays of 10, 3 at once: the scheduler starts them two at a time from
+    the last element backwards (out of the arrays' order) and each ends as it runs. A round reads
+    the files of the runs in flight, those it ended and each array's first two pending elements,
+    never all 30; every run is still taken back when the scheduler starts it (its poll), and ends.
+    Counts calls, not time."""
+    from orchestrator.control.progress import RowBook
+    from orchestrator.control.scheduler_queue import HEADS
+    from orchestrator.control.story import Story
+    from orchestrator.observe.watch import AttemptWatch
+    from orchestrator.states import JobState
+
+    read: list[str] = []
+    reading = AttemptWatch.read
+    monkeypatch.setattr(AttemptWatch, "read", lambda self, now=None: read.append(self.job_id) or reading(self, now))
+    scheduler = FakeScheduler(max_array=10)
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=30, parallel_runs=3)), backend=scheduler)
+    story = Story()
+    book = RowBook(story)  # the live display's and progress.json's rows
+    rounds: list[tuple[int, int, int]] = []  # (runs whose files were read, runs told to the observers, rows built)
+
+    def scheduler_runs_two_backwards(trackers: list, touched: list) -> None:
+        story.new_lines(touched, now=len(rounds))  # a look every round
+        rounds.append((len(set(read)), len(touched), len(book.update(trackers, touched))))
+        read.clear()
+        for job, state in scheduler.states.items():
+            if state is JobState.RUNNING:
+                scheduler.states[job] = JobState.CANCELLED  # a person's cancel: the run gives up
+        pending = [job for job, state in scheduler.states.items() if state is JobState.PENDING]
+        for job in pending[::-1][:2]:
+            scheduler.states[job] = JobState.RUNNING
+        if all(tracker.done for tracker in trackers):
+            controller.stop_requested.set()
+
+    try:
+        controller.run(observer=scheduler_runs_two_backwards)
+        for look in range(2):  # the last runs' ends told, then read once more
+            story.new_lines([], now=len(rounds) + 1 + look)
+    finally:
+        controller.close()
+    assert [len(array) for array in scheduler.called("submit_array")] == [10, 10, 10]
+    assert all(tracker.done for tracker in controller._trackers), "every run was taken back when it started"
+    assert rounds[0] == (30, 30, 30), "the first round reads, tells and shows every run once"
+    later = rounds[1:]
+    bound = 2 * 2 + HEADS * 3  # started, ending, each array's first pending elements
+    assert len(later) >= 15 and all(runs_read <= bound and told <= bound for runs_read, told, _ in later), later
+    # rows built: the two started, the two ended this round and the two the round before (read once more)
+    assert all(built <= 3 * 2 for _, _, built in later), ("a pending element's row stands until it starts", later)
+    assert sum(built for _, _, built in later) >= 30, "every run's row is built again as it runs and ends"
+    assert set(story.settled) == {tracker.run.run_id for tracker in controller._trackers}, "every story told to its end"
+
+
 def test_a_run_with_a_job_in_flight_and_a_failed_one_closing_is_counted_once_under_a_sites_limit(
         tmp_path: Path) -> None:
     """Review of issue 29: a run whose new attempt runs while its failed job is still closing is in

@@ -26,7 +26,7 @@ def _tracker(ledger: Ledger, status: str = "running", step: int = 130, steps_per
     watch = SimpleNamespace(attempt=1, job_id="2957", state=SimpleNamespace(value="RUNNING"), last_step=step,
                             steps_per_s=lambda: steps_per_s, last_step_heard=T0 - 1)
     return SimpleNamespace(run=SimpleNamespace(run_id="r000", workload=SimpleNamespace(steps=800)), ledger=ledger,
-                           status=status, watch=watch, job_id="2957", faults=SimpleNamespace(sent=1), plan=[object()])
+                           status=status, watch=watch, job_id="2957", faults=SimpleNamespace(sent=1), plan=[object()], queued_unheard=False)
 
 
 def test_each_event_is_a_line_once_in_the_order_it_came(tmp_path: Path) -> None:

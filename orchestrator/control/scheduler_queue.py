@@ -1,0 +1,91 @@
+"""Runs whose job waits in the scheduler's queue, kept out of the controller's rounds (issue 29).
+
+A sweep submitted as job arrays has every run's first attempt out at once: 10,000 runs are 10,000
+pending elements, of which only ``parallel_runs`` run (the arrays' throttles). A pending job has
+nothing to read (no rank has started, nothing was written), so reading each one's files every
+round made a round's cost follow the sweep's size, not the runs in flight.
+
+Such a run waits here, in its array's order, until either
+- the scheduler's poll says its job left the queue (RUNNING, or ended: the poll's answer names
+  every job the drill holds, these too), or
+- it is among the first ``HEADS`` waiting elements of its array, whose files are read every round
+  as before: a throttled array starts its lowest pending index next, so the element about to start
+  is read at the fast pace (a single job is its own array of one: read every round, as before).
+
+An element that starts out of order is taken back at the next poll: its failure is seen then, never
+missed (the files keep what was written). Nothing is decided for a waiting run while it waits."""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from orchestrator.states import JobState
+
+if TYPE_CHECKING:
+    from orchestrator.control.tracker import RunTracker
+
+HEADS = 2  # an array's first waiting elements, read every round
+
+# Slurm's ``123_4`` (``123_4;cluster`` under -M), PBS's ``123[4].server`` (``69[4]`` bare).
+ARRAY_ELEMENT = re.compile(r"^(?P<base>[^_\[;]+)(?:_(?P<slurm>\d+)|\[(?P<pbs>\d+)\])(?P<rest>.*)$")
+
+
+def array_place(job_id: str) -> tuple[str, int]:
+    """(the array's id, the element's index) of an array element; (the job's id, 0) of any other."""
+    match = ARRAY_ELEMENT.match(job_id)
+    if match is None:
+        return job_id, 0
+    index = match.group("slurm") if match.group("slurm") is not None else match.group("pbs")
+    return f"{match.group('base')}{match.group('rest')}", int(index)
+
+
+@dataclass
+class SchedulerQueue:
+    """The waiting runs, by array and in index order; each run's job id for the poll."""
+
+    heads: int = HEADS
+    _arrays: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # array -> sorted (index, job id)
+    _by_job: dict[str, "RunTracker"] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._by_job)
+
+    def job_ids(self) -> list[str]:
+        return list(self._by_job)
+
+    def holds(self, tracker: "RunTracker") -> bool:
+        return tracker.job_id is not None and self._by_job.get(tracker.job_id) is tracker
+
+    def park(self, tracker: "RunTracker") -> None:
+        job_id = tracker.job_id
+        assert job_id is not None and job_id not in self._by_job
+        array, index = array_place(job_id)
+        bisect.insort(self._arrays.setdefault(array, []), (index, job_id))
+        self._by_job[job_id] = tracker
+
+    def take_back(self, states: dict[str, JobState]) -> list["RunTracker"]:
+        """The runs the round works on again: those the poll says left the queue, and each array's
+        first waiting elements (they stay waiting here unless the round finds them started)."""
+        started = [job_id for job_id, state in states.items()
+                   if state is not JobState.PENDING and job_id in self._by_job]
+        taken = [self._remove(job_id) for job_id in started]
+        return taken + [self._by_job[job_id] for elements in self._arrays.values()
+                        for _, job_id in elements[:self.heads]]
+
+    def settle(self, tracker: "RunTracker") -> None:
+        """A head read this round that was heard from (or is no longer waiting) leaves the queue."""
+        if self.holds(tracker):
+            assert tracker.job_id is not None
+            self._remove(tracker.job_id)
+
+    def _remove(self, job_id: str) -> "RunTracker":
+        tracker = self._by_job.pop(job_id)
+        array, index = array_place(job_id)
+        elements = self._arrays[array]
+        del elements[bisect.bisect_left(elements, (index, job_id))]
+        if not elements:
+            del self._arrays[array]
+        return tracker
