@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 from orchestrator.states import JobState  # noqa: E402
 
 STEP_S = 0.2  # the rank's pace: a line a step
+FILES_PER_SUBMISSION = 4  # a run's first submission creates its fence's lock, two fences and its pickled call
 RANK = "i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo step $i; sleep " + f"{STEP_S}" + "; done"
 
 
@@ -156,6 +157,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
     from orchestrator.record.ledger_home import place_ledger
 
     root = Path(tempfile.mkdtemp(prefix="fd-bench-controller-", dir="/var/tmp"))
+    create_ms = create_floor_ms(root)
     campaign = load_campaign(spec(root, points, in_flight, run_s, backend))
     set_up_at = time.monotonic()
     plan = plan_drill(campaign)
@@ -166,14 +168,15 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         set_up_s = time.monotonic() - set_up_at
         progress = DrillProgress(campaign.workdir)
         started = time.monotonic()
-        first_round_at: float | None = None  # the arrays (Slurm) are out before the first round
-        next_kill = started + warmup_s
-        ends_at = started + warmup_s + window_s
+        # The arrays (Slurm) are out before the first round: the warm-up counts from it.
+        first_round_at: float | None = None
+        next_kill = ends_at = math.inf
 
         def observe(trackers: list[Any], touched: list[Any]) -> None:
-            nonlocal next_kill, first_round_at
+            nonlocal next_kill, ends_at, first_round_at
             if first_round_at is None:
                 first_round_at = time.monotonic()
+                next_kill, ends_at = first_round_at + warmup_s, first_round_at + warmup_s + window_s
             progress(trackers, touched)
             sampler(touched)
             now = time.monotonic()
@@ -189,7 +192,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         finally:
             progress.close()
             controller.close()
-    rounds = [r for r in sampler.rounds if r.at >= started + warmup_s]
+    rounds = [r for r in sampler.rounds if first_round_at is not None and r.at >= first_round_at + warmup_s]
     costs_ms = [1000 * (b.cpu_s - a.cpu_s) for a, b in zip(rounds, rounds[1:], strict=False)]
     loop_ms = [1000 * (b.loop_cpu_s - a.loop_cpu_s) for a, b in zip(rounds, rounds[1:], strict=False)]
     gaps_ms = [1000 * (b.at - a.at) for a, b in zip(rounds, rounds[1:], strict=False)]
@@ -213,6 +216,10 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         # the first attempts of every run accepted by the scheduler (Slurm: the arrays), from the
         # controller's start
         "submit_s": round(first_round_at - started, 2) if first_round_at is not None and backend != "local" else None,
+        # the floor: the files a submission leaves for each run (its fence's lock, the fence before
+        # and after the scheduler's answer, its pickled call) created one after another
+        "create_floor_ms": round(create_ms, 3),
+        "submit_floor_s": round(points * FILES_PER_SUBMISSION * create_ms / 1000, 2),
         "round_cpu_ms_median": round(statistics.median(costs_ms), 3) if costs_ms else None,
         "round_cpu_ms_mean": round(statistics.fmean(costs_ms), 3) if costs_ms else None,
         "round_cpu_ms_p99": round(_quantile(costs_ms, 0.99), 3) if costs_ms else None,
@@ -235,6 +242,22 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
     if cancelled.returncode == 0:
         subprocess.run(["rm", "-rf", "--", str(root)], check=False)
     return result
+
+
+def create_floor_ms(directory: Path, files: int = 2000) -> float:
+    """What creating one small file costs on ``directory``'s filesystem, one after another (create,
+    write a line, close: as a fence or a pickled call is written), in ms: the floor of a
+    submission that must leave a few files for each run."""
+    floor_dir = Path(tempfile.mkdtemp(prefix="create-floor-", dir=directory))
+    try:
+        began = time.perf_counter()
+        for index in range(files):
+            fd = os.open(floor_dir / f"f{index}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, b"0 - drill\n")
+            os.close(fd)
+        return 1000 * (time.perf_counter() - began) / files
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(floor_dir)], check=False)
 
 
 def _quantile(values: list[float], q: float) -> float:

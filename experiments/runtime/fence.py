@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,9 +77,13 @@ def write_fence(paths: RunPaths, fence: Fence, durable: bool = True) -> None:
     """Atomically (temporary name, fsync, rename): a reader sees the old line or the new one.
     ``durable`` False: no fsync here; the caller makes a batch of fences durable at once
     (``sync_filesystem``) before anything depends on them."""
-    paths.current_attempt.parent.mkdir(parents=True, exist_ok=True)
-    with _writers_lock(paths):
-        _replace(paths, fence, durable)
+    try:
+        with _writers_lock(paths):
+            _replace(paths, fence, durable)
+    except FileNotFoundError:  # the run's directory is not there yet (made only then: a sweep's
+        paths.current_attempt.parent.mkdir(parents=True, exist_ok=True)  # 10,000 fences, no mkdir each)
+        with _writers_lock(paths):
+            _replace(paths, fence, durable)
 
 
 def advance_fence(paths: RunPaths, held: Fence, new: Fence) -> None:
@@ -156,12 +161,14 @@ def _lock_or_give_up(fd: int, deadline_s: float = FENCE_LOCK_WAIT_S) -> None:
 
 def _replace(paths: RunPaths, fence: Fence, durable: bool) -> None:
     target = paths.current_attempt
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        handle.write(fence.render())
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, fence.render().encode())
         if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, target)
     if durable:
         fsync_dir(target.parent)

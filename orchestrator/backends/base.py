@@ -14,6 +14,7 @@ from submitit.core import utils as submitit_utils
 from experiments.entry import run_rank
 from experiments.layout import RankJob
 from injectors.actions import WalltimeSet
+from orchestrator.at_once import at_once
 from orchestrator.backends.daemon_probe import Address, daemons_accept
 from orchestrator.campaign.capabilities import BackendCapabilities, Capability
 from orchestrator.campaign.runs import RunConfig
@@ -299,9 +300,12 @@ def ensure_submitted_pickle(run: RunConfig, pickle_id: str, job: RankJob) -> Non
 def dump_pending(run: RunConfig, job: RankJob) -> Path:
     """The pickled call an array element will run, under a temporary name in its run's folder
     (moved to the element's name once the scheduler gave the array its id)."""
-    run.paths.submitit.mkdir(parents=True, exist_ok=True)
     path = run.paths.submitit / f".pending-{uuid.uuid4().hex}.pkl"
-    _dump_call(run, job, path)
+    try:
+        _dump_call(run, job, path)
+    except FileNotFoundError:  # the run's first submission: its folder made now (not a mkdir each time)
+        run.paths.submitit.mkdir(parents=True, exist_ok=True)
+        _dump_call(run, job, path)
     return path
 
 
@@ -316,7 +320,7 @@ class PendingArray:
 
     @classmethod
     def prepare(cls, items: list[tuple[RunConfig, RankJob]], script: SubmissionScript) -> "PendingArray":
-        pickles = [dump_pending(run, job) for run, job in items]
+        pickles = at_once(lambda item: dump_pending(*item), items)  # thousands of files: side by side
         script.submit_dir.mkdir(parents=True, exist_ok=True)
         script_path = script.submit_dir / f".submission_file_{uuid.uuid4().hex}.sh"
         script_path.write_text(script.text)
@@ -326,8 +330,12 @@ class PendingArray:
         """The script renamed as the array's, each pickle as its element's (submitit's job id of
         it); the element ids, in the items' order."""
         self.script_path.rename(self.script_path.with_name(f"{array_id}_submission.sh"))
-        elements = []
-        for index, (run, pickle) in enumerate(zip(self.runs, self.pickles, strict=False)):
-            elements.append(element_id(index))
-            submitit_utils.JobPaths(run.paths.submitit, job_id=elements[-1]).move_temporary_file(pickle, "submitted_pickle")
+        elements = [element_id(index) for index in range(len(self.runs))]
+        at_once(lambda moved: os.replace(moved[0], _submitted_pickle(moved[1].paths.submitit, moved[2])),
+                list(zip(self.pickles, self.runs, elements, strict=True)))
         return elements
+
+
+def _submitted_pickle(folder: Path, job_id: str) -> Path:
+    """Where submitit's runner (and experiments/task.py) looks for a job's pickled call."""
+    return submitit_utils.JobPaths(folder, job_id=job_id).submitted_pickle

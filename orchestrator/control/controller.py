@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from experiments.runtime.fence import sync_filesystem
+from experiments.runtime.fence import Fence, sync_filesystem, write_fence
 from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
+from orchestrator.at_once import at_once
 from orchestrator.backends import backend_class, make_backend
 from orchestrator.backends.base import Backend, SubmitLimit
 from orchestrator.backends.scheduler_calls import SchedulerCalls
@@ -301,15 +302,16 @@ class Controller:
         waiting = [t for t in waiting if t.fresh]
         for tracker in active:
             tracker.start(time.time())
-        if self.campaign.submit_as_array and self.backend.offers(Capability.ARRAYS):
-            arrayed = self._submit_arrays(waiting, self.in_flight_limit - len(active), self._jobs_held(trackers))
-            active += arrayed
-            waiting = [t for t in waiting if t not in arrayed]
-        ticks = self.ticks
-        queue = deque(waiting)
         # Runs whose job waits in the scheduler's queue, unheard (an array's pending elements):
         # out of the rounds until the scheduler starts them (scheduler_queue.py).
         queued = SchedulerQueue()
+        if self.campaign.submit_as_array and self.backend.offers(Capability.ARRAYS):
+            arrayed = self._submit_arrays(waiting, self.in_flight_limit - len(active), self._jobs_held(trackers))
+            active += self._queue_unheard(arrayed, queued)
+            went = set(map(id, arrayed))
+            waiting = [t for t in waiting if id(t) not in went]
+        ticks = self.ticks
+        queue = deque(waiting)
         closing = [t for t in trackers if t.closing]  # a failed job still finishing (an earlier controller's)
         first_round = True  # its observers see every run once
         while (queue or active or closing or queued) and not self.stop_requested.is_set():
@@ -382,11 +384,12 @@ class Controller:
         the runs that went out (none if it was refused)."""
         name = array_job_name([t.run for t in group], 0, self.drill_id) if len(group) > 1 else None
         # One ledger transaction and one sync of the fences for the whole group, not one per run
-        # (a 1000-run sweep: 4000 fsyncs and 2000 commits took most of its submission time).
+        # (a 1000-run sweep: 4000 fsyncs and 2000 commits took most of its submission time); the
+        # fences written side by side (each a create and a rename: at_once).
         with self.ledger.transaction():
-            jobs = [tracker.begin_attempt(0, name, index if name else None, durable=False)
+            jobs = [tracker.begin_attempt(0, name, index if name else None, fence=False)
                     for index, tracker in enumerate(group)]
-        sync_filesystem(self.campaign.workdir)
+        self._fence_all([(tracker, None) for tracker in group])
         try:
             submissions = self.backend.submit_array([(t.run, job) for t, job in zip(group, jobs, strict=True)], throttle)
         except (CommandError, OSError) as error:
@@ -395,9 +398,14 @@ class Controller:
             return []
         with self.ledger.transaction():
             for tracker, submission in zip(group, submissions, strict=True):
-                tracker.accept(0, submission, durable=False)
-        sync_filesystem(self.campaign.workdir)
+                tracker.accept(0, submission, fence=False)
+        self._fence_all([(tracker, submission.job_id) for tracker, submission in zip(group, submissions, strict=True)])
         return group
+
+    def _fence_all(self, fences: list[tuple[RunTracker, str | None]]) -> None:
+        """Each run's fence on its first attempt (of ``job_id``, once known), made durable together."""
+        at_once(lambda fence: write_fence(fence[0].run.paths, Fence(0, fence[1], self.drill_id), durable=False), fences)
+        sync_filesystem(self.campaign.workdir)
 
     def _poll(self, busy: list[RunTracker], active: list[RunTracker], queued: SchedulerQueue) -> dict[str, JobState]:
         """The scheduler's states when a poll was due (a job absent from them has no news this

@@ -218,6 +218,9 @@ def read_progress(workdir: Path) -> tuple[float, list[ProgressRow]] | None:
         return None
 
 
+LINES_PER_LOOK = 40  # story lines printed at one look; the rest counted
+
+
 class Progress:
     """Observer for Controller.run: a live table on a terminal, one line per change otherwise."""
 
@@ -248,8 +251,11 @@ class Progress:
 
     def show(self, lines: list[str], rows: list[ProgressRow], now: float) -> None:
         """This round's story lines and rebuilt rows (``DrillProgress``: rows its file keeps too)."""
-        for line in lines:
+        for line in lines[:LINES_PER_LOOK]:
             self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        if len(lines) > LINES_PER_LOOK:  # a sweep's arrays submitted: not 10,000 lines on a terminal
+            self.console.print(f"{time.strftime('%H:%M:%S')} ... and {len(lines) - LINES_PER_LOOK:,} more events "
+                               "(every one in the ledger: faultdrill status / report)", highlight=False, markup=False)
         for row in rows:  # a stall said once as a line (the live table shows it as long as it lasts)
             if row.stalled_s is not None and row.run not in self._stalls_said:
                 self._stalls_said.add(row.run)

@@ -15,6 +15,7 @@ current attempt's starts nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -83,6 +84,11 @@ RELAUNCH_MARGIN_S = 10.0
 JOB_TAKEN_BACK = frozenset({FailureClass.PREEMPTED, FailureClass.TIMEOUT})
 
 
+# The runs of a sweep share a directory: its filesystem looked up once (the mount table read and
+# parsed for each of 10,000 runs took seconds), not once a run.
+_interval_for = functools.lru_cache(maxsize=64)(interval_for)
+
+
 class RunTracker:
     def __init__(
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
@@ -95,8 +101,8 @@ class RunTracker:
         self.ledger = ledger
         self.drill_id = drill_id
         self.restart = run.campaign.restart
-        self.heartbeat_s = interval_for(run.paths.root.parent, self.restart.heartbeat_s,
-                                        self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
+        self.heartbeat_s = _interval_for(run.paths.root.parent, self.restart.heartbeat_s,
+                                         self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
         self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered

@@ -19,7 +19,7 @@ ORCHESTRATOR_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"backends"}),
     frozenset({"render", "record"}),
     frozenset({"campaign"}),
-    frozenset({"commands", "states"}),
+    frozenset({"commands", "states", "at_once"}),
 )
 
 

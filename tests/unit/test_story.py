@@ -273,3 +273,20 @@ def test_a_long_progress_table_names_the_runs_under_way_before_those_that_ended_
             + [_row(f"x{i:02d}", "running") for i in range(10)])
     names = [str(name) for name in progress_table(rows, now=T0).columns[0].cells]
     assert names[:10] == [f"x{i:02d}" for i in range(10)] and len(names) == 50 + 1, names[:12]
+
+
+def test_a_look_with_more_lines_than_a_terminal_holds_prints_the_first_and_counts_the_rest() -> None:
+    """Issue 29: a 10,000-run sweep's arrays are 10,000 'submitted' lines at the first look: the
+    terminal gets the first LINES_PER_LOOK and one line counting the others (the ledger has them)."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.control.progress import LINES_PER_LOOK, Progress
+
+    out = io.StringIO()
+    Progress(Console(file=out, width=200)).show([f"12:00:00 r{i:04d} attempt 0 submitted" for i in range(10_000)], [],
+                                                 now=0.0)
+    printed = out.getvalue().splitlines()
+    assert printed[:LINES_PER_LOOK] == [f"12:00:00 r{i:04d} attempt 0 submitted" for i in range(LINES_PER_LOOK)]
+    assert len(printed) == LINES_PER_LOOK + 1 and f"{10_000 - LINES_PER_LOOK:,} more events" in printed[-1]
