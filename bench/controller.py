@@ -53,7 +53,9 @@ sys.path.insert(0, str(REPO))
 from orchestrator.states import JobState  # noqa: E402
 
 STEP_S = 0.2  # the rank's pace: a line a step
-FILES_PER_SUBMISSION = 4  # a run's first submission creates its fence's lock, two fences and its pickled call
+# A run's first submission creates its directory, its fence's lock, its fence twice (before and after
+# the scheduler's answer: each a new file renamed over the last), its submitit folder and its pickled call.
+FILES_PER_SUBMISSION = 6
 RANK = "i=0; while [ $i -lt {steps} ]; do i=$((i+1)); echo step $i; sleep " + f"{STEP_S}" + "; done"
 
 
@@ -216,8 +218,7 @@ def one_drill(points: int, in_flight: int, window_s: float, warmup_s: float, run
         # the first attempts of every run accepted by the scheduler (Slurm: the arrays), from the
         # controller's start
         "submit_s": round(first_round_at - started, 2) if first_round_at is not None and backend != "local" else None,
-        # the floor: the files a submission leaves for each run (its fence's lock, the fence before
-        # and after the scheduler's answer, its pickled call) created one after another
+        # the floor: the files a submission creates for each run (FILES_PER_SUBMISSION), one after another
         "create_floor_ms": round(create_ms, 3),
         "submit_floor_s": round(points * FILES_PER_SUBMISSION * create_ms / 1000, 2),
         "round_cpu_ms_median": round(statistics.median(costs_ms), 3) if costs_ms else None,

@@ -8,9 +8,9 @@ round made a round's cost follow the sweep's size, not the runs in flight.
 Such a run waits here, in its array's order, until either
 - the scheduler's poll says its job left the queue (RUNNING, or ended: the poll's answer names
   every job the drill holds, these too), or
-- it is among the first ``HEADS`` waiting elements of its array, whose files are read every round
-  as before: a throttled array starts its lowest pending index next, so the element about to start
-  is read at the fast pace (a single job is its own array of one: read every round, as before).
+- its files, read every round as before while it is its array's first waiting element (``HEADS``),
+  say it started: a throttled array starts its lowest pending index next, so the element about to
+  start is read at the fast pace (a single job is its own array of one: read every round, as before).
 
 An element that starts out of order is taken back at the next poll: its failure is seen then, never
 missed (the files keep what was written). Nothing is decided for a waiting run while it waits."""
@@ -27,7 +27,7 @@ from orchestrator.states import JobState
 if TYPE_CHECKING:
     from orchestrator.control.tracker import RunTracker
 
-HEADS = 2  # an array's first waiting elements, read every round
+HEADS = 1  # an array's first waiting element, read every round
 
 # Slurm's ``123_4`` (``123_4;cluster`` under -M), PBS's ``123[4].server`` (``69[4]`` bare).
 ARRAY_ELEMENT = re.compile(r"^(?P<base>[^_\[;]+)(?:_(?P<slurm>\d+)|\[(?P<pbs>\d+)\])(?P<rest>.*)$")

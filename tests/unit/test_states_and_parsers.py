@@ -185,3 +185,28 @@ def test_the_steps_slurm_says_ran_out_of_memory_are_read_from_accounting(monkeyp
     assert backend.out_of_memory_steps("9") == ("9.4",)
     assert backend.out_of_memory_steps("9", "faultdrill-ranks-2") == ()
     assert backend.out_of_memory_steps("9", "faultdrill-ranks-1") == ("9.4",)
+
+
+def test_a_poll_of_a_sweeps_arrays_finds_every_element_and_asks_accounting_in_parts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a 10,000-run sweep's poll. squeue (recorded format, -r) lists the 5,000 elements it
+    still holds; the 5,000 it forgot are asked of sacct in parts of SACCT_IDS_AT_ONCE (one -j of
+    them all passes the kernel's limit on one argument), each part's answer taken."""
+    from orchestrator.backends.slurm import backend as slurm
+
+    held = [f"700_{index}" for index in range(5000)]
+    forgotten = [f"701_{index}" for index in range(5000)]
+    asked: list[list[str]] = []
+
+    def scheduler(args: list[str], **_: object) -> CommandResult:
+        if args[0] == "squeue":
+            return CommandResult(tuple(args), 0, "".join(f"{job}|PENDING\n" for job in held) + "9|RUNNING\n", "", 0.1)
+        ids = args[args.index("-j") + 1].split(",")
+        asked.append(ids)
+        return CommandResult(tuple(args), 0, "".join(f"{job}|COMPLETED\n" for job in ids), "", 0.1)
+
+    monkeypatch.setattr(slurm, "run_command", scheduler)
+    states = slurm.SlurmBackend("drill").poll(held + forgotten)
+    assert states == {**dict.fromkeys(held, JobState.PENDING), **dict.fromkeys(forgotten, JobState.COMPLETED)}
+    assert [len(part) for part in asked] == [slurm.SACCT_IDS_AT_ONCE] * 5
+    assert [job for part in asked for job in part] == forgotten

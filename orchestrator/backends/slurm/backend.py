@@ -61,6 +61,7 @@ NO_ACCOUNTING = ("accounting (sacct) did not answer ({why}): a job that left the
                  "in a state not known, its failure class taken from the run's own files; failure "
                  "times from the poll, not the scheduler's end time; a submission whose answer was "
                  "lost looked for in the queue only")
+SACCT_IDS_AT_ONCE = 1000  # job ids in one sacct -j (each ~10 characters: far below MAX_ARG_STRLEN's 128 KiB)
 # A poll whose forgotten jobs sacct cannot place fails (the poller asks again) this long before the
 # drill goes on without accounting; at once where the site configures none.
 ACCOUNTING_GRACE_S = 60.0
@@ -332,12 +333,17 @@ class SlurmBackend(Backend):
         # -r: one line per array element, pending ones too (not 123_[4-9%2]).
         result = run_command(["squeue", *cluster_args(cluster), "-h", "-r", "-t", "all", "-u", self.user,
                               "-o", "%i|%T"], timeout_s=POLL_TIMEOUT_S)
-        states = {number: state for number, state in parse_squeue(result.stdout).items() if number in numbers}
+        wanted = set(numbers)  # a sweep's arrays: 10,000 ids, looked up in a set (a list's scan was quadratic)
+        states = {number: state for number, state in parse_squeue(result.stdout).items() if number in wanted}
         missing = [number for number in numbers if number not in states]
-        if missing:  # they left the queue: accounting knows how they ended, if the site keeps it
+        # They left the queue: accounting knows how they ended, if the site keeps it (asked in parts:
+        # one argument of thousands of ids passes the kernel's limit on an argument's length).
+        for start in range(0, len(missing), SACCT_IDS_AT_ONCE):
+            part = missing[start:start + SACCT_IDS_AT_ONCE]
             accounted = self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
-                                     "-j", ",".join(missing)], in_poll=True)
-            states.update({n: s for n, s in parse_sacct(accounted).items() if n in missing})
+                                     "-j", ",".join(part)], in_poll=True)
+            asked = set(part)
+            states.update({n: s for n, s in parse_sacct(accounted).items() if n in asked})
         return {_with_cluster(number, cluster): state for number, state in states.items()}
 
     def end_time(self, job_id: str) -> float | None:
