@@ -21,14 +21,14 @@ from fake_scheduler import ControllerCrash
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control import controller as controller_module
-from orchestrator.control import same_job_attempts, tracker
+from orchestrator.control import same_job_attempts, submission, tracker
 from orchestrator.control.controller import Controller
 from orchestrator.record.ledger import Ledger
 from simulated_cluster import HANG, KILL, PREEMPT, SimulatedCluster
 
 LEDGER_WRITES = ("add_attempt", "update_attempt", "update_run", "set_meta", "add_checkpoints")
 SCHEDULER_ACTS = ("submit", "submit_array", "cancel", "requeue")
-FENCE_WRITERS = (controller_module, tracker, same_job_attempts)  # every module of the controller that writes a fence
+FENCE_WRITERS = (controller_module, tracker, same_job_attempts, submission)  # every module of the controller that writes a fence
 FENCE_WRITES = ("write_fence", "write_fence_unless_ahead", "fence_unless_moved_on")  # experiments.runtime.fence
 
 

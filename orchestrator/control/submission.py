@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Protocol
 
 from experiments.layout import RankJob
+from experiments.runtime.fence import Fence, write_fence
 from orchestrator.backends.base import AttemptRef, Backend, Submission, SubmitRefusal
 from orchestrator.backends.scheduler_calls import SchedulerCalls
 from orchestrator.campaign.runs import RunConfig
@@ -49,11 +50,17 @@ class PendingSubmission:
     asked: "Future[Submission | list[str]] | None" = None  # the command in flight: a submission, or the look
 
 
+class Accepted(Protocol):
+    """(attempt, submission); ``fence`` False: the submission's call already fenced the run on its job."""
+
+    def __call__(self, attempt: int, submission: Submission, *, fence: bool = True) -> None: ...
+
+
 @dataclass(frozen=True)
 class SubmissionHooks:
     """What the tracker does when a submission ends either way, and how it cancels a duplicate."""
 
-    accepted: Callable[[int, Submission], None]  # (attempt, submission)
+    accepted: Accepted
     gave_up: Callable[[int, float], None]  # (attempt, now): every try failed; the policy decides
     refused: Callable[[str, float], None]  # (why, now): the scheduler refuses the job as asked: the run gives up
     cancel: Callable[[str], None]  # a duplicate job found for the attempt
@@ -106,7 +113,7 @@ class Submitter:
         answer = pending.asked.result() if pending.asked.exception() is None else None
         if isinstance(answer, Submission):
             self.pending = None
-            self.hooks.accepted(pending.attempt, answer)
+            self.hooks.accepted(pending.attempt, answer, fence=False)
 
     def _ask(self, pending: PendingSubmission) -> "Future[Submission | list[str]]":
         """After a failed try, the look for the job first (the scheduler may have taken it); then
@@ -116,13 +123,22 @@ class Submitter:
             return self.calls.start(lambda: self.backend.find_submitted(ref))
         if pending.failures:
             self._as_single_job(pending.attempt)
-        run, job = self.run, pending.job
-        return self.calls.start(lambda: self.backend.submit(run, job))
+        run, job, attempt, drill_id = self.run, pending.job, pending.attempt, self.drill_id
+
+        def fenced_submission() -> Submission:
+            # The fence names the attempt durably before the scheduler can start its job (the loop
+            # wrote it, not durably, when it recorded the attempt: a restarted controller's retry
+            # may find none), then its job once the scheduler gave it: both here, off the loop.
+            write_fence(run.paths, Fence(attempt, None, drill_id))
+            submission = self.backend.submit(run, job)
+            write_fence(run.paths, Fence(attempt, submission.job_id, drill_id))
+            return submission
+        return self.calls.start(fenced_submission)
 
     def _answered(self, pending: PendingSubmission, answer: "Submission | list[str]") -> None:
         if isinstance(answer, Submission):
             self.pending = None
-            self.hooks.accepted(pending.attempt, answer)
+            self.hooks.accepted(pending.attempt, answer, fence=False)
         elif answer:
             self.pending = None
             self._adopt_found(pending, answer)

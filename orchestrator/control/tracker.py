@@ -338,7 +338,9 @@ class RunTracker:
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
         self.watch = None  # the attempt before is over (its job, if still there, is closing)
         with self.ledger.transaction():  # the backoff with the attempt: a controller started later keeps it
-            job = self.begin_attempt(attempt)
+            # The fence moves at once (the failed attempt's job is fenced off now), made durable off
+            # the loop by the submission's call, before the scheduler hears of the new job.
+            job = self.begin_attempt(attempt, durable=False)
             if not_before is not None and not_before > now:
                 self.ledger.update_attempt(self.run.run_id, attempt, not_before=not_before)
         self.submitter.submit(attempt, job, now, not_before)

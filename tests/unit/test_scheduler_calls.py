@@ -114,6 +114,48 @@ def test_a_command_the_scheduler_holds_up_stalls_no_other_run(tmp_path: Path, he
     assert statuses == dict.fromkeys(runs, "completed")
 
 
+def test_a_resubmissions_fence_moves_at_once_and_is_made_durable_off_the_loop(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a restart's fence writes no longer wait on the disk on the controller's loop. r000's
+    resubmission hangs in sbatch: meanwhile its fence already names attempt 1 (the failed job is
+    fenced off at once), and no fence is fsynced on the loop's thread in the whole drill: the
+    submission's call makes it durable before sbatch, and fences the run on the job after it."""
+    import os
+
+    from experiments.runtime.fence import Fence, read_fence
+
+    campaign = load_campaign(_spec(tmp_path))
+    runs = sorted(run.run_id for run in expand_runs(campaign))
+    cluster = Brownout(slow=(runs[0], 1), failures={(runs[0], 0): KILL}, polls_to_finish=6)
+    synced: list[tuple[str, str]] = []  # (thread, file) of every fence fsync
+    fsync = os.fsync
+
+    def noted_fsync(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if "current-attempt" in Path(name).name:
+            synced.append((threading.current_thread().name, name))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noted_fsync)
+    controller = Controller(campaign, backend=cluster)
+    while_held: list[Fence | None] = []
+
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
+        if cluster.slow_asked.is_set() and not cluster.released.is_set():
+            while_held.append(read_fence(trackers[0].run.paths))
+            cluster.released.set()
+
+    try:
+        assert controller.run(observe)
+    finally:
+        cluster.released.set()
+        controller.close()
+    assert while_held and while_held[0] == Fence(1, None, controller.drill_id)
+    assert synced and not [sync for sync in synced if sync[0] == threading.main_thread().name], synced
+    last = max((sim for sim in cluster.jobs.values() if sim.run.run_id == runs[0]), key=lambda sim: sim.job.attempt)
+    assert read_fence(last.run.paths) == Fence(1, last.job_id, controller.drill_id)
+
+
 def test_inline_calls_keep_their_order_and_raise_a_crash_at_once() -> None:
     """The local backend's (and the tests' fakes'): in order, an error kept for the caller, a
     process-ending exception (a test's crash) raised at once."""

@@ -202,7 +202,7 @@ def test_a_refusal_while_the_attempt_stays_off_failed_nodes_is_tried_again_witho
     ledger = Ledger.in_workdir(tmp_path / "work")
     ledger.add_attempt(run.run_id, 1, excluded_nodes=("fd-n2",))
     accepted: list[tuple[int, str]] = []
-    hooks = SubmissionHooks(accepted=lambda attempt, submission: accepted.append((attempt, submission.job_id)),
+    hooks = SubmissionHooks(accepted=lambda attempt, submission, *, fence=True: accepted.append((attempt, submission.job_id)),
                             gave_up=lambda attempt, now: pytest.fail("gave up"),
                             refused=lambda why, now: pytest.fail(f"refused: {why}"),
                             cancel=lambda job_id: pytest.fail("cancelled"))
