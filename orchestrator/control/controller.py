@@ -122,13 +122,19 @@ def launcher_notes(runs: list[RunConfig]) -> list[str]:
 
 
 def _register_runs(ledger: Ledger, runs: list[RunConfig]) -> None:
-    for run in runs:
-        ledger.add_run(RunRow(
-            run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
-            nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
-            baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
-            model=run.model_name, requested_params=0 if run.command else run.campaign.workload.params, twin=run.twin,
-        ))
+    """Every run in the ledger, in one commit (a commit each: 10,000 fsyncs for a sweep of 10,000)."""
+    with ledger.transaction():
+        for run in runs:
+            _register_run(ledger, run)
+
+
+def _register_run(ledger: Ledger, run: RunConfig) -> None:
+    ledger.add_run(RunRow(
+        run_id=run.run_id, framework=run.campaign.workload.framework, ranks=run.ranks,
+        nodes=run.campaign.resources.nodes, strategy=run.campaign.restart.strategy, target_steps=run.workload.steps,
+        baseline_of=run.baseline_of, config=json.dumps(run.campaign.model_dump(mode="json"), sort_keys=True),
+        model=run.model_name, requested_params=0 if run.command else run.campaign.workload.params, twin=run.twin,
+    ))
 
 
 def _drill_id(ledger: Ledger, campaign: Campaign) -> str:

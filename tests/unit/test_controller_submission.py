@@ -400,3 +400,19 @@ def test_a_run_with_a_job_in_flight_and_a_failed_one_closing_is_counted_once_und
     finally:
         controller.close()
     assert stage[0] == 2 and third_attempts, f"r002 held back: {scheduler.calls}"
+
+
+def test_a_sweeps_runs_are_registered_in_one_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a commit each (synchronous=FULL: an fsync each) made registering 10,000 runs seconds
+    of the drill's set-up; every run is added inside one transaction."""
+    from orchestrator.record.ledger import Ledger
+
+    depths: list[int] = []
+    add_run = Ledger.add_run
+    monkeypatch.setattr(Ledger, "add_run", lambda self, row: depths.append(self._depth) or add_run(self, row))
+    controller = Controller(load_campaign(_sweep(tmp_path, runs=30, parallel_runs=2)), backend=FakeScheduler())
+    try:
+        assert len(controller.ledger.runs()) == 30
+    finally:
+        controller.close()
+    assert len(depths) == 30 and all(depth >= 1 for depth in depths), depths
