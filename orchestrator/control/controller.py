@@ -331,7 +331,7 @@ class Controller:
             # nor one whose job waits in the scheduler's queue (but the first of each array).
             busy = _busy(active, closing)
             states = self._poll(busy, active, queued)
-            back = queued.take_back(states)
+            back = queued.take_back(states, begun=RunTracker.attempt_begun)
             active, busy = active + back, busy + back
             self._advance(active, busy, states)
             closing = [t for t in busy if t.closing]
@@ -345,13 +345,12 @@ class Controller:
     @staticmethod
     def _queue_unheard(active: list[RunTracker], queued: SchedulerQueue) -> list[RunTracker]:
         """The runs in flight after a round, less those whose job waits in the scheduler's queue
-        unheard: they wait in ``queued`` (those read this round as their array's first stay)."""
+        unheard: they wait in ``queued``."""
         flying = []
         for tracker in active:
             if not tracker.queued_unheard:
-                queued.settle(tracker)
                 flying.append(tracker)
-            elif not queued.holds(tracker):
+            else:
                 queued.park(tracker)
         return flying
 

@@ -8,9 +8,10 @@ round made a round's cost follow the sweep's size, not the runs in flight.
 Such a run waits here, in its array's order, until either
 - the scheduler's poll says its job left the queue (RUNNING, or ended: the poll's answer names
   every job the drill holds, these too), or
-- its files, read every round as before while it is its array's first waiting element (``HEADS``),
-  say it started: a throttled array starts its lowest pending index next, so the element about to
-  start is read at the fast pace (a single job is its own array of one: read every round, as before).
+- it is its array's first waiting element (``HEADS``) and its attempt's directory, which the job
+  makes first (its batch script's or rank's events), is there: a throttled array starts its lowest
+  pending index next, so the element about to start is seen at the round's pace for one look at the
+  disk a round (a single job is its own array of one).
 
 An element that starts out of order is taken back at the next poll: its failure is seen then, never
 missed (the files keep what was written). Nothing is decided for a waiting run while it waits."""
@@ -20,7 +21,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from orchestrator.states import JobState
 
@@ -56,9 +57,6 @@ class SchedulerQueue:
     def job_ids(self) -> list[str]:
         return list(self._by_job)
 
-    def holds(self, tracker: "RunTracker") -> bool:
-        return tracker.job_id is not None and self._by_job.get(tracker.job_id) is tracker
-
     def park(self, tracker: "RunTracker") -> None:
         job_id = tracker.job_id
         assert job_id is not None and job_id not in self._by_job
@@ -66,20 +64,14 @@ class SchedulerQueue:
         bisect.insort(self._arrays.setdefault(array, []), (index, job_id))
         self._by_job[job_id] = tracker
 
-    def take_back(self, states: dict[str, JobState]) -> list["RunTracker"]:
-        """The runs the round works on again: those the poll says left the queue, and each array's
-        first waiting elements (they stay waiting here unless the round finds them started)."""
+    def take_back(self, states: dict[str, JobState], begun: Callable[["RunTracker"], bool]) -> list["RunTracker"]:
+        """The runs the round works on again, out of the queue: those the poll says left it, and
+        each array's first waiting elements that ``begun`` (one look at the disk) says started."""
         started = [job_id for job_id, state in states.items()
                    if state is not JobState.PENDING and job_id in self._by_job]
-        taken = [self._remove(job_id) for job_id in started]
-        return taken + [self._by_job[job_id] for elements in self._arrays.values()
-                        for _, job_id in elements[:self.heads]]
-
-    def settle(self, tracker: "RunTracker") -> None:
-        """A head read this round that was heard from (or is no longer waiting) leaves the queue."""
-        if self.holds(tracker):
-            assert tracker.job_id is not None
-            self._remove(tracker.job_id)
+        started += [job_id for elements in self._arrays.values() for _, job_id in elements[:self.heads]
+                    if job_id not in started and begun(self._by_job[job_id])]
+        return [self._remove(job_id) for job_id in started]
 
     def _remove(self, job_id: str) -> "RunTracker":
         tracker = self._by_job.pop(job_id)

@@ -173,6 +173,12 @@ class RunTracker:
         return (watch is not None and not self.done and watch.state is JobState.PENDING and watch.unheard
                 and self.submitter.pending is None and self.watched_job_ids() == [watch.job_id])
 
+    def attempt_begun(self) -> bool:
+        """The attempt's job has begun: its directory is there (the batch script's or a rank's
+        first event makes it). One look at the disk, for a job that waits in the scheduler's queue."""
+        watch = self.watch
+        return watch is not None and os.path.isdir(watch.paths.attempt_dir(watch.attempt))
+
     def watched_job_ids(self) -> list[str]:
         """The current job and the failed ones still finishing: all polled in the same batch."""
         current = [self.job_id] if self.job_id is not None and not self.done else []

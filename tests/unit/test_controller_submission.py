@@ -309,16 +309,14 @@ def test_a_rounds_work_follows_the_runs_in_flight_not_the_sweeps_size(tmp_path: 
     assert all(every == 30 for _, _, every in rounds)
 
 
-def test_an_arrays_pending_elements_cost_a_round_nothing_but_its_first(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_arrays_pending_elements_cost_a_round_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 29: a sweep that goes out as job arrays has every run's job out at once, most of them
     pending. 30 runs in three arrays of 10, 3 at once: the scheduler starts them two at a time from
     the last element backwards (out of the arrays' order) and each ends as it runs. A round reads
-    the files of the runs in flight, those it ended and each array's first two pending elements,
-    never all 30; every run is still taken back when the scheduler starts it (its poll), and ends.
-    Counts calls, not time."""
+    the files of the runs in flight and those it ended, never all 30 (a pending array's first
+    element costs one look at its directory); every run is still taken back when the scheduler
+    starts it (its poll), and ends. Counts calls, not time."""
     from orchestrator.control.progress import RowBook
-    from orchestrator.control.scheduler_queue import HEADS
     from orchestrator.control.story import Story
     from orchestrator.observe.watch import AttemptWatch
     from orchestrator.states import JobState
@@ -353,9 +351,9 @@ def test_an_arrays_pending_elements_cost_a_round_nothing_but_its_first(tmp_path:
         controller.close()
     assert [len(array) for array in scheduler.called("submit_array")] == [10, 10, 10]
     assert all(tracker.done for tracker in controller._trackers), "every run was taken back when it started"
-    assert rounds[0] == (HEADS * 3, 30, 30), "the first round tells and shows every run once, reads the arrays' first"
+    assert rounds[0] == (0, 30, 30), "the first round tells and shows every run once, reads none still pending"
     later = rounds[1:]
-    bound = 2 * 2 + HEADS * 3  # started, ending, each array's first pending elements
+    bound = 2 * 2  # started, ending (each array's first pending element: one look at its directory)
     assert len(later) >= 15 and all(runs_read <= bound and told <= bound for runs_read, told, _ in later), later
     # rows built: the two started, the two ended this round and the two the round before (read once more)
     assert all(built <= 3 * 2 for _, _, built in later), ("a pending element's row stands until it starts", later)

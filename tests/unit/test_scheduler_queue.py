@@ -25,25 +25,30 @@ def test_an_array_elements_place_is_its_array_and_index(job_id: str, place: tupl
 @dataclass
 class Run:
     job_id: str
+    begun: bool = False  # its attempt's directory is there
 
 
 def ids(runs: list[Any]) -> list[str]:
     return sorted(run.job_id for run in runs)
 
 
-def test_each_array_is_read_from_its_lowest_pending_index_and_the_poll_takes_back_any_other() -> None:
+def test_each_array_is_looked_at_from_its_lowest_pending_index_and_the_poll_takes_back_any_other() -> None:
     queue = SchedulerQueue(heads=2)
     runs = {job: Run(job) for job in ("7_10", "7_2", "7_1", "7_3", "8_0", "8_1", "9")}
     for run in runs.values():
         queue.park(run)  # type: ignore[arg-type]
-    assert len(queue) == 7
-    heads = queue.take_back({})
-    assert ids(heads) == ["7_1", "7_2", "8_0", "8_1", "9"]
-    assert len(queue) == 7, "the first elements are read, not taken out"
+    looked: list[str] = []
+
+    def begun(run: Any) -> bool:
+        looked.append(run.job_id)
+        return bool(run.begun)
+
+    assert queue.take_back({}, begun) == [] and len(queue) == 7
+    assert sorted(looked) == ["7_1", "7_2", "8_0", "8_1", "9"], "each array's first two, a look each"
+    runs["7_2"].begun = True  # its job made its directory: taken back without the poll
+    runs["7_3"].begun = True  # not among its array's first two yet: waits for the poll or its turn
     # the poll: 7_10 started out of order, 9 ended; a pending element stays
-    taken = queue.take_back({"7_10": JobState.RUNNING, "9": JobState.FAILED, "7_3": JobState.PENDING})
-    assert [run.job_id for run in taken[:2]] == ["7_10", "9"] and len(queue) == 5
-    queue.settle(runs["7_1"])  # type: ignore[arg-type]  # read this round and heard from
-    assert ids(queue.take_back({})) == ["7_2", "7_3", "8_0", "8_1"]
-    assert sorted(queue.job_ids()) == ["7_2", "7_3", "8_0", "8_1"]
-    assert queue.holds(runs["7_2"]) and not queue.holds(runs["7_1"])  # type: ignore[arg-type]
+    taken = queue.take_back({"7_10": JobState.RUNNING, "9": JobState.FAILED, "7_3": JobState.PENDING}, begun)
+    assert ids(taken) == ["7_10", "7_2", "9"] and len(queue) == 4
+    assert ids(queue.take_back({}, begun)) == ["7_3"], "now among its array's first two"
+    assert sorted(queue.job_ids()) == ["7_1", "8_0", "8_1"]
