@@ -88,8 +88,10 @@ class RowBook:
         row = self._rows.get(tracker.run.run_id)
         if row is None:
             return False
+        told = self.story.runs.get(row.run)
         return not_begun(tracker) or (tracker.queued_unheard and row.job == tracker.job_id
-                                      and row.status == tracker.status and row.state == JobState.PENDING.value)
+                                      and row.status == tracker.status and row.state == JobState.PENDING.value
+                                      and row.last_event_at == (told.last_event_at if told else None))
 
     def rows(self, trackers: list[RunTracker], now: float | None = None) -> list[ProgressRow]:
         """Every run's row, in the trackers' order, each rebuilt where it can have changed."""

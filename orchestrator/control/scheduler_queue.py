@@ -8,10 +8,10 @@ round made a round's cost follow the sweep's size, not the runs in flight.
 Such a run waits here, in its array's order, until either
 - the scheduler's poll says its job left the queue (RUNNING, or ended: the poll's answer names
   every job the drill holds, these too), or
-- it is its array's first waiting element (``HEADS``) and its attempt's directory, which the job
-  makes first (its batch script's or rank's events), is there: a throttled array starts its lowest
-  pending index next, so the element about to start is seen at the round's pace for one look at the
-  disk a round (a single job is its own array of one).
+- its attempt's directory, which the job makes first (its batch script's or rank's events), is
+  there, looked at from its array's lowest waiting index on, up to the first that is not: a throttled
+  array starts its lowest pending indices next, so the elements that start are seen at the round's
+  pace for one look at the disk a round and array (a single job is its own array of one).
 
 An element that starts out of order is taken back at the next poll: its failure is seen then, never
 missed (the files keep what was written). Nothing is decided for a waiting run while it waits."""
@@ -28,7 +28,7 @@ from orchestrator.states import JobState
 if TYPE_CHECKING:
     from orchestrator.control.tracker import RunTracker
 
-HEADS = 1  # an array's first waiting element, read every round
+HEADS = 64  # an array's waiting elements looked at in a round, at most (from the lowest, while they began)
 
 # Slurm's ``123_4`` (``123_4;cluster`` under -M), PBS's ``123[4].server`` (``69[4]`` bare).
 ARRAY_ELEMENT = re.compile(r"^(?P<base>[^_\[;]+)(?:_(?P<slurm>\d+)|\[(?P<pbs>\d+)\])(?P<rest>.*)$")
@@ -66,12 +66,20 @@ class SchedulerQueue:
 
     def take_back(self, states: dict[str, JobState], begun: Callable[["RunTracker"], bool]) -> list["RunTracker"]:
         """The runs the round works on again, out of the queue: those the poll says left it, and
-        each array's first waiting elements that ``begun`` (one look at the disk) says started."""
-        started = [job_id for job_id, state in states.items()
-                   if state is not JobState.PENDING and job_id in self._by_job]
-        started += [job_id for elements in self._arrays.values() for _, job_id in elements[:self.heads]
-                    if job_id not in started and begun(self._by_job[job_id])]
-        return [self._remove(job_id) for job_id in started]
+        each array's waiting elements from its lowest index on that ``begun`` (one look at the disk
+        each) says started, up to the first that did not (a throttle of N starts N together)."""
+        started = {job_id for job_id, state in states.items()
+                   if state is not JobState.PENDING and job_id in self._by_job}
+        for elements in self._arrays.values():
+            looked = 0
+            for _, job_id in elements:
+                if job_id in started:
+                    continue
+                if looked == self.heads or not begun(self._by_job[job_id]):
+                    break
+                looked += 1
+                started.add(job_id)
+        return [self._remove(job_id) for job_id in sorted(started)]
 
     def _remove(self, job_id: str) -> "RunTracker":
         tracker = self._by_job.pop(job_id)

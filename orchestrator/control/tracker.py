@@ -132,6 +132,7 @@ class RunTracker:
         self.status = ledger.run(run.run_id).status
         self.recoveries = RecoveryRecorder(run, ledger, self.faults, clocks_pending=self._clocks_pending)
         self._started_recorded: str | None = None  # the event the recorded start was read from
+        self._last_job_id: str | None = None  # the job the last attempt watched ran in
         self._finalized = False
 
     @property
@@ -170,8 +171,8 @@ class RunTracker:
         and nothing of it was heard: a round has nothing to read or decide for it until the
         scheduler starts it (orchestrator/control/scheduler_queue.py)."""
         watch = self.watch
-        return (watch is not None and not self.done and watch.state is JobState.PENDING and watch.unheard
-                and self.submitter.pending is None and self.watched_job_ids() == [watch.job_id])
+        return (watch is not None and not self.done and watch.queued and watch.state is JobState.PENDING
+                and watch.unheard and self.submitter.pending is None and self.watched_job_ids() == [watch.job_id])
 
     def attempt_begun(self) -> bool:
         """The attempt's job has begun: its directory is there (the batch script's or a rank's
@@ -356,11 +357,16 @@ class RunTracker:
                                    state=JobState.PENDING.value, accepted=submission.accepted_at)
         if fence:
             write_fence(self.run.paths, Fence(attempt, submission.job_id, self.drill_id), durable)
-        self._watch(attempt, submission.job_id)
+        # A job the scheduler just took waits in its queue; the job an attempt runs in again (a
+        # relaunch, a warm re-formation, a requeue) is where the scheduler last said it was.
+        self._watch(attempt, submission.job_id, queued=submission.job_id != self._last_job_id)
         log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
 
-    def _watch(self, attempt: int, job_id: str) -> None:
-        self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks)
+    def _watch(self, attempt: int, job_id: str, queued: bool = False) -> None:
+        """``queued``: the scheduler said the job waits in its queue (a poll saying PENDING says it later)."""
+        self._last_job_id = job_id
+        self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks,
+                                  queued=queued)
         self._started_recorded = None
         self.recoveries.expect(attempt)
         self.status = "running"
@@ -390,6 +396,8 @@ class RunTracker:
         fresh = asked_at is None or asked_at >= watch.since  # asked before this attempt: not about it
         # No poll this round (or a stale one): the last word stands.
         state = states.get(watch.job_id, watch.state) if fresh else watch.state
+        if fresh and states.get(watch.job_id) is JobState.PENDING:
+            watch.queued = True
         watch.read(now)
         self._note(watch, state, now)
         return state

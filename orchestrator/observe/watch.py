@@ -99,6 +99,7 @@ class AttemptWatch:
     completed_seen_at: float | None = None  # when this controller first saw that (its clock)
     warned: bool = False  # the ranks got the scheduler's warning and checkpointed on it
     state: JobState = JobState.PENDING
+    queued: bool = False  # the scheduler said the job waits in its queue (took it just now, or a poll said PENDING)
     running_since: float | None = None  # first poll that saw it RUNNING: queue time is not start time
     go_at: float | None = None  # in-allocation: its go is held until then (a policy's backoff): no start clock before
     resumed_at: float | None = None  # last time the scheduler resumed it from SUSPENDED

@@ -44,11 +44,11 @@ def test_each_array_is_looked_at_from_its_lowest_pending_index_and_the_poll_take
         return bool(run.begun)
 
     assert queue.take_back({}, begun) == [] and len(queue) == 7
-    assert sorted(looked) == ["7_1", "7_2", "8_0", "8_1", "9"], "each array's first two, a look each"
-    runs["7_2"].begun = True  # its job made its directory: taken back without the poll
-    runs["7_3"].begun = True  # not among its array's first two yet: waits for the poll or its turn
+    assert sorted(looked) == ["7_1", "8_0", "9"], "nothing began: one look at each array's lowest"
+    for job in ("7_1", "7_2", "7_3", "8_1"):
+        runs[job].begun = True  # their jobs made their directories
     # the poll: 7_10 started out of order, 9 ended; a pending element stays
     taken = queue.take_back({"7_10": JobState.RUNNING, "9": JobState.FAILED, "7_3": JobState.PENDING}, begun)
-    assert ids(taken) == ["7_10", "7_2", "9"] and len(queue) == 4
-    assert ids(queue.take_back({}, begun)) == ["7_3"], "now among its array's first two"
-    assert sorted(queue.job_ids()) == ["7_1", "8_0", "8_1"]
+    assert ids(taken) == ["7_1", "7_10", "7_2", "9"], "7's two lowest (heads=2 a round); 8_1 waits behind 8_0"
+    assert ids(queue.take_back({}, begun)) == ["7_3"]
+    assert sorted(queue.job_ids()) == ["8_0", "8_1"]

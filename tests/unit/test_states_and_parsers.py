@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchestrator.backends.slurm import site
@@ -210,3 +212,43 @@ def test_a_poll_of_a_sweeps_arrays_finds_every_element_and_asks_accounting_in_pa
     assert states == {**dict.fromkeys(held, JobState.PENDING), **dict.fromkeys(forgotten, JobState.COMPLETED)}
     assert [len(part) for part in asked] == [slurm.SACCT_IDS_AT_ONCE] * 5
     assert [job for part in asked for job in part] == forgotten
+
+
+def test_a_poll_whose_accounting_answers_one_part_and_not_another_falls_back_after_the_grace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of issue 29: sacct answers the first part of a poll's lookup and times out on the
+    second. A part that answers must not end the outage the other shows: the poll raises within
+    the grace, then goes on without accounting (the forgotten jobs' states unknown), and asks
+    no further part once accounting is down."""
+    from orchestrator.backends.slurm import backend as slurm
+
+    missing = [f"800_{index}" for index in range(3000)]
+    asked: list[str] = []
+
+    def scheduler(args: list[str], **_: object) -> CommandResult:
+        if args[0] in ("squeue", "scontrol"):
+            out = "" if args[0] == "squeue" else "AccountingStorageType = accounting_storage/slurmdbd\n"
+            return CommandResult(tuple(args), 0, out, "", 0.01)
+        ids = args[args.index("-j") + 1].split(",")
+        asked.append(ids[0])
+        if "800_1000" in ids:
+            raise CommandError(list(args), None, "", "", "timed out after 20 s")
+        return CommandResult(tuple(args), 0, "".join(f"{job}|COMPLETED\n" for job in ids), "", 0.01)
+
+    monkeypatch.setattr(slurm, "run_command", scheduler)
+    backend = slurm.SlurmBackend("drill")
+    backend.set_patience(0.2)  # grace 0.1 s
+    with pytest.raises(CommandError):
+        backend.poll(missing)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            states = backend.poll(missing)
+            break
+        except CommandError:
+            assert time.monotonic() < deadline, "the grace never ran out"
+            time.sleep(0.02)
+    assert states["800_0"] is JobState.COMPLETED and states["800_2999"] is JobState.UNKNOWN
+    asked.clear()
+    backend.poll(missing)
+    assert asked == ["800_0", "800_1000"], "no part asked once accounting is down"

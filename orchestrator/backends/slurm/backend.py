@@ -338,10 +338,14 @@ class SlurmBackend(Backend):
         missing = [number for number in numbers if number not in states]
         # They left the queue: accounting knows how they ended, if the site keeps it (asked in parts:
         # one argument of thousands of ids passes the kernel's limit on an argument's length).
-        for start in range(0, len(missing), SACCT_IDS_AT_ONCE):
+        outage_since = self._poll_outage_since  # one poll's parts answer together: a part that answers
+        for start in range(0, len(missing), SACCT_IDS_AT_ONCE):  # does not end an outage another shows
             part = missing[start:start + SACCT_IDS_AT_ONCE]
+            self._poll_outage_since = outage_since
             accounted = self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
                                      "-j", ",".join(part)], in_poll=True)
+            if self.accounting_down is not None:
+                break  # past its grace and down: the other parts would wait their timeouts for nothing
             asked = set(part)
             states.update({n: s for n, s in parse_sacct(accounted).items() if n in asked})
         return {_with_cluster(number, cluster): state for number, state in states.items()}
