@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -85,6 +85,28 @@ def test_a_first_element_that_starts_and_fails_in_one_read_is_driven_once_a_roun
     assert all(len(set(runs)) == len(runs) for runs in rounds), rounds
 
 
+def _run_rounds(controller: Controller, each_round: Callable[[list[Any], int], bool]) -> None:
+    """The controller's loop, ``each_round(trackers, its number)`` after every round until it says
+    it has what it waits for (or the deadline passes)."""
+    rounds = [0]
+    deadline = time.monotonic() + DEADLINE_S
+
+    def observe(trackers: list[Any], touched: list[Any]) -> None:
+        rounds[0] += 1
+        if each_round(trackers, rounds[0]) or time.monotonic() > deadline:
+            controller.stop_requested.set()
+
+    try:
+        controller.run(observer=observe)
+    finally:
+        controller.close()
+
+
+def _all_running(controller: Controller, trackers: list[Any]) -> bool:
+    """The poll answered and every run's job was seen running."""
+    return controller.poller.stats.calls >= 1 and all(t.watch and t.watch.running_since for t in trackers)
+
+
 def _detected_in_rounds(controller: Controller, failed: list[tuple[str, int]], rounds_at_failure: int,
                         rounds: int, seen: dict[str, int]) -> None:
     for run_id, attempt in failed:
@@ -100,24 +122,18 @@ def test_elements_that_start_together_are_seen_in_the_same_round(tmp_path: Path)
     controller = Controller(load_campaign(_sweep(tmp_path, runs=2, parallel_runs=2, scheduler_poll_s=600.0,
                                                  poll_interval_s=0.05)), backend=scheduler)
     failed_in: list[int] = []
-    rounds, seen = [0], {}
-    deadline = time.monotonic() + DEADLINE_S
+    seen: dict[str, int] = {}
 
-    def observe(trackers: list[Any], touched: list[Any]) -> None:
-        rounds[0] += 1
+    def each_round(trackers: list[Any], round_: int) -> bool:
         if not failed_in and controller.poller.stats.calls >= 1:  # the first poll answered: PENDING
             for tracker in trackers:
                 launch_exited(tracker.run.paths.root, 0, 137)
-            failed_in.append(rounds[0])
+            failed_in.append(round_)
         elif failed_in:
-            _detected_in_rounds(controller, [(t.run.run_id, 0) for t in trackers], failed_in[0], rounds[0], seen)
-        if len(seen) == 2 or time.monotonic() > deadline:
-            controller.stop_requested.set()
+            _detected_in_rounds(controller, [(t.run.run_id, 0) for t in trackers], failed_in[0], round_, seen)
+        return len(seen) == 2
 
-    try:
-        controller.run(observer=observe)
-    finally:
-        controller.close()
+    _run_rounds(controller, each_round)
     assert len(seen) == 2 and max(seen.values()) <= FEW_ROUNDS, seen
 
 
@@ -130,29 +146,23 @@ def test_an_attempt_relaunched_in_its_running_job_is_not_taken_for_a_queued_one(
     controller = Controller(load_campaign(_sweep(tmp_path, runs=8, parallel_runs=8, strategy="in-allocation",
                                                  scheduler_poll_s=600.0, poll_interval_s=0.05)), backend=scheduler)
     phase: list[int] = []
-    rounds, seen = [0], {}
-    deadline = time.monotonic() + DEADLINE_S
+    seen: dict[str, int] = {}
 
-    def observe(trackers: list[Any], touched: list[Any]) -> None:
-        rounds[0] += 1
+    def each_round(trackers: list[Any], round_: int) -> bool:
         if not phase:
-            if controller.poller.stats.calls >= 1 and all(t.watch and t.watch.running_since for t in trackers):
+            if _all_running(controller, trackers):
                 for tracker in trackers:
                     launch_exited(tracker.run.paths.root, 0, 137)
                 phase.append(0)
         elif len(phase) == 1 and all(t.watch and t.watch.attempt == 1 for t in trackers):
             for tracker in trackers:
                 launch_exited(tracker.run.paths.root, 1, 137)
-            phase.append(rounds[0])
+            phase.append(round_)
         elif len(phase) == 2:
-            _detected_in_rounds(controller, [(t.run.run_id, 1) for t in trackers], phase[1], rounds[0], seen)
-        if len(seen) == 8 or time.monotonic() > deadline:
-            controller.stop_requested.set()
+            _detected_in_rounds(controller, [(t.run.run_id, 1) for t in trackers], phase[1], round_, seen)
+        return len(seen) == 8
 
-    try:
-        controller.run(observer=observe)
-    finally:
-        controller.close()
+    _run_rounds(controller, each_round)
     assert len(seen) == 8 and max(seen.values()) <= FEW_ROUNDS, seen
 
 
@@ -165,28 +175,22 @@ def test_an_in_allocation_go_held_for_its_backoff_is_given_after_it(tmp_path: Pa
                                                  scheduler_poll_s=600.0, poll_interval_s=0.05,
                                                  policy={"RANK_SIGNAL": {"backoff_s": 0.05}})), backend=scheduler)
     failed_in: list[int] = []
-    rounds, seen = [0], {}
-    deadline = time.monotonic() + DEADLINE_S
+    seen: dict[str, int] = {}
 
-    def observe(trackers: list[Any], touched: list[Any]) -> None:
-        rounds[0] += 1
+    def each_round(trackers: list[Any], round_: int) -> bool:
         if not failed_in:
-            if controller.poller.stats.calls >= 1 and all(t.watch and t.watch.running_since for t in trackers):
+            if _all_running(controller, trackers):
                 for tracker in trackers:
                     launch_exited(tracker.run.paths.root, 0, 137)
-                failed_in.append(rounds[0])
+                failed_in.append(round_)
         else:
             for tracker in trackers:
                 fence = read_fence(tracker.run.paths)
                 if tracker.run.run_id not in seen and fence is not None and fence.attempt == 1 and fence.job_id:
-                    seen[tracker.run.run_id] = rounds[0] - failed_in[0]
-        if len(seen) == 2 or time.monotonic() > deadline:
-            controller.stop_requested.set()
+                    seen[tracker.run.run_id] = round_ - failed_in[0]
+        return len(seen) == 2
 
-    try:
-        controller.run(observer=observe)
-    finally:
-        controller.close()
+    _run_rounds(controller, each_round)
     # the backoff is 0.05 s, a round 0.05 s: the go comes within a few rounds of it
     assert len(seen) == 2 and max(seen.values()) <= 2 * FEW_ROUNDS, seen
 
