@@ -273,8 +273,9 @@ class RunTracker:
             return
         if row.job_id is not None:
             self.backend.adopt(row.job_id, self.run, self.rank_job(row.attempt))
-            # A warm job's coordinator may have fenced later generations while no controller ran (an
-            # attempt is recorded before its fence otherwise: no other fence is ever ahead of the ledger).
+            # A warm job's coordinator may have fenced later generations while no controller ran (else
+            # a fence is ahead of the ledger only by the job a submission's call fenced before the
+            # loop recorded it: the same attempt and job, written again).
             write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
             self._watch(row.attempt, row.job_id)
             return
@@ -346,17 +347,19 @@ class RunTracker:
         self.watch = None  # the attempt before is over (its job, if still there, is closing)
         with self.ledger.transaction():  # the backoff with the attempt: a controller started later keeps it
             # The fence moves at once (the failed attempt's job is fenced off now), made durable off
-            # the loop by the submission's call, before the scheduler hears of the new job.
-            job = self.begin_attempt(attempt, durable=False)
+            # the loop by the submission's call, before the scheduler hears of the new job; durable
+            # here where that call waits (a policy's backoff): a host crash meanwhile must not bring
+            # back the fence that admits the failed job.
+            job = self.begin_attempt(attempt, durable=not_before is not None and not_before > now)
             if not_before is not None and not_before > now:
                 self.ledger.update_attempt(self.run.run_id, attempt, not_before=not_before)
         self.submitter.submit(attempt, job, now, not_before)
 
-    def accept(self, attempt: int, submission: Submission, durable: bool = True, fence: bool = True) -> None:
+    def accept(self, attempt: int, submission: Submission, fence: bool = True) -> None:
         self.ledger.update_attempt(self.run.run_id, attempt, job_id=submission.job_id,
                                    state=JobState.PENDING.value, accepted=submission.accepted_at)
-        if fence:
-            write_fence(self.run.paths, Fence(attempt, submission.job_id, self.drill_id), durable)
+        if fence:  # not behind a later attempt of the same job (a warm coordinator's, while no controller ran)
+            write_fence_unless_ahead(self.run.paths, Fence(attempt, submission.job_id, self.drill_id))
         # A job the scheduler just took waits in its queue; the job an attempt runs in again (a
         # relaunch, a warm re-formation, a requeue) is where the scheduler last said it was.
         self._watch(attempt, submission.job_id, queued=submission.job_id != self._last_job_id)

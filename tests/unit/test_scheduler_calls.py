@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,23 +121,12 @@ def test_a_resubmissions_fence_moves_at_once_and_is_made_durable_off_the_loop(tm
     resubmission hangs in sbatch: meanwhile its fence already names attempt 1 (the failed job is
     fenced off at once), and no fence is fsynced on the loop's thread in the whole drill: the
     submission's call makes it durable before sbatch, and fences the run on the job after it."""
-    import os
-
     from experiments.runtime.fence import Fence, read_fence
 
     campaign = load_campaign(_spec(tmp_path))
     runs = sorted(run.run_id for run in expand_runs(campaign))
     cluster = Brownout(slow=(runs[0], 1), failures={(runs[0], 0): KILL}, polls_to_finish=6)
-    synced: list[tuple[str, str]] = []  # (thread, file) of every fence fsync
-    fsync = os.fsync
-
-    def noted_fsync(fd: int) -> None:
-        name = os.readlink(f"/proc/self/fd/{fd}")
-        if "current-attempt" in Path(name).name:
-            synced.append((threading.current_thread().name, name))
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", noted_fsync)
+    synced = _fence_fsyncs(monkeypatch)
     controller = Controller(campaign, backend=cluster)
     while_held: list[Fence | None] = []
 
@@ -151,9 +141,66 @@ def test_a_resubmissions_fence_moves_at_once_and_is_made_durable_off_the_loop(tm
         cluster.released.set()
         controller.close()
     assert while_held and while_held[0] == Fence(1, None, controller.drill_id)
-    assert synced and not [sync for sync in synced if sync[0] == threading.main_thread().name], synced
+    assert synced and not [sync for sync in synced if sync.thread == threading.main_thread().name], synced
     last = max((sim for sim in cluster.jobs.values() if sim.run.run_id == runs[0]), key=lambda sim: sim.job.attempt)
     assert read_fence(last.run.paths) == Fence(1, last.job_id, controller.drill_id)
+
+
+@dataclass(frozen=True)
+class FenceSync:
+    thread: str  # the thread that fsynced it
+    text: str  # what it made durable
+
+
+def _fence_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[FenceSync]:
+    """Every fsync of a run's fence (or of its next version, before the rename), in order."""
+    import os
+
+    synced: list[FenceSync] = []
+    fsync = os.fsync
+
+    def noted_fsync(fd: int) -> None:
+        name = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if "current-attempt" in name.name:
+            synced.append(FenceSync(threading.current_thread().name, name.read_text().strip()))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", noted_fsync)
+    return synced
+
+
+def test_a_fence_moved_for_a_try_after_a_backoff_is_durable_before_the_backoff(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of issue 29 (helper 55): the fence that fences off a failed job was made durable only
+    by the next try's call; with a policy backoff of 30 s, a controller stopped meanwhile never
+    made it so (a host crash would bring back the fence that admits the failed job)."""
+    from experiments.runtime.fence import read_fence
+    from fake_scheduler import FakeScheduler, launch_exited
+
+    spec = yaml.safe_load(_spec(tmp_path).read_text())
+    spec["restart"]["policy"] = {"RANK_SIGNAL": {"backoff_s": 30}}
+    spec["sweep"] = {"grid": {"workload.seed": [0]}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    synced = _fence_fsyncs(monkeypatch)
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(tmp_path / "spec.yaml"), backend=scheduler)
+    failed: list[str] = []
+
+    def fail_then_stop_in_the_backoff(trackers: list[Any], touched: list[Any]) -> None:
+        tracker = trackers[0]
+        if not failed and tracker.job_id:
+            launch_exited(tracker.run.paths.root, 0, 137)
+            failed.append(tracker.job_id)
+        fence = read_fence(tracker.run.paths)
+        if fence is not None and fence.attempt == 1:
+            controller.stop_requested.set()
+
+    try:
+        controller.run(fail_then_stop_in_the_backoff)
+    finally:
+        controller.close()
+    assert not scheduler.called("submit")[1:], "stopped in the backoff, before the next try"
+    assert any(sync.text.startswith("1 - ") for sync in synced), synced
 
 
 def test_inline_calls_keep_their_order_and_raise_a_crash_at_once() -> None:
@@ -232,3 +279,49 @@ def test_a_cancel_finds_the_job_of_a_submission_no_controller_saw_answered(tmp_p
         controller.close()
     assert cluster.states[orphan] is JobState.CANCELLED and outcome.alive == []
     assert orphan in outcome.cancelled[tracker.run.run_id]
+
+
+def test_a_restarted_controllers_look_up_does_not_move_a_warm_coordinators_fence_back(tmp_path: Path) -> None:
+    """Review of issue 29 (helper 55): a controller killed right after sbatch answered; the job
+    starts, a rank dies, and its warm coordinator re-forms the run as attempt 1 (compare-and-set on
+    the fence). The restarted controller finds the job by its look-up and adopts it: the fence keeps
+    naming attempt 1 (it was moved back to 0, fencing out the job's running generation)."""
+    from experiments.runtime.fence import Fence, advance_fence, read_fence
+    from fake_scheduler import ControllerCrash, FakeScheduler
+    from orchestrator.backends.base import AttemptRef
+
+    spec = yaml.safe_load(_spec(tmp_path, "warm").read_text())
+    spec["restart"]["warm_spares"] = 1
+    spec["sweep"] = {"grid": {"workload.seed": [0]}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+
+    class KilledAfterSbatch(FakeScheduler):
+        killed = False
+
+        def submit(self, run: RunConfig, job: RankJob) -> Submission:
+            submission = super().submit(run, job)
+            if not self.killed:
+                self.killed = True
+                raise ControllerCrash("killed right after sbatch answered")
+            return submission
+
+        def find_submitted(self, ref: AttemptRef) -> list[str]:
+            return [job for job in self.states if job]  # the one job it took
+
+    scheduler = KilledAfterSbatch()
+    controller = Controller(load_campaign(tmp_path / "spec.yaml"), backend=scheduler)
+    try:
+        with pytest.raises(ControllerCrash):
+            controller.run()
+    finally:
+        controller.close()
+    run, drill_id, (job_id,) = controller.runs[0], controller.drill_id, list(scheduler.states)
+    scheduler.states[job_id] = JobState.RUNNING
+    advance_fence(run.paths, Fence(0, job_id, drill_id), Fence(1, job_id, drill_id))
+    restarted = Controller(load_campaign(tmp_path / "spec.yaml"), backend=scheduler)
+    try:
+        restarted.run(observer=lambda trackers, touched: restarted.stop_requested.set())
+    finally:
+        restarted.close()
+    assert len(scheduler.called("submit")) == 1, "the job was found, not submitted again"
+    assert read_fence(run.paths) == Fence(1, job_id, drill_id)

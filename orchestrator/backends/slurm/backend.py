@@ -275,7 +275,9 @@ class SlurmBackend(Backend):
                 log.warning("sacct does not answer (%s): the drill goes on without accounting", error.summary)
             self.accounting_missed = error.summary
             return ""
-        self.accounting_down, self._poll_outage_since = None, None
+        self.accounting_down = None
+        if in_poll:  # only the poll's own lookups end the poll's outage (another sacct may answer while they do not)
+            self._poll_outage_since = None
         return result.stdout
 
     def _past_grace(self) -> bool:
