@@ -36,7 +36,7 @@ def test_each_array_is_looked_at_from_its_lowest_pending_index_and_the_poll_take
     queue = SchedulerQueue(heads=2)
     runs = {job: Run(job) for job in ("7_10", "7_2", "7_1", "7_3", "8_0", "8_1", "9")}
     for run in runs.values():
-        queue.park(run)  # type: ignore[arg-type]
+        queue.park(run)  # type: ignore[arg-type]  # a stand-in with the job id the queue reads
     looked: list[str] = []
 
     def begun(run: Any) -> bool:
