@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
 import psutil
@@ -444,7 +444,7 @@ def test_a_hung_launchs_kill_spares_ranks_started_after_the_next_attempts_go(
     shows the first attempt's environment: the kill must spare whatever started after the moment the
     controller decided, before the go, however late its thread runs (it once took that moment itself:
     a relaunch under load lost a rank to it and the run took a third attempt)."""
-    from experiments.runtime.fence import write_fence
+    from experiments.runtime.fence import write_fence, write_fence_unless_ahead
     from experiments.runtime.identity import ticks_now
     from orchestrator.observe.watch import AttemptWatch, FailureSign
 
@@ -453,13 +453,17 @@ def test_a_hung_launchs_kill_spares_ranks_started_after_the_next_attempts_go(
     run = controller.runs[0]
     go_given, go_ticks = threading.Event(), []
 
-    def fence_then_note(paths: RunPaths, fence: Any, *args: Any) -> None:
-        write_fence(paths, fence, *args)
-        if fence.attempt == 1 and fence.job_id is not None:  # the go: the attempt and its job
-            go_ticks.append(ticks_now())
-            go_given.set()
+    def noting_the_go(write: Callable[..., Any]) -> Callable[..., Any]:
+        def fence_then_note(paths: RunPaths, fence: Any, *args: Any) -> None:
+            write(paths, fence, *args)
+            if fence.attempt == 1 and fence.job_id is not None:  # the go: the attempt and its job
+                go_ticks.append(ticks_now())
+                go_given.set()
+        return fence_then_note
 
-    monkeypatch.setattr("orchestrator.control.tracker.write_fence", fence_then_note)
+    # the tracker's fence writes: its own, and its acceptance's (never behind a later attempt)
+    monkeypatch.setattr("orchestrator.control.tracker.write_fence", noting_the_go(write_fence))
+    monkeypatch.setattr("orchestrator.control.tracker.write_fence_unless_ahead", noting_the_go(write_fence_unless_ahead))
     backend = GoWatchingBackend(controller.drill_id, go_given)
     with ThreadPoolExecutor(1) as pool:
         tracker = RunTracker(run, [], backend, controller.ledger, pool, controller.drill_id)
