@@ -328,7 +328,7 @@ class Controller:
                 active.append(tracker)
             # This round's work is its runs in flight and those whose failed job is still closing:
             # a run that waits for its turn or has ended (its jobs gone) costs it nothing (issue 29),
-            # nor one whose job waits in the scheduler's queue (but the first of each array).
+            # nor one whose job waits in the scheduler's queue (each array's lowest: a look at the disk).
             busy = _busy(active, closing)
             states = self._poll(busy, active, queued)
             back = queued.take_back(states, begun=RunTracker.attempt_begun)

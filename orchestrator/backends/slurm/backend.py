@@ -275,9 +275,7 @@ class SlurmBackend(Backend):
                 log.warning("sacct does not answer (%s): the drill goes on without accounting", error.summary)
             self.accounting_missed = error.summary
             return ""
-        self.accounting_down = None
-        if in_poll:  # only the poll's own lookups end the poll's outage (another sacct may answer while they do not)
-            self._poll_outage_since = None
+        self.accounting_down = None  # the poll's outage ends only when all its lookups answered (_poll_cluster)
         return result.stdout
 
     def _past_grace(self) -> bool:
@@ -340,16 +338,17 @@ class SlurmBackend(Backend):
         missing = [number for number in numbers if number not in states]
         # They left the queue: accounting knows how they ended, if the site keeps it (asked in parts:
         # one argument of thousands of ids passes the kernel's limit on an argument's length).
-        outage_since = self._poll_outage_since  # one poll's parts answer together: a part that answers
-        for start in range(0, len(missing), SACCT_IDS_AT_ONCE):  # does not end an outage another shows
+        for start in range(0, len(missing), SACCT_IDS_AT_ONCE):
             part = missing[start:start + SACCT_IDS_AT_ONCE]
-            self._poll_outage_since = outage_since
             accounted = self._sacct([*cluster_args(cluster), "-X", "-n", "-P", "-o", "JobID,State",
                                      "-j", ",".join(part)], in_poll=True)
             if self.accounting_down is not None:
                 break  # past its grace and down: the other parts would wait their timeouts for nothing
             asked = set(part)
             states.update({n: s for n, s in parse_sacct(accounted).items() if n in asked})
+        else:
+            if missing:  # every part answered: the poll's outage, if any, is over
+                self._poll_outage_since = None
         return {_with_cluster(number, cluster): state for number, state in states.items()}
 
     def end_time(self, job_id: str) -> float | None:
