@@ -39,19 +39,25 @@ from warm_scenario import Host, start_coordinator, warm_member
 WORLD, SPARES, FIRST_ATTEMPT = 2, 1, 3  # start_coordinator's first attempt
 FAILED_RANK, FAILED_STEP, CHECKPOINT_STEP, LAST_STEP = 1, 57, 50, 100
 
-HELLO_S = 0.3  # the challenge's and the hello's timeout, both ends (protocol.HELLO_TIMEOUT_S)
+# Every timing of the harness is a multiple of this: the variants run side by side, threads of one
+# process, and a thread that waits its turn for the interpreter on a busy host (CI's other lanes, a
+# second test process) must not be taken for a member that is late or lost: 0.1 s was seen to fail.
+TICK_S = 0.3
+HELLO_S = 1.5 * TICK_S  # the challenge's and the hello's timeout, both ends (protocol.HELLO_TIMEOUT_S)
 # A rendezvous and a collective give up after this: a re-formation's as its plan says (reform_s);
 # generation 0's after the job's rendezvous timeout (FAULTDRILL_RENDEZVOUS_TIMEOUT_S), set as short
 # here (its default, 300 s, outlasts report_s: a generation 0 that never forms would end the job).
-JOIN_S = 0.3
-TIMING = Timing(report_s=1.0, reform_s=JOIN_S, spare_s=1.0, start_s=1.0)
+JOIN_S = 1.5 * TICK_S
+# The first generation's members connect one after the other (start_base_members: each waits for
+# the one before it said hello), all within start_s: its margin is the widest.
+TIMING = Timing(report_s=5 * TICK_S, reform_s=JOIN_S, spare_s=5 * TICK_S, start_s=12 * TICK_S)
 # A delayed message comes twice the timing that watches it late: the peers' rendezvous watches a
 # plan; nothing watches formed or done alone, but the lost that follows formed on its line does.
 WATCHED_S = {"challenge": HELLO_S, "hello": HELLO_S, "plan": JOIN_S, "formed": TIMING.report_s,
              "lost": TIMING.report_s, "done": TIMING.report_s}
 DELAY_FACTOR = 2.0
-VARIANT_S = 8.0  # every variant's coordinator ends by then (its longest chain of timeouts: ~3 s)
-SETTLE_S = 5.0  # the processes and relays of a variant end this soon after it is torn down
+VARIANT_S = 40 * TICK_S  # every variant's coordinator ends by then (its longest chain of timeouts: ~15 ticks)
+SETTLE_S = 25 * TICK_S  # the processes and relays of a variant end this soon after it is torn down
 PARALLEL = 6  # variants at a time: they mostly wait out timeouts
 
 BASE_MESSAGES = (
