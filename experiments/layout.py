@@ -75,6 +75,7 @@ SCRIPT_EVENTS_FILE_NAME = "script-events.jsonl"  # the batch script's (the job's
 COORDINATOR_EVENTS_FILE_NAME = "coordinator-events.jsonl"  # the warm coordinator's (a re-formed world)
 # A command workload's supervisor's (its start; what it infers of the script's progress; torchrun's rounds)
 SUPERVISOR_EVENTS_FILE_NAME = "supervisor-events.jsonl"
+EVENT_FILE_NAMES = (SCRIPT_EVENTS_FILE_NAME, SUPERVISOR_EVENTS_FILE_NAME, EVENTS_FILE_NAME, COORDINATOR_EVENTS_FILE_NAME)
 CLOCKS_FILE_NAME = "clocks.json"  # the controller's readings of an attempt's nodes' clocks
 RELAUNCH_EXCLUDE_NAME = "relaunch-exclude"  # in-allocation: the nodes an attempt's rank step stays off
 RANK_STEP_NAME = "faultdrill-ranks"  # the in-allocation rank step's name (srun --job-name), then -<attempt>
@@ -238,10 +239,11 @@ class RunPaths:
         script writes rank 0's own through the rank API (``progress: api``)."""
         return self.attempt_dir(attempt) / SUPERVISOR_EVENTS_FILE_NAME
 
-    def event_files(self, attempt: int) -> tuple[Path, ...]:
-        """Every writer's events file of one attempt (read back merged: read_attempt_events)."""
-        return (self.script_events_file(attempt), self.supervisor_events_file(attempt), self.events_file(attempt),
-                self.coordinator_events_file(attempt))
+    def event_files(self, attempt: int, writers: tuple[str, ...] | None = None) -> tuple[Path, ...]:
+        """Every writer's events file of one attempt (read back merged: read_attempt_events), or
+        those of ``writers`` (their files' names: EVENT_FILE_NAMES)."""
+        directory = self.attempt_dir(attempt)
+        return tuple(directory / name for name in (EVENT_FILE_NAMES if writers is None else writers))
 
     def clocks_file(self, attempt: int) -> Path:
         """The clock of each of ``attempt``'s nodes against the login node's (orchestrator.record.clocks),
@@ -564,11 +566,12 @@ class JsonlTail(Generic[Record]):
 
 
 class EventsTail:
-    """An incremental reader of every writer's events file of one attempt: what each appended since
-    the last call, merged in time order."""
+    """An incremental reader of every writer's events file of one attempt (or of ``writers``: the
+    run's, a file no writer of it makes is not opened each round): what each appended since the
+    last call, merged in time order."""
 
-    def __init__(self, paths: "RunPaths", attempt: int) -> None:
-        self.tails = [JsonlTail(path, EventRecord.from_json) for path in paths.event_files(attempt)]
+    def __init__(self, paths: "RunPaths", attempt: int, writers: tuple[str, ...] | None = None) -> None:
+        self.tails = [JsonlTail(path, EventRecord.from_json) for path in paths.event_files(attempt, writers)]
 
     def read_new(self) -> list[EventRecord]:
         return by_time([tail.read_new() for tail in self.tails])

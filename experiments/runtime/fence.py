@@ -99,13 +99,15 @@ def advance_fence(paths: RunPaths, held: Fence, new: Fence) -> None:
     _replace_unless(paths, new, refuse)
 
 
-def write_fence_unless_ahead(paths: RunPaths, fence: Fence) -> None:
+def write_fence_unless_ahead(paths: RunPaths, fence: Fence, durable: bool = True) -> None:
     """``fence``, unless the fence already names a later attempt of the same job and drill (a warm
     job's coordinator numbers its re-formations itself, and may have moved on while no controller
-    ran): a restarted controller never fences a job's running attempt out."""
+    ran): a restarted controller never fences a job's running attempt out. ``durable`` False: the
+    caller makes a batch of them durable at once (sync_filesystem)."""
     _replace_unless(paths, fence, lambda current: (
         current is not None and current.attempt > fence.attempt and current.drill_id == fence.drill_id
-        and current.job_id is not None and fence.job_id is not None and same_job(current.job_id, fence.job_id)))
+        and current.job_id is not None and fence.job_id is not None and same_job(current.job_id, fence.job_id)),
+        durable)
 
 
 def fence_unless_moved_on(paths: RunPaths, failed: Fence, fence: Fence) -> bool:
@@ -119,13 +121,13 @@ def fence_unless_moved_on(paths: RunPaths, failed: Fence, fence: Fence) -> bool:
     return _replace_unless(paths, fence, moved_on)
 
 
-def _replace_unless(paths: RunPaths, fence: Fence, keep: Callable[[Fence | None], bool]) -> bool:
+def _replace_unless(paths: RunPaths, fence: Fence, keep: Callable[[Fence | None], bool], durable: bool = True) -> bool:
     """Compare, then set, under the writers' lock: ``fence`` unless ``keep`` says the current one
     stays. Whether it was written."""
     with _writers_lock(paths):
         if keep(read_fence(paths)):
             return False
-        _replace(paths, fence, durable=True)
+        _replace(paths, fence, durable)
         return True
 
 

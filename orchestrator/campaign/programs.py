@@ -40,11 +40,16 @@ class Missing:
 def missing_programs(runs: list[RunConfig]) -> list[Missing]:
     """The programs each run's ranks would start and cannot be found here, one per (field, program)."""
     found: dict[tuple[str, str], Missing] = {}
+    looked: set[tuple[str, str, str, Path | None]] = set()  # a sweep's runs mostly start the same programs
     for run in runs:
         if (missing := _site_libmpi_missing(run)) and (missing.field, missing.program) not in found:
             found[(missing.field, missing.program)] = missing
         for field, program, search_path, cwd in _programs(run):
-            if (field, program) not in found and (why := _not_found(program, search_path, cwd)):
+            key = (field, program, search_path, cwd if "/" in program else None)  # a bare name: PATH alone
+            if (field, program) in found or key in looked:
+                continue
+            looked.add(key)
+            if why := _not_found(program, search_path, cwd):
                 found[(field, program)] = Missing(run.run_id, field, program, why)
     return list(found.values())
 

@@ -15,7 +15,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from experiments.layout import CommandSpec, RunPaths, WorkloadSpec
+from experiments.layout import (
+    COORDINATOR_EVENTS_FILE_NAME,
+    EVENT_FILE_NAMES,
+    SUPERVISOR_EVENTS_FILE_NAME,
+    CommandSpec,
+    RunPaths,
+    WorkloadSpec,
+)
 from experiments.warm.protocol import RESTART_ALL_FRAMEWORKS
 from experiments.workloads import LAUNCHER_MPI, LAUNCHER_TORCHRUN, REGISTRY, WorkloadEntry, entry
 from injectors.kinds import get_kind
@@ -59,8 +66,9 @@ class RunConfig:
         named = {getattr(fault.after, "at_step", None) for fault in self.campaign.faults}
         return tuple(sorted(step for step in named if step is not None))
 
-    @property
+    @functools.cached_property
     def paths(self) -> RunPaths:
+        """Made once (asked a dozen times a submission: 10,000 runs, 120,000 path joins)."""
         return RunPaths(self.campaign.workdir / "runs" / self.run_id)
 
     @property
@@ -183,6 +191,15 @@ class RunConfig:
     def mpi_launched(self) -> bool:
         """Its ranks are started by an MPI launch: an MPI framework's, or any on PBS (mpiexec)."""
         return self.workload_entry.launcher == LAUNCHER_MPI or self.campaign.backend == "pbs"
+
+    @functools.cached_property
+    def event_writers(self) -> tuple[str, ...]:
+        """The events files an attempt of this run may have (their names, EVENT_FILE_NAMES' order):
+        the supervisor's where the workload is the user's command, the coordinator's where the
+        strategy is warm; the batch script's and rank 0's always."""
+        return tuple(name for name in EVENT_FILE_NAMES
+                     if (name != SUPERVISOR_EVENTS_FILE_NAME or self.command is not None)
+                     and (name != COORDINATOR_EVENTS_FILE_NAME or self.strategy_traits.warm))
 
     @property
     def strategy_traits(self) -> StrategyTraits:
@@ -340,7 +357,9 @@ def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]
 def _apply_point(campaign: Campaign, point: tuple[tuple[str, Any], ...]) -> Campaign:
     if not point:
         return campaign
-    data = campaign.model_dump(mode="python")
+    # Without the sweep: each point's copy of it made a sweep's expansion quadratic (10,000 points
+    # dumped 10,000 values each).
+    data = campaign.model_dump(mode="python", exclude={"sweep"})
     for dotted, value in point:
         _set_dotted(data, dotted, value)
     data["sweep"] = {"grid": {}}

@@ -307,7 +307,9 @@ class Controller:
         active = [t for t in waiting if not t.fresh]
         waiting = [t for t in waiting if t.fresh]
         for tracker in active:
-            tracker.start(time.time())
+            tracker.start(time.time(), durable=False)
+        if active:  # their fences, made durable together before any round acts on them
+            sync_filesystem(self.campaign.workdir)
         # Runs whose job waits in the scheduler's queue, unheard (an array's pending elements):
         # out of the rounds until the scheduler starts them (scheduler_queue.py).
         queued = SchedulerQueue()
@@ -416,7 +418,8 @@ class Controller:
         """The scheduler's states when a poll was due (a job absent from them has no news this
         round). ``busy``: the runs in flight and those whose failed job is closing; with the jobs
         waiting in ``queued``, every job the drill still watches."""
-        job_ids = [job_id for tracker in busy for job_id in tracker.watched_job_ids()] + queued.job_ids()
+        def job_ids() -> list[str]:  # listed only when a poll is due
+            return [job_id for tracker in busy for job_id in tracker.watched_job_ids()] + queued.job_ids()
         return self.poller.poll(self.backend, job_ids, urgent=any(tracker.awaits_scheduler for tracker in active))
 
     def _advance(self, active: list[RunTracker], busy: list[RunTracker], states: dict[str, JobState]) -> None:

@@ -187,9 +187,11 @@ class RunTracker:
         return current + ([held] if held is not None and not self.done else []) + self.closing.job_ids
 
     # starting ---------------------------------------------------------------------------------
-    def start(self, now: float) -> None:
+    def start(self, now: float, durable: bool = True) -> None:
         """Pick up where the ledger (and the run directory) says the run is: complete it from its
-        final record, adopt or find the attempt in flight, give up, or submit the next attempt."""
+        final record, adopt or find the attempt in flight, give up, or submit the next attempt.
+        ``durable`` False: an adopted attempt's fence is made durable by the caller, with the
+        others a restarted controller adopts (one sync for a sweep's thousands, not two each)."""
         if self.done:
             return
         attempts = self.ledger.attempts(self.run.run_id)
@@ -200,7 +202,7 @@ class RunTracker:
             self._complete_from_record(final, last, now)
             return
         if last is not None and last.ended is None:
-            self._resume_attempt(last, now)
+            self._resume_attempt(last, now, durable)
             return
         if last is None:
             self._submit(0, now)
@@ -265,7 +267,7 @@ class RunTracker:
                 self.cancels.ask(row.job_id)
                 self.closing.add(row.attempt, row.job_id, now, cancelled=True)
 
-    def _resume_attempt(self, row: AttemptRow, now: float) -> None:
+    def _resume_attempt(self, row: AttemptRow, now: float, durable: bool = True) -> None:
         """Adopt the attempt an earlier controller left in flight. One whose job id it never
         recorded is a submission that may or may not have reached the scheduler: looked up, and
         adopted, or submitted again (a late job of the first try is then fenced off by its id)."""
@@ -276,7 +278,7 @@ class RunTracker:
             # A warm job's coordinator may have fenced later generations while no controller ran (else
             # a fence is ahead of the ledger only by the job a submission's call fenced before the
             # loop recorded it: the same attempt and job, written again).
-            write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id))
+            write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id), durable)
             self._watch(row.attempt, row.job_id)
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
@@ -296,10 +298,13 @@ class RunTracker:
             self._finish("completed", now)
 
     # submission -------------------------------------------------------------------------------
-    def rank_job(self, attempt: int) -> RankJob:
+    def rank_job(self, attempt: int, excluded: tuple[str, ...] | None = None) -> RankJob:
+        """``excluded``: the nodes the attempt stays off, where the caller just recorded them
+        (else read back from its row)."""
         run = self.run
-        row = next((row for row in self.ledger.attempts(run.run_id) if row.attempt == attempt), None)
-        excluded = tuple(row.excluded_nodes.split(",")) if row is not None and row.excluded_nodes else ()
+        if excluded is None:
+            row = next((row for row in self.ledger.attempts(run.run_id) if row.attempt == attempt), None)
+            excluded = tuple(row.excluded_nodes.split(",")) if row is not None and row.excluded_nodes else ()
         return RankJob(
             run_id=run.run_id, run_dir=str(run.paths.root), attempt=attempt, workload=run.workload,
             checkpoint_every=run.campaign.checkpoint.every_steps, checkpoint_keep=run.campaign.checkpoint.keep,
@@ -316,8 +321,8 @@ class RunTracker:
     def _exclusions(self, attempt: int) -> tuple[str, ...]:
         """The nodes ``attempt`` stays off: those earlier attempts lost in a failure whose policy
         says exclude_node, the most recent first, at most restart.max_excluded_nodes."""
-        if not self.backend.offers(Capability.EXCLUDE_NODES):
-            return ()
+        if attempt == 0 or not self.backend.offers(Capability.EXCLUDE_NODES):
+            return ()  # none before the first
         nodes: list[str] = []
         for row in sorted(self.ledger.attempts(self.run.run_id), key=lambda row: -row.attempt):
             if row.attempt >= attempt or not row.failed_nodes or not row.failure_class:
@@ -332,16 +337,15 @@ class RunTracker:
         controller then knows to look for it, and no older job may start ranks any more).
         ``durable`` False: the caller makes a batch of fences durable before submitting."""
         run = self.run
+        excluded = self._exclusions(attempt)
         with self.ledger.transaction():
-            if self.ledger.run(run.run_id).started is None:
-                self.ledger.update_run(run.run_id, started=time.time())
-            self.ledger.update_run(run.run_id, status="running")
+            self.ledger.mark_running(run.run_id, time.time())
             self.ledger.add_attempt(run.run_id, attempt, job_name or attempt_job_name(run, attempt, self.drill_id),
-                                    array_index, excluded_nodes=self._exclusions(attempt))
+                                    array_index, excluded_nodes=excluded)
         self.status = "running"
         if fence:
             write_fence(run.paths, Fence(attempt, None, self.drill_id), durable)
-        return self.rank_job(attempt)
+        return self.rank_job(attempt, excluded)
 
     def _submit(self, attempt: int, now: float, not_before: float | None = None) -> None:
         self.watch = None  # the attempt before is over (its job, if still there, is closing)
@@ -369,7 +373,7 @@ class RunTracker:
         """``queued``: the scheduler said the job waits in its queue (a poll saying PENDING says it later)."""
         self._last_job_id = job_id
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks,
-                                  queued=queued)
+                                  event_writers=self.run.event_writers, queued=queued)
         self._started_recorded = None
         self.recoveries.expect(attempt)
         self.status = "running"

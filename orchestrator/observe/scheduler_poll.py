@@ -74,14 +74,21 @@ class SchedulerPoller:
             return True
         return urgent and self._failing_since is None and now - self._last_at >= URGENT_MIN_S
 
-    def poll(self, backend: Scheduler, job_ids: list[str], urgent: bool = False) -> dict[str, JobState]:
+    def poll(self, backend: Scheduler, job_ids: list[str] | Callable[[], list[str]],
+             urgent: bool = False) -> dict[str, JobState]:
         """The states of ``job_ids`` when an answer is in (a poll was due, or news is waiting), else
         {}: a job missing from the answer has no news this round. Raises SchedulerUnavailable once
-        the scheduler has been silent past restart.scheduler_timeout_s."""
+        the scheduler has been silent past restart.scheduler_timeout_s. ``job_ids`` may be a
+        function that lists them, called only when a poll is due (a sweep's 10,000 waiting
+        elements are not listed every round)."""
         now = self.clock()
         if self._in_flight is not None:
             return self._collect(backend.name, now)
-        if not job_ids or not self.due(now, urgent):
+        if not self.due(now, urgent):
+            return {}
+        if callable(job_ids):
+            job_ids = job_ids()
+        if not job_ids:
             return {}
         self._in_flight_since, self._in_flight_asked_at = now, self.wall()
         if not self.background:

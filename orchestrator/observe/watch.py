@@ -11,6 +11,7 @@ the clock starts again when the job resumes.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -82,9 +83,7 @@ class AttemptWatch:
     job_id: str
     paths: RunPaths
     ranks: int
-    events: EventsTail = field(init=False)
-    checkpoint_tail: JsonlTail = field(init=False)
-    heartbeat_tails: list[JsonlTail] = field(init=False)
+    event_writers: tuple[str, ...] | None = None  # the events files its run's writers make (None: all)
     # The batch script's first line (or rank 0's start, until the script's is read: the local backend
     # has none, and each writer's file may be seen first): the event it was read from.
     job_started: float | None = None
@@ -112,11 +111,19 @@ class AttemptWatch:
     first_step_heard: tuple[float, int] | None = None
     last_step_heard: float | None = None
 
-    def __post_init__(self) -> None:
-        self.events = EventsTail(self.paths, self.attempt)
-        self.checkpoint_tail = JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json)
-        self.heartbeat_tails = [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json)
-                                for rank in range(self.ranks)]
+    # The files' readers, made at the first read (a sweep's array submits thousands of attempts
+    # whose watch is not read until their job starts).
+    @functools.cached_property
+    def events(self) -> EventsTail:
+        return EventsTail(self.paths, self.attempt, self.event_writers)
+
+    @functools.cached_property
+    def checkpoint_tail(self) -> JsonlTail:
+        return JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json)
+
+    @functools.cached_property
+    def heartbeat_tails(self) -> list[JsonlTail]:
+        return [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json) for rank in range(self.ranks)]
 
     @property
     def last_heartbeat(self) -> float | None:

@@ -316,10 +316,17 @@ class Ledger:
 
     # runs -------------------------------------------------------------------------------------
     def add_run(self, run: RunRow) -> None:
-        self._insert("runs", asdict(run), ignore=True)
+        self._insert("runs", _columns(run), ignore=True)
 
     def update_run(self, run_id: str, **values: Any) -> None:
         self._update("runs", values, "run_id = ?", (run_id,))
+
+    def mark_running(self, run_id: str, at: float) -> None:
+        """The run is running, started at ``at`` unless it started before (one statement: a sweep
+        marks thousands)."""
+        self._wrote(run_id)
+        self._db.execute("UPDATE runs SET status = 'running', started = COALESCE(started, ?) WHERE run_id = ?",
+                         (at, run_id))
 
     def runs(self) -> list[RunRow]:
         return self._select(RunRow, "SELECT * FROM runs ORDER BY run_id")
@@ -335,7 +342,7 @@ class Ledger:
                     array_index: int | None = None, excluded_nodes: tuple[str, ...] = ()) -> None:
         row = AttemptRow(run_id=run_id, attempt=attempt, job_id=None, state="SUBMITTING", submitted=time.time(),
                          job_name=job_name, array_index=array_index, excluded_nodes=",".join(excluded_nodes) or None)
-        self._insert("attempts", asdict(row))
+        self._insert("attempts", _columns(row))
 
     def update_attempt(self, run_id: str, attempt: int, **values: Any) -> None:
         self._update("attempts", values, "run_id = ? AND attempt = ?", (run_id, attempt))
@@ -345,7 +352,7 @@ class Ledger:
 
     # faults -----------------------------------------------------------------------------------
     def add_fault(self, fault: FaultRow) -> int:
-        values = {k: v for k, v in asdict(fault).items() if k != "fault_id"}
+        values = {k: v for k, v in _columns(fault).items() if k != "fault_id"}
         cursor = self._insert("faults", values)
         fault_id = int(cursor.lastrowid or 0)
         self._fault_runs[fault_id] = fault.run_id
@@ -379,7 +386,7 @@ class Ledger:
         self._update("recoveries", values, "run_id = ? AND attempt = ?", (run_id, attempt))
 
     def add_recovery(self, recovery: RecoveryRow) -> None:
-        self._insert("recoveries", asdict(recovery), ignore=True)
+        self._insert("recoveries", _columns(recovery), ignore=True)
 
     def recoveries(self, run_id: str) -> list[RecoveryRow]:
         return self._select(RecoveryRow, "SELECT * FROM recoveries WHERE run_id = ? ORDER BY attempt", (run_id,))
@@ -401,3 +408,14 @@ class Ledger:
 
     def _select(self, row_type: type[Row], query: str, args: tuple[Any, ...] = ()) -> list[Row]:
         return [row_type(**dict(row)) for row in self._db.execute(query, args)]
+
+
+def _columns(row: Any) -> dict[str, Any]:
+    """A row's columns by name (its fields hold plain values: no deep copy as asdict makes)."""
+    names = _FIELD_NAMES.get(type(row))
+    if names is None:
+        names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
+    return {name: getattr(row, name) for name in names}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # each row type's, looked up once

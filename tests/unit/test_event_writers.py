@@ -90,3 +90,25 @@ def test_a_writers_own_order_stands_when_it_stamps_an_earlier_moment_later(tmp_p
     append_json_line(paths.coordinator_events_file(0), {"event": "warm_failure", "time": 19.5, "rank": 1})
     append_json_line(paths.events_file(0), {"event": "first_step", "time": 10.0, "step": 1})
     assert [event.name for event in read_attempt_events(paths, 0)] == ["first_step", "warm_formed", "warm_failure"]
+
+
+@pytest.mark.parametrize(("workload", "strategy", "files"), [
+    ({"framework": "torch", "params": 1000, "steps": 10}, "resubmit", {"script-events.jsonl", "events.jsonl"}),
+    ({"framework": "torch", "params": 1000, "steps": 10}, "warm",
+     {"script-events.jsonl", "events.jsonl", "coordinator-events.jsonl"}),
+    ({"framework": "other", "steps": 10, "command": ["sh", "-c", "true"], "progress": {"log": r"^step (\d+)"}},
+     "resubmit", {"script-events.jsonl", "events.jsonl", "supervisor-events.jsonl"}),
+])
+def test_a_runs_watch_opens_each_round_only_the_events_files_its_writers_make(
+        tmp_path: Path, workload: dict, strategy: str, files: set[str]) -> None:
+    """Issue 29: every round opened four events files for each run in flight, the coordinator's of a
+    run with no coordinator, the supervisor's of a built-in workload: their opens were a third of a
+    round's reads."""
+    from orchestrator.observe.watch import AttemptWatch
+
+    spec = {"name": "w", "backend": "slurm", "workdir": str(tmp_path / "work"), "workload": workload,
+            "resources": {"nodes": 1, "time": "00:10:00"}, "restart": {"strategy": strategy}}
+    [run] = expand_runs(parse_campaign(spec, base_dir=tmp_path))
+    watch = AttemptWatch(attempt=0, job_id="1", paths=run.paths, ranks=run.ranks, event_writers=run.event_writers)
+    assert {tail.path.name for tail in watch.events.tails} == files
+    assert len(AttemptWatch(attempt=0, job_id="1", paths=run.paths, ranks=1).events.tails) == 4  # unsaid: all

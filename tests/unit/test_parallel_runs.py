@@ -12,7 +12,7 @@ import yaml
 
 from fake_scheduler import FakeScheduler
 from orchestrator.campaign.runs import expand_runs
-from orchestrator.campaign.spec import MAX_PARALLEL_RUNS, SpecError, load_campaign
+from orchestrator.campaign.spec import MAX_PARALLEL_RUNS, Campaign, SpecError, load_campaign
 from orchestrator.control.controller import Controller, local_parallel_runs, parallel_runs_of
 
 pytestmark = pytest.mark.unit
@@ -101,3 +101,31 @@ def test_an_unsaid_parallel_runs_stays_unsaid_in_the_spec_a_workdir_keeps(
 @pytest.mark.parametrize(("ranks", "cores", "runs"), [(1, 2, 1), (1, 3, 1), (1, 4, 2), (2, 16, 4), (3, 16, 2), (9, 16, 1)])
 def test_local_parallel_runs(ranks: int, cores: int, runs: int) -> None:
     assert local_parallel_runs(ranks, cores) == runs
+
+
+def _grid_values_copied(tmp_path: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The sweep values the spec's dumps carried while the sweep's runs were made."""
+    copied = 0
+    dump = Campaign.model_dump
+
+    def counting(self: Campaign, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        nonlocal copied
+        data = dump(self, *args, **kwargs)
+        grid = data.get("sweep", {}).get("grid", {})
+        copied += sum(len(values) for grid in (grid if isinstance(grid, list) else [grid]) for values in grid.values())
+        return data
+
+    campaign = load_campaign(_spec(tmp_path / str(runs), "slurm", runs=runs))
+    monkeypatch.setattr(Campaign, "model_dump", counting)
+    assert len(expand_runs(campaign)) == runs
+    monkeypatch.undo()
+    return copied
+
+
+def test_a_sweeps_runs_are_made_without_a_copy_of_its_grid_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each point's spec was a dump of the whole spec, its grid with it: 10,000 points copied 10^8
+    values (4.6 s of a 10,000-run sweep's set-up). The copies now grow as the points do."""
+    (tmp_path / "100").mkdir()
+    (tmp_path / "400").mkdir()
+    small, large = _grid_values_copied(tmp_path, 100, monkeypatch), _grid_values_copied(tmp_path, 400, monkeypatch)
+    assert large <= 4.5 * max(small, 100), (small, large)

@@ -233,3 +233,38 @@ def test_every_job_goes_out_with_its_runs_fence_after_a_crash_at_the_arrays_firs
     finally:
         controller.close()
     assert len(seen) == 3 and all(fence is not None for _, fence in seen), seen
+
+
+def test_a_restarted_controller_adopts_a_sweeps_runs_with_one_sync_of_their_fences(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a controller restarted under a sweep of 10,000 runs wrote each adopted run's fence
+    durably on its loop, two fsyncs each, one after another, before its first round. Their fences
+    are made durable together; each names its run's job when the first round begins."""
+    from experiments.runtime import fence as fence_module
+
+    spec = load_campaign(_sweep(tmp_path, runs=40, parallel_runs=40))
+    scheduler = RunningArrays()
+    controller = Controller(spec, backend=scheduler)
+    try:
+        controller.run(observer=lambda trackers, touched: controller.stop_requested.set())
+    finally:
+        controller.close()
+    syncs: list[str] = []
+    fsync, syncfs = fence_module.os.fsync, fence_module.sync_filesystem
+    monkeypatch.setattr(fence_module.os, "fsync", lambda fd: syncs.append("fsync") or fsync(fd))
+    import orchestrator.control.controller as controller_module
+    monkeypatch.setattr(controller_module, "sync_filesystem", lambda path: syncs.append("syncfs") or syncfs(path))
+    fences: dict[str, object] = {}
+    controller = Controller(spec, backend=scheduler)
+
+    def first_round(trackers: list[Any], touched: list[Any]) -> None:
+        fences.update((tracker.run.run_id, read_fence(tracker.run.paths)) for tracker in trackers)
+        controller.stop_requested.set()
+
+    try:
+        controller.run(observer=first_round)
+    finally:
+        controller.close()
+    assert syncs == ["syncfs"], syncs
+    jobs = {tracker.run.run_id: tracker.job_id for tracker in controller._trackers}
+    assert len(fences) == 40 and all(getattr(fence, "job_id", None) == jobs[run] for run, fence in fences.items())

@@ -45,6 +45,24 @@ def test_polls_once_per_interval_whatever_the_fast_loop_does() -> None:
     assert slow_path.stats.calls == 4
 
 
+def test_the_jobs_are_listed_only_when_a_poll_is_due() -> None:
+    """Issue 29: the ids of every job the drill watches (10,000 with a sweep's waiting elements)
+    were listed every round, for a poll due once in twenty."""
+    clock = ManualClock()
+    scheduler, slow_path = CountingScheduler(clock), poller(clock)
+    listed = 0
+
+    def job_ids() -> list[str]:
+        nonlocal listed
+        listed += 1
+        return ["1", "2"]
+
+    for _ in range(100):  # 20 s of a 0.2 s fast loop
+        slow_path.poll(scheduler, job_ids)
+        clock.now += 0.2
+    assert listed == scheduler.calls == 4
+
+
 def test_news_brings_the_poll_forward_but_not_more_than_once_a_second() -> None:
     clock = ManualClock()
     scheduler, slow_path = CountingScheduler(clock), poller(clock)

@@ -127,6 +127,24 @@ def test_the_users_limit_of_submitted_jobs_is_the_smallest_one_enforced(monkeypa
     assert len(asked) <= (1 if not answers else 2), asked
 
 
+@pytest.mark.parametrize(("enforce", "max_job_count", "limit"), [
+    ("none", "10000", (10000, "the site's MaxJobCount (every user's jobs together)")),
+    ("associations,limits", "5", (5, "the site's MaxJobCount (every user's jobs together)")),
+    ("associations,limits", "50000", (8, "your association's MaxSubmitJobs")),
+    ("none", None, None),
+])
+def test_the_sites_max_job_count_binds_the_drills_jobs_whatever_accounting_enforces(
+        monkeypatch, enforce, max_job_count, limit) -> None:
+    """Issue 29: every element of an array counts toward MaxJobCount (Slurm's default 10,000); a
+    10,000-run sweep's last array waited in sbatch, then its runs went out one by one."""
+    monkeypatch.setattr(site, "run_command", lambda args, **_kwargs: CommandResult(tuple(args), 0, SACCTMGR[
+        (args[3], args[4], args[-1])], "", 0.1))
+    config = f"AccountingStorageEnforce = {enforce}\n" + (f"MaxJobCount             = {max_job_count}\n"
+                                                          if max_job_count else "")
+    found = site.max_submit_jobs(config, "fd-user")
+    assert (found.jobs, found.source) == limit if limit else found is None, found
+
+
 def test_the_jobs_of_an_attempt_from_squeue_and_sacct_with_a_pending_throttled_array() -> None:
     """Issue 21, item 3: squeue lists a throttled array's pending elements as one line
     (``123_[2-9%2]``); it ended the drill (ValueError) when sorted. An element's attempt maps each

@@ -53,6 +53,16 @@ def parse_max_array_size(config: str) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_ARRAY_SIZE
 
 
+def max_job_count(config: str) -> SubmitLimit | None:
+    """``MaxJobCount``: the most jobs slurmctld holds at once, every user's together, each element of
+    an array counted (an array past it waits in sbatch, then is refused); enforced whether or not
+    accounting enforces limits. None where the configuration does not say."""
+    value = config_value(config, "MaxJobCount") or ""
+    if not value.isdigit() or int(value) < 1:
+        return None
+    return SubmitLimit(int(value), "the site's MaxJobCount (every user's jobs together)")
+
+
 def enforces_limits(config: str) -> bool:
     """``AccountingStorageEnforce`` names ``limits`` (or ``safe``, which sets it): Slurm's man page,
     "if you want QOS limits to be enforced you need to use the limits option" (``qos`` and
@@ -64,15 +74,18 @@ def enforces_limits(config: str) -> bool:
 def max_submit_jobs(config: str, user: str, qos: str | None = None) -> SubmitLimit | None:
     """The fewest jobs ``user`` may have submitted at once here, and which limit says so: the
     smallest MaxSubmitJobs of their associations, and MaxSubmitPU of the QOS the jobs run under
-    (``qos``: the spec's ``--qos``; else the association's default QOS, or its only one). None
+    (``qos``: the spec's ``--qos``; else the association's default QOS, or its only one), and the
+    site's MaxJobCount (every user's jobs: the most the drill's can be). Of the first two, none
     where limits are not enforced, none is set, or sacctmgr does not answer (asked once: a
-    sacctmgr that fails is not asked again)."""
+    sacctmgr that fails is not asked again); None where nothing is known."""
+    site_wide = max_job_count(config)
     if not enforces_limits(config):
-        return None
+        return site_wide
     rows = _rows(["show", "assoc", "where", f"user={user}", "format=MaxSubmit,DefaultQOS,QOS"])
     if rows is None:
-        return None
+        return site_wide
     found = [SubmitLimit(int(row[0]), "your association's MaxSubmitJobs") for row in rows if row[0].isdigit()]
+    found += [site_wide] if site_wide is not None else []
     chosen = qos or _default_qos(rows)
     if chosen:
         qos_rows = _rows(["show", "qos", "where", f"name={chosen}", "format=MaxSubmitPU"]) or []
