@@ -351,6 +351,9 @@ def _grid_points(grid: dict[str, list[Any]]) -> list[tuple[tuple[str, Any], ...]
     for key in keys:
         if not grid[key]:
             raise SpecError(f"sweep.grid.{key}: empty list of values")
+        if key.split(".", 1)[0] == "sweep":
+            raise SpecError(f"sweep.grid.{key}: a grid cannot sweep the sweep itself; valid: any other key of "
+                            "the spec (args.*, workload.*, resources.*, ...)")
     return [tuple(zip(keys, values, strict=False)) for values in itertools.product(*(grid[key] for key in keys))]
 
 

@@ -279,7 +279,9 @@ class RunTracker:
             # a fence is ahead of the ledger only by the job a submission's call fenced before the
             # loop recorded it: the same attempt and job, written again).
             write_fence_unless_ahead(self.run.paths, Fence(row.attempt, row.job_id, self.drill_id), durable)
-            self._watch(row.attempt, row.job_id)
+            # Every writer's events read: the job was submitted by an earlier controller, perhaps
+            # under a spec since changed (warm then, a coordinator's events now unlooked-for).
+            self._watch(row.attempt, row.job_id, every_writer=True)
             return
         self.submitter.retry(row.attempt, self.rank_job(row.attempt), "its submission may not have reached the scheduler",
                              now, not_before=row.not_before)
@@ -369,11 +371,12 @@ class RunTracker:
         self._watch(attempt, submission.job_id, queued=submission.job_id != self._last_job_id)
         log.info("%s: attempt %d is job %s", self.run.run_id, attempt, submission.job_id)
 
-    def _watch(self, attempt: int, job_id: str, queued: bool = False) -> None:
-        """``queued``: the scheduler said the job waits in its queue (a poll saying PENDING says it later)."""
+    def _watch(self, attempt: int, job_id: str, queued: bool = False, every_writer: bool = False) -> None:
+        """``queued``: the scheduler said the job waits in its queue (a poll saying PENDING says it later).
+        ``every_writer``: read every events file, not only those the run's writers make."""
         self._last_job_id = job_id
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks,
-                                  event_writers=self.run.event_writers, queued=queued)
+                                  event_writers=None if every_writer else self.run.event_writers, queued=queued)
         self._started_recorded = None
         self.recoveries.expect(attempt)
         self.status = "running"

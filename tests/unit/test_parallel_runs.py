@@ -129,3 +129,10 @@ def test_a_sweeps_runs_are_made_without_a_copy_of_its_grid_each(tmp_path: Path, 
     (tmp_path / "400").mkdir()
     small, large = _grid_values_copied(tmp_path, 100, monkeypatch), _grid_values_copied(tmp_path, 400, monkeypatch)
     assert large <= 4.5 * max(small, 100), (small, large)
+
+
+def test_a_grid_over_the_sweep_itself_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """Review of issue 29's expansion: a grid key under sweep.* was overwritten silently, then (each
+    point made without its sweep) refused as "no key 'sweep'"; it says what is wrong now."""
+    with pytest.raises(SpecError, match=r"sweep.grid.sweep.grid: a grid cannot sweep the sweep itself"):
+        expand_runs(load_campaign(_spec(tmp_path, "slurm", sweep={"grid": {"sweep.grid": [{}, {}]}})))
