@@ -18,7 +18,7 @@ from recovery_checks import assert_phases_follow_the_moments
 
 from drills import FAULTDRILL, drill, run_of, write_spec
 from experiments.layout import RunPaths, attempt_event_lines, read_json_lines
-from faultdrill_cli import campaign_copy, faultdrill, full_campaigns, leave_out_fault_kinds
+from faultdrill_cli import FULL_ONLY, campaign_copy, faultdrill, full_campaigns, leave_out_fault_kinds
 from orchestrator.campaign.runs import expand_runs
 from orchestrator.campaign.spec import load_campaign
 
@@ -173,7 +173,10 @@ def test_disk_full_fails_the_checkpoint_write_cleanly_and_the_run_resumes_from_t
     assert names == [f"step-{step:08d}" for step in (EVERY, 2 * EVERY, 3 * EVERY)], names
 
 
-@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 400, 200), ("chainer", 1600, 800)])
+# CI keeps TensorFlow's (PyTorch's is the catalogue's preempt, here and on Slurm); Chainer's, its
+# warning forwarded through mpiexec, with FAULTDRILL_FULL=1 (two minutes of a lane CI could not spare).
+@pytest.mark.parametrize("framework,steps,every", [("tensorflow", 400, 200),
+                                                   pytest.param("chainer", 1600, 800, marks=FULL_ONLY)])
 def test_the_warning_checkpoint_works_for_every_framework(tmp_path: Path, framework: str, steps: int,
                                                           every: int) -> None:
     if importlib.util.find_spec(framework) is None:
