@@ -12,6 +12,7 @@ from drills import drill, run_of, write_spec
 from faultdrill_cli import FULL_ONLY, campaign_copy
 
 
+@FULL_ONLY  # CI: tests/cluster/test_own_scripts_slurm.py drills the same script through the rank API on two nodes
 def test_the_rank_api_example_resumes_from_its_newest_checkpoint_identical_to_its_twin(tmp_path: Path) -> None:
     report = drill(campaign_copy("example-torch-ddp", tmp_path), timeout=600)
     run, twin = run_of(report, "r000"), run_of(report, "r000-baseline")
