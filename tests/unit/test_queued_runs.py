@@ -107,6 +107,15 @@ def _all_running(controller: Controller, trackers: list[Any]) -> bool:
     return controller.poller.stats.calls >= 1 and all(t.watch and t.watch.running_since for t in trackers)
 
 
+def _kill_every_launch_once_running(controller: Controller, trackers: list[Any]) -> bool:
+    """Every run's first launch exits by SIGKILL once all of them run; whether that happened."""
+    if not _all_running(controller, trackers):
+        return False
+    for tracker in trackers:
+        launch_exited(tracker.run.paths.root, 0, 137)
+    return True
+
+
 def _detected_in_rounds(controller: Controller, failed: list[tuple[str, int]], rounds_at_failure: int,
                         rounds: int, seen: dict[str, int]) -> None:
     for run_id, attempt in failed:
@@ -150,9 +159,7 @@ def test_an_attempt_relaunched_in_its_running_job_is_not_taken_for_a_queued_one(
 
     def each_round(trackers: list[Any], round_: int) -> bool:
         if not phase:
-            if _all_running(controller, trackers):
-                for tracker in trackers:
-                    launch_exited(tracker.run.paths.root, 0, 137)
+            if _kill_every_launch_once_running(controller, trackers):
                 phase.append(0)
         elif len(phase) == 1 and all(t.watch and t.watch.attempt == 1 for t in trackers):
             for tracker in trackers:
@@ -179,9 +186,7 @@ def test_an_in_allocation_go_held_for_its_backoff_is_given_after_it(tmp_path: Pa
 
     def each_round(trackers: list[Any], round_: int) -> bool:
         if not failed_in:
-            if _all_running(controller, trackers):
-                for tracker in trackers:
-                    launch_exited(tracker.run.paths.root, 0, 137)
+            if _kill_every_launch_once_running(controller, trackers):
                 failed_in.append(round_)
         else:
             for tracker in trackers:
