@@ -525,10 +525,13 @@ class JsonlTail(Generic[Record]):
     """An incremental reader of a JSON-lines file ranks and batch scripts append to (the controller's
     watch, an at_step fault's agent): only what was appended since the last call, each line through
     ``parse`` (a record's ``from_json``); a torn last line waits for its end, a line that is no record
-    is skipped."""
+    is skipped. ``stat_first``: the file is on this host's own filesystem (experiments.runtime.mounts),
+    where its size is looked up without opening it, and it is opened only when it grew."""
 
-    def __init__(self, path: Path, parse: Callable[[dict[str, Any]], Record]) -> None:
+    def __init__(self, path: Path, parse: Callable[[dict[str, Any]], Record], stat_first: bool = False) -> None:
         self.path, self.parse = path, parse
+        self._where = os.fspath(path)  # a Path made a str at every call costs as much as the stat
+        self.stat_first = stat_first
         self._offset = 0
         self._partial = b""
 
@@ -551,11 +554,18 @@ class JsonlTail(Generic[Record]):
     def _appended(self) -> bytes:
         """The bytes past the offset, b"" when there are none (the controller's watch asks every
         round for every file of every run in flight: a file that did not grow costs an open, a
-        stat and a close, no buffered reader). The file is opened each time, never kept open: on
-        NFS the open is what sees another node's appends (close-to-open consistency), and the size
-        is taken from the open file, after it."""
+        stat and a close, no buffered reader; on this host's own filesystem a stat alone). The file
+        is opened each time, never kept open: on NFS the open is what sees another node's appends
+        (close-to-open consistency, which a stat of its cached attributes does not give), and the
+        size is taken from the open file, after it."""
+        if self.stat_first:
+            try:
+                if os.stat(self._where).st_size <= self._offset:
+                    return b""
+            except FileNotFoundError:
+                return b""
         try:
-            descriptor = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            descriptor = os.open(self._where, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return b""
         try:
@@ -570,8 +580,10 @@ class EventsTail:
     run's, a file no writer of it makes is not opened each round): what each appended since the
     last call, merged in time order."""
 
-    def __init__(self, paths: "RunPaths", attempt: int, writers: tuple[str, ...] | None = None) -> None:
-        self.tails = [JsonlTail(path, EventRecord.from_json) for path in paths.event_files(attempt, writers)]
+    def __init__(self, paths: "RunPaths", attempt: int, writers: tuple[str, ...] | None = None,
+                 stat_first: bool = False) -> None:
+        self.tails = [JsonlTail(path, EventRecord.from_json, stat_first)
+                      for path in paths.event_files(attempt, writers)]
 
     def read_new(self) -> list[EventRecord]:
         return by_time([tail.read_new() for tail in self.tails])

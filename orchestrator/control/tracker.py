@@ -34,6 +34,7 @@ from experiments.runtime.fence import (
 )
 from experiments.runtime.heartbeat import interval_for
 from experiments.runtime.identity import ticks_now
+from experiments.runtime.mounts import on_local_filesystem
 from injectors.kinds.base import FaultOutcome
 from injectors.schedule import PlannedFault
 from orchestrator.backends.base import Backend, Submission
@@ -87,6 +88,7 @@ JOB_TAKEN_BACK = frozenset({FailureClass.PREEMPTED, FailureClass.TIMEOUT})
 # The runs of a sweep share a directory: its filesystem looked up once (the mount table read and
 # parsed for each of 10,000 runs took seconds), not once a run.
 _interval_for = functools.lru_cache(maxsize=64)(interval_for)
+_on_this_host = functools.lru_cache(maxsize=64)(on_local_filesystem)  # a sweep's runs share their directory
 
 
 class RunTracker:
@@ -103,6 +105,8 @@ class RunTracker:
         self.restart = run.campaign.restart
         self.heartbeat_s = _interval_for(run.paths.root.parent, self.restart.heartbeat_s,
                                          self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
+        # its files on this host's own filesystem: the watch looks at their sizes before it opens them
+        self.files_on_this_host = _on_this_host(run.paths.root.parent)
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
         self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
@@ -376,7 +380,8 @@ class RunTracker:
         ``every_writer``: read every events file, not only those the run's writers make."""
         self._last_job_id = job_id
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks,
-                                  event_writers=None if every_writer else self.run.event_writers, queued=queued)
+                                  event_writers=None if every_writer else self.run.event_writers,
+                                  stat_first=self.files_on_this_host, queued=queued)
         self._started_recorded = None
         self.recoveries.expect(attempt)
         self.status = "running"

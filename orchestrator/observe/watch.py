@@ -84,6 +84,7 @@ class AttemptWatch:
     paths: RunPaths
     ranks: int
     event_writers: tuple[str, ...] | None = None  # the events files its run's writers make (None: all)
+    stat_first: bool = False  # its files are on this host's own filesystem: opened only once they grew (JsonlTail)
     # The batch script's first line (or rank 0's start, until the script's is read: the local backend
     # has none, and each writer's file may be seen first): the event it was read from.
     job_started: float | None = None
@@ -115,15 +116,16 @@ class AttemptWatch:
     # whose watch is not read until their job starts).
     @functools.cached_property
     def events(self) -> EventsTail:
-        return EventsTail(self.paths, self.attempt, self.event_writers)
+        return EventsTail(self.paths, self.attempt, self.event_writers, self.stat_first)
 
     @functools.cached_property
     def checkpoint_tail(self) -> JsonlTail:
-        return JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json)
+        return JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json, self.stat_first)
 
     @functools.cached_property
     def heartbeat_tails(self) -> list[JsonlTail]:
-        return [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json) for rank in range(self.ranks)]
+        return [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json, self.stat_first)
+                for rank in range(self.ranks)]
 
     @property
     def last_heartbeat(self) -> float | None:

@@ -112,3 +112,36 @@ def test_a_runs_watch_opens_each_round_only_the_events_files_its_writers_make(
     watch = AttemptWatch(attempt=0, job_id="1", paths=run.paths, ranks=run.ranks, event_writers=run.event_writers)
     assert {tail.path.name for tail in watch.events.tails} == files
     assert len(AttemptWatch(attempt=0, job_id="1", paths=run.paths, ranks=1).events.tails) == 4  # unsaid: all
+
+
+@pytest.mark.parametrize("stat_first", [True, False])
+def test_on_this_hosts_filesystem_a_round_opens_only_the_files_that_grew(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stat_first: bool) -> None:
+    """Issue 29: a round opened every file of every run in flight, grown or not (three syscalls
+    each). On this host's own filesystem a stat says whether it grew; elsewhere (NFS) the open is
+    what shows another node's appends, so every file is opened each round as before."""
+    import os
+
+    from orchestrator.observe.watch import AttemptWatch
+
+    paths = RunPaths(tmp_path)
+    _write(paths)
+    append_json_line(paths.heartbeat_file(0, 0), {"attempt": 0, "step": 1, "time": 12.0})
+    watch = AttemptWatch(attempt=0, job_id="7", paths=paths, ranks=2, stat_first=stat_first)
+    watch.read()  # all that was written so far
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: object, *args: object, **kwargs: object) -> int:
+        opened.append(os.path.basename(str(path)))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]  # os.open's own overloads
+
+    monkeypatch.setattr(os, "open", counting_open)
+    watch.read()  # nothing grew: 4 events files, the checkpoint log, 2 heartbeats (rank 1's missing)
+    assert len(opened) == (0 if stat_first else 7), opened
+    opened.clear()
+    append_json_line(paths.heartbeat_file(0, 0), {"attempt": 0, "step": 2, "time": 12.2})
+    opened.clear()  # the append's own open
+    watch.read()
+    assert watch.last_step == 2
+    assert (opened == ["rank-0.jsonl"]) if stat_first else len(opened) == 7, opened

@@ -273,5 +273,7 @@ def test_a_restarted_controller_adopts_a_sweeps_runs_with_one_sync_of_their_fenc
     assert syncs == ["syncfs"], syncs
     # An earlier controller's job is read whatever the spec says now (a coordinator's events too).
     assert all(tracker.watch is not None and len(tracker.watch.events.tails) == 4 for tracker in controller._trackers)
+    # The workdir is on this host's own filesystem (pytest's tmp_path): a file is opened once it grew.
+    assert all(tracker.watch is not None and tracker.watch.stat_first for tracker in controller._trackers)
     jobs = {tracker.run.run_id: tracker.job_id for tracker in controller._trackers}
     assert len(fences) == 40 and all(getattr(fence, "job_id", None) == jobs[run] for run, fence in fences.items())
