@@ -16,6 +16,7 @@ on Slurm, not on the CPUs).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,14 @@ def tier_of(item: pytest.Item) -> str:
         return "drill"
     raise pytest.UsageError(f"{item.nodeid}: a test in tests/{folder}/ is marked {sorted(marked)}; "
                             "only a test in tests/unit/ may be marked drill")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """scripts/test stops a lane with SIGTERM (the unit tier or mypy failed, CI was cancelled): taken
+    as an interrupt, so that fixtures tear down (the cluster's jobs cancelled, a drill's controller
+    stopped), not as the death without teardown that is Python's default."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

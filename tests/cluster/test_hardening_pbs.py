@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from drills import api_workload
+from faultdrill_cli import full_campaigns
 from orchestrator.backends.pbs.commands import qdel
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.control.controller import Controller
@@ -75,12 +76,16 @@ def test_an_array_submitted_by_a_stopped_controller_is_adopted_not_submitted_aga
 
 
 def test_tensorflow_ranks_on_two_nodes_through_pbs_recover_from_a_kill(shared_tmp: Path, cluster) -> None:
+    # CI: a rank a node (the addresses cross nodes all the same, at half the TensorFlow start-ups,
+    # each ~7 s of CPU on this host); FAULTDRILL_FULL=1: two a node, a host's second slot and port and
+    # the node file's block order run too (in CI, unit tests: test_tf_cluster.py, the pbs.j2 awk).
+    per_node = 2 if full_campaigns() else 1
+    ranks = 2 * per_node
     spec = _spec(shared_tmp, workload={"framework": "tensorflow", "params": 2000, "steps": 150, "seed": 4,
                                        "batch_size": 16},
-                 # a rank a node: the addresses cross nodes all the same, at half the TensorFlow
-                 # start-ups (each ~7 s of CPU on this host) of 2 ranks a node
-                 resources={"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
-                 faults=[{"kind": "kill-rank", "after": {"fixed": 0.5}, "anchor": "first_checkpoint", "rank": 1}],
+                 resources={"nodes": 2, "tasks_per_node": per_node, "time": "00:10:00"},
+                 faults=[{"kind": "kill-rank", "after": {"fixed": 0.5}, "anchor": "first_checkpoint",
+                          "rank": ranks - 1}],
                  restart={"max_restarts": 2, "poll_interval_s": 0.2})
     report = _drill(spec)
     run = report["runs"][0]
@@ -89,7 +94,7 @@ def test_tensorflow_ranks_on_two_nodes_through_pbs_recover_from_a_kill(shared_tm
         assert run["faults"][0]["outcome"] == "injected" and run["recoveries"]
         assert run["recoveries"][0]["resumed_from_step"] > 0
         node_of = {json.loads((shared_tmp / "work" / "runs" / "r000" / "attempts" / "0" / f"rank-{rank}.json")
-                              .read_text())["node"] for rank in range(2)}
+                              .read_text())["node"] for rank in range(ranks)}
         assert len(node_of) == 2 and node_of <= set(cluster), node_of
     finally:
         for attempt in run["attempts"]:
