@@ -69,7 +69,9 @@ def layout(tmp_path: Path) -> Iterator[Path]:
 def _start(layout: Path, **seconds: str) -> tuple[subprocess.Popen[bytes], Path]:
     log = layout / "stand-ins.log"
     log.touch()
-    env = {**os.environ, "STAND_IN_LOG": str(log), **{f"STAND_IN_{k}": v for k, v in seconds.items()}}
+    (layout / "tmp").mkdir(exist_ok=True)  # the script's mktemp: its lanes' logs
+    env = {**os.environ, "STAND_IN_LOG": str(log), "TMPDIR": str(layout / "tmp"),
+           **{f"STAND_IN_{k}": v for k, v in seconds.items()}}
     script = subprocess.Popen(["bash", str(layout / "scripts" / "test")], cwd=layout, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with open(layout / "sessions", "a") as sessions:
@@ -108,3 +110,5 @@ def test_a_stopped_run_stops_every_tier_at_once_and_ends(layout: Path, signum: i
     noted = _noted(log)
     assert {"unit interrupted", "crash interrupted", "cluster interrupted"} <= set(noted), noted
     assert "drill start" not in noted and noted[-1] == "cluster down", noted
+    left = [path.name for path in (layout / "tmp").iterdir()]
+    assert not left, f"the lanes' logs were left behind: {left}"
