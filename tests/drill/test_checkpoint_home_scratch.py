@@ -33,11 +33,14 @@ def scratch() -> Path:
 
 def test_checkpoints_on_a_scratch_filesystem_fall_back_past_a_corrupt_one_within_it(tmp_path: Path,
                                                                                    scratch: Path) -> None:
+    # The corruption is the controller's, when it hears step 160; the kill is an agent's, armed on the
+    # node for step 195: 1.75 s between them (0.2 s, 10 steps of 20 ms, were overtaken by a loaded
+    # CI host's controller: the kill came first and the resume found 150 intact), 0.25 s before 200.
     faults = [{"kind": "corrupt-checkpoint", "after": {"at_step": 160}, "mode": "flip"},  # the newest: 150
-              {"kind": "kill-rank", "after": {"at_step": 170}, "rank": 1}]
+              {"kind": "kill-rank", "after": {"at_step": 195}, "rank": 1}]
     spec = write_spec(tmp_path, faults=faults, baseline=False,
                       workload={"framework": "torch", "params": 20000, "steps": 300, "seed": 3, "batch_size": 16,
-                                "step_s": 0.02},
+                                "step_s": 0.05},
                       checkpoint={"every_steps": 50, "keep": 3, "directory": str(scratch / "{run_id}")})
     report = drill(spec)
     [run] = [run for run in report["runs"] if run["faults"]]

@@ -73,10 +73,18 @@ def _start(layout: Path, **seconds: str) -> tuple[subprocess.Popen[bytes], Path]
     env = {**os.environ, "STAND_IN_LOG": str(log), "TMPDIR": str(layout / "tmp"),
            **{f"STAND_IN_{k}": v for k, v in seconds.items()}}
     script = subprocess.Popen(["bash", str(layout / "scripts" / "test")], cwd=layout, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_own_session)
     with open(layout / "sessions", "a") as sessions:
         sessions.write(f"{script.pid}\n")
     return script, log
+
+
+def _own_session() -> None:
+    """The script in a session of its own, SIGINT as a shell at a terminal gets it: CI's drill lane
+    is a background job of scripts/test, which ignores SIGINT, and a signal ignored when bash starts
+    cannot be trapped (the interrupt case timed out there)."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _noted(log: Path) -> list[str]:
