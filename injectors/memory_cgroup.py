@@ -138,6 +138,21 @@ def oom_kill_count(directory: Path) -> int | None:
     return None
 
 
+def node_oom_kill_count() -> int | None:
+    """The OOM kills the node's kernel made since boot (``oom_kill`` in ``/proc/vmstat``, Linux
+    4.13+; any user may read it): evidence that outlives the victim's cgroup, which the scheduler
+    removes with its step. None where the kernel does not count them."""
+    try:
+        with open(PROC / "vmstat", encoding="ascii") as vmstat:
+            for line in vmstat:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _read_first(directory: Path, names: tuple[str, ...]) -> str:
     """The first of ``names`` (v1's, then v2's) that ``directory`` has; FileNotFoundError if none."""
     for name in names:

@@ -33,6 +33,7 @@ from injectors.memory_cgroup import (
     JobMemoryLimit,
     MemoryCap,
     job_memory_limit,
+    node_oom_kill_count,
     oom_kill_count,
     own_memory_cgroup,
     raise_oom_score,
@@ -182,14 +183,18 @@ def _job_limit(target: VerifiedTarget) -> JobMemoryLimit:
 class _OomWatch:
     """What tells the OOM killer's kill of one rank from any other end, read as changes: the
     rank's own memory cgroup's kill count (the scheduler removes that cgroup with the step, so it
-    is read at every look while the rank lives) and the limiting cgroup's peak (a high-water mark:
-    evidence only if it was below the limit before the rank grew)."""
+    is read at every look while the rank lives), the limiting cgroup's peak (a high-water mark:
+    evidence only if it was below the limit before the rank grew; the page cache of the rank's
+    start-up often took it there) and, where the rank's cgroup went with its step before its count
+    was read (a loaded node: cgroup v1 counts a kill on the victim's cgroup only), the node's own
+    kill count, which only the kernel's OOM killer moves."""
 
     own: Path | None
     limit: JobMemoryLimit
     kills_before: int | None
     peak_before: int | None
     kills_seen: int | None = None
+    node_kills_before: int | None = None
 
     @classmethod
     def before(cls, pid: int, limit: JobMemoryLimit) -> "_OomWatch":
@@ -198,7 +203,7 @@ class _OomWatch:
         except (OSError, TargetRefused):
             own = None
         kills = oom_kill_count(own) if own is not None else None
-        return cls(own, limit, kills, limit.peak_bytes(), kills)
+        return cls(own, limit, kills, limit.peak_bytes(), kills, node_oom_kill_count())
 
     def look(self) -> None:
         if self.own is not None and (kills := oom_kill_count(self.own)) is not None:
@@ -212,6 +217,10 @@ class _OomWatch:
         peak, near = self.limit.peak_bytes(), self.limit.limit_bytes - PEAK_MARGIN_BYTES
         if peak is not None and self.peak_before is not None and self.peak_before < near <= peak:
             return f"the cgroup's peak went from {self.peak_before / MB:.0f} MB to its limit, {peak / MB:.0f} MB"
+        node_kills = node_oom_kill_count()
+        if self.node_kills_before is not None and node_kills is not None and node_kills > self.node_kills_before:
+            return (f"the node's OOM-kill count (/proc/vmstat) rose by {node_kills - self.node_kills_before} while it "
+                    "grew; its own cgroup went with its step before its count was read")
         return None
 
 
@@ -230,10 +239,10 @@ def _why_not_past_limit(target: VerifiedTarget, ended: dict[int, float], watched
                 "process without Faultdrill's rank runtime does not grow on request)")
     if watch.peak_before is not None and watch.peak_before >= watch.limit.limit_bytes - PEAK_MARGIN_BYTES:
         return (f"rank {target.rank} ended, but its job's cgroup had peaked at its limit ({limit_mb:.0f} MB) before "
-                "and its own cgroup's OOM-kill count was not seen to change: whether the OOM killer ended it is not "
-                "known")
+                "and neither its own cgroup's OOM-kill count nor the node's was seen to change: whether the OOM killer "
+                "ended it is not known")
     return (f"rank {target.rank} ended, but not at its job's memory limit ({limit_mb:.0f} MB; neither its cgroup's "
-            "OOM-kill count nor the job's peak changed): not the OOM killer's doing")
+            "OOM-kill count, the job's peak nor the node's OOM-kill count changed): not the OOM killer's doing")
 
 
 def _cap(task: FaultTask, target: VerifiedTarget, headroom_bytes: int) -> MemoryCap:

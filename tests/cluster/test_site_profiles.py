@@ -339,7 +339,8 @@ def test_under_slurms_memory_cgroup_an_ordinary_user_drills_oom_rank_and_slurm_e
     [run] = [run for run in json.loads(done.stdout)["runs"] if run["faults"]]
     assert run["status"] == "completed" and run["identical_to_baseline"] is True, run["attempts"]
     [fault] = run["faults"]
-    assert fault["outcome"] == "injected" and "the job's memory limit (700 MB" in fault["detail"], fault
+    assert fault["outcome"] == "injected" and "the job's memory limit (700 MB" in fault["detail"], (
+        fault["outcome"], fault["detail"])
     failed = run["attempts"][0]
     assert failed["failure_class"] == "OUT_OF_MEMORY", failed
     steps = wait_until(lambda: _step_states(failed["job_id"]), timeout=60, message="the job's steps in accounting")

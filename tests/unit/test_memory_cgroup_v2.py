@@ -99,3 +99,25 @@ def test_on_v2_the_agents_own_cap_as_root_is_refused_not_a_crash(node: Path) -> 
     with pytest.raises(TargetRefused, match="limit: job"):
         memory_cgroup.MemoryCap.create(4242, "faultdrill-oom-x", 64 << 20)
     assert sorted(path for path in node.rglob("*") if path.is_dir()) == before
+
+
+def test_a_kill_whose_cgroup_went_with_its_step_is_told_by_the_nodes_count(node: Path) -> None:
+    """CI on a loaded host (cgroup v1): the job's cgroup had peaked at its limit in the rank's start-up
+    (page cache) and Slurm removed the rank's task cgroup with its step before the agent's next look,
+    so neither the peak nor the rank's own count could tell the OOM killer's kill: the node's count in
+    /proc/vmstat, which only the OOM killer moves, still does. Without a rise, nothing is claimed."""
+    from injectors.kinds.oom_rank import _OomWatch
+
+    job = node / "system.slice/slurmstepd.scope/job_7"
+    (job / "memory.peak").write_text(f"{512 * MB}\n")
+    (node.parent / "proc" / "vmstat").write_text("nr_free_pages 1000\noom_kill 34\nnuma_hit 7\n")
+    limit = memory_cgroup.job_memory_limit(4242)
+    assert limit is not None
+    watch = _OomWatch.before(4242, limit)
+    for name in ("memory.events", "memory.max", "memory.current"):
+        (node / TASK / name).unlink()
+    (node / TASK).rmdir()
+    assert watch.evidence() is None
+    (node.parent / "proc" / "vmstat").write_text("nr_free_pages 1000\noom_kill 35\nnuma_hit 7\n")
+    assert watch.evidence() == ("the node's OOM-kill count (/proc/vmstat) rose by 1 while it grew; its own cgroup "
+                                "went with its step before its count was read")
