@@ -333,8 +333,13 @@ def attempt_event_lines(paths: "RunPaths", attempt: int) -> list[dict[str, Any]]
 
 def by_time(writers: list[list[EventRecord]]) -> list[EventRecord]:
     """Several writers' events, each writer's as written, interleaved by time (a writer may stamp an
-    event with an earlier moment than one it wrote before: its order stands)."""
-    return list(heapq.merge(*writers, key=lambda event: event.time))
+    event with an earlier moment than one it wrote before: its order stands). Where one writer
+    wrote (a round's usual case: a watch reads four writers' files, most of them with nothing new),
+    its list as it is, no merge."""
+    written = [events for events in writers if events]
+    if len(written) <= 1:
+        return list(written[0]) if written else []
+    return list(heapq.merge(*written, key=lambda event: event.time))
 
 
 def first_event(events: list[EventRecord], name: str) -> EventRecord | None:

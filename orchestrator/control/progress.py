@@ -174,15 +174,18 @@ def _age(seconds: float) -> str:
 class ProgressFile:
     """Observer for Controller.run: the progress rows in ``<workdir>/progress.json``, when one
     changed, at most once a second (once every ``rows / ROWS_PER_SECOND`` seconds for a large
-    sweep: the file holds every run), and on ``close`` (the last word). Each row is serialized
-    when it is rebuilt, so a write joins what is kept."""
+    sweep: the file holds every run), and on ``close`` (the last word). A rebuilt row is compared
+    with the one kept (a round rebuilds every row in flight, most with a new step); a row that
+    changed is serialized at the next write, once however many rounds changed it, and a write
+    joins what is kept."""
 
     def __init__(self, workdir: Path, story: Story | None = None, book: RowBook | None = None) -> None:
         self.path = workdir / PROGRESS_NAME
         self.book = book or RowBook(story or Story())
         self._last_write = float("-inf")
+        self._kept: dict[str, ProgressRow] = {}
         self._serialized: dict[str, str] = {}  # every run's row as JSON, in the trackers' order
-        self._dirty = False
+        self._changed: set[str] = set()  # runs whose row changed since the last write
 
     def __call__(self, trackers: list[RunTracker], touched: list[RunTracker] | None = None) -> None:
         self.keep(self.book.update(trackers, trackers if touched is None else touched))
@@ -190,22 +193,26 @@ class ProgressFile:
     def keep(self, rows: list[ProgressRow]) -> None:
         """The rows rebuilt this round (by this file's book, or the live display's it shares)."""
         for row in rows:
-            text = json.dumps(row.__dict__)
-            if self._serialized.get(row.run) != text:
-                self._serialized[row.run], self._dirty = text, True
+            if self._kept.get(row.run) != row:
+                self._kept[row.run] = row
+                self._serialized.setdefault(row.run, "")  # its place in the file: the first row's
+                self._changed.add(row.run)
         now = time.monotonic()
-        if self._dirty and now - self._last_write >= self.write_interval_s():
+        if self._changed and now - self._last_write >= self.write_interval_s():
             self._write(now)
 
     def write_interval_s(self) -> float:
         return max(PROGRESS_WRITE_INTERVAL_S, len(self._serialized) / ROWS_PER_SECOND)
 
     def close(self) -> None:
-        if self._dirty:
+        if self._changed:
             self._write(time.monotonic())
 
     def _write(self, now: float) -> None:
-        self._last_write, self._dirty = now, False
+        for run in self._changed:
+            self._serialized[run] = json.dumps(self._kept[run].__dict__)
+        self._last_write = now
+        self._changed.clear()
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         tmp.write_text(f'{{"updated": {time.time()!r}, "controller_pid": {os.getpid()}, "runs": ['
                        + ", ".join(self._serialized.values()) + "]}")

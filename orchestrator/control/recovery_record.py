@@ -4,6 +4,7 @@ its time to recover and the work lost go into the ledger (orchestrator.record.re
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Callable
 
 from orchestrator.campaign.runs import RunConfig
@@ -14,13 +15,23 @@ from orchestrator.record.ledger import AttemptRow, Ledger
 from orchestrator.record.recovery import Failure, compute_recovery, recovering_from
 from orchestrator.record.stamps import batch_host, evidence_clock, fault_clock
 
+RETRY_S = 2.0
+
 
 class RecoveryRecorder:
     def __init__(self, run: RunConfig, ledger: Ledger, faults: FaultBook,
-                 clocks_pending: Callable[[int], bool] = lambda attempt: False) -> None:
+                 clocks_pending: Callable[[int], bool] = lambda attempt: False,
+                 events_read: Callable[[int], int | None] = lambda attempt: None) -> None:
         self.run, self.ledger, self.faults = run, ledger, faults
         self.clocks_pending = clocks_pending  # an attempt's node clocks are being read: its moments wait
+        # The events the watch of an attempt has taken in (None: no watch on it). A recovery is
+        # measured from the attempt's events once they hold its first step (and from the ledger's
+        # rows): until one of those moves, another try finds what the last one found, and a round
+        # does not read the ledger's attempts and every attempt's events again (issue 29).
+        self.events_read = events_read
         self.awaiting: int | None = None  # the attempt whose recovery is not recorded yet
+        self._tried: tuple[object, ...] | None = None  # what the last try that recorded nothing saw
+        self._tried_at = 0.0
 
     def expect(self, attempt: int) -> None:
         """``attempt`` is watched from now on: a recovery if an earlier attempt ran (and failed). A
@@ -33,7 +44,7 @@ class RecoveryRecorder:
         """The awaited recovery, once its attempt has taken its first step and its fault settled, and
         (unless ``force``: the run ends, or its next attempt comes) its nodes' clocks are read."""
         attempt = self.awaiting
-        if attempt is None:
+        if attempt is None or (not force and not self._news(attempt)):
             return
         rows = {row.attempt: row for row in self.ledger.attempts(self.run.run_id)}
         attempts_that_ran = sorted(n for n, row in rows.items() if n < attempt and ran(row))
@@ -52,6 +63,18 @@ class RecoveryRecorder:
         if recovery is not None:
             self.ledger.add_recovery(recovery)
             self.awaiting = None
+
+    def _news(self, attempt: int) -> bool:
+        """Something a try reads moved since the last try (the attempt's events, the run's ledger
+        rows, an attempt's clocks read), or RETRY_S passed (a safety net: nothing it reads is
+        missed for longer)."""
+        seen = (self.events_read(attempt), self.ledger.writes(self.run.run_id),
+                tuple(self.clocks_pending(n) for n in range(attempt + 1)))
+        now = monotonic()
+        if seen == self._tried and now - self._tried_at < RETRY_S:
+            return False
+        self._tried, self._tried_at = seen, now
+        return True
 
     def failure_of(self, row: AttemptRow) -> Failure | None:
         """Why the attempt ended: the injected fault that hit it, else a natural failure."""

@@ -134,7 +134,8 @@ class RunTracker:
         self.closing = ClosingJobs(run.run_id, ledger, self._cancel_failed_job, self.restart.cancel_timeout_s,
                                    on_final_state=self._final_state)
         self.status = ledger.run(run.run_id).status
-        self.recoveries = RecoveryRecorder(run, ledger, self.faults, clocks_pending=self._clocks_pending)
+        self.recoveries = RecoveryRecorder(run, ledger, self.faults, clocks_pending=self._clocks_pending,
+                                           events_read=self._events_read)
         self._started_recorded: str | None = None  # the event the recorded start was read from
         self._last_job_id: str | None = None  # the job the last attempt watched ran in
         self._finalized = False
@@ -453,6 +454,11 @@ class RunTracker:
         if self.clocks is not None and watch.ranks_started is not None and watch.attempt not in self._clock_reads:
             self._clock_reads[watch.attempt] = self.clocks.read_attempt(self.run.paths, watch.attempt, self.run.ranks,
                                                                         watch.job_id)
+
+    def _events_read(self, attempt: int) -> int | None:
+        """The events the watch took in of ``attempt``; None when it watches another."""
+        watch = self.watch
+        return watch.events_read if watch is not None and watch.attempt == attempt else None
 
     def _clocks_pending(self, attempt: int) -> bool:
         read = self._clock_reads.get(attempt)

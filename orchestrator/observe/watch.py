@@ -111,6 +111,7 @@ class AttemptWatch:
     # (this controller's clock, step): the first training step heard, and when last_step was first heard
     first_step_heard: tuple[float, int] | None = None
     last_step_heard: float | None = None
+    events_read: int = 0  # events taken in so far (what waits on the attempt's events asks again when it moves)
 
     # The files' readers, made at the first read (a sweep's array submits thousands of attempts
     # whose watch is not read until their job starts).
@@ -149,6 +150,7 @@ class AttemptWatch:
         """Take in what was appended since the last call (``now``: this controller's clock)."""
         seen = time.time() if now is None else now
         for event in self.events.read_new():
+            self.events_read += 1
             self._event(event)
         if self.first_checkpoint is None:  # all the watch takes from the log: not read again after it
             for record in self.checkpoint_tail.read_new():

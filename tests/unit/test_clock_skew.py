@@ -339,6 +339,63 @@ def test_a_natural_failure_is_dated_by_the_earlier_of_its_moments_on_one_clock(p
     ledger.close()
 
 
+def test_an_awaited_recovery_is_tried_again_only_when_what_it_reads_moved(paths: RunPaths, tmp_path: Path) -> None:
+    """Issue 29, a round's work: a recovery that could not be recorded yet (here its fault had not
+    settled) is not tried again each round (the ledger's attempts and every attempt's events read:
+    counted) until the attempt's watch took in an event, the run's ledger rows moved, or RETRY_S
+    passed; then it is recorded."""
+    _read_clocks(paths)
+    append_json_line(paths.events_file(0), {"event": "job_start", "time": 100.0 + N2, "node": "n2", "job_id": "1"})
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    _failed_then_resumed(paths, ledger, "step_exit", failed_at=106.0 + N2, detected=106.2)
+    settled, events = {"yes": False}, {"read": 7}
+    run = SimpleNamespace(run_id="r", paths=paths, ranks=2)
+    faults = SimpleNamespace(credited=lambda attempt: None, settled=lambda attempt: settled["yes"])
+    recorder = RecoveryRecorder(run, ledger, faults,  # type: ignore[arg-type]  # stand-ins
+                                events_read=lambda attempt: events["read"] if attempt == 1 else None)
+    recorder.expect(1)
+    asked: list[str] = []
+    attempts = ledger.attempts
+    ledger.attempts = lambda run_id: asked.append(run_id) or attempts(run_id)  # type: ignore[method-assign]  # counts the reads
+    for _ in range(50):
+        recorder.record()
+    assert len(asked) == 1 and ledger.recoveries("r") == [] and recorder.awaiting == 1
+    settled["yes"] = True  # settled, nothing it reads moved: not tried yet
+    recorder.record()
+    assert len(asked) == 1 and recorder.awaiting == 1
+    events["read"] += 1
+    recorder.record()
+    assert len(asked) == 2 and len(ledger.recoveries("r")) == 1 and recorder.awaiting is None
+    ledger.close()
+
+
+def test_an_awaited_recovery_is_tried_again_after_retry_s_whatever_moved(paths: RunPaths, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net: a change the recorder does not count (an in-memory fault settled without a
+    ledger row) is taken at the latest RETRY_S later."""
+    from orchestrator.control import recovery_record
+
+    _read_clocks(paths)
+    append_json_line(paths.events_file(0), {"event": "job_start", "time": 100.0 + N2, "node": "n2", "job_id": "1"})
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    _failed_then_resumed(paths, ledger, "step_exit", failed_at=106.0 + N2, detected=106.2)
+    settled, clock = {"yes": False}, {"now": 1000.0}
+    monkeypatch.setattr(recovery_record, "monotonic", lambda: clock["now"])
+    run = SimpleNamespace(run_id="r", paths=paths, ranks=2)
+    faults = SimpleNamespace(credited=lambda attempt: None, settled=lambda attempt: settled["yes"])
+    recorder = RecoveryRecorder(run, ledger, faults, events_read=lambda attempt: 3)  # type: ignore[arg-type]  # stand-ins
+    recorder.expect(1)
+    recorder.record()
+    settled["yes"] = True
+    clock["now"] += recovery_record.RETRY_S - 0.1
+    recorder.record()
+    assert recorder.awaiting == 1
+    clock["now"] += 0.2
+    recorder.record()
+    assert recorder.awaiting is None and len(ledger.recoveries("r")) == 1
+    ledger.close()
+
+
 def test_a_recovery_whose_clocks_are_still_read_is_recorded_when_the_next_attempt_comes(paths: RunPaths,
                                                                                         tmp_path: Path) -> None:
     """Review: attempt 1 failed while its clocks were being read; the next attempt's watch took the

@@ -145,3 +145,20 @@ def test_on_this_hosts_filesystem_a_round_opens_only_the_files_that_grew(
     watch.read()
     assert watch.last_step == 2
     assert (opened == ["rank-0.jsonl"]) if stat_first else len(opened) == 7, opened
+
+
+def test_events_of_one_writer_are_taken_as_written_and_of_several_merged_by_time() -> None:
+    """Issue 29, a round's work: a watch reads four writers' files a round, most with nothing new;
+    the one that wrote is taken as it is (no merge, a list of its own), several merged by time with
+    each writer's order kept (a writer's later event stamped earlier stays after its earlier one)."""
+    from experiments.layout import EventRecord, by_time
+
+    def event(name: str, at: float) -> EventRecord:
+        return EventRecord(name, at, {"event": name, "time": at})
+
+    batch = [event("job_start", 5.0), event("step_exit", 3.0)]
+    merged = by_time([[], batch, [], []])
+    assert merged == batch and merged is not batch
+    assert by_time([[], []]) == []
+    rank = [event("first_step", 4.0)]
+    assert [e.name for e in by_time([batch, rank, []])] == ["first_step", "job_start", "step_exit"]

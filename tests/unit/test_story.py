@@ -267,6 +267,35 @@ def test_a_drills_display_and_progress_file_share_one_row_a_round(tmp_path: Path
     ledger.close()
 
 
+def test_a_row_that_changed_in_many_rounds_is_serialized_once_a_write(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29, a round's work: a run in flight has a new step nearly every round; its row is
+    compared with the one kept, and serialized when the file is written (once a second), not every
+    round; an unchanged row not even then. The file has the last of them."""
+    import json
+
+    from orchestrator.control import progress as progress_module
+    from orchestrator.control.progress import ProgressFile
+
+    dumps: list[str] = []
+    real_dumps = json.dumps
+    monkeypatch.setattr(progress_module.json, "dumps", lambda value, *a, **k: dumps.append(value["run"]) or real_dumps(value, *a, **k))
+    ledger = Ledger.in_workdir(tmp_path / "work")
+    first, second = _tracker(ledger), _tracker(ledger)
+    second.run = SimpleNamespace(run_id="r001", workload=SimpleNamespace(steps=800))
+    progress = ProgressFile(tmp_path, Story())
+    progress([first, second], [first, second])  # the first write: both rows
+    assert sorted(dumps) == ["r000", "r001"]
+    for step in range(131, 141):  # ten rounds within the write interval, the second run's step each time
+        second.watch.last_step = step
+        progress([first, second], [first, second])
+    assert sorted(dumps) == ["r000", "r001"], "a changed row serialized before the write, or an unchanged one again"
+    progress.close()
+    assert sorted(dumps) == ["r000", "r001", "r001"]
+    assert [run["step"] for run in json.loads((tmp_path / "progress.json").read_text())["runs"]] == [130, 140]
+    ledger.close()
+
+
 def test_a_long_progress_table_names_the_runs_under_way_before_those_that_ended_badly() -> None:
     """Review of issue 29: sixty runs that gave up, first in the sweep, hid the ten still running."""
     rows = ([_row(f"g{i:02d}", "gave_up") for i in range(60)] + [_row(f"c{i:03d}", "completed") for i in range(930)]
