@@ -123,7 +123,10 @@ class OomRank(RankKind):
         finally:
             for pid, before in scores.items():
                 restore_oom_score(pid, before)
-        evidence = {target.pid: watched[target.pid].evidence() for target in targets}
+        # the node's count tells as many kills as it rose by: each target that only it can tell needs one
+        claimants = sum(1 for target in targets if watched[target.pid].direct_evidence() is None
+                        and watched[target.pid].node_rise() is not None)
+        evidence = {target.pid: watched[target.pid].evidence(max(1, claimants)) for target in targets}
         survivors = [target for target in targets if target.pid not in ended or evidence[target.pid] is None]
         if survivors:
             raise TargetRefused(_why_not_past_limit(survivors[0], ended, watched, task))
@@ -209,19 +212,40 @@ class _OomWatch:
         if self.own is not None and (kills := oom_kill_count(self.own)) is not None:
             self.kills_seen = kills
 
-    def evidence(self) -> str | None:
-        """The change that shows the OOM killer's kill, in words; None if none was seen."""
+    def evidence(self, node_claimants: int = 1) -> str | None:
+        """The change that shows the OOM killer's kill, in words; None if none was seen.
+        ``node_claimants``: the targets whose kill only the node's count can tell (each needs one)."""
+        if (direct := self.direct_evidence()) is not None:
+            return direct
+        rise = self.node_rise()
+        if rise is not None and rise >= node_claimants:
+            return (f"the node's OOM-kill count (/proc/vmstat) rose by {rise} while it grew; its own cgroup went "
+                    "with its step before its count was read, the job's cgroup at its limit")
+        return None
+
+    def direct_evidence(self) -> str | None:
+        """The rank's own cgroup's kill count moved, or the limiting cgroup's peak rose to its limit."""
         self.look()
         if self.kills_before is not None and self.kills_seen is not None and self.kills_seen > self.kills_before:
             return f"its memory cgroup counted oom_kill {self.kills_seen - self.kills_before}"
         peak, near = self.limit.peak_bytes(), self.limit.limit_bytes - PEAK_MARGIN_BYTES
         if peak is not None and self.peak_before is not None and self.peak_before < near <= peak:
             return f"the cgroup's peak went from {self.peak_before / MB:.0f} MB to its limit, {peak / MB:.0f} MB"
-        node_kills = node_oom_kill_count()
-        if self.node_kills_before is not None and node_kills is not None and node_kills > self.node_kills_before:
-            return (f"the node's OOM-kill count (/proc/vmstat) rose by {node_kills - self.node_kills_before} while it "
-                    "grew; its own cgroup went with its step before its count was read")
         return None
+
+    def node_rise(self) -> int | None:
+        """The node's OOM kills since before, where only they can tell this rank's: its own cgroup
+        is gone (one still there, its count unmoved, says it was not killed) and the job's peak is
+        unknown or at its limit (one below it says the rank never met it). None otherwise."""
+        if self.own is not None and oom_kill_count(self.own) is not None:
+            return None
+        peak = self.limit.peak_bytes()
+        if peak is not None and peak < self.limit.limit_bytes - PEAK_MARGIN_BYTES:
+            return None
+        now = node_oom_kill_count()
+        if self.node_kills_before is None or now is None or now <= self.node_kills_before:
+            return None
+        return now - self.node_kills_before
 
 
 def _look_all(watched: dict[int, "_OomWatch"]) -> None:

@@ -120,4 +120,24 @@ def test_a_kill_whose_cgroup_went_with_its_step_is_told_by_the_nodes_count(node:
     assert watch.evidence() is None
     (node.parent / "proc" / "vmstat").write_text("nr_free_pages 1000\noom_kill 35\nnuma_hit 7\n")
     assert watch.evidence() == ("the node's OOM-kill count (/proc/vmstat) rose by 1 while it grew; its own cgroup "
-                                "went with its step before its count was read")
+                                "went with its step before its count was read, the job's cgroup at its limit")
+    assert watch.evidence(node_claimants=2) is None, "one kill on the node told for two ranks"
+
+
+def test_the_nodes_count_tells_nothing_where_the_ranks_cgroup_or_the_jobs_peak_says_otherwise(node: Path) -> None:
+    """Review: another process's OOM kill on the node (its count 34 -> 35) while the rank died of
+    something else: the rank's own cgroup still there with its count unmoved, or the job's peak
+    below its limit, says the rank was not the one; no evidence is claimed."""
+    from injectors.kinds.oom_rank import _OomWatch
+
+    vmstat = node.parent / "proc" / "vmstat"
+    vmstat.write_text("oom_kill 34\n")
+    limit = memory_cgroup.job_memory_limit(4242)
+    assert limit is not None
+    watch = _OomWatch.before(4242, limit)
+    vmstat.write_text("oom_kill 35\n")
+    assert watch.evidence() is None, "the rank's own cgroup is there, its count unmoved"
+    for name in ("memory.events", "memory.max", "memory.current"):
+        (node / TASK / name).unlink()
+    (node / TASK).rmdir()
+    assert watch.evidence() is None, "the job's peak (310 MB) never met its limit (512 MB)"
