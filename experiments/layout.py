@@ -10,9 +10,12 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from experiments.file_changes import FileChanges
 
 # Environment variables Faultdrill sets for the ranks of a job (in the batch script / executor).
 ENV_RUN_DIR = "FAULTDRILL_RUN_DIR"
@@ -531,12 +534,19 @@ class JsonlTail(Generic[Record]):
     watch, an at_step fault's agent): only what was appended since the last call, each line through
     ``parse`` (a record's ``from_json``); a torn last line waits for its end, a line that is no record
     is skipped. ``stat_first``: the file is on this host's own filesystem (experiments.runtime.mounts),
-    where its size is looked up without opening it, and it is opened only when it grew."""
+    where its size is looked up without opening it, and it is opened only when it grew; with
+    ``changes`` (the controller's: experiments.file_changes), not even looked up until the kernel said
+    it was written (its directory watched while the tail lives)."""
 
-    def __init__(self, path: Path, parse: Callable[[dict[str, Any]], Record], stat_first: bool = False) -> None:
+    def __init__(self, path: Path, parse: Callable[[dict[str, Any]], Record], stat_first: bool = False,
+                 changes: FileChanges | None = None) -> None:
         self.path, self.parse = path, parse
         self._where = os.fspath(path)  # a Path made a str at every call costs as much as the stat
+        self._directory, self._name = os.path.split(self._where)
         self.stat_first = stat_first
+        self.changes = changes if stat_first else None
+        self._watched = False
+        self._generation = 0
         self._offset = 0
         self._partial = b""
 
@@ -563,6 +573,8 @@ class JsonlTail(Generic[Record]):
         is opened each time, never kept open: on NFS the open is what sees another node's appends
         (close-to-open consistency, which a stat of its cached attributes does not give), and the
         size is taken from the open file, after it."""
+        if self.changes is not None and self._unwritten():
+            return b""
         if self.stat_first:
             try:
                 if os.stat(self._where).st_size <= self._offset:
@@ -580,14 +592,31 @@ class JsonlTail(Generic[Record]):
             os.close(descriptor)
 
 
+    def _unwritten(self) -> bool:
+        """The kernel said nothing of the file since this tail last looked. The look right after its
+        directory's watch is added, and after the kernel dropped events, is made whatever it said."""
+        changes = self.changes
+        assert changes is not None
+        if not self._watched:
+            self._watched = changes.watch(self._directory)
+            if self._watched:
+                self._generation = changes.generation
+                weakref.finalize(self, changes.release, self._directory)
+            return False
+        if self._generation != changes.generation:
+            self._generation = changes.generation
+            return False
+        return not changes.take(self._directory, self._name)
+
+
 class EventsTail:
     """An incremental reader of every writer's events file of one attempt (or of ``writers``: the
     run's, a file no writer of it makes is not opened each round): what each appended since the
     last call, merged in time order."""
 
     def __init__(self, paths: "RunPaths", attempt: int, writers: tuple[str, ...] | None = None,
-                 stat_first: bool = False) -> None:
-        self.tails = [JsonlTail(path, EventRecord.from_json, stat_first)
+                 stat_first: bool = False, changes: FileChanges | None = None) -> None:
+        self.tails = [JsonlTail(path, EventRecord.from_json, stat_first, changes)
                       for path in paths.event_files(attempt, writers)]
 
     def read_new(self) -> list[EventRecord]:

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from experiments.file_changes import FileChanges
 from experiments.runtime.fence import Fence, sync_filesystem, write_fence
 from injectors.kinds import get_kind
 from injectors.schedule import PlannedFault, seeded_rng
@@ -189,6 +190,9 @@ class Controller:
         self.in_flight_limit, self._limit_notes = in_flight_limit(self.parallel_runs, len(self.runs), self.submit_limit)
         self._ended_jobs: set[str] = set()  # jobs of the drill seen ended: a new one frees a held submission
         self.calls = SchedulerCalls(off_loop=self.backend.slow_commands)  # submissions and cancels
+        # which of the runs' files were written (inotify): a round reads only those (on this host's
+        # own filesystem; None where the kernel gives none: every file looked up each round)
+        self.changes = FileChanges.open()
         self._cpu_at_start = time.process_time()
         self.ticks = Ticks(restart.poll_interval_s)  # the loop's schedule, and how far behind it ran
         self.stop_requested = threading.Event()  # set by SIGTERM (faultdrill stop): stop at the next round
@@ -286,7 +290,7 @@ class Controller:
     def trackers(self, pools: dict[str, ThreadPoolExecutor], clocks: ClockBook | None = None,
                  node_checks: CheckPool | None = None) -> list[RunTracker]:
         return [RunTracker(run, faults, self.backend, self.ledger, pools[run.run_id], self.drill_id, self.calls,
-                           clocks, node_checks) for run, faults in self.plan]
+                           clocks, node_checks, self.changes) for run, faults in self.plan]
 
     def node_check_pool(self) -> CheckPool | None:
         """The threads that check silent nodes (orchestrator/observe/node_check.py): where jobs span
@@ -428,6 +432,8 @@ class Controller:
         now = time.time()
         for tracker in trackers:
             tracker.settle_closing(states, now)
+        if self.changes is not None:
+            self.changes.drain()  # before the reads: what was written up to now
         with self.ledger.transaction():  # what every run in flight showed this round: one commit
             for tracker in active:
                 tracker.observe(states, now, asked_at=self.poller.answered_as_of)
@@ -448,6 +454,8 @@ class Controller:
 
     def close(self) -> None:
         self.calls.close()
+        if self.changes is not None:
+            self.changes.close()
         self.poller.close()
         self._record_cost()
         self._record_site_notes()

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from experiments.file_changes import FileChanges
 from experiments.layout import RANK_STEP_NAME, CheckpointRecord, FinalRecord, RankJob, read_json_lines
 from experiments.runtime.fence import (
     Fence,
@@ -96,6 +97,7 @@ class RunTracker:
         self, run: RunConfig, plan: list[PlannedFault], backend: Backend, ledger: Ledger,
         injector_pool: ThreadPoolExecutor, drill_id: str, calls: SchedulerCalls | None = None,
         clocks: ClockBook | None = None, node_check_pool: CheckPool | None = None,
+        changes: FileChanges | None = None,
     ) -> None:
         self.run = run
         self.plan = plan
@@ -107,6 +109,7 @@ class RunTracker:
                                          self.restart.hang_timeout_s / HEARTBEATS_PER_HANG)
         # its files on this host's own filesystem: the watch looks at their sizes before it opens them
         self.files_on_this_host = _on_this_host(run.paths.root.parent)
+        self.changes = changes if self.files_on_this_host else None  # the kernel's word of what was written
         self.strategy = strategy_for(self.restart.strategy)
         progress = RunProgress(lambda attempt, at: last_progress(run.paths, run.ranks, attempt, at)[0], run.workload.steps)
         self.clocks = clocks  # reads each attempt's node clocks once its ranks have registered
@@ -382,7 +385,7 @@ class RunTracker:
         self._last_job_id = job_id
         self.watch = AttemptWatch(attempt=attempt, job_id=job_id, paths=self.run.paths, ranks=self.run.ranks,
                                   event_writers=None if every_writer else self.run.event_writers,
-                                  stat_first=self.files_on_this_host, queued=queued)
+                                  stat_first=self.files_on_this_host, changes=self.changes, queued=queued)
         self._started_recorded = None
         self.recoveries.expect(attempt)
         self.status = "running"

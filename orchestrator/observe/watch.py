@@ -16,6 +16,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from experiments.file_changes import FileChanges
 from experiments.layout import (
     EVENT_COMPLETED,
     EVENT_FIRST_STEP,
@@ -85,6 +86,8 @@ class AttemptWatch:
     ranks: int
     event_writers: tuple[str, ...] | None = None  # the events files its run's writers make (None: all)
     stat_first: bool = False  # its files are on this host's own filesystem: opened only once they grew (JsonlTail)
+    # there, the controller's word of which events files were written (experiments.file_changes)
+    changes: FileChanges | None = None
     # The batch script's first line (or rank 0's start, until the script's is read: the local backend
     # has none, and each writer's file may be seen first): the event it was read from.
     job_started: float | None = None
@@ -117,14 +120,17 @@ class AttemptWatch:
     # whose watch is not read until their job starts).
     @functools.cached_property
     def events(self) -> EventsTail:
-        return EventsTail(self.paths, self.attempt, self.event_writers, self.stat_first)
+        return EventsTail(self.paths, self.attempt, self.event_writers, self.stat_first, self.changes)
 
     @functools.cached_property
     def checkpoint_tail(self) -> JsonlTail:
+        # not through the change feed: the run's directory has files written at every step (the loss)
         return JsonlTail(self.paths.checkpoint_log, CheckpointRecord.from_json, self.stat_first)
 
     @functools.cached_property
     def heartbeat_tails(self) -> list[JsonlTail]:
+        # not through the change feed: a rank writes its heartbeat up to 20 times a second, a round
+        # reads it anyway (the kernel's events for it would cost more than the stat they spare)
         return [JsonlTail(self.paths.heartbeat_file(self.attempt, rank), Heartbeat.from_json, self.stat_first)
                 for rank in range(self.ranks)]
 

@@ -162,3 +162,44 @@ def test_events_of_one_writer_are_taken_as_written_and_of_several_merged_by_time
     assert by_time([[], []]) == []
     rank = [event("first_step", 4.0)]
     assert [e.name for e in by_time([batch, rank, []])] == ["first_step", "job_start", "step_exit"]
+
+
+def test_with_the_kernels_word_a_round_looks_at_no_events_file_that_was_not_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: a run in flight's four events files are written a few times an attempt, yet each
+    was looked at (a stat) every round. With the controller's change feed (inotify) a round looks at
+    its heartbeat files and the checkpoint log only, and at an events file once the kernel said it
+    was written; the step_exit is read in the round after its drain."""
+    import os
+
+    from experiments import layout
+    from experiments.file_changes import FileChanges
+    from orchestrator.observe.watch import AttemptWatch
+
+    changes = FileChanges.open()
+    if changes is None:
+        pytest.skip("no inotify here")
+    paths = RunPaths(tmp_path)
+    _write(paths)
+    watch = AttemptWatch(attempt=0, job_id="7", paths=paths, ranks=2, stat_first=True, changes=changes)
+    watch.read()  # all that was written so far (each file looked at once: the watch is new)
+    looked: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        looked.append(os.path.basename(str(path)))
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]  # os.stat's own overloads
+
+    monkeypatch.setattr(layout.os, "stat", counting_stat)
+    for _ in range(5):
+        changes.drain()
+        watch.read()
+    tailed = {name for name in looked if name.endswith(".jsonl")}  # (rank-1's identity file is looked for too)
+    assert sorted(tailed) == ["checkpoints.jsonl", "rank-0.jsonl", "rank-1.jsonl"], looked
+    looked.clear()
+    append_json_line(paths.script_events_file(0), {"event": "step_exit", "time": 20.0, "exit_code": 137})
+    changes.drain()
+    watch.read()
+    assert watch.step_exit is not None and watch.step_exit.exit_code == 137
+    assert [name for name in looked if "events" in name] == [paths.script_events_file(0).name], looked
+    changes.close()
