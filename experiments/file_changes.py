@@ -6,8 +6,12 @@ One ``FileChanges`` a controller: a directory is watched (IN_MODIFY, IN_CREATE, 
 tail of a file in it lives (counted; released when the last such tail is collected); ``drain``, once
 a round before the reads, takes in what the kernel queued; ``take(directory, name)`` says whether
 that file was written since its last take. What the kernel could not queue (IN_Q_OVERFLOW) moves
-``generation``: every tail reads once again. A tail reads its file itself right after its
-directory's watch is added (what was written before the watch is in no event).
+``generation``: every tail reads once again; so does a directory that went or moved (its tails look
+with a stat from then on: a watch follows the directory, not its path), and, as a safety net, every
+RELOOK_S (a directory deleted while a process still holds it sends nothing until it lets go). A
+tail reads its file itself right after its directory's watch is added (what was written before the
+watch is in no event). A finished run's tails are dropped (AttemptWatch.close_files): the watches
+follow the runs in flight, not the sweep.
 
 Not for a network filesystem: inotify sees this host's own writes only, not another node's
 (experiments.runtime.mounts decides; there every file is still opened each round). Where inotify
@@ -23,16 +27,23 @@ import struct
 import sys
 import weakref
 from dataclasses import dataclass, field
+from time import monotonic
 
 IN_MODIFY = 0x00000002
 IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
+IN_DELETE_SELF = 0x00000400  # the directory itself deleted (once nothing holds it)
+IN_MOVE_SELF = 0x00000800  # the directory itself renamed: its events would go on under the old path
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000  # the watch was removed (its directory deleted, or rm_watch)
 IN_ONLYDIR = 0x01000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
-WATCHED = IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_ONLYDIR
+WATCHED = IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+GONE = IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF
+# Every tail looks again this often whatever the kernel said: a directory deleted while a process
+# still holds it (no event until it lets go) and then made again is read at the latest this late.
+RELOOK_S = 5.0
 EVENT_HEAD = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
 READ_BYTES = 1 << 16
 
@@ -60,7 +71,8 @@ class FileChanges:
         self._closer = weakref.finalize(self, os.close, descriptor)  # a controller never closed: at its collection
         self._by_path: dict[str, _Directory] = {}
         self._by_descriptor: dict[int, str] = {}
-        self.generation = 0  # moves when the kernel dropped events: every tail reads again
+        self.generation = 0  # moves when the kernel dropped events (and every RELOOK_S): every tail reads again
+        self._relooked = monotonic()
 
     @classmethod
     def open(cls) -> "FileChanges | None":
@@ -100,7 +112,11 @@ class FileChanges:
             self._libc.inotify_rm_watch(self._fd, known.descriptor)
 
     def drain(self) -> None:
-        """Take in every event the kernel queued (without waiting)."""
+        """Take in every event the kernel queued (without waiting); every RELOOK_S, every tail looks."""
+        now = monotonic()
+        if now - self._relooked >= RELOOK_S:
+            self._relooked = now
+            self.generation += 1
         while True:
             try:
                 data = os.read(self._fd, READ_BYTES)
@@ -124,9 +140,11 @@ class FileChanges:
             directory = self._by_descriptor.get(descriptor)
             if directory is None:
                 continue
-            if mask & IN_IGNORED:  # its directory went: its tails look with a stat from now on
+            if mask & GONE:  # its directory went (or moved): its tails look with a stat from now on
                 self._by_descriptor.pop(descriptor, None)
                 self._by_path[directory].descriptor = -1
+                if not mask & IN_IGNORED:
+                    self._libc.inotify_rm_watch(self._fd, descriptor)
                 self.generation += 1
                 continue
             if name:

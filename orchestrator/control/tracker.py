@@ -670,6 +670,8 @@ class RunTracker:
 
     def _finish(self, status: str, now: float) -> None:
         self.recoveries.record(force=True)
+        if self.watch is not None:
+            self.watch.close_files()  # its directories' watches (inotify) go with a finished run, not the drill
         self.status = status
         self.ledger.update_run(self.run.run_id, status=status, ended=now)
         log.info("%s: %s", self.run.run_id, status)

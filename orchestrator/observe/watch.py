@@ -122,6 +122,12 @@ class AttemptWatch:
     def events(self) -> EventsTail:
         return EventsTail(self.paths, self.attempt, self.event_writers, self.stat_first, self.changes)
 
+    def close_files(self) -> None:
+        """Drop the readers (a finished run's: the change feed's watches of its directories with
+        them); a later read makes them again and reads from the start."""
+        for reader in ("events", "checkpoint_tail", "heartbeat_tails"):
+            self.__dict__.pop(reader, None)
+
     @functools.cached_property
     def checkpoint_tail(self) -> JsonlTail:
         # not through the change feed: the run's directory has files written at every step (the loss)

@@ -151,3 +151,95 @@ def test_a_feed_never_closed_gives_its_descriptor_back_when_collected() -> None:
     del feed
     gc.collect()
     assert not os.path.exists(f"/proc/self/fd/{descriptor}") or os.readlink(f"/proc/self/fd/{descriptor}") != "anon_inode:inotify"
+
+
+def _kernel_watches(descriptor: int) -> int:
+    with open(f"/proc/self/fdinfo/{descriptor}") as info:
+        return sum(line.startswith("inotify wd:") for line in info)
+
+
+def test_a_sweeps_watches_follow_its_runs_in_flight_not_its_finished_runs(tmp_path: Path) -> None:
+    """Review of 49e4d89: a finished run kept its attempt directory's watch (its tracker keeps its
+    last watch) until the drill ended: a sweep's watches grew with its finished runs against the
+    user's max_user_watches (8,192 on kernels before 5.11). Twelve runs, three at a time: never
+    more than three directories watched, none once they are done."""
+    import yaml
+
+    from fake_scheduler import FakeScheduler, run_completed
+    from orchestrator.campaign.spec import load_campaign
+    from orchestrator.control.controller import Controller
+    from orchestrator.states import JobState
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "watches", "backend": "slurm", "workdir": str(tmp_path / "work"),
+        "workload": {"framework": "torch", "params": 2000, "steps": 100, "seed": 1, "batch_size": 16},
+        "resources": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+        "restart": {"poll_interval_s": 0.01, "hang_timeout_s": 600},
+        "sweep": {"grid": {"workload.seed": list(range(12))}}, "parallel_runs": 3}))
+    scheduler = FakeScheduler()
+    controller = Controller(load_campaign(spec), backend=scheduler)
+    feed = controller.changes
+    if feed is None:
+        pytest.skip("no inotify here")
+    watched: list[int] = []
+
+    def observe(trackers: list, touched: list) -> None:  # type: ignore[type-arg]  # the loop's trackers
+        watched.append(_kernel_watches(feed._fd))
+        for tracker in trackers:
+            watch = tracker.watch
+            if watch is not None and scheduler.states.get(watch.job_id) is JobState.PENDING:
+                scheduler.states[watch.job_id] = JobState.RUNNING
+                run_completed(tracker.run.paths.root, watch.attempt, 100)
+            elif watch is not None and scheduler.states.get(watch.job_id) is JobState.RUNNING:
+                scheduler.states[watch.job_id] = JobState.COMPLETED
+
+    try:
+        assert controller.run(observer=observe)
+        gc.collect()
+        assert all(tracker.status == "completed" for tracker in controller._trackers)
+        assert max(watched) <= 3, watched
+        assert feed._by_path == {} and _kernel_watches(feed._fd) == 0
+    finally:
+        controller.close()
+
+
+def test_a_directory_renamed_away_and_made_again_is_read(tmp_path: Path, changes: FileChanges) -> None:
+    """Review of 49e4d89: the kernel's watch follows the directory, not its path: renamed away, its
+    events came under the old path and the new directory's writes were never read."""
+    directory = tmp_path / "attempt"
+    directory.mkdir()
+    tail = _tail(directory / "events.jsonl", changes)
+    assert tail.read_new() == []
+    directory.rename(tmp_path / "elsewhere")
+    directory.mkdir()
+    append_json_line(directory / "events.jsonl", {"event": "step_exit", "time": 1.0})
+    changes.drain()
+    assert [record.name for record in tail.read_new()] == ["step_exit"]
+
+
+def test_a_directory_deleted_while_held_and_made_again_is_read_within_relook_s(
+        tmp_path: Path, changes: FileChanges, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of 49e4d89: a directory deleted while a process holds it sends no event until it lets
+    go; the one made at its path in between is read at the latest RELOOK_S later (every tail looks)."""
+    import shutil
+
+    from experiments import file_changes
+
+    directory = tmp_path / "attempt"
+    directory.mkdir()
+    tail = _tail(directory / "events.jsonl", changes)
+    assert tail.read_new() == []
+    held = os.open(directory, os.O_RDONLY)
+    try:
+        shutil.rmtree(directory)
+        directory.mkdir()
+        append_json_line(directory / "events.jsonl", {"event": "step_exit", "time": 1.0})
+        changes.drain()
+        assert tail.read_new() == []
+        later = file_changes.monotonic() + file_changes.RELOOK_S
+        monkeypatch.setattr(file_changes, "monotonic", lambda: later)
+        changes.drain()
+        assert [record.name for record in tail.read_new()] == ["step_exit"]
+    finally:
+        os.close(held)
