@@ -13,9 +13,10 @@ import os
 import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
-from experiments.file_changes import FileChanges
+if TYPE_CHECKING:  # the controller's alone: ranks (the rank API's wheel, on other Pythons) never import it
+    from experiments.file_changes import FileChanges
 
 # Environment variables Faultdrill sets for the ranks of a job (in the batch script / executor).
 ENV_RUN_DIR = "FAULTDRILL_RUN_DIR"
